@@ -1,0 +1,59 @@
+/* scalar/f32.c: the plain-C float32 microkernels, the specification that
+ * every SIMD kernel is tested against, and the kernels of the `portable`
+ * strategy. Compiled with no ISA flags: runs on any CPU. */
+#include <math.h>
+
+#include "../ukernel.h"
+
+enum { SCALAR_MR = 4, SCALAR_NR = 16 };
+
+/* C[m x 16] (op)= A[m x k] B[k x 16]; contract in ukernel.h. */
+static void fmha_f32_gemm_ukernel_4x16__scalar(size_t m, size_t k, const float *a, ptrdiff_t a_rs,
+                                               ptrdiff_t a_cs, const float *b, size_t ldb,
+                                               float *c, size_t ldc, int mode,
+                                               const float *col_scale) {
+    for (size_t r = 0; r < m; r++) {
+        /* acc [NR]: one row of the tile */
+        float acc[SCALAR_NR];
+        for (size_t j = 0; j < SCALAR_NR; j++) {
+            float c0 = c[r * ldc + j];
+            acc[j] = mode == FMHA_UK_STORE        ? 0.0f
+                     : mode == FMHA_UK_ACCUMULATE ? c0
+                                                  : c0 * col_scale[j];
+        }
+        for (size_t p = 0; p < k; p++) {
+            float x = a[(ptrdiff_t)r * a_rs + (ptrdiff_t)p * a_cs];
+            for (size_t j = 0; j < SCALAR_NR; j++) acc[j] = fmaf(x, b[p * ldb + j], acc[j]);
+        }
+        for (size_t j = 0; j < SCALAR_NR; j++) c[r * ldc + j] = acc[j];
+    }
+}
+
+/* Online-softmax step over S^T [rows][16]; contract in ukernel.h. */
+static void fmha_f32_softmax_ukernel_16__scalar(size_t rows, float *s, size_t lds, float *m,
+                                                float *l, float *alpha) {
+    for (size_t j = 0; j < SCALAR_NR; j++) {
+        float mx = m[j];
+        for (size_t r = 0; r < rows; r++) mx = fmaxf(mx, s[r * lds + j]);
+        float m_use = mx == -INFINITY ? 0.0f : mx;
+        float a = expf(m[j] - m_use);
+        float sum = 0.0f;
+        for (size_t r = 0; r < rows; r++) {
+            float p = expf(s[r * lds + j] - m_use);
+            s[r * lds + j] = p;
+            sum += p;
+        }
+        alpha[j] = a;
+        l[j] = l[j] * a + sum;
+        m[j] = mx;
+    }
+}
+
+const fmha_ukernels fmha_ukernels_scalar = {
+    .isa = "scalar",
+    .mr = SCALAR_MR,
+    .nr = SCALAR_NR,
+    .block_kv = 64,
+    .gemm_f32 = fmha_f32_gemm_ukernel_4x16__scalar,
+    .softmax_f32 = fmha_f32_softmax_ukernel_16__scalar,
+};

@@ -1,0 +1,64 @@
+/* ukernel.h: the contract between the driver and the per-ISA microkernels.
+ *
+ * The driver owns tiles, threads and memory; a microkernel owns registers.
+ * Every ISA (scalar, avx2, avx512) implements the same three functions for
+ * float32, and fills one fmha_ukernels table that src/cpu.c selects at run
+ * time. Only files under src/uk/<isa>/ are compiled with ISA flags.
+ *
+ * Layout idea ("transposed tiles"): the NR lanes of a register always run
+ * over queries (forward) or over the contiguous dimension of B. Scores are
+ * kept as S^T [keys][NR queries], so the softmax over keys is a vertical
+ * (lane-wise) max/sum with no horizontal reductions, and both GEMMs of the
+ * forward read K and V straight from the caller's memory as the broadcast
+ * operand (any strides), with nothing packed but Q^T per query block.
+ */
+#ifndef FMHA_UKERNEL_H
+#define FMHA_UKERNEL_H
+
+#include <stddef.h>
+
+/* GEMM microkernel: C[m x NR] (op)= A[m x k] * B[k x NR].
+ *   a     element (r, p) at a[r * a_rs + p * a_cs]: the broadcast operand,
+ *         any non-negative strides (r < m, p < k).
+ *   b     row p at b + p * ldb: NR contiguous floats (rows need not be aligned).
+ *   c     row r at c + r * ldc: NR contiguous floats.
+ *   mode  FMHA_UK_STORE:      C = A B
+ *         FMHA_UK_ACCUMULATE: C = C + A B
+ *         FMHA_UK_RESCALE:    C = C * col_scale[col] + A B  (col_scale: NR floats)
+ *   1 <= m <= MR, k >= 1 (k == 0 is allowed and gives C = 0, C, or C*scale).
+ *   All NR columns are computed (callers pad B to NR columns); rows r >= m of C
+ *   are never read or written. */
+enum { FMHA_UK_STORE = 0, FMHA_UK_ACCUMULATE = 1, FMHA_UK_RESCALE = 2 };
+
+typedef void (*fmha_f32_gemm_ukernel_fn)(size_t m, size_t k, const float *a, ptrdiff_t a_rs,
+                                         ptrdiff_t a_cs, const float *b, size_t ldb, float *c,
+                                         size_t ldc, int mode, const float *col_scale);
+
+/* Online-softmax step over a score tile, in place.
+ *   s      S^T tile: row r (a key) at s + r * lds, NR floats (lanes = queries);
+ *          on return it holds P^T = exp(S^T - m_new) (0 where S is -inf).
+ *   rows   >= 1 keys in the tile.
+ *   m, l   NR running maxima and sums, updated:
+ *            m_new = max(m, max_r s[r]); l = l * alpha + sum_r P[r]
+ *   alpha  NR outputs: exp(m_old - m_new), the factor the caller applies to its
+ *          running output.
+ *   A lane whose m_new is -inf (every score so far masked) is treated as if
+ *   m_new were 0: its P is 0, alpha is 0 on the first tile, l stays 0. */
+typedef void (*fmha_f32_softmax_ukernel_fn)(size_t rows, float *s, size_t lds, float *m,
+                                            float *l, float *alpha);
+
+typedef struct fmha_ukernels {
+    const char *isa;                      /* "scalar", "avx2", "avx512" */
+    size_t mr;                            /* rows of a GEMM microtile (MR) */
+    size_t nr;                            /* lanes of a GEMM microtile (NR); queries per block */
+    size_t block_kv;                      /* keys per tile in the tiled forward (Bc) */
+    fmha_f32_gemm_ukernel_fn gemm_f32;
+    fmha_f32_softmax_ukernel_fn softmax_f32;
+} fmha_ukernels;
+
+/* One table per ISA; a table is only usable if the CPU supports its ISA. */
+extern const fmha_ukernels fmha_ukernels_scalar;
+extern const fmha_ukernels fmha_ukernels_avx2;
+extern const fmha_ukernels fmha_ukernels_avx512;
+
+#endif /* FMHA_UKERNEL_H */
