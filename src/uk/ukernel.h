@@ -1,7 +1,7 @@
 /* ukernel.h: the contract between the driver and the per-ISA microkernels.
  *
  * The driver owns tiles, threads and memory; a microkernel owns registers.
- * Every ISA (scalar, avx2, avx512) implements the same three functions for
+ * Every ISA (scalar, avx2, avx512) implements the same functions for
  * float32, and fills one fmha_ukernels table that src/cpu.c selects at run
  * time. Only files under src/uk/<isa>/ are compiled with ISA flags.
  *
@@ -47,6 +47,16 @@ typedef void (*fmha_f32_gemm_ukernel_fn)(size_t m, size_t k, const float *a, ptr
 typedef void (*fmha_f32_softmax_ukernel_fn)(size_t rows, float *s, size_t lds, float *m,
                                             float *l, float *alpha);
 
+/* Backward: probabilities recomputed from the forward's lse, in place.
+ *   s[r][i] = exp(s[r][i] - sub[i]) for r < rows, i < NR; a lane whose sub is
+ *   -inf (a fully masked or padding query) gives 0, and s = -inf gives 0. */
+typedef void (*fmha_f32_exp_sub_ukernel_fn)(size_t rows, float *s, size_t lds, const float *sub);
+
+/* Backward: dS = P * (dP - Dsum), in place in dp.
+ *   dp[r][i] = p[r][i] * (dp[r][i] - dsum[i]) for r < rows, i < NR. */
+typedef void (*fmha_f32_ds_ukernel_fn)(size_t rows, const float *p, float *dp, size_t lds,
+                                       const float *dsum);
+
 typedef struct fmha_ukernels {
     const char *isa;                      /* "scalar", "avx2", "avx512" */
     size_t mr;                            /* rows of a GEMM microtile (MR) */
@@ -54,6 +64,8 @@ typedef struct fmha_ukernels {
     size_t block_kv;                      /* keys per tile in the tiled forward (Bc) */
     fmha_f32_gemm_ukernel_fn gemm_f32;
     fmha_f32_softmax_ukernel_fn softmax_f32;
+    fmha_f32_exp_sub_ukernel_fn exp_sub_f32;
+    fmha_f32_ds_ukernel_fn ds_f32;
 } fmha_ukernels;
 
 /* One table per ISA; a table is only usable if the CPU supports its ISA. */

@@ -49,6 +49,23 @@ static void fmha_f32_softmax_ukernel_16__scalar(size_t rows, float *s, size_t ld
     }
 }
 
+/* s = exp(s - sub) lane-wise; contract in ukernel.h. */
+static void fmha_f32_exp_sub_ukernel_16__scalar(size_t rows, float *s, size_t lds,
+                                                const float *sub) {
+    for (size_t j = 0; j < SCALAR_NR; j++) {
+        float mj = sub[j] == -INFINITY ? INFINITY : sub[j];
+        for (size_t r = 0; r < rows; r++) s[r * lds + j] = expf(s[r * lds + j] - mj);
+    }
+}
+
+/* dp = p * (dp - dsum) lane-wise; contract in ukernel.h. */
+static void fmha_f32_ds_ukernel_16__scalar(size_t rows, const float *p, float *dp, size_t lds,
+                                           const float *dsum) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < SCALAR_NR; j++)
+            dp[r * lds + j] = p[r * lds + j] * (dp[r * lds + j] - dsum[j]);
+}
+
 const fmha_ukernels fmha_ukernels_scalar = {
     .isa = "scalar",
     .mr = SCALAR_MR,
@@ -56,4 +73,6 @@ const fmha_ukernels fmha_ukernels_scalar = {
     .block_kv = 64,
     .gemm_f32 = fmha_f32_gemm_ukernel_4x16__scalar,
     .softmax_f32 = fmha_f32_softmax_ukernel_16__scalar,
+    .exp_sub_f32 = fmha_f32_exp_sub_ukernel_16__scalar,
+    .ds_f32 = fmha_f32_ds_ukernel_16__scalar,
 };

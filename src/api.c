@@ -1,0 +1,332 @@
+/* api.c: the public entry points. Validates every argument before anything
+ * is written, resolves a fmha_problem into a plan (scale, kernels, strategy,
+ * threads, workspace), and hands the plan to a driver. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "attn.h"
+#include "cpu.h"
+#include "pool.h"
+
+const char *fmha_status_string(fmha_status status) {
+    switch (status) {
+    case FMHA_OK: return "success";
+    case FMHA_ERR_NULL_POINTER: return "a required pointer is NULL";
+    case FMHA_ERR_BAD_SIZE: return "batch, heads and sequence lengths must be >= 1 and the tensors must fit in memory";
+    case FMHA_ERR_BAD_HEADS: return "heads_q must be a multiple of heads_kv";
+    case FMHA_ERR_BAD_HEAD_DIM: return "head_dim and head_dim_v must be between 1 and 256";
+    case FMHA_ERR_BAD_SCALE: return "scale must be finite (0 selects 1/sqrt(head_dim))";
+    case FMHA_ERR_BAD_STRIDE: return "strides must be >= 0 and an output's elements must not overlap each other";
+    case FMHA_ERR_OVERLAP: return "an output overlaps an input or another output";
+    case FMHA_ERR_BAD_OPTION: return "unknown strategy, causal alignment or dtype";
+    case FMHA_ERR_UNSUPPORTED: return "this request is valid but not supported by this build";
+    case FMHA_ERR_WORKSPACE_TOO_SMALL: return "the workspace is smaller than the size query returned (did the thread count change?)";
+    case FMHA_ERR_OUT_OF_MEMORY: return "out of memory";
+    case FMHA_ERR_BAD_THREAD_COUNT: return "the thread count must be between 0 (default) and 1024";
+    }
+    return "unknown fmha status code";
+}
+
+const char *fmha_version_string(void) { return "0.1.0"; }
+
+const char *fmha_isa_name(void) { return fmha_cpu_kernels()->isa; }
+
+fmha_status fmha_set_num_threads(int n) {
+    return fmha_pool_set_threads(n) == 0 ? FMHA_OK : FMHA_ERR_BAD_THREAD_COUNT;
+}
+
+int fmha_get_num_threads(void) { return fmha_pool_threads(); }
+
+void fmha_problem_init(fmha_problem *p, int64_t batch, int64_t heads_q, int64_t heads_kv,
+                       int64_t seq_q, int64_t seq_kv, int64_t head_dim, int64_t head_dim_v,
+                       fmha_layout layout) {
+    if (!p) return;
+    *p = (fmha_problem){0};
+    p->dtype = FMHA_DTYPE_F32;
+    p->batch = batch;
+    p->heads_q = heads_q;
+    p->heads_kv = heads_kv;
+    p->seq_q = seq_q;
+    p->seq_kv = seq_kv;
+    p->head_dim = head_dim;
+    p->head_dim_v = head_dim_v;
+    p->causal = FMHA_CAUSAL_NONE;
+    p->strategy = FMHA_STRATEGY_AUTO;
+    struct { int64_t *st, s, h, d; } t[4] = {{p->q_strides, seq_q, heads_q, head_dim},
+                                             {p->k_strides, seq_kv, heads_kv, head_dim},
+                                             {p->v_strides, seq_kv, heads_kv, head_dim_v},
+                                             {p->o_strides, seq_q, heads_q, head_dim_v}};
+    for (int i = 0; i < 4; i++) {
+        int64_t *st = t[i].st;
+        st[3] = 1;
+        if (layout == FMHA_LAYOUT_BHSD) {
+            st[1] = t[i].d;
+            st[2] = t[i].s * t[i].d;
+            st[0] = t[i].h * t[i].s * t[i].d;
+        } else {
+            st[2] = t[i].d;
+            st[1] = t[i].h * t[i].d;
+            st[0] = t[i].s * t[i].h * t[i].d;
+        }
+    }
+}
+
+/* ---- validation ---- */
+
+/* Extents [batch, seq, head, dim] of the four tensors. */
+static void tensor_extents(const fmha_problem *p, int which, int64_t ext[4]) {
+    int q_side = which == 0 || which == 3;
+    ext[0] = p->batch;
+    ext[1] = q_side ? p->seq_q : p->seq_kv;
+    ext[2] = q_side ? p->heads_q : p->heads_kv;
+    ext[3] = which <= 1 ? p->head_dim : p->head_dim_v;
+}
+
+static const int64_t *tensor_strides(const fmha_problem *p, int which) {
+    return which == 0 ? p->q_strides : which == 1 ? p->k_strides : which == 2 ? p->v_strides : p->o_strides;
+}
+
+/* Largest element offset of a tensor, or -1 on overflow. */
+static int64_t tensor_span(const int64_t ext[4], const int64_t st[4]) {
+    int64_t span = 0;
+    for (int i = 0; i < 4; i++) {
+        if (st[i] != 0 && ext[i] - 1 > (INT64_MAX / 8 - span) / st[i]) return -1;
+        span += st[i] * (ext[i] - 1);
+    }
+    return span;
+}
+
+/* 1 if distinct indices always map to distinct offsets in the nested sense:
+ * dims sorted by stride, each stride exceeds the reach of the smaller ones. */
+static int tensor_injective(const int64_t ext[4], const int64_t st[4]) {
+    int order[4] = {0, 1, 2, 3};
+    for (int i = 1; i < 4; i++)
+        for (int j = i; j > 0 && st[order[j]] < st[order[j - 1]]; j--) {
+            int t = order[j]; order[j] = order[j - 1]; order[j - 1] = t;
+        }
+    int64_t reach = 0;
+    for (int i = 0; i < 4; i++) {
+        int d = order[i];
+        if (ext[d] == 1) continue;
+        if (st[d] <= reach) return 0;
+        reach += st[d] * (ext[d] - 1);
+    }
+    return 1;
+}
+
+fmha_status fmha_problem_check(const fmha_problem *p) {
+    if (!p) return FMHA_ERR_NULL_POINTER;
+    if (p->dtype != FMHA_DTYPE_F32) return FMHA_ERR_BAD_OPTION;
+    if ((unsigned)p->strategy > FMHA_STRATEGY_PORTABLE) return FMHA_ERR_BAD_OPTION;
+    if ((unsigned)p->causal > FMHA_CAUSAL_BOTTOM_RIGHT) return FMHA_ERR_BAD_OPTION;
+    if (p->batch < 1 || p->heads_q < 1 || p->heads_kv < 1 || p->seq_q < 1 || p->seq_kv < 1)
+        return FMHA_ERR_BAD_SIZE;
+    if (p->heads_q % p->heads_kv != 0) return FMHA_ERR_BAD_HEADS;
+    if (p->head_dim < 1 || p->head_dim > FMHA_MAX_HEAD_DIM || p->head_dim_v < 1 ||
+        p->head_dim_v > FMHA_MAX_HEAD_DIM)
+        return FMHA_ERR_BAD_HEAD_DIM;
+    if (!isfinite(p->scale)) return FMHA_ERR_BAD_SCALE;
+    /* Sizes that cannot be indexed (or whose scratch cannot be sized) are errors. */
+    const int64_t limit = (int64_t)1 << 40;
+    if (p->batch > limit || p->heads_q > limit || p->seq_q > limit || p->seq_kv > limit ||
+        p->batch * p->heads_q > limit)
+        return FMHA_ERR_BAD_SIZE;
+    for (int t = 0; t < 4; t++) {
+        int64_t ext[4];
+        const int64_t *st = tensor_strides(p, t);
+        tensor_extents(p, t, ext);
+        for (int i = 0; i < 4; i++)
+            if (st[i] < 0) return FMHA_ERR_BAD_STRIDE;
+        if (tensor_span(ext, st) < 0) return FMHA_ERR_BAD_SIZE;
+        if (t == 3 && !tensor_injective(ext, st)) return FMHA_ERR_BAD_STRIDE;
+    }
+    return FMHA_OK;
+}
+
+/* Byte range [lo, hi) of a tensor. */
+typedef struct byte_range { uintptr_t lo, hi; } byte_range;
+
+static byte_range range_of(const void *ptr, const int64_t ext[4], const int64_t st[4]) {
+    uintptr_t lo = (uintptr_t)ptr;
+    return (byte_range){lo, lo + (uintptr_t)(tensor_span(ext, st) + 1) * sizeof(float)};
+}
+
+static byte_range range_of_tensor(const fmha_problem *p, int which, const void *ptr) {
+    int64_t ext[4];
+    tensor_extents(p, which, ext);
+    return range_of(ptr, ext, tensor_strides(p, which));
+}
+
+static int ranges_overlap(byte_range a, byte_range b) { return a.lo < b.hi && b.lo < a.hi; }
+
+static byte_range range_of_lse(const fmha_problem *p, const float *lse) {
+    uintptr_t lo = (uintptr_t)lse;
+    return (byte_range){lo, lo + (uintptr_t)(p->batch * p->heads_q * p->seq_q) * sizeof(float)};
+}
+
+/* ---- planning ---- */
+
+/* Dense materialises the scores of one head per thread; past this many
+ * score elements per head tiled wins. Measured with fmha-bench (B = 1,
+ * 8 heads, D = 64, float32, 2 threads, AVX-512): see the commit that sets it. */
+#define FMHA_AUTO_DENSE_MAX_SCORES ((int64_t)256 * 256)
+
+static fmha_strategy resolve_strategy(const fmha_problem *p) {
+    switch (p->strategy) {
+    case FMHA_STRATEGY_DENSE: return FMHA_STRATEGY_DENSE;
+    case FMHA_STRATEGY_AUTO:
+        return p->seq_q * p->seq_kv <= FMHA_AUTO_DENSE_MAX_SCORES ? FMHA_STRATEGY_DENSE
+                                                                  : FMHA_STRATEGY_TILED;
+    default: return FMHA_STRATEGY_TILED;
+    }
+}
+
+typedef enum { PLAN_FORWARD, PLAN_BACKWARD } plan_kind;
+
+static fmha_status plan_make(const fmha_problem *p, plan_kind kind, fmha_plan *plan) {
+    fmha_status st = fmha_problem_check(p);
+    if (st != FMHA_OK) return st;
+    plan->p = *p;
+    plan->scale = p->scale != 0.0f ? p->scale : (float)(1.0 / sqrt((double)p->head_dim));
+    plan->uk = p->strategy == FMHA_STRATEGY_PORTABLE ? &fmha_ukernels_scalar : fmha_cpu_kernels();
+    plan->strategy = resolve_strategy(p);
+    plan->threads = fmha_pool_threads();
+    plan->group = p->heads_q / p->heads_kv;
+    plan->causal_offset = p->causal == FMHA_CAUSAL_BOTTOM_RIGHT ? p->seq_kv - p->seq_q : 0;
+    if (kind == PLAN_FORWARD)
+        fmha_fwd_workspace(plan, &plan->thread_bytes, &plan->shared_bytes);
+    else
+        fmha_bwd_workspace(plan, &plan->thread_bytes, &plan->shared_bytes);
+    return FMHA_OK;
+}
+
+size_t fmha_plan_workspace_bytes(const fmha_plan *plan) {
+    return (size_t)plan->threads * plan->thread_bytes + plan->shared_bytes + FMHA_ALIGN;
+}
+
+/* Aligns the caller's workspace or allocates one; *owned is what to free. */
+static fmha_status workspace_take(const fmha_plan *plan, void *ws, size_t ws_bytes, char **aligned,
+                                  void **owned) {
+    size_t need = fmha_plan_workspace_bytes(plan);
+    *owned = NULL;
+    if (ws) {
+        if (ws_bytes < need) return FMHA_ERR_WORKSPACE_TOO_SMALL;
+    } else {
+        ws = *owned = malloc(need);
+        if (!ws) return FMHA_ERR_OUT_OF_MEMORY;
+    }
+    *aligned = (char *)ws + (FMHA_ALIGN - (uintptr_t)ws % FMHA_ALIGN) % FMHA_ALIGN;
+    return FMHA_OK;
+}
+
+/* ---- forward ---- */
+
+fmha_status fmha_forward_workspace_size(const fmha_problem *p, size_t *bytes) {
+    if (!bytes) return FMHA_ERR_NULL_POINTER;
+    fmha_plan plan;
+    fmha_status st = plan_make(p, PLAN_FORWARD, &plan);
+    if (st != FMHA_OK) return st;
+    *bytes = fmha_plan_workspace_bytes(&plan);
+    return FMHA_OK;
+}
+
+fmha_status fmha_forward(const fmha_problem *p, const void *q, const void *k, const void *v,
+                         void *o, float *lse, void *workspace, size_t workspace_bytes) {
+    if (!p || !q || !k || !v || !o) return FMHA_ERR_NULL_POINTER;
+    fmha_plan plan;
+    fmha_status st = plan_make(p, PLAN_FORWARD, &plan);
+    if (st != FMHA_OK) return st;
+    byte_range ro = range_of_tensor(p, 3, o);
+    for (int t = 0; t < 3; t++)
+        if (ranges_overlap(ro, range_of_tensor(p, t, t == 0 ? q : t == 1 ? k : v)))
+            return FMHA_ERR_OVERLAP;
+    if (lse) {
+        byte_range rl = range_of_lse(p, lse);
+        if (ranges_overlap(rl, ro)) return FMHA_ERR_OVERLAP;
+        for (int t = 0; t < 3; t++)
+            if (ranges_overlap(rl, range_of_tensor(p, t, t == 0 ? q : t == 1 ? k : v)))
+                return FMHA_ERR_OVERLAP;
+    }
+    char *ws;
+    void *owned;
+    st = workspace_take(&plan, workspace, workspace_bytes, &ws, &owned);
+    if (st != FMHA_OK) return st;
+    st = fmha_fwd_run(&plan, q, k, v, o, lse, ws);
+    free(owned);
+    return st;
+}
+
+/* ---- backward ---- */
+
+fmha_status fmha_backward_workspace_size(const fmha_problem *p, size_t *bytes) {
+    if (!bytes) return FMHA_ERR_NULL_POINTER;
+    fmha_plan plan;
+    fmha_status st = plan_make(p, PLAN_BACKWARD, &plan);
+    if (st != FMHA_OK) return st;
+    *bytes = fmha_plan_workspace_bytes(&plan);
+    return FMHA_OK;
+}
+
+fmha_status fmha_backward(const fmha_problem *p, const void *q, const void *k, const void *v,
+                          const void *o, const void *d_o, const float *lse, void *dq, void *dk,
+                          void *dv, void *workspace, size_t workspace_bytes) {
+    if (!p || !q || !k || !v || !o || !d_o || !lse || !dq || !dk || !dv)
+        return FMHA_ERR_NULL_POINTER;
+    fmha_plan plan;
+    fmha_status st = plan_make(p, PLAN_BACKWARD, &plan);
+    if (st != FMHA_OK) return st;
+    /* Gradients use the strides of their primal: dq ~ q (0), dk ~ k (1), dv ~ v (2). */
+    const void *inputs[5] = {q, k, v, o, d_o};
+    const int input_kind[5] = {0, 1, 2, 3, 3};
+    void *outputs[3] = {dq, dk, dv};
+    byte_range rin[6], rout[3];
+    for (int i = 0; i < 5; i++) rin[i] = range_of_tensor(p, input_kind[i], inputs[i]);
+    rin[5] = range_of_lse(p, lse);
+    for (int i = 0; i < 3; i++) {
+        int64_t ext[4];
+        tensor_extents(p, i, ext);
+        if (!tensor_injective(ext, tensor_strides(p, i))) return FMHA_ERR_BAD_STRIDE;
+        rout[i] = range_of_tensor(p, i, outputs[i]);
+        for (int j = 0; j < 6; j++)
+            if (ranges_overlap(rout[i], rin[j])) return FMHA_ERR_OVERLAP;
+        for (int j = 0; j < i; j++)
+            if (ranges_overlap(rout[i], rout[j])) return FMHA_ERR_OVERLAP;
+    }
+    char *ws;
+    void *owned;
+    st = workspace_take(&plan, workspace, workspace_bytes, &ws, &owned);
+    if (st != FMHA_OK) return st;
+    st = fmha_bwd_run(&plan, q, k, v, o, d_o, lse, dq, dk, dv, ws);
+    free(owned);
+    return st;
+}
+
+fmha_status fmha_forward_backward(const fmha_problem *p, const void *q, const void *k,
+                                  const void *v, const void *d_o, void *o, float *lse, void *dq,
+                                  void *dk, void *dv) {
+    if (!p || !q || !k || !v || !d_o || !o || !lse || !dq || !dk || !dv)
+        return FMHA_ERR_NULL_POINTER;
+    /* Validate the backward's outputs before the forward writes anything. */
+    fmha_status st = fmha_problem_check(p);
+    if (st != FMHA_OK) return st;
+    byte_range ro = range_of_tensor(p, 3, o), rl = range_of_lse(p, lse);
+    void *grads[3] = {dq, dk, dv};
+    const void *ins[4] = {q, k, v, d_o};
+    for (int i = 0; i < 3; i++) {
+        int64_t ext[4];
+        tensor_extents(p, i, ext);
+        if (!tensor_injective(ext, tensor_strides(p, i))) return FMHA_ERR_BAD_STRIDE;
+        byte_range rg = range_of_tensor(p, i, grads[i]);
+        if (ranges_overlap(rg, ro) || ranges_overlap(rg, rl)) return FMHA_ERR_OVERLAP;
+        for (int j = 0; j < 4; j++)
+            if (ranges_overlap(rg, range_of_tensor(p, j == 3 ? 3 : j, ins[j]))) return FMHA_ERR_OVERLAP;
+        for (int j = 0; j < i; j++)
+            if (ranges_overlap(rg, range_of_tensor(p, j, grads[j]))) return FMHA_ERR_OVERLAP;
+    }
+    if (ranges_overlap(ro, range_of_tensor(p, 3, d_o)) || ranges_overlap(rl, range_of_tensor(p, 3, d_o)))
+        return FMHA_ERR_OVERLAP;
+    st = fmha_forward(p, q, k, v, o, lse, NULL, 0);
+    if (st != FMHA_OK) return st;
+    return fmha_backward(p, q, k, v, o, d_o, lse, dq, dk, dv, NULL, 0);
+}

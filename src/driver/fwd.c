@@ -1,0 +1,228 @@
+/* fwd.c: the forward pass, O = softmax(scale Q K^T, masked) V, for the
+ * tiled and dense strategies. Tiles and threads live here; arithmetic lives
+ * in the microkernels (uk/ukernel.h). Scores are kept transposed, S^T
+ * [keys][NR queries], so the softmax runs lane-wise and K and V are read
+ * from the caller's memory as the broadcast operand, unpacked.
+ *
+ * Tiled, per task (batch b, query head h, block of NR queries):
+ *   Q^T = scale * Q_blk^T; m = -inf; l = 0; O^T = 0
+ *   for each key tile the mask does not rule out:
+ *     S^T = K_tile Q^T; mask; (m, l, alpha) = online softmax; O^T = O^T alpha + V_tile^T P^T
+ *   O = (O^T / l)^T; lse = m + log l          (l == 0: O = 0, lse = -inf)
+ * Dense, per task (b, h): all of the head's scores S^T [Skv][Sq] are
+ * materialised, softmaxed exactly (one pass over all keys), then multiplied
+ * by V: the O(S^2) strategy, the quickest when everything fits in cache.
+ * Every output element is produced by exactly one task in a fixed order, so
+ * results do not depend on the thread count. */
+#include <math.h>
+#include <string.h>
+
+#include "../attn.h"
+#include "../pool.h"
+
+/* Scratch of one query block (floats, each FMHA_ALIGN aligned):
+ *   qt [D][NR], st [Skv_tile][NR], ot [Dv][NR], m/l/alpha [NR] */
+typedef struct fwd_block_scratch {
+    float *qt, *st, *ot, *m, *l, *alpha;
+} fwd_block_scratch;
+
+typedef struct fwd_ctx {
+    const fmha_plan *plan;
+    const float *q, *k, *v;
+    float *o, *lse;
+    char *ws;
+    size_t q_blocks;  /* query blocks per head */
+    size_t st_rows;   /* rows of st: block_kv (tiled) or Skv (dense) */
+} fwd_ctx;
+
+static size_t floats_bytes(size_t n) { return fmha_round_up(n * sizeof(float), FMHA_ALIGN); }
+
+/* Byte offsets of one block's scratch (dense: st_rows = Skv, panels = query
+ * panels of the head); returns the total. */
+static size_t fwd_layout(const fmha_plan *plan, size_t st_rows, size_t panels, size_t off[6]) {
+    size_t nr = plan->uk->nr;
+    size_t sizes[6] = {(size_t)plan->p.head_dim * nr * panels, st_rows * nr * panels,
+                       (size_t)plan->p.head_dim_v * nr, nr, nr, nr};
+    size_t total = 0;
+    for (int i = 0; i < 6; i++) {
+        off[i] = total;
+        total += floats_bytes(sizes[i]);
+    }
+    return total;
+}
+
+static void fwd_carve(const fmha_plan *plan, size_t st_rows, size_t panels, char *base,
+                      fwd_block_scratch *s) {
+    size_t off[6];
+    fwd_layout(plan, st_rows, panels, off);
+    s->qt = (float *)(base + off[0]);
+    s->st = (float *)(base + off[1]);
+    s->ot = (float *)(base + off[2]);
+    s->m = (float *)(base + off[3]);
+    s->l = (float *)(base + off[4]);
+    s->alpha = (float *)(base + off[5]);
+}
+
+static size_t fwd_panels(const fmha_plan *plan) {
+    size_t nr = plan->uk->nr;
+    return plan->strategy == FMHA_STRATEGY_DENSE ? ((size_t)plan->p.seq_q + nr - 1) / nr : 1;
+}
+
+static size_t fwd_st_rows(const fmha_plan *plan) {
+    return plan->strategy == FMHA_STRATEGY_DENSE ? (size_t)plan->p.seq_kv : plan->uk->block_kv;
+}
+
+void fmha_fwd_workspace(const fmha_plan *plan, size_t *thread_bytes, size_t *shared_bytes) {
+    size_t off[6];
+    *thread_bytes = fwd_layout(plan, fwd_st_rows(plan), fwd_panels(plan), off);
+    *shared_bytes = 0;
+}
+
+/* qt[d][i] = scale * Q[b, q0 + i, h, d] for i < nq, 0 for nq <= i < NR. */
+static void fwd_pack_qt(const fmha_plan *plan, const float *q, int64_t b, int64_t h, int64_t q0,
+                        int64_t nq, float *qt) {
+    const int64_t *qs = plan->p.q_strides;
+    size_t nr = plan->uk->nr;
+    int64_t D = plan->p.head_dim;
+    memset(qt, 0, (size_t)D * nr * sizeof(float));
+    for (int64_t i = 0; i < nq; i++) {
+        const float *row = q + b * qs[0] + (q0 + i) * qs[1] + h * qs[2];
+        for (int64_t d = 0; d < D; d++) qt[(size_t)d * nr + (size_t)i] = plan->scale * row[d * qs[3]];
+    }
+}
+
+/* st[r][*] = K[b, k0 + r, hk, :] . qt for r < nk (rows of keys, MR at a time). */
+static void fwd_scores(const fmha_plan *plan, const float *k, int64_t b, int64_t hk, int64_t k0,
+                       int64_t nk, const float *qt, float *st) {
+    const fmha_ukernels *uk = plan->uk;
+    const int64_t *ks = plan->p.k_strides;
+    const float *kbase = k + b * ks[0] + k0 * ks[1] + hk * ks[2];
+    for (int64_t r = 0; r < nk; r += (int64_t)uk->mr) {
+        size_t m = (size_t)(nk - r) < uk->mr ? (size_t)(nk - r) : uk->mr;
+        uk->gemm_f32(m, (size_t)plan->p.head_dim, kbase + r * ks[1], ks[1], ks[3], qt, uk->nr,
+                     st + (size_t)r * uk->nr, uk->nr, FMHA_UK_STORE, NULL);
+    }
+}
+
+/* ot = ot * alpha + V[b, k0 : k0 + nk, hk, :]^T pt  (mode STORE ignores ot, alpha). */
+static void fwd_values(const fmha_plan *plan, const float *v, int64_t b, int64_t hk, int64_t k0,
+                       int64_t nk, const float *pt, float *ot, int mode, const float *alpha) {
+    const fmha_ukernels *uk = plan->uk;
+    const int64_t *vs = plan->p.v_strides;
+    const float *vbase = v + b * vs[0] + k0 * vs[1] + hk * vs[2];
+    int64_t Dv = plan->p.head_dim_v;
+    for (int64_t c = 0; c < Dv; c += (int64_t)uk->mr) {
+        size_t m = (size_t)(Dv - c) < uk->mr ? (size_t)(Dv - c) : uk->mr;
+        uk->gemm_f32(m, (size_t)nk, vbase + c * vs[3], vs[3], vs[1], pt, uk->nr,
+                     ot + (size_t)c * uk->nr, uk->nr, mode, alpha);
+    }
+}
+
+/* O[b, q0 + i, h, :] = ot[:, i] / l[i]; lse[b, h, q0 + i] = m + log l. */
+static void fwd_finish(const fmha_plan *plan, int64_t b, int64_t h, int64_t q0, int64_t nq,
+                       const float *ot, const float *m, const float *l, float *o, float *lse) {
+    const int64_t *os = plan->p.o_strides;
+    size_t nr = plan->uk->nr;
+    int64_t Dv = plan->p.head_dim_v;
+    for (int64_t i = 0; i < nq; i++) {
+        float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+        float *row = o + b * os[0] + (q0 + i) * os[1] + h * os[2];
+        for (int64_t c = 0; c < Dv; c++) row[c * os[3]] = ot[(size_t)c * nr + (size_t)i] * inv;
+        if (lse)
+            lse[(b * plan->p.heads_q + h) * plan->p.seq_q + q0 + i] =
+                l[i] > 0.0f ? m[i] + logf(l[i]) : -INFINITY;
+    }
+}
+
+static void fwd_reset(size_t nr, int64_t Dv, fwd_block_scratch *s) {
+    for (size_t i = 0; i < nr; i++) {
+        s->m[i] = -INFINITY;
+        s->l[i] = 0.0f;
+    }
+    memset(s->ot, 0, (size_t)Dv * nr * sizeof(float));
+}
+
+/* Task -> (b, h, query block); causal problems start with the longest rows. */
+static void fwd_task_coords(const fwd_ctx *c, size_t task, int64_t *b, int64_t *h, int64_t *qb) {
+    const fmha_problem *p = &c->plan->p;
+    size_t heads = (size_t)(p->batch * p->heads_q);
+    size_t blk = task / heads, bh = task % heads;
+    if (p->causal != FMHA_CAUSAL_NONE) blk = c->q_blocks - 1 - blk;
+    *b = (int64_t)(bh / (size_t)p->heads_q);
+    *h = (int64_t)(bh % (size_t)p->heads_q);
+    *qb = (int64_t)blk;
+}
+
+static void fwd_tiled_task(void *vctx, size_t task, int thread) {
+    const fwd_ctx *c = vctx;
+    const fmha_plan *plan = c->plan;
+    const fmha_ukernels *uk = plan->uk;
+    size_t nr = uk->nr;
+    int64_t bc = (int64_t)uk->block_kv;
+    int64_t b, h, qb;
+    fwd_task_coords(c, task, &b, &h, &qb);
+    int64_t hk = h / plan->group;
+    int64_t q0 = qb * (int64_t)nr;
+    int64_t nq = plan->p.seq_q - q0 < (int64_t)nr ? plan->p.seq_q - q0 : (int64_t)nr;
+
+    fwd_block_scratch s;
+    fwd_carve(plan, uk->block_kv, 1, c->ws + (size_t)thread * plan->thread_bytes, &s);
+    fwd_pack_qt(plan, c->q, b, h, q0, nq, s.qt);
+    fwd_reset(nr, plan->p.head_dim_v, &s);
+
+    int64_t kb, ke;
+    fmha_mask_kv_range(plan, q0, nq, &kb, &ke);
+    for (int64_t k0 = kb / bc * bc; k0 < ke; k0 += bc) {
+        int64_t nk = ke - k0 < bc ? ke - k0 : bc;
+        fmha_tile_class cls = fmha_mask_classify(plan, q0, nq, k0, nk);
+        if (cls == FMHA_TILE_EMPTY) continue;
+        fwd_scores(plan, c->k, b, hk, k0, nk, s.qt, s.st);
+        if (cls == FMHA_TILE_PARTIAL) fmha_mask_apply(plan, q0, nq, k0, nk, s.st, nr);
+        uk->softmax_f32((size_t)nk, s.st, nr, s.m, s.l, s.alpha);
+        fwd_values(plan, c->v, b, hk, k0, nk, s.st, s.ot, FMHA_UK_RESCALE, s.alpha);
+    }
+    fwd_finish(plan, b, h, q0, nq, s.ot, s.m, s.l, c->o, c->lse);
+}
+
+static void fwd_dense_task(void *vctx, size_t task, int thread) {
+    const fwd_ctx *c = vctx;
+    const fmha_plan *plan = c->plan;
+    const fmha_ukernels *uk = plan->uk;
+    size_t nr = uk->nr, panels = c->q_blocks;
+    int64_t skv = plan->p.seq_kv;
+    int64_t b = (int64_t)task / plan->p.heads_q, h = (int64_t)task % plan->p.heads_q;
+    int64_t hk = h / plan->group;
+
+    /* qt [panels][D][NR], st [panels][Skv][NR]: the whole head's scores */
+    fwd_block_scratch s;
+    fwd_carve(plan, (size_t)skv, panels, c->ws + (size_t)thread * plan->thread_bytes, &s);
+    size_t qt_panel = (size_t)plan->p.head_dim * nr, st_panel = (size_t)skv * nr;
+    for (size_t pi = 0; pi < panels; pi++) {
+        int64_t q0 = (int64_t)(pi * nr);
+        int64_t nq = plan->p.seq_q - q0 < (int64_t)nr ? plan->p.seq_q - q0 : (int64_t)nr;
+        fwd_pack_qt(plan, c->q, b, h, q0, nq, s.qt + pi * qt_panel);
+        fwd_scores(plan, c->k, b, hk, 0, skv, s.qt + pi * qt_panel, s.st + pi * st_panel);
+        fmha_mask_apply(plan, q0, nq, 0, skv, s.st + pi * st_panel, nr);
+    }
+    for (size_t pi = 0; pi < panels; pi++) {
+        int64_t q0 = (int64_t)(pi * nr);
+        int64_t nq = plan->p.seq_q - q0 < (int64_t)nr ? plan->p.seq_q - q0 : (int64_t)nr;
+        fwd_reset(nr, 0, &s);
+        uk->softmax_f32((size_t)skv, s.st + pi * st_panel, nr, s.m, s.l, s.alpha);
+        fwd_values(plan, c->v, b, hk, 0, skv, s.st + pi * st_panel, s.ot, FMHA_UK_STORE, NULL);
+        fwd_finish(plan, b, h, q0, nq, s.ot, s.m, s.l, c->o, c->lse);
+    }
+}
+
+fmha_status fmha_fwd_run(const fmha_plan *plan, const float *q, const float *k, const float *v,
+                         float *o, float *lse, char *ws) {
+    const fmha_problem *p = &plan->p;
+    size_t nr = plan->uk->nr;
+    fwd_ctx c = {plan, q, k, v, o, lse, ws, ((size_t)p->seq_q + nr - 1) / nr, fwd_st_rows(plan)};
+    size_t heads = (size_t)(p->batch * p->heads_q);
+    if (plan->strategy == FMHA_STRATEGY_DENSE)
+        fmha_parallel_for(heads, plan->threads, fwd_dense_task, &c);
+    else
+        fmha_parallel_for(heads * c.q_blocks, plan->threads, fwd_tiled_task, &c);
+    return FMHA_OK;
+}
