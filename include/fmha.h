@@ -78,7 +78,10 @@ typedef enum fmha_status {
     FMHA_ERR_UNSUPPORTED,           /* a valid request this build cannot serve (e.g. a dtype not yet implemented) */
     FMHA_ERR_WORKSPACE_TOO_SMALL,   /* the caller's workspace is smaller than the size query returned */
     FMHA_ERR_OUT_OF_MEMORY,         /* the library could not allocate its workspace or threads */
-    FMHA_ERR_BAD_THREAD_COUNT       /* fmha_set_num_threads got a negative count or one above 1024 */
+    FMHA_ERR_BAD_THREAD_COUNT,      /* fmha_set_num_threads got a negative count or one above 1024 */
+    FMHA_ERR_BAD_MASK,              /* a mask or bias argument is invalid (lengths out of range, one
+                                       segment array without the other, bad buckets or softcap, ...) */
+    FMHA_ERR_CALLBACK               /* a mask callback returned an invalid tile class */
 } fmha_status;
 
 /* A sentence describing a status; never NULL (unknown codes get a generic text). */
@@ -97,9 +100,120 @@ typedef enum fmha_causal {
     FMHA_CAUSAL_BOTTOM_RIGHT
 } fmha_causal;
 
+/* Element type of Q, K, V, O, dO and dQ, dK, dV. Softmax statistics, lse,
+ * accumulators, biases and bias gradients are always float32. */
 typedef enum fmha_dtype {
-    FMHA_DTYPE_F32 = 0        /* float32 Q, K, V, O and gradients */
+    FMHA_DTYPE_F32 = 0,       /* float32 */
+    FMHA_DTYPE_BF16,          /* bfloat16 (uint16_t storage), float32 accumulation */
+    FMHA_DTYPE_F16            /* IEEE half (uint16_t storage), float32 accumulation */
 } fmha_dtype;
+
+/* ---- masks and biases ------------------------------------------------------
+ * Scores are s = softcap(scale * q.k) + bias, where bias is the sum of every
+ * bias source present, then every mask present is applied (a key is visible
+ * only if all masks allow it: composed by AND). Tiles no mask touches take
+ * the unmasked path; tiles every mask rules out are skipped entirely.
+ *
+ * Query i and key j are compared in the causal alignment's coordinates:
+ * a = i + off - j, off = Skv - Sq for FMHA_CAUSAL_BOTTOM_RIGHT, else 0
+ * (also when causal is NONE). */
+
+/* What a tile callback is asked about: queries [q0, q0 + nq) x keys
+ * [k0, k0 + nk) of (batch, head_q). Element (query q0 + i, key k0 + r) of a
+ * tile buffer is at tile[i * q_stride + r * k_stride]. Callbacks run on the
+ * library's threads, concurrently for different tiles; `thread` (0 .. number
+ * of threads - 1) lets them keep per-thread state. */
+typedef struct fmha_tile {
+    int64_t batch, head_q, q0, nq, k0, nk;
+    ptrdiff_t q_stride, k_stride;
+    int thread;
+} fmha_tile;
+
+/* Tile classes a mask callback returns. */
+typedef enum fmha_tile_class_public {
+    FMHA_TILE_CLASS_EMPTY = 0,  /* every score masked: the tile is skipped */
+    FMHA_TILE_CLASS_FULL = 1,   /* nothing masked: fill is not called */
+    FMHA_TILE_CLASS_PARTIAL = 2 /* fill decides per score */
+} fmha_tile_class_public;
+
+typedef struct fmha_mask_callback {
+    /* Returns an fmha_tile_class_public value; anything else fails the call
+     * with FMHA_ERR_CALLBACK. NULL classify means every tile is PARTIAL. */
+    int (*classify)(void *ctx, const fmha_tile *tile);
+    /* Sets visible[...] (laid out as the tile says) to 0 for hidden scores;
+     * entries arrive as 1. Required when the callback is used. */
+    void (*fill)(void *ctx, const fmha_tile *tile, uint8_t *visible);
+    void *ctx;
+} fmha_mask_callback;
+
+typedef struct fmha_bias_callback {
+    /* Adds the bias to scores[...] (laid out as the tile says). Required. */
+    void (*fill)(void *ctx, const fmha_tile *tile, float *scores);
+    /* Backward: receives dL/dbias for the tile (d_scores, laid out as the
+     * tile says) to accumulate into the callback's parameters. May be NULL. */
+    void (*accumulate_grad)(void *ctx, const fmha_tile *tile, const float *d_scores);
+    void *ctx;
+} fmha_bias_callback;
+
+/* Every optional mask and bias; fmha_problem_init leaves all of them off. */
+typedef struct fmha_masks {
+    /* Sliding window: key j visible iff -window_right <= a <= window_left,
+     * with a as above; -1 leaves that side unbounded. Causal masking is
+     * independent and ANDs with it (it alone means window_right = 0). */
+    int64_t window_left, window_right;
+    /* Padding: kv_lengths[b] in 0..Skv hides keys j >= kv_lengths[b];
+     * q_lengths[b] in 0..Sq makes rows i >= q_lengths[b] fully masked
+     * (O = 0, lse = -inf, zero gradient). int32 [B] each, NULL = off. */
+    const int32_t *kv_lengths;
+    const int32_t *q_lengths;
+    /* Segments (packed sequences): key j visible from query i iff
+     * q_segment_ids[b, i] == kv_segment_ids[b, j]. int32 [B, Sq] and
+     * [B, Skv] contiguous; both or neither. */
+    const int32_t *q_segment_ids;
+    const int32_t *kv_segment_ids;
+    /* Dense boolean mask [B, Hq, Sq, Skv] (uint8, nonzero = visible), with
+     * element strides [batch, head, query, key]; a stride of 0 broadcasts
+     * (so [Sq, Skv] or [B, 1, 1, Skv] masks need no copies). NULL = off. */
+    const uint8_t *dense;
+    int64_t dense_strides[4];
+    fmha_mask_callback callback; /* off when callback.fill is NULL */
+} fmha_masks;
+
+typedef struct fmha_biases {
+    /* Dense additive bias [B, Hq, Sq, Skv] float32 with element strides
+     * [batch, head, query, key]; 0 strides broadcast. Its gradient has the
+     * same (broadcast) shape: see fmha_param_grads. NULL = off. */
+    const float *dense;
+    int64_t dense_strides[4];
+    /* ALiBi: bias = -alibi_slopes[h] * |a|, float32 [Hq]. NULL = off. */
+    const float *alibi_slopes;
+    /* Relative-position table [Hq, rel_num_buckets] float32 with T5
+     * bucketing of the distance j - (i + off): bidirectional or not,
+     * exact buckets below half of the (per-side) buckets, logarithmic up to
+     * rel_max_distance. NULL = off; rel_num_buckets >= 1 and
+     * rel_max_distance >= 1 when on. */
+    const float *rel_table;
+    int32_t rel_num_buckets;
+    int32_t rel_max_distance;
+    int32_t rel_bidirectional;
+    /* Logit softcap: scale * q.k becomes softcap * tanh(scale * q.k / softcap)
+     * before biases are added. 0 = off; must be > 0 and finite when on. */
+    float softcap;
+    fmha_bias_callback callback; /* off when callback.fill is NULL */
+} fmha_biases;
+
+/* Gradients of the bias parameters, written by fmha_backward when non-NULL:
+ *   d_dense     the dense bias's shape [B, Hq, Sq, Skv], with d_dense_strides
+ *               (0 where the bias broadcasts: the gradient is summed there)
+ *   d_alibi     [Hq]                   d_rel_table [Hq, rel_num_buckets]
+ * Each is reduced in a fixed order, so it is bitwise identical for every
+ * thread count. */
+typedef struct fmha_param_grads {
+    float *d_dense;
+    int64_t d_dense_strides[4];
+    float *d_alibi;
+    float *d_rel_table;
+} fmha_param_grads;
 
 /* Strides filled in by fmha_problem_init for contiguous tensors. */
 typedef enum fmha_layout {
@@ -127,11 +241,13 @@ typedef struct fmha_problem {
     int64_t k_strides[4];
     int64_t v_strides[4];
     int64_t o_strides[4];
+    fmha_masks masks;
+    fmha_biases biases;
 } fmha_problem;
 
 /* Fills *p: float32, the given sizes, contiguous strides for `layout` (the
  * same layout for Q, K, V and O), scale 0 (= 1/sqrt(head_dim)), no causal
- * mask, strategy auto. Does not validate; the entry points do. */
+ * mask, no other mask or bias (windows unbounded), strategy auto. Does not validate; the entry points do. */
 FMHA_API void fmha_problem_init(fmha_problem *p, int64_t batch, int64_t heads_q, int64_t heads_kv,
                        int64_t seq_q, int64_t seq_kv, int64_t head_dim, int64_t head_dim_v,
                        fmha_layout layout);
@@ -169,16 +285,18 @@ FMHA_API fmha_status fmha_backward_workspace_size(const fmha_problem *p, size_t 
  *   dq, dk, dv  outputs with the shapes and strides of q, k, v; dk and dv are
  *               summed over the query heads that share a key/value head.
  *               They must not overlap any input or each other.
+ *   grads       optional gradients of the bias parameters (NULL: none)
  *   workspace   as for fmha_forward. */
 FMHA_API fmha_status fmha_backward(const fmha_problem *p, const void *q, const void *k, const void *v,
                           const void *o, const void *d_o, const float *lse, void *dq, void *dk,
-                          void *dv, void *workspace, size_t workspace_bytes);
+                          void *dv, const fmha_param_grads *grads, void *workspace,
+                          size_t workspace_bytes);
 
 /* Forward then backward in one call (o and lse are written, as by fmha_forward;
  * lse is required). Workspace is allocated by the library. */
 FMHA_API fmha_status fmha_forward_backward(const fmha_problem *p, const void *q, const void *k,
                                   const void *v, const void *d_o, void *o, float *lse, void *dq,
-                                  void *dk, void *dv);
+                                  void *dk, void *dv, const fmha_param_grads *grads);
 
 /* ---- threads and instruction set ------------------------------------------ */
 

@@ -24,6 +24,8 @@ const char *fmha_status_string(fmha_status status) {
     case FMHA_ERR_WORKSPACE_TOO_SMALL: return "the workspace is smaller than the size query returned (did the thread count change?)";
     case FMHA_ERR_OUT_OF_MEMORY: return "out of memory";
     case FMHA_ERR_BAD_THREAD_COUNT: return "the thread count must be between 0 (default) and 1024";
+    case FMHA_ERR_BAD_MASK: return "a mask or bias argument is invalid";
+    case FMHA_ERR_CALLBACK: return "a mask callback returned an invalid tile class";
     }
     return "unknown fmha status code";
 }
@@ -53,6 +55,8 @@ void fmha_problem_init(fmha_problem *p, int64_t batch, int64_t heads_q, int64_t 
     p->head_dim_v = head_dim_v;
     p->causal = FMHA_CAUSAL_NONE;
     p->strategy = FMHA_STRATEGY_AUTO;
+    p->masks.window_left = -1;
+    p->masks.window_right = -1;
     struct { int64_t *st, s, h, d; } t[4] = {{p->q_strides, seq_q, heads_q, head_dim},
                                              {p->k_strides, seq_kv, heads_kv, head_dim},
                                              {p->v_strides, seq_kv, heads_kv, head_dim_v},
@@ -117,7 +121,7 @@ static int tensor_injective(const int64_t ext[4], const int64_t st[4]) {
 
 fmha_status fmha_problem_check(const fmha_problem *p) {
     if (!p) return FMHA_ERR_NULL_POINTER;
-    if (p->dtype != FMHA_DTYPE_F32) return FMHA_ERR_BAD_OPTION;
+    if ((unsigned)p->dtype > FMHA_DTYPE_F16) return FMHA_ERR_BAD_OPTION;
     if ((unsigned)p->strategy > FMHA_STRATEGY_PORTABLE) return FMHA_ERR_BAD_OPTION;
     if ((unsigned)p->causal > FMHA_CAUSAL_BOTTOM_RIGHT) return FMHA_ERR_BAD_OPTION;
     if (p->batch < 1 || p->heads_q < 1 || p->heads_kv < 1 || p->seq_q < 1 || p->seq_kv < 1)
@@ -141,6 +145,14 @@ fmha_status fmha_problem_check(const fmha_problem *p) {
         if (tensor_span(ext, st) < 0) return FMHA_ERR_BAD_SIZE;
         if (t == 3 && !tensor_injective(ext, st)) return FMHA_ERR_BAD_STRIDE;
     }
+    if (p->dtype != FMHA_DTYPE_F32) return FMHA_ERR_UNSUPPORTED;
+    const fmha_masks *mk = &p->masks;
+    const fmha_biases *bs = &p->biases;
+    if (mk->window_left != -1 || mk->window_right != -1 || mk->kv_lengths || mk->q_lengths ||
+        mk->q_segment_ids || mk->kv_segment_ids || mk->dense || mk->callback.fill ||
+        mk->callback.classify || bs->dense || bs->alibi_slopes || bs->rel_table ||
+        bs->softcap != 0.0f || bs->callback.fill || bs->callback.accumulate_grad)
+        return FMHA_ERR_UNSUPPORTED;
     return FMHA_OK;
 }
 
@@ -270,12 +282,14 @@ fmha_status fmha_backward_workspace_size(const fmha_problem *p, size_t *bytes) {
 
 fmha_status fmha_backward(const fmha_problem *p, const void *q, const void *k, const void *v,
                           const void *o, const void *d_o, const float *lse, void *dq, void *dk,
-                          void *dv, void *workspace, size_t workspace_bytes) {
+                          void *dv, const fmha_param_grads *grads, void *workspace,
+                          size_t workspace_bytes) {
     if (!p || !q || !k || !v || !o || !d_o || !lse || !dq || !dk || !dv)
         return FMHA_ERR_NULL_POINTER;
     fmha_plan plan;
     fmha_status st = plan_make(p, PLAN_BACKWARD, &plan);
     if (st != FMHA_OK) return st;
+    if (grads && (grads->d_dense || grads->d_alibi || grads->d_rel_table)) return FMHA_ERR_BAD_MASK;
     /* Gradients use the strides of their primal: dq ~ q (0), dk ~ k (1), dv ~ v (2). */
     const void *inputs[5] = {q, k, v, o, d_o};
     const int input_kind[5] = {0, 1, 2, 3, 3};
@@ -304,29 +318,30 @@ fmha_status fmha_backward(const fmha_problem *p, const void *q, const void *k, c
 
 fmha_status fmha_forward_backward(const fmha_problem *p, const void *q, const void *k,
                                   const void *v, const void *d_o, void *o, float *lse, void *dq,
-                                  void *dk, void *dv) {
+                                  void *dk, void *dv, const fmha_param_grads *grads) {
     if (!p || !q || !k || !v || !d_o || !o || !lse || !dq || !dk || !dv)
         return FMHA_ERR_NULL_POINTER;
     /* Validate the backward's outputs before the forward writes anything. */
     fmha_status st = fmha_problem_check(p);
     if (st != FMHA_OK) return st;
+    if (grads && (grads->d_dense || grads->d_alibi || grads->d_rel_table)) return FMHA_ERR_BAD_MASK;
     byte_range ro = range_of_tensor(p, 3, o), rl = range_of_lse(p, lse);
-    void *grads[3] = {dq, dk, dv};
+    void *outs[3] = {dq, dk, dv};
     const void *ins[4] = {q, k, v, d_o};
     for (int i = 0; i < 3; i++) {
         int64_t ext[4];
         tensor_extents(p, i, ext);
         if (!tensor_injective(ext, tensor_strides(p, i))) return FMHA_ERR_BAD_STRIDE;
-        byte_range rg = range_of_tensor(p, i, grads[i]);
+        byte_range rg = range_of_tensor(p, i, outs[i]);
         if (ranges_overlap(rg, ro) || ranges_overlap(rg, rl)) return FMHA_ERR_OVERLAP;
         for (int j = 0; j < 4; j++)
             if (ranges_overlap(rg, range_of_tensor(p, j == 3 ? 3 : j, ins[j]))) return FMHA_ERR_OVERLAP;
         for (int j = 0; j < i; j++)
-            if (ranges_overlap(rg, range_of_tensor(p, j, grads[j]))) return FMHA_ERR_OVERLAP;
+            if (ranges_overlap(rg, range_of_tensor(p, j, outs[j]))) return FMHA_ERR_OVERLAP;
     }
     if (ranges_overlap(ro, range_of_tensor(p, 3, d_o)) || ranges_overlap(rl, range_of_tensor(p, 3, d_o)))
         return FMHA_ERR_OVERLAP;
     st = fmha_forward(p, q, k, v, o, lse, NULL, 0);
     if (st != FMHA_OK) return st;
-    return fmha_backward(p, q, k, v, o, d_o, lse, dq, dk, dv, NULL, 0);
+    return fmha_backward(p, q, k, v, o, d_o, lse, dq, dk, dv, grads, NULL, 0);
 }

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# setup.sh: installs what building and testing fmha needs on a fresh Debian
+# machine (compiler, CMake, Ninja, Python venv) and the Python packages of
+# the given requirement set into ./.venv. Sourced by test.sh and bench.sh.
+#   usage: scripts/setup.sh [test|bench]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v cc >/dev/null || need+=(gcc libc6-dev)
+command -v cmake >/dev/null || need+=(cmake)
+command -v ninja >/dev/null || need+=(ninja-build)
+command -v git >/dev/null || need+=(git)
+command -v python3 >/dev/null || need+=(python3 python3-venv python3-pip)
+if ((${#need[@]})); then
+    echo "setup: installing ${need[*]}" >&2
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-venv >/dev/null
+fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+req="python/requirements-${1:-test}.txt"
+stamp=".venv/.installed-$(basename "$req")"
+if [ ! -f "$stamp" ] || [ "$req" -nt "$stamp" ] || [ python/pyproject.toml -nt "$stamp" ]; then
+    .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+    .venv/bin/python -m pip install -q -r "$req"
+    touch "$stamp"
+fi

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# test.sh: every test of fmha. Builds the library twice: once with
+# AddressSanitizer + UndefinedBehaviorSanitizer for the C tests (ctest), once
+# optimised for the Python tests (bindings, fmha-bench, report), then runs
+# both suites. Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh test
+jobs=$(nproc)
+
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFMHA_SANITIZE=ON >/dev/null
+cmake --build build-asan -j "$jobs"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j "$jobs"
+
+status=0
+echo "== C tests (ASan + UBSan) =="
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir build-asan --output-on-failure -j "$jobs" || status=1
+
+echo "== Python tests =="
+export FMHA_LIBRARY="$PWD/build/libfmha.so" FMHA_BENCH="$PWD/build/fmha-bench"
+.venv/bin/python -m pip install -q -e python --no-deps >/dev/null
+set +e
+.venv/bin/python -m pytest -q tests/python
+rc=$?
+set -e
+# pytest exits 5 when it collected no test; that is a failure here too.
+[ "$rc" = 0 ] || status=1
+exit "$status"
