@@ -202,6 +202,12 @@ typedef struct fmha_biases {
     fmha_bias_callback callback; /* off when callback.fill is NULL */
 } fmha_biases;
 
+/* The T5 bucket of relative position rel = j - (i + off) (key minus query),
+ * as the rel_table bias uses it: in [0, num_buckets). Exposed so that callers
+ * can build the same bias densely. */
+FMHA_API int32_t fmha_rel_bucket(int64_t rel, int32_t num_buckets, int32_t max_distance,
+                                 int bidirectional);
+
 /* Gradients of the bias parameters, written by fmha_backward when non-NULL:
  *   d_dense     the dense bias's shape [B, Hq, Sq, Skv], with d_dense_strides
  *               (0 where the bias broadcasts: the gradient is summed there)

@@ -120,6 +120,7 @@ static int tensor_injective(const int64_t ext[4], const int64_t st[4]) {
 }
 
 fmha_status fmha_problem_check(const fmha_problem *p) {
+    fmha_status st;
     if (!p) return FMHA_ERR_NULL_POINTER;
     if ((unsigned)p->dtype > FMHA_DTYPE_F16) return FMHA_ERR_BAD_OPTION;
     if ((unsigned)p->strategy > FMHA_STRATEGY_PORTABLE) return FMHA_ERR_BAD_OPTION;
@@ -145,14 +146,10 @@ fmha_status fmha_problem_check(const fmha_problem *p) {
         if (tensor_span(ext, st) < 0) return FMHA_ERR_BAD_SIZE;
         if (t == 3 && !tensor_injective(ext, st)) return FMHA_ERR_BAD_STRIDE;
     }
+    st = fmha_masks_check(p);
+    if (st == FMHA_OK) st = fmha_biases_check(p);
+    if (st != FMHA_OK) return st;
     if (p->dtype != FMHA_DTYPE_F32) return FMHA_ERR_UNSUPPORTED;
-    const fmha_masks *mk = &p->masks;
-    const fmha_biases *bs = &p->biases;
-    if (mk->window_left != -1 || mk->window_right != -1 || mk->kv_lengths || mk->q_lengths ||
-        mk->q_segment_ids || mk->kv_segment_ids || mk->dense || mk->callback.fill ||
-        mk->callback.classify || bs->dense || bs->alibi_slopes || bs->rel_table ||
-        bs->softcap != 0.0f || bs->callback.fill || bs->callback.accumulate_grad)
-        return FMHA_ERR_UNSUPPORTED;
     return FMHA_OK;
 }
 
@@ -196,16 +193,30 @@ static fmha_strategy resolve_strategy(const fmha_problem *p) {
 
 typedef enum { PLAN_FORWARD, PLAN_BACKWARD } plan_kind;
 
-static fmha_status plan_make(const fmha_problem *p, plan_kind kind, fmha_plan *plan) {
+static fmha_status plan_make(const fmha_problem *p, plan_kind kind,
+                             const fmha_param_grads *grads, fmha_plan *plan) {
     fmha_status st = fmha_problem_check(p);
     if (st != FMHA_OK) return st;
+    *plan = (fmha_plan){0};
     plan->p = *p;
+    plan->grads = grads;
+    const fmha_masks *mk = &p->masks;
+    const fmha_biases *bs = &p->biases;
+    plan->band_lo = mk->window_left >= 0 ? -mk->window_left : INT64_MIN;
+    plan->band_hi = mk->window_right >= 0 ? mk->window_right : INT64_MAX;
+    if (p->causal != FMHA_CAUSAL_NONE && plan->band_hi > 0) plan->band_hi = 0;
+    plan->has_mask = mk->kv_lengths || mk->q_lengths || mk->q_segment_ids || mk->dense ||
+                     mk->callback.fill;
+    plan->has_bias = bs->dense || bs->alibi_slopes || bs->rel_table || bs->softcap != 0.0f ||
+                     bs->callback.fill;
     plan->scale = p->scale != 0.0f ? p->scale : (float)(1.0 / sqrt((double)p->head_dim));
     plan->uk = p->strategy == FMHA_STRATEGY_PORTABLE ? &fmha_ukernels_scalar : fmha_cpu_kernels();
     plan->strategy = resolve_strategy(p);
     plan->threads = fmha_pool_threads();
     plan->group = p->heads_q / p->heads_kv;
     plan->causal_offset = p->causal == FMHA_CAUSAL_BOTTOM_RIGHT ? p->seq_kv - p->seq_q : 0;
+    st = fmha_mask_precheck(plan);
+    if (st != FMHA_OK) return st;
     if (kind == PLAN_FORWARD)
         fmha_fwd_workspace(plan, &plan->thread_bytes, &plan->shared_bytes);
     else
@@ -237,7 +248,7 @@ static fmha_status workspace_take(const fmha_plan *plan, void *ws, size_t ws_byt
 fmha_status fmha_forward_workspace_size(const fmha_problem *p, size_t *bytes) {
     if (!bytes) return FMHA_ERR_NULL_POINTER;
     fmha_plan plan;
-    fmha_status st = plan_make(p, PLAN_FORWARD, &plan);
+    fmha_status st = plan_make(p, PLAN_FORWARD, NULL, &plan);
     if (st != FMHA_OK) return st;
     *bytes = fmha_plan_workspace_bytes(&plan);
     return FMHA_OK;
@@ -247,7 +258,7 @@ fmha_status fmha_forward(const fmha_problem *p, const void *q, const void *k, co
                          void *o, float *lse, void *workspace, size_t workspace_bytes) {
     if (!p || !q || !k || !v || !o) return FMHA_ERR_NULL_POINTER;
     fmha_plan plan;
-    fmha_status st = plan_make(p, PLAN_FORWARD, &plan);
+    fmha_status st = plan_make(p, PLAN_FORWARD, NULL, &plan);
     if (st != FMHA_OK) return st;
     byte_range ro = range_of_tensor(p, 3, o);
     for (int t = 0; t < 3; t++)
@@ -271,10 +282,32 @@ fmha_status fmha_forward(const fmha_problem *p, const void *q, const void *k, co
 
 /* ---- backward ---- */
 
+/* Bias gradients: each needs its bias; the dense one broadcasts exactly where
+ * the bias does and must not overlap itself. */
+static fmha_status param_grads_check(const fmha_problem *p, const fmha_param_grads *g) {
+    if (!g) return FMHA_OK;
+    const fmha_biases *bs = &p->biases;
+    if ((g->d_dense && !bs->dense) || (g->d_alibi && !bs->alibi_slopes) ||
+        (g->d_rel_table && !bs->rel_table))
+        return FMHA_ERR_BAD_MASK;
+    if (g->d_dense) {
+        int64_t ext[4] = {p->batch, p->heads_q, p->seq_q, p->seq_kv};
+        for (int i = 0; i < 4; i++) {
+            if (g->d_dense_strides[i] < 0) return FMHA_ERR_BAD_STRIDE;
+            if (ext[i] > 1 && (g->d_dense_strides[i] == 0) != (bs->dense_strides[i] == 0))
+                return FMHA_ERR_BAD_MASK;
+        }
+        int64_t inner[4];
+        for (int i = 0; i < 4; i++) inner[i] = g->d_dense_strides[i] ? ext[i] : 1;
+        if (!tensor_injective(inner, g->d_dense_strides)) return FMHA_ERR_BAD_STRIDE;
+    }
+    return FMHA_OK;
+}
+
 fmha_status fmha_backward_workspace_size(const fmha_problem *p, size_t *bytes) {
     if (!bytes) return FMHA_ERR_NULL_POINTER;
     fmha_plan plan;
-    fmha_status st = plan_make(p, PLAN_BACKWARD, &plan);
+    fmha_status st = plan_make(p, PLAN_BACKWARD, NULL, &plan);
     if (st != FMHA_OK) return st;
     *bytes = fmha_plan_workspace_bytes(&plan);
     return FMHA_OK;
@@ -286,10 +319,11 @@ fmha_status fmha_backward(const fmha_problem *p, const void *q, const void *k, c
                           size_t workspace_bytes) {
     if (!p || !q || !k || !v || !o || !d_o || !lse || !dq || !dk || !dv)
         return FMHA_ERR_NULL_POINTER;
-    fmha_plan plan;
-    fmha_status st = plan_make(p, PLAN_BACKWARD, &plan);
+    fmha_status st = param_grads_check(p, grads);
     if (st != FMHA_OK) return st;
-    if (grads && (grads->d_dense || grads->d_alibi || grads->d_rel_table)) return FMHA_ERR_BAD_MASK;
+    fmha_plan plan;
+    st = plan_make(p, PLAN_BACKWARD, grads, &plan);
+    if (st != FMHA_OK) return st;
     /* Gradients use the strides of their primal: dq ~ q (0), dk ~ k (1), dv ~ v (2). */
     const void *inputs[5] = {q, k, v, o, d_o};
     const int input_kind[5] = {0, 1, 2, 3, 3};
@@ -324,7 +358,8 @@ fmha_status fmha_forward_backward(const fmha_problem *p, const void *q, const vo
     /* Validate the backward's outputs before the forward writes anything. */
     fmha_status st = fmha_problem_check(p);
     if (st != FMHA_OK) return st;
-    if (grads && (grads->d_dense || grads->d_alibi || grads->d_rel_table)) return FMHA_ERR_BAD_MASK;
+    st = param_grads_check(p, grads);
+    if (st != FMHA_OK) return st;
     byte_range ro = range_of_tensor(p, 3, o), rl = range_of_lse(p, lse);
     void *outs[3] = {dq, dk, dv};
     const void *ins[4] = {q, k, v, d_o};

@@ -18,7 +18,18 @@ typedef struct fmha_plan {
     fmha_strategy strategy;    /* FMHA_STRATEGY_TILED or _DENSE after resolution */
     int threads;               /* max threads of this call */
     int64_t group;             /* Hq / Hkv */
-    int64_t causal_offset;     /* causal: key j visible from query i iff j - i <= offset */
+    int64_t causal_offset;     /* off: queries and keys meet at a = i + off - j (see fmha.h) */
+    /* Band (causal and sliding window): key j visible from query i iff
+     * band_lo <= j - (i + off) <= band_hi (INT64_MIN / INT64_MAX: unbounded). */
+    int64_t band_lo, band_hi;
+    int has_mask;              /* any mask besides the band */
+    int has_bias;              /* any bias or softcap: every computed tile gets the epilogue */
+    /* ALiBi and relative-position biases depend only on a = i + off - j: both
+     * are summed into one vector per head, toeplitz[h * toeplitz_len + a - a_min],
+     * built per call in the shared workspace (NULL when neither is on). */
+    float *toeplitz;
+    int64_t toeplitz_len, a_min;
+    const fmha_param_grads *grads; /* backward: bias gradients wanted, or NULL */
     size_t thread_bytes;       /* workspace bytes per thread (multiple of FMHA_ALIGN) */
     size_t shared_bytes;       /* workspace bytes shared by all threads (multiple of FMHA_ALIGN) */
 } fmha_plan;
@@ -26,19 +37,47 @@ typedef struct fmha_plan {
 /* Bytes of a workspace for plan (per-thread slices + shared + alignment slack). */
 size_t fmha_plan_workspace_bytes(const fmha_plan *plan);
 
-/* ---- mask: which tiles and scores a query may see ---- */
+/* ---- masks and biases (mask.c, bias.c) ----
+ * A score tile is S^T: row r = key k0 + r, lane i = query q0 + i (lanes >= nq
+ * are padding and ignored), lds floats between rows. */
 typedef enum { FMHA_TILE_EMPTY = 0, FMHA_TILE_FULL, FMHA_TILE_PARTIAL } fmha_tile_class;
 
-/* Class of the tile of queries [q0, q0 + nq) x keys [k0, k0 + nk). */
-fmha_tile_class fmha_mask_classify(const fmha_plan *plan, int64_t q0, int64_t nq, int64_t k0,
-                                   int64_t nk);
-/* Keys [*k_begin, *k_end) any query of [q0, q0 + nq) may see (empty: begin >= end). */
-void fmha_mask_kv_range(const fmha_plan *plan, int64_t q0, int64_t nq, int64_t *k_begin,
+typedef struct fmha_tile_pos {
+    int64_t b, h, q0, nq, k0, nk;
+} fmha_tile_pos;
+
+/* Class of a tile under every mask (EMPTY: skip; FULL: no masking work).
+ * Returns -1 if a mask callback answered an invalid class. */
+int fmha_mask_classify(const fmha_plan *plan, const fmha_tile_pos *t, int thread);
+/* Keys [*k_begin, *k_end) any query of the tile's rows may see (band and
+ * key lengths; empty when begin >= end). Only t->b, q0, nq are read. */
+void fmha_mask_kv_range(const fmha_plan *plan, const fmha_tile_pos *t, int64_t *k_begin,
                         int64_t *k_end);
-/* Sets masked scores of an S^T tile (row r = key k0 + r, lane i = query q0 + i,
- * lanes >= nq ignored) to -inf. */
-void fmha_mask_apply(const fmha_plan *plan, int64_t q0, int64_t nq, int64_t k0, int64_t nk,
-                     float *st, size_t lds);
+/* Sets the masked scores of a PARTIAL tile to -inf. `scratch` holds
+ * FMHA_MASK_SCRATCH(plan) bytes for a mask callback. */
+void fmha_mask_apply(const fmha_plan *plan, const fmha_tile_pos *t, float *st, size_t lds,
+                     unsigned char *scratch, int thread);
+/* Calls a mask callback's classify on every tile of the grid (query blocks of
+ * NR x key blocks of block_kv) before anything is written; FMHA_ERR_CALLBACK
+ * if one answer is invalid. FMHA_OK when there is no classify callback. */
+fmha_status fmha_mask_precheck(const fmha_plan *plan);
+/* Counts computed (non-EMPTY) tiles since the last reset: tests prove block
+ * skipping with it. */
+void fmha_tiles_reset(void);
+long long fmha_tiles_computed(void);
+void fmha_tiles_count(void);
+
+/* Validates masks and biases (FMHA_ERR_BAD_MASK and friends). */
+fmha_status fmha_masks_check(const fmha_problem *p);
+/* Bytes of the shared workspace the biases need (Toeplitz vectors). */
+size_t fmha_bias_shared_bytes(const fmha_plan *plan);
+/* Builds plan->toeplitz in `shared` (fmha_bias_shared_bytes of it). */
+void fmha_bias_prepare(fmha_plan *plan, char *shared);
+/* Score epilogue of a computed tile: softcap (raw scores are kept in `raw`
+ * when it is non-NULL, for the backward), then every bias, then, for a
+ * PARTIAL tile, every mask. */
+void fmha_score_epilogue(const fmha_plan *plan, const fmha_tile_pos *t, fmha_tile_class cls,
+                         float *st, size_t lds, float *raw, unsigned char *scratch, int thread);
 
 /* ---- drivers ---- */
 /* Per-thread and shared workspace bytes of the forward for plan. */
@@ -51,6 +90,25 @@ void fmha_bwd_workspace(const fmha_plan *plan, size_t *thread_bytes, size_t *sha
 fmha_status fmha_bwd_run(const fmha_plan *plan, const float *q, const float *k, const float *v,
                          const float *o, const float *d_o, const float *lse, float *dq, float *dk,
                          float *dv, char *ws);
+
+fmha_status fmha_biases_check(const fmha_problem *p);
+/* Backward: doubles of one task's Toeplitz gradient accumulator (0: none). */
+size_t fmha_bias_grad_task_doubles(const fmha_plan *plan, size_t heads_per_task);
+/* Backward: a dS tile's contribution to the bias gradients: the dense bias
+ * gradient (in place, the task split keeps writers apart), the Toeplitz sums
+ * (diag: scratch of NR + block_kv floats; task_acc: this task's row for
+ * head t->h, or NULL) and the callback's accumulate_grad. */
+void fmha_bias_grad_tile(const fmha_plan *plan, const fmha_tile_pos *t, const float *ds, size_t lds,
+                         const float *raw, float *diag, double *task_acc, int thread);
+void fmha_softcap_grad(const fmha_plan *plan, const fmha_tile_pos *t, float *ds, size_t lds,
+                       const float *raw);
+void fmha_bias_grad_finish(const fmha_plan *plan, const double *task_acc, size_t n_tasks,
+                           size_t heads_per_task, size_t task_stride,
+                           int64_t (*task_head0)(const void *ctx, size_t task), const void *ctx,
+                           double *bucket_acc);
+
+/* Bytes per thread for a mask callback's visibility tile (0 when none). */
+size_t fmha_mask_scratch_bytes(const fmha_plan *plan);
 
 static inline size_t fmha_round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 

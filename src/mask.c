@@ -1,41 +1,211 @@
-/* mask.c: which tiles and scores a query may see. Today the only mask is
- * causal (both alignments); every driver asks through these three calls, so
- * a tile the mask rules out is skipped, never computed and then masked. */
+/* mask.c: which tiles and scores a query may see. Every mask (the causal
+ * and sliding-window band, key and query lengths, segment ids, a dense
+ * boolean tensor, a user callback) answers through the same calls: classify
+ * a tile (EMPTY: skipped, never computed; FULL: no masking work; PARTIAL),
+ * the range of keys a block of queries may see, and apply to a PARTIAL tile.
+ * Masks compose by AND: a tile is EMPTY if one mask empties it, FULL only if
+ * every mask leaves it whole. */
 #include <math.h>
+#include <stdatomic.h>
+#include <string.h>
 
 #include "attn.h"
 
-/* Causal: key j visible from query i iff j - i <= causal_offset. */
-fmha_tile_class fmha_mask_classify(const fmha_plan *plan, int64_t q0, int64_t nq, int64_t k0,
-                                   int64_t nk) {
-    if (plan->p.causal == FMHA_CAUSAL_NONE) return FMHA_TILE_FULL;
-    int64_t off = plan->causal_offset;
-    if (k0 - (q0 + nq - 1) > off) return FMHA_TILE_EMPTY; /* first key past the last query's reach */
-    if ((k0 + nk - 1) - q0 <= off) return FMHA_TILE_FULL;  /* last key within the first query's reach */
+static atomic_llong tiles_computed;
+void fmha_tiles_reset(void) { atomic_store(&tiles_computed, 0); }
+long long fmha_tiles_computed(void) { return atomic_load(&tiles_computed); }
+void fmha_tiles_count(void) { atomic_fetch_add_explicit(&tiles_computed, 1, memory_order_relaxed); }
+
+fmha_status fmha_masks_check(const fmha_problem *p) {
+    const fmha_masks *m = &p->masks;
+    if (m->window_left < -1 || m->window_right < -1) return FMHA_ERR_BAD_MASK;
+    if (!m->q_segment_ids != !m->kv_segment_ids) return FMHA_ERR_BAD_MASK;
+    for (int64_t b = 0; b < p->batch; b++) {
+        if (m->kv_lengths && (m->kv_lengths[b] < 0 || m->kv_lengths[b] > p->seq_kv)) return FMHA_ERR_BAD_MASK;
+        if (m->q_lengths && (m->q_lengths[b] < 0 || m->q_lengths[b] > p->seq_q)) return FMHA_ERR_BAD_MASK;
+    }
+    if (m->dense)
+        for (int i = 0; i < 4; i++)
+            if (m->dense_strides[i] < 0) return FMHA_ERR_BAD_MASK;
+    if (m->callback.classify && !m->callback.fill) return FMHA_ERR_BAD_MASK;
+    return FMHA_OK;
+}
+
+size_t fmha_mask_scratch_bytes(const fmha_plan *plan) {
+    if (!plan->p.masks.callback.fill) return 0;
+    size_t rows = plan->strategy == FMHA_STRATEGY_DENSE ? plan->uk->block_kv : plan->uk->block_kv;
+    return fmha_round_up(rows * plan->uk->nr, FMHA_ALIGN);
+}
+
+/* d = j - (i + off) over the tile: [d_min, d_max]. */
+static void band_span(const fmha_plan *plan, const fmha_tile_pos *t, int64_t *d_min, int64_t *d_max) {
+    *d_min = t->k0 - (t->q0 + t->nq - 1) - plan->causal_offset;
+    *d_max = t->k0 + t->nk - 1 - t->q0 - plan->causal_offset;
+}
+
+static int classify_band(const fmha_plan *plan, const fmha_tile_pos *t) {
+    int64_t d_min, d_max;
+    band_span(plan, t, &d_min, &d_max);
+    if (d_max < plan->band_lo || d_min > plan->band_hi) return FMHA_TILE_EMPTY;
+    if (d_min >= plan->band_lo && d_max <= plan->band_hi) return FMHA_TILE_FULL;
     return FMHA_TILE_PARTIAL;
 }
 
-void fmha_mask_kv_range(const fmha_plan *plan, int64_t q0, int64_t nq, int64_t *k_begin,
-                        int64_t *k_end) {
-    int64_t end = plan->p.seq_kv;
-    if (plan->p.causal != FMHA_CAUSAL_NONE) {
-        int64_t reach = q0 + nq - 1 + plan->causal_offset + 1; /* one past the last visible key */
-        if (reach < end) end = reach;
-        if (end < 0) end = 0;
+static int classify_lengths(const fmha_plan *plan, const fmha_tile_pos *t) {
+    const fmha_masks *m = &plan->p.masks;
+    int cls = FMHA_TILE_FULL;
+    if (m->q_lengths) {
+        int64_t n = m->q_lengths[t->b];
+        if (t->q0 >= n) return FMHA_TILE_EMPTY;
+        if (t->q0 + t->nq > n) cls = FMHA_TILE_PARTIAL;
     }
-    *k_begin = 0;
-    *k_end = end;
+    if (m->kv_lengths) {
+        int64_t n = m->kv_lengths[t->b];
+        if (t->k0 >= n) return FMHA_TILE_EMPTY;
+        if (t->k0 + t->nk > n) cls = FMHA_TILE_PARTIAL;
+    }
+    return cls;
 }
 
-void fmha_mask_apply(const fmha_plan *plan, int64_t q0, int64_t nq, int64_t k0, int64_t nk,
-                     float *st, size_t lds) {
-    if (plan->p.causal == FMHA_CAUSAL_NONE) return;
-    int64_t off = plan->causal_offset;
-    for (int64_t r = 0; r < nk; r++) {
-        int64_t j = k0 + r;
-        /* query i sees key j iff i >= j - off: lanes i < j - off - q0 are masked */
-        int64_t first_visible = j - off - q0;
-        int64_t stop = first_visible < nq ? first_visible : nq;
-        for (int64_t i = 0; i < stop; i++) st[(size_t)r * lds + (size_t)i] = -INFINITY;
+static void id_range(const int32_t *ids, int64_t n, int32_t *lo, int32_t *hi) {
+    *lo = *hi = ids[0];
+    for (int64_t i = 1; i < n; i++) {
+        if (ids[i] < *lo) *lo = ids[i];
+        if (ids[i] > *hi) *hi = ids[i];
     }
+}
+
+static int classify_segments(const fmha_plan *plan, const fmha_tile_pos *t) {
+    const fmha_masks *m = &plan->p.masks;
+    int32_t qlo, qhi, klo, khi;
+    id_range(m->q_segment_ids + t->b * plan->p.seq_q + t->q0, t->nq, &qlo, &qhi);
+    id_range(m->kv_segment_ids + t->b * plan->p.seq_kv + t->k0, t->nk, &klo, &khi);
+    if (qhi < klo || khi < qlo) return FMHA_TILE_EMPTY;
+    if (qlo == qhi && klo == khi && qlo == klo) return FMHA_TILE_FULL;
+    return FMHA_TILE_PARTIAL;
+}
+
+static const uint8_t *dense_at(const fmha_plan *plan, const fmha_tile_pos *t, int64_t i, int64_t r) {
+    const int64_t *s = plan->p.masks.dense_strides;
+    return plan->p.masks.dense + t->b * s[0] + t->h * s[1] + (t->q0 + i) * s[2] + (t->k0 + r) * s[3];
+}
+
+static int classify_dense(const fmha_plan *plan, const fmha_tile_pos *t) {
+    int any_on = 0, any_off = 0;
+    for (int64_t i = 0; i < t->nq && !(any_on && any_off); i++)
+        for (int64_t r = 0; r < t->nk; r++) {
+            if (*dense_at(plan, t, i, r)) any_on = 1;
+            else any_off = 1;
+        }
+    return !any_on ? FMHA_TILE_EMPTY : any_off ? FMHA_TILE_PARTIAL : FMHA_TILE_FULL;
+}
+
+static fmha_tile public_tile(const fmha_tile_pos *t, size_t lds, int thread) {
+    return (fmha_tile){t->b, t->h, t->q0, t->nq, t->k0, t->nk, 1, (ptrdiff_t)lds, thread};
+}
+
+static int classify_callback(const fmha_plan *plan, const fmha_tile_pos *t, int thread) {
+    const fmha_mask_callback *cb = &plan->p.masks.callback;
+    if (!cb->classify) return FMHA_TILE_PARTIAL;
+    fmha_tile pt = public_tile(t, plan->uk->nr, thread);
+    int c = cb->classify(cb->ctx, &pt);
+    if (c == FMHA_TILE_CLASS_EMPTY) return FMHA_TILE_EMPTY;
+    if (c == FMHA_TILE_CLASS_FULL) return FMHA_TILE_FULL;
+    if (c == FMHA_TILE_CLASS_PARTIAL) return FMHA_TILE_PARTIAL;
+    return -1;
+}
+
+/* AND of classes: EMPTY wins, then PARTIAL, then FULL. */
+static int class_and(int a, int b) {
+    if (a < 0 || b < 0) return -1;
+    if (a == FMHA_TILE_EMPTY || b == FMHA_TILE_EMPTY) return FMHA_TILE_EMPTY;
+    return a == FMHA_TILE_PARTIAL || b == FMHA_TILE_PARTIAL ? FMHA_TILE_PARTIAL : FMHA_TILE_FULL;
+}
+
+int fmha_mask_classify(const fmha_plan *plan, const fmha_tile_pos *t, int thread) {
+    int cls = classify_band(plan, t);
+    if (cls == FMHA_TILE_EMPTY || !plan->has_mask) return cls;
+    const fmha_masks *m = &plan->p.masks;
+    if (m->q_lengths || m->kv_lengths) cls = class_and(cls, classify_lengths(plan, t));
+    if (cls != FMHA_TILE_EMPTY && m->q_segment_ids) cls = class_and(cls, classify_segments(plan, t));
+    if (cls != FMHA_TILE_EMPTY && m->dense) cls = class_and(cls, classify_dense(plan, t));
+    if (cls != FMHA_TILE_EMPTY && m->callback.fill) cls = class_and(cls, classify_callback(plan, t, thread));
+    return cls;
+}
+
+void fmha_mask_kv_range(const fmha_plan *plan, const fmha_tile_pos *t, int64_t *k_begin,
+                        int64_t *k_end) {
+    int64_t lo = 0, hi = plan->p.seq_kv;
+    int64_t off = plan->causal_offset;
+    if (plan->band_lo != INT64_MIN) {
+        int64_t first = t->q0 + off + plan->band_lo; /* first key of the first query */
+        if (first > lo) lo = first;
+    }
+    if (plan->band_hi != INT64_MAX) {
+        int64_t last = t->q0 + t->nq - 1 + off + plan->band_hi; /* last key of the last query */
+        if (last + 1 < hi) hi = last + 1;
+    }
+    if (plan->p.masks.kv_lengths && plan->p.masks.kv_lengths[t->b] < hi) hi = plan->p.masks.kv_lengths[t->b];
+    if (hi < lo) hi = lo;
+    *k_begin = lo;
+    *k_end = hi;
+}
+
+void fmha_mask_apply(const fmha_plan *plan, const fmha_tile_pos *t, float *st, size_t lds,
+                     unsigned char *scratch, int thread) {
+    const fmha_masks *m = &plan->p.masks;
+    int64_t off = plan->causal_offset;
+    for (int64_t r = 0; r < t->nk; r++) {
+        int64_t j = t->k0 + r;
+        float *row = st + (size_t)r * lds;
+        /* band: visible lanes i with band_lo <= j - (q0 + i + off) <= band_hi */
+        int64_t i_lo = 0, i_hi = t->nq; /* visible lanes [i_lo, i_hi) */
+        if (plan->band_hi != INT64_MAX) {
+            int64_t v = j - t->q0 - off - plan->band_hi; /* i >= v */
+            if (v > i_lo) i_lo = v;
+        }
+        if (plan->band_lo != INT64_MIN) {
+            int64_t v = j - t->q0 - off - plan->band_lo + 1; /* i < v */
+            if (v < i_hi) i_hi = v;
+        }
+        if (m->q_lengths && m->q_lengths[t->b] - t->q0 < i_hi) i_hi = m->q_lengths[t->b] - t->q0;
+        if (m->kv_lengths && j >= m->kv_lengths[t->b]) i_hi = i_lo;
+        if (i_hi < i_lo) i_hi = i_lo;
+        if (i_lo > t->nq) i_lo = i_hi = t->nq;
+        for (int64_t i = 0; i < i_lo; i++) row[i] = -INFINITY;
+        for (int64_t i = i_hi; i < t->nq; i++) row[i] = -INFINITY;
+        if (m->q_segment_ids) {
+            int32_t kid = m->kv_segment_ids[t->b * plan->p.seq_kv + j];
+            const int32_t *qid = m->q_segment_ids + t->b * plan->p.seq_q + t->q0;
+            for (int64_t i = i_lo; i < i_hi; i++)
+                if (qid[i] != kid) row[i] = -INFINITY;
+        }
+        if (m->dense)
+            for (int64_t i = i_lo; i < i_hi; i++)
+                if (!*dense_at(plan, t, i, r)) row[i] = -INFINITY;
+    }
+    if (m->callback.fill) {
+        size_t nr = plan->uk->nr;
+        memset(scratch, 1, (size_t)t->nk * nr);
+        fmha_tile pt = public_tile(t, nr, thread);
+        m->callback.fill(m->callback.ctx, &pt, scratch);
+        for (int64_t r = 0; r < t->nk; r++)
+            for (int64_t i = 0; i < t->nq; i++)
+                if (!scratch[(size_t)r * nr + (size_t)i]) st[(size_t)r * lds + (size_t)i] = -INFINITY;
+    }
+}
+
+fmha_status fmha_mask_precheck(const fmha_plan *plan) {
+    if (!plan->p.masks.callback.classify) return FMHA_OK;
+    const fmha_problem *p = &plan->p;
+    int64_t nr = (int64_t)plan->uk->nr, bc = (int64_t)plan->uk->block_kv;
+    for (int64_t b = 0; b < p->batch; b++)
+        for (int64_t h = 0; h < p->heads_q; h++)
+            for (int64_t q0 = 0; q0 < p->seq_q; q0 += nr)
+                for (int64_t k0 = 0; k0 < p->seq_kv; k0 += bc) {
+                    fmha_tile_pos t = {b, h, q0, p->seq_q - q0 < nr ? p->seq_q - q0 : nr, k0,
+                                       p->seq_kv - k0 < bc ? p->seq_kv - k0 : bc};
+                    if (classify_callback(plan, &t, 0) < 0) return FMHA_ERR_CALLBACK;
+                }
+    return FMHA_OK;
 }

@@ -54,46 +54,79 @@ typedef struct bwd_tiles {
     float *dv;     /* [Bc][Dv_pad]  dV_j accumulator */
     float *lse;    /* [NR]          lse_i (padding lanes -inf) */
     float *dsum;   /* [NR]          Dsum_i (padding lanes 0) */
+    float *raw;    /* [Bc][NR]      scores before softcap (softcap only) */
+    float *diag;   /* [Bc + NR]     a tile's Toeplitz gradient sums */
+    unsigned char *mask; /* [Bc][NR] for a mask callback */
 } bwd_tiles;
+
+/* How tasks split the work. Normally a task is (b, hk, g): one kv head, the
+ * key blocks j = g mod G. When a dense bias gradient broadcasts over batch or
+ * heads, one task takes every (b, hk) of its key blocks, so each gradient
+ * element has one writer; broadcast over keys also forces G = 1. */
+typedef struct bwd_split {
+    size_t units;      /* (b, hk) units: B * Hkv, or 1 */
+    size_t groups;     /* G */
+    size_t tasks;      /* units * G */
+} bwd_split;
 
 typedef struct bwd_ctx {
     const fmha_plan *plan;
     const float *q, *k, *v, *o, *d_o, *lse;
     float *dq, *dk, *dv;
-    float *dsum;     /* [B, Hq, Sq] */
-    float *dq_part;  /* [G][B, Hq, Sq, D_pad] */
+    float *dsum;       /* [B, Hq, Sq] */
+    float *dq_part;    /* [G][B, Hq, Sq, D_pad] */
+    double *bias_acc;  /* [tasks][heads per task][toeplitz_len] or NULL */
+    double *bucket_acc;/* [rel_num_buckets] */
     char *thread_ws;
-    size_t bc, groups, q_blocks, kv_blocks, d_pad, dv_pad;
+    bwd_split split;
+    size_t bc, q_blocks, kv_blocks, d_pad, dv_pad, heads_per_task, bias_task_doubles;
     size_t dq_group_floats; /* floats between dQ_g and dQ_{g+1} */
 } bwd_ctx;
 
 static size_t fbytes(size_t n) { return fmha_round_up(n * sizeof(float), FMHA_ALIGN); }
+static size_t dbytes(size_t n) { return fmha_round_up(n * sizeof(double), FMHA_ALIGN); }
 
-static size_t bwd_block_kv(const fmha_plan *plan) {
-    return plan->strategy == FMHA_STRATEGY_DENSE ? (size_t)plan->p.seq_kv : plan->uk->block_kv;
+static bwd_split bwd_split_of(const fmha_plan *plan) {
+    const fmha_problem *p = &plan->p;
+    size_t bc = plan->uk->block_kv;
+    size_t kv_blocks = ((size_t)p->seq_kv + bc - 1) / bc;
+    bwd_split s = {(size_t)(p->batch * p->heads_kv), 0, 0};
+    const fmha_param_grads *g = plan->grads;
+    int serial_keys = 0;
+    if (g && g->d_dense) {
+        const int64_t *ds = g->d_dense_strides;
+        if ((ds[0] == 0 && p->batch > 1) || (ds[1] == 0 && p->heads_q > 1)) s.units = 1;
+        /* heads of one kv group share a task, so only a broadcast across
+         * groups needs the single unit; keys broadcast across key blocks */
+        serial_keys = ds[3] == 0 && p->seq_kv > 1;
+    }
+    size_t groups = (BWD_TARGET_TASKS + s.units - 1) / s.units;
+    if (groups > kv_blocks) groups = kv_blocks;
+    if (groups < 1 || serial_keys) groups = 1;
+    s.groups = groups;
+    s.tasks = s.units * groups;
+    return s;
 }
 
-static size_t bwd_groups(const fmha_plan *plan) {
-    size_t bc = bwd_block_kv(plan);
-    size_t kv_blocks = ((size_t)plan->p.seq_kv + bc - 1) / bc;
-    size_t heads = (size_t)(plan->p.batch * plan->p.heads_kv);
-    size_t g = (BWD_TARGET_TASKS + heads - 1) / heads;
-    return g < 1 ? 1 : g > kv_blocks ? kv_blocks : g;
+static size_t bwd_heads_per_task(const fmha_plan *plan, bwd_split s) {
+    return s.units == 1 ? (size_t)plan->p.heads_q : (size_t)plan->group;
 }
 
-/* Per-thread tile sizes in floats, in bwd_tiles field order. */
-static size_t bwd_tile_layout(const fmha_plan *plan, size_t off[11]) {
-    size_t nr = plan->uk->nr, bc = bwd_block_kv(plan);
+/* Per-thread tile byte offsets, in bwd_tiles field order; returns the total. */
+static size_t bwd_tile_layout(const fmha_plan *plan, size_t off[14]) {
+    size_t nr = plan->uk->nr, bc = plan->uk->block_kv;
     size_t D = (size_t)plan->p.head_dim, Dv = (size_t)plan->p.head_dim_v;
     size_t d_pad = fmha_round_up(D, nr), dv_pad = fmha_round_up(Dv, nr);
-    size_t n[11] = {D * nr, nr * d_pad, Dv * nr, nr * dv_pad, bc * nr, bc * nr,
-                    bc * d_pad, bc * d_pad, bc * dv_pad, nr, nr};
+    size_t n[13] = {D * nr, nr * d_pad, Dv * nr, nr * dv_pad, bc * nr, bc * nr,
+                    bc * d_pad, bc * d_pad, bc * dv_pad, nr, nr,
+                    plan->p.biases.softcap != 0.0f ? bc * nr : 0, bc + nr};
     size_t total = 0;
-    for (int i = 0; i < 11; i++) {
+    for (int i = 0; i < 13; i++) {
         off[i] = total;
         total += fbytes(n[i]);
     }
-    return total;
+    off[13] = total;
+    return total + fmha_mask_scratch_bytes(plan);
 }
 
 static size_t bwd_dq_floats(const fmha_plan *plan) {
@@ -101,19 +134,36 @@ static size_t bwd_dq_floats(const fmha_plan *plan) {
     return (size_t)(plan->p.batch * plan->p.heads_q * plan->p.seq_q) * d_pad;
 }
 
+/* Shared workspace: [Dsum][dQ_0 .. dQ_{G-1}][Toeplitz vectors][task bias
+ * accumulators][bucket sums]. Byte offsets in off[0..4]; returns the total. */
+static size_t bwd_shared_layout(const fmha_plan *plan, size_t off[5]) {
+    bwd_split s = bwd_split_of(plan);
+    size_t rows = (size_t)(plan->p.batch * plan->p.heads_q * plan->p.seq_q);
+    size_t task_doubles = fmha_bias_grad_task_doubles(plan, bwd_heads_per_task(plan, s));
+    size_t sizes[5] = {fbytes(rows), s.groups * fbytes(bwd_dq_floats(plan)),
+                       fmha_bias_shared_bytes(plan), s.tasks * dbytes(task_doubles),
+                       task_doubles ? dbytes((size_t)plan->p.biases.rel_num_buckets) : 0};
+    size_t total = 0;
+    for (int i = 0; i < 5; i++) {
+        off[i] = total;
+        total += sizes[i];
+    }
+    return total;
+}
+
 void fmha_bwd_workspace(const fmha_plan *plan, size_t *thread_bytes, size_t *shared_bytes) {
-    size_t off[11];
+    size_t off[14], soff[5];
     *thread_bytes = bwd_tile_layout(plan, off);
-    *shared_bytes = fbytes((size_t)(plan->p.batch * plan->p.heads_q * plan->p.seq_q)) +
-                    bwd_groups(plan) * fbytes(bwd_dq_floats(plan));
+    *shared_bytes = bwd_shared_layout(plan, soff);
 }
 
 static void bwd_carve(const fmha_plan *plan, char *base, bwd_tiles *t) {
-    size_t off[11];
+    size_t off[14];
     bwd_tile_layout(plan, off);
-    float **f[11] = {&t->qt, &t->qrows, &t->dot, &t->dorows, &t->pt, &t->dpt,
-                     &t->krows, &t->dk, &t->dv, &t->lse, &t->dsum};
-    for (int i = 0; i < 11; i++) *f[i] = (float *)(base + off[i]);
+    float **f[13] = {&t->qt, &t->qrows, &t->dot, &t->dorows, &t->pt, &t->dpt, &t->krows,
+                     &t->dk, &t->dv, &t->lse, &t->dsum, &t->raw, &t->diag};
+    for (int i = 0; i < 13; i++) *f[i] = (float *)(base + off[i]);
+    t->mask = (unsigned char *)(base + off[13]);
 }
 
 /* Dsum[b, h, i] = sum_c dO[b, i, h, c] * O[b, i, h, c], one task per (b, h). */
@@ -157,15 +207,14 @@ static void bwd_gemm_panels(const fmha_ukernels *uk, size_t rows, size_t k, cons
         }
 }
 
-/* One (query head h, query block qb) against key block [k0, k0 + nk). */
-static void bwd_pair(const bwd_ctx *c, bwd_tiles *t, int64_t b, int64_t h, int64_t hk, int64_t qb,
-                     int64_t k0, int64_t nk, fmha_tile_class cls, float *dq_g) {
+/* One (query head h, query block) against one key block: tile t. */
+static void bwd_pair(const bwd_ctx *c, bwd_tiles *t, const fmha_tile_pos *tp, int64_t hk,
+                     fmha_tile_class cls, float *dq_g, double *bias_acc, int thread) {
     const fmha_plan *plan = c->plan;
     const fmha_problem *p = &plan->p;
     const fmha_ukernels *uk = plan->uk;
     size_t nr = uk->nr;
-    int64_t q0 = qb * (int64_t)nr;
-    int64_t nq = p->seq_q - q0 < (int64_t)nr ? p->seq_q - q0 : (int64_t)nr;
+    int64_t b = tp->b, h = tp->h, q0 = tp->q0, nq = tp->nq, k0 = tp->k0, nk = tp->nk;
     const int64_t *qs = p->q_strides, *ks = p->k_strides, *vs = p->v_strides, *os = p->o_strides;
     size_t D = (size_t)p->head_dim, Dv = (size_t)p->head_dim_v;
 
@@ -179,7 +228,7 @@ static void bwd_pair(const bwd_ctx *c, bwd_tiles *t, int64_t b, int64_t h, int64
         t->dsum[i] = (int64_t)i < nq ? c->dsum[row0 + i] : 0.0f;
     }
 
-    /* S^T = K_j (scale Q_i)^T, masked, then P^T = exp(S^T - lse) */
+    /* S^T = K_j (scale Q_i)^T and dP^T = V_j dO_i^T */
     const float *kbase = c->k + b * ks[0] + k0 * ks[1] + hk * ks[2];
     const float *vbase = c->v + b * vs[0] + k0 * vs[1] + hk * vs[2];
     for (int64_t r = 0; r < nk; r += (int64_t)uk->mr) {
@@ -189,14 +238,20 @@ static void bwd_pair(const bwd_ctx *c, bwd_tiles *t, int64_t b, int64_t h, int64
         uk->gemm_f32(m, Dv, vbase + r * vs[1], vs[1], vs[3], t->dot, nr, t->dpt + (size_t)r * nr,
                      nr, FMHA_UK_STORE, NULL);
     }
-    if (cls == FMHA_TILE_PARTIAL) fmha_mask_apply(plan, q0, nq, k0, nk, t->pt, nr);
+    /* softcap, biases, masks as in the forward; then P^T = exp(S^T - lse) */
+    int softcap = p->biases.softcap != 0.0f;
+    if (cls == FMHA_TILE_PARTIAL || plan->has_bias)
+        fmha_score_epilogue(plan, tp, cls, t->pt, nr, softcap ? t->raw : NULL, t->mask, thread);
     uk->exp_sub_f32((size_t)nk, t->pt, nr, t->lse);
 
     /* dV_j += P^T dO_i */
     bwd_gemm_panels(uk, (size_t)nk, (size_t)nq, t->pt, (ptrdiff_t)nr, 1, t->dorows, c->dv_pad, t->dv,
                     c->dv_pad, c->dv_pad, FMHA_UK_ACCUMULATE);
-    /* dS^T = P^T (dP^T - Dsum) */
+    /* dS^T = P^T (dP^T - Dsum): the gradient of the biased score */
     uk->ds_f32((size_t)nk, t->pt, t->dpt, nr, t->dsum);
+    if (plan->grads || p->biases.callback.accumulate_grad)
+        fmha_bias_grad_tile(plan, tp, t->dpt, nr, t->raw, t->diag, bias_acc, thread);
+    if (softcap) fmha_softcap_grad(plan, tp, t->dpt, nr, t->raw);
     /* dK_j += dS^T (scale Q_i) */
     bwd_gemm_panels(uk, (size_t)nk, (size_t)nq, t->dpt, (ptrdiff_t)nr, 1, t->qrows, c->d_pad, t->dk,
                     c->d_pad, c->d_pad, FMHA_UK_ACCUMULATE);
@@ -205,42 +260,72 @@ static void bwd_pair(const bwd_ctx *c, bwd_tiles *t, int64_t b, int64_t h, int64
                     dq_g + row0 * c->d_pad, c->d_pad, c->d_pad, FMHA_UK_ACCUMULATE);
 }
 
-/* Task (b, hk, g): the key blocks j = g, g + G, ... of kv head hk. */
-static void bwd_kv_task(void *vctx, size_t task, int thread) {
-    const bwd_ctx *c = vctx;
+/* Key block j of (b, hk): every query head of the group, every query block
+ * the masks let see it; then dK_j, dV_j are stored. */
+static void bwd_key_block(const bwd_ctx *c, bwd_tiles *t, int64_t b, int64_t hk, size_t j,
+                          float *dq_g, double *task_acc, int64_t task_head0, int thread) {
     const fmha_plan *plan = c->plan;
     const fmha_problem *p = &plan->p;
-    size_t nr = plan->uk->nr;
-    size_t g = task % c->groups, bh = task / c->groups;
-    int64_t b = (int64_t)bh / p->heads_kv, hk = (int64_t)bh % p->heads_kv;
     const int64_t *ks = p->k_strides, *vs = p->v_strides;
-    size_t D = (size_t)p->head_dim, Dv = (size_t)p->head_dim_v;
-    bwd_tiles t;
-    bwd_carve(plan, c->thread_ws + (size_t)thread * plan->thread_bytes, &t);
-    float *dq_g = c->dq_part + g * c->dq_group_floats;
-
-    for (size_t j = g; j < c->kv_blocks; j += c->groups) {
-        int64_t k0 = (int64_t)(j * c->bc);
-        int64_t nk = p->seq_kv - k0 < (int64_t)c->bc ? p->seq_kv - k0 : (int64_t)c->bc;
-        bwd_pack(c->k + b * ks[0] + k0 * ks[1] + hk * ks[2], ks[1], ks[3], nk, (int64_t)D, 1.0f,
-                 t.krows, c->d_pad, NULL, nr);
-        memset(t.dk, 0, (size_t)nk * c->d_pad * sizeof(float));
-        memset(t.dv, 0, (size_t)nk * c->dv_pad * sizeof(float));
-        for (int64_t h = hk * plan->group; h < (hk + 1) * plan->group; h++)
-            for (size_t qb = 0; qb < c->q_blocks; qb++) {
-                int64_t q0 = (int64_t)(qb * nr);
-                int64_t nq = p->seq_q - q0 < (int64_t)nr ? p->seq_q - q0 : (int64_t)nr;
-                fmha_tile_class cls = fmha_mask_classify(plan, q0, nq, k0, nk);
-                if (cls != FMHA_TILE_EMPTY) bwd_pair(c, &t, b, h, hk, (int64_t)qb, k0, nk, cls, dq_g);
+    size_t nr = plan->uk->nr, D = (size_t)p->head_dim, Dv = (size_t)p->head_dim_v;
+    int64_t k0 = (int64_t)(j * c->bc);
+    int64_t nk = p->seq_kv - k0 < (int64_t)c->bc ? p->seq_kv - k0 : (int64_t)c->bc;
+    int packed = 0;
+    for (int64_t h = hk * plan->group; h < (hk + 1) * plan->group; h++)
+        for (size_t qb = 0; qb < c->q_blocks; qb++) {
+            int64_t q0 = (int64_t)(qb * nr);
+            fmha_tile_pos tp = {b, h, q0, p->seq_q - q0 < (int64_t)nr ? p->seq_q - q0 : (int64_t)nr,
+                                k0, nk};
+            int cls = fmha_mask_classify(plan, &tp, thread);
+            if (cls == FMHA_TILE_EMPTY) continue;
+            if (cls < 0) cls = FMHA_TILE_PARTIAL;
+            if (!packed) {
+                bwd_pack(c->k + b * ks[0] + k0 * ks[1] + hk * ks[2], ks[1], ks[3], nk, (int64_t)D,
+                         1.0f, t->krows, c->d_pad, NULL, nr);
+                memset(t->dk, 0, (size_t)nk * c->d_pad * sizeof(float));
+                memset(t->dv, 0, (size_t)nk * c->dv_pad * sizeof(float));
+                packed = 1;
             }
-        /* dK_j, dV_j are complete: store them with the caller's strides */
-        for (int64_t r = 0; r < nk; r++) {
-            float *dkrow = c->dk + b * ks[0] + (k0 + r) * ks[1] + hk * ks[2];
-            float *dvrow = c->dv + b * vs[0] + (k0 + r) * vs[1] + hk * vs[2];
-            for (size_t e = 0; e < D; e++) dkrow[(int64_t)e * ks[3]] = t.dk[(size_t)r * c->d_pad + e];
-            for (size_t e = 0; e < Dv; e++) dvrow[(int64_t)e * vs[3]] = t.dv[(size_t)r * c->dv_pad + e];
+            fmha_tiles_count();
+            double *acc = task_acc ? task_acc + (size_t)(h - task_head0) * (size_t)plan->toeplitz_len : NULL;
+            bwd_pair(c, t, &tp, hk, (fmha_tile_class)cls, dq_g, acc, thread);
         }
+    /* dK_j, dV_j are complete (zero when no query sees the block) */
+    for (int64_t r = 0; r < nk; r++) {
+        float *dkrow = c->dk + b * ks[0] + (k0 + r) * ks[1] + hk * ks[2];
+        float *dvrow = c->dv + b * vs[0] + (k0 + r) * vs[1] + hk * vs[2];
+        for (size_t e = 0; e < D; e++)
+            dkrow[(int64_t)e * ks[3]] = packed ? t->dk[(size_t)r * c->d_pad + e] : 0.0f;
+        for (size_t e = 0; e < Dv; e++)
+            dvrow[(int64_t)e * vs[3]] = packed ? t->dv[(size_t)r * c->dv_pad + e] : 0.0f;
     }
+}
+
+/* First query head of a task's bias accumulator rows. */
+static int64_t bwd_task_head0(const void *vctx, size_t task) {
+    const bwd_ctx *c = vctx;
+    if (c->split.units == 1) return 0;
+    size_t unit = task / c->split.groups;
+    return (int64_t)(unit % (size_t)c->plan->p.heads_kv) * c->plan->group;
+}
+
+/* Task (unit, g): the key blocks j = g, g + G, ... of the unit's (b, hk). */
+static void bwd_kv_task(void *vctx, size_t task, int thread) {
+    const bwd_ctx *c = vctx;
+    const fmha_problem *p = &c->plan->p;
+    size_t g = task % c->split.groups, unit = task / c->split.groups;
+    bwd_tiles t;
+    bwd_carve(c->plan, c->thread_ws + (size_t)thread * c->plan->thread_bytes, &t);
+    float *dq_g = c->dq_part + g * c->dq_group_floats;
+    double *task_acc = c->bias_acc ? c->bias_acc + task * c->bias_task_doubles : NULL;
+    int64_t head0 = bwd_task_head0(c, task);
+    if (task_acc) memset(task_acc, 0, c->bias_task_doubles * sizeof(double));
+    size_t u_begin = c->split.units == 1 ? 0 : unit;
+    size_t u_end = c->split.units == 1 ? (size_t)(p->batch * p->heads_kv) : unit + 1;
+    for (size_t j = g; j < c->kv_blocks; j += c->split.groups)
+        for (size_t u = u_begin; u < u_end; u++)
+            bwd_key_block(c, &t, (int64_t)u / p->heads_kv, (int64_t)u % p->heads_kv, j, dq_g,
+                          task_acc, head0, thread);
 }
 
 /* Before the key pass, per (b, h): Dsum, and this head's rows of every dQ_g zeroed. */
@@ -248,7 +333,7 @@ static void bwd_prepare_task(void *vctx, size_t task, int thread) {
     const bwd_ctx *c = vctx;
     bwd_dsum_task(vctx, task, thread);
     size_t rows = (size_t)c->plan->p.seq_q;
-    for (size_t g = 0; g < c->groups; g++)
+    for (size_t g = 0; g < c->split.groups; g++)
         memset(c->dq_part + g * c->dq_group_floats + task * rows * c->d_pad, 0,
                rows * c->d_pad * sizeof(float));
 }
@@ -265,38 +350,62 @@ static void bwd_reduce_dq_task(void *vctx, size_t task, int thread) {
         float *row = c->dq + b * qs[0] + i * qs[1] + h * qs[2];
         for (int64_t e = 0; e < p->head_dim; e++) {
             float acc = src[e];
-            for (size_t g = 1; g < c->groups; g++) acc += src[g * c->dq_group_floats + (size_t)e];
+            for (size_t g = 1; g < c->split.groups; g++) acc += src[g * c->dq_group_floats + (size_t)e];
             row[e * qs[3]] = plan->scale * acc;
         }
     }
 }
 
-fmha_status fmha_bwd_run(const fmha_plan *plan, const float *q, const float *k, const float *v,
+/* Zeroes the dense bias gradient over its own (broadcast) extent. */
+static void bwd_zero_dense_grad(const fmha_plan *plan) {
+    const fmha_param_grads *g = plan->grads;
+    const int64_t *s = g->d_dense_strides;
+    const fmha_problem *p = &plan->p;
+    int64_t ext[4] = {s[0] ? p->batch : 1, s[1] ? p->heads_q : 1, s[2] ? p->seq_q : 1,
+                      s[3] ? p->seq_kv : 1};
+    for (int64_t b = 0; b < ext[0]; b++)
+        for (int64_t h = 0; h < ext[1]; h++)
+            for (int64_t i = 0; i < ext[2]; i++)
+                for (int64_t j = 0; j < ext[3]; j++) g->d_dense[b * s[0] + h * s[1] + i * s[2] + j * s[3]] = 0.0f;
+}
+
+fmha_status fmha_bwd_run(const fmha_plan *plan_in, const float *q, const float *k, const float *v,
                          const float *o, const float *d_o, const float *lse, float *dq, float *dk,
                          float *dv, char *ws) {
+    fmha_plan local = *plan_in;
+    const fmha_plan *plan = &local;
     const fmha_problem *p = &plan->p;
     size_t nr = plan->uk->nr;
     bwd_ctx c = {0};
     c.plan = plan;
     c.q = q; c.k = k; c.v = v; c.o = o; c.d_o = d_o; c.lse = lse;
     c.dq = dq; c.dk = dk; c.dv = dv;
-    c.bc = bwd_block_kv(plan);
-    c.groups = bwd_groups(plan);
+    c.bc = plan->uk->block_kv;
+    c.split = bwd_split_of(plan);
     c.q_blocks = ((size_t)p->seq_q + nr - 1) / nr;
     c.kv_blocks = ((size_t)p->seq_kv + c.bc - 1) / c.bc;
     c.d_pad = fmha_round_up((size_t)p->head_dim, nr);
     c.dv_pad = fmha_round_up((size_t)p->head_dim_v, nr);
     c.dq_group_floats = fbytes(bwd_dq_floats(plan)) / sizeof(float);
-    /* workspace: [threads x tiles][Dsum][dQ_0 .. dQ_{G-1}] */
+    c.heads_per_task = bwd_heads_per_task(plan, c.split);
+    c.bias_task_doubles = dbytes(fmha_bias_grad_task_doubles(plan, c.heads_per_task)) / sizeof(double);
     c.thread_ws = ws;
     char *shared = ws + (size_t)plan->threads * plan->thread_bytes;
-    size_t rows = (size_t)(p->batch * p->heads_q * p->seq_q);
-    c.dsum = (float *)shared;
-    c.dq_part = (float *)(shared + fbytes(rows));
+    size_t soff[5];
+    bwd_shared_layout(plan, soff);
+    c.dsum = (float *)(shared + soff[0]);
+    c.dq_part = (float *)(shared + soff[1]);
+    c.bias_acc = c.bias_task_doubles ? (double *)(shared + soff[3]) : NULL;
+    fmha_bias_prepare(&local, shared + soff[2]);
+    c.bucket_acc = (double *)(shared + soff[4]);
+    if (plan->grads && plan->grads->d_dense) bwd_zero_dense_grad(plan);
 
     size_t heads = (size_t)(p->batch * p->heads_q);
     fmha_parallel_for(heads, plan->threads, bwd_prepare_task, &c);
-    fmha_parallel_for((size_t)(p->batch * p->heads_kv) * c.groups, plan->threads, bwd_kv_task, &c);
+    fmha_parallel_for(c.split.tasks, plan->threads, bwd_kv_task, &c);
     fmha_parallel_for(heads, plan->threads, bwd_reduce_dq_task, &c);
+    if (c.bias_acc)
+        fmha_bias_grad_finish(plan, c.bias_acc, c.split.tasks, c.heads_per_task,
+                              c.bias_task_doubles, bwd_task_head0, &c, c.bucket_acc);
     return FMHA_OK;
 }

@@ -24,6 +24,7 @@
  *   qt [D][NR], st [Skv_tile][NR], ot [Dv][NR], m/l/alpha [NR] */
 typedef struct fwd_block_scratch {
     float *qt, *st, *ot, *m, *l, *alpha;
+    unsigned char *mask; /* [block_kv][NR] for a mask callback */
 } fwd_block_scratch;
 
 typedef struct fwd_ctx {
@@ -39,7 +40,7 @@ static size_t floats_bytes(size_t n) { return fmha_round_up(n * sizeof(float), F
 
 /* Byte offsets of one block's scratch (dense: st_rows = Skv, panels = query
  * panels of the head); returns the total. */
-static size_t fwd_layout(const fmha_plan *plan, size_t st_rows, size_t panels, size_t off[6]) {
+static size_t fwd_layout(const fmha_plan *plan, size_t st_rows, size_t panels, size_t off[7]) {
     size_t nr = plan->uk->nr;
     size_t sizes[6] = {(size_t)plan->p.head_dim * nr * panels, st_rows * nr * panels,
                        (size_t)plan->p.head_dim_v * nr, nr, nr, nr};
@@ -48,12 +49,13 @@ static size_t fwd_layout(const fmha_plan *plan, size_t st_rows, size_t panels, s
         off[i] = total;
         total += floats_bytes(sizes[i]);
     }
-    return total;
+    off[6] = total;
+    return total + fmha_mask_scratch_bytes(plan);
 }
 
 static void fwd_carve(const fmha_plan *plan, size_t st_rows, size_t panels, char *base,
                       fwd_block_scratch *s) {
-    size_t off[6];
+    size_t off[7];
     fwd_layout(plan, st_rows, panels, off);
     s->qt = (float *)(base + off[0]);
     s->st = (float *)(base + off[1]);
@@ -61,6 +63,7 @@ static void fwd_carve(const fmha_plan *plan, size_t st_rows, size_t panels, char
     s->m = (float *)(base + off[3]);
     s->l = (float *)(base + off[4]);
     s->alpha = (float *)(base + off[5]);
+    s->mask = (unsigned char *)(base + off[6]);
 }
 
 static size_t fwd_panels(const fmha_plan *plan) {
@@ -73,9 +76,9 @@ static size_t fwd_st_rows(const fmha_plan *plan) {
 }
 
 void fmha_fwd_workspace(const fmha_plan *plan, size_t *thread_bytes, size_t *shared_bytes) {
-    size_t off[6];
+    size_t off[7];
     *thread_bytes = fwd_layout(plan, fwd_st_rows(plan), fwd_panels(plan), off);
-    *shared_bytes = 0;
+    *shared_bytes = fmha_bias_shared_bytes(plan);
 }
 
 /* qt[d][i] = scale * Q[b, q0 + i, h, d] for i < nq, 0 for nq <= i < NR. */
@@ -170,14 +173,22 @@ static void fwd_tiled_task(void *vctx, size_t task, int thread) {
     fwd_pack_qt(plan, c->q, b, h, q0, nq, s.qt);
     fwd_reset(nr, plan->p.head_dim_v, &s);
 
+    /* Key tiles sit on the grid k0 = multiple of Bc, so every strategy and
+     * pass shows a mask the same tiles. */
+    fmha_tile_pos t = {b, h, q0, nq, 0, 0};
     int64_t kb, ke;
-    fmha_mask_kv_range(plan, q0, nq, &kb, &ke);
+    fmha_mask_kv_range(plan, &t, &kb, &ke);
     for (int64_t k0 = kb / bc * bc; k0 < ke; k0 += bc) {
-        int64_t nk = ke - k0 < bc ? ke - k0 : bc;
-        fmha_tile_class cls = fmha_mask_classify(plan, q0, nq, k0, nk);
+        t.k0 = k0;
+        t.nk = plan->p.seq_kv - k0 < bc ? plan->p.seq_kv - k0 : bc;
+        int cls = fmha_mask_classify(plan, &t, thread);
         if (cls == FMHA_TILE_EMPTY) continue;
+        if (cls < 0) cls = FMHA_TILE_PARTIAL;
+        int64_t nk = t.nk;
+        fmha_tiles_count();
         fwd_scores(plan, c->k, b, hk, k0, nk, s.qt, s.st);
-        if (cls == FMHA_TILE_PARTIAL) fmha_mask_apply(plan, q0, nq, k0, nk, s.st, nr);
+        if (cls == FMHA_TILE_PARTIAL || plan->has_bias)
+            fmha_score_epilogue(plan, &t, (fmha_tile_class)cls, s.st, nr, NULL, s.mask, thread);
         uk->softmax_f32((size_t)nk, s.st, nr, s.m, s.l, s.alpha);
         fwd_values(plan, c->v, b, hk, k0, nk, s.st, s.ot, FMHA_UK_RESCALE, s.alpha);
     }
@@ -200,9 +211,22 @@ static void fwd_dense_task(void *vctx, size_t task, int thread) {
     for (size_t pi = 0; pi < panels; pi++) {
         int64_t q0 = (int64_t)(pi * nr);
         int64_t nq = plan->p.seq_q - q0 < (int64_t)nr ? plan->p.seq_q - q0 : (int64_t)nr;
+        float *st = s.st + pi * st_panel;
         fwd_pack_qt(plan, c->q, b, h, q0, nq, s.qt + pi * qt_panel);
-        fwd_scores(plan, c->k, b, hk, 0, skv, s.qt + pi * qt_panel, s.st + pi * st_panel);
-        fmha_mask_apply(plan, q0, nq, 0, skv, s.st + pi * st_panel, nr);
+        fwd_scores(plan, c->k, b, hk, 0, skv, s.qt + pi * qt_panel, st);
+        /* the mask and bias epilogue, tile by tile on the tiled grid */
+        int64_t bc = (int64_t)uk->block_kv;
+        for (int64_t k0 = 0; k0 < skv; k0 += bc) {
+            fmha_tile_pos t = {b, h, q0, nq, k0, skv - k0 < bc ? skv - k0 : bc};
+            int cls = fmha_mask_classify(plan, &t, thread);
+            if (cls < 0) cls = FMHA_TILE_PARTIAL;
+            float *tile = st + (size_t)k0 * nr;
+            if (cls == FMHA_TILE_EMPTY) {
+                for (size_t e = 0; e < (size_t)t.nk * nr; e++) tile[e] = -INFINITY;
+            } else if (cls == FMHA_TILE_PARTIAL || plan->has_bias) {
+                fmha_score_epilogue(plan, &t, (fmha_tile_class)cls, tile, nr, NULL, s.mask, thread);
+            }
+        }
     }
     for (size_t pi = 0; pi < panels; pi++) {
         int64_t q0 = (int64_t)(pi * nr);
@@ -214,9 +238,13 @@ static void fwd_dense_task(void *vctx, size_t task, int thread) {
     }
 }
 
-fmha_status fmha_fwd_run(const fmha_plan *plan, const float *q, const float *k, const float *v,
+fmha_status fmha_fwd_run(const fmha_plan *plan_in, const float *q, const float *k, const float *v,
                          float *o, float *lse, char *ws) {
+    /* the shared workspace (after the threads' scratch) holds the bias vectors */
+    fmha_plan local = *plan_in;
+    const fmha_plan *plan = &local;
     const fmha_problem *p = &plan->p;
+    fmha_bias_prepare(&local, ws + (size_t)plan->threads * plan->thread_bytes);
     size_t nr = plan->uk->nr;
     fwd_ctx c = {plan, q, k, v, o, lse, ws, ((size_t)p->seq_q + nr - 1) / nr, fwd_st_rows(plan)};
     size_t heads = (size_t)(p->batch * p->heads_q);

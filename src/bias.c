@@ -1,0 +1,218 @@
+/* bias.c: the additive score terms and their gradients. Forward epilogue of
+ * a computed S^T tile: softcap, then the dense bias, ALiBi and the relative-
+ * position table, then a bias callback. ALiBi and the table depend only on
+ * a = i + off - j, so per call they are folded into one vector per head (a
+ * Toeplitz row) and a tile row is a contiguous slice of it. The backward
+ * turns dS tiles into the gradients of these parameters with fixed-order
+ * sums: float32 within a tile, float64 across tiles. */
+#include <math.h>
+#include <string.h>
+
+#include "attn.h"
+
+int32_t fmha_rel_bucket(int64_t rel, int32_t num_buckets, int32_t max_distance, int bidirectional) {
+    int32_t base = 0, nb = num_buckets;
+    int64_t n = -rel; /* distance looking back */
+    if (bidirectional) {
+        nb /= 2;
+        if (n < 0) base = nb;
+        n = n < 0 ? -n : n;
+    } else if (n < 0) {
+        n = 0;
+    }
+    if (nb <= 1) return base < num_buckets ? base : num_buckets - 1;
+    int32_t max_exact = nb / 2;
+    if (n < max_exact) return base + (int32_t)n;
+    int64_t large = nb - 1;
+    if (max_distance > max_exact) {
+        /* log-spaced buckets; +1e-9 puts mathematically exact boundaries in
+         * the upper bucket whatever the rounding of log */
+        double v = max_exact + log((double)n / max_exact) / log((double)max_distance / max_exact) *
+                                   (nb - max_exact) + 1e-9;
+        if (v < (double)large) large = (int64_t)v;
+    }
+    return base + (int32_t)large;
+}
+
+fmha_status fmha_biases_check(const fmha_problem *p) {
+    const fmha_biases *bs = &p->biases;
+    if (bs->dense)
+        for (int i = 0; i < 4; i++)
+            if (bs->dense_strides[i] < 0) return FMHA_ERR_BAD_MASK;
+    if (bs->rel_table && (bs->rel_num_buckets < 1 || bs->rel_max_distance < 1)) return FMHA_ERR_BAD_MASK;
+    if (bs->softcap != 0.0f && !(bs->softcap > 0.0f && isfinite(bs->softcap))) return FMHA_ERR_BAD_MASK;
+    if (bs->callback.accumulate_grad && !bs->callback.fill) return FMHA_ERR_BAD_MASK;
+    if (bs->alibi_slopes)
+        for (int64_t h = 0; h < p->heads_q; h++)
+            if (!isfinite(bs->alibi_slopes[h])) return FMHA_ERR_BAD_MASK;
+    return FMHA_OK;
+}
+
+/* a = i + off - j ranges over [a_min, a_max]; lanes past nq reach NR - 1 further. */
+static void toeplitz_extent(const fmha_plan *plan, int64_t *a_min, int64_t *len) {
+    const fmha_problem *p = &plan->p;
+    *a_min = plan->causal_offset - (p->seq_kv - 1);
+    *len = (p->seq_q - 1 + plan->causal_offset) - *a_min + 1 + (int64_t)plan->uk->nr;
+}
+
+size_t fmha_bias_shared_bytes(const fmha_plan *plan) {
+    if (!plan->p.biases.alibi_slopes && !plan->p.biases.rel_table) return 0;
+    int64_t a_min, len;
+    toeplitz_extent(plan, &a_min, &len);
+    return fmha_round_up((size_t)(plan->p.heads_q * len) * sizeof(float), FMHA_ALIGN);
+}
+
+void fmha_bias_prepare(fmha_plan *plan, char *shared) {
+    const fmha_biases *bs = &plan->p.biases;
+    plan->toeplitz = NULL;
+    if (!bs->alibi_slopes && !bs->rel_table) return;
+    int64_t a_min, len;
+    toeplitz_extent(plan, &a_min, &len);
+    plan->toeplitz = (float *)shared;
+    plan->toeplitz_len = len;
+    plan->a_min = a_min;
+    for (int64_t h = 0; h < plan->p.heads_q; h++) {
+        float *row = plan->toeplitz + h * len;
+        for (int64_t x = 0; x < len; x++) {
+            int64_t a = a_min + x;
+            float v = 0.0f;
+            if (bs->alibi_slopes) v += -bs->alibi_slopes[h] * (float)(a < 0 ? -a : a);
+            if (bs->rel_table)
+                v += bs->rel_table[h * bs->rel_num_buckets +
+                                   fmha_rel_bucket(-a, bs->rel_num_buckets, bs->rel_max_distance,
+                                                   bs->rel_bidirectional)];
+            row[x] = v;
+        }
+    }
+}
+
+static fmha_tile bias_tile(const fmha_tile_pos *t, size_t lds, int thread) {
+    return (fmha_tile){t->b, t->h, t->q0, t->nq, t->k0, t->nk, 1, (ptrdiff_t)lds, thread};
+}
+
+void fmha_score_epilogue(const fmha_plan *plan, const fmha_tile_pos *t, fmha_tile_class cls,
+                         float *st, size_t lds, float *raw, unsigned char *scratch, int thread) {
+    const fmha_biases *bs = &plan->p.biases;
+    if (plan->has_bias) {
+        size_t nq = (size_t)t->nq;
+        if (bs->softcap != 0.0f) {
+            float cap = bs->softcap, inv = 1.0f / bs->softcap;
+            for (int64_t r = 0; r < t->nk; r++) {
+                float *row = st + (size_t)r * lds;
+                if (raw) memcpy(raw + (size_t)r * lds, row, nq * sizeof(float));
+                for (size_t i = 0; i < nq; i++) row[i] = cap * tanhf(row[i] * inv);
+            }
+        }
+        if (bs->dense) {
+            const int64_t *s = bs->dense_strides;
+            const float *base = bs->dense + t->b * s[0] + t->h * s[1] + t->q0 * s[2] + t->k0 * s[3];
+            for (int64_t r = 0; r < t->nk; r++) {
+                float *row = st + (size_t)r * lds;
+                for (size_t i = 0; i < nq; i++) row[i] += base[(int64_t)i * s[2] + r * s[3]];
+            }
+        }
+        if (plan->toeplitz) {
+            /* row r, lane i: a = q0 + i + off - k0 - r */
+            const float *tz = plan->toeplitz + t->h * plan->toeplitz_len +
+                              (t->q0 + plan->causal_offset - t->k0 - plan->a_min);
+            for (int64_t r = 0; r < t->nk; r++) {
+                float *row = st + (size_t)r * lds;
+                const float *src = tz - r;
+                for (size_t i = 0; i < nq; i++) row[i] += src[i];
+            }
+        }
+        if (bs->callback.fill) {
+            fmha_tile pt = bias_tile(t, lds, thread);
+            bs->callback.fill(bs->callback.ctx, &pt, st);
+        }
+    }
+    if (cls == FMHA_TILE_PARTIAL) fmha_mask_apply(plan, t, st, lds, scratch, thread);
+}
+
+/* ---- backward ---- */
+
+size_t fmha_bias_grad_task_doubles(const fmha_plan *plan, size_t heads_per_task) {
+    const fmha_param_grads *g = plan->grads;
+    if (!g || !(g->d_alibi || g->d_rel_table)) return 0;
+    int64_t a_min, len;
+    toeplitz_extent(plan, &a_min, &len);
+    return heads_per_task * (size_t)len;
+}
+
+void fmha_bias_grad_tile(const fmha_plan *plan, const fmha_tile_pos *t, const float *ds, size_t lds,
+                         const float *raw, float *diag, double *task_acc, int thread) {
+    const fmha_biases *bs = &plan->p.biases;
+    const fmha_param_grads *g = plan->grads;
+    size_t nq = (size_t)t->nq;
+    if (g && g->d_dense) {
+        const int64_t *s = g->d_dense_strides;
+        float *base = g->d_dense + t->b * s[0] + t->h * s[1] + t->q0 * s[2] + t->k0 * s[3];
+        for (int64_t r = 0; r < t->nk; r++)
+            for (size_t i = 0; i < nq; i++) base[(int64_t)i * s[2] + r * s[3]] += ds[(size_t)r * lds + i];
+    }
+    if (task_acc) {
+        /* diag[i - r + nk - 1] = float32 sum of the tile's diagonal, then float64 */
+        size_t n = nq + (size_t)t->nk - 1;
+        memset(diag, 0, n * sizeof(float));
+        for (int64_t r = 0; r < t->nk; r++) {
+            const float *row = ds + (size_t)r * lds;
+            float *dst = diag + (t->nk - 1 - r);
+            for (size_t i = 0; i < nq; i++) dst[i] += row[i];
+        }
+        /* x = 0 is a = q0 + off - k0 - (nk - 1) */
+        double *acc = task_acc + (t->q0 + plan->causal_offset - t->k0 - (t->nk - 1) - plan->a_min);
+        for (size_t x = 0; x < n; x++) acc[x] += diag[x];
+    }
+    if (bs->callback.accumulate_grad) {
+        fmha_tile pt = bias_tile(t, lds, thread);
+        bs->callback.accumulate_grad(bs->callback.ctx, &pt, ds);
+    }
+    (void)raw;
+}
+
+/* dS with respect to the raw (pre-softcap) score: dS * (1 - tanh^2(raw / cap)). */
+void fmha_softcap_grad(const fmha_plan *plan, const fmha_tile_pos *t, float *ds, size_t lds,
+                       const float *raw) {
+    float inv = 1.0f / plan->p.biases.softcap;
+    for (int64_t r = 0; r < t->nk; r++)
+        for (int64_t i = 0; i < t->nq; i++) {
+            float th = tanhf(raw[(size_t)r * lds + (size_t)i] * inv);
+            ds[(size_t)r * lds + (size_t)i] *= 1.0f - th * th;
+        }
+}
+
+/* Sums the tasks' Toeplitz gradients (fixed task order, float64) into the
+ * caller's d_alibi [Hq] and d_rel_table [Hq, buckets]. task_acc holds
+ * n_tasks blocks of task_stride doubles, each heads_per_task rows; task t
+ * covers query heads task_head0(ctx, t) .. + heads_per_task. bucket_acc:
+ * rel_num_buckets doubles. */
+void fmha_bias_grad_finish(const fmha_plan *plan, const double *task_acc, size_t n_tasks,
+                           size_t heads_per_task, size_t task_stride,
+                           int64_t (*task_head0)(const void *ctx, size_t task), const void *ctx,
+                           double *bucket_acc) {
+    const fmha_param_grads *g = plan->grads;
+    const fmha_biases *bs = &plan->p.biases;
+    if (!task_acc) return;
+    size_t len = (size_t)plan->toeplitz_len;
+    int32_t nb = bs->rel_num_buckets;
+    for (int64_t h = 0; h < plan->p.heads_q; h++) {
+        double alibi = 0.0;
+        if (g->d_rel_table)
+            for (int32_t e = 0; e < nb; e++) bucket_acc[e] = 0.0;
+        for (size_t x = 0; x < len; x++) {
+            double total = 0.0;
+            for (size_t t = 0; t < n_tasks; t++) {
+                int64_t hl = h - task_head0(ctx, t);
+                if (hl >= 0 && hl < (int64_t)heads_per_task)
+                    total += task_acc[t * task_stride + (size_t)hl * len + x];
+            }
+            int64_t a = plan->a_min + (int64_t)x;
+            if (g->d_alibi) alibi += -(double)(a < 0 ? -a : a) * total;
+            if (g->d_rel_table)
+                bucket_acc[fmha_rel_bucket(-a, nb, bs->rel_max_distance, bs->rel_bidirectional)] += total;
+        }
+        if (g->d_alibi) g->d_alibi[h] = (float)alibi;
+        if (g->d_rel_table)
+            for (int32_t e = 0; e < nb; e++) g->d_rel_table[h * nb + e] = (float)bucket_acc[e];
+    }
+}
