@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "attn.h"
+#include "convert.h"
 #include "cpu.h"
 #include "pool.h"
 
@@ -148,23 +149,18 @@ fmha_status fmha_problem_check(const fmha_problem *p) {
     }
     st = fmha_masks_check(p);
     if (st == FMHA_OK) st = fmha_biases_check(p);
-    if (st != FMHA_OK) return st;
-    if (p->dtype != FMHA_DTYPE_F32) return FMHA_ERR_UNSUPPORTED;
-    return FMHA_OK;
+    return st;
 }
 
 /* Byte range [lo, hi) of a tensor. */
 typedef struct byte_range { uintptr_t lo, hi; } byte_range;
 
-static byte_range range_of(const void *ptr, const int64_t ext[4], const int64_t st[4]) {
-    uintptr_t lo = (uintptr_t)ptr;
-    return (byte_range){lo, lo + (uintptr_t)(tensor_span(ext, st) + 1) * sizeof(float)};
-}
-
 static byte_range range_of_tensor(const fmha_problem *p, int which, const void *ptr) {
     int64_t ext[4];
     tensor_extents(p, which, ext);
-    return range_of(ptr, ext, tensor_strides(p, which));
+    uintptr_t lo = (uintptr_t)ptr;
+    size_t elem = fmha_dtype_size(p->dtype);
+    return (byte_range){lo, lo + (uintptr_t)(tensor_span(ext, tensor_strides(p, which)) + 1) * elem};
 }
 
 static int ranges_overlap(byte_range a, byte_range b) { return a.lo < b.hi && b.lo < a.hi; }

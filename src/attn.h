@@ -83,13 +83,13 @@ void fmha_score_epilogue(const fmha_plan *plan, const fmha_tile_pos *t, fmha_til
 /* Per-thread and shared workspace bytes of the forward for plan. */
 void fmha_fwd_workspace(const fmha_plan *plan, size_t *thread_bytes, size_t *shared_bytes);
 /* Runs the forward; ws is FMHA_ALIGN-aligned and plan-sized. Returns FMHA_OK. */
-fmha_status fmha_fwd_run(const fmha_plan *plan, const float *q, const float *k, const float *v,
-                         float *o, float *lse, char *ws);
+fmha_status fmha_fwd_run(const fmha_plan *plan, const void *q, const void *k, const void *v,
+                         void *o, float *lse, char *ws);
 
 void fmha_bwd_workspace(const fmha_plan *plan, size_t *thread_bytes, size_t *shared_bytes);
-fmha_status fmha_bwd_run(const fmha_plan *plan, const float *q, const float *k, const float *v,
-                         const float *o, const float *d_o, const float *lse, float *dq, float *dk,
-                         float *dv, char *ws);
+fmha_status fmha_bwd_run(const fmha_plan *plan, const void *q, const void *k, const void *v,
+                         const void *o, const void *d_o, const float *lse, void *dq, void *dk,
+                         void *dv, char *ws);
 
 fmha_status fmha_biases_check(const fmha_problem *p);
 /* Backward: doubles of one task's Toeplitz gradient accumulator (0: none). */

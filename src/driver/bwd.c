@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "../attn.h"
+#include "../convert.h"
 #include "../pool.h"
 
 /* Tasks the backward aims for, independent of the thread count. */
@@ -50,6 +51,7 @@ typedef struct bwd_tiles {
     float *pt;     /* [Bc][NR]      S^T then P^T */
     float *dpt;    /* [Bc][NR]      dP^T then dS^T */
     float *krows;  /* [Bc][D_pad]   K_j rows */
+    float *vrows;  /* [Bc][Dv_pad]  V_j rows */
     float *dk;     /* [Bc][D_pad]   dK_j accumulator */
     float *dv;     /* [Bc][Dv_pad]  dV_j accumulator */
     float *lse;    /* [NR]          lse_i (padding lanes -inf) */
@@ -71,8 +73,9 @@ typedef struct bwd_split {
 
 typedef struct bwd_ctx {
     const fmha_plan *plan;
-    const float *q, *k, *v, *o, *d_o, *lse;
-    float *dq, *dk, *dv;
+    const void *q, *k, *v, *o, *d_o;
+    const float *lse;
+    void *dq, *dk, *dv;
     float *dsum;       /* [B, Hq, Sq] */
     float *dq_part;    /* [G][B, Hq, Sq, D_pad] */
     double *bias_acc;  /* [tasks][heads per task][toeplitz_len] or NULL */
@@ -113,19 +116,19 @@ static size_t bwd_heads_per_task(const fmha_plan *plan, bwd_split s) {
 }
 
 /* Per-thread tile byte offsets, in bwd_tiles field order; returns the total. */
-static size_t bwd_tile_layout(const fmha_plan *plan, size_t off[14]) {
+static size_t bwd_tile_layout(const fmha_plan *plan, size_t off[15]) {
     size_t nr = plan->uk->nr, bc = plan->uk->block_kv;
     size_t D = (size_t)plan->p.head_dim, Dv = (size_t)plan->p.head_dim_v;
     size_t d_pad = fmha_round_up(D, nr), dv_pad = fmha_round_up(Dv, nr);
-    size_t n[13] = {D * nr, nr * d_pad, Dv * nr, nr * dv_pad, bc * nr, bc * nr,
-                    bc * d_pad, bc * d_pad, bc * dv_pad, nr, nr,
+    size_t n[14] = {D * nr, nr * d_pad, Dv * nr, nr * dv_pad, bc * nr, bc * nr,
+                    bc * d_pad, bc * dv_pad, bc * d_pad, bc * dv_pad, nr, nr,
                     plan->p.biases.softcap != 0.0f ? bc * nr : 0, bc + nr};
     size_t total = 0;
-    for (int i = 0; i < 13; i++) {
+    for (int i = 0; i < 14; i++) {
         off[i] = total;
         total += fbytes(n[i]);
     }
-    off[13] = total;
+    off[14] = total;
     return total + fmha_mask_scratch_bytes(plan);
 }
 
@@ -152,18 +155,18 @@ static size_t bwd_shared_layout(const fmha_plan *plan, size_t off[5]) {
 }
 
 void fmha_bwd_workspace(const fmha_plan *plan, size_t *thread_bytes, size_t *shared_bytes) {
-    size_t off[14], soff[5];
+    size_t off[15], soff[5];
     *thread_bytes = bwd_tile_layout(plan, off);
     *shared_bytes = bwd_shared_layout(plan, soff);
 }
 
 static void bwd_carve(const fmha_plan *plan, char *base, bwd_tiles *t) {
-    size_t off[14];
+    size_t off[15];
     bwd_tile_layout(plan, off);
-    float **f[13] = {&t->qt, &t->qrows, &t->dot, &t->dorows, &t->pt, &t->dpt, &t->krows,
-                     &t->dk, &t->dv, &t->lse, &t->dsum, &t->raw, &t->diag};
-    for (int i = 0; i < 13; i++) *f[i] = (float *)(base + off[i]);
-    t->mask = (unsigned char *)(base + off[13]);
+    float **f[14] = {&t->qt, &t->qrows, &t->dot, &t->dorows, &t->pt, &t->dpt, &t->krows,
+                     &t->vrows, &t->dk, &t->dv, &t->lse, &t->dsum, &t->raw, &t->diag};
+    for (int i = 0; i < 14; i++) *f[i] = (float *)(base + off[i]);
+    t->mask = (unsigned char *)(base + off[14]);
 }
 
 /* Dsum[b, h, i] = sum_c dO[b, i, h, c] * O[b, i, h, c], one task per (b, h). */
@@ -173,23 +176,26 @@ static void bwd_dsum_task(void *vctx, size_t task, int thread) {
     int64_t b = (int64_t)task / p->heads_q, h = (int64_t)task % p->heads_q;
     const int64_t *os = p->o_strides;
     for (int64_t i = 0; i < p->seq_q; i++) {
-        const float *orow = c->o + b * os[0] + i * os[1] + h * os[2];
-        const float *drow = c->d_o + b * os[0] + i * os[1] + h * os[2];
+        int64_t row = b * os[0] + i * os[1] + h * os[2];
         double acc = 0.0;
-        for (int64_t e = 0; e < p->head_dim_v; e++) acc += (double)orow[e * os[3]] * drow[e * os[3]];
+        for (int64_t e = 0; e < p->head_dim_v; e++)
+            acc += (double)fmha_load(c->o, p->dtype, row + e * os[3]) *
+                   fmha_load(c->d_o, p->dtype, row + e * os[3]);
         c->dsum[(size_t)task * (size_t)p->seq_q + (size_t)i] = (float)acc;
     }
 }
 
 /* Packs rows [n][ld] (zero padded) and, if tr, the transpose [cols][NR]
- * (zero padded lanes) of a strided [n x cols] block times mul. */
-static void bwd_pack(const float *src, int64_t row_stride, int64_t col_stride, int64_t n,
-                     int64_t cols, float mul, float *rows, size_t ld, float *tr, size_t nr) {
+ * (zero padded lanes) of the strided [n x cols] block at element `first` of
+ * a tensor of dtype t, times mul, widened to float32. */
+static void bwd_pack(const void *src, fmha_dtype t, int64_t first, int64_t row_stride,
+                     int64_t col_stride, int64_t n, int64_t cols, float mul, float *rows, size_t ld,
+                     float *tr, size_t nr) {
     if (rows) memset(rows, 0, (size_t)n * ld * sizeof(float));
     if (tr) memset(tr, 0, (size_t)cols * nr * sizeof(float));
     for (int64_t i = 0; i < n; i++)
         for (int64_t e = 0; e < cols; e++) {
-            float x = mul * src[i * row_stride + e * col_stride];
+            float x = mul * fmha_load(src, t, first + i * row_stride + e * col_stride);
             if (rows) rows[(size_t)i * ld + (size_t)e] = x;
             if (tr) tr[(size_t)e * nr + (size_t)i] = x;
         }
@@ -214,14 +220,14 @@ static void bwd_pair(const bwd_ctx *c, bwd_tiles *t, const fmha_tile_pos *tp, in
     const fmha_problem *p = &plan->p;
     const fmha_ukernels *uk = plan->uk;
     size_t nr = uk->nr;
-    int64_t b = tp->b, h = tp->h, q0 = tp->q0, nq = tp->nq, k0 = tp->k0, nk = tp->nk;
-    const int64_t *qs = p->q_strides, *ks = p->k_strides, *vs = p->v_strides, *os = p->o_strides;
+    int64_t b = tp->b, h = tp->h, q0 = tp->q0, nq = tp->nq, nk = tp->nk;
+    const int64_t *qs = p->q_strides, *os = p->o_strides;
     size_t D = (size_t)p->head_dim, Dv = (size_t)p->head_dim_v;
 
-    bwd_pack(c->q + b * qs[0] + q0 * qs[1] + h * qs[2], qs[1], qs[3], nq, (int64_t)D, plan->scale,
-             t->qrows, c->d_pad, t->qt, nr);
-    bwd_pack(c->d_o + b * os[0] + q0 * os[1] + h * os[2], os[1], os[3], nq, (int64_t)Dv, 1.0f,
-             t->dorows, c->dv_pad, t->dot, nr);
+    bwd_pack(c->q, p->dtype, b * qs[0] + q0 * qs[1] + h * qs[2], qs[1], qs[3], nq, (int64_t)D,
+             plan->scale, t->qrows, c->d_pad, t->qt, nr);
+    bwd_pack(c->d_o, p->dtype, b * os[0] + q0 * os[1] + h * os[2], os[1], os[3], nq, (int64_t)Dv,
+             1.0f, t->dorows, c->dv_pad, t->dot, nr);
     size_t row0 = ((size_t)b * (size_t)p->heads_q + (size_t)h) * (size_t)p->seq_q + (size_t)q0;
     for (size_t i = 0; i < nr; i++) {
         t->lse[i] = (int64_t)i < nq ? c->lse[row0 + i] : -INFINITY;
@@ -229,14 +235,12 @@ static void bwd_pair(const bwd_ctx *c, bwd_tiles *t, const fmha_tile_pos *tp, in
     }
 
     /* S^T = K_j (scale Q_i)^T and dP^T = V_j dO_i^T */
-    const float *kbase = c->k + b * ks[0] + k0 * ks[1] + hk * ks[2];
-    const float *vbase = c->v + b * vs[0] + k0 * vs[1] + hk * vs[2];
     for (int64_t r = 0; r < nk; r += (int64_t)uk->mr) {
         size_t m = (size_t)(nk - r) < uk->mr ? (size_t)(nk - r) : uk->mr;
-        uk->gemm_f32(m, D, kbase + r * ks[1], ks[1], ks[3], t->qt, nr, t->pt + (size_t)r * nr, nr,
-                     FMHA_UK_STORE, NULL);
-        uk->gemm_f32(m, Dv, vbase + r * vs[1], vs[1], vs[3], t->dot, nr, t->dpt + (size_t)r * nr,
-                     nr, FMHA_UK_STORE, NULL);
+        uk->gemm_f32(m, D, t->krows + (size_t)r * c->d_pad, (ptrdiff_t)c->d_pad, 1, t->qt, nr,
+                     t->pt + (size_t)r * nr, nr, FMHA_UK_STORE, NULL);
+        uk->gemm_f32(m, Dv, t->vrows + (size_t)r * c->dv_pad, (ptrdiff_t)c->dv_pad, 1, t->dot, nr,
+                     t->dpt + (size_t)r * nr, nr, FMHA_UK_STORE, NULL);
     }
     /* softcap, biases, masks as in the forward; then P^T = exp(S^T - lse) */
     int softcap = p->biases.softcap != 0.0f;
@@ -280,8 +284,10 @@ static void bwd_key_block(const bwd_ctx *c, bwd_tiles *t, int64_t b, int64_t hk,
             if (cls == FMHA_TILE_EMPTY) continue;
             if (cls < 0) cls = FMHA_TILE_PARTIAL;
             if (!packed) {
-                bwd_pack(c->k + b * ks[0] + k0 * ks[1] + hk * ks[2], ks[1], ks[3], nk, (int64_t)D,
-                         1.0f, t->krows, c->d_pad, NULL, nr);
+                bwd_pack(c->k, p->dtype, b * ks[0] + k0 * ks[1] + hk * ks[2], ks[1], ks[3], nk,
+                         (int64_t)D, 1.0f, t->krows, c->d_pad, NULL, nr);
+                bwd_pack(c->v, p->dtype, b * vs[0] + k0 * vs[1] + hk * vs[2], vs[1], vs[3], nk,
+                         (int64_t)Dv, 1.0f, t->vrows, c->dv_pad, NULL, nr);
                 memset(t->dk, 0, (size_t)nk * c->d_pad * sizeof(float));
                 memset(t->dv, 0, (size_t)nk * c->dv_pad * sizeof(float));
                 packed = 1;
@@ -292,12 +298,14 @@ static void bwd_key_block(const bwd_ctx *c, bwd_tiles *t, int64_t b, int64_t hk,
         }
     /* dK_j, dV_j are complete (zero when no query sees the block) */
     for (int64_t r = 0; r < nk; r++) {
-        float *dkrow = c->dk + b * ks[0] + (k0 + r) * ks[1] + hk * ks[2];
-        float *dvrow = c->dv + b * vs[0] + (k0 + r) * vs[1] + hk * vs[2];
+        int64_t dkrow = b * ks[0] + (k0 + r) * ks[1] + hk * ks[2];
+        int64_t dvrow = b * vs[0] + (k0 + r) * vs[1] + hk * vs[2];
         for (size_t e = 0; e < D; e++)
-            dkrow[(int64_t)e * ks[3]] = packed ? t->dk[(size_t)r * c->d_pad + e] : 0.0f;
+            fmha_store(c->dk, p->dtype, dkrow + (int64_t)e * ks[3],
+                       packed ? t->dk[(size_t)r * c->d_pad + e] : 0.0f);
         for (size_t e = 0; e < Dv; e++)
-            dvrow[(int64_t)e * vs[3]] = packed ? t->dv[(size_t)r * c->dv_pad + e] : 0.0f;
+            fmha_store(c->dv, p->dtype, dvrow + (int64_t)e * vs[3],
+                       packed ? t->dv[(size_t)r * c->dv_pad + e] : 0.0f);
     }
 }
 
@@ -347,11 +355,11 @@ static void bwd_reduce_dq_task(void *vctx, size_t task, int thread) {
     int64_t b = (int64_t)task / p->heads_q, h = (int64_t)task % p->heads_q;
     for (int64_t i = 0; i < p->seq_q; i++) {
         const float *src = c->dq_part + ((size_t)task * (size_t)p->seq_q + (size_t)i) * c->d_pad;
-        float *row = c->dq + b * qs[0] + i * qs[1] + h * qs[2];
+        int64_t row = b * qs[0] + i * qs[1] + h * qs[2];
         for (int64_t e = 0; e < p->head_dim; e++) {
             float acc = src[e];
             for (size_t g = 1; g < c->split.groups; g++) acc += src[g * c->dq_group_floats + (size_t)e];
-            row[e * qs[3]] = plan->scale * acc;
+            fmha_store(c->dq, p->dtype, row + e * qs[3], plan->scale * acc);
         }
     }
 }
@@ -369,9 +377,9 @@ static void bwd_zero_dense_grad(const fmha_plan *plan) {
                 for (int64_t j = 0; j < ext[3]; j++) g->d_dense[b * s[0] + h * s[1] + i * s[2] + j * s[3]] = 0.0f;
 }
 
-fmha_status fmha_bwd_run(const fmha_plan *plan_in, const float *q, const float *k, const float *v,
-                         const float *o, const float *d_o, const float *lse, float *dq, float *dk,
-                         float *dv, char *ws) {
+fmha_status fmha_bwd_run(const fmha_plan *plan_in, const void *q, const void *k, const void *v,
+                         const void *o, const void *d_o, const float *lse, void *dq, void *dk,
+                         void *dv, char *ws) {
     fmha_plan local = *plan_in;
     const fmha_plan *plan = &local;
     const fmha_problem *p = &plan->p;

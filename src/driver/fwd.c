@@ -18,19 +18,28 @@
 #include <string.h>
 
 #include "../attn.h"
+#include "../convert.h"
 #include "../pool.h"
 
 /* Scratch of one query block (floats, each FMHA_ALIGN aligned):
  *   qt [D][NR], st [Skv_tile][NR], ot [Dv][NR], m/l/alpha [NR] */
 typedef struct fwd_block_scratch {
     float *qt, *st, *ot, *m, *l, *alpha;
+    float *kt, *vt;      /* [st_rows][D], [st_rows][Dv]: K, V widened to float32 (bf16/f16 only) */
     unsigned char *mask; /* [block_kv][NR] for a mask callback */
 } fwd_block_scratch;
 
+/* Rows [r][e] of K or V as the GEMM's broadcast operand: p[r * row + e * col]. */
+typedef struct kv_view {
+    const float *p;
+    int64_t row, col;
+} kv_view;
+
 typedef struct fwd_ctx {
     const fmha_plan *plan;
-    const float *q, *k, *v;
-    float *o, *lse;
+    const void *q, *k, *v;
+    void *o;
+    float *lse;
     char *ws;
     size_t q_blocks;  /* query blocks per head */
     size_t st_rows;   /* rows of st: block_kv (tiled) or Skv (dense) */
@@ -40,22 +49,25 @@ static size_t floats_bytes(size_t n) { return fmha_round_up(n * sizeof(float), F
 
 /* Byte offsets of one block's scratch (dense: st_rows = Skv, panels = query
  * panels of the head); returns the total. */
-static size_t fwd_layout(const fmha_plan *plan, size_t st_rows, size_t panels, size_t off[7]) {
+static size_t fwd_layout(const fmha_plan *plan, size_t st_rows, size_t panels, size_t off[9]) {
     size_t nr = plan->uk->nr;
-    size_t sizes[6] = {(size_t)plan->p.head_dim * nr * panels, st_rows * nr * panels,
-                       (size_t)plan->p.head_dim_v * nr, nr, nr, nr};
+    int widen = plan->p.dtype != FMHA_DTYPE_F32;
+    size_t sizes[8] = {(size_t)plan->p.head_dim * nr * panels, st_rows * nr * panels,
+                       (size_t)plan->p.head_dim_v * nr, nr, nr, nr,
+                       widen ? st_rows * (size_t)plan->p.head_dim : 0,
+                       widen ? st_rows * (size_t)plan->p.head_dim_v : 0};
     size_t total = 0;
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 8; i++) {
         off[i] = total;
         total += floats_bytes(sizes[i]);
     }
-    off[6] = total;
+    off[8] = total;
     return total + fmha_mask_scratch_bytes(plan);
 }
 
 static void fwd_carve(const fmha_plan *plan, size_t st_rows, size_t panels, char *base,
                       fwd_block_scratch *s) {
-    size_t off[7];
+    size_t off[9];
     fwd_layout(plan, st_rows, panels, off);
     s->qt = (float *)(base + off[0]);
     s->st = (float *)(base + off[1]);
@@ -63,7 +75,9 @@ static void fwd_carve(const fmha_plan *plan, size_t st_rows, size_t panels, char
     s->m = (float *)(base + off[3]);
     s->l = (float *)(base + off[4]);
     s->alpha = (float *)(base + off[5]);
-    s->mask = (unsigned char *)(base + off[6]);
+    s->kt = (float *)(base + off[6]);
+    s->vt = (float *)(base + off[7]);
+    s->mask = (unsigned char *)(base + off[8]);
 }
 
 static size_t fwd_panels(const fmha_plan *plan) {
@@ -76,61 +90,71 @@ static size_t fwd_st_rows(const fmha_plan *plan) {
 }
 
 void fmha_fwd_workspace(const fmha_plan *plan, size_t *thread_bytes, size_t *shared_bytes) {
-    size_t off[7];
+    size_t off[9];
     *thread_bytes = fwd_layout(plan, fwd_st_rows(plan), fwd_panels(plan), off);
     *shared_bytes = fmha_bias_shared_bytes(plan);
 }
 
 /* qt[d][i] = scale * Q[b, q0 + i, h, d] for i < nq, 0 for nq <= i < NR. */
-static void fwd_pack_qt(const fmha_plan *plan, const float *q, int64_t b, int64_t h, int64_t q0,
+static void fwd_pack_qt(const fmha_plan *plan, const void *q, int64_t b, int64_t h, int64_t q0,
                         int64_t nq, float *qt) {
     const int64_t *qs = plan->p.q_strides;
     size_t nr = plan->uk->nr;
     int64_t D = plan->p.head_dim;
+    fmha_dtype t = plan->p.dtype;
     memset(qt, 0, (size_t)D * nr * sizeof(float));
     for (int64_t i = 0; i < nq; i++) {
-        const float *row = q + b * qs[0] + (q0 + i) * qs[1] + h * qs[2];
-        for (int64_t d = 0; d < D; d++) qt[(size_t)d * nr + (size_t)i] = plan->scale * row[d * qs[3]];
+        int64_t row = b * qs[0] + (q0 + i) * qs[1] + h * qs[2];
+        for (int64_t d = 0; d < D; d++)
+            qt[(size_t)d * nr + (size_t)i] = plan->scale * fmha_load(q, t, row + d * qs[3]);
     }
 }
 
-/* st[r][*] = K[b, k0 + r, hk, :] . qt for r < nk (rows of keys, MR at a time). */
-static void fwd_scores(const fmha_plan *plan, const float *k, int64_t b, int64_t hk, int64_t k0,
-                       int64_t nk, const float *qt, float *st) {
+/* Rows k0 .. k0 + nk of K or V (cols wide) for kv head hk: the caller's
+ * memory for float32, else widened into `scratch` [nk][cols]. */
+static kv_view fwd_kv_view(const fmha_plan *plan, const void *base, const int64_t *st, int64_t b,
+                           int64_t hk, int64_t k0, int64_t nk, int64_t cols, float *scratch) {
+    int64_t first = b * st[0] + k0 * st[1] + hk * st[2];
+    if (plan->p.dtype == FMHA_DTYPE_F32) return (kv_view){(const float *)base + first, st[1], st[3]};
+    for (int64_t r = 0; r < nk; r++)
+        for (int64_t e = 0; e < cols; e++)
+            scratch[r * cols + e] = fmha_load(base, plan->p.dtype, first + r * st[1] + e * st[3]);
+    return (kv_view){scratch, cols, 1};
+}
+
+/* st[r][*] = K row r . qt for r < nk (rows of keys, MR at a time). */
+static void fwd_scores(const fmha_plan *plan, kv_view kv, int64_t nk, const float *qt, float *st) {
     const fmha_ukernels *uk = plan->uk;
-    const int64_t *ks = plan->p.k_strides;
-    const float *kbase = k + b * ks[0] + k0 * ks[1] + hk * ks[2];
     for (int64_t r = 0; r < nk; r += (int64_t)uk->mr) {
         size_t m = (size_t)(nk - r) < uk->mr ? (size_t)(nk - r) : uk->mr;
-        uk->gemm_f32(m, (size_t)plan->p.head_dim, kbase + r * ks[1], ks[1], ks[3], qt, uk->nr,
+        uk->gemm_f32(m, (size_t)plan->p.head_dim, kv.p + r * kv.row, kv.row, kv.col, qt, uk->nr,
                      st + (size_t)r * uk->nr, uk->nr, FMHA_UK_STORE, NULL);
     }
 }
 
-/* ot = ot * alpha + V[b, k0 : k0 + nk, hk, :]^T pt  (mode STORE ignores ot, alpha). */
-static void fwd_values(const fmha_plan *plan, const float *v, int64_t b, int64_t hk, int64_t k0,
-                       int64_t nk, const float *pt, float *ot, int mode, const float *alpha) {
+/* ot = ot * alpha + V_tile^T pt  (mode STORE ignores ot, alpha). */
+static void fwd_values(const fmha_plan *plan, kv_view vv, int64_t nk, const float *pt, float *ot,
+                       int mode, const float *alpha) {
     const fmha_ukernels *uk = plan->uk;
-    const int64_t *vs = plan->p.v_strides;
-    const float *vbase = v + b * vs[0] + k0 * vs[1] + hk * vs[2];
     int64_t Dv = plan->p.head_dim_v;
     for (int64_t c = 0; c < Dv; c += (int64_t)uk->mr) {
         size_t m = (size_t)(Dv - c) < uk->mr ? (size_t)(Dv - c) : uk->mr;
-        uk->gemm_f32(m, (size_t)nk, vbase + c * vs[3], vs[3], vs[1], pt, uk->nr,
+        uk->gemm_f32(m, (size_t)nk, vv.p + c * vv.col, vv.col, vv.row, pt, uk->nr,
                      ot + (size_t)c * uk->nr, uk->nr, mode, alpha);
     }
 }
 
 /* O[b, q0 + i, h, :] = ot[:, i] / l[i]; lse[b, h, q0 + i] = m + log l. */
 static void fwd_finish(const fmha_plan *plan, int64_t b, int64_t h, int64_t q0, int64_t nq,
-                       const float *ot, const float *m, const float *l, float *o, float *lse) {
+                       const float *ot, const float *m, const float *l, void *o, float *lse) {
     const int64_t *os = plan->p.o_strides;
     size_t nr = plan->uk->nr;
     int64_t Dv = plan->p.head_dim_v;
     for (int64_t i = 0; i < nq; i++) {
         float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-        float *row = o + b * os[0] + (q0 + i) * os[1] + h * os[2];
-        for (int64_t c = 0; c < Dv; c++) row[c * os[3]] = ot[(size_t)c * nr + (size_t)i] * inv;
+        int64_t row = b * os[0] + (q0 + i) * os[1] + h * os[2];
+        for (int64_t c = 0; c < Dv; c++)
+            fmha_store(o, plan->p.dtype, row + c * os[3], ot[(size_t)c * nr + (size_t)i] * inv);
         if (lse)
             lse[(b * plan->p.heads_q + h) * plan->p.seq_q + q0 + i] =
                 l[i] > 0.0f ? m[i] + logf(l[i]) : -INFINITY;
@@ -186,11 +210,13 @@ static void fwd_tiled_task(void *vctx, size_t task, int thread) {
         if (cls < 0) cls = FMHA_TILE_PARTIAL;
         int64_t nk = t.nk;
         fmha_tiles_count();
-        fwd_scores(plan, c->k, b, hk, k0, nk, s.qt, s.st);
+        kv_view kv = fwd_kv_view(plan, c->k, plan->p.k_strides, b, hk, k0, nk, plan->p.head_dim, s.kt);
+        fwd_scores(plan, kv, nk, s.qt, s.st);
         if (cls == FMHA_TILE_PARTIAL || plan->has_bias)
             fmha_score_epilogue(plan, &t, (fmha_tile_class)cls, s.st, nr, NULL, s.mask, thread);
         uk->softmax_f32((size_t)nk, s.st, nr, s.m, s.l, s.alpha);
-        fwd_values(plan, c->v, b, hk, k0, nk, s.st, s.ot, FMHA_UK_RESCALE, s.alpha);
+        kv_view vv = fwd_kv_view(plan, c->v, plan->p.v_strides, b, hk, k0, nk, plan->p.head_dim_v, s.vt);
+        fwd_values(plan, vv, nk, s.st, s.ot, FMHA_UK_RESCALE, s.alpha);
     }
     fwd_finish(plan, b, h, q0, nq, s.ot, s.m, s.l, c->o, c->lse);
 }
@@ -208,12 +234,14 @@ static void fwd_dense_task(void *vctx, size_t task, int thread) {
     fwd_block_scratch s;
     fwd_carve(plan, (size_t)skv, panels, c->ws + (size_t)thread * plan->thread_bytes, &s);
     size_t qt_panel = (size_t)plan->p.head_dim * nr, st_panel = (size_t)skv * nr;
+    kv_view kv = fwd_kv_view(plan, c->k, plan->p.k_strides, b, hk, 0, skv, plan->p.head_dim, s.kt);
+    kv_view vv = fwd_kv_view(plan, c->v, plan->p.v_strides, b, hk, 0, skv, plan->p.head_dim_v, s.vt);
     for (size_t pi = 0; pi < panels; pi++) {
         int64_t q0 = (int64_t)(pi * nr);
         int64_t nq = plan->p.seq_q - q0 < (int64_t)nr ? plan->p.seq_q - q0 : (int64_t)nr;
         float *st = s.st + pi * st_panel;
         fwd_pack_qt(plan, c->q, b, h, q0, nq, s.qt + pi * qt_panel);
-        fwd_scores(plan, c->k, b, hk, 0, skv, s.qt + pi * qt_panel, st);
+        fwd_scores(plan, kv, skv, s.qt + pi * qt_panel, st);
         /* the mask and bias epilogue, tile by tile on the tiled grid */
         int64_t bc = (int64_t)uk->block_kv;
         for (int64_t k0 = 0; k0 < skv; k0 += bc) {
@@ -233,13 +261,13 @@ static void fwd_dense_task(void *vctx, size_t task, int thread) {
         int64_t nq = plan->p.seq_q - q0 < (int64_t)nr ? plan->p.seq_q - q0 : (int64_t)nr;
         fwd_reset(nr, 0, &s);
         uk->softmax_f32((size_t)skv, s.st + pi * st_panel, nr, s.m, s.l, s.alpha);
-        fwd_values(plan, c->v, b, hk, 0, skv, s.st + pi * st_panel, s.ot, FMHA_UK_STORE, NULL);
+        fwd_values(plan, vv, skv, s.st + pi * st_panel, s.ot, FMHA_UK_STORE, NULL);
         fwd_finish(plan, b, h, q0, nq, s.ot, s.m, s.l, c->o, c->lse);
     }
 }
 
-fmha_status fmha_fwd_run(const fmha_plan *plan_in, const float *q, const float *k, const float *v,
-                         float *o, float *lse, char *ws) {
+fmha_status fmha_fwd_run(const fmha_plan *plan_in, const void *q, const void *k, const void *v,
+                         void *o, float *lse, char *ws) {
     /* the shared workspace (after the threads' scratch) holds the bias vectors */
     fmha_plan local = *plan_in;
     const fmha_plan *plan = &local;

@@ -1,0 +1,80 @@
+/* convert.h: element types at the library's edges. Inputs of any dtype are
+ * widened to float32 when tiles are packed, results are narrowed once when
+ * stored (round to nearest even), so all arithmetic runs in float32. */
+#ifndef FMHA_CONVERT_H
+#define FMHA_CONVERT_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "fmha.h"
+
+static inline size_t fmha_dtype_size(fmha_dtype t) { return t == FMHA_DTYPE_F32 ? 4 : 2; }
+
+static inline float fmha_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t fmha_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+static inline float fmha_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+    if (exp == 0x1f) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else if (exp != 0) {
+        u = sign | ((exp + 112u) << 23) | (man << 13);
+    } else if (man == 0) {
+        u = sign;
+    } else { /* subnormal: normalise */
+        int e = -1;
+        do { man <<= 1; e++; } while (!(man & 0x400u));
+        u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t fmha_f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);            /* NaN */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);           /* rounds to inf */
+    if (a >= 0x38800000u) {                                            /* normal half */
+        uint32_t r = a - 0x38000000u;                                  /* rebias 127 -> 15 */
+        r += 0xfffu + ((r >> 13) & 1u);
+        return (uint16_t)(sign | (r >> 13));
+    }
+    if (a < 0x33000000u) return (uint16_t)sign;                        /* below half of min subnormal */
+    /* subnormal half: shift the 24-bit significand, round to nearest even */
+    uint32_t e = a >> 23, man = (a & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126u - e; /* 14..24 */
+    uint32_t q = man >> shift, rem = man & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u))) q++;
+    return (uint16_t)(sign | q);
+}
+
+/* Element idx of a tensor of dtype t, widened. */
+static inline float fmha_load(const void *base, fmha_dtype t, int64_t idx) {
+    if (t == FMHA_DTYPE_F32) return ((const float *)base)[idx];
+    uint16_t h = ((const uint16_t *)base)[idx];
+    return t == FMHA_DTYPE_BF16 ? fmha_bf16_to_f32(h) : fmha_f16_to_f32(h);
+}
+
+/* Stores x as element idx of a tensor of dtype t (rounded to nearest even). */
+static inline void fmha_store(void *base, fmha_dtype t, int64_t idx, float x) {
+    if (t == FMHA_DTYPE_F32) ((float *)base)[idx] = x;
+    else ((uint16_t *)base)[idx] = t == FMHA_DTYPE_BF16 ? fmha_f32_to_bf16(x) : fmha_f32_to_f16(x);
+}
+
+#endif /* FMHA_CONVERT_H */

@@ -1,0 +1,189 @@
+/* avx512/f32.c: the AVX-512 float32 microkernels (NR = 64 lanes = 4 zmm).
+ * A 6x64 GEMM tile keeps 24 accumulators and 4 B rows in zmm registers and
+ * broadcasts one element of A per row and k-step; the online softmax runs a
+ * vectorised exp (Cody-Waite reduction, degree-6 polynomial, vscalefps).
+ * Contract in ../ukernel.h; the scalar kernels are the specification. */
+#include <immintrin.h>
+#include <stddef.h>
+
+#include "../ukernel.h"
+
+/* MR = 6: 24 accumulators + 4 B rows of the 32 zmm. Measured on Zen 5 at
+ * k = 64: 6x64 runs at 94-98% of the FMA peak, 4x64 at 83-97%. */
+enum { AVX512_MR = 6, AVX512_NR = 64, AVX512_VECS = AVX512_NR / 16 };
+
+#define FMHA_INLINE static inline __attribute__((always_inline))
+
+/* C[m x 64] (op)= A[m x k] B[k x 64] with m a compile-time constant. */
+FMHA_INLINE void gemm_f32_tile(const size_t m, size_t k, const float *a, ptrdiff_t a_rs,
+                               ptrdiff_t a_cs, const float *b, size_t ldb, float *c, size_t ldc,
+                               int mode, const float *col_scale) {
+    __m512 acc[AVX512_MR][AVX512_VECS];
+    float *c_row[AVX512_MR];
+#pragma GCC unroll 8
+    for (size_t r = 0; r < m; r++) c_row[r] = c + r * ldc;
+    if (mode == FMHA_UK_STORE) {
+#pragma GCC unroll 8
+        for (size_t r = 0; r < m; r++)
+#pragma GCC unroll 4
+            for (int v = 0; v < AVX512_VECS; v++) acc[r][v] = _mm512_setzero_ps();
+    } else if (mode == FMHA_UK_ACCUMULATE) {
+#pragma GCC unroll 8
+        for (size_t r = 0; r < m; r++)
+#pragma GCC unroll 4
+            for (int v = 0; v < AVX512_VECS; v++)
+                acc[r][v] = _mm512_loadu_ps(c_row[r] + 16 * v);
+    } else {
+        __m512 scale[AVX512_VECS];
+#pragma GCC unroll 4
+        for (int v = 0; v < AVX512_VECS; v++) scale[v] = _mm512_loadu_ps(col_scale + 16 * v);
+#pragma GCC unroll 8
+        for (size_t r = 0; r < m; r++)
+#pragma GCC unroll 4
+            for (int v = 0; v < AVX512_VECS; v++)
+                acc[r][v] = _mm512_mul_ps(_mm512_loadu_ps(c_row[r] + 16 * v), scale[v]);
+    }
+
+    for (; k != 0; k--) {
+        __m512 brow[AVX512_VECS];
+#pragma GCC unroll 4
+        for (int v = 0; v < AVX512_VECS; v++) brow[v] = _mm512_loadu_ps(b + 16 * v);
+#pragma GCC unroll 8
+        for (size_t r = 0; r < m; r++) {
+            const __m512 ar = _mm512_set1_ps(a[(ptrdiff_t)r * a_rs]);
+#pragma GCC unroll 4
+            for (int v = 0; v < AVX512_VECS; v++)
+                acc[r][v] = _mm512_fmadd_ps(ar, brow[v], acc[r][v]);
+        }
+        a += a_cs;
+        b += ldb;
+    }
+
+#pragma GCC unroll 8
+    for (size_t r = 0; r < m; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < AVX512_VECS; v++) _mm512_storeu_ps(c_row[r] + 16 * v, acc[r][v]);
+}
+
+#define GEMM_CASE(M)                                                                           \
+    case M:                                                                                    \
+        gemm_f32_tile(M, k, a, a_rs, a_cs, b, ldb, c, ldc, mode, col_scale);                   \
+        break
+
+/* C[m x 64] (op)= A[m x k] B[k x 64], 1 <= m <= MR; contract in ukernel.h. */
+static void fmha_f32_gemm_ukernel_6x64__avx512(size_t m, size_t k, const float *a,
+                                               ptrdiff_t a_rs, ptrdiff_t a_cs, const float *b,
+                                               size_t ldb, float *c, size_t ldc, int mode,
+                                               const float *col_scale) {
+    switch (m) {
+        GEMM_CASE(6);
+        GEMM_CASE(5);
+        GEMM_CASE(4);
+        GEMM_CASE(3);
+        GEMM_CASE(2);
+        GEMM_CASE(1);
+    default:
+        break;
+    }
+}
+
+/* exp(x) for x <= 89: n = round(x log2 e) (an fma against 1.5 * 2^23 rounds
+ * to integer), r = x - n ln2 (two-part ln2), exp(r) by a degree-6 polynomial
+ * (Chebyshev fit on [-ln2/2, ln2/2], max relative error 0.2 ulp before
+ * rounding), then p 2^n with vscalefps, which rounds gracefully through
+ * subnormals to 0. x is clamped below at -104 (exp(-104) < 2^-150), so -inf
+ * gives 0 and never NaN. Max error measured: 1.05 ulp. */
+FMHA_INLINE __m512 exp_f32(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    const __m512 round_bias = _mm512_set1_ps(0x1.8p23f);
+    const __m512 n = _mm512_sub_ps(
+        _mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), round_bias), round_bias);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e430p-1f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-0x1.05c610p-29f), r);
+    __m512 p = _mm512_set1_ps(0x1.6d7532p-10f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0x1.126fa6p-7f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0x1.5554acp-5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0x1.555404p-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* y[i] = exp(x[i]) over any n; exp(+inf) = +inf. The test checks the exp
+ * of this file through it. */
+void fmha_f32_exp__avx512(size_t n, const float *x, float *y);
+void fmha_f32_exp__avx512(size_t n, const float *x, float *y) {
+    const __m512 hi = _mm512_set1_ps(89.0f);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, exp_f32(_mm512_min_ps(_mm512_loadu_ps(x + i), hi)));
+    if (i < n) {
+        const __mmask16 tail = (__mmask16)((1u << (n - i)) - 1);
+        const __m512 xv = _mm512_maskz_loadu_ps(tail, x + i);
+        _mm512_mask_storeu_ps(y + i, tail, exp_f32(_mm512_min_ps(xv, hi)));
+    }
+}
+
+/* Online-softmax step over S^T [rows][64]; contract in ukernel.h. */
+static void fmha_f32_softmax_ukernel_64__avx512(size_t rows, float *s, size_t lds, float *m,
+                                                float *l, float *alpha) {
+    const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
+    __m512 mx[AVX512_VECS], mx2[AVX512_VECS];
+#pragma GCC unroll 4
+    for (int v = 0; v < AVX512_VECS; v++) {
+        mx[v] = _mm512_loadu_ps(m + 16 * v);
+        mx2[v] = neg_inf;
+    }
+    /* Pass 1: lane-wise max over the keys, two rows per step. The max takes
+     * the accumulator as its second operand, so a NaN score is ignored. */
+    size_t r = 0;
+    for (; r + 2 <= rows; r += 2) {
+        const float *s0 = s + r * lds, *s1 = s0 + lds;
+#pragma GCC unroll 4
+        for (int v = 0; v < AVX512_VECS; v++) {
+            mx[v] = _mm512_max_ps(_mm512_loadu_ps(s0 + 16 * v), mx[v]);
+            mx2[v] = _mm512_max_ps(_mm512_loadu_ps(s1 + 16 * v), mx2[v]);
+        }
+    }
+    if (r < rows) {
+#pragma GCC unroll 4
+        for (int v = 0; v < AVX512_VECS; v++)
+            mx[v] = _mm512_max_ps(_mm512_loadu_ps(s + r * lds + 16 * v), mx[v]);
+    }
+    /* m_use: the new maximum, or 0 in lanes where it is -inf. */
+    __m512 m_use[AVX512_VECS], sum[AVX512_VECS];
+#pragma GCC unroll 4
+    for (int v = 0; v < AVX512_VECS; v++) {
+        mx[v] = _mm512_max_ps(mx2[v], mx[v]);
+        const __mmask16 all_masked = _mm512_cmp_ps_mask(mx[v], neg_inf, _CMP_EQ_OQ);
+        m_use[v] = _mm512_mask_mov_ps(mx[v], all_masked, _mm512_setzero_ps());
+        sum[v] = _mm512_setzero_ps();
+    }
+    /* Pass 2: P = exp(S - m_use) in place, and its lane-wise sum. */
+    for (r = 0; r < rows; r++) {
+        float *srow = s + r * lds;
+#pragma GCC unroll 4
+        for (int v = 0; v < AVX512_VECS; v++) {
+            const __m512 p = exp_f32(_mm512_sub_ps(_mm512_loadu_ps(srow + 16 * v), m_use[v]));
+            _mm512_storeu_ps(srow + 16 * v, p);
+            sum[v] = _mm512_add_ps(sum[v], p);
+        }
+    }
+#pragma GCC unroll 4
+    for (int v = 0; v < AVX512_VECS; v++) {
+        const __m512 a = exp_f32(_mm512_sub_ps(_mm512_loadu_ps(m + 16 * v), m_use[v]));
+        _mm512_storeu_ps(alpha + 16 * v, a);
+        _mm512_storeu_ps(l + 16 * v, _mm512_fmadd_ps(_mm512_loadu_ps(l + 16 * v), a, sum[v]));
+        _mm512_storeu_ps(m + 16 * v, mx[v]);
+    }
+}
+
+const fmha_ukernels fmha_ukernels_avx512 = {
+    .isa = "avx512",
+    .mr = AVX512_MR,
+    .nr = AVX512_NR,
+    .block_kv = 128,
+    .gemm_f32 = fmha_f32_gemm_ukernel_6x64__avx512,
+    .softmax_f32 = fmha_f32_softmax_ukernel_64__avx512,
+};
