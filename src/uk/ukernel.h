@@ -16,6 +16,7 @@
 #define FMHA_UKERNEL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* GEMM microkernel: C[m x NR] (op)= A[m x k] * B[k x NR].
  *   a     element (r, p) at a[r * a_rs + p * a_cs]: the broadcast operand,
@@ -57,6 +58,26 @@ typedef void (*fmha_f32_exp_sub_ukernel_fn)(size_t rows, float *s, size_t lds, c
 typedef void (*fmha_f32_ds_ukernel_fn)(size_t rows, const float *p, float *dp, size_t lds,
                                        const float *dsum);
 
+/* ---- bfloat16 (AVX-512 BF16 machines) ----
+ * bf16 GEMMs take both operands in pairs along k, the layout of vdpbf16ps:
+ * one 32-bit word holds (X[2p], X[2p+1]) for k-steps 2p, 2p+1 (element 2p in
+ * the low half). Odd k is padded with a zero pair half. C is float32. */
+
+/* C[m x NR] (op)= ab_scale * A[m x 2kp] * B[2kp x NR].
+ *   a       pair (r, p) = (A[r][2p], A[r][2p+1]) at a[r * a_rs + p * a_cs] (32-bit words)
+ *   b       pair-row p at b + p * ldb (32-bit words): NR words, word i holds
+ *           (B[2p][i], B[2p+1][i])
+ *   c, ldc, mode, col_scale as for the float32 GEMM; ab_scale multiplies the
+ *   product in every mode. 1 <= m <= MR; kp >= 0 pairs. */
+typedef void (*fmha_bf16_gemm_ukernel_fn)(size_t m, size_t kp, const uint32_t *a, ptrdiff_t a_rs,
+                                          ptrdiff_t a_cs, const uint32_t *b, size_t ldb, float *c,
+                                          size_t ldc, int mode, const float *col_scale,
+                                          float ab_scale);
+
+/* Rounds (nearest even) and pairs two float32 rows into one pair-row:
+ *   dst[i] = (bf16(lo[i]), bf16(hi[i])) for i < NR; hi == NULL pairs with 0. */
+typedef void (*fmha_bf16_pair_rows_ukernel_fn)(const float *lo, const float *hi, uint32_t *dst);
+
 typedef struct fmha_ukernels {
     const char *isa;                      /* "scalar", "avx2", "avx512" */
     size_t mr;                            /* rows of a GEMM microtile (MR) */
@@ -66,6 +87,10 @@ typedef struct fmha_ukernels {
     fmha_f32_softmax_ukernel_fn softmax_f32;
     fmha_f32_exp_sub_ukernel_fn exp_sub_f32;
     fmha_f32_ds_ukernel_fn ds_f32;
+    /* bf16 fast path; NULL where the ISA lacks it (bf16 then runs through
+     * the float32 kernels on widened tiles). Same MR and NR as above. */
+    fmha_bf16_gemm_ukernel_fn gemm_bf16;
+    fmha_bf16_pair_rows_ukernel_fn pair_rows_bf16;
 } fmha_ukernels;
 
 /* One table per ISA; a table is only usable if the CPU supports its ISA. */
