@@ -39,7 +39,7 @@
  * identical for every thread count.
  *
  * Instruction sets: the best microkernels this CPU supports are chosen once
- * at first use (cpuid); the environment variable FMHA_ISA=scalar|avx2|avx512
+ * at first use (cpuid); the environment variable FMHA_ISA=scalar|avx2|avx512|avx512bf16
  * forces a set (falling back to the best supported one if the CPU lacks it).
  */
 #ifndef FMHA_H
@@ -310,7 +310,7 @@ FMHA_API fmha_status fmha_forward_backward(const fmha_problem *p, const void *q,
 FMHA_API fmha_status fmha_set_num_threads(int n);
 FMHA_API int fmha_get_num_threads(void);
 
-/* The microkernel family in use: "scalar", "avx2" or "avx512". */
+/* The microkernel family in use: "scalar", "avx2", "avx512" or "avx512bf16". */
 FMHA_API const char *fmha_isa_name(void);
 
 /* "major.minor.patch" */

@@ -208,6 +208,7 @@ static fmha_status plan_make(const fmha_problem *p, plan_kind kind,
     plan->scale = p->scale != 0.0f ? p->scale : (float)(1.0 / sqrt((double)p->head_dim));
     plan->uk = p->strategy == FMHA_STRATEGY_PORTABLE ? &fmha_ukernels_scalar : fmha_cpu_kernels();
     plan->strategy = resolve_strategy(p);
+    plan->bf16_fast = p->dtype == FMHA_DTYPE_BF16 && plan->uk->gemm_bf16 != NULL;
     plan->threads = fmha_pool_threads();
     plan->group = p->heads_q / p->heads_kv;
     plan->causal_offset = p->causal == FMHA_CAUSAL_BOTTOM_RIGHT ? p->seq_kv - p->seq_q : 0;

@@ -17,6 +17,7 @@ typedef struct fmha_plan {
     const fmha_ukernels *uk;   /* microkernels of this call */
     fmha_strategy strategy;    /* FMHA_STRATEGY_TILED or _DENSE after resolution */
     int threads;               /* max threads of this call */
+    int bf16_fast;             /* bf16 inputs on the pair-packed bf16 kernels (uk->gemm_bf16) */
     int64_t group;             /* Hq / Hkv */
     int64_t causal_offset;     /* off: queries and keys meet at a = i + off - j (see fmha.h) */
     /* Band (causal and sliding window): key j visible from query i iff

@@ -1,6 +1,7 @@
 /* cpu.c: cpuid once (pthread_once), then the microkernel table to use.
  * AVX-512 needs F+BW+VL+DQ and OS support for the zmm state (XCR0); AVX2
- * needs AVX2+FMA and the ymm state. */
+ * needs AVX2+FMA and the ymm state; "avx512bf16" is the AVX-512 table plus
+ * the bf16 pair kernels (AVX512_BF16). */
 #include "cpu.h"
 
 #include <pthread.h>
@@ -9,9 +10,13 @@
 
 #if FMHA_HAVE_X86
 #include <cpuid.h>
+
+#include "uk/avx512bf16/bf16.h"
 #endif
 
-static int cpu_avx2, cpu_avx512;
+static int cpu_avx2, cpu_avx512, cpu_avx512bf16;
+/* The AVX-512 table plus the bf16 pair kernels, for CPUs with AVX512_BF16. */
+static fmha_ukernels cpu_avx512bf16_table;
 static const fmha_ukernels *cpu_selected;
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 
@@ -37,11 +42,17 @@ static void cpu_detect(void) {
             cpu_avx2 = avx && avx2 && fma && ymm_ok;
             cpu_avx512 = cpu_avx2 && avx512f && avx512dq && avx512bw && avx512vl && zmm_ok;
         }
+        if (cpu_avx512 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) cpu_avx512bf16 = (a >> 5) & 1;
     }
 #endif
     cpu_selected = &fmha_ukernels_scalar;
 #if FMHA_HAVE_X86
-    if (cpu_avx512) cpu_selected = &fmha_ukernels_avx512;
+    cpu_avx512bf16_table = fmha_ukernels_avx512;
+    cpu_avx512bf16_table.isa = "avx512bf16";
+    cpu_avx512bf16_table.gemm_bf16 = fmha_bf16_gemm_ukernel_6x64__avx512bf16;
+    cpu_avx512bf16_table.pair_rows_bf16 = fmha_bf16_pair_rows_ukernel_64__avx512bf16;
+    if (cpu_avx512bf16) cpu_selected = &cpu_avx512bf16_table;
+    else if (cpu_avx512) cpu_selected = &fmha_ukernels_avx512;
     else if (cpu_avx2) cpu_selected = &fmha_ukernels_avx2;
 #endif
     const char *env = getenv("FMHA_ISA");
@@ -58,6 +69,7 @@ const fmha_ukernels *fmha_cpu_kernels_for(const char *isa) {
 #if FMHA_HAVE_X86
     if (!strcmp(isa, "avx2") && cpu_avx2) return &fmha_ukernels_avx2;
     if (!strcmp(isa, "avx512") && cpu_avx512) return &fmha_ukernels_avx512;
+    if (!strcmp(isa, "avx512bf16") && cpu_avx512bf16) return &cpu_avx512bf16_table;
 #endif
     return NULL;
 }

@@ -8,7 +8,7 @@
 /* The table in use: the best the CPU supports, or FMHA_ISA's choice. */
 const fmha_ukernels *fmha_cpu_kernels(void);
 
-/* The table for an ISA name ("scalar", "avx2", "avx512"), or NULL when the
+/* The table for an ISA name ("scalar", "avx2", "avx512", "avx512bf16"), or NULL when the
  * name is unknown or this CPU (or build) cannot run it. */
 const fmha_ukernels *fmha_cpu_kernels_for(const char *isa);
 

@@ -25,7 +25,7 @@
  *   qt [D][NR], st [Skv_tile][NR], ot [Dv][NR], m/l/alpha [NR] */
 typedef struct fwd_block_scratch {
     float *qt, *st, *ot, *m, *l, *alpha;
-    float *kt, *vt;      /* [st_rows][D], [st_rows][Dv]: K, V widened to float32 (bf16/f16 only) */
+    uint32_t *pt2;       /* [st_rows2][NR] P^T pairs (bf16 fast path) */
     unsigned char *mask; /* [block_kv][NR] for a mask callback */
 } fwd_block_scratch;
 
@@ -35,12 +35,24 @@ typedef struct kv_view {
     int64_t row, col;
 } kv_view;
 
+/* K and V of one key tile as the GEMMs read them: float32 views, or on the
+ * bf16 fast path K pairs k2 [keys][D2] and V^T pairs v2 [Dv][v2_ld]. */
+typedef struct kv_ops {
+    kv_view k, v;
+    const uint32_t *k2, *v2;
+    size_t v2_ld;
+} kv_ops;
+
 typedef struct fwd_ctx {
     const fmha_plan *plan;
     const void *q, *k, *v;
     void *o;
     float *lse;
     char *ws;
+    /* bf16/f16: K and V of every (b, kv head) packed once, in the shared
+     * workspace: widened float32 kf [Skv][D], vf [Skv][Dv], or on the bf16
+     * fast path k2 [Skv][D2] and v2 [Dv][Skv2] pairs. */
+    char *kv_packed;
     size_t q_blocks;  /* query blocks per head */
     size_t st_rows;   /* rows of st: block_kv (tiled) or Skv (dense) */
 } fwd_ctx;
@@ -49,25 +61,24 @@ static size_t floats_bytes(size_t n) { return fmha_round_up(n * sizeof(float), F
 
 /* Byte offsets of one block's scratch (dense: st_rows = Skv, panels = query
  * panels of the head); returns the total. */
-static size_t fwd_layout(const fmha_plan *plan, size_t st_rows, size_t panels, size_t off[9]) {
+static size_t fwd_layout(const fmha_plan *plan, size_t st_rows, size_t panels, size_t off[8]) {
     size_t nr = plan->uk->nr;
-    int widen = plan->p.dtype != FMHA_DTYPE_F32;
-    size_t sizes[8] = {(size_t)plan->p.head_dim * nr * panels, st_rows * nr * panels,
+    /* qt holds Q^T pairs [D2][NR] on the bf16 fast path: D2 <= D */
+    size_t sizes[7] = {(size_t)plan->p.head_dim * nr * panels, st_rows * nr * panels,
                        (size_t)plan->p.head_dim_v * nr, nr, nr, nr,
-                       widen ? st_rows * (size_t)plan->p.head_dim : 0,
-                       widen ? st_rows * (size_t)plan->p.head_dim_v : 0};
+                       plan->bf16_fast ? (st_rows + 1) / 2 * nr : 0};
     size_t total = 0;
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < 7; i++) {
         off[i] = total;
         total += floats_bytes(sizes[i]);
     }
-    off[8] = total;
+    off[7] = total;
     return total + fmha_mask_scratch_bytes(plan);
 }
 
 static void fwd_carve(const fmha_plan *plan, size_t st_rows, size_t panels, char *base,
                       fwd_block_scratch *s) {
-    size_t off[9];
+    size_t off[8];
     fwd_layout(plan, st_rows, panels, off);
     s->qt = (float *)(base + off[0]);
     s->st = (float *)(base + off[1]);
@@ -75,9 +86,8 @@ static void fwd_carve(const fmha_plan *plan, size_t st_rows, size_t panels, char
     s->m = (float *)(base + off[3]);
     s->l = (float *)(base + off[4]);
     s->alpha = (float *)(base + off[5]);
-    s->kt = (float *)(base + off[6]);
-    s->vt = (float *)(base + off[7]);
-    s->mask = (unsigned char *)(base + off[8]);
+    s->pt2 = (uint32_t *)(base + off[6]);
+    s->mask = (unsigned char *)(base + off[7]);
 }
 
 static size_t fwd_panels(const fmha_plan *plan) {
@@ -89,10 +99,25 @@ static size_t fwd_st_rows(const fmha_plan *plan) {
     return plan->strategy == FMHA_STRATEGY_DENSE ? (size_t)plan->p.seq_kv : plan->uk->block_kv;
 }
 
+/* Bytes of K and V packed for one (b, kv head), and the whole area. */
+static size_t fwd_kv_unit_bytes(const fmha_plan *plan) {
+    const fmha_problem *p = &plan->p;
+    if (p->dtype == FMHA_DTYPE_F32) return 0;
+    size_t skv = (size_t)p->seq_kv, D = (size_t)p->head_dim, Dv = (size_t)p->head_dim_v;
+    if (plan->bf16_fast)
+        return fmha_round_up(skv * ((D + 1) / 2) * 4, FMHA_ALIGN) +
+               fmha_round_up(Dv * ((skv + 1) / 2) * 4, FMHA_ALIGN);
+    return floats_bytes(skv * D) + floats_bytes(skv * Dv);
+}
+
+static size_t fwd_kv_packed_bytes(const fmha_plan *plan) {
+    return (size_t)(plan->p.batch * plan->p.heads_kv) * fwd_kv_unit_bytes(plan);
+}
+
 void fmha_fwd_workspace(const fmha_plan *plan, size_t *thread_bytes, size_t *shared_bytes) {
-    size_t off[9];
+    size_t off[8];
     *thread_bytes = fwd_layout(plan, fwd_st_rows(plan), fwd_panels(plan), off);
-    *shared_bytes = fmha_bias_shared_bytes(plan);
+    *shared_bytes = fmha_bias_shared_bytes(plan) + fwd_kv_packed_bytes(plan);
 }
 
 /* qt[d][i] = scale * Q[b, q0 + i, h, d] for i < nq, 0 for nq <= i < NR. */
@@ -108,18 +133,6 @@ static void fwd_pack_qt(const fmha_plan *plan, const void *q, int64_t b, int64_t
         for (int64_t d = 0; d < D; d++)
             qt[(size_t)d * nr + (size_t)i] = plan->scale * fmha_load(q, t, row + d * qs[3]);
     }
-}
-
-/* Rows k0 .. k0 + nk of K or V (cols wide) for kv head hk: the caller's
- * memory for float32, else widened into `scratch` [nk][cols]. */
-static kv_view fwd_kv_view(const fmha_plan *plan, const void *base, const int64_t *st, int64_t b,
-                           int64_t hk, int64_t k0, int64_t nk, int64_t cols, float *scratch) {
-    int64_t first = b * st[0] + k0 * st[1] + hk * st[2];
-    if (plan->p.dtype == FMHA_DTYPE_F32) return (kv_view){(const float *)base + first, st[1], st[3]};
-    for (int64_t r = 0; r < nk; r++)
-        for (int64_t e = 0; e < cols; e++)
-            scratch[r * cols + e] = fmha_load(base, plan->p.dtype, first + r * st[1] + e * st[3]);
-    return (kv_view){scratch, cols, 1};
 }
 
 /* st[r][*] = K row r . qt for r < nk (rows of keys, MR at a time). */
@@ -161,6 +174,120 @@ static void fwd_finish(const fmha_plan *plan, int64_t b, int64_t h, int64_t q0, 
     }
 }
 
+/* ---- the bf16 fast path: pair-packed operands for vdpbf16ps ---- */
+
+static uint32_t bf16_pair(const uint16_t *base, int64_t lo, int64_t hi, int has_hi) {
+    return (uint32_t)base[lo] | (has_hi ? (uint32_t)base[hi] << 16 : 0u);
+}
+
+/* qt2[p][i] = (Q[q0+i][2p], Q[q0+i][2p+1]) (unscaled; padding 0), D2 = ceil(D/2). */
+static void fwd_pack_qt2(const fmha_plan *plan, const uint16_t *q, int64_t b, int64_t h, int64_t q0,
+                         int64_t nq, uint32_t *qt2) {
+    const int64_t *qs = plan->p.q_strides;
+    size_t nr = plan->uk->nr;
+    int64_t D = plan->p.head_dim, D2 = (D + 1) / 2;
+    memset(qt2, 0, (size_t)D2 * nr * sizeof(uint32_t));
+    for (int64_t i = 0; i < nq; i++) {
+        int64_t row = b * qs[0] + (q0 + i) * qs[1] + h * qs[2];
+        for (int64_t e = 0; e < D2; e++)
+            qt2[(size_t)e * nr + (size_t)i] =
+                bf16_pair(q, row + 2 * e * qs[3], row + (2 * e + 1) * qs[3], 2 * e + 1 < D);
+    }
+}
+
+/* Pre-pass task (b, kv head, key tile): packs that tile's keys of K and V
+ * into the unit's area: float32 rows (kf, vf), or bf16 pairs (k2 along d,
+ * v2 along keys: word (c, p) = (V[2p][c], V[2p+1][c])). */
+static void fwd_kv_pack_task(void *vctx, size_t task, int thread) {
+    const fwd_ctx *c = vctx;
+    const fmha_plan *plan = c->plan;
+    const fmha_problem *p = &plan->p;
+    size_t bc = plan->uk->block_kv, tiles = ((size_t)p->seq_kv + bc - 1) / bc;
+    size_t unit = task / tiles;
+    int64_t b = (int64_t)unit / p->heads_kv, hk = (int64_t)unit % p->heads_kv;
+    int64_t k0 = (int64_t)((task % tiles) * bc), skv = p->seq_kv;
+    int64_t nk = skv - k0 < (int64_t)bc ? skv - k0 : (int64_t)bc;
+    const int64_t *ks = p->k_strides, *vs = p->v_strides;
+    int64_t D = p->head_dim, Dv = p->head_dim_v, D2 = (D + 1) / 2, skv2 = (skv + 1) / 2;
+    char *area = c->kv_packed + unit * fwd_kv_unit_bytes(plan);
+    (void)thread;
+    if (plan->bf16_fast) {
+        const uint16_t *k = c->k, *v = c->v;
+        uint32_t *k2 = (uint32_t *)area;
+        uint32_t *v2 = (uint32_t *)(area + fmha_round_up((size_t)(skv * D2) * 4, FMHA_ALIGN));
+        for (int64_t r = k0; r < k0 + nk; r++) {
+            int64_t row = b * ks[0] + r * ks[1] + hk * ks[2];
+            for (int64_t e = 0; e < D2; e++)
+                k2[r * D2 + e] = bf16_pair(k, row + 2 * e * ks[3], row + (2 * e + 1) * ks[3], 2 * e + 1 < D);
+        }
+        for (int64_t pr = k0 / 2; pr < (k0 + nk + 1) / 2; pr++) {
+            int64_t row = b * vs[0] + 2 * pr * vs[1] + hk * vs[2];
+            int has_hi = 2 * pr + 1 < skv;
+            for (int64_t e = 0; e < Dv; e++)
+                v2[e * skv2 + pr] = bf16_pair(v, row + e * vs[3], row + vs[1] + e * vs[3], has_hi);
+        }
+    } else {
+        float *kf = (float *)area, *vf = (float *)(area + floats_bytes((size_t)(skv * D)));
+        for (int64_t r = k0; r < k0 + nk; r++) {
+            int64_t krow = b * ks[0] + r * ks[1] + hk * ks[2], vrow = b * vs[0] + r * vs[1] + hk * vs[2];
+            for (int64_t e = 0; e < D; e++) kf[r * D + e] = fmha_load(c->k, p->dtype, krow + e * ks[3]);
+            for (int64_t e = 0; e < Dv; e++) vf[r * Dv + e] = fmha_load(c->v, p->dtype, vrow + e * vs[3]);
+        }
+    }
+}
+
+/* The operands of keys k0.. of (b, kv head hk). */
+static kv_ops fwd_kv_ops(const fwd_ctx *c, int64_t b, int64_t hk, int64_t k0) {
+    const fmha_plan *plan = c->plan;
+    const fmha_problem *p = &plan->p;
+    kv_ops ops = {0};
+    if (p->dtype == FMHA_DTYPE_F32) {
+        const int64_t *ks = p->k_strides, *vs = p->v_strides;
+        ops.k = (kv_view){(const float *)c->k + b * ks[0] + k0 * ks[1] + hk * ks[2], ks[1], ks[3]};
+        ops.v = (kv_view){(const float *)c->v + b * vs[0] + k0 * vs[1] + hk * vs[2], vs[1], vs[3]};
+        return ops;
+    }
+    int64_t skv = p->seq_kv, D = p->head_dim, Dv = p->head_dim_v, D2 = (D + 1) / 2;
+    char *area = c->kv_packed + (size_t)(b * p->heads_kv + hk) * fwd_kv_unit_bytes(plan);
+    if (plan->bf16_fast) {
+        ops.k2 = (const uint32_t *)area + k0 * D2;
+        ops.v2_ld = (size_t)(skv + 1) / 2;
+        ops.v2 = (const uint32_t *)(area + fmha_round_up((size_t)(skv * D2) * 4, FMHA_ALIGN)) + k0 / 2;
+    } else {
+        ops.k = (kv_view){(const float *)area + k0 * D, D, 1};
+        ops.v = (kv_view){(const float *)(area + floats_bytes((size_t)(skv * D))) + k0 * Dv, Dv, 1};
+    }
+    return ops;
+}
+
+/* st = scale * K2 qt2 */
+static void fwd_scores2(const fmha_plan *plan, const uint32_t *k2, int64_t nk, const uint32_t *qt2,
+                        float *st) {
+    const fmha_ukernels *uk = plan->uk;
+    size_t D2 = (size_t)(plan->p.head_dim + 1) / 2;
+    for (int64_t r = 0; r < nk; r += (int64_t)uk->mr) {
+        size_t m = (size_t)(nk - r) < uk->mr ? (size_t)(nk - r) : uk->mr;
+        uk->gemm_bf16(m, D2, k2 + (size_t)r * D2, (ptrdiff_t)D2, 1, qt2, uk->nr, st + (size_t)r * uk->nr,
+                      uk->nr, FMHA_UK_STORE, NULL, plan->scale);
+    }
+}
+
+/* ot = ot * alpha + V^T P^T with P^T rounded to bf16 pairs (mode STORE ignores ot, alpha). */
+static void fwd_values2(const fmha_plan *plan, const uint32_t *v2, size_t ld2, int64_t nk,
+                        const float *pt, uint32_t *pt2, float *ot, int mode, const float *alpha) {
+    const fmha_ukernels *uk = plan->uk;
+    size_t nr = uk->nr, kp = (size_t)(nk + 1) / 2;
+    for (size_t pr = 0; pr < kp; pr++)
+        uk->pair_rows_bf16(pt + 2 * pr * nr, 2 * pr + 1 < (size_t)nk ? pt + (2 * pr + 1) * nr : NULL,
+                           pt2 + pr * nr);
+    int64_t Dv = plan->p.head_dim_v;
+    for (int64_t c = 0; c < Dv; c += (int64_t)uk->mr) {
+        size_t m = (size_t)(Dv - c) < uk->mr ? (size_t)(Dv - c) : uk->mr;
+        uk->gemm_bf16(m, kp, v2 + (size_t)c * ld2, (ptrdiff_t)ld2, 1, pt2, nr, ot + (size_t)c * nr, nr,
+                      mode, alpha, 1.0f);
+    }
+}
+
 static void fwd_reset(size_t nr, int64_t Dv, fwd_block_scratch *s) {
     for (size_t i = 0; i < nr; i++) {
         s->m[i] = -INFINITY;
@@ -194,7 +321,8 @@ static void fwd_tiled_task(void *vctx, size_t task, int thread) {
 
     fwd_block_scratch s;
     fwd_carve(plan, uk->block_kv, 1, c->ws + (size_t)thread * plan->thread_bytes, &s);
-    fwd_pack_qt(plan, c->q, b, h, q0, nq, s.qt);
+    if (plan->bf16_fast) fwd_pack_qt2(plan, c->q, b, h, q0, nq, (uint32_t *)s.qt);
+    else fwd_pack_qt(plan, c->q, b, h, q0, nq, s.qt);
     fwd_reset(nr, plan->p.head_dim_v, &s);
 
     /* Key tiles sit on the grid k0 = multiple of Bc, so every strategy and
@@ -210,13 +338,16 @@ static void fwd_tiled_task(void *vctx, size_t task, int thread) {
         if (cls < 0) cls = FMHA_TILE_PARTIAL;
         int64_t nk = t.nk;
         fmha_tiles_count();
-        kv_view kv = fwd_kv_view(plan, c->k, plan->p.k_strides, b, hk, k0, nk, plan->p.head_dim, s.kt);
-        fwd_scores(plan, kv, nk, s.qt, s.st);
+        kv_ops ops = fwd_kv_ops(c, b, hk, k0);
+        if (plan->bf16_fast) fwd_scores2(plan, ops.k2, nk, (uint32_t *)s.qt, s.st);
+        else fwd_scores(plan, ops.k, nk, s.qt, s.st);
         if (cls == FMHA_TILE_PARTIAL || plan->has_bias)
             fmha_score_epilogue(plan, &t, (fmha_tile_class)cls, s.st, nr, NULL, s.mask, thread);
         uk->softmax_f32((size_t)nk, s.st, nr, s.m, s.l, s.alpha);
-        kv_view vv = fwd_kv_view(plan, c->v, plan->p.v_strides, b, hk, k0, nk, plan->p.head_dim_v, s.vt);
-        fwd_values(plan, vv, nk, s.st, s.ot, FMHA_UK_RESCALE, s.alpha);
+        if (plan->bf16_fast)
+            fwd_values2(plan, ops.v2, ops.v2_ld, nk, s.st, s.pt2, s.ot, FMHA_UK_RESCALE, s.alpha);
+        else
+            fwd_values(plan, ops.v, nk, s.st, s.ot, FMHA_UK_RESCALE, s.alpha);
     }
     fwd_finish(plan, b, h, q0, nq, s.ot, s.m, s.l, c->o, c->lse);
 }
@@ -234,14 +365,19 @@ static void fwd_dense_task(void *vctx, size_t task, int thread) {
     fwd_block_scratch s;
     fwd_carve(plan, (size_t)skv, panels, c->ws + (size_t)thread * plan->thread_bytes, &s);
     size_t qt_panel = (size_t)plan->p.head_dim * nr, st_panel = (size_t)skv * nr;
-    kv_view kv = fwd_kv_view(plan, c->k, plan->p.k_strides, b, hk, 0, skv, plan->p.head_dim, s.kt);
-    kv_view vv = fwd_kv_view(plan, c->v, plan->p.v_strides, b, hk, 0, skv, plan->p.head_dim_v, s.vt);
+    kv_ops ops = fwd_kv_ops(c, b, hk, 0);
     for (size_t pi = 0; pi < panels; pi++) {
         int64_t q0 = (int64_t)(pi * nr);
         int64_t nq = plan->p.seq_q - q0 < (int64_t)nr ? plan->p.seq_q - q0 : (int64_t)nr;
         float *st = s.st + pi * st_panel;
-        fwd_pack_qt(plan, c->q, b, h, q0, nq, s.qt + pi * qt_panel);
-        fwd_scores(plan, kv, skv, s.qt + pi * qt_panel, st);
+        if (plan->bf16_fast) {
+            uint32_t *qt2 = (uint32_t *)(s.qt + pi * qt_panel);
+            fwd_pack_qt2(plan, c->q, b, h, q0, nq, qt2);
+            fwd_scores2(plan, ops.k2, skv, qt2, st);
+        } else {
+            fwd_pack_qt(plan, c->q, b, h, q0, nq, s.qt + pi * qt_panel);
+            fwd_scores(plan, ops.k, skv, s.qt + pi * qt_panel, st);
+        }
         /* the mask and bias epilogue, tile by tile on the tiled grid */
         int64_t bc = (int64_t)uk->block_kv;
         for (int64_t k0 = 0; k0 < skv; k0 += bc) {
@@ -261,7 +397,11 @@ static void fwd_dense_task(void *vctx, size_t task, int thread) {
         int64_t nq = plan->p.seq_q - q0 < (int64_t)nr ? plan->p.seq_q - q0 : (int64_t)nr;
         fwd_reset(nr, 0, &s);
         uk->softmax_f32((size_t)skv, s.st + pi * st_panel, nr, s.m, s.l, s.alpha);
-        fwd_values(plan, vv, skv, s.st + pi * st_panel, s.ot, FMHA_UK_STORE, NULL);
+        if (plan->bf16_fast)
+            fwd_values2(plan, ops.v2, ops.v2_ld, skv, s.st + pi * st_panel, s.pt2, s.ot,
+                        FMHA_UK_STORE, NULL);
+        else
+            fwd_values(plan, ops.v, skv, s.st + pi * st_panel, s.ot, FMHA_UK_STORE, NULL);
         fwd_finish(plan, b, h, q0, nq, s.ot, s.m, s.l, c->o, c->lse);
     }
 }
@@ -272,10 +412,16 @@ fmha_status fmha_fwd_run(const fmha_plan *plan_in, const void *q, const void *k,
     fmha_plan local = *plan_in;
     const fmha_plan *plan = &local;
     const fmha_problem *p = &plan->p;
-    fmha_bias_prepare(&local, ws + (size_t)plan->threads * plan->thread_bytes);
+    char *shared = ws + (size_t)plan->threads * plan->thread_bytes;
+    fmha_bias_prepare(&local, shared);
     size_t nr = plan->uk->nr;
-    fwd_ctx c = {plan, q, k, v, o, lse, ws, ((size_t)p->seq_q + nr - 1) / nr, fwd_st_rows(plan)};
+    fwd_ctx c = {plan, q, k, v, o, lse, ws, shared + fmha_bias_shared_bytes(plan),
+                 ((size_t)p->seq_q + nr - 1) / nr, fwd_st_rows(plan)};
     size_t heads = (size_t)(p->batch * p->heads_q);
+    if (p->dtype != FMHA_DTYPE_F32) {
+        size_t bc = plan->uk->block_kv, tiles = ((size_t)p->seq_kv + bc - 1) / bc;
+        fmha_parallel_for((size_t)(p->batch * p->heads_kv) * tiles, plan->threads, fwd_kv_pack_task, &c);
+    }
     if (plan->strategy == FMHA_STRATEGY_DENSE)
         fmha_parallel_for(heads, plan->threads, fwd_dense_task, &c);
     else

@@ -1,0 +1,26 @@
+/* avx512bf16/bf16.h: the AVX-512 BF16 microkernels (vdpbf16ps GEMM on
+ * pair-packed operands, and the float32 -> bf16 pair-row rounding), exported
+ * so a kernel table and the tests can reference them. Contract in
+ * ../ukernel.h (fmha_bf16_gemm_ukernel_fn, fmha_bf16_pair_rows_ukernel_fn).
+ * Only callable on CPUs with AVX512F, AVX512BW and AVX512_BF16. */
+#ifndef FMHA_UK_AVX512BF16_BF16_H
+#define FMHA_UK_AVX512BF16_BF16_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Tile of the GEMM: MR rows (keys / output rows), NR lanes (queries). */
+enum { FMHA_AVX512BF16_MR = 6, FMHA_AVX512BF16_NR = 64 };
+
+/* C[m x 64] (op)= ab_scale * A[m x 2kp] B[2kp x 64], 1 <= m <= 6, kp >= 0. */
+void fmha_bf16_gemm_ukernel_6x64__avx512bf16(size_t m, size_t kp, const uint32_t *a,
+                                             ptrdiff_t a_rs, ptrdiff_t a_cs, const uint32_t *b,
+                                             size_t ldb, float *c, size_t ldc, int mode,
+                                             const float *col_scale, float ab_scale);
+
+/* dst[i] = (bf16(lo[i]), bf16(hi[i])) for i < 64, round to nearest even;
+ * hi == NULL pairs with +0. NaN stays NaN (quieted); float32 subnormal
+ * inputs become a signed zero (the instruction's fixed DAZ). */
+void fmha_bf16_pair_rows_ukernel_64__avx512bf16(const float *lo, const float *hi, uint32_t *dst);
+
+#endif /* FMHA_UK_AVX512BF16_BF16_H */
