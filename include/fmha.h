@@ -72,7 +72,9 @@ typedef enum fmha_status {
     FMHA_ERR_BAD_HEADS,             /* heads_q is not a multiple of heads_kv */
     FMHA_ERR_BAD_HEAD_DIM,          /* head_dim or head_dim_v outside 1..FMHA_MAX_HEAD_DIM */
     FMHA_ERR_BAD_SCALE,             /* scale is NaN or infinite */
-    FMHA_ERR_BAD_STRIDE,            /* a negative stride, or an output whose elements overlap each other */
+    FMHA_ERR_BAD_STRIDE,            /* a negative stride (any tensor, mask or bias), an output whose elements
+                                       overlap each other, or a bias gradient that broadcasts where the
+                                       bias does not (or the reverse) */
     FMHA_ERR_OVERLAP,               /* an output's memory overlaps an input's */
     FMHA_ERR_BAD_OPTION,            /* an unknown strategy, causal alignment or dtype value */
     FMHA_ERR_UNSUPPORTED,           /* a valid request this build cannot serve (e.g. a dtype not yet implemented) */

@@ -292,7 +292,7 @@ static fmha_status param_grads_check(const fmha_problem *p, const fmha_param_gra
         for (int i = 0; i < 4; i++) {
             if (g->d_dense_strides[i] < 0) return FMHA_ERR_BAD_STRIDE;
             if (ext[i] > 1 && (g->d_dense_strides[i] == 0) != (bs->dense_strides[i] == 0))
-                return FMHA_ERR_BAD_MASK;
+                return FMHA_ERR_BAD_STRIDE;
         }
         int64_t inner[4];
         for (int i = 0; i < 4; i++) inner[i] = g->d_dense_strides[i] ? ext[i] : 1;

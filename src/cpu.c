@@ -28,6 +28,8 @@ static unsigned long long cpu_xgetbv0(void) {
 }
 #endif
 
+static const fmha_ukernels *cpu_table_named(const char *isa);
+
 static void cpu_detect(void) {
 #if FMHA_HAVE_X86
     unsigned int a, b, c, d;
@@ -51,19 +53,26 @@ static void cpu_detect(void) {
     cpu_avx512bf16_table.isa = "avx512bf16";
     cpu_avx512bf16_table.gemm_bf16 = fmha_bf16_gemm_ukernel_6x64__avx512bf16;
     cpu_avx512bf16_table.pair_rows_bf16 = fmha_bf16_pair_rows_ukernel_64__avx512bf16;
+    cpu_avx512bf16_table.cvt_row_bf16 = fmha_bf16_cvt_row_ukernel_64__avx512bf16;
     if (cpu_avx512bf16) cpu_selected = &cpu_avx512bf16_table;
     else if (cpu_avx512) cpu_selected = &fmha_ukernels_avx512;
     else if (cpu_avx2) cpu_selected = &fmha_ukernels_avx2;
 #endif
     const char *env = getenv("FMHA_ISA");
     if (env && *env) {
-        const fmha_ukernels *forced = fmha_cpu_kernels_for(env);
+        const fmha_ukernels *forced = cpu_table_named(env);
         if (forced) cpu_selected = forced;
     }
 }
 
 const fmha_ukernels *fmha_cpu_kernels_for(const char *isa) {
     pthread_once(&cpu_once, cpu_detect);
+    return cpu_table_named(isa);
+}
+
+/* The table for a name once detection has run (called inside cpu_detect too,
+ * so it must not wait on cpu_once). */
+static const fmha_ukernels *cpu_table_named(const char *isa) {
     if (!isa) return NULL;
     if (!strcmp(isa, "scalar")) return &fmha_ukernels_scalar;
 #if FMHA_HAVE_X86

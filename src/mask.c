@@ -26,7 +26,7 @@ fmha_status fmha_masks_check(const fmha_problem *p) {
     }
     if (m->dense)
         for (int i = 0; i < 4; i++)
-            if (m->dense_strides[i] < 0) return FMHA_ERR_BAD_MASK;
+            if (m->dense_strides[i] < 0) return FMHA_ERR_BAD_STRIDE;
     if (m->callback.classify && !m->callback.fill) return FMHA_ERR_BAD_MASK;
     return FMHA_OK;
 }

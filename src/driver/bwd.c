@@ -26,13 +26,23 @@
  *   dV_j [nk][Dv] += P^T dO_i                   gemm, A = P^T, B = dO_i rows
  *   dP^T [nk][NR]  = V_j dO_i^T                 gemm, A = V rows
  *   dS^T           = P^T * (dP^T - Dsum_i)      ds
- *   dK_j [nk][D]  += dS^T (scale Q_i)           gemm, A = dS^T, B = Q_i rows
+ *   dK_j [nk][D]  += dS^T Q_i                   gemm, A = dS^T, B = Q_i rows
  *   dQ_i [nq][D]  += dS K_j                     gemm, A = dS (= dS^T read
  *                                               transposed), B = K_j rows
- * and dQ is scaled by `scale` once, in the final reduction.
+ * and dK, dQ are scaled by `scale` once, when stored. On the bf16 fast path
+ * S^T, dP^T and dV run on pair-packed bf16 operands (vdpbf16ps, P rounded to
+ * bf16 as an input of dV); dK and dQ stay float32 GEMMs on the float32 dS,
+ * because rounding dS too would leave the gradients about 1.55x the error of
+ * rounding the exact result to bf16 (measured), past the 1.5x we allow.
  *
- * Workspace: shared Dsum [B, Hq, Sq] and dQ_g [G][B, Hq, Sq, D_pad] float32
- * (linear in S), plus per thread the tiles of one (i, j) pair (below). */
+ * Packing. Each query block's operands (Q^T, dO^T, Q and dO rows, lse,
+ * Dsum) are packed once, in a pre-pass, into the shared workspace; each key
+ * block's (K and V rows) once per task. Float32 Q and dO rows whose head dim
+ * is a multiple of NR with unit stride are read in place.
+ *
+ * Workspace (linear in S): the packed query blocks (about the size of Q and
+ * dO; twice that for bf16 and padded or strided float32 layouts), dQ_g
+ * [G][B, Hq, Sq, D_pad] float32, plus per thread the tiles of one key block. */
 #include <math.h>
 #include <string.h>
 
@@ -43,21 +53,31 @@
 /* Tasks the backward aims for, independent of the thread count. */
 #define BWD_TARGET_TASKS 8
 
+/* Operands of one query block, packed in the pre-pass (pointers into the
+ * shared workspace). float32 path: qt (scale Q)^T [D][NR], dot dO^T [Dv][NR],
+ * qrows Q [NR][ld], dorows dO [NR][ld] (or the caller's rows). bf16 fast
+ * path: qt2 [D2][NR], dot2 [Dv2][NR] pairs along the head dim, dob
+ * [NR2][Dv_pad] pairs along queries, and qrows as float32. */
+typedef struct bwd_qblock {
+    const float *qt, *dot, *qrows, *dorows;
+    size_t qrows_ld, dorows_ld;
+    const uint32_t *qt2, *dot2, *dob;
+    const float *lse, *dsum; /* [NR], padding lanes -inf and 0 */
+} bwd_qblock;
+
+/* Per-thread tiles of one key block. */
 typedef struct bwd_tiles {
-    float *qt;     /* [D][NR]       (scale Q_i)^T */
-    float *qrows;  /* [NR][D_pad]   scale Q_i rows */
-    float *dot;    /* [Dv][NR]      dO_i^T */
-    float *dorows; /* [NR][Dv_pad]  dO_i rows */
     float *pt;     /* [Bc][NR]      S^T then P^T */
     float *dpt;    /* [Bc][NR]      dP^T then dS^T */
-    float *krows;  /* [Bc][D_pad]   K_j rows */
-    float *vrows;  /* [Bc][Dv_pad]  V_j rows */
+    float *krows;  /* [Bc][D_pad]   K_j rows (float32 path) */
+    float *vrows;  /* [Bc][Dv_pad]  V_j rows (float32 path) */
     float *dk;     /* [Bc][D_pad]   dK_j accumulator */
     float *dv;     /* [Bc][Dv_pad]  dV_j accumulator */
-    float *lse;    /* [NR]          lse_i (padding lanes -inf) */
-    float *dsum;   /* [NR]          Dsum_i (padding lanes 0) */
     float *raw;    /* [Bc][NR]      scores before softcap (softcap only) */
     float *diag;   /* [Bc + NR]     a tile's Toeplitz gradient sums */
+    uint32_t *k2;  /* [Bc][D2]      K_j pairs along d (bf16) */
+    uint32_t *v2;  /* [Bc][Dv2]     V_j pairs along dv (bf16) */
+    uint16_t *pb;  /* [Bc][NR]      P^T in bf16 (bf16) */
     unsigned char *mask; /* [Bc][NR] for a mask callback */
 } bwd_tiles;
 
@@ -71,23 +91,50 @@ typedef struct bwd_split {
     size_t tasks;      /* units * G */
 } bwd_split;
 
+/* Sizes shared by the layout functions and the run. */
+typedef struct bwd_dims {
+    size_t nr, nr2, bc, bc2, D, Dv, D2, Dv2, d_pad, dv_pad;
+    int fast, direct_rows;
+} bwd_dims;
+
 typedef struct bwd_ctx {
     const fmha_plan *plan;
+    bwd_dims dm;
     const void *q, *k, *v, *o, *d_o;
     const float *lse;
     void *dq, *dk, *dv;
-    float *dsum;       /* [B, Hq, Sq] */
+    char *qblocks;     /* packed query blocks, qblock_bytes each, (b, h, qb) order */
     float *dq_part;    /* [G][B, Hq, Sq, D_pad] */
     double *bias_acc;  /* [tasks][heads per task][toeplitz_len] or NULL */
     double *bucket_acc;/* [rel_num_buckets] */
     char *thread_ws;
     bwd_split split;
-    size_t bc, q_blocks, kv_blocks, d_pad, dv_pad, heads_per_task, bias_task_doubles;
+    size_t q_blocks, kv_blocks, heads_per_task, bias_task_doubles, qblock_bytes;
     size_t dq_group_floats; /* floats between dQ_g and dQ_{g+1} */
+    float store_scale;      /* factor of dK and dQ when stored: scale */
 } bwd_ctx;
 
 static size_t fbytes(size_t n) { return fmha_round_up(n * sizeof(float), FMHA_ALIGN); }
 static size_t dbytes(size_t n) { return fmha_round_up(n * sizeof(double), FMHA_ALIGN); }
+
+static bwd_dims bwd_dims_of(const fmha_plan *plan) {
+    const fmha_problem *p = &plan->p;
+    bwd_dims d;
+    d.nr = plan->uk->nr;
+    d.nr2 = d.nr / 2;
+    d.bc = plan->uk->block_kv;
+    d.bc2 = (d.bc + 1) / 2;
+    d.D = (size_t)p->head_dim;
+    d.Dv = (size_t)p->head_dim_v;
+    d.D2 = (d.D + 1) / 2;
+    d.Dv2 = (d.Dv + 1) / 2;
+    d.d_pad = fmha_round_up(d.D, d.nr);
+    d.dv_pad = fmha_round_up(d.Dv, d.nr);
+    d.fast = plan->bf16_fast;
+    d.direct_rows = p->dtype == FMHA_DTYPE_F32 && p->q_strides[3] == 1 && p->o_strides[3] == 1 &&
+                    d.D == d.d_pad && d.Dv == d.dv_pad;
+    return d;
+}
 
 static bwd_split bwd_split_of(const fmha_plan *plan) {
     const fmha_problem *p = &plan->p;
@@ -115,21 +162,59 @@ static size_t bwd_heads_per_task(const fmha_plan *plan, bwd_split s) {
     return s.units == 1 ? (size_t)plan->p.heads_q : (size_t)plan->group;
 }
 
-/* Per-thread tile byte offsets, in bwd_tiles field order; returns the total. */
-static size_t bwd_tile_layout(const fmha_plan *plan, size_t off[15]) {
-    size_t nr = plan->uk->nr, bc = plan->uk->block_kv;
-    size_t D = (size_t)plan->p.head_dim, Dv = (size_t)plan->p.head_dim_v;
-    size_t d_pad = fmha_round_up(D, nr), dv_pad = fmha_round_up(Dv, nr);
-    size_t n[14] = {D * nr, nr * d_pad, Dv * nr, nr * dv_pad, bc * nr, bc * nr,
-                    bc * d_pad, bc * dv_pad, bc * d_pad, bc * dv_pad, nr, nr,
-                    plan->p.biases.softcap != 0.0f ? bc * nr : 0, bc + nr};
+/* Byte offsets within one packed query block, in bwd_qblock order
+ * (qt|qt2, dot|dot2, qrows|qb, dorows|dob, lse, dsum); returns its size. */
+static size_t bwd_qblock_layout(const bwd_dims *d, size_t off[6]) {
+    size_t n[6];
+    if (d->fast) {
+        n[0] = d->D2 * d->nr; n[1] = d->Dv2 * d->nr;
+        n[2] = d->nr * d->d_pad; n[3] = d->nr2 * d->dv_pad;
+    } else {
+        n[0] = d->D * d->nr; n[1] = d->Dv * d->nr;
+        n[2] = d->direct_rows ? 0 : d->nr * d->d_pad;
+        n[3] = d->direct_rows ? 0 : d->nr * d->dv_pad;
+    }
+    n[4] = n[5] = d->nr;
     size_t total = 0;
-    for (int i = 0; i < 14; i++) {
+    for (int i = 0; i < 6; i++) {
+        off[i] = total;
+        total += fbytes(n[i]); /* 32-bit words and floats alike */
+    }
+    return total;
+}
+
+/* Per-thread tile byte offsets, in bwd_tiles field order; returns the total. */
+static size_t bwd_tile_layout(const fmha_plan *plan, size_t off[12]) {
+    bwd_dims d = bwd_dims_of(plan);
+    int f = d.fast;
+    size_t n[11] = {d.bc * d.nr, d.bc * d.nr, d.bc * d.d_pad, f ? 0 : d.bc * d.dv_pad,
+                    d.bc * d.d_pad, d.bc * d.dv_pad,
+                    plan->p.biases.softcap != 0.0f ? d.bc * d.nr : 0, d.bc + d.nr,
+                    f ? d.bc * d.D2 : 0, f ? d.bc * d.Dv2 : 0, f ? d.bc * d.nr2 : 0};
+    size_t total = 0;
+    for (int i = 0; i < 11; i++) {
         off[i] = total;
         total += fbytes(n[i]);
     }
-    off[14] = total;
+    off[11] = total;
     return total + fmha_mask_scratch_bytes(plan);
+}
+
+static void bwd_carve(const fmha_plan *plan, char *base, bwd_tiles *t) {
+    size_t off[12];
+    bwd_tile_layout(plan, off);
+    t->pt = (float *)(base + off[0]);
+    t->dpt = (float *)(base + off[1]);
+    t->krows = (float *)(base + off[2]);
+    t->vrows = (float *)(base + off[3]);
+    t->dk = (float *)(base + off[4]);
+    t->dv = (float *)(base + off[5]);
+    t->raw = (float *)(base + off[6]);
+    t->diag = (float *)(base + off[7]);
+    t->k2 = (uint32_t *)(base + off[8]);
+    t->v2 = (uint32_t *)(base + off[9]);
+    t->pb = (uint16_t *)(base + off[10]);
+    t->mask = (unsigned char *)(base + off[11]);
 }
 
 static size_t bwd_dq_floats(const fmha_plan *plan) {
@@ -137,13 +222,16 @@ static size_t bwd_dq_floats(const fmha_plan *plan) {
     return (size_t)(plan->p.batch * plan->p.heads_q * plan->p.seq_q) * d_pad;
 }
 
-/* Shared workspace: [Dsum][dQ_0 .. dQ_{G-1}][Toeplitz vectors][task bias
- * accumulators][bucket sums]. Byte offsets in off[0..4]; returns the total. */
+/* Shared workspace: [query blocks][dQ_0 .. dQ_{G-1}][Toeplitz vectors][task
+ * bias accumulators][bucket sums]. Byte offsets in off[0..4]; returns the total. */
 static size_t bwd_shared_layout(const fmha_plan *plan, size_t off[5]) {
+    bwd_dims d = bwd_dims_of(plan);
     bwd_split s = bwd_split_of(plan);
-    size_t rows = (size_t)(plan->p.batch * plan->p.heads_q * plan->p.seq_q);
+    size_t qoff[6];
+    size_t n_qblocks = (size_t)(plan->p.batch * plan->p.heads_q) *
+                       (((size_t)plan->p.seq_q + d.nr - 1) / d.nr);
     size_t task_doubles = fmha_bias_grad_task_doubles(plan, bwd_heads_per_task(plan, s));
-    size_t sizes[5] = {fbytes(rows), s.groups * fbytes(bwd_dq_floats(plan)),
+    size_t sizes[5] = {n_qblocks * bwd_qblock_layout(&d, qoff), s.groups * fbytes(bwd_dq_floats(plan)),
                        fmha_bias_shared_bytes(plan), s.tasks * dbytes(task_doubles),
                        task_doubles ? dbytes((size_t)plan->p.biases.rel_num_buckets) : 0};
     size_t total = 0;
@@ -155,113 +243,266 @@ static size_t bwd_shared_layout(const fmha_plan *plan, size_t off[5]) {
 }
 
 void fmha_bwd_workspace(const fmha_plan *plan, size_t *thread_bytes, size_t *shared_bytes) {
-    size_t off[15], soff[5];
+    size_t off[12], soff[5];
     *thread_bytes = bwd_tile_layout(plan, off);
     *shared_bytes = bwd_shared_layout(plan, soff);
 }
 
-static void bwd_carve(const fmha_plan *plan, char *base, bwd_tiles *t) {
-    size_t off[15];
-    bwd_tile_layout(plan, off);
-    float **f[14] = {&t->qt, &t->qrows, &t->dot, &t->dorows, &t->pt, &t->dpt, &t->krows,
-                     &t->vrows, &t->dk, &t->dv, &t->lse, &t->dsum, &t->raw, &t->diag};
-    for (int i = 0; i < 14; i++) *f[i] = (float *)(base + off[i]);
-    t->mask = (unsigned char *)(base + off[14]);
+static uint32_t pair_bits(const uint16_t *base, int64_t lo, int64_t hi, int has_hi) {
+    return (uint32_t)base[lo] | (has_hi ? (uint32_t)base[hi] << 16 : 0u);
 }
 
-/* Dsum[b, h, i] = sum_c dO[b, i, h, c] * O[b, i, h, c], one task per (b, h). */
-static void bwd_dsum_task(void *vctx, size_t task, int thread) {
-    const bwd_ctx *c = vctx;
+/* Query block (b, h, qb) of the packed area: pointers, and for the caller's
+ * rows (float32, direct) the rows in place. */
+static bwd_qblock bwd_qblock_at(const bwd_ctx *c, int64_t b, int64_t h, size_t qb) {
     const fmha_problem *p = &c->plan->p;
-    int64_t b = (int64_t)task / p->heads_q, h = (int64_t)task % p->heads_q;
-    const int64_t *os = p->o_strides;
-    for (int64_t i = 0; i < p->seq_q; i++) {
-        int64_t row = b * os[0] + i * os[1] + h * os[2];
-        double acc = 0.0;
-        for (int64_t e = 0; e < p->head_dim_v; e++)
-            acc += (double)fmha_load(c->o, p->dtype, row + e * os[3]) *
-                   fmha_load(c->d_o, p->dtype, row + e * os[3]);
-        c->dsum[(size_t)task * (size_t)p->seq_q + (size_t)i] = (float)acc;
+    const bwd_dims *d = &c->dm;
+    size_t off[6];
+    bwd_qblock_layout(d, off);
+    size_t index = ((size_t)(b * p->heads_q + h)) * c->q_blocks + qb;
+    char *base = c->qblocks + index * c->qblock_bytes;
+    bwd_qblock q = {0};
+    q.lse = (const float *)(base + off[4]);
+    q.dsum = (const float *)(base + off[5]);
+    if (d->fast) {
+        q.qt2 = (const uint32_t *)(base + off[0]);
+        q.dot2 = (const uint32_t *)(base + off[1]);
+        q.qrows = (const float *)(base + off[2]);
+        q.qrows_ld = d->d_pad;
+        q.dob = (const uint32_t *)(base + off[3]);
+        return q;
     }
+    q.qt = (const float *)(base + off[0]);
+    q.dot = (const float *)(base + off[1]);
+    if (d->direct_rows) {
+        int64_t q0 = (int64_t)(qb * d->nr);
+        const int64_t *qs = p->q_strides, *os = p->o_strides;
+        q.qrows = (const float *)c->q + b * qs[0] + q0 * qs[1] + h * qs[2];
+        q.dorows = (const float *)c->d_o + b * os[0] + q0 * os[1] + h * os[2];
+        q.qrows_ld = (size_t)qs[1];
+        q.dorows_ld = (size_t)os[1];
+    } else {
+        q.qrows = (const float *)(base + off[2]);
+        q.dorows = (const float *)(base + off[3]);
+        q.qrows_ld = d->d_pad;
+        q.dorows_ld = d->dv_pad;
+    }
+    return q;
 }
 
-/* Packs rows [n][ld] (zero padded) and, if tr, the transpose [cols][NR]
- * (zero padded lanes) of the strided [n x cols] block at element `first` of
- * a tensor of dtype t, times mul, widened to float32. */
-static void bwd_pack(const void *src, fmha_dtype t, int64_t first, int64_t row_stride,
-                     int64_t col_stride, int64_t n, int64_t cols, float mul, float *rows, size_t ld,
-                     float *tr, size_t nr) {
-    if (rows) memset(rows, 0, (size_t)n * ld * sizeof(float));
-    if (tr) memset(tr, 0, (size_t)cols * nr * sizeof(float));
+/* Packs a [n x cols] block (element (i, e) at src[first + i*rs + e*cs]) as
+ * float32: transpose tr[e][i] = mul * x ([cols][NR], zero lanes past n) and,
+ * if rows, rows[i][e] = x ([NR][ld], zero padded). */
+static void pack_f32(const void *src, fmha_dtype t, int64_t first, int64_t rs, int64_t cs, int64_t n,
+                     int64_t cols, float mul, float *tr, size_t nr, float *rows, size_t ld) {
+    memset(tr, 0, (size_t)cols * nr * sizeof(float));
+    if (rows) memset(rows, 0, nr * ld * sizeof(float));
     for (int64_t i = 0; i < n; i++)
         for (int64_t e = 0; e < cols; e++) {
-            float x = mul * fmha_load(src, t, first + i * row_stride + e * col_stride);
+            float x = fmha_load(src, t, first + i * rs + e * cs);
+            tr[(size_t)e * nr + (size_t)i] = mul * x;
             if (rows) rows[(size_t)i * ld + (size_t)e] = x;
-            if (tr) tr[(size_t)e * nr + (size_t)i] = x;
         }
 }
 
-/* C[m rows of `rows` starting at 0][ncols] (op)= A B over column panels of NR. */
-static void bwd_gemm_panels(const fmha_ukernels *uk, size_t rows, size_t k, const float *a,
+/* tr2[p][i] = (X[i][2p], X[i][2p+1]) for i < n (tr2 zeroed by the caller). */
+static void pack_bf16_transposed(const uint16_t *src, int64_t first, int64_t rs, int64_t cs,
+                                 int64_t n, int64_t cols, size_t nr, uint32_t *tr2) {
+    int64_t cols2 = (cols + 1) / 2;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t row = first + i * rs;
+        for (int64_t e = 0; e < cols2; e++)
+            tr2[(size_t)e * nr + (size_t)i] = pair_bits(src, row + 2 * e * cs, row + (2 * e + 1) * cs, 2 * e + 1 < cols);
+    }
+}
+
+/* bf16 block as pairs: along the head dim tr2[p][i] = (X[i][2p], X[i][2p+1])
+ * ([cols2][NR]) and, if rb, along rows rb[p][e] = (X[2p][e], X[2p+1][e])
+ * ([NR2][ld]). */
+static void pack_bf16(const uint16_t *src, int64_t first, int64_t rs, int64_t cs, int64_t n,
+                      int64_t cols, size_t nr, uint32_t *tr2, uint32_t *rb, size_t ld) {
+    int64_t cols2 = (cols + 1) / 2;
+    memset(tr2, 0, (size_t)cols2 * nr * sizeof(uint32_t));
+    if (!rb) return pack_bf16_transposed(src, first, rs, cs, n, cols, nr, tr2);
+    memset(rb, 0, nr / 2 * ld * sizeof(uint32_t));
+    pack_bf16_transposed(src, first, rs, cs, n, cols, nr, tr2);
+    for (int64_t pr = 0; 2 * pr < n; pr++) {
+        int64_t row = first + 2 * pr * rs;
+        for (int64_t e = 0; e < cols; e++)
+            rb[(size_t)pr * ld + (size_t)e] = pair_bits(src, row + e * cs, row + rs + e * cs, 2 * pr + 1 < n);
+    }
+}
+
+/* Pre-pass, per (b, h): Dsum = rowsum(dO * O), this head's rows of every
+ * dQ_g zeroed, and every query block packed. */
+static void bwd_prepare_task(void *vctx, size_t task, int thread) {
+    const bwd_ctx *c = vctx;
+    const fmha_plan *plan = c->plan;
+    const fmha_problem *p = &plan->p;
+    const bwd_dims *d = &c->dm;
+    int64_t b = (int64_t)task / p->heads_q, h = (int64_t)task % p->heads_q;
+    const int64_t *qs = p->q_strides, *os = p->o_strides;
+    size_t rows = (size_t)p->seq_q;
+    (void)thread;
+    for (size_t g = 0; g < c->split.groups; g++)
+        memset(c->dq_part + g * c->dq_group_floats + task * rows * d->d_pad, 0,
+               rows * d->d_pad * sizeof(float));
+    for (size_t qb = 0; qb < c->q_blocks; qb++) {
+        int64_t q0 = (int64_t)(qb * d->nr);
+        int64_t nq = p->seq_q - q0 < (int64_t)d->nr ? p->seq_q - q0 : (int64_t)d->nr;
+        bwd_qblock blk = bwd_qblock_at(c, b, h, qb);
+        float *lse = (float *)blk.lse, *dsum = (float *)blk.dsum;
+        for (size_t i = 0; i < d->nr; i++) {
+            int64_t qi = q0 + (int64_t)i;
+            if ((int64_t)i >= nq) {
+                lse[i] = -INFINITY;
+                dsum[i] = 0.0f;
+                continue;
+            }
+            lse[i] = c->lse[(b * p->heads_q + h) * p->seq_q + qi];
+            int64_t row = b * os[0] + qi * os[1] + h * os[2];
+            double acc = 0.0;
+            for (int64_t e = 0; e < p->head_dim_v; e++)
+                acc += (double)fmha_load(c->o, p->dtype, row + e * os[3]) *
+                       fmha_load(c->d_o, p->dtype, row + e * os[3]);
+            dsum[i] = (float)acc;
+        }
+        int64_t qfirst = b * qs[0] + q0 * qs[1] + h * qs[2];
+        int64_t ofirst = b * os[0] + q0 * os[1] + h * os[2];
+        if (d->fast) {
+            pack_bf16(c->q, qfirst, qs[1], qs[3], nq, (int64_t)d->D, d->nr, (uint32_t *)blk.qt2,
+                      NULL, d->d_pad);
+            float *qrows = (float *)blk.qrows;
+            memset(qrows, 0, d->nr * d->d_pad * sizeof(float));
+            for (int64_t i = 0; i < nq; i++)
+                for (size_t e = 0; e < d->D; e++)
+                    qrows[(size_t)i * d->d_pad + e] = fmha_load(c->q, p->dtype, qfirst + i * qs[1] + (int64_t)e * qs[3]);
+            pack_bf16(c->d_o, ofirst, os[1], os[3], nq, (int64_t)d->Dv, d->nr, (uint32_t *)blk.dot2,
+                      (uint32_t *)blk.dob, d->dv_pad);
+        } else {
+            pack_f32(c->q, p->dtype, qfirst, qs[1], qs[3], nq, (int64_t)d->D, plan->scale,
+                     (float *)blk.qt, d->nr, d->direct_rows ? NULL : (float *)blk.qrows, d->d_pad);
+            pack_f32(c->d_o, p->dtype, ofirst, os[1], os[3], nq, (int64_t)d->Dv, 1.0f,
+                     (float *)blk.dot, d->nr, d->direct_rows ? NULL : (float *)blk.dorows, d->dv_pad);
+        }
+    }
+}
+
+/* Packs key block [k0, k0 + nk) of (b, hk): float32 K rows and V rows, or
+ * on the bf16 fast path K pairs along d (k2), V pairs along dv (v2) and
+ * float32 K rows (for dQ). */
+static void bwd_pack_keys(const bwd_ctx *c, bwd_tiles *t, int64_t b, int64_t hk, int64_t k0,
+                          int64_t nk) {
+    const fmha_problem *p = &c->plan->p;
+    const bwd_dims *d = &c->dm;
+    const int64_t *ks = p->k_strides, *vs = p->v_strides;
+    int64_t kfirst = b * ks[0] + k0 * ks[1] + hk * ks[2], vfirst = b * vs[0] + k0 * vs[1] + hk * vs[2];
+    if (d->fast) {
+        const uint16_t *k = c->k, *v = c->v;
+        for (int64_t r = 0; r < nk; r++) {
+            for (size_t e = 0; e < d->D2; e++)
+                t->k2[(size_t)r * d->D2 + e] = pair_bits(k, kfirst + r * ks[1] + 2 * (int64_t)e * ks[3],
+                                                         kfirst + r * ks[1] + (2 * (int64_t)e + 1) * ks[3],
+                                                         2 * e + 1 < d->D);
+            for (size_t e = 0; e < d->Dv2; e++)
+                t->v2[(size_t)r * d->Dv2 + e] = pair_bits(v, vfirst + r * vs[1] + 2 * (int64_t)e * vs[3],
+                                                          vfirst + r * vs[1] + (2 * (int64_t)e + 1) * vs[3],
+                                                          2 * e + 1 < d->Dv);
+        }
+    }
+    memset(t->krows, 0, (size_t)nk * d->d_pad * sizeof(float));
+    if (!d->fast) memset(t->vrows, 0, (size_t)nk * d->dv_pad * sizeof(float));
+    for (int64_t r = 0; r < nk; r++) {
+        for (size_t e = 0; e < d->D; e++)
+            t->krows[(size_t)r * d->d_pad + e] = fmha_load(c->k, p->dtype, kfirst + r * ks[1] + (int64_t)e * ks[3]);
+        if (!d->fast)
+            for (size_t e = 0; e < d->Dv; e++)
+                t->vrows[(size_t)r * d->dv_pad + e] = fmha_load(c->v, p->dtype, vfirst + r * vs[1] + (int64_t)e * vs[3]);
+    }
+}
+
+/* C[rows][ncols_pad] (op)= A B over column panels of NR, MR rows at a time. */
+static void gemm_panels_f32(const fmha_ukernels *uk, size_t rows, size_t k, const float *a,
                             ptrdiff_t a_rs, ptrdiff_t a_cs, const float *b, size_t ldb, float *c,
-                            size_t ldc, size_t ncols_pad, int mode) {
+                            size_t ldc, size_t ncols_pad) {
     for (size_t c0 = 0; c0 < ncols_pad; c0 += uk->nr)
         for (size_t r = 0; r < rows; r += uk->mr) {
             size_t m = rows - r < uk->mr ? rows - r : uk->mr;
             uk->gemm_f32(m, k, a + (ptrdiff_t)r * a_rs, a_rs, a_cs, b + c0, ldb, c + r * ldc + c0,
-                         ldc, mode, NULL);
+                         ldc, FMHA_UK_ACCUMULATE, NULL);
         }
 }
 
-/* One (query head h, query block) against one key block: tile t. */
-static void bwd_pair(const bwd_ctx *c, bwd_tiles *t, const fmha_tile_pos *tp, int64_t hk,
+/* The same with bf16 pair operands (kp pairs) and C += ab_scale A B. */
+static void gemm_panels_bf16(const fmha_ukernels *uk, size_t rows, size_t kp, const uint32_t *a,
+                             ptrdiff_t a_rs, ptrdiff_t a_cs, const uint32_t *b, size_t ldb, float *c,
+                             size_t ldc, size_t ncols_pad, float ab_scale) {
+    for (size_t c0 = 0; c0 < ncols_pad; c0 += uk->nr)
+        for (size_t r = 0; r < rows; r += uk->mr) {
+            size_t m = rows - r < uk->mr ? rows - r : uk->mr;
+            uk->gemm_bf16(m, kp, a + (ptrdiff_t)r * a_rs, a_rs, a_cs, b + c0, ldb, c + r * ldc + c0,
+                          ldc, FMHA_UK_ACCUMULATE, NULL, ab_scale);
+        }
+}
+
+/* S^T and dP^T of a pair: the two products that read K_j and V_j rows. */
+static void bwd_scores(const bwd_ctx *c, bwd_tiles *t, const bwd_qblock *q, int64_t nk) {
+    const fmha_ukernels *uk = c->plan->uk;
+    const bwd_dims *d = &c->dm;
+    for (int64_t r = 0; r < nk; r += (int64_t)uk->mr) {
+        size_t m = (size_t)(nk - r) < uk->mr ? (size_t)(nk - r) : uk->mr;
+        float *pt = t->pt + (size_t)r * d->nr, *dpt = t->dpt + (size_t)r * d->nr;
+        if (d->fast) {
+            uk->gemm_bf16(m, d->D2, t->k2 + (size_t)r * d->D2, (ptrdiff_t)d->D2, 1, q->qt2, d->nr, pt,
+                          d->nr, FMHA_UK_STORE, NULL, c->plan->scale);
+            uk->gemm_bf16(m, d->Dv2, t->v2 + (size_t)r * d->Dv2, (ptrdiff_t)d->Dv2, 1, q->dot2, d->nr,
+                          dpt, d->nr, FMHA_UK_STORE, NULL, 1.0f);
+        } else {
+            uk->gemm_f32(m, d->D, t->krows + (size_t)r * d->d_pad, (ptrdiff_t)d->d_pad, 1, q->qt, d->nr,
+                         pt, d->nr, FMHA_UK_STORE, NULL);
+            uk->gemm_f32(m, d->Dv, t->vrows + (size_t)r * d->dv_pad, (ptrdiff_t)d->dv_pad, 1, q->dot,
+                         d->nr, dpt, d->nr, FMHA_UK_STORE, NULL);
+        }
+    }
+}
+
+/* One (query head, query block) against one key block: tile tp. */
+static void bwd_pair(const bwd_ctx *c, bwd_tiles *t, const fmha_tile_pos *tp, const bwd_qblock *q,
                      fmha_tile_class cls, float *dq_g, double *bias_acc, int thread) {
     const fmha_plan *plan = c->plan;
     const fmha_problem *p = &plan->p;
     const fmha_ukernels *uk = plan->uk;
-    size_t nr = uk->nr;
-    int64_t b = tp->b, h = tp->h, q0 = tp->q0, nq = tp->nq, nk = tp->nk;
-    const int64_t *qs = p->q_strides, *os = p->o_strides;
-    size_t D = (size_t)p->head_dim, Dv = (size_t)p->head_dim_v;
+    const bwd_dims *d = &c->dm;
+    size_t nr = d->nr, nq = (size_t)tp->nq, nk = (size_t)tp->nk;
+    size_t row0 = ((size_t)tp->b * (size_t)p->heads_q + (size_t)tp->h) * (size_t)p->seq_q + (size_t)tp->q0;
 
-    bwd_pack(c->q, p->dtype, b * qs[0] + q0 * qs[1] + h * qs[2], qs[1], qs[3], nq, (int64_t)D,
-             plan->scale, t->qrows, c->d_pad, t->qt, nr);
-    bwd_pack(c->d_o, p->dtype, b * os[0] + q0 * os[1] + h * os[2], os[1], os[3], nq, (int64_t)Dv,
-             1.0f, t->dorows, c->dv_pad, t->dot, nr);
-    size_t row0 = ((size_t)b * (size_t)p->heads_q + (size_t)h) * (size_t)p->seq_q + (size_t)q0;
-    for (size_t i = 0; i < nr; i++) {
-        t->lse[i] = (int64_t)i < nq ? c->lse[row0 + i] : -INFINITY;
-        t->dsum[i] = (int64_t)i < nq ? c->dsum[row0 + i] : 0.0f;
-    }
-
-    /* S^T = K_j (scale Q_i)^T and dP^T = V_j dO_i^T */
-    for (int64_t r = 0; r < nk; r += (int64_t)uk->mr) {
-        size_t m = (size_t)(nk - r) < uk->mr ? (size_t)(nk - r) : uk->mr;
-        uk->gemm_f32(m, D, t->krows + (size_t)r * c->d_pad, (ptrdiff_t)c->d_pad, 1, t->qt, nr,
-                     t->pt + (size_t)r * nr, nr, FMHA_UK_STORE, NULL);
-        uk->gemm_f32(m, Dv, t->vrows + (size_t)r * c->dv_pad, (ptrdiff_t)c->dv_pad, 1, t->dot, nr,
-                     t->dpt + (size_t)r * nr, nr, FMHA_UK_STORE, NULL);
-    }
+    bwd_scores(c, t, q, tp->nk);
     /* softcap, biases, masks as in the forward; then P^T = exp(S^T - lse) */
     int softcap = p->biases.softcap != 0.0f;
     if (cls == FMHA_TILE_PARTIAL || plan->has_bias)
         fmha_score_epilogue(plan, tp, cls, t->pt, nr, softcap ? t->raw : NULL, t->mask, thread);
-    uk->exp_sub_f32((size_t)nk, t->pt, nr, t->lse);
+    uk->exp_sub_f32(nk, t->pt, nr, q->lse);
 
     /* dV_j += P^T dO_i */
-    bwd_gemm_panels(uk, (size_t)nk, (size_t)nq, t->pt, (ptrdiff_t)nr, 1, t->dorows, c->dv_pad, t->dv,
-                    c->dv_pad, c->dv_pad, FMHA_UK_ACCUMULATE);
+    if (d->fast) {
+        for (size_t r = 0; r < nk; r++) uk->cvt_row_bf16(t->pt + r * nr, t->pb + r * nr);
+        gemm_panels_bf16(uk, nk, (nq + 1) / 2, (const uint32_t *)t->pb, (ptrdiff_t)d->nr2, 1, q->dob,
+                         d->dv_pad, t->dv, d->dv_pad, d->dv_pad, 1.0f);
+    } else {
+        gemm_panels_f32(uk, nk, nq, t->pt, (ptrdiff_t)nr, 1, q->dorows, q->dorows_ld, t->dv, d->dv_pad,
+                        d->dv_pad);
+    }
     /* dS^T = P^T (dP^T - Dsum): the gradient of the biased score */
-    uk->ds_f32((size_t)nk, t->pt, t->dpt, nr, t->dsum);
+    uk->ds_f32(nk, t->pt, t->dpt, nr, q->dsum);
     if (plan->grads || p->biases.callback.accumulate_grad)
         fmha_bias_grad_tile(plan, tp, t->dpt, nr, t->raw, t->diag, bias_acc, thread);
     if (softcap) fmha_softcap_grad(plan, tp, t->dpt, nr, t->raw);
-    /* dK_j += dS^T (scale Q_i) */
-    bwd_gemm_panels(uk, (size_t)nk, (size_t)nq, t->dpt, (ptrdiff_t)nr, 1, t->qrows, c->d_pad, t->dk,
-                    c->d_pad, c->d_pad, FMHA_UK_ACCUMULATE);
-    /* dQ_i += dS K_j  (A element (i, r) = dS^T[r][i]) */
-    bwd_gemm_panels(uk, (size_t)nq, (size_t)nk, t->dpt, 1, (ptrdiff_t)nr, t->krows, c->d_pad,
-                    dq_g + row0 * c->d_pad, c->d_pad, c->d_pad, FMHA_UK_ACCUMULATE);
+
+    /* dK_j += dS^T Q_i;  dQ_i += dS K_j  (A element (i, r) = dS^T[r][i]) */
+    gemm_panels_f32(uk, nk, nq, t->dpt, (ptrdiff_t)nr, 1, q->qrows, q->qrows_ld, t->dk, d->d_pad,
+                    d->d_pad);
+    gemm_panels_f32(uk, nq, nk, t->dpt, 1, (ptrdiff_t)nr, t->krows, d->d_pad,
+                    dq_g + row0 * d->d_pad, d->d_pad, d->d_pad);
 }
 
 /* Key block j of (b, hk): every query head of the group, every query block
@@ -270,42 +511,40 @@ static void bwd_key_block(const bwd_ctx *c, bwd_tiles *t, int64_t b, int64_t hk,
                           float *dq_g, double *task_acc, int64_t task_head0, int thread) {
     const fmha_plan *plan = c->plan;
     const fmha_problem *p = &plan->p;
+    const bwd_dims *d = &c->dm;
     const int64_t *ks = p->k_strides, *vs = p->v_strides;
-    size_t nr = plan->uk->nr, D = (size_t)p->head_dim, Dv = (size_t)p->head_dim_v;
-    int64_t k0 = (int64_t)(j * c->bc);
-    int64_t nk = p->seq_kv - k0 < (int64_t)c->bc ? p->seq_kv - k0 : (int64_t)c->bc;
+    int64_t k0 = (int64_t)(j * d->bc);
+    int64_t nk = p->seq_kv - k0 < (int64_t)d->bc ? p->seq_kv - k0 : (int64_t)d->bc;
     int packed = 0;
     for (int64_t h = hk * plan->group; h < (hk + 1) * plan->group; h++)
         for (size_t qb = 0; qb < c->q_blocks; qb++) {
-            int64_t q0 = (int64_t)(qb * nr);
-            fmha_tile_pos tp = {b, h, q0, p->seq_q - q0 < (int64_t)nr ? p->seq_q - q0 : (int64_t)nr,
+            int64_t q0 = (int64_t)(qb * d->nr);
+            fmha_tile_pos tp = {b, h, q0, p->seq_q - q0 < (int64_t)d->nr ? p->seq_q - q0 : (int64_t)d->nr,
                                 k0, nk};
             int cls = fmha_mask_classify(plan, &tp, thread);
             if (cls == FMHA_TILE_EMPTY) continue;
             if (cls < 0) cls = FMHA_TILE_PARTIAL;
             if (!packed) {
-                bwd_pack(c->k, p->dtype, b * ks[0] + k0 * ks[1] + hk * ks[2], ks[1], ks[3], nk,
-                         (int64_t)D, 1.0f, t->krows, c->d_pad, NULL, nr);
-                bwd_pack(c->v, p->dtype, b * vs[0] + k0 * vs[1] + hk * vs[2], vs[1], vs[3], nk,
-                         (int64_t)Dv, 1.0f, t->vrows, c->dv_pad, NULL, nr);
-                memset(t->dk, 0, (size_t)nk * c->d_pad * sizeof(float));
-                memset(t->dv, 0, (size_t)nk * c->dv_pad * sizeof(float));
+                bwd_pack_keys(c, t, b, hk, k0, nk);
+                memset(t->dk, 0, (size_t)nk * d->d_pad * sizeof(float));
+                memset(t->dv, 0, (size_t)nk * d->dv_pad * sizeof(float));
                 packed = 1;
             }
             fmha_tiles_count();
             double *acc = task_acc ? task_acc + (size_t)(h - task_head0) * (size_t)plan->toeplitz_len : NULL;
-            bwd_pair(c, t, &tp, hk, (fmha_tile_class)cls, dq_g, acc, thread);
+            bwd_qblock q = bwd_qblock_at(c, b, h, qb);
+            bwd_pair(c, t, &tp, &q, (fmha_tile_class)cls, dq_g, acc, thread);
         }
     /* dK_j, dV_j are complete (zero when no query sees the block) */
     for (int64_t r = 0; r < nk; r++) {
         int64_t dkrow = b * ks[0] + (k0 + r) * ks[1] + hk * ks[2];
         int64_t dvrow = b * vs[0] + (k0 + r) * vs[1] + hk * vs[2];
-        for (size_t e = 0; e < D; e++)
+        for (size_t e = 0; e < d->D; e++)
             fmha_store(c->dk, p->dtype, dkrow + (int64_t)e * ks[3],
-                       packed ? t->dk[(size_t)r * c->d_pad + e] : 0.0f);
-        for (size_t e = 0; e < Dv; e++)
+                       packed ? c->store_scale * t->dk[(size_t)r * d->d_pad + e] : 0.0f);
+        for (size_t e = 0; e < d->Dv; e++)
             fmha_store(c->dv, p->dtype, dvrow + (int64_t)e * vs[3],
-                       packed ? t->dv[(size_t)r * c->dv_pad + e] : 0.0f);
+                       packed ? t->dv[(size_t)r * d->dv_pad + e] : 0.0f);
     }
 }
 
@@ -336,30 +575,20 @@ static void bwd_kv_task(void *vctx, size_t task, int thread) {
                           task_acc, head0, thread);
 }
 
-/* Before the key pass, per (b, h): Dsum, and this head's rows of every dQ_g zeroed. */
-static void bwd_prepare_task(void *vctx, size_t task, int thread) {
-    const bwd_ctx *c = vctx;
-    bwd_dsum_task(vctx, task, thread);
-    size_t rows = (size_t)c->plan->p.seq_q;
-    for (size_t g = 0; g < c->split.groups; g++)
-        memset(c->dq_part + g * c->dq_group_floats + task * rows * c->d_pad, 0,
-               rows * c->d_pad * sizeof(float));
-}
-
-/* After the key pass, per (b, h): dQ = scale (dQ_0 + ... + dQ_{G-1}), in order. */
+/* After the key pass, per (b, h): dQ = dQ_0 + ... + dQ_{G-1}, in order. */
 static void bwd_reduce_dq_task(void *vctx, size_t task, int thread) {
     const bwd_ctx *c = vctx;
-    const fmha_plan *plan = c->plan;
-    const fmha_problem *p = &plan->p;
+    const fmha_problem *p = &c->plan->p;
     const int64_t *qs = p->q_strides;
     int64_t b = (int64_t)task / p->heads_q, h = (int64_t)task % p->heads_q;
+    (void)thread;
     for (int64_t i = 0; i < p->seq_q; i++) {
-        const float *src = c->dq_part + ((size_t)task * (size_t)p->seq_q + (size_t)i) * c->d_pad;
+        const float *src = c->dq_part + ((size_t)task * (size_t)p->seq_q + (size_t)i) * c->dm.d_pad;
         int64_t row = b * qs[0] + i * qs[1] + h * qs[2];
         for (int64_t e = 0; e < p->head_dim; e++) {
             float acc = src[e];
             for (size_t g = 1; g < c->split.groups; g++) acc += src[g * c->dq_group_floats + (size_t)e];
-            fmha_store(c->dq, p->dtype, row + e * qs[3], plan->scale * acc);
+            fmha_store(c->dq, p->dtype, row + e * qs[3], c->store_scale * acc);
         }
     }
 }
@@ -383,28 +612,28 @@ fmha_status fmha_bwd_run(const fmha_plan *plan_in, const void *q, const void *k,
     fmha_plan local = *plan_in;
     const fmha_plan *plan = &local;
     const fmha_problem *p = &plan->p;
-    size_t nr = plan->uk->nr;
     bwd_ctx c = {0};
     c.plan = plan;
+    c.dm = bwd_dims_of(plan);
     c.q = q; c.k = k; c.v = v; c.o = o; c.d_o = d_o; c.lse = lse;
     c.dq = dq; c.dk = dk; c.dv = dv;
-    c.bc = plan->uk->block_kv;
     c.split = bwd_split_of(plan);
-    c.q_blocks = ((size_t)p->seq_q + nr - 1) / nr;
-    c.kv_blocks = ((size_t)p->seq_kv + c.bc - 1) / c.bc;
-    c.d_pad = fmha_round_up((size_t)p->head_dim, nr);
-    c.dv_pad = fmha_round_up((size_t)p->head_dim_v, nr);
+    c.q_blocks = ((size_t)p->seq_q + c.dm.nr - 1) / c.dm.nr;
+    c.kv_blocks = ((size_t)p->seq_kv + c.dm.bc - 1) / c.dm.bc;
     c.dq_group_floats = fbytes(bwd_dq_floats(plan)) / sizeof(float);
     c.heads_per_task = bwd_heads_per_task(plan, c.split);
     c.bias_task_doubles = dbytes(fmha_bias_grad_task_doubles(plan, c.heads_per_task)) / sizeof(double);
+    size_t qoff[6];
+    c.qblock_bytes = bwd_qblock_layout(&c.dm, qoff);
+    c.store_scale = plan->scale;
     c.thread_ws = ws;
     char *shared = ws + (size_t)plan->threads * plan->thread_bytes;
     size_t soff[5];
     bwd_shared_layout(plan, soff);
-    c.dsum = (float *)(shared + soff[0]);
+    c.qblocks = shared + soff[0];
     c.dq_part = (float *)(shared + soff[1]);
-    c.bias_acc = c.bias_task_doubles ? (double *)(shared + soff[3]) : NULL;
     fmha_bias_prepare(&local, shared + soff[2]);
+    c.bias_acc = c.bias_task_doubles ? (double *)(shared + soff[3]) : NULL;
     c.bucket_acc = (double *)(shared + soff[4]);
     if (plan->grads && plan->grads->d_dense) bwd_zero_dense_grad(plan);
 

@@ -1,8 +1,9 @@
 /* avx2/f32.c: the AVX2+FMA float32 microkernels (NR = 16 lanes = 2 ymm).
  * A 6x16 GEMM tile keeps 12 accumulators, 2 B rows and one broadcast of A in
- * the 16 ymm registers; the online softmax runs a vectorised exp (Cody-Waite
- * reduction, degree-6 polynomial, 2^n built in the exponent bits). Contract
- * in ../ukernel.h; the scalar kernels are the specification. */
+ * the 16 ymm registers; the online softmax and the backward's exp(s - lse)
+ * run a vectorised exp (Cody-Waite reduction, degree-6 polynomial, 2^n built
+ * in the exponent bits); dS = P (dP - Dsum) is plain lane-wise. Contract in
+ * ../ukernel.h; the scalar kernels are the specification. */
 #include <immintrin.h>
 #include <stddef.h>
 
@@ -116,9 +117,9 @@ FMHA_INLINE __m256 exp_f32(__m256 x) {
     return _mm256_mul_ps(exp_poly(exp_reduce(x, n)), pow2n);
 }
 
-/* exp over the whole float range: x clamped to [-104, 89] and 2^n applied
- * as two factors, so that n = 128 and subnormal results are exact to the
- * final rounding. */
+/* exp over the whole float range (for arguments of either sign): x clamped
+ * to [-104, 89] and 2^n applied as two factors, so that n = 128 and
+ * subnormal results are exact to the final rounding. */
 FMHA_INLINE __m256 exp_f32_full(__m256 x) {
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-104.0f)), _mm256_set1_ps(89.0f));
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(0x1.715476p+0f)),
@@ -199,6 +200,46 @@ static void fmha_f32_softmax_ukernel_16__avx2(size_t rows, float *s, size_t lds,
     }
 }
 
+/* Backward: s = exp(s - sub) lane-wise, in place; contract in ukernel.h.
+ * A lane whose sub is -inf subtracts +inf instead, so it gives 0. The
+ * argument has no sign here, so the full-range exp. */
+static void fmha_f32_exp_sub_ukernel_16__avx2(size_t rows, float *s, size_t lds,
+                                              const float *sub) {
+    const __m256 pos_inf = _mm256_set1_ps(__builtin_inff());
+    __m256 sub_use[AVX2_VECS];
+#pragma GCC unroll 2
+    for (int v = 0; v < AVX2_VECS; v++) {
+        const __m256 sv = _mm256_loadu_ps(sub + 8 * v);
+        const __m256 masked = _mm256_cmp_ps(sv, _mm256_set1_ps(-__builtin_inff()), _CMP_EQ_OQ);
+        sub_use[v] = _mm256_blendv_ps(sv, pos_inf, masked);
+    }
+    for (size_t r = 0; r < rows; r++) {
+        float *srow = s + r * lds;
+#pragma GCC unroll 2
+        for (int v = 0; v < AVX2_VECS; v++) {
+            const __m256 x = _mm256_sub_ps(_mm256_loadu_ps(srow + 8 * v), sub_use[v]);
+            _mm256_storeu_ps(srow + 8 * v, exp_f32_full(x));
+        }
+    }
+}
+
+/* Backward: dp = p * (dp - dsum) lane-wise, in place; contract in ukernel.h. */
+static void fmha_f32_ds_ukernel_16__avx2(size_t rows, const float *p, float *dp, size_t lds,
+                                         const float *dsum) {
+    __m256 dsum_v[AVX2_VECS];
+#pragma GCC unroll 2
+    for (int v = 0; v < AVX2_VECS; v++) dsum_v[v] = _mm256_loadu_ps(dsum + 8 * v);
+    for (size_t r = 0; r < rows; r++) {
+        const float *prow = p + r * lds;
+        float *dprow = dp + r * lds;
+#pragma GCC unroll 2
+        for (int v = 0; v < AVX2_VECS; v++) {
+            const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(dprow + 8 * v), dsum_v[v]);
+            _mm256_storeu_ps(dprow + 8 * v, _mm256_mul_ps(_mm256_loadu_ps(prow + 8 * v), d));
+        }
+    }
+}
+
 const fmha_ukernels fmha_ukernels_avx2 = {
     .isa = "avx2",
     .mr = AVX2_MR,
@@ -206,4 +247,6 @@ const fmha_ukernels fmha_ukernels_avx2 = {
     .block_kv = 128,
     .gemm_f32 = fmha_f32_gemm_ukernel_6x16__avx2,
     .softmax_f32 = fmha_f32_softmax_ukernel_16__avx2,
+    .exp_sub_f32 = fmha_f32_exp_sub_ukernel_16__avx2,
+    .ds_f32 = fmha_f32_ds_ukernel_16__avx2,
 };

@@ -1,7 +1,8 @@
 /* avx512/f32.c: the AVX-512 float32 microkernels (NR = 64 lanes = 4 zmm).
  * A 6x64 GEMM tile keeps 24 accumulators and 4 B rows in zmm registers and
- * broadcasts one element of A per row and k-step; the online softmax runs a
- * vectorised exp (Cody-Waite reduction, degree-6 polynomial, vscalefps).
+ * broadcasts one element of A per row and k-step; the online softmax and the
+ * backward's exp(s - lse) run a vectorised exp (Cody-Waite reduction,
+ * degree-6 polynomial, vscalefps); dS = P (dP - Dsum) is plain lane-wise.
  * Contract in ../ukernel.h; the scalar kernels are the specification. */
 #include <immintrin.h>
 #include <stddef.h>
@@ -179,6 +180,46 @@ static void fmha_f32_softmax_ukernel_64__avx512(size_t rows, float *s, size_t ld
     }
 }
 
+/* Backward: s = exp(s - sub) lane-wise, in place; contract in ukernel.h.
+ * A lane whose sub is -inf subtracts +inf instead, so it gives 0. */
+static void fmha_f32_exp_sub_ukernel_64__avx512(size_t rows, float *s, size_t lds,
+                                                const float *sub) {
+    const __m512 pos_inf = _mm512_set1_ps(__builtin_inff()), x_max = _mm512_set1_ps(89.0f);
+    __m512 sub_use[AVX512_VECS];
+#pragma GCC unroll 4
+    for (int v = 0; v < AVX512_VECS; v++) {
+        const __m512 sv = _mm512_loadu_ps(sub + 16 * v);
+        const __mmask16 masked =
+            _mm512_cmp_ps_mask(sv, _mm512_set1_ps(-__builtin_inff()), _CMP_EQ_OQ);
+        sub_use[v] = _mm512_mask_mov_ps(sv, masked, pos_inf);
+    }
+    for (size_t r = 0; r < rows; r++) {
+        float *srow = s + r * lds;
+#pragma GCC unroll 4
+        for (int v = 0; v < AVX512_VECS; v++) {
+            const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(srow + 16 * v), sub_use[v]);
+            _mm512_storeu_ps(srow + 16 * v, exp_f32(_mm512_min_ps(x, x_max)));
+        }
+    }
+}
+
+/* Backward: dp = p * (dp - dsum) lane-wise, in place; contract in ukernel.h. */
+static void fmha_f32_ds_ukernel_64__avx512(size_t rows, const float *p, float *dp, size_t lds,
+                                           const float *dsum) {
+    __m512 dsum_v[AVX512_VECS];
+#pragma GCC unroll 4
+    for (int v = 0; v < AVX512_VECS; v++) dsum_v[v] = _mm512_loadu_ps(dsum + 16 * v);
+    for (size_t r = 0; r < rows; r++) {
+        const float *prow = p + r * lds;
+        float *dprow = dp + r * lds;
+#pragma GCC unroll 4
+        for (int v = 0; v < AVX512_VECS; v++) {
+            const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(dprow + 16 * v), dsum_v[v]);
+            _mm512_storeu_ps(dprow + 16 * v, _mm512_mul_ps(_mm512_loadu_ps(prow + 16 * v), d));
+        }
+    }
+}
+
 const fmha_ukernels fmha_ukernels_avx512 = {
     .isa = "avx512",
     .mr = AVX512_MR,
@@ -186,4 +227,6 @@ const fmha_ukernels fmha_ukernels_avx512 = {
     .block_kv = 128,
     .gemm_f32 = fmha_f32_gemm_ukernel_6x64__avx512,
     .softmax_f32 = fmha_f32_softmax_ukernel_64__avx512,
+    .exp_sub_f32 = fmha_f32_exp_sub_ukernel_64__avx512,
+    .ds_f32 = fmha_f32_ds_ukernel_64__avx512,
 };

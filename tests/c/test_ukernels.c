@@ -1,0 +1,579 @@
+/* test_ukernels.c: the float32 microkernels of every ISA this CPU runs
+ * (scalar, avx2, avx512) against float64 computations, and each SIMD kernel
+ * against the scalar specification: GEMM at every m, several k, every mode
+ * and both stride patterns, with sentinels around C; the online softmax over
+ * several tiles with masked (-inf) entries and lanes and extreme scores; the
+ * backward's exp(s - lse) and dS kernels; the vectorised exp across the
+ * float range. */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "test_util.h"
+#include "uk/ukernel.h"
+
+#if defined(__x86_64__)
+/* Vector exp of the SIMD kernel files, exported for this test. */
+void fmha_f32_exp__avx2(size_t n, const float *x, float *y);
+void fmha_f32_exp__avx512(size_t n, const float *x, float *y);
+#endif
+
+#define EPS32 0x1p-23        /* float32 ulp of 1 */
+#define SENTINEL 1234.5678f  /* never a kernel output here */
+
+static const char *const isa_names[] = {"scalar", "avx2", "avx512"};
+
+static float *floats(size_t n) {
+    float *p = malloc((n ? n : 1) * sizeof(float));
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+static double *doubles(size_t n) {
+    double *p = malloc((n ? n : 1) * sizeof(double));
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+static void fill_const(float *x, size_t n, float v) {
+    for (size_t i = 0; i < n; i++) x[i] = v;
+}
+
+static int same_bits(float x, float y) { return memcmp(&x, &y, sizeof x) == 0; }
+
+/* ---------------------------------------------------------------- GEMM */
+
+static const char *const mode_names[] = {"store", "accumulate", "rescale"};
+
+/* One GEMM call of `u` at (m, k, mode, stride pattern) against float64 and,
+ * for a SIMD table, against the scalar kernel run per 16-column chunk.
+ * pattern 0: a_cs = 1, a_rs = k + 2 (rows strided); pattern 1: a_rs = 1,
+ * a_cs = m + 3 (k-steps strided). ldb = NR + 3 and ldc = NR + 5 (rows not
+ * aligned). Padding of A and B is NaN, so reading it shows in C; buffers
+ * are exactly as long as the operands, so ASan sees overreads.
+ * Tolerance: the kernel rounds once per fma, so
+ *   |c - ref| <= 1e-6 + 2 (k + 2) 2^-24 (|c_init| + sum_p |a_rp b_pj|),
+ * a bound that holds under cancellation, where a relative one would not. */
+static void gemm_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t m, size_t k,
+                      int mode, int pattern) {
+    const size_t nr = u->nr, mr = u->mr, ldb = nr + 3, ldc = nr + 5;
+    ptrdiff_t a_rs, a_cs;
+    size_t a_len;
+    if (pattern == 0) {
+        a_cs = 1;
+        a_rs = (ptrdiff_t)k + 2;
+        a_len = (m - 1) * (size_t)a_rs + k;
+    } else {
+        a_rs = 1;
+        a_cs = (ptrdiff_t)m + 3;
+        a_len = k ? (k - 1) * (size_t)a_cs + m : 0;
+    }
+    const size_t b_len = k ? (k - 1) * ldb + nr : 0, c_len = (mr + 1) * ldc;
+    float *a = floats(a_len), *b = floats(b_len), *scale = floats(nr);
+    float *c = floats(c_len), *c_init = floats(c_len), *c_spec = floats(c_len);
+    double *ref = doubles(m * nr), *mag = doubles(m * nr);
+
+    fill_const(a, a_len, NAN);
+    for (size_t r = 0; r < m; r++)
+        for (size_t p = 0; p < k; p++)
+            a[(ptrdiff_t)r * a_rs + (ptrdiff_t)p * a_cs] = (float)tu_uniform(-1.0, 1.0);
+    fill_const(b, b_len, NAN);
+    for (size_t p = 0; p < k; p++) tu_fill(b + p * ldb, nr, -1.0, 1.0);
+    tu_fill(scale, nr, 0.0, 2.0);
+    /* STORE must not read C: its rows start as NaN. Outside the m x NR tile
+     * everything is a sentinel that must survive. */
+    fill_const(c_init, c_len, SENTINEL);
+    for (size_t r = 0; r < m; r++) {
+        if (mode == FMHA_UK_STORE) fill_const(c_init + r * ldc, nr, NAN);
+        else tu_fill(c_init + r * ldc, nr, -1.0, 1.0);
+    }
+    memcpy(c, c_init, c_len * sizeof(float));
+
+    for (size_t r = 0; r < m; r++)
+        for (size_t j = 0; j < nr; j++) {
+            double c0 = c_init[r * ldc + j];
+            double acc = mode == FMHA_UK_STORE        ? 0.0
+                         : mode == FMHA_UK_ACCUMULATE ? c0
+                                                      : c0 * (double)scale[j];
+            double sum_abs = fabs(acc);
+            for (size_t p = 0; p < k; p++) {
+                double prod = (double)a[(ptrdiff_t)r * a_rs + (ptrdiff_t)p * a_cs] *
+                              (double)b[p * ldb + j];
+                acc += prod;
+                sum_abs += fabs(prod);
+            }
+            ref[r * nr + j] = acc;
+            mag[r * nr + j] = sum_abs;
+        }
+
+    u->gemm_f32(m, k, a, a_rs, a_cs, b, ldb, c, ldc, mode,
+                mode == FMHA_UK_RESCALE ? scale : NULL);
+
+    double worst = 0.0;
+    size_t clobbered = 0;
+    for (size_t r = 0; r < mr + 1; r++)
+        for (size_t j = 0; j < ldc; j++) {
+            float x = c[r * ldc + j];
+            if (r >= m || j >= nr) {
+                clobbered += !same_bits(x, c_init[r * ldc + j]);
+                continue;
+            }
+            double tol = 1e-6 + 2.0 * (double)(k + 2) * 0x1p-24 * mag[r * nr + j];
+            double ratio = isfinite(x) ? fabs((double)x - ref[r * nr + j]) / tol : INFINITY;
+            if (ratio > worst) worst = ratio;
+        }
+    tu_check(worst <= 1.0 && clobbered == 0,
+             "%s gemm m=%zu k=%zu %s %s: worst error/tolerance %.3g, %zu sentinels overwritten",
+             u->isa, m, k, mode_names[mode], pattern ? "a_rs=1" : "a_cs=1", worst, clobbered);
+
+    if (spec && spec != u) {
+        /* The scalar specification on the same operands, in MR_s x 16 pieces. */
+        memcpy(c_spec, c_init, c_len * sizeof(float));
+        for (size_t r0 = 0; r0 < m; r0 += spec->mr)
+            for (size_t j0 = 0; j0 < nr; j0 += spec->nr) {
+                size_t rows = m - r0 < spec->mr ? m - r0 : spec->mr;
+                spec->gemm_f32(rows, k, a + (ptrdiff_t)r0 * a_rs, a_rs, a_cs, b + j0, ldb,
+                               c_spec + r0 * ldc + j0, ldc, mode,
+                               mode == FMHA_UK_RESCALE ? scale + j0 : NULL);
+            }
+        double worst_vs_spec = 0.0;
+        for (size_t r = 0; r < m; r++)
+            for (size_t j = 0; j < nr; j++) {
+                double tol = 1e-6 + 2.0 * (double)(k + 2) * 0x1p-24 * mag[r * nr + j];
+                double d = fabs((double)c[r * ldc + j] - (double)c_spec[r * ldc + j]) / tol;
+                if (!(d <= worst_vs_spec)) worst_vs_spec = isnan(d) ? INFINITY : d;
+            }
+        tu_check(worst_vs_spec <= 1.0,
+                 "%s gemm m=%zu k=%zu %s %s vs scalar: worst difference/tolerance %.3g", u->isa,
+                 m, k, mode_names[mode], pattern ? "a_rs=1" : "a_cs=1", worst_vs_spec);
+    }
+    free(a);
+    free(b);
+    free(scale);
+    free(c);
+    free(c_init);
+    free(c_spec);
+    free(ref);
+    free(mag);
+}
+
+static void test_gemm(const fmha_ukernels *u, const fmha_ukernels *spec) {
+    static const size_t ks[] = {0, 1, 2, 7, 64, 129, 256};
+    for (size_t m = 1; m <= u->mr; m++)
+        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+            for (int mode = 0; mode < 3; mode++)
+                for (int pattern = 0; pattern < 2; pattern++)
+                    gemm_case(u, spec, m, ks[ki], mode, pattern);
+}
+
+/* ------------------------------------------------------------- softmax */
+
+enum { SCORES_RANDOM, SCORES_HUGE, SCORES_FLT_LIMITS, SCORES_EXP_RANGE };
+static const char *const scores_names[] = {"random", "+-1e30", "+-FLT_MAX", "exp range"};
+
+/* Relative error allowed for exp(x) computed as exp(float(s - m)): 2 ulp for
+ * the exp itself, one more for the float64 comparison, plus |x| 2^-24 from
+ * rounding s - m to float. */
+static double exp_rtol(double x) { return 3.0 * EPS32 + fabs(x) * 0x1p-24; }
+
+/* One score, by scenario, lane and tile. Lanes j % 8 == 1 are masked in
+ * every tile, j % 8 == 2 only in the first tile, j % 8 == 5 only in the
+ * second; elsewhere 10% of the scores are -inf. */
+static float make_score(int scenario, size_t j, int tile) {
+    int kind = (int)(j % 8);
+    if (kind == 1 || (kind == 2 && tile == 0) || (kind == 5 && tile == 1)) return -INFINITY;
+    if (tu_uniform(0.0, 1.0) < 0.1) return -INFINITY;
+    /* Lanes drift up, down or not at all from tile to tile, so alpha < 1 too. */
+    double drift = ((double)(j % 3) - 1.0) * 4.0 * tile;
+    double sign = tu_uniform(0.0, 1.0) < 0.5 ? -1.0 : 1.0;
+    switch (scenario) {
+    case SCORES_HUGE:
+        if (tu_uniform(0.0, 1.0) < 0.6) return (float)(sign * 1e30 * tu_uniform(0.999, 1.0));
+        break;
+    case SCORES_FLT_LIMITS:
+        if (tu_uniform(0.0, 1.0) < 0.6) return (float)(sign * FLT_MAX * tu_uniform(0.99, 1.0));
+        break;
+    default:
+        break;
+    }
+    return (float)(tu_uniform(-8.0, 8.0) + drift);
+}
+
+/* Tiles of `rows` keys through u's softmax, checking every step against a
+ * float64 recurrence (and the scalar kernel, per 16-lane chunk). For
+ * SCORES_EXP_RANGE, m starts at 0 and the scores lie in [-104, 0], so P is
+ * exp of the exact score: a direct check (2 ulp) of the exp the softmax
+ * kernel uses, including the underflow below -87.3 (0 or within FLT_MIN of
+ * the true value). */
+static void softmax_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t rows,
+                         int scenario) {
+    const size_t nr = u->nr, lds = nr + 5, s_len = (rows - 1) * lds + nr;
+    const int tiles = scenario == SCORES_EXP_RANGE ? 1 : 3;
+    const int with_spec = spec && spec != u;
+    float *s = floats(s_len), *s_in = floats(s_len), *s_spec = floats(s_len);
+    float *m = floats(nr), *l = floats(nr), *alpha = floats(nr);
+    float *m_spec = floats(nr), *l_spec = floats(nr), *alpha_spec = floats(nr);
+    double *l_ref = doubles(nr), *l_rtol = doubles(nr);
+    size_t total_rows = 0;
+
+    for (size_t j = 0; j < nr; j++) {
+        m[j] = scenario == SCORES_EXP_RANGE ? 0.0f : -INFINITY;
+        l[j] = 0.0f;
+        l_ref[j] = 0.0;
+        l_rtol[j] = 0.0;
+    }
+    memcpy(m_spec, m, nr * sizeof(float));
+    memcpy(l_spec, l, nr * sizeof(float));
+
+    for (int tile = 0; tile < tiles; tile++) {
+        fill_const(s_in, s_len, SENTINEL);
+        for (size_t r = 0; r < rows; r++)
+            for (size_t j = 0; j < nr; j++)
+                s_in[r * lds + j] = scenario == SCORES_EXP_RANGE
+                                        ? (float)tu_uniform(r % 4 ? -87.3 : -104.0, 0.0)
+                                        : make_score(scenario, j, tile);
+        memcpy(s, s_in, s_len * sizeof(float));
+        memcpy(s_spec, s_in, s_len * sizeof(float));
+        total_rows += rows;
+
+        /* The float64 recurrence: m_new, m_use, alpha, P and l. */
+        double worst_p = 0.0, worst_alpha = 0.0, worst_l = 0.0;
+        size_t bad_m = 0, nonfinite = 0, clobbered = 0;
+        float *m_new = floats(nr);
+        double *m_use = doubles(nr), *alpha_ref = doubles(nr);
+        for (size_t j = 0; j < nr; j++) {
+            float mx = m[j];
+            for (size_t r = 0; r < rows; r++)
+                if (s_in[r * lds + j] > mx) mx = s_in[r * lds + j];
+            m_new[j] = mx;
+            m_use[j] = mx == -INFINITY ? 0.0 : (double)mx;
+        }
+        /* Inputs of the call (m, l) before they are overwritten. */
+        float *m_old = floats(nr);
+        memcpy(m_old, m, nr * sizeof(float));
+
+        u->softmax_f32(rows, s, lds, m, l, alpha);
+        if (with_spec)
+            for (size_t j0 = 0; j0 < nr; j0 += spec->nr)
+                spec->softmax_f32(rows, s_spec + j0, lds, m_spec + j0, l_spec + j0,
+                                  alpha_spec + j0);
+
+        for (size_t j = 0; j < nr; j++) {
+            double xa = (double)m_old[j] - m_use[j];
+            alpha_ref[j] = m_old[j] == -INFINITY ? 0.0 : exp(xa);
+            double tol_a = FLT_MIN + alpha_ref[j] * exp_rtol(m_old[j] == -INFINITY ? 0.0 : xa);
+            double ea = fabs((double)alpha[j] - alpha_ref[j]) / tol_a;
+            if (!isfinite(alpha[j])) ea = INFINITY;
+            if (ea > worst_alpha) worst_alpha = ea;
+            double sum = 0.0, x_max = 0.0;
+            if (m_old[j] != -INFINITY && alpha_ref[j] > 1e-30) x_max = fabs(xa);
+            for (size_t r = 0; r < rows; r++) {
+                float sv = s_in[r * lds + j], p = s[r * lds + j];
+                double x = (double)sv - m_use[j];
+                double p_ref = sv == -INFINITY ? 0.0 : exp(x);
+                /* With m = 0 the argument is exact: 2 ulp of exp alone. */
+                double rtol = scenario == SCORES_EXP_RANGE ? 2.0 * EPS32 : exp_rtol(x);
+                double ep = fabs((double)p - p_ref) / (FLT_MIN + p_ref * rtol);
+                if (!isfinite(p)) {
+                    ep = INFINITY;
+                    nonfinite++;
+                }
+                if (ep > worst_p) worst_p = ep;
+                if (p_ref > 1e-30 && fabs(x) > x_max) x_max = fabs(x);
+                sum += p_ref;
+            }
+            /* l: positive terms, so a relative bound: the P and alpha errors
+             * plus one rounding per row and per tile of the float sums. */
+            l_ref[j] = l_ref[j] * alpha_ref[j] + sum;
+            l_rtol[j] += exp_rtol(x_max) + (double)(rows + 4) * EPS32;
+            double el = fabs((double)l[j] - l_ref[j]) /
+                        ((double)total_rows * FLT_MIN + 2.0 * l_ref[j] * l_rtol[j]);
+            if (!isfinite(l[j])) {
+                el = INFINITY;
+                nonfinite++;
+            }
+            if (el > worst_l) worst_l = el;
+            bad_m += !same_bits(m[j], m_new[j]);
+        }
+        for (size_t r = 0; r < rows; r++)
+            for (size_t j = nr; j < lds && r + 1 < rows; j++)
+                clobbered += !same_bits(s[r * lds + j], SENTINEL);
+        tu_check(worst_p <= 1.0 && worst_alpha <= 1.0 && worst_l <= 1.0 && bad_m == 0 &&
+                     nonfinite == 0 && clobbered == 0,
+                 "%s softmax rows=%zu %s tile %d: P %.3g, alpha %.3g, l %.3g (error/tolerance), "
+                 "%zu wrong m, %zu non-finite, %zu padding overwritten",
+                 u->isa, rows, scores_names[scenario], tile, worst_p, worst_alpha, worst_l, bad_m,
+                 nonfinite, clobbered);
+
+        if (with_spec) {
+            /* Same inputs, same float m: P and alpha within the exp errors of
+             * both, l within the float sums' rounding. */
+            double worst = 0.0;
+            size_t bad = 0;
+            for (size_t j = 0; j < nr; j++) {
+                for (size_t r = 0; r < rows; r++) {
+                    double p = s[r * lds + j], q = s_spec[r * lds + j];
+                    double d = fabs(p - q) / (FLT_MIN + fabs(q) * 6.0 * EPS32);
+                    if (!(d <= worst)) worst = isnan(d) ? INFINITY : d;
+                }
+                double da = fabs((double)alpha[j] - (double)alpha_spec[j]) /
+                            (FLT_MIN + fabs((double)alpha_spec[j]) * 6.0 * EPS32);
+                double dl = fabs((double)l[j] - (double)l_spec[j]) /
+                            ((double)total_rows * FLT_MIN +
+                             fabs((double)l_spec[j]) * (double)(total_rows + 8) * 6.0 * EPS32);
+                if (!(da <= worst)) worst = isnan(da) ? INFINITY : da;
+                if (!(dl <= worst)) worst = isnan(dl) ? INFINITY : dl;
+                bad += !same_bits(m[j], m_spec[j]);
+            }
+            tu_check(worst <= 1.0 && bad == 0,
+                     "%s softmax rows=%zu %s tile %d vs scalar: worst difference/tolerance %.3g, "
+                     "%zu m differ",
+                     u->isa, rows, scores_names[scenario], tile, worst, bad);
+        }
+        free(m_new);
+        free(m_use);
+        free(alpha_ref);
+        free(m_old);
+    }
+    free(s);
+    free(s_in);
+    free(s_spec);
+    free(m);
+    free(l);
+    free(alpha);
+    free(m_spec);
+    free(l_spec);
+    free(alpha_spec);
+    free(l_ref);
+    free(l_rtol);
+}
+
+static void test_softmax(const fmha_ukernels *u, const fmha_ukernels *spec) {
+    static const size_t row_counts[] = {1, 2, 3, 17, 64, 128, 131};
+    for (size_t i = 0; i < sizeof row_counts / sizeof row_counts[0]; i++)
+        for (int scenario = 0; scenario < 4; scenario++)
+            softmax_case(u, spec, row_counts[i], scenario);
+}
+
+/* ------------------------------------------------------ backward kernels */
+
+/* exp_sub: s = exp(s - sub) against float64, lanes j % 8 == 3 with sub =
+ * -inf (all 0), 10% of the scores -inf, arguments of both signs. `huge`
+ * puts sub near 1e30 and scores at sub (1), just below it or at -1e30 (0):
+ * no NaN, no inf. Tolerance as for the softmax. */
+static void exp_sub_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t rows,
+                         int huge) {
+    const size_t nr = u->nr, lds = nr + 5, s_len = (rows - 1) * lds + nr;
+    float *s = floats(s_len), *s_in = floats(s_len), *s_spec = floats(s_len), *sub = floats(nr);
+    for (size_t j = 0; j < nr; j++)
+        sub[j] = j % 8 == 3 ? -INFINITY
+                 : huge     ? (float)(1e30 * tu_uniform(0.9999, 1.0))
+                            : (float)tu_uniform(-5.0, 15.0);
+    fill_const(s_in, s_len, SENTINEL);
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < nr; j++) {
+            double u01 = tu_uniform(0.0, 1.0);
+            float near = sub[j] == -INFINITY ? 1e30f : sub[j];
+            float sv = (float)tu_uniform(-20.0, 10.0);
+            if (u01 < 0.1) sv = -INFINITY;
+            else if (huge && u01 < 0.3) sv = near;                           /* exp(0) */
+            else if (huge && u01 < 0.5) sv = near * (float)tu_uniform(0.999, 0.9999);
+            else if (huge && u01 < 0.7) sv = -1e30f;
+            s_in[r * lds + j] = sv;
+        }
+    memcpy(s, s_in, s_len * sizeof(float));
+    memcpy(s_spec, s_in, s_len * sizeof(float));
+    u->exp_sub_f32(rows, s, lds, sub);
+
+    double worst = 0.0;
+    size_t clobbered = 0;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < lds && r * lds + j < s_len; j++) {
+            float sv = s_in[r * lds + j], y = s[r * lds + j];
+            if (j >= nr) {
+                clobbered += !same_bits(y, SENTINEL);
+                continue;
+            }
+            double x = sub[j] == -INFINITY ? -INFINITY : (double)sv - (double)sub[j];
+            double e = x == -INFINITY ? 0.0 : exp(x);
+            double tol = FLT_MIN + (e > 0.0 ? e * exp_rtol(x) : 0.0);
+            double ratio = isfinite(y) ? fabs((double)y - e) / tol : INFINITY;
+            if (!(ratio <= worst)) worst = isnan(ratio) ? INFINITY : ratio;
+        }
+    tu_check(worst <= 1.0 && clobbered == 0,
+             "%s exp_sub rows=%zu%s: worst error/tolerance %.3g, %zu padding overwritten", u->isa,
+             rows, huge ? " +-1e30" : "", worst, clobbered);
+
+    if (spec && spec != u) {
+        for (size_t j0 = 0; j0 < nr; j0 += spec->nr)
+            spec->exp_sub_f32(rows, s_spec + j0, lds, sub + j0);
+        double worst_vs_spec = 0.0;
+        for (size_t r = 0; r < rows; r++)
+            for (size_t j = 0; j < nr; j++) {
+                double y = s[r * lds + j], q = s_spec[r * lds + j];
+                double d = fabs(y - q) / (FLT_MIN + fabs(q) * 6.0 * EPS32);
+                if (!(d <= worst_vs_spec)) worst_vs_spec = isnan(d) ? INFINITY : d;
+            }
+        tu_check(worst_vs_spec <= 1.0, "%s exp_sub rows=%zu%s vs scalar: worst %.3g", u->isa,
+                 rows, huge ? " +-1e30" : "", worst_vs_spec);
+    }
+    free(s);
+    free(s_in);
+    free(s_spec);
+    free(sub);
+}
+
+/* ds: dp = p (dp - dsum) against float64; two roundings, so
+ * |y - ref| <= 2^-23 |p| (|dp| + |dsum|) + FLT_MIN. p must stay unchanged. */
+static void ds_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t rows) {
+    const size_t nr = u->nr, lds = nr + 5, len = (rows - 1) * lds + nr;
+    float *p = floats(len), *p_in = floats(len), *dp = floats(len), *dp_in = floats(len);
+    float *dp_spec = floats(len), *dsum = floats(nr);
+    fill_const(p_in, len, SENTINEL);
+    fill_const(dp_in, len, SENTINEL);
+    for (size_t r = 0; r < rows; r++) {
+        tu_fill(p_in + r * lds, nr, 0.0, 1.0);
+        tu_fill(dp_in + r * lds, nr, -2.0, 2.0);
+    }
+    tu_fill(dsum, nr, -1.0, 1.0);
+    memcpy(p, p_in, len * sizeof(float));
+    memcpy(dp, dp_in, len * sizeof(float));
+    memcpy(dp_spec, dp_in, len * sizeof(float));
+    u->ds_f32(rows, p, dp, lds, dsum);
+    if (spec && spec != u)
+        for (size_t j0 = 0; j0 < nr; j0 += spec->nr)
+            spec->ds_f32(rows, p_in + j0, dp_spec + j0, lds, dsum + j0);
+
+    double worst = 0.0, worst_vs_spec = 0.0;
+    size_t clobbered = 0;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < lds; j++) {
+            size_t i = r * lds + j;
+            if (i >= len) break;
+            clobbered += !same_bits(p[i], p_in[i]);
+            if (j >= nr) {
+                clobbered += !same_bits(dp[i], SENTINEL);
+                continue;
+            }
+            double ref = (double)p_in[i] * ((double)dp_in[i] - (double)dsum[j]);
+            double tol = FLT_MIN + EPS32 * fabs((double)p_in[i]) *
+                                       (fabs((double)dp_in[i]) + fabs((double)dsum[j]));
+            double e = fabs((double)dp[i] - ref) / tol;
+            double d = fabs((double)dp[i] - (double)dp_spec[i]) / tol;
+            if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
+            if (spec && spec != u && !(d <= worst_vs_spec))
+                worst_vs_spec = isnan(d) ? INFINITY : d;
+        }
+    tu_check(worst <= 1.0 && worst_vs_spec <= 1.0 && clobbered == 0,
+             "%s ds rows=%zu: worst error/tolerance %.3g, vs scalar %.3g, %zu values clobbered",
+             u->isa, rows, worst, worst_vs_spec, clobbered);
+    free(p);
+    free(p_in);
+    free(dp);
+    free(dp_in);
+    free(dp_spec);
+    free(dsum);
+}
+
+static void test_backward_kernels(const fmha_ukernels *u, const fmha_ukernels *spec) {
+    static const size_t row_counts[] = {1, 2, 3, 17, 64, 128, 131};
+    for (size_t i = 0; i < sizeof row_counts / sizeof row_counts[0]; i++) {
+        exp_sub_case(u, spec, row_counts[i], 0);
+        exp_sub_case(u, spec, row_counts[i], 1);
+        ds_case(u, spec, row_counts[i]);
+    }
+}
+
+/* ----------------------------------------------------------------- exp */
+
+typedef void (*exp_fn)(size_t n, const float *x, float *y);
+
+/* |y - e| in float32 ulps of e (e a normal float32 magnitude). */
+static double ulp_error(float y, double e) {
+    return fabs((double)y - e) / ldexp(1.0, ilogb(e) - 23);
+}
+
+/* exp over [-87, 88.7] within 2 ulp; below, subnormal or 0 results within
+ * FLT_MIN of the truth and never negative or NaN; from -104 down (and -inf)
+ * 0 or the smallest subnormals; +inf above the float range. */
+static void test_exp(const char *isa, exp_fn f) {
+    const size_t n = 200003; /* not a multiple of any vector width */
+    float *x = floats(n), *y = floats(n);
+    for (size_t i = 0; i < n; i++)
+        x[i] = i % 2 ? (float)tu_uniform(-87.0, 88.7) : (float)(-87.0 + 175.7 * (double)i / n);
+    f(n, x, y);
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double e = ulp_error(y[i], exp((double)x[i]));
+        if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
+    }
+    tu_check(worst <= 2.0, "%s exp on [-87, 88.7]: worst error %.3g ulp (limit 2)", isa, worst);
+    printf("%s exp on [-87, 88.7]: worst error %.3f ulp\n", isa, worst);
+
+    size_t bad_low = 0;
+    for (size_t i = 0; i < n; i++) x[i] = (float)(-87.0 - 33.0 * (double)i / n);
+    f(n, x, y);
+    for (size_t i = 0; i < n; i++) {
+        double e = exp((double)x[i]);
+        int ok = isfinite(y[i]) && y[i] >= 0.0f && fabs((double)y[i] - e) <= FLT_MIN &&
+                 (e >= FLT_MIN ? ulp_error(y[i], e) <= 2.0 : 1) &&
+                 (x[i] > -104.0f || y[i] <= 0x1p-148f);
+        bad_low += !ok;
+    }
+    tu_check(bad_low == 0, "%s exp on [-120, -87]: %zu results wrong", isa, bad_low);
+
+    static const float specials_in[] = {-INFINITY, -FLT_MAX, -1e30f, -1e5f, -150.0f, -104.0f,
+                                        0.0f,      -0.0f,    88.72f, 89.0f, 1e30f,   INFINITY};
+    enum { n_specials = sizeof specials_in / sizeof specials_in[0] };
+    float ys[n_specials];
+    f(n_specials, specials_in, ys);
+    size_t bad_special = 0;
+    for (size_t i = 0; i < n_specials; i++) {
+        float xv = specials_in[i], yv = ys[i];
+        int ok;
+        if (xv <= -104.0f) ok = yv >= 0.0f && yv <= 0x1p-148f;
+        else if (xv == 0.0f) ok = yv == 1.0f;
+        else if (xv < 88.722f) ok = isfinite(yv) && ulp_error(yv, exp((double)xv)) <= 2.0;
+        else ok = yv == INFINITY;
+        if (!ok) printf("%s exp(%g) = %g\n", isa, (double)xv, (double)yv);
+        bad_special += !ok;
+    }
+    tu_check(bad_special == 0, "%s exp at special points: %zu wrong", isa, bad_special);
+    free(x);
+    free(y);
+}
+
+int main(void) {
+    tu_seed();
+    const fmha_ukernels *spec = fmha_cpu_kernels_for("scalar");
+    tu_check(spec != NULL, "the scalar table is always available");
+    for (size_t i = 0; i < sizeof isa_names / sizeof isa_names[0]; i++) {
+        const fmha_ukernels *u = fmha_cpu_kernels_for(isa_names[i]);
+        if (!u) {
+            printf("%s: not supported here, skipped\n", isa_names[i]);
+            continue;
+        }
+        printf("%s: MR=%zu NR=%zu block_kv=%zu\n", u->isa, u->mr, u->nr, u->block_kv);
+        tu_check(!strcmp(u->isa, isa_names[i]) && u->mr >= 1 && u->nr % 16 == 0 &&
+                     u->block_kv >= 1 && u->gemm_f32 && u->softmax_f32 && u->exp_sub_f32 &&
+                     u->ds_f32,
+                 "%s: table fields", isa_names[i]);
+        test_gemm(u, spec);
+        test_softmax(u, spec);
+        test_backward_kernels(u, spec);
+#if defined(__x86_64__)
+        if (!strcmp(u->isa, "avx2")) test_exp("avx2", fmha_f32_exp__avx2);
+        if (!strcmp(u->isa, "avx512")) test_exp("avx512", fmha_f32_exp__avx512);
+#endif
+    }
+    return tu_finish();
+}
