@@ -209,6 +209,7 @@ static fmha_status plan_make(const fmha_problem *p, plan_kind kind,
     plan->uk = p->strategy == FMHA_STRATEGY_PORTABLE ? &fmha_ukernels_scalar : fmha_cpu_kernels();
     plan->strategy = resolve_strategy(p);
     plan->bf16_fast = p->dtype == FMHA_DTYPE_BF16 && plan->uk->gemm_bf16 != NULL;
+    plan->o_dtype = p->dtype;
     plan->threads = fmha_pool_threads();
     plan->group = p->heads_q / p->heads_kv;
     plan->causal_offset = p->causal == FMHA_CAUSAL_BOTTOM_RIGHT ? p->seq_kv - p->seq_q : 0;
@@ -373,7 +374,44 @@ fmha_status fmha_forward_backward(const fmha_problem *p, const void *q, const vo
     }
     if (ranges_overlap(ro, range_of_tensor(p, 3, d_o)) || ranges_overlap(rl, range_of_tensor(p, 3, d_o)))
         return FMHA_ERR_OVERLAP;
-    st = fmha_forward(p, q, k, v, o, lse, NULL, 0);
-    if (st != FMHA_OK) return st;
-    return fmha_backward(p, q, k, v, o, d_o, lse, dq, dk, dv, grads, NULL, 0);
+    if (p->dtype == FMHA_DTYPE_F32) {
+        st = fmha_forward(p, q, k, v, o, lse, NULL, 0);
+        if (st != FMHA_OK) return st;
+        return fmha_backward(p, q, k, v, o, d_o, lse, dq, dk, dv, grads, NULL, 0);
+    }
+    /* bf16/f16: the forward also leaves O in float32 (same element strides),
+     * and the backward's Dsum = rowsum(dO * O) reads that one: Dsum from the
+     * rounded O would carry O's rounding error into every dS of the row. */
+    int64_t ext[4];
+    tensor_extents(p, 3, ext);
+    size_t span = (size_t)tensor_span(ext, p->o_strides) + 1;
+    float *o32 = malloc(span * sizeof(float));
+    if (!o32) return FMHA_ERR_OUT_OF_MEMORY;
+    fmha_plan plan;
+    char *ws;
+    void *owned;
+    st = plan_make(p, PLAN_FORWARD, NULL, &plan);
+    if (st == FMHA_OK) st = workspace_take(&plan, NULL, 0, &ws, &owned);
+    if (st == FMHA_OK) {
+        plan.o_dtype = FMHA_DTYPE_F32;
+        st = fmha_fwd_run(&plan, q, k, v, o32, lse, ws);
+        free(owned);
+    }
+    if (st == FMHA_OK) st = plan_make(p, PLAN_BACKWARD, grads, &plan);
+    if (st == FMHA_OK) st = workspace_take(&plan, NULL, 0, &ws, &owned);
+    if (st == FMHA_OK) {
+        const int64_t *os = p->o_strides;
+        for (int64_t b = 0; b < ext[0]; b++)
+            for (int64_t i = 0; i < ext[1]; i++)
+                for (int64_t h = 0; h < ext[2]; h++)
+                    for (int64_t e = 0; e < ext[3]; e++) {
+                        int64_t at = b * os[0] + i * os[1] + h * os[2] + e * os[3];
+                        fmha_store(o, p->dtype, at, o32[at]);
+                    }
+        plan.dsum_o = o32;
+        st = fmha_bwd_run(&plan, q, k, v, o, d_o, lse, dq, dk, dv, ws);
+        free(owned);
+    }
+    free(o32);
+    return st;
 }

@@ -18,6 +18,8 @@ typedef struct fmha_plan {
     fmha_strategy strategy;    /* FMHA_STRATEGY_TILED or _DENSE after resolution */
     int threads;               /* max threads of this call */
     int bf16_fast;             /* bf16 inputs on the pair-packed bf16 kernels (uk->gemm_bf16) */
+    fmha_dtype o_dtype;        /* forward: element type O is stored in (p.dtype, or float32) */
+    const float *dsum_o;       /* backward: float32 O (O's strides) for Dsum, or NULL: use o */
     int64_t group;             /* Hq / Hkv */
     int64_t causal_offset;     /* off: queries and keys meet at a = i + off - j (see fmha.h) */
     /* Band (causal and sliding window): key j visible from query i iff

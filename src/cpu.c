@@ -53,7 +53,7 @@ static void cpu_detect(void) {
     cpu_avx512bf16_table.isa = "avx512bf16";
     cpu_avx512bf16_table.gemm_bf16 = fmha_bf16_gemm_ukernel_6x64__avx512bf16;
     cpu_avx512bf16_table.pair_rows_bf16 = fmha_bf16_pair_rows_ukernel_64__avx512bf16;
-    cpu_avx512bf16_table.cvt_row_bf16 = fmha_bf16_cvt_row_ukernel_64__avx512bf16;
+    cpu_avx512bf16_table.pair_rows_split_bf16 = fmha_bf16_pair_rows_split_ukernel_64__avx512bf16;
     if (cpu_avx512bf16) cpu_selected = &cpu_avx512bf16_table;
     else if (cpu_avx512) cpu_selected = &fmha_ukernels_avx512;
     else if (cpu_avx2) cpu_selected = &fmha_ukernels_avx2;

@@ -30,9 +30,9 @@
  *   dQ_i [nq][D]  += dS K_j                     gemm, A = dS (= dS^T read
  *                                               transposed), B = K_j rows
  * and dK, dQ are scaled by `scale` once, when stored. On the bf16 fast path
- * S^T, dP^T and dV run on pair-packed bf16 operands (vdpbf16ps, P rounded to
- * bf16 as an input of dV); dK and dQ stay float32 GEMMs on the float32 dS,
- * because rounding dS too would leave the gradients about 1.55x the error of
+ * S^T and dP^T run on pair-packed bf16 operands (vdpbf16ps); dV, dK and dQ
+ * stay float32 GEMMs on float32 P and dS, because rounding P or dS to bf16
+ * as a GEMM input leaves the gradients up to about 1.57x the error of
  * rounding the exact result to bf16 (measured), past the 1.5x we allow.
  *
  * Packing. Each query block's operands (Q^T, dO^T, Q and dO rows, lse,
@@ -54,14 +54,13 @@
 #define BWD_TARGET_TASKS 8
 
 /* Operands of one query block, packed in the pre-pass (pointers into the
- * shared workspace). float32 path: qt (scale Q)^T [D][NR], dot dO^T [Dv][NR],
- * qrows Q [NR][ld], dorows dO [NR][ld] (or the caller's rows). bf16 fast
- * path: qt2 [D2][NR], dot2 [Dv2][NR] pairs along the head dim, dob
- * [NR2][Dv_pad] pairs along queries, and qrows as float32. */
+ * shared workspace): qt (scale Q)^T [D][NR] and dot dO^T [Dv][NR], or on the
+ * bf16 fast path qt2 [D2][NR] and dot2 [Dv2][NR] pairs along the head dim;
+ * qrows Q [NR][ld] and dorows dO [NR][ld] float32 (or the caller's rows). */
 typedef struct bwd_qblock {
     const float *qt, *dot, *qrows, *dorows;
     size_t qrows_ld, dorows_ld;
-    const uint32_t *qt2, *dot2, *dob;
+    const uint32_t *qt2, *dot2;
     const float *lse, *dsum; /* [NR], padding lanes -inf and 0 */
 } bwd_qblock;
 
@@ -77,7 +76,6 @@ typedef struct bwd_tiles {
     float *diag;   /* [Bc + NR]     a tile's Toeplitz gradient sums */
     uint32_t *k2;  /* [Bc][D2]      K_j pairs along d (bf16) */
     uint32_t *v2;  /* [Bc][Dv2]     V_j pairs along dv (bf16) */
-    uint16_t *pb;  /* [Bc][NR]      P^T in bf16 (bf16) */
     unsigned char *mask; /* [Bc][NR] for a mask callback */
 } bwd_tiles;
 
@@ -168,7 +166,7 @@ static size_t bwd_qblock_layout(const bwd_dims *d, size_t off[6]) {
     size_t n[6];
     if (d->fast) {
         n[0] = d->D2 * d->nr; n[1] = d->Dv2 * d->nr;
-        n[2] = d->nr * d->d_pad; n[3] = d->nr2 * d->dv_pad;
+        n[2] = d->nr * d->d_pad; n[3] = d->nr * d->dv_pad;
     } else {
         n[0] = d->D * d->nr; n[1] = d->Dv * d->nr;
         n[2] = d->direct_rows ? 0 : d->nr * d->d_pad;
@@ -184,24 +182,24 @@ static size_t bwd_qblock_layout(const bwd_dims *d, size_t off[6]) {
 }
 
 /* Per-thread tile byte offsets, in bwd_tiles field order; returns the total. */
-static size_t bwd_tile_layout(const fmha_plan *plan, size_t off[12]) {
+static size_t bwd_tile_layout(const fmha_plan *plan, size_t off[11]) {
     bwd_dims d = bwd_dims_of(plan);
     int f = d.fast;
-    size_t n[11] = {d.bc * d.nr, d.bc * d.nr, d.bc * d.d_pad, f ? 0 : d.bc * d.dv_pad,
+    size_t n[10] = {d.bc * d.nr, d.bc * d.nr, d.bc * d.d_pad, f ? 0 : d.bc * d.dv_pad,
                     d.bc * d.d_pad, d.bc * d.dv_pad,
                     plan->p.biases.softcap != 0.0f ? d.bc * d.nr : 0, d.bc + d.nr,
-                    f ? d.bc * d.D2 : 0, f ? d.bc * d.Dv2 : 0, f ? d.bc * d.nr2 : 0};
+                    f ? d.bc * d.D2 : 0, f ? d.bc * d.Dv2 : 0};
     size_t total = 0;
-    for (int i = 0; i < 11; i++) {
+    for (int i = 0; i < 10; i++) {
         off[i] = total;
         total += fbytes(n[i]);
     }
-    off[11] = total;
+    off[10] = total;
     return total + fmha_mask_scratch_bytes(plan);
 }
 
 static void bwd_carve(const fmha_plan *plan, char *base, bwd_tiles *t) {
-    size_t off[12];
+    size_t off[11];
     bwd_tile_layout(plan, off);
     t->pt = (float *)(base + off[0]);
     t->dpt = (float *)(base + off[1]);
@@ -213,8 +211,7 @@ static void bwd_carve(const fmha_plan *plan, char *base, bwd_tiles *t) {
     t->diag = (float *)(base + off[7]);
     t->k2 = (uint32_t *)(base + off[8]);
     t->v2 = (uint32_t *)(base + off[9]);
-    t->pb = (uint16_t *)(base + off[10]);
-    t->mask = (unsigned char *)(base + off[11]);
+    t->mask = (unsigned char *)(base + off[10]);
 }
 
 static size_t bwd_dq_floats(const fmha_plan *plan) {
@@ -243,7 +240,7 @@ static size_t bwd_shared_layout(const fmha_plan *plan, size_t off[5]) {
 }
 
 void fmha_bwd_workspace(const fmha_plan *plan, size_t *thread_bytes, size_t *shared_bytes) {
-    size_t off[12], soff[5];
+    size_t off[11], soff[5];
     *thread_bytes = bwd_tile_layout(plan, off);
     *shared_bytes = bwd_shared_layout(plan, soff);
 }
@@ -269,7 +266,8 @@ static bwd_qblock bwd_qblock_at(const bwd_ctx *c, int64_t b, int64_t h, size_t q
         q.dot2 = (const uint32_t *)(base + off[1]);
         q.qrows = (const float *)(base + off[2]);
         q.qrows_ld = d->d_pad;
-        q.dob = (const uint32_t *)(base + off[3]);
+        q.dorows = (const float *)(base + off[3]);
+        q.dorows_ld = d->dv_pad;
         return q;
     }
     q.qt = (const float *)(base + off[0]);
@@ -363,7 +361,8 @@ static void bwd_prepare_task(void *vctx, size_t task, int thread) {
             int64_t row = b * os[0] + qi * os[1] + h * os[2];
             double acc = 0.0;
             for (int64_t e = 0; e < p->head_dim_v; e++)
-                acc += (double)fmha_load(c->o, p->dtype, row + e * os[3]) *
+                acc += (double)(plan->dsum_o ? plan->dsum_o[row + e * os[3]]
+                                             : fmha_load(c->o, p->dtype, row + e * os[3])) *
                        fmha_load(c->d_o, p->dtype, row + e * os[3]);
             dsum[i] = (float)acc;
         }
@@ -378,7 +377,12 @@ static void bwd_prepare_task(void *vctx, size_t task, int thread) {
                 for (size_t e = 0; e < d->D; e++)
                     qrows[(size_t)i * d->d_pad + e] = fmha_load(c->q, p->dtype, qfirst + i * qs[1] + (int64_t)e * qs[3]);
             pack_bf16(c->d_o, ofirst, os[1], os[3], nq, (int64_t)d->Dv, d->nr, (uint32_t *)blk.dot2,
-                      (uint32_t *)blk.dob, d->dv_pad);
+                      NULL, d->dv_pad);
+            float *dorows = (float *)blk.dorows;
+            memset(dorows, 0, d->nr * d->dv_pad * sizeof(float));
+            for (int64_t i = 0; i < nq; i++)
+                for (size_t e = 0; e < d->Dv; e++)
+                    dorows[(size_t)i * d->dv_pad + e] = fmha_load(c->d_o, p->dtype, ofirst + i * os[1] + (int64_t)e * os[3]);
         } else {
             pack_f32(c->q, p->dtype, qfirst, qs[1], qs[3], nq, (int64_t)d->D, plan->scale,
                      (float *)blk.qt, d->nr, d->direct_rows ? NULL : (float *)blk.qrows, d->d_pad);
@@ -433,18 +437,6 @@ static void gemm_panels_f32(const fmha_ukernels *uk, size_t rows, size_t k, cons
         }
 }
 
-/* The same with bf16 pair operands (kp pairs) and C += ab_scale A B. */
-static void gemm_panels_bf16(const fmha_ukernels *uk, size_t rows, size_t kp, const uint32_t *a,
-                             ptrdiff_t a_rs, ptrdiff_t a_cs, const uint32_t *b, size_t ldb, float *c,
-                             size_t ldc, size_t ncols_pad, float ab_scale) {
-    for (size_t c0 = 0; c0 < ncols_pad; c0 += uk->nr)
-        for (size_t r = 0; r < rows; r += uk->mr) {
-            size_t m = rows - r < uk->mr ? rows - r : uk->mr;
-            uk->gemm_bf16(m, kp, a + (ptrdiff_t)r * a_rs, a_rs, a_cs, b + c0, ldb, c + r * ldc + c0,
-                          ldc, FMHA_UK_ACCUMULATE, NULL, ab_scale);
-        }
-}
-
 /* S^T and dP^T of a pair: the two products that read K_j and V_j rows. */
 static void bwd_scores(const bwd_ctx *c, bwd_tiles *t, const bwd_qblock *q, int64_t nk) {
     const fmha_ukernels *uk = c->plan->uk;
@@ -484,14 +476,8 @@ static void bwd_pair(const bwd_ctx *c, bwd_tiles *t, const fmha_tile_pos *tp, co
     uk->exp_sub_f32(nk, t->pt, nr, q->lse);
 
     /* dV_j += P^T dO_i */
-    if (d->fast) {
-        for (size_t r = 0; r < nk; r++) uk->cvt_row_bf16(t->pt + r * nr, t->pb + r * nr);
-        gemm_panels_bf16(uk, nk, (nq + 1) / 2, (const uint32_t *)t->pb, (ptrdiff_t)d->nr2, 1, q->dob,
-                         d->dv_pad, t->dv, d->dv_pad, d->dv_pad, 1.0f);
-    } else {
-        gemm_panels_f32(uk, nk, nq, t->pt, (ptrdiff_t)nr, 1, q->dorows, q->dorows_ld, t->dv, d->dv_pad,
-                        d->dv_pad);
-    }
+    gemm_panels_f32(uk, nk, nq, t->pt, (ptrdiff_t)nr, 1, q->dorows, q->dorows_ld, t->dv, d->dv_pad,
+                    d->dv_pad);
     /* dS^T = P^T (dP^T - Dsum): the gradient of the biased score */
     uk->ds_f32(nk, t->pt, t->dpt, nr, q->dsum);
     if (plan->grads || p->biases.callback.accumulate_grad)

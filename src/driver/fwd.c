@@ -25,7 +25,7 @@
  *   qt [D][NR], st [Skv_tile][NR], ot [Dv][NR], m/l/alpha [NR] */
 typedef struct fwd_block_scratch {
     float *qt, *st, *ot, *m, *l, *alpha;
-    uint32_t *pt2;       /* [st_rows2][NR] P^T pairs (bf16 fast path) */
+    uint32_t *pt2;       /* [2][st_rows2][NR] P^T pairs, rounded and residual (bf16 fast path) */
     unsigned char *mask; /* [block_kv][NR] for a mask callback */
 } fwd_block_scratch;
 
@@ -66,7 +66,7 @@ static size_t fwd_layout(const fmha_plan *plan, size_t st_rows, size_t panels, s
     /* qt holds Q^T pairs [D2][NR] on the bf16 fast path: D2 <= D */
     size_t sizes[7] = {(size_t)plan->p.head_dim * nr * panels, st_rows * nr * panels,
                        (size_t)plan->p.head_dim_v * nr, nr, nr, nr,
-                       plan->bf16_fast ? (st_rows + 1) / 2 * nr : 0};
+                       plan->bf16_fast ? 2 * ((st_rows + 1) / 2) * nr : 0};
     size_t total = 0;
     for (int i = 0; i < 7; i++) {
         off[i] = total;
@@ -167,7 +167,7 @@ static void fwd_finish(const fmha_plan *plan, int64_t b, int64_t h, int64_t q0, 
         float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
         int64_t row = b * os[0] + (q0 + i) * os[1] + h * os[2];
         for (int64_t c = 0; c < Dv; c++)
-            fmha_store(o, plan->p.dtype, row + c * os[3], ot[(size_t)c * nr + (size_t)i] * inv);
+            fmha_store(o, plan->o_dtype, row + c * os[3], ot[(size_t)c * nr + (size_t)i] * inv);
         if (lse)
             lse[(b * plan->p.heads_q + h) * plan->p.seq_q + q0 + i] =
                 l[i] > 0.0f ? m[i] + logf(l[i]) : -INFINITY;
@@ -272,19 +272,24 @@ static void fwd_scores2(const fmha_plan *plan, const uint32_t *k2, int64_t nk, c
     }
 }
 
-/* ot = ot * alpha + V^T P^T with P^T rounded to bf16 pairs (mode STORE ignores ot, alpha). */
+/* ot = ot * alpha + V^T P^T (mode STORE ignores ot, alpha), with P^T as bf16
+ * pairs plus the pairs of its rounding residual: rounding P alone would add
+ * an error as large as rounding O itself. */
 static void fwd_values2(const fmha_plan *plan, const uint32_t *v2, size_t ld2, int64_t nk,
                         const float *pt, uint32_t *pt2, float *ot, int mode, const float *alpha) {
     const fmha_ukernels *uk = plan->uk;
     size_t nr = uk->nr, kp = (size_t)(nk + 1) / 2;
+    uint32_t *hi = pt2, *lo = pt2 + kp * nr;
     for (size_t pr = 0; pr < kp; pr++)
-        uk->pair_rows_bf16(pt + 2 * pr * nr, 2 * pr + 1 < (size_t)nk ? pt + (2 * pr + 1) * nr : NULL,
-                           pt2 + pr * nr);
+        uk->pair_rows_split_bf16(pt + 2 * pr * nr, 2 * pr + 1 < (size_t)nk ? pt + (2 * pr + 1) * nr : NULL,
+                                 hi + pr * nr, lo + pr * nr);
     int64_t Dv = plan->p.head_dim_v;
     for (int64_t c = 0; c < Dv; c += (int64_t)uk->mr) {
         size_t m = (size_t)(Dv - c) < uk->mr ? (size_t)(Dv - c) : uk->mr;
-        uk->gemm_bf16(m, kp, v2 + (size_t)c * ld2, (ptrdiff_t)ld2, 1, pt2, nr, ot + (size_t)c * nr, nr,
-                      mode, alpha, 1.0f);
+        const uint32_t *a = v2 + (size_t)c * ld2;
+        uk->gemm_bf16(m, kp, a, (ptrdiff_t)ld2, 1, hi, nr, ot + (size_t)c * nr, nr, mode, alpha, 1.0f);
+        uk->gemm_bf16(m, kp, a, (ptrdiff_t)ld2, 1, lo, nr, ot + (size_t)c * nr, nr, FMHA_UK_ACCUMULATE,
+                      NULL, 1.0f);
     }
 }
 

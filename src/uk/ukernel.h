@@ -78,9 +78,11 @@ typedef void (*fmha_bf16_gemm_ukernel_fn)(size_t m, size_t kp, const uint32_t *a
  *   dst[i] = (bf16(lo[i]), bf16(hi[i])) for i < NR; hi == NULL pairs with 0. */
 typedef void (*fmha_bf16_pair_rows_ukernel_fn)(const float *lo, const float *hi, uint32_t *dst);
 
-/* Rounds (nearest even) one float32 row of NR to bf16: dst[i] = bf16(src[i]).
- * Read as 32-bit words, dst holds the row's pairs along its lanes. */
-typedef void (*fmha_bf16_cvt_row_ukernel_fn)(const float *src, uint16_t *dst);
+/* Pairs two float32 rows a, b (b NULL: zeros) as pair_rows does into hi,
+ * and the pairs of the rounding residuals a - bf16(a), b - bf16(b) into lo:
+ * a GEMM over hi and then lo sees the rows to about 16 significant bits. */
+typedef void (*fmha_bf16_pair_rows_split_ukernel_fn)(const float *a, const float *b, uint32_t *hi,
+                                                     uint32_t *lo);
 
 typedef struct fmha_ukernels {
     const char *isa;                      /* "scalar", "avx2", "avx512" */
@@ -95,7 +97,7 @@ typedef struct fmha_ukernels {
      * the float32 kernels on widened tiles). Same MR and NR as above. */
     fmha_bf16_gemm_ukernel_fn gemm_bf16;
     fmha_bf16_pair_rows_ukernel_fn pair_rows_bf16;
-    fmha_bf16_cvt_row_ukernel_fn cvt_row_bf16;
+    fmha_bf16_pair_rows_split_ukernel_fn pair_rows_split_bf16;
 } fmha_ukernels;
 
 /* One table per ISA; a table is only usable if the CPU supports its ISA. */

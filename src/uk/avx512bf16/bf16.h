@@ -23,7 +23,8 @@ void fmha_bf16_gemm_ukernel_6x64__avx512bf16(size_t m, size_t kp, const uint32_t
  * inputs become a signed zero (the instruction's fixed DAZ). */
 void fmha_bf16_pair_rows_ukernel_64__avx512bf16(const float *lo, const float *hi, uint32_t *dst);
 
-/* dst[i] = bf16(src[i]) for i < 64, round to nearest even (cvt.c). */
-void fmha_bf16_cvt_row_ukernel_64__avx512bf16(const float *src, uint16_t *dst);
+/* hi = pairs of bf16(a), bf16(b); lo = pairs of the rounding residuals (cvt.c). */
+void fmha_bf16_pair_rows_split_ukernel_64__avx512bf16(const float *a, const float *b, uint32_t *hi,
+                                                      uint32_t *lo);
 
 #endif /* FMHA_UK_AVX512BF16_BF16_H */

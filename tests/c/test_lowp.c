@@ -1,0 +1,204 @@
+/* test_lowp.c: bfloat16 and float16 inputs and gradients against the float64
+ * reference run on the same (rounded) inputs, upcast exactly, for every
+ * strategy and every instruction set this CPU runs (the avx512bf16 table
+ * takes the pair-packed vdpbf16ps path, the others widen to float32).
+ *
+ * Accuracy bars (relative L2 error of O and of each of dQ, dK, dV):
+ *   bf16: below 1e-2, and at most 1.5x the error of rounding the exact
+ *         result to bf16 (the best any bf16 output can do);
+ *   f16:  below 2e-3.
+ * Also: fully masked rows (O = 0, lse = -inf, zero gradients, no NaN),
+ * logits near 1e30 in bf16 (float32's range: no overflow), tails, GQA. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "convert.h"
+#include "cpu.h"
+#include "fmha_ref.h"
+#include "test_util.h"
+
+#define BF16_MAX_REL 1e-2
+#define BF16_MAX_VS_ROUNDING 1.5
+#define F16_MAX_REL 2e-3
+
+static const char *isa_names[] = {"scalar", "avx2", "avx512", "avx512bf16"};
+static const char *strategy_names[] = {"auto", "tiled", "dense", "portable"};
+
+static uint16_t to_low(fmha_dtype t, float x) {
+    return t == FMHA_DTYPE_BF16 ? fmha_f32_to_bf16(x) : fmha_f32_to_f16(x);
+}
+
+static float from_low(fmha_dtype t, uint16_t h) {
+    return t == FMHA_DTYPE_BF16 ? fmha_bf16_to_f32(h) : fmha_f16_to_f32(h);
+}
+
+/* One contiguous BSHD tensor in both forms: low-precision bits and their exact float values. */
+typedef struct low_tensor {
+    size_t n;
+    uint16_t *bits;
+    float *value;
+} low_tensor;
+
+static low_tensor low_new(fmha_dtype t, size_t n, double lo, double hi) {
+    low_tensor x = {n, malloc(n * sizeof(uint16_t)), malloc(n * sizeof(float))};
+    for (size_t i = 0; i < n; i++) {
+        x.bits[i] = to_low(t, (float)tu_uniform(lo, hi));
+        x.value[i] = from_low(t, x.bits[i]);
+    }
+    return x;
+}
+
+static void low_free(low_tensor *x) {
+    free(x->bits);
+    free(x->value);
+}
+
+/* Relative L2 error of low-precision output bits against r, and the error of
+ * r itself rounded to the dtype (the floor any output of that dtype has). */
+static void low_errors(fmha_dtype t, const uint16_t *bits, const double *r, size_t n, double *err,
+                       double *rounding) {
+    double num = 0.0, rnum = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double x = from_low(t, bits[i]), y = from_low(t, to_low(t, (float)r[i]));
+        num += (x - r[i]) * (x - r[i]);
+        rnum += (y - r[i]) * (y - r[i]);
+        den += r[i] * r[i];
+    }
+    *err = den > 0 ? sqrt(num / den) : sqrt(num);
+    *rounding = den > 0 ? sqrt(rnum / den) : sqrt(rnum);
+}
+
+static int all_finite(fmha_dtype t, const uint16_t *bits, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(from_low(t, bits[i]))) return 0;
+    return 1;
+}
+
+/* Forward + backward of one problem (BSHD) at dtype t; qk_scale scales the
+ * Q and K values to push logits toward the float32 range. */
+static void check_problem(fmha_dtype t, int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, int64_t Skv,
+                          int64_t D, int64_t Dv, fmha_causal causal, double qk_mag, const char *isa,
+                          int strategy) {
+    fmha_problem p;
+    fmha_problem_init(&p, B, Hq, Hkv, Sq, Skv, D, Dv, FMHA_LAYOUT_BSHD);
+    p.dtype = t;
+    p.causal = causal;
+    p.strategy = (fmha_strategy)strategy;
+    size_t nq = (size_t)(B * Sq * Hq * D), nk = (size_t)(B * Skv * Hkv * D);
+    size_t nv = (size_t)(B * Skv * Hkv * Dv), no = (size_t)(B * Sq * Hq * Dv);
+    low_tensor q = low_new(t, nq, -qk_mag, qk_mag), k = low_new(t, nk, -qk_mag, qk_mag);
+    low_tensor v = low_new(t, nv, -1, 1), d_o = low_new(t, no, -1, 1);
+    uint16_t *o = malloc(no * 2), *dq = malloc(nq * 2), *dk = malloc(nk * 2), *dv = malloc(nv * 2);
+    float *lse = malloc((size_t)(B * Hq * Sq) * sizeof(float));
+    double *ro = malloc(no * 8), *rlse = malloc((size_t)(B * Hq * Sq) * 8);
+    double *rq = malloc(nq * 8), *rk = malloc(nk * 8), *rv = malloc(nv * 8);
+
+    fmha_status st = fmha_forward_backward(&p, q.bits, k.bits, v.bits, d_o.bits, o, lse, dq, dk, dv, NULL);
+    fmha_ref_forward(&p, q.value, k.value, v.value, ro, rlse);
+    fmha_ref_backward(&p, q.value, k.value, v.value, d_o.value, rq, rk, rv);
+
+    const char *tn = t == FMHA_DTYPE_BF16 ? "bf16" : "f16";
+    char what[200];
+    snprintf(what, sizeof what, "%s %s/%s B%lld H%lld/%lld Sq%lld Skv%lld D%lld/%lld causal%d mag%g", tn,
+             isa, strategy_names[strategy], (long long)B, (long long)Hq, (long long)Hkv, (long long)Sq,
+             (long long)Skv, (long long)D, (long long)Dv, (int)causal, qk_mag);
+    if (tu_check(st == FMHA_OK, "%s: status %d (%s)", what, st, fmha_status_string(st))) {
+        const uint16_t *out[4] = {o, dq, dk, dv};
+        const double *ref[4] = {ro, rq, rk, rv};
+        size_t n[4] = {no, nq, nk, nv};
+        const char *name[4] = {"O", "dQ", "dK", "dV"};
+        for (int i = 0; i < 4; i++) {
+            double err, rounding;
+            low_errors(t, out[i], ref[i], n[i], &err, &rounding);
+            tu_check(all_finite(t, out[i], n[i]), "%s: %s has inf or NaN", what, name[i]);
+            if (t == FMHA_DTYPE_BF16) {
+                tu_check(err < BF16_MAX_REL, "%s: %s relative error %.3g >= %g", what, name[i], err, BF16_MAX_REL);
+                tu_check(err <= BF16_MAX_VS_ROUNDING * rounding + 1e-12,
+                         "%s: %s relative error %.3g > %.1f x rounding error %.3g", what, name[i], err,
+                         BF16_MAX_VS_ROUNDING, rounding);
+            } else {
+                tu_check(err < F16_MAX_REL, "%s: %s relative error %.3g >= %g", what, name[i], err, F16_MAX_REL);
+            }
+        }
+        /* lse: float32 output, within float32-of-the-logits of the reference */
+        double lse_worst = 0.0;
+        int lse_ok = 1;
+        for (size_t i = 0; i < (size_t)(B * Hq * Sq); i++) {
+            if (isinf(rlse[i])) {
+                lse_ok &= isinf(lse[i]) && lse[i] < 0;
+                continue;
+            }
+            double e = fabs(lse[i] - rlse[i]) / (1.0 + fabs(rlse[i]));
+            if (e > lse_worst) lse_worst = e;
+        }
+        tu_check(lse_ok && lse_worst < 1e-4, "%s: lse error %.3g (fully masked rows ok: %d)", what, lse_worst, lse_ok);
+        /* fully masked rows (bottom-right with Sq > Skv): exactly zero O and dQ */
+        if (causal == FMHA_CAUSAL_BOTTOM_RIGHT && Sq > Skv) {
+            int zero = 1;
+            for (int64_t b = 0; b < B; b++)
+                for (int64_t i = 0; i < Sq - Skv; i++)
+                    for (int64_t h = 0; h < Hq; h++) {
+                        for (int64_t e = 0; e < Dv; e++) zero &= o[((b * Sq + i) * Hq + h) * Dv + e] == 0;
+                        for (int64_t e = 0; e < D; e++) zero &= (dq[((b * Sq + i) * Hq + h) * D + e] & 0x7fff) == 0;
+                    }
+            tu_check(zero, "%s: fully masked rows are not exactly zero", what);
+        }
+    }
+    low_free(&q); low_free(&k); low_free(&v); low_free(&d_o);
+    free(o); free(dq); free(dk); free(dv); free(lse);
+    free(ro); free(rlse); free(rq); free(rk); free(rv);
+}
+
+/* bf16 scores near 1e30 must neither overflow nor give NaN (float32 range). */
+static void check_large_logits(const char *isa) {
+    fmha_problem p;
+    int64_t S = 37, D = 8;
+    fmha_problem_init(&p, 1, 2, 1, S, S, D, D, FMHA_LAYOUT_BSHD);
+    p.dtype = FMHA_DTYPE_BF16;
+    p.scale = 1.0f;
+    size_t nq = (size_t)(S * 2 * D), nk = (size_t)(S * D);
+    uint16_t *q = malloc(nq * 2), *k = malloc(nk * 2), *v = malloc(nk * 2), *o = malloc(nq * 2);
+    float *qf = malloc(nq * 4), *kf = malloc(nk * 4), *vf = malloc(nk * 4);
+    /* one component carries the magnitude: q.k = +-1e15 * +-1e15 = +-1e30 */
+    for (size_t i = 0; i < nq; i++) q[i] = fmha_f32_to_bf16(i % (size_t)D == 0 ? (float)tu_uniform(-1e15, 1e15) : 0.0f);
+    for (size_t i = 0; i < nk; i++) {
+        k[i] = fmha_f32_to_bf16(i % (size_t)D == 0 ? (float)tu_uniform(-1e15, 1e15) : 0.0f);
+        v[i] = fmha_f32_to_bf16((float)tu_uniform(-1, 1));
+    }
+    for (size_t i = 0; i < nq; i++) qf[i] = fmha_bf16_to_f32(q[i]);
+    for (size_t i = 0; i < nk; i++) {
+        kf[i] = fmha_bf16_to_f32(k[i]);
+        vf[i] = fmha_bf16_to_f32(v[i]);
+    }
+    double *ro = malloc(nq * 8);
+    fmha_status st = fmha_forward(&p, q, k, v, o, NULL, NULL, 0);
+    fmha_ref_forward(&p, qf, kf, vf, ro, NULL);
+    double err, rounding;
+    if (tu_check(st == FMHA_OK, "bf16 logits 1e30 %s: status %d", isa, st)) {
+        low_errors(FMHA_DTYPE_BF16, o, ro, nq, &err, &rounding);
+        tu_check(all_finite(FMHA_DTYPE_BF16, o, nq) && err < BF16_MAX_REL,
+                 "bf16 logits 1e30 %s: relative error %.3g or non-finite output", isa, err);
+    }
+    free(q); free(k); free(v); free(o); free(qf); free(kf); free(vf); free(ro);
+}
+
+int main(void) {
+    tu_seed();
+    for (size_t ii = 0; ii < sizeof isa_names / sizeof *isa_names; ii++) {
+        if (fmha_cpu_force_isa(isa_names[ii]) != 0) {
+            printf("skip ISA %s: not supported by this CPU\n", isa_names[ii]);
+            continue;
+        }
+        for (int t = FMHA_DTYPE_BF16; t <= FMHA_DTYPE_F16; t++)
+            for (int s = 0; s < 4; s++) {
+                check_problem((fmha_dtype)t, 1, 2, 2, 150, 131, 64, 64, FMHA_CAUSAL_NONE, 1.0, isa_names[ii], s);
+                check_problem((fmha_dtype)t, 2, 4, 2, 77, 200, 33, 40, FMHA_CAUSAL_TOP_LEFT, 1.0, isa_names[ii], s);
+                check_problem((fmha_dtype)t, 1, 3, 1, 90, 61, 16, 7, FMHA_CAUSAL_BOTTOM_RIGHT, 2.0, isa_names[ii], s);
+                check_problem((fmha_dtype)t, 1, 2, 1, 1, 300, 128, 128, FMHA_CAUSAL_BOTTOM_RIGHT, 1.0, isa_names[ii], s);
+            }
+        check_large_logits(isa_names[ii]);
+    }
+    return tu_finish();
+}

@@ -1,0 +1,604 @@
+/* measure.c: one benchmark row of fmha-bench: problem setup, memory plan,
+ * calibrated timing (median and quartiles), GFLOP/s and the relative error
+ * against the float64 reference. */
+#include "bench.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fmha_ref.h"
+/* The reference with masks and biases (masked_bias rows), where the build
+ * links it into fmha_ref and says so with FMHA_REF_HAVE_MASKS. Without it
+ * those rows get rel_err null, never an error against the wrong problem. */
+#ifdef FMHA_REF_HAVE_MASKS
+#include "fmha_ref_masks.h"
+#endif
+
+#define MB (1024.0 * 1024.0)
+#define INPUT_SEED 0x5eed5eedULL
+#define MAX_INNER (1LL << 24)
+
+/* The test-only impl's scale is this factor off the right one. */
+#define WRONG_SCALE_FACTOR 1.5f
+
+double bench_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- names ---------------------------------------------------------------- */
+
+int bench_impl_strategy(const char *impl, int *wrong_scale)
+{
+    *wrong_scale = 0;
+    if (strcmp(impl, "fmha_auto") == 0) return FMHA_STRATEGY_AUTO;
+    if (strcmp(impl, "fmha_dense") == 0) return FMHA_STRATEGY_DENSE;
+    if (strcmp(impl, "fmha_tiled") == 0) return FMHA_STRATEGY_TILED;
+    if (strcmp(impl, "fmha_portable") == 0) return FMHA_STRATEGY_PORTABLE;
+    if (strcmp(impl, "fmha_wrong_for_test") == 0) {
+        *wrong_scale = 1;
+        return FMHA_STRATEGY_TILED;
+    }
+    return -1;
+}
+
+int bench_impl_known(const char *impl, int testing_allowed)
+{
+    int wrong;
+    if (bench_impl_strategy(impl, &wrong) < 0)
+        return 0;
+    return !wrong || testing_allowed;
+}
+
+static fmha_dtype dtype_of(const char *name)
+{
+    if (strcmp(name, "bfloat16") == 0) return FMHA_DTYPE_BF16;
+    if (strcmp(name, "float16") == 0) return FMHA_DTYPE_F16;
+    return FMHA_DTYPE_F32;
+}
+
+static size_t dtype_size(fmha_dtype dtype) { return dtype == FMHA_DTYPE_F32 ? 4 : 2; }
+
+static int is_fwdbwd(const bench_case *c) { return strcmp(c->mode, "fwdbwd") == 0; }
+static int is_masked_bias(const bench_case *c) { return strcmp(c->variant, "masked_bias") == 0; }
+
+/* The masked_bias variant (as the seed's): keys past S - S/8 hidden, plus a
+ * learnable T5 relative-position bias table [heads, 32]. */
+#define T5_BUCKETS 32
+#define T5_MAX_DISTANCE 128
+
+static void set_variant(const bench_case *c, const bench_inputs *in, fmha_problem *p)
+{
+    p->causal = strcmp(c->variant, "causal") == 0 ? FMHA_CAUSAL_TOP_LEFT : FMHA_CAUSAL_NONE;
+    if (is_masked_bias(c) && in) {
+        p->masks.kv_lengths = in->kv_lengths;
+        p->biases.rel_table = in->rel_table;
+        p->biases.rel_num_buckets = T5_BUCKETS;
+        p->biases.rel_max_distance = T5_MAX_DISTANCE;
+        p->biases.rel_bidirectional = 1;
+    }
+}
+
+void bench_case_problem(const bench_case *c, const bench_inputs *in, fmha_problem *p)
+{
+    int wrong;
+    fmha_problem_init(p, c->batch, c->heads, c->heads, c->seq, c->seq, c->head_dim, c->head_dim,
+                      FMHA_LAYOUT_BSHD);
+    p->dtype = dtype_of(c->dtype);
+    int strategy = bench_impl_strategy(c->impl, &wrong);
+    p->strategy = strategy < 0 ? FMHA_STRATEGY_AUTO : (fmha_strategy)strategy;
+    set_variant(c, in, p);
+    if (wrong)
+        p->scale = WRONG_SCALE_FACTOR / sqrtf((float)c->head_dim);
+}
+
+fmha_status bench_case_plan(const bench_case *c, const bench_inputs *in, size_t *workspace, size_t *args,
+                            size_t *outs)
+{
+    fmha_problem p;
+    bench_case_problem(c, in, &p);
+    size_t fwd_ws = 0, bwd_ws = 0;
+    fmha_status st = fmha_forward_workspace_size(&p, &fwd_ws);
+    if (st != FMHA_OK)
+        return st;
+    size_t tensor = (size_t)(c->batch * c->seq * c->heads * c->head_dim) * dtype_size(p.dtype);
+    size_t lse = (size_t)(c->batch * c->heads * c->seq) * sizeof(float);
+    size_t extras = 0; /* masked_bias: key lengths and bias table */
+    if (is_masked_bias(c))
+        extras = (size_t)c->batch * sizeof(int32_t) + (size_t)(c->heads * T5_BUCKETS) * sizeof(float);
+    if (!is_fwdbwd(c)) {
+        *workspace = fwd_ws;
+        *args = 3 * tensor + extras;     /* q, k, v */
+        *outs = tensor;                  /* o */
+        return FMHA_OK;
+    }
+    st = fmha_backward_workspace_size(&p, &bwd_ws);
+    if (st != FMHA_OK)
+        return st;
+    /* fmha_forward_backward allocates the two workspaces one after the other. */
+    *workspace = fwd_ws > bwd_ws ? fwd_ws : bwd_ws;
+    *args = 4 * tensor + extras;         /* q, k, v, dO */
+    *outs = 4 * tensor + lse;            /* o, dq, dk, dv, lse */
+    if (is_masked_bias(c))
+        *outs += (size_t)(c->heads * T5_BUCKETS) * sizeof(float); /* the table's gradient */
+    return FMHA_OK;
+}
+
+/* ---- 16-bit storage ---------------------------------------------------------- */
+
+static uint32_t float_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+
+static float bits_float(uint32_t u)
+{
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+static uint16_t float_to_bf16(float x)
+{
+    uint32_t u = float_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);        /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+static uint16_t float_to_f16(float x)
+{
+    uint32_t u = float_bits(x);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    u &= 0x7fffffffu;
+    if (u >= 0x7f800000u)
+        return sign | (u > 0x7f800000u ? 0x7e00 : 0x7c00);
+    if (u >= 0x477ff000u) /* rounds to infinity */
+        return sign | 0x7c00;
+    if (u < 0x38800000u)  /* subnormal half: multiples of 2^-24 */
+        return sign | (uint16_t)rintf(bits_float(u) * 16777216.0f);
+    u -= 0x38000000u;     /* rebias the exponent 127 -> 15 */
+    u += 0xfffu + ((u >> 13) & 1u);
+    return sign | (uint16_t)(u >> 13);
+}
+
+static float f16_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+    if (exponent == 0) {
+        float magnitude = (float)mantissa * (1.0f / 16777216.0f);
+        return sign ? -magnitude : magnitude;
+    }
+    if (exponent == 31)
+        return bits_float(sign | 0x7f800000u | (mantissa << 13));
+    return bits_float(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+/* Element i of a dtype array as float. */
+static float load_element(fmha_dtype dtype, const void *x, size_t i)
+{
+    if (dtype == FMHA_DTYPE_F32)
+        return ((const float *)x)[i];
+    uint16_t h = ((const uint16_t *)x)[i];
+    return dtype == FMHA_DTYPE_BF16 ? bits_float((uint32_t)h << 16) : f16_to_float(h);
+}
+
+/* Rounds x[0..n) to the dtype in place and stores the dtype copy in out. */
+static void round_to_dtype(fmha_dtype dtype, float *x, uint16_t *out, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        out[i] = dtype == FMHA_DTYPE_BF16 ? float_to_bf16(x[i]) : float_to_f16(x[i]);
+        x[i] = load_element(dtype, out, i);
+    }
+}
+
+/* ---- inputs and reference -------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [-1, 1), exactly representable in float. */
+static void fill_uniform(float *x, size_t n, uint64_t *state)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)((double)(splitmix64(state) >> 40) * (2.0 / 16777216.0) - 1.0);
+}
+
+int bench_inputs_init(bench_inputs *in, const bench_case *c, int with_d_o)
+{
+    memset(in, 0, sizeof *in);
+    in->dtype = dtype_of(c->dtype);
+    in->elem_size = dtype_size(in->dtype);
+    in->q_elems = in->kv_elems = in->o_elems = (size_t)(c->batch * c->seq * c->heads * c->head_dim);
+    in->q = malloc(in->q_elems * sizeof(float));
+    in->k = malloc(in->kv_elems * sizeof(float));
+    in->v = malloc(in->kv_elems * sizeof(float));
+    in->d_o = with_d_o ? malloc(in->o_elems * sizeof(float)) : NULL;
+    int failed = !in->q || !in->k || !in->v || (with_d_o && !in->d_o);
+    if (is_masked_bias(c)) {
+        in->kv_lengths = malloc((size_t)c->batch * sizeof(int32_t));
+        in->rel_table = malloc((size_t)(c->heads * T5_BUCKETS) * sizeof(float));
+        failed |= !in->kv_lengths || !in->rel_table;
+    }
+    if (in->dtype != FMHA_DTYPE_F32 && !failed) {
+        in->q_in = malloc(in->q_elems * in->elem_size);
+        in->k_in = malloc(in->kv_elems * in->elem_size);
+        in->v_in = malloc(in->kv_elems * in->elem_size);
+        in->d_o_in = with_d_o ? malloc(in->o_elems * in->elem_size) : NULL;
+        failed |= !in->q_in || !in->k_in || !in->v_in || (with_d_o && !in->d_o_in);
+    }
+    if (failed) {
+        bench_inputs_free(in);
+        return -1;
+    }
+    uint64_t state = INPUT_SEED;
+    fill_uniform(in->q, in->q_elems, &state);
+    fill_uniform(in->k, in->kv_elems, &state);
+    fill_uniform(in->v, in->kv_elems, &state);
+    if (in->d_o)
+        fill_uniform(in->d_o, in->o_elems, &state);
+    else
+        state += in->o_elems * 0x9e3779b97f4a7c15ULL; /* the table gets the same values either way */
+    if (in->dtype == FMHA_DTYPE_F32) {
+        in->q_in = in->q;
+        in->k_in = in->k;
+        in->v_in = in->v;
+        in->d_o_in = in->d_o;
+    } else {
+        round_to_dtype(in->dtype, in->q, in->q_in, in->q_elems);
+        round_to_dtype(in->dtype, in->k, in->k_in, in->kv_elems);
+        round_to_dtype(in->dtype, in->v, in->v_in, in->kv_elems);
+        if (in->d_o)
+            round_to_dtype(in->dtype, in->d_o, in->d_o_in, in->o_elems);
+    }
+    if (in->kv_lengths) {
+        for (int64_t b = 0; b < c->batch; b++)
+            in->kv_lengths[b] = (int32_t)(c->seq - c->seq / 8);
+        fill_uniform(in->rel_table, (size_t)(c->heads * T5_BUCKETS), &state);
+    }
+    /* The reference sees the same (rounded) values, masks and bias in float32. */
+    fmha_problem_init(&in->ref_problem, c->batch, c->heads, c->heads, c->seq, c->seq, c->head_dim,
+                      c->head_dim, FMHA_LAYOUT_BSHD);
+    set_variant(c, in, &in->ref_problem);
+    return 0;
+}
+
+void bench_inputs_free(bench_inputs *in)
+{
+    if (in->q_in != in->q) {
+        free(in->q_in);
+        free(in->k_in);
+        free(in->v_in);
+        free(in->d_o_in);
+    }
+    free(in->q);
+    free(in->k);
+    free(in->v);
+    free(in->d_o);
+    free(in->kv_lengths);
+    free(in->rel_table);
+    free(in->o_ref);
+    free(in->dq_ref);
+    free(in->dk_ref);
+    free(in->dv_ref);
+    free(in->d_rel_table_ref);
+    memset(in, 0, sizeof *in);
+}
+
+static int has_masks_or_biases(const fmha_problem *p)
+{
+    return p->masks.kv_lengths || p->biases.rel_table;
+}
+
+static int ensure_forward_ref(bench_inputs *in)
+{
+    if (in->o_ref_state != 0)
+        return in->o_ref_state;
+    const fmha_problem *p = &in->ref_problem;
+    in->o_ref = malloc(in->o_elems * sizeof(double));
+    int rc = -1;
+    if (!in->o_ref)
+        rc = -1;
+    else if (!has_masks_or_biases(p))
+        rc = fmha_ref_forward(p, in->q, in->k, in->v, in->o_ref, NULL);
+    else
+#ifdef FMHA_REF_HAVE_MASKS
+        rc = fmha_ref_forward_full(p, in->q, in->k, in->v, in->o_ref, NULL);
+#else
+        rc = -2;
+#endif
+    return in->o_ref_state = rc == 0 ? 1 : rc;
+}
+
+static int ensure_gradient_ref(bench_inputs *in)
+{
+    if (in->grad_ref_state != 0)
+        return in->grad_ref_state;
+    const fmha_problem *p = &in->ref_problem;
+    in->dq_ref = malloc(in->q_elems * sizeof(double));
+    in->dk_ref = malloc(in->kv_elems * sizeof(double));
+    in->dv_ref = malloc(in->kv_elems * sizeof(double));
+    int rc = -1;
+    if (!in->dq_ref || !in->dk_ref || !in->dv_ref || !in->d_o) {
+        rc = -1;
+    } else if (!has_masks_or_biases(p)) {
+        rc = fmha_ref_backward(p, in->q, in->k, in->v, in->d_o, in->dq_ref, in->dk_ref, in->dv_ref);
+    } else {
+#ifdef FMHA_REF_HAVE_MASKS
+        if (p->biases.rel_table)
+            in->d_rel_table_ref = malloc((size_t)(p->heads_q * p->biases.rel_num_buckets) * sizeof(double));
+        rc = p->biases.rel_table && !in->d_rel_table_ref
+                 ? -1
+                 : fmha_ref_backward_full(p, in->q, in->k, in->v, in->d_o, in->dq_ref, in->dk_ref, in->dv_ref,
+                                          NULL, NULL, in->d_rel_table_ref);
+#else
+        rc = -2;
+#endif
+    }
+    return in->grad_ref_state = rc == 0 ? 1 : rc;
+}
+
+/* Adds the squared error and squared reference norm of x against ref. */
+static void accumulate_error_f32(const float *x, const double *ref, size_t n, double *err2, double *ref2)
+{
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)x[i] - ref[i];
+        *err2 += d * d;
+        *ref2 += ref[i] * ref[i];
+    }
+}
+
+/* The same for x in the dtype. */
+static void accumulate_error(fmha_dtype dtype, const void *x, const double *ref, size_t n, double *err2,
+                             double *ref2)
+{
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)load_element(dtype, x, i) - ref[i];
+        *err2 += d * d;
+        *ref2 += ref[i] * ref[i];
+    }
+}
+
+static double relative_error(double err2, double ref2)
+{
+    return ref2 > 0.0 ? sqrt(err2 / ref2) : sqrt(err2);
+}
+
+/* ---- rows ------------------------------------------------------------------ */
+
+json_value *bench_row_header(const bench_case *c)
+{
+    json_value *row = json_new_object();
+    json_set_string(row, "impl", c->impl);
+    json_set_string(row, "mode", c->mode);
+    json_set_string(row, "variant", c->variant);
+    json_set_string(row, "dtype", c->dtype);
+    json_set_number(row, "batch", (double)c->batch);
+    json_set_number(row, "seq", (double)c->seq);
+    json_set_number(row, "heads", (double)c->heads);
+    json_set_number(row, "head_dim", (double)c->head_dim);
+    return row;
+}
+
+void bench_row_set_status(json_value *row, fmha_status status)
+{
+    const char *name = status == FMHA_OK ? "ok"
+                       : status == FMHA_ERR_UNSUPPORTED ? "unsupported"
+                       : status == FMHA_ERR_OUT_OF_MEMORY ? "oom"
+                       : "error";
+    json_set_string(row, "status", name);
+    if (status != FMHA_OK)
+        json_set_string(row, "error", fmha_status_string(status));
+}
+
+typedef struct run_buffers {
+    fmha_problem p;
+    const bench_inputs *in;
+    int fwdbwd;
+    void *workspace;
+    size_t workspace_bytes;
+    void *o, *dq, *dk, *dv;   /* in the dtype */
+    float *lse;
+    fmha_param_grads grads;   /* masked_bias: the table's gradient */
+} run_buffers;
+
+static fmha_status run_once(const run_buffers *r)
+{
+    const bench_inputs *in = r->in;
+    if (!r->fwdbwd)
+        return fmha_forward(&r->p, in->q_in, in->k_in, in->v_in, r->o, NULL, r->workspace, r->workspace_bytes);
+    return fmha_forward_backward(&r->p, in->q_in, in->k_in, in->v_in, in->d_o_in, r->o, r->lse, r->dq, r->dk,
+                                 r->dv, r->grads.d_rel_table ? &r->grads : NULL);
+}
+
+/* Seconds for `calls` calls, or a negative value when a call failed. */
+static double time_calls(const run_buffers *r, long long calls, fmha_status *status)
+{
+    double start = bench_now_s();
+    for (long long i = 0; i < calls; i++) {
+        *status = run_once(r);
+        if (*status != FMHA_OK)
+            return -1.0;
+    }
+    return bench_now_s() - start;
+}
+
+static int compare_doubles(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The q-quantile of sorted x[0..n) with linear interpolation. */
+static double quantile(const double *x, int n, double q)
+{
+    double pos = q * (n - 1);
+    int lo = (int)floor(pos);
+    int hi = lo + 1 < n ? lo + 1 : lo;
+    return x[lo] + (pos - lo) * (x[hi] - x[lo]);
+}
+
+static void free_buffers(run_buffers *r)
+{
+    free(r->workspace);
+    free(r->o);
+    free(r->lse);
+    free(r->dq);
+    free(r->dk);
+    free(r->dv);
+    free(r->grads.d_rel_table);
+}
+
+json_value *bench_measure(const bench_options *o, const bench_case *c, bench_inputs *in, int with_ref)
+{
+    json_value *row = bench_row_header(c);
+    if (!in) {
+        json_set_string(row, "status", "oom");
+        json_set_string(row, "error", "could not allocate the inputs");
+        return row;
+    }
+
+    run_buffers r;
+    memset(&r, 0, sizeof r);
+    r.in = in;
+    r.fwdbwd = is_fwdbwd(c);
+    if (r.fwdbwd && !in->d_o) {
+        json_set_string(row, "status", "error");
+        json_set_string(row, "error", "inputs made without dO");
+        return row;
+    }
+
+    /* compile_s: problem setup, size queries, allocation and a first call. */
+    double setup_start = bench_now_s();
+    bench_case_problem(c, in, &r.p);
+    size_t workspace = 0, args = 0, outs = 0;
+    fmha_status st = bench_case_plan(c, in, &workspace, &args, &outs);
+    if (st != FMHA_OK) {
+        bench_row_set_status(row, st);
+        return row;
+    }
+    if (!r.fwdbwd) {
+        r.workspace_bytes = workspace;
+        r.workspace = workspace ? malloc(workspace) : NULL;
+    }
+    r.o = malloc(in->o_elems * in->elem_size);
+    int alloc_failed = (!r.fwdbwd && workspace && !r.workspace) || !r.o;
+    if (r.fwdbwd) {
+        r.lse = malloc((size_t)(c->batch * c->heads * c->seq) * sizeof(float));
+        r.dq = malloc(in->q_elems * in->elem_size);
+        r.dk = malloc(in->kv_elems * in->elem_size);
+        r.dv = malloc(in->kv_elems * in->elem_size);
+        alloc_failed |= !r.lse || !r.dq || !r.dk || !r.dv;
+        if (r.p.biases.rel_table) {
+            r.grads.d_rel_table = malloc((size_t)(c->heads * T5_BUCKETS) * sizeof(float));
+            alloc_failed |= !r.grads.d_rel_table;
+        }
+    }
+    if (alloc_failed) {
+        free_buffers(&r);
+        json_set_string(row, "status", "oom");
+        json_set_string(row, "error", "could not allocate the outputs or the workspace");
+        return row;
+    }
+    st = run_once(&r);
+    double compile_s = bench_now_s() - setup_start;
+    if (st != FMHA_OK) {
+        free_buffers(&r);
+        bench_row_set_status(row, st);
+        return row;
+    }
+
+    /* Calibrate: grow the calls per sample until a sample lasts min_sample_ms. */
+    long long inner = 1;
+    double min_s = o->min_sample_ms * 1e-3;
+    for (;;) {
+        double t = time_calls(&r, inner, &st);
+        if (t < 0 || t >= min_s || inner >= MAX_INNER)
+            break;
+        long long next = (long long)ceil((double)inner * 1.1 * min_s / (t > 1e-9 ? t : 1e-9));
+        inner = next > 2 * inner ? (next < MAX_INNER ? next : MAX_INNER) : 2 * inner;
+    }
+    int n = o->min_samples;
+    double *per_call_ms = malloc((size_t)n * sizeof(double));
+    for (int i = 0; st == FMHA_OK && per_call_ms && i < n; i++) {
+        double t = time_calls(&r, inner, &st);
+        if (t >= 0)
+            per_call_ms[i] = t * 1e3 / (double)inner;
+    }
+    if (st != FMHA_OK || !per_call_ms) {
+        free(per_call_ms);
+        free_buffers(&r);
+        if (st == FMHA_OK) {
+            json_set_string(row, "status", "oom");
+            json_set_string(row, "error", "could not allocate the sample table");
+        } else {
+            bench_row_set_status(row, st);
+        }
+        return row;
+    }
+    qsort(per_call_ms, (size_t)n, sizeof(double), compare_doubles);
+    double median_ms = quantile(per_call_ms, n, 0.5);
+
+    double flops = 4.0 * (double)c->batch * (double)c->heads * (double)c->seq * (double)c->seq *
+                   (double)c->head_dim;
+    if (r.p.causal != FMHA_CAUSAL_NONE)
+        flops *= 0.5;
+    if (r.fwdbwd)
+        flops *= 3.5;
+
+    json_set_string(row, "status", "ok");
+    json_set_number(row, "compile_s", compile_s);
+    json_set_number(row, "inner", (double)inner);
+    json_set_number(row, "samples", (double)n);
+    json_set_number(row, "median_ms", median_ms);
+    json_set_number(row, "q1_ms", quantile(per_call_ms, n, 0.25));
+    json_set_number(row, "q3_ms", quantile(per_call_ms, n, 0.75));
+    free(per_call_ms);
+
+    if (with_ref) {
+        double err2 = 0.0, ref2 = 0.0;
+        int ref_state = r.fwdbwd ? ensure_gradient_ref(in) : ensure_forward_ref(in);
+        if (ref_state == 1 && !r.fwdbwd) {
+            accumulate_error(in->dtype, r.o, in->o_ref, in->o_elems, &err2, &ref2);
+        } else if (ref_state == 1) {
+            accumulate_error(in->dtype, r.dq, in->dq_ref, in->q_elems, &err2, &ref2);
+            accumulate_error(in->dtype, r.dk, in->dk_ref, in->kv_elems, &err2, &ref2);
+            accumulate_error(in->dtype, r.dv, in->dv_ref, in->kv_elems, &err2, &ref2);
+        }
+        if (ref_state == 1) {
+            json_set_number(row, "rel_err", relative_error(err2, ref2));
+        } else {
+            json_object_set(row, "rel_err", json_new_null());
+            json_set_string(row, "rel_err_note", ref_state == -2
+                                                     ? "this build's float64 reference has no masks or biases"
+                                                     : "the float64 reference could not be computed");
+        }
+        /* The learnable bias table's gradient, apart: its scale differs from dQ, dK, dV's. */
+        if (ref_state == 1 && r.fwdbwd && r.grads.d_rel_table && in->d_rel_table_ref) {
+            double table_err2 = 0.0, table_ref2 = 0.0;
+            accumulate_error_f32(r.grads.d_rel_table, in->d_rel_table_ref, (size_t)(c->heads * T5_BUCKETS),
+                                 &table_err2, &table_ref2);
+            json_set_number(row, "rel_err_bias_grad", relative_error(table_err2, table_ref2));
+        }
+    }
+    json_set_number(row, "temp_mb", (double)workspace / MB);
+    json_set_number(row, "arg_mb", (double)args / MB);
+    json_set_number(row, "out_mb", (double)outs / MB);
+    json_set_number(row, "gflops", flops / 1e9 / (median_ms * 1e-3));
+    free_buffers(&r);
+    return row;
+}
