@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static uint64_t tu_state;
@@ -83,4 +84,231 @@ int tu_check(int cond, const char *fmt, ...) {
 int tu_finish(void) {
     printf("%d passed, %d failed\n", tu_passed, tu_failed);
     return tu_failed ? 1 : 0;
+}
+
+/* ---- strided tensors ------------------------------------------------------ */
+
+const char *tu_layout_name(int layout) {
+    static const char *names[] = {"bshd", "bhsd", "padded", "padded2"};
+    return layout >= 0 && layout < TU_LAYOUT_COUNT ? names[layout] : "?";
+}
+
+const char *tu_strategy_name(int strategy) {
+    static const char *names[] = {"auto", "tiled", "dense", "portable"};
+    return strategy >= 0 && strategy < 4 ? names[strategy] : "?";
+}
+
+const char *tu_causal_name(int causal) {
+    static const char *names[] = {"none", "top-left", "bottom-right"};
+    return causal >= 0 && causal < 3 ? names[causal] : "?";
+}
+
+/* Strides for extents n[4]: axes nested as order[0] (outermost) .. order[3]
+ * (innermost), each extent padded by pad[axis], innermost stride `inner`. */
+static void tu_build_strides(const int64_t n[4], const int order[4], const int64_t pad[4],
+                             int64_t inner, int64_t st[4]) {
+    int64_t cur = inner;
+    for (int k = 3; k >= 0; k--) {
+        int axis = order[k];
+        st[axis] = cur;
+        cur *= n[axis] + pad[axis];
+    }
+}
+
+void tu_set_layout(fmha_problem *p, int layout) {
+    /* per tensor q, k, v, o: axis order (outermost first), padding, inner stride */
+    static const int bshd[4] = {0, 1, 2, 3}, bhsd[4] = {0, 2, 1, 3};
+    static const int64_t nopad[4] = {0, 0, 0, 0};
+    static const int order_a[4][4] = {{2, 0, 1, 3}, {1, 0, 2, 3}, {2, 0, 3, 1}, {0, 2, 1, 3}};
+    static const int64_t pad_a[4][4] = {{0, 1, 0, 3}, {1, 0, 1, 0}, {0, 0, 1, 2}, {1, 1, 0, 3}};
+    static const int64_t inner_a[4] = {1, 2, 1, 1};
+    static const int order_b[4][4] = {{0, 1, 3, 2}, {2, 1, 0, 3}, {0, 1, 2, 3}, {2, 3, 0, 1}};
+    static const int64_t pad_b[4][4] = {{0, 0, 2, 0}, {0, 3, 0, 1}, {1, 1, 1, 1}, {0, 1, 0, 0}};
+    static const int64_t inner_b[4] = {3, 1, 2, 2};
+    const char which[4] = {'q', 'k', 'v', 'o'};
+    for (int t = 0; t < 4; t++) {
+        int64_t n[4];
+        int64_t *st = (int64_t *)tu_shape(p, which[t], n);
+        if (layout == TU_LAYOUT_BSHD) tu_build_strides(n, bshd, nopad, 1, st);
+        else if (layout == TU_LAYOUT_BHSD) tu_build_strides(n, bhsd, nopad, 1, st);
+        else if (layout == TU_LAYOUT_PADDED) tu_build_strides(n, order_a[t], pad_a[t], inner_a[t], st);
+        else tu_build_strides(n, order_b[t], pad_b[t], inner_b[t], st);
+    }
+}
+
+void tu_problem(fmha_problem *p, int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t seq_q,
+                int64_t seq_kv, int64_t head_dim, int64_t head_dim_v) {
+    memset(p, 0, sizeof *p);
+    p->dtype = FMHA_DTYPE_F32;
+    p->batch = batch;
+    p->heads_q = heads_q;
+    p->heads_kv = heads_kv;
+    p->seq_q = seq_q;
+    p->seq_kv = seq_kv;
+    p->head_dim = head_dim;
+    p->head_dim_v = head_dim_v;
+    p->scale = 0.0f;
+    p->causal = FMHA_CAUSAL_NONE;
+    p->strategy = FMHA_STRATEGY_AUTO;
+    p->masks.window_left = p->masks.window_right = -1; /* unbounded: no window */
+    tu_set_layout(p, TU_LAYOUT_BSHD);
+}
+
+const int64_t *tu_shape(const fmha_problem *p, char which, int64_t n[4]) {
+    n[0] = p->batch;
+    switch (which) {
+    case 'q':
+        n[1] = p->seq_q, n[2] = p->heads_q, n[3] = p->head_dim;
+        return p->q_strides;
+    case 'k':
+        n[1] = p->seq_kv, n[2] = p->heads_kv, n[3] = p->head_dim;
+        return p->k_strides;
+    case 'v':
+        n[1] = p->seq_kv, n[2] = p->heads_kv, n[3] = p->head_dim_v;
+        return p->v_strides;
+    default:
+        n[1] = p->seq_q, n[2] = p->heads_q, n[3] = p->head_dim_v;
+        return p->o_strides;
+    }
+}
+
+size_t tu_numel(const int64_t n[4]) { return (size_t)(n[0] * n[1] * n[2] * n[3]); }
+
+size_t tu_span(const int64_t st[4], const int64_t n[4]) {
+    size_t span = 1;
+    for (int a = 0; a < 4; a++) {
+        if (n[a] < 1) return 0;
+        span += (size_t)((n[a] - 1) * st[a]);
+    }
+    return span;
+}
+
+float *tu_elem(float *x, const int64_t st[4], int64_t b, int64_t s, int64_t h, int64_t d) {
+    return x + b * st[0] + s * st[1] + h * st[2] + d * st[3];
+}
+
+float *tu_new_input(const fmha_problem *p, char which, double lo, double hi) {
+    int64_t n[4];
+    const int64_t *st = tu_shape(p, which, n);
+    size_t span = tu_span(st, n);
+    float *x = malloc(span * sizeof(float));
+    if (!x) abort();
+    for (size_t i = 0; i < span; i++) x[i] = NAN;
+    for (int64_t b = 0; b < n[0]; b++)
+        for (int64_t s = 0; s < n[1]; s++)
+            for (int64_t h = 0; h < n[2]; h++)
+                for (int64_t d = 0; d < n[3]; d++)
+                    *tu_elem(x, st, b, s, h, d) = (float)tu_uniform(lo, hi);
+    return x;
+}
+
+float *tu_new_output(const fmha_problem *p, char which, float sentinel) {
+    int64_t n[4];
+    const int64_t *st = tu_shape(p, which, n);
+    size_t span = tu_span(st, n);
+    float *x = malloc(span * sizeof(float));
+    if (!x) abort();
+    for (size_t i = 0; i < span; i++) x[i] = sentinel;
+    return x;
+}
+
+void tu_gather(const float *x, const int64_t st[4], const int64_t n[4], float *out) {
+    size_t t = 0;
+    for (int64_t b = 0; b < n[0]; b++)
+        for (int64_t s = 0; s < n[1]; s++)
+            for (int64_t h = 0; h < n[2]; h++)
+                for (int64_t d = 0; d < n[3]; d++)
+                    out[t++] = *tu_elem((float *)x, st, b, s, h, d);
+}
+
+size_t tu_padding_changed(const float *x, const int64_t st[4], const int64_t n[4], float sentinel) {
+    size_t span = tu_span(st, n), changed = 0;
+    unsigned char *is_elem = calloc(span ? span : 1, 1);
+    if (!is_elem) abort();
+    for (int64_t b = 0; b < n[0]; b++)
+        for (int64_t s = 0; s < n[1]; s++)
+            for (int64_t h = 0; h < n[2]; h++)
+                for (int64_t d = 0; d < n[3]; d++)
+                    is_elem[b * st[0] + s * st[1] + h * st[2] + d * st[3]] = 1;
+    for (size_t i = 0; i < span; i++)
+        if (!is_elem[i] && memcmp(&x[i], &sentinel, sizeof(float)) != 0) changed++;
+    free(is_elem);
+    return changed;
+}
+
+size_t tu_count_not(const float *x, size_t n, float sentinel) {
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&x[i], &sentinel, sizeof(float)) != 0) c++;
+    return c;
+}
+
+double tu_max_abs(const float *x, size_t n) {
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++)
+        if (fabs((double)x[i]) > m) m = fabs((double)x[i]);
+    return m;
+}
+
+double tu_max_abs_d(const double *x, size_t n) {
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++)
+        if (isfinite(x[i]) && fabs(x[i]) > m) m = fabs(x[i]);
+    return m;
+}
+
+int tu_has_nan(const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (isnan(x[i])) return 1;
+    return 0;
+}
+
+/* ---- logits near the float32 limit ---------------------------------------- */
+
+void tu_fill_argmax_logits(const fmha_problem *p, float *q, float *k, double target) {
+    const int64_t D = p->head_dim, skv = p->seq_kv;
+    const double scale = p->scale != 0.0f ? p->scale : 1.0 / sqrt((double)D);
+    /* largest |integer score| is 2D (skv/2 + 1) + D */
+    const double top = (double)(2 * D * (skv / 2 + 1) + D);
+    const int e = (int)floor(log2(target / (scale * top)));
+    const int ea = e / 2, eb = e - ea;
+    /* c [Skv]: distinct key codes, shuffled per batch and head */
+    int64_t *c = malloc((size_t)skv * sizeof(int64_t));
+    if (!c) abort();
+    for (int64_t b = 0; b < p->batch; b++) {
+        for (int64_t h = 0; h < p->heads_kv; h++) {
+            for (int64_t j = 0; j < skv; j++) c[j] = j - skv / 2;
+            for (int64_t j = skv - 1; j > 0; j--) {
+                int64_t r = tu_int(0, j), t = c[j];
+                c[j] = c[r], c[r] = t;
+            }
+            for (int64_t j = 0; j < skv; j++)
+                for (int64_t d = 0; d < D; d++)
+                    *tu_elem(k, p->k_strides, b, j, h, d) =
+                        ldexpf((float)(d == 0 ? c[j] : tu_int(-1, 1)), eb);
+        }
+        for (int64_t i = 0; i < p->seq_q; i++)
+            for (int64_t h = 0; h < p->heads_q; h++)
+                for (int64_t d = 0; d < D; d++) {
+                    int64_t u = d == 0 ? (tu_int(0, 1) ? 2 * D : -2 * D) : tu_int(-1, 1);
+                    *tu_elem(q, p->q_strides, b, i, h, d) = ldexpf((float)u, ea);
+                }
+    }
+    free(c);
+}
+
+void tu_fill_tied_logits(const fmha_problem *p, float *q, float *k) {
+    const float big = 0x1.0p62f;
+    for (int64_t b = 0; b < p->batch; b++) {
+        for (int64_t j = 0; j < p->seq_kv; j++)
+            for (int64_t h = 0; h < p->heads_kv; h++) {
+                *tu_elem(k, p->k_strides, b, j, h, 0) = tu_int(0, 1) ? big : -big;
+                for (int64_t d = 1; d < p->head_dim; d++)
+                    *tu_elem(k, p->k_strides, b, j, h, d) = (float)tu_uniform(-1, 1);
+            }
+        for (int64_t i = 0; i < p->seq_q; i++)
+            for (int64_t h = 0; h < p->heads_q; h++)
+                for (int64_t d = 0; d < p->head_dim; d++)
+                    *tu_elem(q, p->q_strides, b, i, h, d) = d ? 0.0f : tu_int(0, 1) ? big : -big;
+    }
 }

@@ -1,11 +1,14 @@
 /* test_util.h: what every C test shares: a seeded random generator (the seed
  * is printed so a failure can be replayed with FMHA_TEST_SEED), tolerance
- * checks against the float64 reference, and a pass/fail tally. */
+ * checks against the float64 reference, a pass/fail tally, and strided
+ * tensors in the layouts the tests cycle through. */
 #ifndef FMHA_TEST_UTIL_H
 #define FMHA_TEST_UTIL_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "fmha.h"
 
 /* Seed from FMHA_TEST_SEED or the clock; printed once. */
 uint64_t tu_seed(void);
@@ -24,5 +27,60 @@ double tu_rel_l2(const float *x, const double *r, size_t n);
 int tu_check(int cond, const char *fmt, ...);
 /* Prints "N passed, N failed" and returns the process exit status. */
 int tu_finish(void);
+
+/* ---- strided tensors ------------------------------------------------------
+ * Shapes are [batch, seq, head, dim] with the problem's element strides.
+ * Inputs are allocated with NaN in every position that is not an element (so
+ * reading padding shows up as NaN); outputs are filled with a sentinel so
+ * writes outside the elements can be detected. */
+
+enum { TU_LAYOUT_BSHD, TU_LAYOUT_BHSD, TU_LAYOUT_PADDED, TU_LAYOUT_PADDED2, TU_LAYOUT_COUNT };
+const char *tu_layout_name(int layout);
+/* Sets the four stride sets of p (sizes already filled) for a layout:
+ * BSHD/BHSD contiguous; PADDED and PADDED2 permute the axes differently per
+ * tensor, pad every extent and use non-unit innermost strides. */
+void tu_set_layout(fmha_problem *p, int layout);
+/* Fills *p like fmha_problem_init(.., FMHA_LAYOUT_BSHD) without the library
+ * (no mask but the causal option, no bias). */
+void tu_problem(fmha_problem *p, int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t seq_q,
+                int64_t seq_kv, int64_t head_dim, int64_t head_dim_v);
+/* Extents n[4] of tensor 'q', 'k', 'v' or 'o' of p; returns its strides. */
+const int64_t *tu_shape(const fmha_problem *p, char which, int64_t n[4]);
+size_t tu_numel(const int64_t n[4]);
+/* Elements from the first to one past the last element: 1 + sum (n-1) st. */
+size_t tu_span(const int64_t st[4], const int64_t n[4]);
+/* Input tensor: elements uniform in [lo, hi), all other positions NaN. */
+float *tu_new_input(const fmha_problem *p, char which, double lo, double hi);
+/* Output tensor: every position (elements and padding) set to sentinel. */
+float *tu_new_output(const fmha_problem *p, char which, float sentinel);
+/* Pointer to element (b, s, h, d). */
+float *tu_elem(float *x, const int64_t st[4], int64_t b, int64_t s, int64_t h, int64_t d);
+/* Copies the elements of x into out [n0][n1][n2][n3], contiguous. */
+void tu_gather(const float *x, const int64_t st[4], const int64_t n[4], float *out);
+/* Positions of x's span that are not elements and no longer hold sentinel. */
+size_t tu_padding_changed(const float *x, const int64_t st[4], const int64_t n[4], float sentinel);
+/* Positions among x[0..n) whose bits differ from sentinel. */
+size_t tu_count_not(const float *x, size_t n, float sentinel);
+double tu_max_abs(const float *x, size_t n);
+double tu_max_abs_d(const double *x, size_t n);
+int tu_has_nan(const float *x, size_t n);
+const char *tu_strategy_name(int strategy);
+const char *tu_causal_name(int causal);
+
+/* ---- logits near the float32 limit ----------------------------------------
+ * Both fillers overwrite the elements of q and k (strides of p) so that every
+ * product and partial sum of q . k is exact in float32 in any order, and the
+ * scale must be a power of two (explicit, or 1/sqrt(D) with D a power of 4):
+ * every correct float32 implementation then sees exactly the scores the
+ * reference sees.
+ * argmax: |scores| up to ~target, the largest visible score of each query
+ *   is unique and ahead of the next by >= 2 units of 2^e, so softmax is
+ *   one-hot. q = (+-2D, noise) 2^a, k_j = (c_j distinct, noise) 2^b with
+ *   noise in {-1, 0, 1}; scores are integers < 2^24 times 2^(a+b) scale.
+ * tied: q = (+-2^62, 0, ..., 0), k_j = (+-2^62, anything): every score is
+ *   +-2^124 scale, so the winning keys of a query tie exactly and O is the
+ *   mean of their V rows. */
+void tu_fill_argmax_logits(const fmha_problem *p, float *q, float *k, double target);
+void tu_fill_tied_logits(const fmha_problem *p, float *q, float *k);
 
 #endif /* FMHA_TEST_UTIL_H */
