@@ -65,10 +65,10 @@ void fmha_mask_apply(const fmha_plan *plan, const fmha_tile_pos *t, float *st, s
  * if one answer is invalid. FMHA_OK when there is no classify callback. */
 fmha_status fmha_mask_precheck(const fmha_plan *plan);
 /* Counts computed (non-EMPTY) tiles since the last reset: tests prove block
- * skipping with it. */
+ * skipping with it. Drivers add a task's count once, at its end. */
 void fmha_tiles_reset(void);
 long long fmha_tiles_computed(void);
-void fmha_tiles_count(void);
+void fmha_tiles_count(long long n);
 
 /* Validates masks and biases (FMHA_ERR_BAD_MASK and friends). */
 fmha_status fmha_masks_check(const fmha_problem *p);

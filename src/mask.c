@@ -14,7 +14,9 @@
 static atomic_llong tiles_computed;
 void fmha_tiles_reset(void) { atomic_store(&tiles_computed, 0); }
 long long fmha_tiles_computed(void) { return atomic_load(&tiles_computed); }
-void fmha_tiles_count(void) { atomic_fetch_add_explicit(&tiles_computed, 1, memory_order_relaxed); }
+void fmha_tiles_count(long long n) {
+    if (n) atomic_fetch_add_explicit(&tiles_computed, n, memory_order_relaxed);
+}
 
 fmha_status fmha_masks_check(const fmha_problem *p) {
     const fmha_masks *m = &p->masks;

@@ -502,6 +502,7 @@ static void bwd_key_block(const bwd_ctx *c, bwd_tiles *t, int64_t b, int64_t hk,
     int64_t k0 = (int64_t)(j * d->bc);
     int64_t nk = p->seq_kv - k0 < (int64_t)d->bc ? p->seq_kv - k0 : (int64_t)d->bc;
     int packed = 0;
+    long long computed = 0;
     for (int64_t h = hk * plan->group; h < (hk + 1) * plan->group; h++)
         for (size_t qb = 0; qb < c->q_blocks; qb++) {
             int64_t q0 = (int64_t)(qb * d->nr);
@@ -516,11 +517,12 @@ static void bwd_key_block(const bwd_ctx *c, bwd_tiles *t, int64_t b, int64_t hk,
                 memset(t->dv, 0, (size_t)nk * d->dv_pad * sizeof(float));
                 packed = 1;
             }
-            fmha_tiles_count();
+            computed++;
             double *acc = task_acc ? task_acc + (size_t)(h - task_head0) * (size_t)plan->toeplitz_len : NULL;
             bwd_qblock q = bwd_qblock_at(c, b, h, qb);
             bwd_pair(c, t, &tp, &q, (fmha_tile_class)cls, dq_g, acc, thread);
         }
+    fmha_tiles_count(computed);
     /* dK_j, dV_j are complete (zero when no query sees the block) */
     for (int64_t r = 0; r < nk; r++) {
         int64_t dkrow = b * ks[0] + (k0 + r) * ks[1] + hk * ks[2];

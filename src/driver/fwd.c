@@ -334,6 +334,7 @@ static void fwd_tiled_task(void *vctx, size_t task, int thread) {
      * pass shows a mask the same tiles. */
     fmha_tile_pos t = {b, h, q0, nq, 0, 0};
     int64_t kb, ke;
+    long long computed = 0;
     fmha_mask_kv_range(plan, &t, &kb, &ke);
     for (int64_t k0 = kb / bc * bc; k0 < ke; k0 += bc) {
         t.k0 = k0;
@@ -342,7 +343,7 @@ static void fwd_tiled_task(void *vctx, size_t task, int thread) {
         if (cls == FMHA_TILE_EMPTY) continue;
         if (cls < 0) cls = FMHA_TILE_PARTIAL;
         int64_t nk = t.nk;
-        fmha_tiles_count();
+        computed++;
         kv_ops ops = fwd_kv_ops(c, b, hk, k0);
         if (plan->bf16_fast) fwd_scores2(plan, ops.k2, nk, (uint32_t *)s.qt, s.st);
         else fwd_scores(plan, ops.k, nk, s.qt, s.st);
@@ -355,6 +356,7 @@ static void fwd_tiled_task(void *vctx, size_t task, int thread) {
             fwd_values(plan, ops.v, nk, s.st, s.ot, FMHA_UK_RESCALE, s.alpha);
     }
     fwd_finish(plan, b, h, q0, nq, s.ot, s.m, s.l, c->o, c->lse);
+    fmha_tiles_count(computed);
 }
 
 static void fwd_dense_task(void *vctx, size_t task, int thread) {
