@@ -74,7 +74,7 @@ const char *tu_causal_name(int causal);
  * every correct float32 implementation then sees exactly the scores the
  * reference sees.
  * argmax: |scores| up to ~target, the largest visible score of each query
- *   is unique and ahead of the next by >= 2 units of 2^e, so softmax is
+ *   is unique and ahead of the next by >= 2 scale 2^(a+b), so softmax is
  *   one-hot. q = (+-2D, noise) 2^a, k_j = (c_j distinct, noise) 2^b with
  *   noise in {-1, 0, 1}; scores are integers < 2^24 times 2^(a+b) scale.
  * tied: q = (+-2^62, 0, ..., 0), k_j = (+-2^62, anything): every score is
