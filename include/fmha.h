@@ -36,7 +36,9 @@
  * Threads: a persistent pool, created on first use. The count is, in order:
  * fmha_set_num_threads(n) if called with n > 0, else the environment variable
  * FMHA_NUM_THREADS, else the CPUs this process may run on. Results are bitwise
- * identical for every thread count.
+ * identical for every thread count. Calls from several user threads are safe
+ * and run one after another; a mask or bias callback must not call fmha. The
+ * workspace size depends on the thread count: query it after setting it.
  *
  * Instruction sets: the best microkernels this CPU supports are chosen once
  * at first use (cpuid); the environment variable FMHA_ISA=scalar|avx2|avx512|avx512bf16
@@ -261,7 +263,8 @@ FMHA_API void fmha_problem_init(fmha_problem *p, int64_t batch, int64_t heads_q,
                        fmha_layout layout);
 
 /* Checks a problem without running it: the status the entry points would give
- * for its sizes, options and strides (pointers are not checked). */
+ * for its sizes, options, strides, masks and biases. The tensor pointers are
+ * not checked; the mask and bias arrays it names (lengths, slopes) are read. */
 FMHA_API fmha_status fmha_problem_check(const fmha_problem *p);
 
 /* ---- forward ------------------------------------------------------------ */

@@ -1,0 +1,365 @@
+// fmha_jax_ffi.cc: XLA FFI handlers (CPU custom calls) that run fmha_forward
+// and fmha_backward on XLA's buffers, for fmha.jax. Compiled by fmha/jax.py
+// against the headers jaxlib ships (jax.ffi.include_dir()) and linked to
+// libfmha; registered as the targets "fmha_forward" and "fmha_backward".
+//
+// Operands (row-major, as XLA lays them out for custom calls):
+//   forward  args q [B,T,N,H], k [B,S,K,H], v [B,S,K,Hv], then the extras
+//            named by the `extras` bit set, in this order:
+//              bias [b,n,t,s] f32, mask [b,n,t,s] pred (each dim 1 or full),
+//              q_lengths [B] s32, kv_lengths [B] s32
+//            rets o [B,T,N,Hv] (q's dtype), lse [B,N,T] f32
+//   backward args q, k, v, o, lse, d_o, extras; rets dq, dk, dv and, when
+//            the attribute bias_grad is 1, d_bias (f32, the bias's shape).
+// Every operand may carry the same number of extra leading dimensions (vmap
+// with vmap_method="expand_dims"): size 1 broadcasts, the results have the
+// full size. Those dimensions fold into the batch when every operand allows
+// it, otherwise each leading index is one library call.
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "fmha.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+enum ExtraBits : int64_t { kBias = 1, kMask = 2, kQLengths = 4, kKvLengths = 8 };
+
+const char *StatusName(fmha_status st) {
+  static const char *const names[] = {
+      "FMHA_OK",           "FMHA_ERR_NULL_POINTER", "FMHA_ERR_BAD_SIZE",
+      "FMHA_ERR_BAD_HEADS", "FMHA_ERR_BAD_HEAD_DIM", "FMHA_ERR_BAD_SCALE",
+      "FMHA_ERR_BAD_STRIDE", "FMHA_ERR_OVERLAP",    "FMHA_ERR_BAD_OPTION",
+      "FMHA_ERR_UNSUPPORTED", "FMHA_ERR_WORKSPACE_TOO_SMALL",
+      "FMHA_ERR_OUT_OF_MEMORY", "FMHA_ERR_BAD_THREAD_COUNT", "FMHA_ERR_BAD_MASK",
+      "FMHA_ERR_CALLBACK"};
+  unsigned i = static_cast<unsigned>(st);
+  return i < sizeof names / sizeof names[0] ? names[i] : "FMHA_ERR_?";
+}
+
+ffi::Error StatusError(const char *fn, fmha_status st) {
+  // The text fmha.jax turns back into an FmhaError: "fmha: <fn>: <message> (<NAME>)".
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                    std::string("fmha: ") + fn + ": " + fmha_status_string(st) + " (" +
+                        StatusName(st) + ")");
+}
+
+ffi::Error ArgError(const std::string &what) {
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument, "fmha: " + what);
+}
+
+// One operand: data, element size and row-major element strides, with
+// `lead` leading (vmap) dimensions before its core dimensions.
+struct Operand {
+  char *data = nullptr;
+  size_t elem = 0;
+  int lead = 0;
+  std::vector<int64_t> dims, strides;
+
+  bool present() const { return data != nullptr || !dims.empty(); }
+  int64_t core(int i) const { return dims[lead + i]; }
+  int64_t core_stride(int i) const { return strides[lead + i]; }
+};
+
+Operand Describe(void *data, ffi::DataType dt, ffi::AnyBuffer::Dimensions dims, int core_rank) {
+  Operand op;
+  op.data = static_cast<char *>(data);
+  op.elem = ffi::ByteWidth(dt);
+  op.dims.assign(dims.begin(), dims.end());
+  op.lead = static_cast<int>(op.dims.size()) - core_rank;
+  op.strides.assign(op.dims.size(), 1);
+  for (int i = static_cast<int>(op.dims.size()) - 2; i >= 0; i--)
+    op.strides[i] = op.strides[i + 1] * op.dims[i + 1];
+  return op;
+}
+
+Operand Describe(const ffi::AnyBuffer &b, int core_rank) {
+  return Describe(b.untyped_data(), b.element_type(), b.dimensions(), core_rank);
+}
+
+bool DtypeCode(ffi::DataType dt, fmha_dtype *code) {
+  switch (dt) {
+    case ffi::DataType::F32: *code = FMHA_DTYPE_F32; return true;
+    case ffi::DataType::BF16: *code = FMHA_DTYPE_BF16; return true;
+    case ffi::DataType::F16: *code = FMHA_DTYPE_F16; return true;
+    default: return false;
+  }
+}
+
+struct Options {
+  float scale;
+  int64_t causal, window_left, window_right, strategy, extras;
+};
+
+// Operand slots.
+enum Slot { Q, K, V, O, LSE, DO, DQ, DK, DV, BIAS, MASK, QLEN, KVLEN, DBIAS, NSLOTS };
+
+struct Call {
+  Operand op[NSLOTS];
+  std::vector<int64_t> lead_dims;  // the results' leading dimensions
+  int lead = 0;
+};
+
+// Dense mask/bias strides [b, h, t, s] with 0 on broadcast dimensions.
+void BroadcastStrides(const Operand &op, int64_t out[4]) {
+  for (int i = 0; i < 4; i++) out[i] = op.core(i) == 1 ? 0 : op.core_stride(i);
+}
+
+// Builds the problem for `batch` batch entries from the core shapes.
+void MakeProblem(const Call &c, const Options &o, fmha_dtype dtype, int64_t batch, fmha_problem *p) {
+  const Operand &q = c.op[Q], &k = c.op[K], &v = c.op[V];
+  fmha_problem_init(p, batch, q.core(2), k.core(2), q.core(1), k.core(1), q.core(3), v.core(3),
+                    FMHA_LAYOUT_BSHD);
+  p->dtype = dtype;
+  p->scale = o.scale;
+  p->causal = static_cast<fmha_causal>(o.causal);
+  p->strategy = static_cast<fmha_strategy>(o.strategy);
+  p->masks.window_left = o.window_left;
+  p->masks.window_right = o.window_right;
+}
+
+// Folds the leading dimensions into the batch when every present operand
+// has them at full size and its batch dimension allows it.
+bool CanFold(const Call &c, int64_t B) {
+  for (int s = 0; s < NSLOTS; s++) {
+    const Operand &op = c.op[s];
+    if (!op.present()) continue;
+    for (int i = 0; i < c.lead; i++)
+      if (op.dims[i] != c.lead_dims[i]) return false;
+    if ((s == BIAS || s == MASK || s == DBIAS) && op.core(0) != B && B != 1) return false;
+  }
+  return true;
+}
+
+// Calls fn(batch, pointers) once with the leading dimensions folded into
+// the batch, or once per leading index with each operand's slice.
+template <typename Fn>
+ffi::Error ForEachSlice(Call &c, int64_t B, Fn fn) {
+  int64_t count = 1;
+  for (int64_t d : c.lead_dims) count *= d;
+  if (count == 0) return ffi::Error::Success();
+  if (c.lead == 0 || CanFold(c, B)) {
+    char *ptr[NSLOTS];
+    for (int s = 0; s < NSLOTS; s++) ptr[s] = c.op[s].data;
+    return fn(B * count, ptr);
+  }
+  std::vector<int64_t> idx(c.lead, 0);
+  for (int64_t n = 0; n < count; n++) {
+    char *ptr[NSLOTS];
+    for (int s = 0; s < NSLOTS; s++) {
+      const Operand &op = c.op[s];
+      ptr[s] = op.data;
+      if (!op.present() || !op.data) continue;
+      int64_t off = 0;
+      for (int i = 0; i < c.lead; i++)
+        if (op.dims[i] != 1) off += idx[i] * op.strides[i];
+      ptr[s] = op.data + off * static_cast<int64_t>(op.elem);
+    }
+    ffi::Error err = fn(B, ptr);
+    if (!err.success()) return err;
+    for (int i = c.lead - 1; i >= 0; i--) {
+      if (++idx[i] < c.lead_dims[i]) break;
+      idx[i] = 0;
+    }
+  }
+  return ffi::Error::Success();
+}
+
+// Reads the extras into c.op[BIAS..KVLEN] and checks their types and ranks.
+ffi::Error ReadExtras(const ffi::RemainingArgs &extras, const Options &o, Call &c) {
+  size_t next = 0;
+  const struct { int64_t bit; Slot slot; int rank; const char *name; } kinds[] = {
+      {kBias, BIAS, 4, "bias"}, {kMask, MASK, 4, "mask"},
+      {kQLengths, QLEN, 1, "query_seq_lengths"}, {kKvLengths, KVLEN, 1, "key_value_seq_lengths"}};
+  for (const auto &kind : kinds) {
+    if (!(o.extras & kind.bit)) continue;
+    if (next >= extras.size()) return ArgError(std::string("missing operand ") + kind.name);
+    auto buf = extras.get<ffi::AnyBuffer>(next++);
+    if (buf.has_error()) return buf.error();
+    ffi::DataType dt = buf->element_type();
+    bool ok = kind.slot == BIAS   ? dt == ffi::DataType::F32
+              : kind.slot == MASK ? (dt == ffi::DataType::PRED || dt == ffi::DataType::U8 ||
+                                     dt == ffi::DataType::S8)
+                                  : dt == ffi::DataType::S32;
+    if (!ok) return ArgError(std::string("wrong element type for ") + kind.name);
+    c.op[kind.slot] = Describe(*buf, kind.rank);
+    if (c.op[kind.slot].lead != c.lead) return ArgError(std::string("wrong rank for ") + kind.name);
+  }
+  if (next != extras.size()) return ArgError("unexpected extra operands");
+  return ffi::Error::Success();
+}
+
+// Points the problem's masks and biases at one slice.
+void AttachExtras(const Call &c, char *const ptr[], fmha_problem *p) {
+  if (c.op[BIAS].present()) {
+    p->biases.dense = reinterpret_cast<const float *>(ptr[BIAS]);
+    BroadcastStrides(c.op[BIAS], p->biases.dense_strides);
+  }
+  if (c.op[MASK].present()) {
+    p->masks.dense = reinterpret_cast<const uint8_t *>(ptr[MASK]);
+    BroadcastStrides(c.op[MASK], p->masks.dense_strides);
+  }
+  if (c.op[QLEN].present()) p->masks.q_lengths = reinterpret_cast<const int32_t *>(ptr[QLEN]);
+  if (c.op[KVLEN].present()) p->masks.kv_lengths = reinterpret_cast<const int32_t *>(ptr[KVLEN]);
+}
+
+// When folded, a broadcast bias/mask with batch 1 and B == 1 steps by its
+// leading stride; its strides from BroadcastStrides already give 0 for the
+// batch, so fix the batch stride up for the folded batch.
+void FixFoldedBatchStrides(const Call &c, int64_t batch, int64_t B, fmha_problem *p) {
+  if (batch == B) return;
+  if (c.op[BIAS].present() && c.op[BIAS].core(0) == 1)
+    p->biases.dense_strides[0] = c.op[BIAS].lead ? c.op[BIAS].strides[c.lead - 1] : 0;
+  if (c.op[MASK].present() && c.op[MASK].core(0) == 1)
+    p->masks.dense_strides[0] = c.op[MASK].lead ? c.op[MASK].strides[c.lead - 1] : 0;
+}
+
+ffi::Error CheckMain(const Call &c) {
+  const Operand &q = c.op[Q], &k = c.op[K], &v = c.op[V];
+  if (q.lead < 0 || k.lead != q.lead || v.lead != q.lead) return ArgError("q, k, v must be [B, T, N, H]");
+  if (k.core(0) != q.core(0) || v.core(0) != q.core(0) || k.core(3) != q.core(3) ||
+      v.core(1) != k.core(1) || v.core(2) != k.core(2))
+    return ArgError("inconsistent q, k, v shapes");
+  return ffi::Error::Success();
+}
+
+ffi::Error Forward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::RemainingArgs extras,
+                   ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse, float scale,
+                   int64_t causal, int64_t window_left, int64_t window_right, int64_t strategy,
+                   int64_t extra_bits) {
+  Options opt{scale, causal, window_left, window_right, strategy, extra_bits};
+  fmha_dtype dtype;
+  if (!DtypeCode(q.element_type(), &dtype) || k.element_type() != q.element_type() ||
+      v.element_type() != q.element_type() || o->element_type() != q.element_type())
+    return ArgError("q, k, v and o must share a dtype of float32, bfloat16 or float16");
+  if (lse->element_type() != ffi::DataType::F32) return ArgError("lse must be float32");
+  Call c;
+  c.op[Q] = Describe(q, 4);
+  c.op[K] = Describe(k, 4);
+  c.op[V] = Describe(v, 4);
+  c.op[O] = Describe(*o, 4);
+  c.op[LSE] = Describe(*lse, 3);
+  c.lead = c.op[Q].lead;
+  if (ffi::Error err = CheckMain(c); !err.success()) return err;
+  if (c.op[O].lead != c.lead || c.op[LSE].lead != c.lead) return ArgError("wrong rank of o or lse");
+  c.lead_dims.assign(c.op[O].dims.begin(), c.op[O].dims.begin() + c.lead);
+  if (ffi::Error err = ReadExtras(extras, opt, c); !err.success()) return err;
+  const int64_t B = c.op[Q].core(0);
+  return ForEachSlice(c, B, [&](int64_t batch, char *const ptr[]) -> ffi::Error {
+    fmha_problem p;
+    MakeProblem(c, opt, dtype, batch, &p);
+    AttachExtras(c, ptr, &p);
+    FixFoldedBatchStrides(c, batch, B, &p);
+    fmha_status st = fmha_forward(&p, ptr[Q], ptr[K], ptr[V], ptr[O],
+                                  reinterpret_cast<float *>(ptr[LSE]), nullptr, 0);
+    return st == FMHA_OK ? ffi::Error::Success() : StatusError("fmha_forward", st);
+  });
+}
+
+ffi::Error Backward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer o,
+                    ffi::AnyBuffer lse, ffi::AnyBuffer d_o, ffi::RemainingArgs extras,
+                    ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                    ffi::Result<ffi::AnyBuffer> dv, ffi::RemainingRets more, float scale,
+                    int64_t causal, int64_t window_left, int64_t window_right, int64_t strategy,
+                    int64_t extra_bits, int64_t bias_grad) {
+  Options opt{scale, causal, window_left, window_right, strategy, extra_bits};
+  fmha_dtype dtype;
+  ffi::DataType t = q.element_type();
+  if (!DtypeCode(t, &dtype) || k.element_type() != t || v.element_type() != t ||
+      o.element_type() != t || d_o.element_type() != t || dq->element_type() != t ||
+      dk->element_type() != t || dv->element_type() != t)
+    return ArgError("q, k, v, o, d_o and the gradients must share a dtype of float32, bfloat16 or float16");
+  if (lse.element_type() != ffi::DataType::F32) return ArgError("lse must be float32");
+  Call c;
+  c.op[Q] = Describe(q, 4);
+  c.op[K] = Describe(k, 4);
+  c.op[V] = Describe(v, 4);
+  c.op[O] = Describe(o, 4);
+  c.op[LSE] = Describe(lse, 3);
+  c.op[DO] = Describe(d_o, 4);
+  c.op[DQ] = Describe(*dq, 4);
+  c.op[DK] = Describe(*dk, 4);
+  c.op[DV] = Describe(*dv, 4);
+  c.lead = c.op[Q].lead;
+  if (ffi::Error err = CheckMain(c); !err.success()) return err;
+  for (Slot s : {O, DO, DQ, DK, DV})
+    if (c.op[s].lead != c.lead) return ArgError("wrong rank of o, d_o or a gradient");
+  if (c.op[LSE].lead != c.lead) return ArgError("wrong rank of lse");
+  c.lead_dims.assign(c.op[DQ].dims.begin(), c.op[DQ].dims.begin() + c.lead);
+  if (ffi::Error err = ReadExtras(extras, opt, c); !err.success()) return err;
+  if (bias_grad) {
+    if (!c.op[BIAS].present()) return ArgError("bias_grad without a bias");
+    if (more.size() != 1) return ArgError("bias_grad needs one extra result");
+    auto db = more.get<ffi::AnyBuffer>(0);
+    if (db.has_error()) return db.error();
+    if ((*db)->element_type() != ffi::DataType::F32) return ArgError("d_bias must be float32");
+    c.op[DBIAS] = Describe(**db, 4);
+    if (c.op[DBIAS].lead != c.lead) return ArgError("wrong rank of d_bias");
+  }
+  const int64_t B = c.op[Q].core(0);
+  return ForEachSlice(c, B, [&](int64_t batch, char *const ptr[]) -> ffi::Error {
+    fmha_problem p;
+    MakeProblem(c, opt, dtype, batch, &p);
+    AttachExtras(c, ptr, &p);
+    FixFoldedBatchStrides(c, batch, B, &p);
+    fmha_param_grads grads;
+    std::memset(&grads, 0, sizeof grads);
+    if (c.op[DBIAS].present()) {
+      grads.d_dense = reinterpret_cast<float *>(ptr[DBIAS]);
+      BroadcastStrides(c.op[DBIAS], grads.d_dense_strides);
+      if (batch != B && c.op[DBIAS].core(0) == 1)
+        grads.d_dense_strides[0] = c.op[DBIAS].strides[c.lead - 1];
+    }
+    fmha_status st = fmha_backward(&p, ptr[Q], ptr[K], ptr[V], ptr[O], ptr[DO],
+                                   reinterpret_cast<const float *>(ptr[LSE]), ptr[DQ], ptr[DK],
+                                   ptr[DV], c.op[DBIAS].present() ? &grads : nullptr, nullptr, 0);
+    return st == FMHA_OK ? ffi::Error::Success() : StatusError("fmha_backward", st);
+  });
+}
+
+}  // namespace
+
+// The two symbols fmha.jax looks up (the library builds with hidden visibility).
+#define FMHA_FFI_EXPORT extern "C" __attribute__((visibility("default")))
+FMHA_FFI_EXPORT XLA_FFI_Error *fmha_ffi_forward(XLA_FFI_CallFrame *call_frame);
+FMHA_FFI_EXPORT XLA_FFI_Error *fmha_ffi_backward(XLA_FFI_CallFrame *call_frame);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(fmha_ffi_forward, Forward,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .RemainingArgs()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<float>("scale")
+                                  .Attr<int64_t>("causal")
+                                  .Attr<int64_t>("window_left")
+                                  .Attr<int64_t>("window_right")
+                                  .Attr<int64_t>("strategy")
+                                  .Attr<int64_t>("extras"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(fmha_ffi_backward, Backward,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .RemainingArgs()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .RemainingRets()
+                                  .Attr<float>("scale")
+                                  .Attr<int64_t>("causal")
+                                  .Attr<int64_t>("window_left")
+                                  .Attr<int64_t>("window_right")
+                                  .Attr<int64_t>("strategy")
+                                  .Attr<int64_t>("extras")
+                                  .Attr<int64_t>("bias_grad"));

@@ -1,0 +1,305 @@
+"""_lib: loads libfmha.so with ctypes and mirrors the C API of fmha.h.
+
+The structs below follow include/fmha.h field by field (ctypes applies the
+same alignment rules as the C compiler); tests/python/test_numpy_api.py
+compiles a C program that prints the real offsets and compares. Every other
+module reaches the library through `load()` and `check()`.
+"""
+
+import ctypes
+import os
+import threading
+
+# ---- status codes and the error they raise -------------------------------------
+
+STATUS_NAMES = (
+    "FMHA_OK",
+    "FMHA_ERR_NULL_POINTER",
+    "FMHA_ERR_BAD_SIZE",
+    "FMHA_ERR_BAD_HEADS",
+    "FMHA_ERR_BAD_HEAD_DIM",
+    "FMHA_ERR_BAD_SCALE",
+    "FMHA_ERR_BAD_STRIDE",
+    "FMHA_ERR_OVERLAP",
+    "FMHA_ERR_BAD_OPTION",
+    "FMHA_ERR_UNSUPPORTED",
+    "FMHA_ERR_WORKSPACE_TOO_SMALL",
+    "FMHA_ERR_OUT_OF_MEMORY",
+    "FMHA_ERR_BAD_THREAD_COUNT",
+    "FMHA_ERR_BAD_MASK",
+    "FMHA_ERR_CALLBACK",
+)
+(OK, ERR_NULL_POINTER, ERR_BAD_SIZE, ERR_BAD_HEADS, ERR_BAD_HEAD_DIM, ERR_BAD_SCALE, ERR_BAD_STRIDE,
+ ERR_OVERLAP, ERR_BAD_OPTION, ERR_UNSUPPORTED, ERR_WORKSPACE_TOO_SMALL, ERR_OUT_OF_MEMORY,
+ ERR_BAD_THREAD_COUNT, ERR_BAD_MASK, ERR_CALLBACK) = range(len(STATUS_NAMES))
+
+DTYPE_F32, DTYPE_BF16, DTYPE_F16 = 0, 1, 2
+STRATEGIES = {"auto": 0, "tiled": 1, "dense": 2, "portable": 3}
+CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT = 0, 1, 2
+LAYOUT_BSHD, LAYOUT_BHSD = 0, 1
+TILE_EMPTY, TILE_FULL, TILE_PARTIAL = 0, 1, 2
+MAX_HEAD_DIM = 256
+
+
+class FmhaError(RuntimeError):
+    """A non-zero fmha_status. `status` is the code, `name` its enum name and
+    the message is fmha_status_string's sentence."""
+
+    def __init__(self, status, message=None, context=None):
+        self.status = int(status)
+        self.name = STATUS_NAMES[self.status] if 0 <= self.status < len(STATUS_NAMES) else "FMHA_ERR_?"
+        if message is None:
+            message = status_string(self.status)
+        self.c_message = message
+        text = f"{message} ({self.name})"
+        if context:
+            text = f"{context}: {text}"
+        super().__init__(text)
+
+    @property
+    def unsupported(self):
+        return self.status == ERR_UNSUPPORTED
+
+
+# ---- struct mirrors --------------------------------------------------------------
+
+class fmha_tile(ctypes.Structure):
+    _fields_ = [
+        ("batch", ctypes.c_int64),
+        ("head_q", ctypes.c_int64),
+        ("q0", ctypes.c_int64),
+        ("nq", ctypes.c_int64),
+        ("k0", ctypes.c_int64),
+        ("nk", ctypes.c_int64),
+        ("q_stride", ctypes.c_ssize_t),   # ptrdiff_t
+        ("k_stride", ctypes.c_ssize_t),
+        ("thread", ctypes.c_int),
+    ]
+
+
+MASK_CLASSIFY_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(fmha_tile))
+MASK_FILL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(fmha_tile),
+                                ctypes.POINTER(ctypes.c_uint8))
+BIAS_FILL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(fmha_tile),
+                                ctypes.POINTER(ctypes.c_float))
+BIAS_GRAD_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(fmha_tile),
+                                ctypes.POINTER(ctypes.c_float))
+
+
+class fmha_mask_callback(ctypes.Structure):
+    _fields_ = [
+        ("classify", MASK_CLASSIFY_FN),
+        ("fill", MASK_FILL_FN),
+        ("ctx", ctypes.c_void_p),
+    ]
+
+
+class fmha_bias_callback(ctypes.Structure):
+    _fields_ = [
+        ("fill", BIAS_FILL_FN),
+        ("accumulate_grad", BIAS_GRAD_FN),
+        ("ctx", ctypes.c_void_p),
+    ]
+
+
+class fmha_masks(ctypes.Structure):
+    _fields_ = [
+        ("window_left", ctypes.c_int64),
+        ("window_right", ctypes.c_int64),
+        ("kv_lengths", ctypes.POINTER(ctypes.c_int32)),
+        ("q_lengths", ctypes.POINTER(ctypes.c_int32)),
+        ("q_segment_ids", ctypes.POINTER(ctypes.c_int32)),
+        ("kv_segment_ids", ctypes.POINTER(ctypes.c_int32)),
+        ("dense", ctypes.POINTER(ctypes.c_uint8)),
+        ("dense_strides", ctypes.c_int64 * 4),
+        ("callback", fmha_mask_callback),
+    ]
+
+
+class fmha_biases(ctypes.Structure):
+    _fields_ = [
+        ("dense", ctypes.POINTER(ctypes.c_float)),
+        ("dense_strides", ctypes.c_int64 * 4),
+        ("alibi_slopes", ctypes.POINTER(ctypes.c_float)),
+        ("rel_table", ctypes.POINTER(ctypes.c_float)),
+        ("rel_num_buckets", ctypes.c_int32),
+        ("rel_max_distance", ctypes.c_int32),
+        ("rel_bidirectional", ctypes.c_int32),
+        ("softcap", ctypes.c_float),
+        ("callback", fmha_bias_callback),
+    ]
+
+
+class fmha_param_grads(ctypes.Structure):
+    _fields_ = [
+        ("d_dense", ctypes.POINTER(ctypes.c_float)),
+        ("d_dense_strides", ctypes.c_int64 * 4),
+        ("d_alibi", ctypes.POINTER(ctypes.c_float)),
+        ("d_rel_table", ctypes.POINTER(ctypes.c_float)),
+    ]
+
+
+class fmha_problem(ctypes.Structure):
+    _fields_ = [
+        ("dtype", ctypes.c_int),
+        ("batch", ctypes.c_int64),
+        ("heads_q", ctypes.c_int64),
+        ("heads_kv", ctypes.c_int64),
+        ("seq_q", ctypes.c_int64),
+        ("seq_kv", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("head_dim_v", ctypes.c_int64),
+        ("scale", ctypes.c_float),
+        ("causal", ctypes.c_int),
+        ("strategy", ctypes.c_int),
+        ("q_strides", ctypes.c_int64 * 4),
+        ("k_strides", ctypes.c_int64 * 4),
+        ("v_strides", ctypes.c_int64 * 4),
+        ("o_strides", ctypes.c_int64 * 4),
+        ("masks", fmha_masks),
+        ("biases", fmha_biases),
+    ]
+
+
+# ---- loading -----------------------------------------------------------------------
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_REPO_ROOT = os.path.dirname(os.path.dirname(_PACKAGE_DIR))
+
+BUILD_HINT = (
+    "build it with `cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && "
+    "cmake --build build` in the fmha repository, then set FMHA_LIBRARY to the path "
+    "of build/libfmha.so (or copy libfmha.so next to the fmha package)"
+)
+
+
+def library_candidates():
+    """Where libfmha.so is looked for, in order."""
+    env = os.environ.get("FMHA_LIBRARY")
+    if env:
+        return [env]
+    return [os.path.join(_PACKAGE_DIR, "libfmha.so"), os.path.join(_REPO_ROOT, "build", "libfmha.so")]
+
+
+def header_path():
+    """fmha.h of this library: FMHA_INCLUDE_DIR, next to the package, or the repository's."""
+    for d in (os.environ.get("FMHA_INCLUDE_DIR"), os.path.join(_PACKAGE_DIR, "include"),
+              os.path.join(_REPO_ROOT, "include")):
+        if d and os.path.isfile(os.path.join(d, "fmha.h")):
+            return os.path.join(d, "fmha.h")
+    return None
+
+
+_lock = threading.Lock()
+_lib = None
+_lib_path = None
+
+
+def _declare(lib):
+    P = ctypes.POINTER
+    c_void_p, c_int, c_size_t = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+    prob = P(fmha_problem)
+    sigs = {
+        "fmha_status_string": (ctypes.c_char_p, [c_int]),
+        "fmha_problem_init": (None, [prob] + [ctypes.c_int64] * 7 + [c_int]),
+        "fmha_problem_check": (c_int, [prob]),
+        "fmha_forward_workspace_size": (c_int, [prob, P(c_size_t)]),
+        "fmha_forward": (c_int, [prob, c_void_p, c_void_p, c_void_p, c_void_p, P(ctypes.c_float),
+                                 c_void_p, c_size_t]),
+        "fmha_backward_workspace_size": (c_int, [prob, P(c_size_t)]),
+        "fmha_backward": (c_int, [prob, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
+                                  P(ctypes.c_float), c_void_p, c_void_p, c_void_p,
+                                  P(fmha_param_grads), c_void_p, c_size_t]),
+        "fmha_forward_backward": (c_int, [prob, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
+                                          P(ctypes.c_float), c_void_p, c_void_p, c_void_p,
+                                          P(fmha_param_grads)]),
+        "fmha_set_num_threads": (c_int, [c_int]),
+        "fmha_get_num_threads": (c_int, []),
+        "fmha_isa_name": (ctypes.c_char_p, []),
+        "fmha_version_string": (ctypes.c_char_p, []),
+    }
+    for name, (restype, argtypes) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    # Optional (newer headers): the T5 bucket the rel_table bias uses.
+    if hasattr(lib, "fmha_rel_bucket"):
+        lib.fmha_rel_bucket.restype = ctypes.c_int32
+        lib.fmha_rel_bucket.argtypes = [ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, c_int]
+
+
+def load():
+    """The loaded library (once per process). ImportError when it is missing."""
+    global _lib, _lib_path
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        tried = []
+        for path in library_candidates():
+            if not os.path.isfile(path):
+                tried.append(f"{path} (absent)")
+                continue
+            try:
+                # RTLD_GLOBAL: the JAX FFI library links libfmha and must bind
+                # to this same instance (one thread pool, one thread setting).
+                lib = ctypes.CDLL(os.path.abspath(path), mode=ctypes.RTLD_GLOBAL)
+            except OSError as e:
+                tried.append(f"{path} ({e})")
+                continue
+            _declare(lib)
+            _lib, _lib_path = lib, os.path.abspath(path)
+            return _lib
+        raise ImportError("fmha: cannot load libfmha.so; tried " + "; ".join(tried) + ". " + BUILD_HINT)
+
+
+def library_path():
+    load()
+    return _lib_path
+
+
+def status_string(status):
+    if _lib is None:
+        return STATUS_NAMES[status] if 0 <= status < len(STATUS_NAMES) else "unknown fmha status"
+    return _lib.fmha_status_string(int(status)).decode()
+
+
+def check(status, context=None):
+    """Raises FmhaError for a non-zero status."""
+    if status != OK:
+        raise FmhaError(status, status_string(status), context)
+
+
+# ---- small helpers over the library --------------------------------------------------
+
+def problem_init(batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, head_dim_v, layout=LAYOUT_BSHD):
+    p = fmha_problem()
+    load().fmha_problem_init(ctypes.byref(p), batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
+                             head_dim_v, layout)
+    return p
+
+
+def set_num_threads(n):
+    """Fixes the library's thread count (n > 0) or restores the default (n == 0)."""
+    check(load().fmha_set_num_threads(int(n)), "fmha_set_num_threads")
+
+
+def get_num_threads():
+    return int(load().fmha_get_num_threads())
+
+
+def isa_name():
+    return load().fmha_isa_name().decode()
+
+
+def version_string():
+    return load().fmha_version_string().decode()
+
+
+def rel_bucket(rel, num_buckets, max_distance, bidirectional):
+    """fmha_rel_bucket of the library, or None when this build lacks it."""
+    lib = load()
+    if not hasattr(lib, "fmha_rel_bucket"):
+        return None
+    return int(lib.fmha_rel_bucket(int(rel), int(num_buckets), int(max_distance), int(bool(bidirectional))))

@@ -1,0 +1,616 @@
+"""api: fmha on NumPy arrays. `attention` and `attention_backward` take
+[B, T, N, H] (or [T, N, H]) arrays, as jax.nn.dot_product_attention does,
+check every shape and dtype in Python, describe the arrays to the C library
+by pointer and element strides (broadcast views and permuted layouts need
+no copies) and call fmha_forward / fmha_backward.
+
+Masks and biases broadcastable to [B, N, T, S] reach the C library as its
+dense mask / dense bias with 0 strides on broadcast dimensions. Callbacks
+(MaskCallback, BiasCallback) run Python on the library's threads, one tile
+at a time; they are for experiments, not speed.
+"""
+
+import ctypes
+import math
+from collections import namedtuple
+
+import numpy as np
+
+from . import _lib
+from ._lib import FmhaError
+
+try:  # bfloat16 comes from ml_dtypes (optional)
+    import ml_dtypes
+
+    BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover
+    BFLOAT16 = None
+
+_lib.load()  # ImportError with build instructions when libfmha.so is missing
+
+__all__ = ["attention", "attention_backward", "MaskCallback", "BiasCallback", "Tile", "FmhaError",
+           "DTYPE_CODES"]
+
+DTYPE_CODES = {np.dtype(np.float32): _lib.DTYPE_F32, np.dtype(np.float16): _lib.DTYPE_F16}
+if BFLOAT16 is not None:
+    DTYPE_CODES[BFLOAT16] = _lib.DTYPE_BF16
+
+CAUSAL_ALIGNMENTS = {"top_left": _lib.CAUSAL_TOP_LEFT, "bottom_right": _lib.CAUSAL_BOTTOM_RIGHT}
+
+# scale = 0 means "1/sqrt(head_dim)" to the C library; an explicit zero scale
+# is passed as the smallest positive float32, which gives the same scores.
+_TINY_SCALE = float(np.nextafter(np.float32(0), np.float32(1)))
+
+Tile = namedtuple("Tile", "batch head_q q0 nq k0 nk thread")
+
+
+class MaskCallback:
+    """A computed mask. fill(tile, visible) sets visible[i, r] = 0 for hidden
+    scores of query tile.q0 + i and key tile.k0 + r (visible is a uint8
+    [nq, nk] view of the library's buffer). classify(tile), optional, returns
+    0 (every score hidden), 1 (none hidden) or 2 (ask fill)."""
+
+    def __init__(self, fill, classify=None):
+        self.fill = fill
+        self.classify = classify
+
+
+class BiasCallback:
+    """A computed bias. fill(tile, scores) adds to the float32 [nq, nk] view
+    scores; accumulate_grad(tile, d_scores), optional, receives the tile's
+    gradient of the loss with respect to the added bias."""
+
+    def __init__(self, fill, accumulate_grad=None):
+        self.fill = fill
+        self.accumulate_grad = accumulate_grad
+
+
+# ---- helpers shared with the torch binding --------------------------------------------
+
+def dtype_code(dtype):
+    """The fmha_dtype of a NumPy dtype; TypeError for others."""
+    dtype = np.dtype(dtype)
+    if dtype not in DTYPE_CODES:
+        names = ", ".join(str(d) for d in DTYPE_CODES)
+        raise TypeError(f"fmha: unsupported dtype {dtype}; use one of {names}")
+    return DTYPE_CODES[dtype]
+
+
+def broadcast_strides(shape, strides, full, name):
+    """Element strides of a 4-D operand broadcast to `full` ([B, N, T, S]):
+    0 where the operand has size 1. ValueError when a size is neither 1 nor
+    the full size."""
+    if len(shape) != 4:
+        raise ValueError(f"fmha: {name} must have at most 4 dimensions, got shape {tuple(shape)}")
+    out = []
+    for i, (n, st, f) in enumerate(zip(shape, strides, full)):
+        if n == 1:
+            out.append(0)
+        elif n == f:
+            out.append(int(st))
+        else:
+            raise ValueError(f"fmha: {name} of shape {tuple(shape)} does not broadcast to "
+                             f"[B, N, T, S] = {list(full)} (dimension {i})")
+    return out
+
+
+def window_sides(local_window_size):
+    """(left, right) for the C struct, -1 leaving a side unbounded. Takes an
+    int (both sides) or a (left, right) tuple whose sides are ints or None."""
+    def side(x):
+        if x is None:
+            return -1
+        if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+            raise TypeError(f"fmha: local_window_size must be an int or a (left, right) tuple of ints, got "
+                            f"{local_window_size!r}")
+        if x < 0:
+            raise ValueError(f"fmha: local_window_size must be >= 0, got {local_window_size!r}")
+        return int(x)
+
+    if local_window_size is None:
+        return -1, -1
+    if isinstance(local_window_size, (tuple, list)):
+        if len(local_window_size) != 2:
+            raise TypeError(f"fmha: local_window_size tuple must be (left, right), got {local_window_size!r}")
+        return side(local_window_size[0]), side(local_window_size[1])
+    w = side(local_window_size)
+    return w, w
+
+
+def resolve_scale(scale, head_dim):
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    scale = float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"fmha: scale must be finite, got {scale}")
+    return _TINY_SCALE if scale == 0.0 else scale
+
+
+def strategy_code(strategy):
+    if strategy not in _lib.STRATEGIES:
+        raise ValueError(f"fmha: unknown strategy {strategy!r}; use one of {sorted(_lib.STRATEGIES)}")
+    return _lib.STRATEGIES[strategy]
+
+
+def causal_code(is_causal, causal_alignment):
+    if causal_alignment not in CAUSAL_ALIGNMENTS:
+        raise ValueError(f"fmha: causal_alignment must be 'top_left' or 'bottom_right', got "
+                         f"{causal_alignment!r}")
+    return CAUSAL_ALIGNMENTS[causal_alignment] if is_causal else _lib.CAUSAL_NONE
+
+
+def new_problem(dtype, sizes, q_strides, k_strides, v_strides, o_strides, *, scale, causal,
+                strategy, window=(-1, -1)):
+    """An fmha_problem from sizes (B, Hq, Hkv, Sq, Skv, D, Dv) and [b, s, h, d] strides."""
+    p = _lib.problem_init(*sizes)
+    p.dtype = dtype
+    p.scale = scale
+    p.causal = causal
+    p.strategy = strategy
+    for field, st in (("q_strides", q_strides), ("k_strides", k_strides), ("v_strides", v_strides),
+                      ("o_strides", o_strides)):
+        getattr(p, field)[:] = [int(x) for x in st]
+    p.masks.window_left, p.masks.window_right = window
+    return p
+
+
+def _ptr(ctype, address):
+    return ctypes.cast(ctypes.c_void_p(address), ctypes.POINTER(ctype))
+
+
+def set_dense_mask(p, address, strides):
+    p.masks.dense = _ptr(ctypes.c_uint8, address)
+    p.masks.dense_strides[:] = strides
+
+
+def set_dense_bias(p, address, strides):
+    p.biases.dense = _ptr(ctypes.c_float, address)
+    p.biases.dense_strides[:] = strides
+
+
+# ---- NumPy operands ------------------------------------------------------------------------
+
+def _elem_strides(a):
+    return tuple(s // a.itemsize for s in a.strides)
+
+
+def _usable(a):
+    """a itself when the library can read it in place, else a contiguous copy."""
+    if a.flags.aligned and all(s >= 0 and s % a.itemsize == 0 for s in a.strides):
+        return a
+    return np.ascontiguousarray(a)
+
+
+def _as_array(x, name):
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "__array__") or isinstance(x, (list, tuple)):
+        return np.asarray(x)
+    raise TypeError(f"fmha: {name} must be a NumPy array, got {type(x).__name__}")
+
+
+def _bshd(a):
+    """[b, s, h, d] element strides of a [B, T, N, H] array."""
+    return _elem_strides(a)
+
+
+def _int32_vector(x, length, upper, name):
+    x = _as_array(x, name)
+    if x.dtype.kind not in "iu":
+        raise TypeError(f"fmha: {name} must hold integers, got dtype {x.dtype}")
+    if x.shape != (length,):
+        raise ValueError(f"fmha: {name} must have shape ({length},), got {x.shape}")
+    if x.size and (x.min() < 0 or x.max() > upper):
+        raise ValueError(f"fmha: {name} must lie in 0..{upper}, got {x.min()}..{x.max()}")
+    return np.ascontiguousarray(x, dtype=np.int32)
+
+
+def _int32_matrix(x, shape, name):
+    x = _as_array(x, name)
+    if x.dtype.kind not in "iu":
+        raise TypeError(f"fmha: {name} must hold integers, got dtype {x.dtype}")
+    if x.shape != shape:
+        raise ValueError(f"fmha: {name} must have shape {shape}, got {x.shape}")
+    return np.ascontiguousarray(x, dtype=np.int32)
+
+
+def _float32_tensor(x, name):
+    x = _as_array(x, name)
+    if x.dtype.kind not in "fiub" and x.dtype != BFLOAT16:
+        raise TypeError(f"fmha: {name} must be a real array, got dtype {x.dtype}")
+    return x if x.dtype == np.float32 else x.astype(np.float32)
+
+
+def _to_4d(x, batched):
+    """Left-pads a mask or bias with size-1 dimensions to 4-D."""
+    if x.ndim > 4:
+        raise ValueError(f"fmha: mask and bias must broadcast to {'[B, N, T, S]' if batched else '[N, T, S]'}"
+                         f", got shape {x.shape}")
+    return x.reshape((1,) * (4 - x.ndim) + x.shape)
+
+
+class _Call:
+    """One prepared C call: the problem and every buffer it points at (kept
+    alive here until the call returns)."""
+
+    def __init__(self):
+        self.keep = []
+        self.callback_error = None
+        self.bias4 = None       # float32 [.., .., .., ..] as passed to C
+        self.bias_shape = None  # the caller's shape
+        self.alibi = None
+        self.rel_table = None
+
+    def hold(self, *objects):
+        self.keep.extend(objects)
+
+    def record_error(self, exc):
+        if self.callback_error is None:
+            self.callback_error = exc
+
+    def raise_callback_error(self):
+        if self.callback_error is not None:
+            err, self.callback_error = self.callback_error, None
+            raise err
+
+
+def _tile_view(tile_ptr, buffer_ptr, ctype, dtype):
+    t = tile_ptr.contents
+    nq, nk = int(t.nq), int(t.nk)
+    qs, ks = int(t.q_stride), int(t.k_stride)
+    extent = (nq - 1) * qs + (nk - 1) * ks + 1 if nq and nk else 0
+    flat = np.ctypeslib.as_array(ctypes.cast(buffer_ptr, ctypes.POINTER(ctype)), shape=(max(extent, 1),))
+    itemsize = np.dtype(dtype).itemsize
+    view = np.lib.stride_tricks.as_strided(flat, shape=(nq, nk), strides=(qs * itemsize, ks * itemsize))
+    return Tile(int(t.batch), int(t.head_q), int(t.q0), nq, int(t.k0), nk, int(t.thread)), view
+
+
+def _install_mask_callback(p, call, cb):
+    if not isinstance(cb, MaskCallback):
+        if callable(cb):
+            cb = MaskCallback(cb)
+        else:
+            raise TypeError("fmha: mask_callback must be a MaskCallback or a fill function")
+
+    def fill(ctx, tile_ptr, visible_ptr):
+        try:
+            tile, view = _tile_view(tile_ptr, visible_ptr, ctypes.c_uint8, np.uint8)
+            cb.fill(tile, view)
+        except BaseException as e:  # noqa: BLE001 - re-raised after the C call
+            call.record_error(e)
+
+    def classify(ctx, tile_ptr):
+        try:
+            t = tile_ptr.contents
+            tile = Tile(int(t.batch), int(t.head_q), int(t.q0), int(t.nq), int(t.k0), int(t.nk),
+                        int(t.thread))
+            return int(cb.classify(tile))
+        except BaseException as e:  # noqa: BLE001
+            call.record_error(e)
+            return -1  # an invalid class: the library stops with FMHA_ERR_CALLBACK
+
+    c_fill = _lib.MASK_FILL_FN(fill)
+    p.masks.callback.fill = c_fill
+    call.hold(c_fill)
+    if cb.classify is not None:
+        c_classify = _lib.MASK_CLASSIFY_FN(classify)
+        p.masks.callback.classify = c_classify
+        call.hold(c_classify)
+
+
+def _install_bias_callback(p, call, cb):
+    if not isinstance(cb, BiasCallback):
+        if callable(cb):
+            cb = BiasCallback(cb)
+        else:
+            raise TypeError("fmha: bias_callback must be a BiasCallback or a fill function")
+
+    def fill(ctx, tile_ptr, scores_ptr):
+        try:
+            tile, view = _tile_view(tile_ptr, scores_ptr, ctypes.c_float, np.float32)
+            cb.fill(tile, view)
+        except BaseException as e:  # noqa: BLE001
+            call.record_error(e)
+
+    def accumulate(ctx, tile_ptr, grad_ptr):
+        try:
+            tile, view = _tile_view(tile_ptr, grad_ptr, ctypes.c_float, np.float32)
+            cb.accumulate_grad(tile, view)
+        except BaseException as e:  # noqa: BLE001
+            call.record_error(e)
+
+    c_fill = _lib.BIAS_FILL_FN(fill)
+    p.biases.callback.fill = c_fill
+    call.hold(c_fill)
+    if cb.accumulate_grad is not None:
+        c_acc = _lib.BIAS_GRAD_FN(accumulate)
+        p.biases.callback.accumulate_grad = c_acc
+        call.hold(c_acc)
+
+
+def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignment, local_window_size,
+             query_seq_lengths, key_value_seq_lengths, segment_ids, alibi_slopes, rel_table,
+             rel_max_distance, rel_bidirectional, softcap, strategy, mask_callback, bias_callback):
+    """Validates every argument (ValueError / TypeError) without calling the
+    library; returns (call, q, k, v, batched) for _describe."""
+    q = _as_array(query, "query")
+    k = _as_array(key, "key")
+    v = _as_array(value, "value")
+    if q.ndim != k.ndim or q.ndim != v.ndim or q.ndim not in (3, 4):
+        raise ValueError("fmha: query, key and value must all be [B, T, N, H] (4-D) or [T, N, H] (3-D), "
+                         f"got shapes {q.shape}, {k.shape}, {v.shape}")
+    code = dtype_code(q.dtype)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"fmha: query, key and value must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    batched = q.ndim == 4
+    if not batched:
+        q, k, v = q[None], k[None], v[None]
+    B, T, N, H = q.shape
+    Bk, S, K, Hk = k.shape
+    Hv = v.shape[3]
+    if Bk != B or v.shape[0] != B:
+        raise ValueError(f"fmha: query, key and value must share the batch size, got {q.shape}, {k.shape}, "
+                         f"{v.shape}")
+    if Hk != H:
+        raise ValueError(f"fmha: query and key must share the head dim, got {H} and {Hk}")
+    if v.shape[1] != S or v.shape[2] != K:
+        raise ValueError(f"fmha: value must be [B, S, K, Hv] like key {k.shape}, got {v.shape}")
+    if K == 0 or N % K != 0:
+        raise ValueError(f"fmha: the number of query heads must be a multiple of key/value heads, got "
+                         f"{N} vs {K}")
+    q, k, v = _usable(q), _usable(k), _usable(v)
+    full = (B, N, T, S)
+    scale_value = resolve_scale(scale, H)
+    causal = causal_code(is_causal, causal_alignment)
+    strategy_value = strategy_code(strategy)
+    window = window_sides(local_window_size)
+
+    call = _Call()
+    call.shape = (B, T, N, S, K, H, Hv)
+    m = b = ql = kl = q_ids = kv_ids = a = r = None
+    if mask is not None:
+        m = _as_array(mask, "mask")
+        if m.dtype == np.bool_:
+            m = m.view(np.uint8)
+        elif m.dtype.kind in "iu":
+            m = (m != 0).view(np.uint8)
+        else:
+            raise TypeError(f"fmha: mask must be boolean (True = attend), got dtype {m.dtype}; pass additive "
+                            "masks as bias")
+        m = _usable(_to_4d(m, batched))
+        mask_strides = broadcast_strides(m.shape, _elem_strides(m), full, "mask")
+    if bias is not None:
+        b = _as_array(bias, "bias")
+        call.bias_shape = b.shape
+        b = _usable(_to_4d(_float32_tensor(b, "bias"), batched))
+        bias_strides = broadcast_strides(b.shape, _elem_strides(b), full, "bias")
+        call.bias4 = b
+    if query_seq_lengths is not None:
+        ql = _int32_vector(query_seq_lengths if batched else np.reshape(query_seq_lengths, (1,)), B, T,
+                           "query_seq_lengths")
+    if key_value_seq_lengths is not None:
+        kl = _int32_vector(key_value_seq_lengths if batched else np.reshape(key_value_seq_lengths, (1,)), B, S,
+                           "key_value_seq_lengths")
+    if segment_ids is not None:
+        if isinstance(segment_ids, (tuple, list)) and len(segment_ids) == 2:
+            q_ids, kv_ids = segment_ids
+        else:
+            if T != S:
+                raise ValueError("fmha: one segment_ids array needs T == S; pass (q_segment_ids, "
+                                 "kv_segment_ids) otherwise")
+            q_ids = kv_ids = segment_ids
+        q_ids = _as_array(q_ids, "segment_ids")
+        kv_ids = _as_array(kv_ids, "segment_ids")
+        if not batched:
+            q_ids, kv_ids = q_ids[None], kv_ids[None]
+        q_ids = _int32_matrix(q_ids, (B, T), "q_segment_ids")
+        kv_ids = _int32_matrix(kv_ids, (B, S), "kv_segment_ids")
+    if alibi_slopes is not None:
+        a = _float32_tensor(alibi_slopes, "alibi_slopes")
+        if a.shape != (N,):
+            raise ValueError(f"fmha: alibi_slopes must have shape ({N},) (one per query head), got {a.shape}")
+        call.alibi = a = np.ascontiguousarray(a)
+    if rel_table is not None:
+        r = _float32_tensor(rel_table, "rel_table")
+        if r.ndim != 2 or r.shape[0] != N or r.shape[1] < 1:
+            raise ValueError(f"fmha: rel_table must have shape ({N}, num_buckets), got {r.shape}")
+        call.rel_table = r = np.ascontiguousarray(r)
+    if softcap is not None:
+        softcap = float(softcap)
+        if not (softcap > 0 and math.isfinite(softcap)):
+            raise ValueError(f"fmha: softcap must be > 0 and finite, got {softcap}")
+    if mask_callback is not None and not (isinstance(mask_callback, MaskCallback) or callable(mask_callback)):
+        raise TypeError("fmha: mask_callback must be a MaskCallback or a fill function")
+    if bias_callback is not None and not (isinstance(bias_callback, BiasCallback) or callable(bias_callback)):
+        raise TypeError("fmha: bias_callback must be a BiasCallback or a fill function")
+
+    call.parts = dict(code=code, sizes=(B, N, K, T, S, H, Hv), scale=scale_value, causal=causal,
+                      strategy=strategy_value, window=window, mask=m, bias=b, q_lengths=ql, kv_lengths=kl,
+                      q_ids=q_ids, kv_ids=kv_ids, alibi=a, rel_table=r, softcap=softcap,
+                      rel_max_distance=rel_max_distance, rel_bidirectional=rel_bidirectional,
+                      mask_strides=mask_strides if m is not None else None,
+                      bias_strides=bias_strides if b is not None else None,
+                      mask_callback=mask_callback, bias_callback=bias_callback)
+    return call, q, k, v, batched
+
+
+def _describe(call, q, k, v):
+    """The C problem of a validated call (the first C call of an entry point)."""
+    d = call.parts
+    B, N, K, T, S, H, Hv = d["sizes"]
+    p = new_problem(d["code"], d["sizes"], _bshd(q), _bshd(k), _bshd(v), (T * N * Hv, N * Hv, Hv, 1),
+                    scale=d["scale"], causal=d["causal"], strategy=d["strategy"], window=d["window"])
+    m, b, ql, kl, q_ids, kv_ids, a, r = (d[x] for x in ("mask", "bias", "q_lengths", "kv_lengths", "q_ids",
+                                                         "kv_ids", "alibi", "rel_table"))
+    if m is not None:
+        set_dense_mask(p, m.ctypes.data, d["mask_strides"])
+    if b is not None:
+        set_dense_bias(p, b.ctypes.data, d["bias_strides"])
+    if ql is not None:
+        p.masks.q_lengths = _ptr(ctypes.c_int32, ql.ctypes.data)
+    if kl is not None:
+        p.masks.kv_lengths = _ptr(ctypes.c_int32, kl.ctypes.data)
+    if q_ids is not None:
+        p.masks.q_segment_ids = _ptr(ctypes.c_int32, q_ids.ctypes.data)
+        p.masks.kv_segment_ids = _ptr(ctypes.c_int32, kv_ids.ctypes.data)
+    if a is not None:
+        p.biases.alibi_slopes = _ptr(ctypes.c_float, a.ctypes.data)
+    if r is not None:
+        p.biases.rel_table = _ptr(ctypes.c_float, r.ctypes.data)
+        p.biases.rel_num_buckets = r.shape[1]
+        p.biases.rel_max_distance = int(d["rel_max_distance"])
+        p.biases.rel_bidirectional = int(bool(d["rel_bidirectional"]))
+    if d["softcap"] is not None:
+        p.biases.softcap = d["softcap"]
+    call.hold(m, b, ql, kl, q_ids, kv_ids, a, r)
+    if d["mask_callback"] is not None:
+        _install_mask_callback(p, call, d["mask_callback"])
+    if d["bias_callback"] is not None:
+        _install_bias_callback(p, call, d["bias_callback"])
+    call.problem = p
+
+
+def _run(call, fn, *args):
+    lib = _lib.load()
+    status = getattr(lib, fn)(ctypes.byref(call.problem), *args)
+    if status == _lib.ERR_CALLBACK or call.callback_error is not None:
+        call.raise_callback_error()
+    _lib.check(status, fn)
+
+
+def _address(a):
+    return ctypes.c_void_p(a.ctypes.data) if a is not None else None
+
+
+def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
+              causal_alignment="top_left", local_window_size=None, query_seq_lengths=None,
+              key_value_seq_lengths=None, segment_ids=None, alibi_slopes=None, softcap=None,
+              rel_table=None, rel_max_distance=128, rel_bidirectional=True, mask_callback=None,
+              bias_callback=None, return_lse=False, strategy="auto"):
+    """Scaled dot-product attention on NumPy arrays by the C library.
+
+    query [B, T, N, H], key [B, S, K, H], value [B, S, K, Hv] (or 3-D without
+    B), one dtype of float32, bfloat16 (ml_dtypes) or float16; N % K == 0
+    (GQA). bias (additive, any real dtype, used as float32) and mask (boolean,
+    True = attend) broadcast to [B, N, T, S]. Semantics follow
+    jax.nn.dot_product_attention, plus:
+      causal_alignment  'top_left' (jax, PyTorch) or 'bottom_right'
+      segment_ids       [B, T] (T == S) or (q_ids [B, T], kv_ids [B, S])
+      alibi_slopes      [N]; rel_table [N, buckets] (T5 bucketing,
+                        rel_max_distance, rel_bidirectional); softcap > 0
+      mask_callback, bias_callback   MaskCallback / BiasCallback
+      strategy          'auto', 'tiled', 'dense' or 'portable'
+    A query row that sees no key gets zeros (and lse = -inf).
+
+    Returns out [B, T, N, Hv] (query's dtype), or (out, lse) with lse float32
+    [B, N, T] ([N, T] for 3-D inputs) when return_lse.
+    """
+    call, q, k, v, batched = _prepare(
+        query, key, value, bias, mask, scale=scale, is_causal=is_causal, causal_alignment=causal_alignment,
+        local_window_size=local_window_size, query_seq_lengths=query_seq_lengths,
+        key_value_seq_lengths=key_value_seq_lengths, segment_ids=segment_ids, alibi_slopes=alibi_slopes,
+        rel_table=rel_table, rel_max_distance=rel_max_distance, rel_bidirectional=rel_bidirectional,
+        softcap=softcap, strategy=strategy, mask_callback=mask_callback, bias_callback=bias_callback)
+    B, T, N, S, K, H, Hv = call.shape
+    _describe(call, q, k, v)
+    out = np.empty((B, T, N, Hv), dtype=q.dtype)
+    lse = np.empty((B, N, T), dtype=np.float32) if return_lse else None
+    lse_ptr = ctypes.cast(_address(lse), ctypes.POINTER(ctypes.c_float)) if lse is not None else None
+    _run(call, "fmha_forward", _address(q), _address(k), _address(v), _address(out), lse_ptr, None, 0)
+    if not batched:
+        out = out[0]
+        lse = lse[0] if lse is not None else None
+    return (out, lse) if return_lse else out
+
+
+def _same_layout_copy(x, like):
+    """x's values in an array laid out as `like` (strides in elements)."""
+    y = np.empty_like(like)
+    y[...] = x
+    return y
+
+
+def attention_backward(query, key, value, out, lse, d_out, bias=None, mask=None, *, scale=None,
+                       is_causal=False, causal_alignment="top_left", local_window_size=None,
+                       query_seq_lengths=None, key_value_seq_lengths=None, segment_ids=None,
+                       alibi_slopes=None, softcap=None, rel_table=None, rel_max_distance=128,
+                       rel_bidirectional=True, mask_callback=None, bias_callback=None,
+                       return_bias_grads=False, strategy="auto"):
+    """Gradients of `attention` by the C backward (fmha_backward).
+
+    out and lse are attention(..., return_lse=True)'s results for the same
+    arguments; d_out is dL/dout. Returns (dq, dk, dv), in the shapes and
+    dtype of query, key and value (dk, dv summed over the query heads that
+    share a key/value head). With return_bias_grads, returns (dq, dk, dv,
+    grads) where grads maps 'bias', 'alibi_slopes' and 'rel_table' (those
+    given) to their float32 gradients (bias's in bias's own shape: summed
+    over the dimensions it broadcasts). A bias_callback receives its
+    gradient through its accumulate_grad.
+    """
+    call, q, k, v, batched = _prepare(
+        query, key, value, bias, mask, scale=scale, is_causal=is_causal, causal_alignment=causal_alignment,
+        local_window_size=local_window_size, query_seq_lengths=query_seq_lengths,
+        key_value_seq_lengths=key_value_seq_lengths, segment_ids=segment_ids, alibi_slopes=alibi_slopes,
+        rel_table=rel_table, rel_max_distance=rel_max_distance, rel_bidirectional=rel_bidirectional,
+        softcap=softcap, strategy=strategy, mask_callback=mask_callback, bias_callback=bias_callback)
+    B, T, N, S, K, H, Hv = call.shape
+    o = _as_array(out, "out")
+    do = _as_array(d_out, "d_out")
+    lse_a = _as_array(lse, "lse")
+    if not batched:
+        o, do, lse_a = o[None], do[None], lse_a[None]
+    if o.shape != (B, T, N, Hv) or do.shape != (B, T, N, Hv):
+        raise ValueError(f"fmha: out and d_out must have shape {(B, T, N, Hv)[0 if batched else 1:]}, got "
+                         f"{o.shape[0 if batched else 1:]} and {do.shape[0 if batched else 1:]}")
+    if o.dtype != q.dtype or do.dtype != q.dtype:
+        raise TypeError(f"fmha: out and d_out must have query's dtype {q.dtype}, got {o.dtype} and {do.dtype}")
+    if lse_a.shape != (B, N, T):
+        raise ValueError(f"fmha: lse must have shape {(B, N, T)[0 if batched else 1:]} (from "
+                         f"attention(..., return_lse=True)), got {lse_a.shape[0 if batched else 1:]}")
+    lse_a = np.ascontiguousarray(lse_a, dtype=np.float32)
+
+    # The gradients take the strides of q, k, v and dO takes those of O:
+    # arrange the inputs so that fresh gradient arrays can share them.
+    grads_like = []
+    for x in (q, k, v):
+        g = np.empty_like(x)
+        if g.strides != x.strides:
+            x = _same_layout_copy(x, g)
+        grads_like.append((x, g))
+    (q, dq), (k, dk), (v, dv) = grads_like
+    o = _usable(o)
+    if np.empty_like(o).strides != o.strides:
+        o = _same_layout_copy(o, np.empty_like(o))
+    if do.strides != o.strides:
+        do = _same_layout_copy(do, o)
+    _describe(call, q, k, v)
+    call.problem.o_strides[:] = _bshd(o)
+
+    grads = None
+    results = {}
+    if return_bias_grads and (call.bias4 is not None or call.alibi is not None or call.rel_table is not None):
+        grads = _lib.fmha_param_grads()
+        if call.bias4 is not None:
+            d_bias = np.zeros(call.bias4.shape, np.float32)
+            grads.d_dense = _ptr(ctypes.c_float, d_bias.ctypes.data)
+            grads.d_dense_strides[:] = broadcast_strides(d_bias.shape, _elem_strides(d_bias), (B, N, T, S),
+                                                         "bias")
+            results["bias"] = d_bias
+        if call.alibi is not None:
+            d_alibi = np.zeros(N, np.float32)
+            grads.d_alibi = _ptr(ctypes.c_float, d_alibi.ctypes.data)
+            results["alibi_slopes"] = d_alibi
+        if call.rel_table is not None:
+            d_rel = np.zeros(call.rel_table.shape, np.float32)
+            grads.d_rel_table = _ptr(ctypes.c_float, d_rel.ctypes.data)
+            results["rel_table"] = d_rel
+    lse_ptr = ctypes.cast(_address(lse_a), ctypes.POINTER(ctypes.c_float))
+    _run(call, "fmha_backward", _address(q), _address(k), _address(v), _address(o), _address(do), lse_ptr,
+         _address(dq), _address(dk), _address(dv), ctypes.byref(grads) if grads is not None else None, None, 0)
+    if "bias" in results:
+        results["bias"] = results["bias"].reshape(call.bias_shape)
+    if not batched:
+        dq, dk, dv = dq[0], dk[0], dv[0]
+    if return_bias_grads:
+        return dq, dk, dv, results
+    return dq, dk, dv

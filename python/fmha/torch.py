@@ -1,0 +1,216 @@
+"""fmha.torch: torch.nn.functional.scaled_dot_product_attention's signature,
+served by fmha's C kernels on CPU tensors.
+
+The custom ops fmha::attention and fmha::attention_backward (torch.library)
+call the C library through ctypes on the tensors' data pointers, with
+[B, H, L, E] strides passed as they are (no copies for permuted or
+broadcast inputs). register_autograd makes the pair differentiable (query,
+key, value and a float attn_mask); register_fake gives torch.compile the
+output shapes, so compiled graphs keep the op as one opaque call.
+
+Rows that see no key at all (a boolean attn_mask that is all False on a
+row) give zeros here, where PyTorch gives NaN.
+"""
+
+import ctypes
+import math
+from typing import Optional
+
+try:
+    import torch
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError("fmha.torch needs PyTorch (pip install torch); fmha's NumPy and JAX bindings "
+                      "work without it") from e
+
+from . import _lib, api
+from ._lib import FmhaError
+
+__all__ = ["scaled_dot_product_attention", "FmhaError"]
+
+_DTYPES = {torch.float32: _lib.DTYPE_F32, torch.bfloat16: _lib.DTYPE_BF16, torch.float16: _lib.DTYPE_F16}
+
+
+def _dtype_code(t):
+    if t.dtype not in _DTYPES:
+        raise TypeError(f"fmha.torch: unsupported dtype {t.dtype}; use float32, bfloat16 or float16")
+    return _DTYPES[t.dtype]
+
+
+def _seq_strides(t):
+    """[batch, seq, head, dim] element strides of a [B, H, L, E] tensor."""
+    s = t.stride()
+    return (s[0], s[2], s[1], s[3])
+
+
+def _mask_strides(t, full, name):
+    return api.broadcast_strides(tuple(t.shape), t.stride(), full, name)
+
+
+def _problem(q, k, v, o_strides, bias, mask, is_causal, scale):
+    B, H, L, E = q.shape
+    _, Hkv, S, Ev = v.shape
+    p = api.new_problem(_dtype_code(q), (B, H, Hkv, L, S, E, Ev), _seq_strides(q), _seq_strides(k),
+                        _seq_strides(v), o_strides, scale=scale,
+                        causal=_lib.CAUSAL_TOP_LEFT if is_causal else _lib.CAUSAL_NONE,
+                        strategy=_lib.STRATEGIES["auto"])
+    full = (B, H, L, S)
+    if bias is not None:
+        api.set_dense_bias(p, bias.data_ptr(), _mask_strides(bias, full, "attn_mask"))
+    if mask is not None:
+        api.set_dense_mask(p, mask.data_ptr(), _mask_strides(mask, full, "attn_mask"))
+    return p
+
+
+def _ptr(t):
+    return ctypes.c_void_p(t.data_ptr())
+
+
+def _fptr(t):
+    return ctypes.cast(ctypes.c_void_p(t.data_ptr()), ctypes.POINTER(ctypes.c_float))
+
+
+def _with_layout(x, like):
+    """x copied into a tensor laid out as `like`."""
+    y = torch.empty_like(like)
+    y.copy_(x)
+    return y
+
+
+@torch.library.custom_op("fmha::attention", mutates_args=(), device_types="cpu")
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor],
+                  mask: Optional[torch.Tensor], is_causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    B, H, L, _ = q.shape
+    out = q.new_empty((B, H, L, v.shape[3]))
+    lse = q.new_empty((B, H, L), dtype=torch.float32)
+    p = _problem(q, k, v, _seq_strides(out), bias, mask, is_causal, scale)
+    st = _lib.load().fmha_forward(ctypes.byref(p), _ptr(q), _ptr(k), _ptr(v), _ptr(out), _fptr(lse), None, 0)
+    _lib.check(st, "fmha_forward")
+    return out, lse
+
+
+@_attention_op.register_fake
+def _attention_fake(q, k, v, bias, mask, is_causal, scale):
+    B, H, L, _ = q.shape
+    return q.new_empty((B, H, L, v.shape[3])), q.new_empty((B, H, L), dtype=torch.float32)
+
+
+@torch.library.custom_op("fmha::attention_backward", mutates_args=(), device_types="cpu")
+def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                           lse: torch.Tensor, d_o: torch.Tensor, bias: Optional[torch.Tensor],
+                           mask: Optional[torch.Tensor], is_causal: bool, scale: float,
+                           bias_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    # dQ, dK, dV take the strides of Q, K, V and dO those of O: arrange the
+    # inputs so that fresh gradient tensors can share them.
+    grads = []
+    arranged = []
+    for x in (q, k, v):
+        g = torch.empty_like(x)
+        if g.stride() != x.stride():
+            x = _with_layout(x, g)
+        arranged.append(x)
+        grads.append(g)
+    q, k, v = arranged
+    dq, dk, dv = grads
+    if torch.empty_like(o).stride() != o.stride():
+        o = _with_layout(o, torch.empty_like(o))
+    if d_o.dtype != o.dtype or d_o.stride() != o.stride():
+        d_o = _with_layout(d_o, o)
+    lse = lse.contiguous()
+    p = _problem(q, k, v, _seq_strides(o), bias, mask, is_causal, scale)
+    param_grads = None
+    d_bias = q.new_empty((0,), dtype=torch.float32)
+    if bias_grad and bias is not None:
+        d_bias = torch.zeros(bias.shape, dtype=torch.float32)
+        param_grads = _lib.fmha_param_grads()
+        param_grads.d_dense = _fptr(d_bias)
+        B, H, L, _ = q.shape
+        param_grads.d_dense_strides[:] = _mask_strides(d_bias, (B, H, L, k.shape[2]), "attn_mask")
+    st = _lib.load().fmha_backward(ctypes.byref(p), _ptr(q), _ptr(k), _ptr(v), _ptr(o), _ptr(d_o), _fptr(lse),
+                                   _ptr(dq), _ptr(dk), _ptr(dv),
+                                   ctypes.byref(param_grads) if param_grads is not None else None, None, 0)
+    _lib.check(st, "fmha_backward")
+    return dq, dk, dv, d_bias
+
+
+@_attention_backward_op.register_fake
+def _attention_backward_fake(q, k, v, o, lse, d_o, bias, mask, is_causal, scale, bias_grad):
+    d_bias = (q.new_empty(bias.shape, dtype=torch.float32) if bias_grad and bias is not None
+              else q.new_empty((0,), dtype=torch.float32))
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), d_bias
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, bias, mask, is_causal, scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, bias, mask)
+    ctx.is_causal, ctx.scale = is_causal, scale
+
+
+def _backward(ctx, d_o, d_lse):
+    q, k, v, o, lse, bias, mask = ctx.saved_tensors
+    want_bias = bias is not None and ctx.needs_input_grad[3]
+    dq, dk, dv, d_bias = torch.ops.fmha.attention_backward(q, k, v, o, lse, d_o, bias, mask, ctx.is_causal,
+                                                           ctx.scale, want_bias)
+    return dq, dk, dv, d_bias if want_bias else None, None, None, None
+
+
+_attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
+    """torch.nn.functional.scaled_dot_product_attention by fmha's C kernels.
+
+    query [B, H, L, E], key [B, Hkv, S, E], value [B, Hkv, S, Ev] (or 3-D
+    without B) on CPU, float32, bfloat16 or float16. attn_mask: boolean
+    (True = take part) or additive float, broadcastable to [B, H, L, S];
+    its gradient is returned when it requires one. is_causal is top-left
+    aligned and may be combined with attn_mask. enable_gqa allows
+    H % Hkv == 0 with Hkv < H. dropout_p must be 0.
+    """
+    if dropout_p != 0.0:
+        raise ValueError(f"fmha.torch: dropout is not supported (dropout_p must be 0.0, got {dropout_p})")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"fmha.torch: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cpu":
+            raise ValueError(f"fmha.torch: {name} is on {t.device}; fmha runs on CPU tensors")
+        _dtype_code(t)
+    if not (query.dtype == key.dtype == value.dtype):
+        raise TypeError(f"fmha.torch: query, key and value must share a dtype, got {query.dtype}, {key.dtype}, "
+                        f"{value.dtype}")
+    if not (query.dim() == key.dim() == value.dim()) or query.dim() not in (3, 4):
+        raise ValueError("fmha.torch: query, key and value must all be [B, H, L, E] (4-D) or [H, L, E] (3-D), got "
+                         f"shapes {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
+    batched = query.dim() == 4
+    q, k, v = (query, key, value) if batched else (query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0))
+    B, H, L, E = q.shape
+    if k.shape[0] != B or v.shape[0] != B or k.shape[3] != E or v.shape[1:3] != k.shape[1:3]:
+        raise ValueError(f"fmha.torch: inconsistent shapes query {tuple(query.shape)}, key {tuple(key.shape)}, "
+                         f"value {tuple(value.shape)}")
+    Hkv, S = k.shape[1], k.shape[2]
+    if Hkv != H and not enable_gqa:
+        raise ValueError(f"fmha.torch: query has {H} heads and key {Hkv}; pass enable_gqa=True for grouped-query "
+                         "attention")
+    if H % Hkv != 0:
+        raise ValueError(f"fmha.torch: query heads ({H}) must be a multiple of key/value heads ({Hkv})")
+    if scale is None:
+        scale = 1.0 / math.sqrt(E)
+    scale = api.resolve_scale(scale, E)
+
+    bias = mask = None
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor):
+            raise TypeError(f"fmha.torch: attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}")
+        if attn_mask.dim() > 4:
+            raise ValueError(f"fmha.torch: attn_mask must broadcast to [B, H, L, S], got {tuple(attn_mask.shape)}")
+        m = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+        api.broadcast_strides(tuple(m.shape), (1, 1, 1, 1), (B, H, L, S), "attn_mask")
+        if m.dtype == torch.bool:
+            mask = m if all(st >= 0 for st in m.stride()) else m.contiguous()
+        elif m.is_floating_point():
+            bias = m.float()
+        else:
+            raise TypeError(f"fmha.torch: attn_mask must be boolean or floating point, got {attn_mask.dtype}")
+    out, _ = torch.ops.fmha.attention(q, k, v, bias, mask, bool(is_causal), float(scale))
+    return out if batched else out.squeeze(0)

@@ -1,0 +1,187 @@
+"""conftest: what the binding tests share: a float64 NumPy reference of
+attention with every mask and bias of fmha.h (the oracle, independent of
+the C library), random inputs, and `require`, which skips a test while the
+C library answers FMHA_ERR_UNSUPPORTED for a feature it needs (found by a
+tiny probe call, so the tests start running when the feature lands).
+"""
+
+import numpy as np
+import pytest
+
+# ---- the float64 reference ---------------------------------------------------------------
+
+
+def rel_bucket(rel, num_buckets, max_distance, bidirectional):
+    """T5 bucket of relative positions rel = key - query (array in, array out)."""
+    n = -np.asarray(rel, dtype=np.int64)
+    base = np.zeros_like(n)
+    nb = num_buckets
+    if bidirectional:
+        nb //= 2
+        base = np.where(n < 0, nb, 0)
+        n = np.abs(n)
+    else:
+        n = np.maximum(n, 0)
+    if nb <= 1:
+        return np.minimum(base, num_buckets - 1)
+    max_exact = nb // 2
+    large = np.full_like(n, nb - 1)
+    if max_distance > max_exact:
+        with np.errstate(divide="ignore"):
+            v = max_exact + np.log(np.maximum(n, 1) / max_exact) / np.log(max_distance / max_exact) * (
+                nb - max_exact) + 1e-9
+        large = np.where(v < nb - 1, np.floor(v).astype(np.int64), large)
+    return base + np.where(n < max_exact, n, large)
+
+
+def reference(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False, causal_alignment="top_left",
+              window=None, q_lengths=None, kv_lengths=None, segment_ids=None, alibi=None, rel_table=None,
+              rel_max_distance=128, rel_bidirectional=True, softcap=None, d_out=None):
+    """Attention in float64 with fmha's conventions ([B, T, N, H] inputs,
+    rows that see no key give O = 0 and lse = -inf). Returns a dict with o
+    [B, T, N, Hv] and lse [B, N, T]; with d_out also dq, dk, dv and the
+    gradients of the bias sources given (d_bias in bias's shape)."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    B, T, N, H = q.shape
+    S, K = k.shape[1], k.shape[2]
+    G = N // K
+    kr, vr = np.repeat(k, G, axis=2), np.repeat(v, G, axis=2)
+    scale = 1.0 / np.sqrt(H) if scale is None else scale
+    x = scale * np.einsum("btnh,bsnh->bnts", q, kr)
+    s = softcap * np.tanh(x / softcap) if softcap else x.copy()
+    off = S - T if causal_alignment == "bottom_right" else 0
+    a = np.arange(T)[:, None] + off - np.arange(S)[None, :]
+    if bias is not None:
+        b64 = np.asarray(bias, np.float64)
+        s = s + b64.reshape((1,) * (4 - b64.ndim) + b64.shape)
+    if alibi is not None:
+        s = s - np.asarray(alibi, np.float64)[None, :, None, None] * np.abs(a)
+    if rel_table is not None:
+        buckets = rel_bucket(-a, rel_table.shape[1], rel_max_distance, rel_bidirectional)
+        s = s + np.asarray(rel_table, np.float64)[:, buckets][None]
+    vis = np.ones((B, N, T, S), bool)
+    if mask is not None:
+        mk = np.asarray(mask, bool)
+        vis &= mk.reshape((1,) * (4 - mk.ndim) + mk.shape)
+    if is_causal:
+        vis &= a >= 0
+    if window is not None:
+        left, right = (window, window) if np.isscalar(window) else window
+        if left is not None and left >= 0:
+            vis &= a <= left
+        if right is not None and right >= 0:
+            vis &= a >= -right
+    if kv_lengths is not None:
+        vis &= np.arange(S)[None, None, None, :] < np.asarray(kv_lengths)[:, None, None, None]
+    if q_lengths is not None:
+        vis &= np.arange(T)[None, None, :, None] < np.asarray(q_lengths)[:, None, None, None]
+    if segment_ids is not None:
+        qs, ks = segment_ids if isinstance(segment_ids, tuple) else (segment_ids, segment_ids)
+        vis &= np.asarray(qs)[:, None, :, None] == np.asarray(ks)[:, None, None, :]
+    sm = np.where(vis, s, -np.inf)
+    m = sm.max(axis=-1, keepdims=True)
+    empty = ~np.isfinite(m)
+    p = np.where(vis, np.exp(sm - np.where(empty, 0.0, m)), 0.0)
+    l = p.sum(axis=-1, keepdims=True)
+    p = p / np.where(empty, 1.0, l)
+    lse = np.where(empty, -np.inf, m + np.log(np.where(empty, 1.0, l)))[..., 0]
+    o = np.einsum("bnts,bsnh->btnh", p, vr)
+    out = {"o": o, "lse": lse}
+    if d_out is None:
+        return out
+    do = np.asarray(d_out, np.float64)
+    dp = np.einsum("btnh,bsnh->bnts", do, vr)
+    dsum = np.einsum("btnh,btnh->bnt", do, o)
+    ds = p * (dp - dsum[..., None])
+    dx = ds * (1.0 - np.tanh(x / softcap) ** 2) if softcap else ds
+    out["dq"] = scale * np.einsum("bnts,bsnh->btnh", dx, kr)
+    out["dk"] = (scale * np.einsum("bnts,btnh->bsnh", dx, q)).reshape(B, S, K, G, H).sum(axis=3)
+    out["dv"] = np.einsum("bnts,btnh->bsnh", p, do).reshape(B, S, K, G, -1).sum(axis=3)
+    if bias is not None:
+        shape = np.shape(bias)
+        shape4 = (1,) * (4 - len(shape)) + tuple(shape)
+        axes = tuple(i for i in range(4) if shape4[i] == 1)
+        out["d_bias"] = ds.sum(axis=axes, keepdims=True).reshape(shape)
+    if alibi is not None:
+        out["d_alibi"] = np.einsum("bnts,ts->n", ds, -np.abs(a).astype(np.float64))
+    if rel_table is not None:
+        d_rel = np.zeros(rel_table.shape)
+        per_head = ds.sum(axis=0)  # [N, T, S]
+        for c in range(rel_table.shape[1]):
+            d_rel[:, c] = per_head[:, buckets == c].sum(axis=-1)
+        out["d_rel_table"] = d_rel
+    return out
+
+
+def rel_error(x, ref):
+    """||x - ref|| / ||ref|| in float64 (absolute when ref is 0)."""
+    x = np.asarray(x, np.float64)
+    ref = np.asarray(ref, np.float64)
+    num = np.linalg.norm((x - ref).ravel())
+    den = np.linalg.norm(ref.ravel())
+    return num / den if den > 0 else num
+
+
+def uniform(rng, shape, dtype=np.float32):
+    return rng.uniform(-1, 1, shape).astype(dtype)
+
+
+# ---- skipping what the C library does not serve yet ------------------------------------------
+
+_PROBES = {}
+
+
+def _probe_call(feature):
+    import fmha
+
+    rng = np.random.default_rng(0)
+    B, T, N, H = 1, 4, 2, 8
+    q, k, v = (uniform(rng, (B, T, N, H)) for _ in range(3))
+    dtype = {"bfloat16": "bfloat16", "float16": np.float16}.get(feature)
+    if dtype is not None:
+        if dtype == "bfloat16":
+            import ml_dtypes
+
+            dtype = ml_dtypes.bfloat16
+        q, k, v = (x.astype(dtype) for x in (q, k, v))
+    options = {
+        "mask": dict(mask=np.ones((B, N, T, T), bool)),
+        "bias": dict(bias=np.zeros((B, N, T, T), np.float32)),
+        "window": dict(local_window_size=(1, 1)),
+        "q_lengths": dict(query_seq_lengths=np.array([T], np.int32)),
+        "kv_lengths": dict(key_value_seq_lengths=np.array([T], np.int32)),
+        "segments": dict(segment_ids=np.zeros((B, T), np.int32)),
+        "alibi": dict(alibi_slopes=np.ones(N, np.float32)),
+        "rel_table": dict(rel_table=np.zeros((N, 8), np.float32)),
+        "softcap": dict(softcap=10.0),
+        "mask_callback": dict(mask_callback=fmha.MaskCallback(lambda tile, visible: None)),
+        "bias_callback": dict(bias_callback=fmha.BiasCallback(lambda tile, scores: None, lambda t, g: None)),
+        "bottom_right": dict(is_causal=True, causal_alignment="bottom_right"),
+        "bfloat16": {},
+        "float16": {},
+    }[feature]
+    o, lse = fmha.attention(q, k, v, return_lse=True, **options)
+    fmha.attention_backward(q, k, v, o, lse, o, return_bias_grads=True, **options)
+
+
+def unsupported_reason(feature):
+    """None when the C library serves `feature` (forward and backward), else why not."""
+    if feature not in _PROBES:
+        from fmha import FmhaError
+
+        try:
+            _probe_call(feature)
+            _PROBES[feature] = None
+        except FmhaError as e:
+            if not e.unsupported:
+                raise
+            _PROBES[feature] = f"the C library answers FMHA_ERR_UNSUPPORTED for {feature} (not implemented yet)"
+    return _PROBES[feature]
+
+
+def require(*features):
+    """Skips the calling test while any of `features` is unsupported by the C library."""
+    for f in features:
+        reason = unsupported_reason(f)
+        if reason:
+            pytest.skip(reason)

@@ -1,0 +1,431 @@
+"""test_numpy_api: fmha.attention and fmha.attention_backward (NumPy) against
+the float64 reference and jax.nn.dot_product_attention: shapes with tails,
+GQA, causal alignments, every mask and bias, strided inputs, 16-bit dtypes,
+callbacks, and the errors raised before and by the C library. Features the
+C library does not serve yet are skipped with the reason."""
+
+import ctypes
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import fmha
+from fmha import _lib
+from fmha._lib import FmhaError
+
+from conftest import reference, rel_bucket, rel_error, require, uniform
+
+F32_TOL = 2e-5
+
+
+def inputs(rng, B, T, S, N, K, H, Hv=None, dtype=np.float32):
+    Hv = H if Hv is None else Hv
+    return (uniform(rng, (B, T, N, H), dtype), uniform(rng, (B, S, K, H), dtype), uniform(rng, (B, S, K, Hv), dtype),
+            uniform(rng, (B, T, N, Hv), dtype))
+
+
+def check_grads(options, ref_options, q, k, v, d_o, tol=F32_TOL, bias_keys=()):
+    o, lse = fmha.attention(q, k, v, return_lse=True, **options)
+    ref = reference(q, k, v, d_out=d_o, **ref_options)
+    assert rel_error(o, ref["o"]) < tol
+    finite = np.isfinite(ref["lse"])
+    assert np.array_equal(np.isfinite(lse), finite)
+    np.testing.assert_allclose(lse[finite], ref["lse"][finite], rtol=1e-5, atol=1e-5)
+    dq, dk, dv, grads = fmha.attention_backward(q, k, v, o, lse, d_o, return_bias_grads=True, **options)
+    for name, got in (("dq", dq), ("dk", dk), ("dv", dv)):
+        assert got.shape == ref[name].shape
+        assert rel_error(got, ref[name]) < tol, name
+    for key, ref_key in bias_keys:
+        assert grads[key].shape == ref[ref_key].shape
+        assert rel_error(grads[key], ref[ref_key]) < tol, key
+    return o
+
+
+# ---- the ctypes mirror of fmha.h -------------------------------------------------------------
+
+STRUCT_FIELDS = {
+    "fmha_tile": ["batch", "head_q", "q0", "nq", "k0", "nk", "q_stride", "k_stride", "thread"],
+    "fmha_mask_callback": ["classify", "fill", "ctx"],
+    "fmha_bias_callback": ["fill", "accumulate_grad", "ctx"],
+    "fmha_masks": ["window_left", "window_right", "kv_lengths", "q_lengths", "q_segment_ids", "kv_segment_ids",
+                   "dense", "dense_strides", "callback"],
+    "fmha_biases": ["dense", "dense_strides", "alibi_slopes", "rel_table", "rel_num_buckets", "rel_max_distance",
+                    "rel_bidirectional", "softcap", "callback"],
+    "fmha_param_grads": ["d_dense", "d_dense_strides", "d_alibi", "d_rel_table"],
+    "fmha_problem": ["dtype", "batch", "heads_q", "heads_kv", "seq_q", "seq_kv", "head_dim", "head_dim_v", "scale",
+                     "causal", "strategy", "q_strides", "k_strides", "v_strides", "o_strides", "masks", "biases"],
+}
+
+
+def test_struct_mirror_matches_the_header(tmp_path):
+    header = _lib.header_path()
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if header is None or cc is None:
+        pytest.skip("needs fmha.h and a C compiler")
+    lines = ['#include <stddef.h>', '#include <stdio.h>', '#include "fmha.h"', "int main(void) {"]
+    for struct, fields in STRUCT_FIELDS.items():
+        lines.append(f'printf("{struct} %zu\\n", sizeof({struct}));')
+        for f in fields:
+            lines.append(f'printf("{struct}.{f} %zu\\n", offsetof({struct}, {f}));')
+    lines += ["return 0;", "}"]
+    src = tmp_path / "layout.c"
+    src.write_text("\n".join(lines))
+    exe = tmp_path / "layout"
+    subprocess.run([cc, "-I", os.path.dirname(header), str(src), "-o", str(exe)], check=True)
+    c_layout = dict(line.split() for line in subprocess.run([str(exe)], capture_output=True, text=True,
+                                                             check=True).stdout.splitlines())
+    for struct, fields in STRUCT_FIELDS.items():
+        cls = getattr(_lib, struct)
+        assert ctypes.sizeof(cls) == int(c_layout[struct]), struct
+        assert [name for name, _ in cls._fields_] == fields, f"{struct}: fields differ from fmha.h"
+        for f in fields:
+            assert getattr(cls, f).offset == int(c_layout[f"{struct}.{f}"]), f"{struct}.{f}"
+
+
+def test_library_facts():
+    assert fmha.version_string().count(".") == 2
+    assert fmha.isa_name().startswith(("scalar", "avx2", "avx512"))
+    assert fmha.get_num_threads() >= 1
+
+
+# ---- forward and backward ------------------------------------------------------------------
+
+SHAPES = [  # B, T, S, N, K, H, Hv
+    (1, 1, 1, 1, 1, 8, 8),
+    (2, 17, 17, 4, 4, 16, 16),
+    (1, 37, 53, 6, 2, 24, 24),      # tails, GQA
+    (2, 64, 29, 4, 1, 8, 16),       # MQA, Dv != D, T > S
+    (1, 70, 70, 2, 2, 64, 64),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_matches_reference(shape, causal):
+    B, T, S, N, K, H, Hv = shape
+    rng = np.random.default_rng(sum(shape) + causal)
+    q, k, v, d_o = inputs(rng, B, T, S, N, K, H, Hv)
+    check_grads(dict(is_causal=causal), dict(is_causal=causal), q, k, v, d_o)
+
+
+@pytest.mark.parametrize("strategy", ["auto", "tiled", "dense", "portable"])
+def test_strategies_agree(strategy):
+    rng = np.random.default_rng(5)
+    q, k, v, d_o = inputs(rng, 1, 33, 41, 4, 2, 16)
+    check_grads(dict(strategy=strategy, is_causal=True), dict(is_causal=True), q, k, v, d_o)
+
+
+def test_bottom_right_causal():
+    require("bottom_right")
+    rng = np.random.default_rng(6)
+    for T, S in ((9, 21), (21, 9)):
+        q, k, v, d_o = inputs(rng, 2, T, S, 2, 2, 8)
+        check_grads(dict(is_causal=True, causal_alignment="bottom_right"),
+                    dict(is_causal=True, causal_alignment="bottom_right"), q, k, v, d_o)
+
+
+def test_three_d_inputs_and_scale():
+    rng = np.random.default_rng(7)
+    q, k, v, d_o = (x[0] for x in inputs(rng, 1, 9, 11, 4, 2, 8))
+    o, lse = fmha.attention(q, k, v, scale=0.3, return_lse=True)
+    ref = reference(q[None], k[None], v[None], scale=0.3, d_out=d_o[None])
+    assert o.shape == (9, 4, 8) and lse.shape == (4, 9)
+    assert rel_error(o, ref["o"][0]) < F32_TOL
+    dq, dk, dv = fmha.attention_backward(q, k, v, o, lse, d_o, scale=0.3)
+    assert rel_error(dq, ref["dq"][0]) < F32_TOL and rel_error(dk, ref["dk"][0]) < F32_TOL
+    # scale 0 is uniform attention (the C API reserves 0 for the default scale)
+    o0 = fmha.attention(q, k, v, scale=0.0)
+    np.testing.assert_allclose(o0, np.repeat(v.mean(axis=0, keepdims=True), 2, axis=1).repeat(9, axis=0),
+                               atol=1e-6)
+
+
+def test_strided_and_broadcast_inputs_need_no_copies():
+    rng = np.random.default_rng(8)
+    B, T, S, N, H = 2, 12, 15, 4, 8
+    q_bhsd = uniform(rng, (B, N, T, H))
+    kv = uniform(rng, (B, S, 2, 1, H))
+    q = q_bhsd.transpose(0, 2, 1, 3)                 # [B, T, N, H] view of a BHSD array
+    k = np.broadcast_to(kv[:, :, 0], (B, S, N, H))   # zero head stride
+    v = kv[:, :, 1, :, :][:, :, [0, 0, 0, 0]]         # a copy, fine
+    v = v[:, ::-1][:, ::-1]                           # double reversal: positive strides again
+    ref = reference(q, k, v)
+    assert rel_error(fmha.attention(q, k, v), ref["o"]) < F32_TOL
+    reversed_k = np.ascontiguousarray(k)[:, ::-1]     # negative strides are copied
+    ref = reference(q, reversed_k, v)
+    assert rel_error(fmha.attention(q, reversed_k, v), ref["o"]) < F32_TOL
+    d_o = np.broadcast_to(np.float32(1.0), (B, T, N, H))  # e.g. the gradient of a sum
+    o, lse = fmha.attention(q, k, v, return_lse=True)
+    dq, dk, dv = fmha.attention_backward(q, k, v, o, lse, d_o)
+    ref = reference(q, k, v, d_out=d_o)
+    assert rel_error(dq, ref["dq"]) < F32_TOL and rel_error(dv, ref["dv"]) < F32_TOL
+
+
+def test_thread_counts_give_identical_results():
+    rng = np.random.default_rng(9)
+    q, k, v, _ = inputs(rng, 1, 40, 40, 4, 4, 16)
+    before = fmha.get_num_threads()
+    try:
+        fmha.set_num_threads(1)
+        one = fmha.attention(q, k, v)
+        fmha.set_num_threads(3)
+        three = fmha.attention(q, k, v)
+    finally:
+        fmha.set_num_threads(0)
+    assert np.array_equal(one, three)
+    assert fmha.get_num_threads() == before
+
+
+# ---- masks -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mask_shape", [(2, 4, 13, 19), (1, 1, 13, 19), (2, 1, 1, 19), (13, 19), (4, 1, 19)])
+def test_dense_mask_broadcasts(mask_shape):
+    require("mask")
+    rng = np.random.default_rng(len(mask_shape))
+    q, k, v, d_o = inputs(rng, 2, 13, 19, 4, 2, 8)
+    mask = rng.uniform(size=mask_shape) > 0.4
+    mask[..., 0] = True
+    check_grads(dict(mask=mask), dict(mask=mask), q, k, v, d_o)
+
+
+@pytest.mark.parametrize("window", [0, 3, (2, 0), (0, 4), (None, 1), (5, None)])
+def test_local_window(window):
+    require("window")
+    rng = np.random.default_rng(11)
+    q, k, v, d_o = inputs(rng, 1, 21, 21, 2, 2, 8)
+    check_grads(dict(local_window_size=window), dict(window=window), q, k, v, d_o)
+    check_grads(dict(local_window_size=window, is_causal=True), dict(window=window, is_causal=True), q, k, v, d_o)
+
+
+def test_padding_lengths_and_empty_rows():
+    require("q_lengths", "kv_lengths")
+    rng = np.random.default_rng(12)
+    q, k, v, d_o = inputs(rng, 3, 10, 14, 2, 1, 8)
+    ql = np.array([10, 4, 0], np.int32)
+    kl = np.array([14, 1, 7], np.int32)
+    o = check_grads(dict(query_seq_lengths=ql, key_value_seq_lengths=kl),
+                    dict(q_lengths=ql, kv_lengths=kl), q, k, v, d_o)
+    assert np.all(o[1, 4:] == 0) and np.all(o[2] == 0)
+    _, lse = fmha.attention(q, k, v, key_value_seq_lengths=np.array([0, 14, 14], np.int32), return_lse=True)
+    assert np.all(np.isneginf(lse[0])) and np.all(np.isfinite(lse[1:]))
+
+
+def test_segment_ids():
+    require("segments")
+    rng = np.random.default_rng(13)
+    q, k, v, d_o = inputs(rng, 2, 12, 12, 2, 2, 8)
+    seg = np.array([[0] * 5 + [1] * 7, [3] * 12], np.int32)
+    check_grads(dict(segment_ids=seg), dict(segment_ids=seg), q, k, v, d_o)
+    q2, k2, v2, d_o2 = inputs(rng, 1, 6, 9, 2, 2, 8)
+    qs, ks = np.array([[0, 0, 1, 1, 2, 2]]), np.array([[0, 1, 1, 2, 2, 2, 0, 1, 2]])
+    check_grads(dict(segment_ids=(qs, ks)), dict(segment_ids=(qs, ks)), q2, k2, v2, d_o2)
+
+
+def test_masks_compose():
+    require("mask", "window", "kv_lengths", "segments")
+    rng = np.random.default_rng(14)
+    q, k, v, d_o = inputs(rng, 2, 16, 16, 2, 2, 8)
+    mask = rng.uniform(size=(2, 1, 16, 16)) > 0.2
+    kl = np.array([16, 11], np.int32)
+    seg = np.repeat(np.array([[0, 0, 1, 1], [0, 1, 1, 1]]), 4, axis=1)
+    opts = dict(mask=mask, local_window_size=(6, 2), key_value_seq_lengths=kl, segment_ids=seg, is_causal=True)
+    ref = dict(mask=mask, window=(6, 2), kv_lengths=kl, segment_ids=seg, is_causal=True)
+    check_grads(opts, ref, q, k, v, d_o)
+
+
+def test_mask_callback_matches_causal():
+    require("mask_callback")
+    rng = np.random.default_rng(15)
+    q, k, v, d_o = inputs(rng, 1, 20, 20, 2, 2, 8)
+
+    def fill(tile, visible):
+        i = tile.q0 + np.arange(tile.nq)[:, None]
+        j = tile.k0 + np.arange(tile.nk)[None, :]
+        visible[j > i] = 0
+
+    def classify(tile):
+        if tile.k0 > tile.q0 + tile.nq - 1:
+            return 0
+        return 1 if tile.k0 + tile.nk - 1 <= tile.q0 else 2
+
+    for cb in (fmha.MaskCallback(fill), fmha.MaskCallback(fill, classify)):
+        check_grads(dict(mask_callback=cb), dict(is_causal=True), q, k, v, d_o)
+
+
+def test_callback_exceptions_propagate():
+    require("mask_callback")
+    rng = np.random.default_rng(16)
+    q, k, v, _ = inputs(rng, 1, 8, 8, 1, 1, 8)
+
+    def classify(tile):
+        raise KeyError("from the callback")
+
+    with pytest.raises(KeyError, match="from the callback"):
+        fmha.attention(q, k, v, mask_callback=fmha.MaskCallback(lambda t, m: None, classify))
+
+
+# ---- biases ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bias_shape", [(2, 4, 13, 19), (1, 4, 13, 19), (2, 1, 1, 19), (13, 19), (1, 4, 1, 19)])
+def test_dense_bias_and_its_gradient(bias_shape):
+    require("bias")
+    rng = np.random.default_rng(20 + len(bias_shape))
+    q, k, v, d_o = inputs(rng, 2, 13, 19, 4, 2, 8)
+    bias = rng.normal(size=bias_shape).astype(np.float32)
+    check_grads(dict(bias=bias), dict(bias=bias), q, k, v, d_o, bias_keys=[("bias", "d_bias")])
+
+
+def test_alibi_rel_table_softcap():
+    require("alibi", "rel_table", "softcap")
+    rng = np.random.default_rng(21)
+    q, k, v, d_o = inputs(rng, 2, 24, 24, 4, 2, 8)
+    slopes = np.array([0.5, 0.25, 0.125, 0.0625], np.float32)
+    table = rng.normal(size=(4, 16)).astype(np.float32)
+    check_grads(dict(alibi_slopes=slopes), dict(alibi=slopes), q, k, v, d_o,
+                bias_keys=[("alibi_slopes", "d_alibi")])
+    for bidirectional in (True, False):
+        check_grads(dict(rel_table=table, rel_max_distance=20, rel_bidirectional=bidirectional),
+                    dict(rel_table=table, rel_max_distance=20, rel_bidirectional=bidirectional), q, k, v, d_o,
+                    bias_keys=[("rel_table", "d_rel_table")])
+    check_grads(dict(softcap=1.5, is_causal=True), dict(softcap=1.5, is_causal=True), q, k, v, d_o)
+
+
+def test_rel_bucket_matches_the_library():
+    if _lib.rel_bucket(0, 32, 128, True) is None:
+        pytest.skip("this libfmha does not export fmha_rel_bucket")
+    for nb, md, bi in ((32, 128, True), (32, 128, False), (8, 20, True), (3, 5, False), (1, 4, True)):
+        rel = np.arange(-300, 301)
+        ours = rel_bucket(rel, nb, md, bi)
+        theirs = np.array([_lib.rel_bucket(r, nb, md, bi) for r in rel])
+        assert np.array_equal(ours, theirs), (nb, md, bi)
+
+
+def test_bias_callback_matches_dense_bias():
+    require("bias_callback", "bias")
+    rng = np.random.default_rng(22)
+    q, k, v, d_o = inputs(rng, 1, 14, 18, 2, 2, 8)
+    bias = rng.normal(size=(1, 2, 14, 18)).astype(np.float32)
+    grad = np.zeros_like(bias)
+
+    def fill(tile, scores):
+        scores += bias[tile.batch, tile.head_q, tile.q0:tile.q0 + tile.nq, tile.k0:tile.k0 + tile.nk]
+
+    def accumulate(tile, d_scores):
+        grad[tile.batch, tile.head_q, tile.q0:tile.q0 + tile.nq, tile.k0:tile.k0 + tile.nk] += d_scores
+
+    check_grads(dict(bias_callback=fmha.BiasCallback(fill, accumulate)), dict(bias=bias), q, k, v, d_o)
+    ref = reference(q, k, v, bias=bias, d_out=d_o)
+    assert rel_error(grad, ref["d_bias"]) < F32_TOL
+
+
+# ---- 16-bit dtypes -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float16"])
+def test_16_bit_dtypes(dtype_name):
+    require(dtype_name)
+    import ml_dtypes
+
+    dtype = ml_dtypes.bfloat16 if dtype_name == "bfloat16" else np.float16
+    tol = 2e-2 if dtype_name == "bfloat16" else 4e-3
+    rng = np.random.default_rng(23)
+    q, k, v, d_o = inputs(rng, 2, 19, 23, 4, 2, 16, dtype=dtype)
+    o, lse = fmha.attention(q, k, v, is_causal=True, return_lse=True)
+    assert o.dtype == dtype
+    ref = reference(q, k, v, is_causal=True, d_out=d_o)
+    assert rel_error(o, ref["o"]) < tol
+    dq, dk, dv = fmha.attention_backward(q, k, v, o, lse, d_o, is_causal=True)
+    assert dq.dtype == dtype
+    for name, got in (("dq", dq), ("dk", dk), ("dv", dv)):
+        assert rel_error(got, ref[name]) < 2 * tol, name
+
+
+# ---- against jax.nn.dot_product_attention -------------------------------------------------------
+
+def test_matches_jax_nn():
+    jax = pytest.importorskip("jax")
+    rng = np.random.default_rng(24)
+    q, k, v, _ = inputs(rng, 2, 11, 13, 4, 2, 8)
+    for opts in (dict(), dict(is_causal=True), dict(scale=0.7)):
+        want = np.asarray(jax.nn.dot_product_attention(q, k, v, **opts))
+        np.testing.assert_allclose(fmha.attention(q, k, v, **opts), want, atol=2e-6)
+
+
+# ---- errors ------------------------------------------------------------------------------
+
+@pytest.fixture
+def no_c_calls(monkeypatch):
+    """Fails the test if the library is called (errors must come first)."""
+    class Refuse:
+        def __getattr__(self, name):
+            raise AssertionError(f"C function {name} called before the argument check")
+
+    monkeypatch.setattr(_lib, "load", lambda: Refuse())
+
+
+def test_bad_arguments_raise_before_any_c_call(no_c_calls):
+    rng = np.random.default_rng(25)
+    q, k, v, _ = inputs(rng, 2, 4, 5, 4, 2, 8)
+    cases = [
+        (ValueError, dict(query=q[0, 0])),                                   # 2-D
+        (ValueError, dict(key=k[:1])),                                       # batch mismatch
+        (ValueError, dict(key=k[..., :4], value=v[..., :4])),                # head dim mismatch
+        (ValueError, dict(key=uniform(rng, (2, 5, 3, 8)), value=uniform(rng, (2, 5, 3, 8)))),  # 4 % 3
+        (ValueError, dict(value=v[:, :4])),                                  # value length
+        (TypeError, dict(query=q.astype(np.float64), key=k.astype(np.float64), value=v.astype(np.float64))),
+        (TypeError, dict(key=k.astype(np.float16))),                         # mixed dtypes
+        (TypeError, dict(query=q.astype(np.int32), key=k.astype(np.int32), value=v.astype(np.int32))),
+        (ValueError, dict(bias=np.zeros((2, 4, 3, 5), np.float32))),          # T = 3 is not 1 or 4
+        (ValueError, dict(mask=np.ones((3, 4, 5), bool))),                    # N = 3
+        (TypeError, dict(mask=np.ones((4, 5), np.float32))),                  # additive masks go to bias
+        (ValueError, dict(key_value_seq_lengths=np.array([5, 6]))),           # out of range
+        (ValueError, dict(query_seq_lengths=np.array([1, 2, 3]))),            # wrong length
+        (TypeError, dict(key_value_seq_lengths=np.array([1.0, 2.0]))),
+        (ValueError, dict(local_window_size=-2)),
+        (TypeError, dict(local_window_size=(1, 2, 3))),
+        (ValueError, dict(scale=float("nan"))),
+        (ValueError, dict(strategy="fastest")),
+        (ValueError, dict(causal_alignment="middle", is_causal=True)),
+        (ValueError, dict(alibi_slopes=np.ones(3, np.float32))),
+        (ValueError, dict(rel_table=np.ones((4,), np.float32))),
+        (ValueError, dict(softcap=-1.0)),
+        (ValueError, dict(segment_ids=np.zeros((2, 4), np.int32))),           # T != S needs a pair
+        (TypeError, dict(query="not an array")),
+    ]
+    for exc, override in cases:
+        args = dict(query=q, key=k, value=v)
+        args.update(override)
+        with pytest.raises(exc):
+            fmha.attention(args.pop("query"), args.pop("key"), args.pop("value"), **args)
+    o = np.zeros((2, 4, 4, 8), np.float32)
+    lse = np.zeros((2, 4, 4), np.float32)
+    with pytest.raises(ValueError, match="lse"):
+        fmha.attention_backward(q, k, v, o, lse[:, :, :2], o)
+    with pytest.raises(ValueError, match="d_out"):
+        fmha.attention_backward(q, k, v, o, lse, o[:, :2])
+    with pytest.raises(TypeError):
+        fmha.attention_backward(q, k, v, o.astype(np.float16), lse, o)
+
+
+def test_c_errors_carry_the_c_message():
+    rng = np.random.default_rng(26)
+    q = uniform(rng, (1, 4, 2, 300))
+    with pytest.raises(FmhaError) as info:
+        fmha.attention(q, q, q)
+    err = info.value
+    assert err.status == _lib.ERR_BAD_HEAD_DIM and err.name == "FMHA_ERR_BAD_HEAD_DIM"
+    c_text = _lib.load().fmha_status_string(_lib.ERR_BAD_HEAD_DIM).decode()
+    assert err.c_message == c_text and c_text in str(err)
+    with pytest.raises(FmhaError, match="FMHA_ERR_BAD_THREAD_COUNT"):
+        fmha.set_num_threads(-3)
+
+
+def test_unsupported_requests_are_fmha_errors():
+    """Whatever the build serves, the answer is a result or FMHA_ERR_UNSUPPORTED, never a crash."""
+    for feature in ("mask", "bias", "window", "q_lengths", "kv_lengths", "segments", "alibi", "rel_table",
+                    "softcap", "bfloat16", "float16"):
+        from conftest import unsupported_reason
+
+        reason = unsupported_reason(feature)
+        assert reason is None or "FMHA_ERR_UNSUPPORTED" in reason

@@ -1,0 +1,161 @@
+"""test_torch: fmha.torch.scaled_dot_product_attention (torch.library custom
+op) against torch.nn.functional.scaled_dot_product_attention: outputs and
+gradients (query, key, value, float attn_mask), GQA, causal, boolean masks,
+strided inputs, torch.compile and opcheck. Skipped when PyTorch is not
+installed, unless FMHA_REQUIRE_TORCH=1. `import fmha` without PyTorch is
+checked either way."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+PYTHON_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "python")
+
+
+def test_import_fmha_without_torch():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import fmha, fmha.api\n"
+            "try:\n    import fmha.torch\nexcept ImportError as e:\n    print('ImportError:', e)\n")
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "ImportError: fmha.torch needs PyTorch" in proc.stdout
+
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:
+    torch = None
+
+if torch is None:
+    if os.environ.get("FMHA_REQUIRE_TORCH") == "1":
+        raise RuntimeError("FMHA_REQUIRE_TORCH=1 but PyTorch is not importable")
+    FT = None
+else:
+    import fmha.torch as FT
+
+needs_torch = pytest.mark.skipif(torch is None, reason="PyTorch is not installed (FMHA_REQUIRE_TORCH=1 makes "
+                                                        "this a failure)")
+
+from conftest import rel_error, require  # noqa: E402
+
+TOL = 2e-5
+
+
+def rnd(gen, *shape):
+    return torch.rand(*shape, generator=gen) * 2 - 1
+
+
+def run(fn, q, k, v, d_o, mask=None, **kw):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    m = mask
+    if mask is not None and mask.is_floating_point():
+        m = mask.detach().clone().requires_grad_()
+        leaves.append(m)
+    out = fn(*leaves[:3], attn_mask=m, **kw)
+    (out * d_o).sum().backward()
+    return out.detach(), [t.grad for t in leaves]
+
+
+def compare(q, k, v, mask=None, **kw):
+    gen = torch.Generator().manual_seed(q.numel())
+    d_o = rnd(gen, *(q.shape[:-1] + v.shape[-1:]))
+    ours = run(FT.scaled_dot_product_attention, q, k, v, d_o, mask, **kw)
+    theirs = run(F.scaled_dot_product_attention, q, k, v, d_o, mask, **kw)
+    assert rel_error(ours[0].numpy(), theirs[0].numpy()) < TOL
+    for a, b in zip(ours[1], theirs[1]):
+        assert a.shape == b.shape
+        assert rel_error(a.float().numpy(), b.float().numpy()) < TOL
+
+
+SHAPES = [(1, 2, 2, 8, 8, 8), (2, 4, 4, 13, 21, 16), (2, 6, 2, 33, 17, 24), (1, 4, 1, 7, 40, 8)]
+
+
+@needs_torch
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_matches_pytorch(shape, is_causal):
+    B, H, Hkv, L, S, E = shape
+    gen = torch.Generator().manual_seed(sum(shape))
+    q, k, v = rnd(gen, B, H, L, E), rnd(gen, B, Hkv, S, E), rnd(gen, B, Hkv, S, E)
+    compare(q, k, v, is_causal=is_causal, enable_gqa=H != Hkv)
+
+
+@needs_torch
+def test_scale_three_d_and_strided_inputs():
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = rnd(gen, 2, 9, 8), rnd(gen, 2, 11, 8), rnd(gen, 2, 11, 8)
+    compare(q, k, v, scale=0.3)
+    bshd = rnd(gen, 2, 11, 4, 8)                # [B, S, H, E] memory, viewed as [B, H, S, E]
+    compare(bshd.transpose(1, 2), bshd.transpose(1, 2), rnd(gen, 2, 4, 11, 8))
+
+
+@needs_torch
+@pytest.mark.parametrize("mask_shape", [(2, 4, 10, 12), (1, 1, 10, 12), (10, 12), (2, 1, 1, 12)])
+def test_float_mask_and_its_gradient(mask_shape):
+    require("bias")
+    gen = torch.Generator().manual_seed(len(mask_shape))
+    q, k, v = rnd(gen, 2, 4, 10, 8), rnd(gen, 2, 4, 12, 8), rnd(gen, 2, 4, 12, 8)
+    compare(q, k, v, mask=rnd(gen, *mask_shape))
+
+
+@needs_torch
+def test_bool_mask():
+    require("mask")
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = rnd(gen, 2, 4, 10, 8), rnd(gen, 2, 4, 12, 8), rnd(gen, 2, 4, 12, 8)
+    mask = torch.rand(2, 1, 10, 12, generator=gen) > 0.3
+    mask[..., 0] = True
+    compare(q, k, v, mask=mask)
+
+
+@needs_torch
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16_bit_dtypes(dtype):
+    require(dtype)
+    dt = getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (rnd(gen, 1, 4, 16, 16).to(dt) for _ in range(3))
+    out = FT.scaled_dot_product_attention(q, k, v, is_causal=True)
+    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    assert out.dtype == dt
+    assert rel_error(out.float().numpy(), want.numpy()) < 2e-2
+
+
+@needs_torch
+def test_compile_and_opcheck():
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (rnd(gen, 1, 2, 8, 8) for _ in range(3))
+    torch.library.opcheck(torch.ops.fmha.attention.default, (q, k, v, None, None, True, 0.25))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    f = torch.compile(lambda q, k, v: FT.scaled_dot_product_attention(q, k, v, is_causal=True).square().sum(),
+                      backend="aot_eager", fullgraph=True)
+    f(*leaves).backward()
+    ref = [t.clone().requires_grad_() for t in (q, k, v)]
+    F.scaled_dot_product_attention(*ref, is_causal=True).square().sum().backward()
+    for a, b in zip(leaves, ref):
+        assert rel_error(a.grad.numpy(), b.grad.numpy()) < TOL
+
+
+@needs_torch
+def test_errors():
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = rnd(gen, 1, 4, 8, 8), rnd(gen, 1, 2, 8, 8), rnd(gen, 1, 2, 8, 8)
+    with pytest.raises(ValueError, match="dropout"):
+        FT.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+    with pytest.raises(ValueError, match="enable_gqa"):
+        FT.scaled_dot_product_attention(q, k, v)
+    with pytest.raises(TypeError):
+        FT.scaled_dot_product_attention(q.double(), q.double(), q.double())
+    with pytest.raises(TypeError):
+        FT.scaled_dot_product_attention(q, q.half(), q)
+    with pytest.raises(ValueError):
+        FT.scaled_dot_product_attention(q, q, q, attn_mask=torch.zeros(3, 8, 8))
+    with pytest.raises(FT.FmhaError, match="FMHA_ERR_BAD_HEAD_DIM"):
+        big = rnd(gen, 1, 1, 4, 300)
+        FT.scaled_dot_product_attention(big, big, big)
+    assert np.isfinite(FT.scaled_dot_product_attention(q, k, v, enable_gqa=True).numpy()).all()
