@@ -372,8 +372,11 @@ fmha_status fmha_forward_backward(const fmha_problem *p, const void *q, const vo
         for (int j = 0; j < i; j++)
             if (ranges_overlap(rg, range_of_tensor(p, j, outs[j]))) return FMHA_ERR_OVERLAP;
     }
-    if (ranges_overlap(ro, range_of_tensor(p, 3, d_o)) || ranges_overlap(rl, range_of_tensor(p, 3, d_o)))
-        return FMHA_ERR_OVERLAP;
+    if (ranges_overlap(ro, rl)) return FMHA_ERR_OVERLAP;
+    for (int j = 0; j < 4; j++) {
+        byte_range ri = range_of_tensor(p, j == 3 ? 3 : j, ins[j]);
+        if (ranges_overlap(ro, ri) || ranges_overlap(rl, ri)) return FMHA_ERR_OVERLAP;
+    }
     if (p->dtype == FMHA_DTYPE_F32) {
         st = fmha_forward(p, q, k, v, o, lse, NULL, 0);
         if (st != FMHA_OK) return st;
