@@ -78,7 +78,7 @@ typedef enum fmha_status {
                                        overlap each other, or a bias gradient that broadcasts where the
                                        bias does not (or the reverse) */
     FMHA_ERR_OVERLAP,               /* an output's memory overlaps an input's */
-    FMHA_ERR_BAD_OPTION,            /* an unknown strategy, causal alignment or dtype value */
+    FMHA_ERR_BAD_OPTION,            /* an unknown strategy, causal alignment, dtype or precision value */
     FMHA_ERR_UNSUPPORTED,           /* a valid request this build cannot serve (e.g. a dtype not yet implemented) */
     FMHA_ERR_WORKSPACE_TOO_SMALL,   /* the caller's workspace is smaller than the size query returned */
     FMHA_ERR_OUT_OF_MEMORY,         /* the library could not allocate its workspace or threads */
@@ -225,6 +225,16 @@ typedef struct fmha_param_grads {
     float *d_rel_table;
 } fmha_param_grads;
 
+/* How bf16 products round (float32 and f16 problems ignore it).
+ * ACCURATE: P enters the P V product as bf16 plus its bf16 rounding residual,
+ *   so O stays within 1.5x the error of rounding the exact O to bf16.
+ * FAST: P enters as bf16 alone (half the P V work on AVX-512 BF16), which
+ *   leaves O up to about 1.6x that error (relative error still ~3e-3). */
+typedef enum fmha_precision {
+    FMHA_PRECISION_ACCURATE = 0,
+    FMHA_PRECISION_FAST
+} fmha_precision;
+
 /* Strides filled in by fmha_problem_init for contiguous tensors. */
 typedef enum fmha_layout {
     FMHA_LAYOUT_BSHD = 0,     /* [batch, seq, head, dim] (JAX, FlashAttention) */
@@ -245,6 +255,7 @@ typedef struct fmha_problem {
     float scale;              /* multiplies Q K^T; 0 selects 1/sqrt(head_dim); NaN/inf is an error */
     fmha_causal causal;
     fmha_strategy strategy;
+    fmha_precision precision;
     /* Element strides, each in the order [batch, seq, head, dim]. The
      * gradients dQ, dK, dV, dO use the strides of Q, K, V, O respectively. */
     int64_t q_strides[4];

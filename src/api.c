@@ -20,7 +20,7 @@ const char *fmha_status_string(fmha_status status) {
     case FMHA_ERR_BAD_SCALE: return "scale must be finite (0 selects 1/sqrt(head_dim))";
     case FMHA_ERR_BAD_STRIDE: return "strides must be >= 0 and an output's elements must not overlap each other";
     case FMHA_ERR_OVERLAP: return "an output overlaps an input or another output";
-    case FMHA_ERR_BAD_OPTION: return "unknown strategy, causal alignment or dtype";
+    case FMHA_ERR_BAD_OPTION: return "unknown strategy, causal alignment, dtype or precision";
     case FMHA_ERR_UNSUPPORTED: return "this request is valid but not supported by this build";
     case FMHA_ERR_WORKSPACE_TOO_SMALL: return "the workspace is smaller than the size query returned (did the thread count change?)";
     case FMHA_ERR_OUT_OF_MEMORY: return "out of memory";
@@ -56,6 +56,7 @@ void fmha_problem_init(fmha_problem *p, int64_t batch, int64_t heads_q, int64_t 
     p->head_dim_v = head_dim_v;
     p->causal = FMHA_CAUSAL_NONE;
     p->strategy = FMHA_STRATEGY_AUTO;
+    p->precision = FMHA_PRECISION_ACCURATE;
     p->masks.window_left = -1;
     p->masks.window_right = -1;
     struct { int64_t *st, s, h, d; } t[4] = {{p->q_strides, seq_q, heads_q, head_dim},
@@ -126,6 +127,7 @@ fmha_status fmha_problem_check(const fmha_problem *p) {
     if ((unsigned)p->dtype > FMHA_DTYPE_F16) return FMHA_ERR_BAD_OPTION;
     if ((unsigned)p->strategy > FMHA_STRATEGY_PORTABLE) return FMHA_ERR_BAD_OPTION;
     if ((unsigned)p->causal > FMHA_CAUSAL_BOTTOM_RIGHT) return FMHA_ERR_BAD_OPTION;
+    if ((unsigned)p->precision > FMHA_PRECISION_FAST) return FMHA_ERR_BAD_OPTION;
     if (p->batch < 1 || p->heads_q < 1 || p->heads_kv < 1 || p->seq_q < 1 || p->seq_kv < 1)
         return FMHA_ERR_BAD_SIZE;
     if (p->heads_q % p->heads_kv != 0) return FMHA_ERR_BAD_HEADS;

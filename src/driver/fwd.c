@@ -273,23 +273,27 @@ static void fwd_scores2(const fmha_plan *plan, const uint32_t *k2, int64_t nk, c
 }
 
 /* ot = ot * alpha + V^T P^T (mode STORE ignores ot, alpha), with P^T as bf16
- * pairs plus the pairs of its rounding residual: rounding P alone would add
- * an error as large as rounding O itself. */
+ * pairs plus (precision ACCURATE) the pairs of its rounding residual:
+ * rounding P alone adds an error as large as rounding O itself. */
 static void fwd_values2(const fmha_plan *plan, const uint32_t *v2, size_t ld2, int64_t nk,
                         const float *pt, uint32_t *pt2, float *ot, int mode, const float *alpha) {
     const fmha_ukernels *uk = plan->uk;
     size_t nr = uk->nr, kp = (size_t)(nk + 1) / 2;
     uint32_t *hi = pt2, *lo = pt2 + kp * nr;
-    for (size_t pr = 0; pr < kp; pr++)
-        uk->pair_rows_split_bf16(pt + 2 * pr * nr, 2 * pr + 1 < (size_t)nk ? pt + (2 * pr + 1) * nr : NULL,
-                                 hi + pr * nr, lo + pr * nr);
+    int split = plan->p.precision == FMHA_PRECISION_ACCURATE;
+    for (size_t pr = 0; pr < kp; pr++) {
+        const float *a = pt + 2 * pr * nr, *b = 2 * pr + 1 < (size_t)nk ? pt + (2 * pr + 1) * nr : NULL;
+        if (split) uk->pair_rows_split_bf16(a, b, hi + pr * nr, lo + pr * nr);
+        else uk->pair_rows_bf16(a, b, hi + pr * nr);
+    }
     int64_t Dv = plan->p.head_dim_v;
     for (int64_t c = 0; c < Dv; c += (int64_t)uk->mr) {
         size_t m = (size_t)(Dv - c) < uk->mr ? (size_t)(Dv - c) : uk->mr;
         const uint32_t *a = v2 + (size_t)c * ld2;
         uk->gemm_bf16(m, kp, a, (ptrdiff_t)ld2, 1, hi, nr, ot + (size_t)c * nr, nr, mode, alpha, 1.0f);
-        uk->gemm_bf16(m, kp, a, (ptrdiff_t)ld2, 1, lo, nr, ot + (size_t)c * nr, nr, FMHA_UK_ACCUMULATE,
-                      NULL, 1.0f);
+        if (split)
+            uk->gemm_bf16(m, kp, a, (ptrdiff_t)ld2, 1, lo, nr, ot + (size_t)c * nr, nr,
+                          FMHA_UK_ACCUMULATE, NULL, 1.0f);
     }
 }
 
