@@ -152,6 +152,7 @@ class fmha_problem(ctypes.Structure):
         ("scale", ctypes.c_float),
         ("causal", ctypes.c_int),
         ("strategy", ctypes.c_int),
+        ("precision", ctypes.c_int),
         ("q_strides", ctypes.c_int64 * 4),
         ("k_strides", ctypes.c_int64 * 4),
         ("v_strides", ctypes.c_int64 * 4),
