@@ -86,6 +86,13 @@ void fmha_bias_prepare(fmha_plan *plan, char *shared) {
     }
 }
 
+/* dst[i] += src[i], i < n (n a multiple of 8): restrict and the 8-wide body
+ * let the compiler use vector adds on the baseline ISA. */
+static void add_lanes(float *restrict dst, const float *restrict src, size_t n) {
+    for (size_t i = 0; i < n; i += 8)
+        for (size_t j = 0; j < 8; j++) dst[i + j] += src[i + j];
+}
+
 static fmha_tile bias_tile(const fmha_tile_pos *t, size_t lds, int thread) {
     return (fmha_tile){t->b, t->h, t->q0, t->nq, t->k0, t->nk, 1, (ptrdiff_t)lds, thread};
 }
@@ -112,14 +119,11 @@ void fmha_score_epilogue(const fmha_plan *plan, const fmha_tile_pos *t, fmha_til
             }
         }
         if (plan->toeplitz) {
-            /* row r, lane i: a = q0 + i + off - k0 - r */
+            /* row r, lane i: a = q0 + i + off - k0 - r; every NR lane is added
+             * (the vector is padded by NR), so the loop is whole vectors */
             const float *tz = plan->toeplitz + t->h * plan->toeplitz_len +
                               (t->q0 + plan->causal_offset - t->k0 - plan->a_min);
-            for (int64_t r = 0; r < t->nk; r++) {
-                float *row = st + (size_t)r * lds;
-                const float *src = tz - r;
-                for (size_t i = 0; i < nq; i++) row[i] += src[i];
-            }
+            for (int64_t r = 0; r < t->nk; r++) add_lanes(st + (size_t)r * lds, tz - r, plan->uk->nr);
         }
         if (bs->callback.fill) {
             fmha_tile pt = bias_tile(t, lds, thread);

@@ -109,7 +109,11 @@ def load_source(path: str, peak_gflops_arg: float | None) -> Source:
             continue
         label = str(raw["impl"]) + (SEED_SUFFIX if seed else "")
         status = str(raw.get("status", "ok"))
-        source.rows.append(Row(label, row_kind(raw), status, raw, path, peak))
+        # bf16 rows are judged against the bf16 dot-product ceiling when known
+        row_peak = peak
+        if raw.get("dtype") == "bfloat16" and device.get("peak_gflops_bf16") and not seed:
+            row_peak = device["peak_gflops_bf16"]
+        source.rows.append(Row(label, row_kind(raw), status, raw, path, row_peak))
     return source
 
 

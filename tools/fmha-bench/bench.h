@@ -110,4 +110,8 @@ double bench_mem_available_bytes(void);
 /* This executable's path (for exec of a child), or NULL. */
 const char *bench_self_exe(void);
 
+/* This machine's float32 FMA and bf16 dot-product ceilings in GFLOP/s on
+ * `threads` threads (0 where the CPU lacks the instructions); peak.c. */
+void bench_peak_gflops(int threads, double *f32, double *bf16);
+
 #endif /* FMHA_BENCH_H */

@@ -158,5 +158,9 @@ json_value *bench_device_info(void)
     json_set_string(device, "fmha_version", fmha_version_string());
     git_commit(value, sizeof value);
     json_set_string(device, "git_commit", value);
+    double f32, bf16;
+    bench_peak_gflops(fmha_get_num_threads(), &f32, &bf16);
+    if (f32 > 0) json_set_number(device, "peak_gflops", f32);
+    if (bf16 > 0) json_set_number(device, "peak_gflops_bf16", bf16);
     return device;
 }
