@@ -28,6 +28,7 @@ __attribute__((target("avx512f"))) static float peak_fma512(long iters) {
     __m512 a[PEAK_ACC], b = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(1e-3f);
     for (int i = 0; i < PEAK_ACC; i++) a[i] = _mm512_set1_ps((float)i);
     for (long k = 0; k < iters; k++)
+#pragma GCC unroll 16
         for (int i = 0; i < PEAK_ACC; i++) a[i] = _mm512_fmadd_ps(a[i], b, c);
     float s = 0;
     for (int i = 0; i < PEAK_ACC; i++) s += _mm512_reduce_add_ps(a[i]);
@@ -38,6 +39,7 @@ __attribute__((target("avx2,fma"))) static float peak_fma256(long iters) {
     __m256 a[PEAK_ACC], b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(1e-3f);
     for (int i = 0; i < PEAK_ACC; i++) a[i] = _mm256_set1_ps((float)i);
     for (long k = 0; k < iters; k++)
+#pragma GCC unroll 16
         for (int i = 0; i < PEAK_ACC; i++) a[i] = _mm256_fmadd_ps(a[i], b, c);
     float out[8], s = 0;
     for (int i = 0; i < PEAK_ACC; i++) {
@@ -52,6 +54,7 @@ __attribute__((target("avx512f,avx512bf16"))) static float peak_dpbf16(long iter
     __m512bh b = (__m512bh)_mm512_set1_epi16(0x3f80);
     for (int i = 0; i < PEAK_ACC; i++) a[i] = _mm512_set1_ps((float)i);
     for (long k = 0; k < iters; k++)
+#pragma GCC unroll 16
         for (int i = 0; i < PEAK_ACC; i++) a[i] = _mm512_dpbf16_ps(a[i], b, b);
     float s = 0;
     for (int i = 0; i < PEAK_ACC; i++) s += _mm512_reduce_add_ps(a[i]);
