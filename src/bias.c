@@ -93,6 +93,22 @@ static void add_lanes(float *restrict dst, const float *restrict src, size_t n) 
         for (size_t j = 0; j < 8; j++) dst[i + j] += src[i + j];
 }
 
+/* st[r][i] += src[i * q_stride + r * k_stride] for r < nk, i < nq, reading the
+ * source along its denser axis (keys in the usual [.., Sq, Skv] layout), so
+ * each of its cache lines is read once; the score tile stays in L1. */
+static void add_transposed(float *restrict st, size_t lds, const float *restrict src,
+                           int64_t q_stride, int64_t k_stride, size_t nq, size_t nk) {
+    if (k_stride <= q_stride) {
+        for (size_t i = 0; i < nq; i++) {
+            const float *srow = src + (int64_t)i * q_stride;
+            for (size_t r = 0; r < nk; r++) st[r * lds + i] += srow[(int64_t)r * k_stride];
+        }
+    } else {
+        for (size_t r = 0; r < nk; r++)
+            for (size_t i = 0; i < nq; i++) st[r * lds + i] += src[(int64_t)i * q_stride + (int64_t)r * k_stride];
+    }
+}
+
 static fmha_tile bias_tile(const fmha_tile_pos *t, size_t lds, int thread) {
     return (fmha_tile){t->b, t->h, t->q0, t->nq, t->k0, t->nk, 1, (ptrdiff_t)lds, thread};
 }
@@ -113,10 +129,7 @@ void fmha_score_epilogue(const fmha_plan *plan, const fmha_tile_pos *t, fmha_til
         if (bs->dense) {
             const int64_t *s = bs->dense_strides;
             const float *base = bs->dense + t->b * s[0] + t->h * s[1] + t->q0 * s[2] + t->k0 * s[3];
-            for (int64_t r = 0; r < t->nk; r++) {
-                float *row = st + (size_t)r * lds;
-                for (size_t i = 0; i < nq; i++) row[i] += base[(int64_t)i * s[2] + r * s[3]];
-            }
+            add_transposed(st, lds, base, s[2], s[3], nq, (size_t)t->nk);
         }
         if (plan->toeplitz) {
             /* row r, lane i: a = q0 + i + off - k0 - r; every NR lane is added
@@ -151,8 +164,17 @@ void fmha_bias_grad_tile(const fmha_plan *plan, const fmha_tile_pos *t, const fl
     if (g && g->d_dense) {
         const int64_t *s = g->d_dense_strides;
         float *base = g->d_dense + t->b * s[0] + t->h * s[1] + t->q0 * s[2] + t->k0 * s[3];
-        for (int64_t r = 0; r < t->nk; r++)
-            for (size_t i = 0; i < nq; i++) base[(int64_t)i * s[2] + r * s[3]] += ds[(size_t)r * lds + i];
+        /* walk the caller's tensor along its denser axis: keys when its key
+         * stride is the smaller one (the usual [.., Sq, Skv] layout) */
+        if (s[3] <= s[2]) {
+            for (size_t i = 0; i < nq; i++) {
+                float *brow = base + (int64_t)i * s[2];
+                for (int64_t r = 0; r < t->nk; r++) brow[r * s[3]] += ds[(size_t)r * lds + i];
+            }
+        } else {
+            for (int64_t r = 0; r < t->nk; r++)
+                for (size_t i = 0; i < nq; i++) base[(int64_t)i * s[2] + r * s[3]] += ds[(size_t)r * lds + i];
+        }
     }
     if (task_acc) {
         /* diag[i - r + nk - 1] = float32 sum of the tile's diagonal, then float64 */
