@@ -77,4 +77,10 @@ static inline void fmha_store(void *base, fmha_dtype t, int64_t idx, float x) {
     else ((uint16_t *)base)[idx] = t == FMHA_DTYPE_BF16 ? fmha_f32_to_bf16(x) : fmha_f32_to_f16(x);
 }
 
+/* The 32-bit word (base[lo], base[hi]) of two bf16 elements (lo in the low
+ * half), the pair layout of vdpbf16ps; hi is replaced by 0 when !has_hi. */
+static inline uint32_t fmha_bf16_pair(const uint16_t *base, int64_t lo, int64_t hi, int has_hi) {
+    return (uint32_t)base[lo] | (has_hi ? (uint32_t)base[hi] << 16 : 0u);
+}
+
 #endif /* FMHA_CONVERT_H */

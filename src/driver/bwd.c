@@ -91,7 +91,7 @@ typedef struct bwd_split {
 
 /* Sizes shared by the layout functions and the run. */
 typedef struct bwd_dims {
-    size_t nr, nr2, bc, bc2, D, Dv, D2, Dv2, d_pad, dv_pad;
+    size_t nr, bc, D, Dv, D2, Dv2, d_pad, dv_pad;
     int fast, direct_rows;
 } bwd_dims;
 
@@ -119,9 +119,7 @@ static bwd_dims bwd_dims_of(const fmha_plan *plan) {
     const fmha_problem *p = &plan->p;
     bwd_dims d;
     d.nr = plan->uk->nr;
-    d.nr2 = d.nr / 2;
     d.bc = plan->uk->block_kv;
-    d.bc2 = (d.bc + 1) / 2;
     d.D = (size_t)p->head_dim;
     d.Dv = (size_t)p->head_dim_v;
     d.D2 = (d.D + 1) / 2;
@@ -245,10 +243,6 @@ void fmha_bwd_workspace(const fmha_plan *plan, size_t *thread_bytes, size_t *sha
     *shared_bytes = bwd_shared_layout(plan, soff);
 }
 
-static uint32_t pair_bits(const uint16_t *base, int64_t lo, int64_t hi, int has_hi) {
-    return (uint32_t)base[lo] | (has_hi ? (uint32_t)base[hi] << 16 : 0u);
-}
-
 /* Query block (b, h, qb) of the packed area: pointers, and for the caller's
  * rows (float32, direct) the rows in place. */
 static bwd_qblock bwd_qblock_at(const bwd_ctx *c, int64_t b, int64_t h, size_t qb) {
@@ -303,32 +297,27 @@ static void pack_f32(const void *src, fmha_dtype t, int64_t first, int64_t rs, i
         }
 }
 
-/* tr2[p][i] = (X[i][2p], X[i][2p+1]) for i < n (tr2 zeroed by the caller). */
+/* tr2[p][i] = (X[i][2p], X[i][2p+1]) for i < n, zero elsewhere ([cols2][NR]):
+ * a bf16 block (element (i, e) at src[first + i*rs + e*cs]) as pairs along
+ * its head dim. */
 static void pack_bf16_transposed(const uint16_t *src, int64_t first, int64_t rs, int64_t cs,
                                  int64_t n, int64_t cols, size_t nr, uint32_t *tr2) {
     int64_t cols2 = (cols + 1) / 2;
+    memset(tr2, 0, (size_t)cols2 * nr * sizeof(uint32_t));
     for (int64_t i = 0; i < n; i++) {
         int64_t row = first + i * rs;
         for (int64_t e = 0; e < cols2; e++)
-            tr2[(size_t)e * nr + (size_t)i] = pair_bits(src, row + 2 * e * cs, row + (2 * e + 1) * cs, 2 * e + 1 < cols);
+            tr2[(size_t)e * nr + (size_t)i] = fmha_bf16_pair(src, row + 2 * e * cs, row + (2 * e + 1) * cs, 2 * e + 1 < cols);
     }
 }
 
-/* bf16 block as pairs: along the head dim tr2[p][i] = (X[i][2p], X[i][2p+1])
- * ([cols2][NR]) and, if rb, along rows rb[p][e] = (X[2p][e], X[2p+1][e])
- * ([NR2][ld]). */
-static void pack_bf16(const uint16_t *src, int64_t first, int64_t rs, int64_t cs, int64_t n,
-                      int64_t cols, size_t nr, uint32_t *tr2, uint32_t *rb, size_t ld) {
-    int64_t cols2 = (cols + 1) / 2;
-    memset(tr2, 0, (size_t)cols2 * nr * sizeof(uint32_t));
-    if (!rb) return pack_bf16_transposed(src, first, rs, cs, n, cols, nr, tr2);
-    memset(rb, 0, nr / 2 * ld * sizeof(uint32_t));
-    pack_bf16_transposed(src, first, rs, cs, n, cols, nr, tr2);
-    for (int64_t pr = 0; 2 * pr < n; pr++) {
-        int64_t row = first + 2 * pr * rs;
-        for (int64_t e = 0; e < cols; e++)
-            rb[(size_t)pr * ld + (size_t)e] = pair_bits(src, row + e * cs, row + rs + e * cs, 2 * pr + 1 < n);
-    }
+/* rows[i][e] = X[i][e] widened ([NR][ld], zero padded): the float32 rows the
+ * bf16 fast path keeps for dV, dK and dQ. */
+static void pack_rows_f32(const void *src, fmha_dtype t, int64_t first, int64_t rs, int64_t cs,
+                          int64_t n, int64_t cols, size_t nr, float *rows, size_t ld) {
+    memset(rows, 0, nr * ld * sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t e = 0; e < cols; e++) rows[(size_t)i * ld + (size_t)e] = fmha_load(src, t, first + i * rs + e * cs);
 }
 
 /* Pre-pass, per (b, h): Dsum = rowsum(dO * O), this head's rows of every
@@ -369,20 +358,12 @@ static void bwd_prepare_task(void *vctx, size_t task, int thread) {
         int64_t qfirst = b * qs[0] + q0 * qs[1] + h * qs[2];
         int64_t ofirst = b * os[0] + q0 * os[1] + h * os[2];
         if (d->fast) {
-            pack_bf16(c->q, qfirst, qs[1], qs[3], nq, (int64_t)d->D, d->nr, (uint32_t *)blk.qt2,
-                      NULL, d->d_pad);
-            float *qrows = (float *)blk.qrows;
-            memset(qrows, 0, d->nr * d->d_pad * sizeof(float));
-            for (int64_t i = 0; i < nq; i++)
-                for (size_t e = 0; e < d->D; e++)
-                    qrows[(size_t)i * d->d_pad + e] = fmha_load(c->q, p->dtype, qfirst + i * qs[1] + (int64_t)e * qs[3]);
-            pack_bf16(c->d_o, ofirst, os[1], os[3], nq, (int64_t)d->Dv, d->nr, (uint32_t *)blk.dot2,
-                      NULL, d->dv_pad);
-            float *dorows = (float *)blk.dorows;
-            memset(dorows, 0, d->nr * d->dv_pad * sizeof(float));
-            for (int64_t i = 0; i < nq; i++)
-                for (size_t e = 0; e < d->Dv; e++)
-                    dorows[(size_t)i * d->dv_pad + e] = fmha_load(c->d_o, p->dtype, ofirst + i * os[1] + (int64_t)e * os[3]);
+            pack_bf16_transposed(c->q, qfirst, qs[1], qs[3], nq, (int64_t)d->D, d->nr, (uint32_t *)blk.qt2);
+            pack_rows_f32(c->q, p->dtype, qfirst, qs[1], qs[3], nq, (int64_t)d->D, d->nr, (float *)blk.qrows,
+                          d->d_pad);
+            pack_bf16_transposed(c->d_o, ofirst, os[1], os[3], nq, (int64_t)d->Dv, d->nr, (uint32_t *)blk.dot2);
+            pack_rows_f32(c->d_o, p->dtype, ofirst, os[1], os[3], nq, (int64_t)d->Dv, d->nr,
+                          (float *)blk.dorows, d->dv_pad);
         } else {
             pack_f32(c->q, p->dtype, qfirst, qs[1], qs[3], nq, (int64_t)d->D, plan->scale,
                      (float *)blk.qt, d->nr, d->direct_rows ? NULL : (float *)blk.qrows, d->d_pad);
@@ -405,11 +386,11 @@ static void bwd_pack_keys(const bwd_ctx *c, bwd_tiles *t, int64_t b, int64_t hk,
         const uint16_t *k = c->k, *v = c->v;
         for (int64_t r = 0; r < nk; r++) {
             for (size_t e = 0; e < d->D2; e++)
-                t->k2[(size_t)r * d->D2 + e] = pair_bits(k, kfirst + r * ks[1] + 2 * (int64_t)e * ks[3],
+                t->k2[(size_t)r * d->D2 + e] = fmha_bf16_pair(k, kfirst + r * ks[1] + 2 * (int64_t)e * ks[3],
                                                          kfirst + r * ks[1] + (2 * (int64_t)e + 1) * ks[3],
                                                          2 * e + 1 < d->D);
             for (size_t e = 0; e < d->Dv2; e++)
-                t->v2[(size_t)r * d->Dv2 + e] = pair_bits(v, vfirst + r * vs[1] + 2 * (int64_t)e * vs[3],
+                t->v2[(size_t)r * d->Dv2 + e] = fmha_bf16_pair(v, vfirst + r * vs[1] + 2 * (int64_t)e * vs[3],
                                                           vfirst + r * vs[1] + (2 * (int64_t)e + 1) * vs[3],
                                                           2 * e + 1 < d->Dv);
         }

@@ -176,10 +176,6 @@ static void fwd_finish(const fmha_plan *plan, int64_t b, int64_t h, int64_t q0, 
 
 /* ---- the bf16 fast path: pair-packed operands for vdpbf16ps ---- */
 
-static uint32_t bf16_pair(const uint16_t *base, int64_t lo, int64_t hi, int has_hi) {
-    return (uint32_t)base[lo] | (has_hi ? (uint32_t)base[hi] << 16 : 0u);
-}
-
 /* qt2[p][i] = (Q[q0+i][2p], Q[q0+i][2p+1]) (unscaled; padding 0), D2 = ceil(D/2). */
 static void fwd_pack_qt2(const fmha_plan *plan, const uint16_t *q, int64_t b, int64_t h, int64_t q0,
                          int64_t nq, uint32_t *qt2) {
@@ -191,7 +187,7 @@ static void fwd_pack_qt2(const fmha_plan *plan, const uint16_t *q, int64_t b, in
         int64_t row = b * qs[0] + (q0 + i) * qs[1] + h * qs[2];
         for (int64_t e = 0; e < D2; e++)
             qt2[(size_t)e * nr + (size_t)i] =
-                bf16_pair(q, row + 2 * e * qs[3], row + (2 * e + 1) * qs[3], 2 * e + 1 < D);
+                fmha_bf16_pair(q, row + 2 * e * qs[3], row + (2 * e + 1) * qs[3], 2 * e + 1 < D);
     }
 }
 
@@ -218,13 +214,13 @@ static void fwd_kv_pack_task(void *vctx, size_t task, int thread) {
         for (int64_t r = k0; r < k0 + nk; r++) {
             int64_t row = b * ks[0] + r * ks[1] + hk * ks[2];
             for (int64_t e = 0; e < D2; e++)
-                k2[r * D2 + e] = bf16_pair(k, row + 2 * e * ks[3], row + (2 * e + 1) * ks[3], 2 * e + 1 < D);
+                k2[r * D2 + e] = fmha_bf16_pair(k, row + 2 * e * ks[3], row + (2 * e + 1) * ks[3], 2 * e + 1 < D);
         }
         for (int64_t pr = k0 / 2; pr < (k0 + nk + 1) / 2; pr++) {
             int64_t row = b * vs[0] + 2 * pr * vs[1] + hk * vs[2];
             int has_hi = 2 * pr + 1 < skv;
             for (int64_t e = 0; e < Dv; e++)
-                v2[e * skv2 + pr] = bf16_pair(v, row + e * vs[3], row + vs[1] + e * vs[3], has_hi);
+                v2[e * skv2 + pr] = fmha_bf16_pair(v, row + e * vs[3], row + vs[1] + e * vs[3], has_hi);
         }
     } else {
         float *kf = (float *)area, *vf = (float *)(area + floats_bytes((size_t)(skv * D)));
