@@ -139,6 +139,10 @@ def causal_code(is_causal, causal_alignment):
     return CAUSAL_ALIGNMENTS[causal_alignment] if is_causal else _lib.CAUSAL_NONE
 
 
+# fmha_precision values (fmha.h)
+PRECISIONS = {"accurate": 0, "fast": 1}
+
+
 def new_problem(dtype, sizes, q_strides, k_strides, v_strides, o_strides, *, scale, causal,
                 strategy, window=(-1, -1)):
     """An fmha_problem from sizes (B, Hq, Hkv, Sq, Skv, D, Dv) and [b, s, h, d] strides."""
@@ -330,7 +334,8 @@ def _install_bias_callback(p, call, cb):
 
 def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignment, local_window_size,
              query_seq_lengths, key_value_seq_lengths, segment_ids, alibi_slopes, rel_table,
-             rel_max_distance, rel_bidirectional, softcap, strategy, mask_callback, bias_callback):
+             rel_max_distance, rel_bidirectional, softcap, strategy, mask_callback, bias_callback,
+             precision="accurate"):
     """Validates every argument (ValueError / TypeError) without calling the
     library; returns (call, q, k, v, batched) for _describe."""
     q = _as_array(query, "query")
@@ -363,6 +368,8 @@ def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignmen
     scale_value = resolve_scale(scale, H)
     causal = causal_code(is_causal, causal_alignment)
     strategy_value = strategy_code(strategy)
+    if precision not in PRECISIONS:
+        raise ValueError(f"fmha: unknown precision {precision!r}; use one of {sorted(PRECISIONS)}")
     window = window_sides(local_window_size)
 
     call = _Call()
@@ -425,7 +432,8 @@ def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignmen
         raise TypeError("fmha: bias_callback must be a BiasCallback or a fill function")
 
     call.parts = dict(code=code, sizes=(B, N, K, T, S, H, Hv), scale=scale_value, causal=causal,
-                      strategy=strategy_value, window=window, mask=m, bias=b, q_lengths=ql, kv_lengths=kl,
+                      strategy=strategy_value, precision=PRECISIONS[precision], window=window, mask=m,
+                      bias=b, q_lengths=ql, kv_lengths=kl,
                       q_ids=q_ids, kv_ids=kv_ids, alibi=a, rel_table=r, softcap=softcap,
                       rel_max_distance=rel_max_distance, rel_bidirectional=rel_bidirectional,
                       mask_strides=mask_strides if m is not None else None,
@@ -440,6 +448,7 @@ def _describe(call, q, k, v):
     B, N, K, T, S, H, Hv = d["sizes"]
     p = new_problem(d["code"], d["sizes"], _bshd(q), _bshd(k), _bshd(v), (T * N * Hv, N * Hv, Hv, 1),
                     scale=d["scale"], causal=d["causal"], strategy=d["strategy"], window=d["window"])
+    p.precision = d["precision"]
     m, b, ql, kl, q_ids, kv_ids, a, r = (d[x] for x in ("mask", "bias", "q_lengths", "kv_lengths", "q_ids",
                                                          "kv_ids", "alibi", "rel_table"))
     if m is not None:
@@ -486,7 +495,7 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
               causal_alignment="top_left", local_window_size=None, query_seq_lengths=None,
               key_value_seq_lengths=None, segment_ids=None, alibi_slopes=None, softcap=None,
               rel_table=None, rel_max_distance=128, rel_bidirectional=True, mask_callback=None,
-              bias_callback=None, return_lse=False, strategy="auto"):
+              bias_callback=None, return_lse=False, strategy="auto", precision="accurate"):
     """Scaled dot-product attention on NumPy arrays by the C library.
 
     query [B, T, N, H], key [B, S, K, H], value [B, S, K, Hv] (or 3-D without
@@ -500,6 +509,8 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
                         rel_max_distance, rel_bidirectional); softcap > 0
       mask_callback, bias_callback   MaskCallback / BiasCallback
       strategy          'auto', 'tiled', 'dense' or 'portable'
+      precision         bf16 only: 'accurate' (default) or 'fast' (P rounded
+                        to bf16 in P V; see fmha_precision in fmha.h)
     A query row that sees no key gets zeros (and lse = -inf).
 
     Returns out [B, T, N, Hv] (query's dtype), or (out, lse) with lse float32
@@ -510,7 +521,8 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
         local_window_size=local_window_size, query_seq_lengths=query_seq_lengths,
         key_value_seq_lengths=key_value_seq_lengths, segment_ids=segment_ids, alibi_slopes=alibi_slopes,
         rel_table=rel_table, rel_max_distance=rel_max_distance, rel_bidirectional=rel_bidirectional,
-        softcap=softcap, strategy=strategy, mask_callback=mask_callback, bias_callback=bias_callback)
+        softcap=softcap, strategy=strategy, mask_callback=mask_callback, bias_callback=bias_callback,
+        precision=precision)
     B, T, N, S, K, H, Hv = call.shape
     _describe(call, q, k, v)
     out = np.empty((B, T, N, Hv), dtype=q.dtype)
@@ -535,7 +547,7 @@ def attention_backward(query, key, value, out, lse, d_out, bias=None, mask=None,
                        query_seq_lengths=None, key_value_seq_lengths=None, segment_ids=None,
                        alibi_slopes=None, softcap=None, rel_table=None, rel_max_distance=128,
                        rel_bidirectional=True, mask_callback=None, bias_callback=None,
-                       return_bias_grads=False, strategy="auto"):
+                       return_bias_grads=False, strategy="auto", precision="accurate"):
     """Gradients of `attention` by the C backward (fmha_backward).
 
     out and lse are attention(..., return_lse=True)'s results for the same
@@ -552,7 +564,8 @@ def attention_backward(query, key, value, out, lse, d_out, bias=None, mask=None,
         local_window_size=local_window_size, query_seq_lengths=query_seq_lengths,
         key_value_seq_lengths=key_value_seq_lengths, segment_ids=segment_ids, alibi_slopes=alibi_slopes,
         rel_table=rel_table, rel_max_distance=rel_max_distance, rel_bidirectional=rel_bidirectional,
-        softcap=softcap, strategy=strategy, mask_callback=mask_callback, bias_callback=bias_callback)
+        softcap=softcap, strategy=strategy, mask_callback=mask_callback, bias_callback=bias_callback,
+        precision=precision)
     B, T, N, S, K, H, Hv = call.shape
     o = _as_array(out, "out")
     do = _as_array(d_out, "d_out")

@@ -430,3 +430,16 @@ def test_unsupported_requests_are_fmha_errors():
 
         reason = unsupported_reason(feature)
         assert reason is None or "FMHA_ERR_UNSUPPORTED" in reason
+
+
+def test_precision_fast_is_bf16_accurate_and_bad_precision_raises():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.uniform(-1, 1, (1, 90, 2, 32)).astype(ml_dtypes.bfloat16) for _ in range(3))
+    exact = fmha.attention(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32))
+    for precision in ("accurate", "fast"):
+        out = fmha.attention(q, k, v, precision=precision).astype(np.float32)
+        # both stay within a few bf16 roundings of the float32 result
+        assert rel_error(out, exact) < 1e-2, precision
+    with pytest.raises(ValueError, match="precision"):
+        fmha.attention(q, k, v, precision="medium")
