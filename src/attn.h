@@ -56,6 +56,10 @@ int fmha_mask_classify(const fmha_plan *plan, const fmha_tile_pos *t, int thread
  * key lengths; empty when begin >= end). Only t->b, q0, nq are read. */
 void fmha_mask_kv_range(const fmha_plan *plan, const fmha_tile_pos *t, int64_t *k_begin,
                         int64_t *k_end);
+/* Queries [*q_begin, *q_end) of batch b that may see a key of [k0, k0 + nk)
+ * (band and query lengths; empty when begin >= end). */
+void fmha_mask_q_range(const fmha_plan *plan, int64_t b, int64_t k0, int64_t nk, int64_t *q_begin,
+                       int64_t *q_end);
 /* Sets the masked scores of a PARTIAL tile to -inf. `scratch` holds
  * FMHA_MASK_SCRATCH(plan) bytes for a mask callback. */
 void fmha_mask_apply(const fmha_plan *plan, const fmha_tile_pos *t, float *st, size_t lds,

@@ -153,6 +153,18 @@ void fmha_mask_kv_range(const fmha_plan *plan, const fmha_tile_pos *t, int64_t *
     *k_end = hi;
 }
 
+void fmha_mask_q_range(const fmha_plan *plan, int64_t b, int64_t k0, int64_t nk, int64_t *q_begin,
+                       int64_t *q_end) {
+    int64_t lo = 0, hi = plan->p.seq_q, off = plan->causal_offset;
+    /* query i sees some key of the block iff band_lo <= j - i - off <= band_hi for a j in it */
+    if (plan->band_hi != INT64_MAX && k0 - off - plan->band_hi > lo) lo = k0 - off - plan->band_hi;
+    if (plan->band_lo != INT64_MIN && k0 + nk - off - plan->band_lo < hi) hi = k0 + nk - off - plan->band_lo;
+    if (plan->p.masks.q_lengths && plan->p.masks.q_lengths[b] < hi) hi = plan->p.masks.q_lengths[b];
+    if (hi < lo) hi = lo;
+    *q_begin = lo;
+    *q_end = hi;
+}
+
 void fmha_mask_apply(const fmha_plan *plan, const fmha_tile_pos *t, float *st, size_t lds,
                      unsigned char *scratch, int thread) {
     const fmha_masks *m = &plan->p.masks;

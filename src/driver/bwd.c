@@ -484,8 +484,12 @@ static void bwd_key_block(const bwd_ctx *c, bwd_tiles *t, int64_t b, int64_t hk,
     int64_t nk = p->seq_kv - k0 < (int64_t)d->bc ? p->seq_kv - k0 : (int64_t)d->bc;
     int packed = 0;
     long long computed = 0;
+    int64_t qv_begin, qv_end;
+    fmha_mask_q_range(plan, b, k0, nk, &qv_begin, &qv_end);
+    size_t qb_begin = (size_t)qv_begin / d->nr;
+    size_t qb_end = qv_end > qv_begin ? ((size_t)qv_end + d->nr - 1) / d->nr : qb_begin;
     for (int64_t h = hk * plan->group; h < (hk + 1) * plan->group; h++)
-        for (size_t qb = 0; qb < c->q_blocks; qb++) {
+        for (size_t qb = qb_begin; qb < qb_end; qb++) {
             int64_t q0 = (int64_t)(qb * d->nr);
             fmha_tile_pos tp = {b, h, q0, p->seq_q - q0 < (int64_t)d->nr ? p->seq_q - q0 : (int64_t)d->nr,
                                 k0, nk};
