@@ -129,7 +129,10 @@ void fmha_score_epilogue(const fmha_plan *plan, const fmha_tile_pos *t, fmha_til
         if (bs->dense) {
             const int64_t *s = bs->dense_strides;
             const float *base = bs->dense + t->b * s[0] + t->h * s[1] + t->q0 * s[2] + t->k0 * s[3];
-            add_transposed(st, lds, base, s[2], s[3], nq, (size_t)t->nk);
+            if (s[3] == 1 && plan->uk->add_transposed_f32)
+                plan->uk->add_transposed_f32((size_t)t->nk, nq, base, (ptrdiff_t)s[2], st, lds);
+            else
+                add_transposed(st, lds, base, s[2], s[3], nq, (size_t)t->nk);
         }
         if (plan->toeplitz) {
             /* row r, lane i: a = q0 + i + off - k0 - r; every NR lane is added

@@ -58,6 +58,13 @@ typedef void (*fmha_f32_exp_sub_ukernel_fn)(size_t rows, float *s, size_t lds, c
 typedef void (*fmha_f32_ds_ukernel_fn)(size_t rows, const float *p, float *dp, size_t lds,
                                        const float *dsum);
 
+/* Bias epilogue: adds a tensor stored with queries as rows to a score tile,
+ * transposing it: st[r][i] += src[i * q_stride + r] for r < nk, i < nq
+ * (nq <= NR; src rows are contiguous over keys). May be NULL in a table: the
+ * driver then runs its plain loop. */
+typedef void (*fmha_f32_add_transposed_ukernel_fn)(size_t nk, size_t nq, const float *src,
+                                                   ptrdiff_t q_stride, float *st, size_t lds);
+
 /* ---- bfloat16 (AVX-512 BF16 machines) ----
  * bf16 GEMMs take both operands in pairs along k, the layout of vdpbf16ps:
  * one 32-bit word holds (X[2p], X[2p+1]) for k-steps 2p, 2p+1 (element 2p in
@@ -93,6 +100,7 @@ typedef struct fmha_ukernels {
     fmha_f32_softmax_ukernel_fn softmax_f32;
     fmha_f32_exp_sub_ukernel_fn exp_sub_f32;
     fmha_f32_ds_ukernel_fn ds_f32;
+    fmha_f32_add_transposed_ukernel_fn add_transposed_f32; /* optional */
     /* bf16 fast path; NULL where the ISA lacks it (bf16 then runs through
      * the float32 kernels on widened tiles). Same MR and NR as above. */
     fmha_bf16_gemm_ukernel_fn gemm_bf16;

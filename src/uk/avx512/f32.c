@@ -220,6 +220,57 @@ static void fmha_f32_ds_ukernel_64__avx512(size_t rows, const float *p, float *d
     }
 }
 
+/* Transposes 16 rows of 16 floats in registers: on return x[c][l] is the
+ * old x[l][c]. Unpack pairs, shuffle quads within 128-bit lanes, then move
+ * 128-bit lanes across the four row groups. */
+FMHA_INLINE void transpose_16x16(__m512 x[16]) {
+    __m512 t[16], u[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(x[2 * i], x[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(x[2 * i], x[2 * i + 1]);
+    }
+    /* u[4g + k], 128-bit lane L: column 4L + k of rows 4g .. 4g + 3 */
+    for (int g = 0; g < 4; g++) {
+        u[4 * g + 0] = _mm512_shuffle_ps(t[4 * g + 0], t[4 * g + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g + 0], t[4 * g + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int k = 0; k < 4; k++) {
+        __m512 s0 = _mm512_shuffle_f32x4(u[k], u[4 + k], _MM_SHUFFLE(2, 0, 2, 0));
+        __m512 s1 = _mm512_shuffle_f32x4(u[k], u[4 + k], _MM_SHUFFLE(3, 1, 3, 1));
+        __m512 s2 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], _MM_SHUFFLE(2, 0, 2, 0));
+        __m512 s3 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], _MM_SHUFFLE(3, 1, 3, 1));
+        x[k + 0] = _mm512_shuffle_f32x4(s0, s2, _MM_SHUFFLE(2, 0, 2, 0));
+        x[k + 8] = _mm512_shuffle_f32x4(s0, s2, _MM_SHUFFLE(3, 1, 3, 1));
+        x[k + 4] = _mm512_shuffle_f32x4(s1, s3, _MM_SHUFFLE(2, 0, 2, 0));
+        x[k + 12] = _mm512_shuffle_f32x4(s1, s3, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+}
+
+/* st[r][i] += src[i * q_stride + r]; contract in ukernel.h. 16 x 16 blocks:
+ * 16 query rows loaded (keys past nk masked, queries past nq zero),
+ * transposed, added to 16 score rows. */
+static void fmha_f32_add_transposed_ukernel__avx512(size_t nk, size_t nq, const float *src,
+                                                   ptrdiff_t q_stride, float *st, size_t lds) {
+    for (size_t i0 = 0; i0 < nq; i0 += 16) {
+        size_t rows = nq - i0 < 16 ? nq - i0 : 16;
+        for (size_t r0 = 0; r0 < nk; r0 += 16) {
+            size_t keys = nk - r0 < 16 ? nk - r0 : 16;
+            const __mmask16 kmask = (__mmask16)((1u << keys) - 1u);
+            __m512 x[16];
+            for (size_t l = 0; l < 16; l++)
+                x[l] = l < rows ? _mm512_maskz_loadu_ps(kmask, src + (ptrdiff_t)(i0 + l) * q_stride + (ptrdiff_t)r0)
+                                : _mm512_setzero_ps();
+            transpose_16x16(x);
+            for (size_t c = 0; c < keys; c++) {
+                float *row = st + (r0 + c) * lds + i0;
+                _mm512_storeu_ps(row, _mm512_add_ps(_mm512_loadu_ps(row), x[c]));
+            }
+        }
+    }
+}
+
 const fmha_ukernels fmha_ukernels_avx512 = {
     .isa = "avx512",
     .mr = AVX512_MR,
@@ -229,4 +280,5 @@ const fmha_ukernels fmha_ukernels_avx512 = {
     .softmax_f32 = fmha_f32_softmax_ukernel_64__avx512,
     .exp_sub_f32 = fmha_f32_exp_sub_ukernel_64__avx512,
     .ds_f32 = fmha_f32_ds_ukernel_64__avx512,
+    .add_transposed_f32 = fmha_f32_add_transposed_ukernel__avx512,
 };
