@@ -552,6 +552,41 @@ static void test_exp(const char *isa, exp_fn f) {
     free(y);
 }
 
+/* The optional transpose-add kernel against its definition, st[r][i] +=
+ * src[i * q_stride + r], at edge sizes of both dimensions: exact (one add per
+ * element), untouched past nk rows, and padding lanes past nq only get + 0. */
+static void test_add_transposed(const fmha_ukernels *u) {
+    if (!u->add_transposed_f32) return;
+    const size_t nks[] = {1, 5, 15, 16, 17, 33, 64, 128}, nqs[] = {1, 7, 16, 31, 47, 64};
+    size_t nr = u->nr, lds = nr + 3;
+    for (size_t a = 0; a < sizeof nks / sizeof *nks; a++)
+        for (size_t b = 0; b < sizeof nqs / sizeof *nqs; b++) {
+            size_t nk = nks[a], nq = nqs[b];
+            if (nq > nr) continue;
+            ptrdiff_t q_stride = (ptrdiff_t)nk + (ptrdiff_t)tu_int(0, 9);
+            size_t src_n = (size_t)q_stride * (nq - 1) + nk, st_n = (nk + 2) * lds;
+            float *src = malloc(src_n * sizeof(float)), *st = malloc(st_n * sizeof(float));
+            float *want = malloc(st_n * sizeof(float));
+            tu_fill(src, src_n, -4, 4);
+            tu_fill(st, st_n, -4, 4);
+            memcpy(want, st, st_n * sizeof(float));
+            for (size_t r = 0; r < nk; r++)
+                for (size_t i = 0; i < nq; i++) want[r * lds + i] += src[(ptrdiff_t)i * q_stride + (ptrdiff_t)r];
+            u->add_transposed_f32(nk, nq, src, q_stride, st, lds);
+            int ok = 1;
+            for (size_t e = 0; e < st_n; e++) {
+                size_t r = e / lds, i = e % lds;
+                /* lanes nq..NR of rows < nk may only have had 0 added */
+                ok &= st[e] == want[e] || (r < nk && i >= nq && i < nr && st[e] == want[e] + 0.0f);
+            }
+            tu_check(ok, "%s: add_transposed nk=%zu nq=%zu q_stride=%td differs from its definition", u->isa,
+                     nk, nq, q_stride);
+            free(src);
+            free(st);
+            free(want);
+        }
+}
+
 int main(void) {
     tu_seed();
     const fmha_ukernels *spec = fmha_cpu_kernels_for("scalar");
@@ -570,6 +605,7 @@ int main(void) {
         test_gemm(u, spec);
         test_softmax(u, spec);
         test_backward_kernels(u, spec);
+        test_add_transposed(u);
 #if defined(__x86_64__)
         if (!strcmp(u->isa, "avx2")) test_exp("avx2", fmha_f32_exp__avx2);
         if (!strcmp(u->isa, "avx512")) test_exp("avx512", fmha_f32_exp__avx512);
