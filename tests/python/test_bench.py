@@ -195,6 +195,7 @@ def test_unwritable_output_fails_before_running(tmp_path):
     ["--impls", "nope"],
     ["--impls", "fmha_wrong_for_test"],
     ["--dtypes", "float64"],
+    ["--precision", "medium"],
     ["--variants", "sparse"],
     ["--modes", "bwd"],
     ["--heads", "0"],

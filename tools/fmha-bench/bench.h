@@ -27,6 +27,7 @@ typedef struct bench_options {
     bench_name_list dtypes, variants, modes, impls, peak_impls, fit_impls;
     int64_t batch, heads, portable_max_seq;
     int threads;               /* 0: the library's default */
+    const char *precision;     /* --precision: "accurate" or "fast" (bf16 rows) */
     int no_ref, peaks, max_fit, append;
     double peak_timeout_s;
     double mem_budget_mb;      /* 0: MemAvailable */
@@ -40,6 +41,7 @@ typedef struct bench_options {
 typedef struct bench_case {
     const char *impl, *mode, *variant, *dtype;
     int64_t batch, seq, heads, head_dim;
+    const char *precision;     /* bf16 rows: "accurate" (NULL) or "fast" */
 } bench_case;
 
 /* Random inputs of one (variant, dtype, seq, head dim) and their reference,

@@ -51,6 +51,7 @@ static void usage(FILE *f)
             "  --portable-max-seq N    fmha_portable only up to this seq (default 1024)\n"
             "  --threads N             fmha_set_num_threads(N) (default: the library's)\n"
             "  --no-ref                skip rel_err (the float64 reference)\n"
+            "  --precision P           accurate (default) or fast: fmha_precision of bfloat16 rows\n"
             "  --peaks                 also run each (impl, seq) of --peak-seqs x --peak-impls\n"
             "                          in a child process: peak_rss_mb and wall_s (no rel_err)\n"
             "  --peak-seqs LIST        default 4096,8192,16384\n"
@@ -214,6 +215,7 @@ static void set_default_options(bench_options *o)
     o->peak_timeout_s = 300;
     o->out = "results.json";
     o->min_samples = 7;
+    o->precision = "accurate";
     o->min_sample_ms = 20;
 }
 
@@ -290,7 +292,7 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
             "--seqs", "--dims", "--dtypes", "--variants", "--modes", "--batch", "--heads", "--impls",
             "--portable-max-seq", "--threads", "--peak-seqs", "--peak-impls", "--peak-timeout", "--fit-seqs",
             "--fit-impls", "--mem-budget-mb", "--out", "--note", "--min-samples", "--min-sample-ms",
-            "--child-row"};
+            "--child-row", "--precision"};
         int known = 0;
         for (int k = 0; k < COUNT_OF(valued); k++)
             known |= strcmp(flag, valued[k]) == 0;
@@ -331,7 +333,11 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
             rc = parse_int_option(flag, value, 1, 1 << 20, &o->heads);
         else if (strcmp(flag, "--portable-max-seq") == 0)
             rc = parse_int_option(flag, value, 0, 1 << 30, &o->portable_max_seq);
-        else if (strcmp(flag, "--threads") == 0) {
+        else if (strcmp(flag, "--precision") == 0) {
+            if (strcmp(value, "accurate") != 0 && strcmp(value, "fast") != 0)
+                return usage_error("--precision wants accurate or fast, got '%s'", value);
+            o->precision = strcmp(value, "fast") == 0 ? "fast" : "accurate";
+        } else if (strcmp(flag, "--threads") == 0) {
             rc = parse_int_option(flag, value, 1, 1024, &n);
             o->threads = (int)n;
         } else if (strcmp(flag, "--min-samples") == 0) {
@@ -423,6 +429,7 @@ static json_value *config_json(const bench_options *o)
         json_set_number(c, "threads", o->threads);
     else
         json_object_set(c, "threads", json_new_null());
+    json_set_string(c, "precision", o->precision);
     json_set_number(c, "min_samples", o->min_samples);
     json_set_number(c, "min_sample_ms", o->min_sample_ms);
     json_set_string(c, "out", o->out);
@@ -654,7 +661,7 @@ static void run_time_rows(const bench_options *o, json_value *results, progress 
             for (int v = 0; v < o->variants.count; v++)
                 for (int s = 0; s < o->seqs.count; s++) {
                     bench_case c = {NULL, NULL, o->variants.names[v], o->dtypes.names[t], o->batch,
-                                    o->seqs.values[s], o->heads, o->dims.values[d]};
+                                    o->seqs.values[s], o->heads, o->dims.values[d], o->precision};
                     c.impl = o->impls.names[0];
                     c.mode = o->modes.names[0];
                     /* One set of inputs (and reference) per (variant, seq, dim), every mode and impl. */
@@ -690,7 +697,7 @@ static void run_peak_rows(const bench_options *o, json_value *results, progress 
                         for (int i = 0; i < o->peak_impls.count; i++) {
                             bench_case c = {o->peak_impls.names[i], o->modes.names[m], o->variants.names[v],
                                             o->dtypes.names[t], o->batch, o->peak_seqs.values[s], o->heads,
-                                            o->dims.values[d]};
+                                            o->dims.values[d], o->precision};
                             if (portable_skipped(o, c.impl, c.seq))
                                 continue;
                             report_progress(pr, &c, " (peak)");
@@ -709,7 +716,7 @@ static void run_fit_rows(const bench_options *o, json_value *results, progress *
             for (int m = 0; m < o->modes.count; m++)
                 for (int i = 0; i < o->fit_impls.count; i++) {
                     bench_case c = {o->fit_impls.names[i], o->modes.names[m], "plain", o->dtypes.names[t],
-                                    o->batch, 0, o->heads, o->dims.values[d]};
+                                    o->batch, 0, o->heads, o->dims.values[d], o->precision};
                     pr->done++;
                     fprintf(stderr, "[row %d/%d] %s %s max-fit\n", pr->done, pr->total, c.impl, c.mode);
                     json_value *row = bench_fit_row(o, &c, budget);

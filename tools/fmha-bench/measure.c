@@ -90,6 +90,8 @@ void bench_case_problem(const bench_case *c, const bench_inputs *in, fmha_proble
     fmha_problem_init(p, c->batch, c->heads, c->heads, c->seq, c->seq, c->head_dim, c->head_dim,
                       FMHA_LAYOUT_BSHD);
     p->dtype = dtype_of(c->dtype);
+    p->precision = c->precision && strcmp(c->precision, "fast") == 0 ? FMHA_PRECISION_FAST
+                                                                     : FMHA_PRECISION_ACCURATE;
     int strategy = bench_impl_strategy(c->impl, &wrong);
     p->strategy = strategy < 0 ? FMHA_STRATEGY_AUTO : (fmha_strategy)strategy;
     set_variant(c, in, p);
@@ -387,6 +389,8 @@ json_value *bench_row_header(const bench_case *c)
     json_set_string(row, "mode", c->mode);
     json_set_string(row, "variant", c->variant);
     json_set_string(row, "dtype", c->dtype);
+    if (strcmp(c->dtype, "bfloat16") == 0)
+        json_set_string(row, "precision", c->precision ? c->precision : "accurate");
     json_set_number(row, "batch", (double)c->batch);
     json_set_number(row, "seq", (double)c->seq);
     json_set_number(row, "heads", (double)c->heads);
