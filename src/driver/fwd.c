@@ -213,14 +213,23 @@ static void fwd_kv_pack_task(void *vctx, size_t task, int thread) {
         uint32_t *v2 = (uint32_t *)(area + fmha_round_up((size_t)(skv * D2) * 4, FMHA_ALIGN));
         for (int64_t r = k0; r < k0 + nk; r++) {
             int64_t row = b * ks[0] + r * ks[1] + hk * ks[2];
+            if (ks[3] == 1 && D % 2 == 0) { /* the row already is its pairs */
+                memcpy(k2 + r * D2, k + row, (size_t)D * sizeof(uint16_t));
+                continue;
+            }
             for (int64_t e = 0; e < D2; e++)
                 k2[r * D2 + e] = fmha_bf16_pair(k, row + 2 * e * ks[3], row + (2 * e + 1) * ks[3], 2 * e + 1 < D);
         }
-        for (int64_t pr = k0 / 2; pr < (k0 + nk + 1) / 2; pr++) {
-            int64_t row = b * vs[0] + 2 * pr * vs[1] + hk * vs[2];
-            int has_hi = 2 * pr + 1 < skv;
+        /* V^T pairs in blocks of 16 pairs: 32 source rows stay in L1 while
+         * each destination row gets 16 consecutive words */
+        int64_t pr_end = (k0 + nk + 1) / 2;
+        for (int64_t pr0 = k0 / 2; pr0 < pr_end; pr0 += 16) {
+            int64_t pr1 = pr0 + 16 < pr_end ? pr0 + 16 : pr_end;
             for (int64_t e = 0; e < Dv; e++)
-                v2[e * skv2 + pr] = fmha_bf16_pair(v, row + e * vs[3], row + vs[1] + e * vs[3], has_hi);
+                for (int64_t pr = pr0; pr < pr1; pr++) {
+                    int64_t at = b * vs[0] + 2 * pr * vs[1] + hk * vs[2] + e * vs[3];
+                    v2[e * skv2 + pr] = fmha_bf16_pair(v, at, at + vs[1], 2 * pr + 1 < skv);
+                }
         }
     } else {
         float *kf = (float *)area, *vf = (float *)(area + floats_bytes((size_t)(skv * D)));
