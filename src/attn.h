@@ -106,7 +106,7 @@ size_t fmha_bias_grad_task_doubles(const fmha_plan *plan, size_t heads_per_task)
  * (diag: scratch of NR + block_kv floats; task_acc: this task's row for
  * head t->h, or NULL) and the callback's accumulate_grad. */
 void fmha_bias_grad_tile(const fmha_plan *plan, const fmha_tile_pos *t, const float *ds, size_t lds,
-                         const float *raw, float *diag, double *task_acc, int thread);
+                         float *diag, double *task_acc, int thread);
 void fmha_softcap_grad(const fmha_plan *plan, const fmha_tile_pos *t, float *ds, size_t lds,
                        const float *raw);
 void fmha_bias_grad_finish(const fmha_plan *plan, const double *task_acc, size_t n_tasks,

@@ -160,7 +160,7 @@ size_t fmha_bias_grad_task_doubles(const fmha_plan *plan, size_t heads_per_task)
 }
 
 void fmha_bias_grad_tile(const fmha_plan *plan, const fmha_tile_pos *t, const float *ds, size_t lds,
-                         const float *raw, float *diag, double *task_acc, int thread) {
+                         float *diag, double *task_acc, int thread) {
     const fmha_biases *bs = &plan->p.biases;
     const fmha_param_grads *g = plan->grads;
     size_t nq = (size_t)t->nq;
@@ -196,7 +196,6 @@ void fmha_bias_grad_tile(const fmha_plan *plan, const fmha_tile_pos *t, const fl
         fmha_tile pt = bias_tile(t, lds, thread);
         bs->callback.accumulate_grad(bs->callback.ctx, &pt, ds);
     }
-    (void)raw;
 }
 
 /* dS with respect to the raw (pre-softcap) score: dS * (1 - tanh^2(raw / cap)). */

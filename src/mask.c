@@ -35,8 +35,8 @@ fmha_status fmha_masks_check(const fmha_problem *p) {
 
 size_t fmha_mask_scratch_bytes(const fmha_plan *plan) {
     if (!plan->p.masks.callback.fill) return 0;
-    size_t rows = plan->strategy == FMHA_STRATEGY_DENSE ? plan->uk->block_kv : plan->uk->block_kv;
-    return fmha_round_up(rows * plan->uk->nr, FMHA_ALIGN);
+    /* every strategy applies masks on the tiled grid: block_kv keys a tile */
+    return fmha_round_up(plan->uk->block_kv * plan->uk->nr, FMHA_ALIGN);
 }
 
 /* d = j - (i + off) over the tile: [d_min, d_max]. */

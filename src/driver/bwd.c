@@ -462,7 +462,7 @@ static void bwd_pair(const bwd_ctx *c, bwd_tiles *t, const fmha_tile_pos *tp, co
     /* dS^T = P^T (dP^T - Dsum): the gradient of the biased score */
     uk->ds_f32(nk, t->pt, t->dpt, nr, q->dsum);
     if (plan->grads || p->biases.callback.accumulate_grad)
-        fmha_bias_grad_tile(plan, tp, t->dpt, nr, t->raw, t->diag, bias_acc, thread);
+        fmha_bias_grad_tile(plan, tp, t->dpt, nr, t->diag, bias_acc, thread);
     if (softcap) fmha_softcap_grad(plan, tp, t->dpt, nr, t->raw);
 
     /* dK_j += dS^T Q_i;  dQ_i += dS K_j  (A element (i, r) = dS^T[r][i]) */
