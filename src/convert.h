@@ -9,7 +9,19 @@
 
 #include "fmha.h"
 
-static inline size_t fmha_dtype_size(fmha_dtype t) { return t == FMHA_DTYPE_F32 ? 4 : 2; }
+/* One past the last fmha_dtype: the bound of range checks. Every switch
+ * over fmha_dtype lists each value and has no default, so -Wswitch names
+ * the sites a new dtype must handle. */
+enum { FMHA_DTYPE_COUNT_ = FMHA_DTYPE_F16 + 1 };
+
+static inline size_t fmha_dtype_size(fmha_dtype t) {
+    switch (t) {
+    case FMHA_DTYPE_F32: return 4;
+    case FMHA_DTYPE_BF16:
+    case FMHA_DTYPE_F16: return 2;
+    }
+    return 0;
+}
 
 static inline float fmha_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -66,15 +78,21 @@ static inline uint16_t fmha_f32_to_f16(float f) {
 
 /* Element idx of a tensor of dtype t, widened. */
 static inline float fmha_load(const void *base, fmha_dtype t, int64_t idx) {
-    if (t == FMHA_DTYPE_F32) return ((const float *)base)[idx];
-    uint16_t h = ((const uint16_t *)base)[idx];
-    return t == FMHA_DTYPE_BF16 ? fmha_bf16_to_f32(h) : fmha_f16_to_f32(h);
+    switch (t) {
+    case FMHA_DTYPE_F32: return ((const float *)base)[idx];
+    case FMHA_DTYPE_BF16: return fmha_bf16_to_f32(((const uint16_t *)base)[idx]);
+    case FMHA_DTYPE_F16: return fmha_f16_to_f32(((const uint16_t *)base)[idx]);
+    }
+    return 0.0f;
 }
 
 /* Stores x as element idx of a tensor of dtype t (rounded to nearest even). */
 static inline void fmha_store(void *base, fmha_dtype t, int64_t idx, float x) {
-    if (t == FMHA_DTYPE_F32) ((float *)base)[idx] = x;
-    else ((uint16_t *)base)[idx] = t == FMHA_DTYPE_BF16 ? fmha_f32_to_bf16(x) : fmha_f32_to_f16(x);
+    switch (t) {
+    case FMHA_DTYPE_F32: ((float *)base)[idx] = x; return;
+    case FMHA_DTYPE_BF16: ((uint16_t *)base)[idx] = fmha_f32_to_bf16(x); return;
+    case FMHA_DTYPE_F16: ((uint16_t *)base)[idx] = fmha_f32_to_f16(x); return;
+    }
 }
 
 /* The 32-bit word (base[lo], base[hi]) of two bf16 elements (lo in the low
