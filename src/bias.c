@@ -48,6 +48,11 @@ fmha_status fmha_biases_check(const fmha_problem *p) {
     return FMHA_OK;
 }
 
+int fmha_biases_active(const fmha_problem *p) {
+    const fmha_biases *bs = &p->biases;
+    return bs->dense || bs->alibi_slopes || bs->rel_table || bs->softcap != 0.0f || bs->callback.fill;
+}
+
 /* a = i + off - j ranges over [a_min, a_max]; lanes past nq reach NR - 1 further. */
 static void toeplitz_extent(const fmha_plan *plan, int64_t *a_min, int64_t *len) {
     const fmha_problem *p = &plan->p;

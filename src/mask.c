@@ -33,6 +33,11 @@ fmha_status fmha_masks_check(const fmha_problem *p) {
     return FMHA_OK;
 }
 
+int fmha_masks_active(const fmha_problem *p) {
+    const fmha_masks *m = &p->masks;
+    return m->kv_lengths || m->q_lengths || m->q_segment_ids || m->dense || m->callback.fill;
+}
+
 size_t fmha_mask_scratch_bytes(const fmha_plan *plan) {
     if (!plan->p.masks.callback.fill) return 0;
     /* every strategy applies masks on the tiled grid: block_kv keys a tile */
