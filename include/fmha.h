@@ -85,7 +85,9 @@ typedef enum fmha_status {
     FMHA_ERR_BAD_THREAD_COUNT,      /* fmha_set_num_threads got a negative count or one above 1024 */
     FMHA_ERR_BAD_MASK,              /* a mask or bias argument is invalid (lengths out of range, one
                                        segment array without the other, bad buckets or softcap, ...) */
-    FMHA_ERR_CALLBACK               /* a mask callback returned an invalid tile class */
+    FMHA_ERR_CALLBACK,              /* a mask callback returned an invalid tile class */
+    FMHA_ERR_STRUCT_SIZE            /* problem->struct_size is not one this library knows: the problem
+                                       was not filled by fmha_problem_init (see "ABI" below) */
 } fmha_status;
 
 /* A sentence describing a status; never NULL (unknown codes get a generic text). */
@@ -242,8 +244,18 @@ typedef enum fmha_layout {
 } fmha_layout;
 
 /* One attention problem: sizes, options and the strides of every tensor.
- * Fill it with fmha_problem_init, then change what differs. */
+ * Fill it with fmha_problem_init, then change what differs.
+ *
+ * ABI: struct_size (set by fmha_problem_init to sizeof(fmha_problem) of the
+ * header the caller compiled against) lets the struct grow without breaking
+ * built callers. New fields are only ever appended at the end, with zero
+ * meaning "off", and the library reads a smaller problem as its prefix with
+ * the rest zero; a struct_size it does not know is FMHA_ERR_STRUCT_SIZE.
+ * fmha_param_grads, fmha_tile and the callback structs never change; new
+ * gradients or callback arguments come as new types. libfmha.so's SOVERSION
+ * is the major version. */
 typedef struct fmha_problem {
+    size_t struct_size;       /* sizeof(fmha_problem), set by fmha_problem_init */
     fmha_dtype dtype;
     int64_t batch;            /* B   >= 1 */
     int64_t heads_q;          /* Hq  >= 1, a multiple of heads_kv */
@@ -266,9 +278,10 @@ typedef struct fmha_problem {
     fmha_biases biases;
 } fmha_problem;
 
-/* Fills *p: float32, the given sizes, contiguous strides for `layout` (the
- * same layout for Q, K, V and O), scale 0 (= 1/sqrt(head_dim)), no causal
- * mask, no other mask or bias (windows unbounded), strategy auto. Does not validate; the entry points do. */
+/* Fills *p: struct_size, float32, the given sizes, contiguous strides for
+ * `layout` (the same layout for Q, K, V and O), scale 0 (= 1/sqrt(head_dim)),
+ * no causal mask, no other mask or bias (windows unbounded), strategy auto.
+ * Does not validate; the entry points do. */
 FMHA_API void fmha_problem_init(fmha_problem *p, int64_t batch, int64_t heads_q, int64_t heads_kv,
                        int64_t seq_q, int64_t seq_kv, int64_t head_dim, int64_t head_dim_v,
                        fmha_layout layout);
@@ -319,6 +332,48 @@ FMHA_API fmha_status fmha_backward(const fmha_problem *p, const void *q, const v
 FMHA_API fmha_status fmha_forward_backward(const fmha_problem *p, const void *q, const void *k,
                                   const void *v, const void *d_o, void *o, float *lse, void *dq,
                                   void *dk, void *dv, const fmha_param_grads *grads);
+
+/* ---- plans ----------------------------------------------------------------
+ * A plan is a problem validated and resolved once (strategy, microkernels,
+ * operand path, workspace sizes, mask callback answers checked), to run many
+ * times on new tensors of the same shapes and strides: training steps, or
+ * one plan per layer shape. A run checks only the tensor pointers (NULL,
+ * overlaps: O(1) each) and the O(B) length arrays, and allocates nothing
+ * after the first run of each direction (the plan owns its workspace, grown
+ * when the thread count grows). Results are bitwise identical to the
+ * one-shot calls, which are this same path with a plan on the stack.
+ *
+ * The plan copies the problem; the arrays it names (lengths, segment ids,
+ * dense mask and bias, slopes, table, callbacks and their contexts) are
+ * read at every run, so they must stay valid for the plan's life, and their
+ * contents may change between runs (lengths are re-checked). Calls on one
+ * plan from several threads are safe and run one after another. */
+typedef struct fmha_plan fmha_plan;
+
+/* Validates *p (every check fmha_problem_check makes, plus a mask callback's
+ * classify answers) and returns a new plan in *plan (untouched on error). */
+FMHA_API fmha_status fmha_plan_create(const fmha_problem *p, fmha_plan **plan);
+
+/* fmha_forward, fmha_backward and fmha_forward_backward on a plan's problem
+ * (tensors as documented there; the plan owns the workspace). */
+FMHA_API fmha_status fmha_plan_forward(fmha_plan *plan, const void *q, const void *k, const void *v,
+                                       void *o, float *lse);
+FMHA_API fmha_status fmha_plan_backward(fmha_plan *plan, const void *q, const void *k, const void *v,
+                                        const void *o, const void *d_o, const float *lse, void *dq,
+                                        void *dk, void *dv, const fmha_param_grads *grads);
+FMHA_API fmha_status fmha_plan_forward_backward(fmha_plan *plan, const void *q, const void *k,
+                                                const void *v, const void *d_o, void *o, float *lse,
+                                                void *dq, void *dk, void *dv,
+                                                const fmha_param_grads *grads);
+
+/* The problem a plan runs (its copy), or NULL for a NULL plan. */
+FMHA_API const fmha_problem *fmha_plan_problem(const fmha_plan *plan);
+
+/* Bytes of workspace the plan holds now (0 before its first run). */
+FMHA_API size_t fmha_plan_workspace_held(const fmha_plan *plan);
+
+/* Frees the plan and its workspace; NULL is a no-op. */
+FMHA_API void fmha_plan_destroy(fmha_plan *plan);
 
 /* ---- threads and instruction set ------------------------------------------ */
 

@@ -1,6 +1,7 @@
-/* api.c: the public entry points. Validates every argument before anything
- * is written, resolves a fmha_problem into a plan (scale, kernels, strategy,
- * threads, workspace), and hands the plan to a driver. */
+/* api.c: the problem and its validation: status strings, fmha_problem_init,
+ * fmha_problem_check (sizes, options, strides, masks, biases), and the
+ * tensor check of a run (every output against every other tensor, named).
+ * plan.c resolves checked problems into plans and runs them. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -27,6 +28,7 @@ const char *fmha_status_string(fmha_status status) {
     case FMHA_ERR_BAD_THREAD_COUNT: return "the thread count must be between 0 (default) and 1024";
     case FMHA_ERR_BAD_MASK: return "a mask or bias argument is invalid";
     case FMHA_ERR_CALLBACK: return "a mask callback returned an invalid tile class";
+    case FMHA_ERR_STRUCT_SIZE: return "problem->struct_size is unknown: fill the problem with fmha_problem_init";
     }
     return "unknown fmha status code";
 }
@@ -46,6 +48,7 @@ void fmha_problem_init(fmha_problem *p, int64_t batch, int64_t heads_q, int64_t 
                        fmha_layout layout) {
     if (!p) return;
     *p = (fmha_problem){0};
+    p->struct_size = sizeof(fmha_problem);
     p->dtype = FMHA_DTYPE_F32;
     p->batch = batch;
     p->heads_q = heads_q;
@@ -121,10 +124,21 @@ static int tensor_injective(const int64_t ext[4], const int64_t st[4]) {
     return 1;
 }
 
-fmha_status fmha_problem_check(const fmha_problem *p) {
-    fmha_status st;
+fmha_status fmha_problem_load(const fmha_problem *p, fmha_problem *out) {
     if (!p) return FMHA_ERR_NULL_POINTER;
-    if ((unsigned)p->dtype > FMHA_DTYPE_F16) return FMHA_ERR_BAD_OPTION;
+    /* every struct_size this library has shipped: only the first so far */
+    if (p->struct_size != sizeof(fmha_problem)) return FMHA_ERR_STRUCT_SIZE;
+    *out = *p;
+    return FMHA_OK;
+}
+
+fmha_status fmha_problem_check(const fmha_problem *p_in) {
+    fmha_status st;
+    fmha_problem copy;
+    st = fmha_problem_load(p_in, &copy);
+    if (st != FMHA_OK) return st;
+    const fmha_problem *p = &copy;
+    if ((unsigned)p->dtype >= FMHA_DTYPE_COUNT_) return FMHA_ERR_BAD_OPTION;
     if ((unsigned)p->strategy > FMHA_STRATEGY_PORTABLE) return FMHA_ERR_BAD_OPTION;
     if ((unsigned)p->causal > FMHA_CAUSAL_BOTTOM_RIGHT) return FMHA_ERR_BAD_OPTION;
     if ((unsigned)p->precision > FMHA_PRECISION_FAST) return FMHA_ERR_BAD_OPTION;
@@ -154,141 +168,74 @@ fmha_status fmha_problem_check(const fmha_problem *p) {
     return st;
 }
 
-/* Byte range [lo, hi) of a tensor. */
-typedef struct byte_range { uintptr_t lo, hi; } byte_range;
+/* ---- the tensors of a run ----
+ * Each tensor a run reads or writes is named with its byte range. Every
+ * output must be injective (no two elements share memory) and overlap no
+ * other tensor, input or output; inputs may share memory with each other. */
 
-static byte_range range_of_tensor(const fmha_problem *p, int which, const void *ptr) {
-    int64_t ext[4];
-    tensor_extents(p, which, ext);
+typedef struct tensor_ref {
+    const char *name;
+    uintptr_t lo, hi; /* bytes [lo, hi) */
+    int output;
+} tensor_ref;
+
+enum { MAX_TENSORS = 24 };
+
+typedef struct tensor_list {
+    tensor_ref t[MAX_TENSORS];
+    int n;
+    fmha_status status; /* first error while adding */
+} tensor_list;
+
+/* Adds a strided tensor of extents ext[4] (elements of elem bytes). */
+static void add_strided(tensor_list *l, const char *name, const void *ptr, const int64_t ext[4],
+                        const int64_t st[4], size_t elem, int output) {
+    if (!ptr || l->status != FMHA_OK) return;
+    int64_t span = tensor_span(ext, st);
+    if (span < 0) { l->status = FMHA_ERR_BAD_SIZE; return; }
+    if (output && !tensor_injective(ext, st)) { l->status = FMHA_ERR_BAD_STRIDE; return; }
     uintptr_t lo = (uintptr_t)ptr;
-    size_t elem = fmha_dtype_size(p->dtype);
-    return (byte_range){lo, lo + (uintptr_t)(tensor_span(ext, tensor_strides(p, which)) + 1) * elem};
+    l->t[l->n++] = (tensor_ref){name, lo, lo + (uintptr_t)(span + 1) * elem, output};
 }
 
-static int ranges_overlap(byte_range a, byte_range b) { return a.lo < b.hi && b.lo < a.hi; }
-
-static byte_range range_of_lse(const fmha_problem *p, const float *lse) {
-    uintptr_t lo = (uintptr_t)lse;
-    return (byte_range){lo, lo + (uintptr_t)(p->batch * p->heads_q * p->seq_q) * sizeof(float)};
+/* Adds a contiguous array of n0 * n1 elements. */
+static void add_array(tensor_list *l, const char *name, const void *ptr, int64_t n0, int64_t n1,
+                      size_t elem, int output) {
+    int64_t n;
+    if (!ptr || l->status != FMHA_OK) return;
+    if (__builtin_mul_overflow(n0, n1, &n) || n > INT64_MAX / 8) { l->status = FMHA_ERR_BAD_SIZE; return; }
+    uintptr_t lo = (uintptr_t)ptr;
+    l->t[l->n++] = (tensor_ref){name, lo, lo + (uintptr_t)n * elem, output};
 }
 
-/* ---- planning ---- */
+static void tensor_ext(const fmha_problem *p, int which, int64_t ext[4]) { tensor_extents(p, which, ext); }
 
-/* Dense materialises the scores of one head per thread. Measured with
- * fmha-bench (B = 1, 8 heads, D = 64, float32, 2 threads, AVX-512, one run,
- * median ms, dense / tiled): fwd S=64 0.058/0.064, S=128 0.167/0.143,
- * S=256 0.440/0.423, S=512 1.43/1.44, S=1024 5.49/5.45, S=2048 52/41;
- * fwdbwd within 2% of each other up to 1024 (one backward serves both).
- * Dense wins only below ~100 x 100 scores and needs O(S^2) memory, so auto
- * takes it there only. */
-#define FMHA_AUTO_DENSE_MAX_SCORES ((int64_t)96 * 96)
-
-static fmha_strategy resolve_strategy(const fmha_problem *p) {
-    switch (p->strategy) {
-    case FMHA_STRATEGY_DENSE: return FMHA_STRATEGY_DENSE;
-    case FMHA_STRATEGY_AUTO:
-        return p->seq_q * p->seq_kv <= FMHA_AUTO_DENSE_MAX_SCORES ? FMHA_STRATEGY_DENSE
-                                                                  : FMHA_STRATEGY_TILED;
-    default: return FMHA_STRATEGY_TILED;
-    }
+/* Adds tensor `which` (0 q, 1 k, 2 v, 3 o) of the problem's dtype. */
+static void add_qkvo(tensor_list *l, const fmha_problem *p, const char *name, int which,
+                     const void *ptr, int output) {
+    int64_t ext[4];
+    tensor_ext(p, which, ext);
+    add_strided(l, name, ptr, ext, tensor_strides(p, which), fmha_dtype_size(p->dtype), output);
 }
 
-typedef enum { PLAN_FORWARD, PLAN_BACKWARD } plan_kind;
-
-static fmha_status plan_make(const fmha_problem *p, plan_kind kind,
-                             const fmha_param_grads *grads, fmha_plan *plan) {
-    fmha_status st = fmha_problem_check(p);
-    if (st != FMHA_OK) return st;
-    *plan = (fmha_plan){0};
-    plan->p = *p;
-    plan->grads = grads;
-    const fmha_masks *mk = &p->masks;
+/* The mask and bias arrays a run reads. */
+static void add_mask_bias_inputs(tensor_list *l, const fmha_problem *p) {
+    const fmha_masks *m = &p->masks;
     const fmha_biases *bs = &p->biases;
-    plan->band_lo = mk->window_left >= 0 ? -mk->window_left : INT64_MIN;
-    plan->band_hi = mk->window_right >= 0 ? mk->window_right : INT64_MAX;
-    if (p->causal != FMHA_CAUSAL_NONE && plan->band_hi > 0) plan->band_hi = 0;
-    plan->has_mask = mk->kv_lengths || mk->q_lengths || mk->q_segment_ids || mk->dense ||
-                     mk->callback.fill;
-    plan->has_bias = bs->dense || bs->alibi_slopes || bs->rel_table || bs->softcap != 0.0f ||
-                     bs->callback.fill;
-    plan->scale = p->scale != 0.0f ? p->scale : (float)(1.0 / sqrt((double)p->head_dim));
-    plan->uk = p->strategy == FMHA_STRATEGY_PORTABLE ? &fmha_ukernels_scalar : fmha_cpu_kernels();
-    plan->strategy = resolve_strategy(p);
-    plan->bf16_fast = p->dtype == FMHA_DTYPE_BF16 && plan->uk->gemm_bf16 != NULL;
-    plan->o_dtype = p->dtype;
-    plan->threads = fmha_pool_threads();
-    plan->group = p->heads_q / p->heads_kv;
-    plan->causal_offset = p->causal == FMHA_CAUSAL_BOTTOM_RIGHT ? p->seq_kv - p->seq_q : 0;
-    st = fmha_mask_precheck(plan);
-    if (st != FMHA_OK) return st;
-    if (kind == PLAN_FORWARD)
-        fmha_fwd_workspace(plan, &plan->thread_bytes, &plan->shared_bytes);
-    else
-        fmha_bwd_workspace(plan, &plan->thread_bytes, &plan->shared_bytes);
-    return FMHA_OK;
+    int64_t scores[4] = {p->batch, p->heads_q, p->seq_q, p->seq_kv};
+    add_array(l, "kv_lengths", m->kv_lengths, p->batch, 1, sizeof(int32_t), 0);
+    add_array(l, "q_lengths", m->q_lengths, p->batch, 1, sizeof(int32_t), 0);
+    add_array(l, "q_segment_ids", m->q_segment_ids, p->batch, p->seq_q, sizeof(int32_t), 0);
+    add_array(l, "kv_segment_ids", m->kv_segment_ids, p->batch, p->seq_kv, sizeof(int32_t), 0);
+    add_strided(l, "dense mask", m->dense, scores, m->dense_strides, 1, 0);
+    add_strided(l, "dense bias", bs->dense, scores, bs->dense_strides, sizeof(float), 0);
+    add_array(l, "alibi_slopes", bs->alibi_slopes, p->heads_q, 1, sizeof(float), 0);
+    add_array(l, "rel_table", bs->rel_table, p->heads_q, bs->rel_num_buckets, sizeof(float), 0);
 }
-
-size_t fmha_plan_workspace_bytes(const fmha_plan *plan) {
-    return (size_t)plan->threads * plan->thread_bytes + plan->shared_bytes + FMHA_ALIGN;
-}
-
-/* Aligns the caller's workspace or allocates one; *owned is what to free. */
-static fmha_status workspace_take(const fmha_plan *plan, void *ws, size_t ws_bytes, char **aligned,
-                                  void **owned) {
-    size_t need = fmha_plan_workspace_bytes(plan);
-    *owned = NULL;
-    if (ws) {
-        if (ws_bytes < need) return FMHA_ERR_WORKSPACE_TOO_SMALL;
-    } else {
-        ws = *owned = malloc(need);
-        if (!ws) return FMHA_ERR_OUT_OF_MEMORY;
-    }
-    *aligned = (char *)ws + (FMHA_ALIGN - (uintptr_t)ws % FMHA_ALIGN) % FMHA_ALIGN;
-    return FMHA_OK;
-}
-
-/* ---- forward ---- */
-
-fmha_status fmha_forward_workspace_size(const fmha_problem *p, size_t *bytes) {
-    if (!bytes) return FMHA_ERR_NULL_POINTER;
-    fmha_plan plan;
-    fmha_status st = plan_make(p, PLAN_FORWARD, NULL, &plan);
-    if (st != FMHA_OK) return st;
-    *bytes = fmha_plan_workspace_bytes(&plan);
-    return FMHA_OK;
-}
-
-fmha_status fmha_forward(const fmha_problem *p, const void *q, const void *k, const void *v,
-                         void *o, float *lse, void *workspace, size_t workspace_bytes) {
-    if (!p || !q || !k || !v || !o) return FMHA_ERR_NULL_POINTER;
-    fmha_plan plan;
-    fmha_status st = plan_make(p, PLAN_FORWARD, NULL, &plan);
-    if (st != FMHA_OK) return st;
-    byte_range ro = range_of_tensor(p, 3, o);
-    for (int t = 0; t < 3; t++)
-        if (ranges_overlap(ro, range_of_tensor(p, t, t == 0 ? q : t == 1 ? k : v)))
-            return FMHA_ERR_OVERLAP;
-    if (lse) {
-        byte_range rl = range_of_lse(p, lse);
-        if (ranges_overlap(rl, ro)) return FMHA_ERR_OVERLAP;
-        for (int t = 0; t < 3; t++)
-            if (ranges_overlap(rl, range_of_tensor(p, t, t == 0 ? q : t == 1 ? k : v)))
-                return FMHA_ERR_OVERLAP;
-    }
-    char *ws;
-    void *owned;
-    st = workspace_take(&plan, workspace, workspace_bytes, &ws, &owned);
-    if (st != FMHA_OK) return st;
-    st = fmha_fwd_run(&plan, q, k, v, o, lse, ws);
-    free(owned);
-    return st;
-}
-
-/* ---- backward ---- */
 
 /* Bias gradients: each needs its bias; the dense one broadcasts exactly where
  * the bias does and must not overlap itself. */
-static fmha_status param_grads_check(const fmha_problem *p, const fmha_param_grads *g) {
+fmha_status fmha_param_grads_check(const fmha_problem *p, const fmha_param_grads *g) {
     if (!g) return FMHA_OK;
     const fmha_biases *bs = &p->biases;
     if ((g->d_dense && !bs->dense) || (g->d_alibi && !bs->alibi_slopes) ||
@@ -301,126 +248,43 @@ static fmha_status param_grads_check(const fmha_problem *p, const fmha_param_gra
             if (ext[i] > 1 && (g->d_dense_strides[i] == 0) != (bs->dense_strides[i] == 0))
                 return FMHA_ERR_BAD_STRIDE;
         }
-        int64_t inner[4];
-        for (int i = 0; i < 4; i++) inner[i] = g->d_dense_strides[i] ? ext[i] : 1;
-        if (!tensor_injective(inner, g->d_dense_strides)) return FMHA_ERR_BAD_STRIDE;
     }
     return FMHA_OK;
 }
 
-fmha_status fmha_backward_workspace_size(const fmha_problem *p, size_t *bytes) {
-    if (!bytes) return FMHA_ERR_NULL_POINTER;
-    fmha_plan plan;
-    fmha_status st = plan_make(p, PLAN_BACKWARD, NULL, &plan);
-    if (st != FMHA_OK) return st;
-    *bytes = fmha_plan_workspace_bytes(&plan);
+static void add_param_grads(tensor_list *l, const fmha_problem *p, const fmha_param_grads *g) {
+    if (!g) return;
+    int64_t ext[4] = {p->batch, p->heads_q, p->seq_q, p->seq_kv};
+    /* the gradient's own extent: 1 where it broadcasts */
+    for (int i = 0; i < 4; i++)
+        if (g->d_dense_strides[i] == 0) ext[i] = 1;
+    add_strided(l, "d_dense", g->d_dense, ext, g->d_dense_strides, sizeof(float), 1);
+    add_array(l, "d_alibi", g->d_alibi, p->heads_q, 1, sizeof(float), 1);
+    add_array(l, "d_rel_table", g->d_rel_table, p->heads_q, p->biases.rel_num_buckets, sizeof(float), 1);
+}
+
+fmha_status fmha_tensors_check(const fmha_problem *p, const fmha_tensors *t) {
+    tensor_list l;
+    l.n = 0;
+    l.status = FMHA_OK;
+    add_qkvo(&l, p, "q", 0, t->q, 0);
+    add_qkvo(&l, p, "k", 1, t->k, 0);
+    add_qkvo(&l, p, "v", 2, t->v, 0);
+    add_qkvo(&l, p, "o", 3, t->o_in, 0);
+    add_qkvo(&l, p, "d_o", 3, t->d_o, 0);
+    add_array(&l, "lse", t->lse_in, p->batch * p->heads_q, p->seq_q, sizeof(float), 0);
+    add_mask_bias_inputs(&l, p);
+    add_qkvo(&l, p, "o", 3, t->o, 1);
+    add_array(&l, "lse", t->lse, p->batch * p->heads_q, p->seq_q, sizeof(float), 1);
+    add_qkvo(&l, p, "dq", 0, t->dq, 1);
+    add_qkvo(&l, p, "dk", 1, t->dk, 1);
+    add_qkvo(&l, p, "dv", 2, t->dv, 1);
+    add_param_grads(&l, p, t->grads);
+    if (l.status != FMHA_OK) return l.status;
+    for (int i = 0; i < l.n; i++) {
+        if (!l.t[i].output) continue;
+        for (int j = 0; j < l.n; j++)
+            if (j != i && l.t[i].lo < l.t[j].hi && l.t[j].lo < l.t[i].hi) return FMHA_ERR_OVERLAP;
+    }
     return FMHA_OK;
-}
-
-fmha_status fmha_backward(const fmha_problem *p, const void *q, const void *k, const void *v,
-                          const void *o, const void *d_o, const float *lse, void *dq, void *dk,
-                          void *dv, const fmha_param_grads *grads, void *workspace,
-                          size_t workspace_bytes) {
-    if (!p || !q || !k || !v || !o || !d_o || !lse || !dq || !dk || !dv)
-        return FMHA_ERR_NULL_POINTER;
-    fmha_status st = param_grads_check(p, grads);
-    if (st != FMHA_OK) return st;
-    fmha_plan plan;
-    st = plan_make(p, PLAN_BACKWARD, grads, &plan);
-    if (st != FMHA_OK) return st;
-    /* Gradients use the strides of their primal: dq ~ q (0), dk ~ k (1), dv ~ v (2). */
-    const void *inputs[5] = {q, k, v, o, d_o};
-    const int input_kind[5] = {0, 1, 2, 3, 3};
-    void *outputs[3] = {dq, dk, dv};
-    byte_range rin[6], rout[3];
-    for (int i = 0; i < 5; i++) rin[i] = range_of_tensor(p, input_kind[i], inputs[i]);
-    rin[5] = range_of_lse(p, lse);
-    for (int i = 0; i < 3; i++) {
-        int64_t ext[4];
-        tensor_extents(p, i, ext);
-        if (!tensor_injective(ext, tensor_strides(p, i))) return FMHA_ERR_BAD_STRIDE;
-        rout[i] = range_of_tensor(p, i, outputs[i]);
-        for (int j = 0; j < 6; j++)
-            if (ranges_overlap(rout[i], rin[j])) return FMHA_ERR_OVERLAP;
-        for (int j = 0; j < i; j++)
-            if (ranges_overlap(rout[i], rout[j])) return FMHA_ERR_OVERLAP;
-    }
-    char *ws;
-    void *owned;
-    st = workspace_take(&plan, workspace, workspace_bytes, &ws, &owned);
-    if (st != FMHA_OK) return st;
-    st = fmha_bwd_run(&plan, q, k, v, o, d_o, lse, dq, dk, dv, ws);
-    free(owned);
-    return st;
-}
-
-fmha_status fmha_forward_backward(const fmha_problem *p, const void *q, const void *k,
-                                  const void *v, const void *d_o, void *o, float *lse, void *dq,
-                                  void *dk, void *dv, const fmha_param_grads *grads) {
-    if (!p || !q || !k || !v || !d_o || !o || !lse || !dq || !dk || !dv)
-        return FMHA_ERR_NULL_POINTER;
-    /* Validate the backward's outputs before the forward writes anything. */
-    fmha_status st = fmha_problem_check(p);
-    if (st != FMHA_OK) return st;
-    st = param_grads_check(p, grads);
-    if (st != FMHA_OK) return st;
-    byte_range ro = range_of_tensor(p, 3, o), rl = range_of_lse(p, lse);
-    void *outs[3] = {dq, dk, dv};
-    const void *ins[4] = {q, k, v, d_o};
-    for (int i = 0; i < 3; i++) {
-        int64_t ext[4];
-        tensor_extents(p, i, ext);
-        if (!tensor_injective(ext, tensor_strides(p, i))) return FMHA_ERR_BAD_STRIDE;
-        byte_range rg = range_of_tensor(p, i, outs[i]);
-        if (ranges_overlap(rg, ro) || ranges_overlap(rg, rl)) return FMHA_ERR_OVERLAP;
-        for (int j = 0; j < 4; j++)
-            if (ranges_overlap(rg, range_of_tensor(p, j == 3 ? 3 : j, ins[j]))) return FMHA_ERR_OVERLAP;
-        for (int j = 0; j < i; j++)
-            if (ranges_overlap(rg, range_of_tensor(p, j, outs[j]))) return FMHA_ERR_OVERLAP;
-    }
-    if (ranges_overlap(ro, rl)) return FMHA_ERR_OVERLAP;
-    for (int j = 0; j < 4; j++) {
-        byte_range ri = range_of_tensor(p, j == 3 ? 3 : j, ins[j]);
-        if (ranges_overlap(ro, ri) || ranges_overlap(rl, ri)) return FMHA_ERR_OVERLAP;
-    }
-    if (p->dtype == FMHA_DTYPE_F32) {
-        st = fmha_forward(p, q, k, v, o, lse, NULL, 0);
-        if (st != FMHA_OK) return st;
-        return fmha_backward(p, q, k, v, o, d_o, lse, dq, dk, dv, grads, NULL, 0);
-    }
-    /* bf16/f16: the forward also leaves O in float32 (same element strides),
-     * and the backward's Dsum = rowsum(dO * O) reads that one: Dsum from the
-     * rounded O would carry O's rounding error into every dS of the row. */
-    int64_t ext[4];
-    tensor_extents(p, 3, ext);
-    size_t span = (size_t)tensor_span(ext, p->o_strides) + 1;
-    float *o32 = malloc(span * sizeof(float));
-    if (!o32) return FMHA_ERR_OUT_OF_MEMORY;
-    fmha_plan plan;
-    char *ws;
-    void *owned;
-    st = plan_make(p, PLAN_FORWARD, NULL, &plan);
-    if (st == FMHA_OK) st = workspace_take(&plan, NULL, 0, &ws, &owned);
-    if (st == FMHA_OK) {
-        plan.o_dtype = FMHA_DTYPE_F32;
-        st = fmha_fwd_run(&plan, q, k, v, o32, lse, ws);
-        free(owned);
-    }
-    if (st == FMHA_OK) st = plan_make(p, PLAN_BACKWARD, grads, &plan);
-    if (st == FMHA_OK) st = workspace_take(&plan, NULL, 0, &ws, &owned);
-    if (st == FMHA_OK) {
-        const int64_t *os = p->o_strides;
-        for (int64_t b = 0; b < ext[0]; b++)
-            for (int64_t i = 0; i < ext[1]; i++)
-                for (int64_t h = 0; h < ext[2]; h++)
-                    for (int64_t e = 0; e < ext[3]; e++) {
-                        int64_t at = b * os[0] + i * os[1] + h * os[2] + e * os[3];
-                        fmha_store(o, p->dtype, at, o32[at]);
-                    }
-        plan.dsum_o = o32;
-        st = fmha_bwd_run(&plan, q, k, v, o, d_o, lse, dq, dk, dv, ws);
-        free(owned);
-    }
-    free(o32);
-    return st;
 }

@@ -1,6 +1,6 @@
-/* attn.h: the library's internal picture of one call. api.c validates a
- * fmha_problem and resolves it into an fmha_plan (scale, kernels, strategy,
- * threads, workspace layout); the drivers run plans. */
+/* attn.h: the library's internal picture of one call. plan.c validates a
+ * fmha_problem and resolves it into an fmha_plan (scale, kernels, operand
+ * path, strategy, threads, workspace sizes); the drivers run plans. */
 #ifndef FMHA_ATTN_H
 #define FMHA_ATTN_H
 
@@ -11,34 +11,86 @@
 
 #define FMHA_ALIGN 64
 
-typedef struct fmha_plan {
-    fmha_problem p;            /* the caller's problem, sizes validated */
-    float scale;               /* resolved (never 0 unless the caller asked for 0... see api.c) */
-    const fmha_ukernels *uk;   /* microkernels of this call */
+typedef struct fmha_operand_path fmha_operand_path; /* driver/operand.h */
+
+/* Workspace of one direction: a slice per thread plus a shared area, each a
+ * multiple of FMHA_ALIGN. */
+typedef struct fmha_ws_size {
+    size_t thread_bytes, shared_bytes;
+} fmha_ws_size;
+
+/* A resolved problem (the public fmha_plan is this struct). What
+ * planning fixes comes first; the last block is set per run on the
+ * runner's own copy. */
+struct fmha_plan {
+    fmha_problem p;            /* the caller's problem, validated */
+    float scale;               /* resolved: p.scale or 1/sqrt(D) */
+    const fmha_ukernels *uk;   /* microkernels */
+    const fmha_operand_path *path; /* how the products read Q, K, V, dO */
     fmha_strategy strategy;    /* FMHA_STRATEGY_TILED or _DENSE after resolution */
-    int threads;               /* max threads of this call */
-    int bf16_fast;             /* bf16 inputs on the pair-packed bf16 kernels (uk->gemm_bf16) */
-    fmha_dtype o_dtype;        /* forward: element type O is stored in (p.dtype, or float32) */
-    const float *dsum_o;       /* backward: float32 O (O's strides) for Dsum, or NULL: use o */
+    int threads;               /* most threads a run uses (workspace is sized for it) */
     int64_t group;             /* Hq / Hkv */
     int64_t causal_offset;     /* off: queries and keys meet at a = i + off - j (see fmha.h) */
     /* Band (causal and sliding window): key j visible from query i iff
      * band_lo <= j - (i + off) <= band_hi (INT64_MIN / INT64_MAX: unbounded). */
     int64_t band_lo, band_hi;
-    int has_mask;              /* any mask besides the band */
-    int has_bias;              /* any bias or softcap: every computed tile gets the epilogue */
+    int has_mask;              /* any mask besides the band (fmha_masks_active) */
+    int has_bias;              /* any bias or softcap (fmha_biases_active) */
+    fmha_ws_size fwd_ws, bwd_ws; /* workspace of each direction (bwd: any gradients) */
+
+    /* ---- per run ---- */
+    size_t thread_bytes;       /* this run's direction: bytes per thread */
+    size_t shared_bytes;       /* and shared */
+    fmha_dtype o_dtype;        /* forward: element type O is stored in (p.dtype, or float32) */
+    const float *dsum_o;       /* backward: float32 O (O's strides) for Dsum, or NULL: use o */
+    const fmha_param_grads *grads; /* backward: bias gradients wanted, or NULL */
     /* ALiBi and relative-position biases depend only on a = i + off - j: both
      * are summed into one vector per head, toeplitz[h * toeplitz_len + a - a_min],
-     * built per call in the shared workspace (NULL when neither is on). */
+     * built per run in the shared workspace (NULL when neither is on). */
     float *toeplitz;
     int64_t toeplitz_len, a_min;
-    const fmha_param_grads *grads; /* backward: bias gradients wanted, or NULL */
-    size_t thread_bytes;       /* workspace bytes per thread (multiple of FMHA_ALIGN) */
-    size_t shared_bytes;       /* workspace bytes shared by all threads (multiple of FMHA_ALIGN) */
-} fmha_plan;
+};
 
-/* Bytes of a workspace for plan (per-thread slices + shared + alignment slack). */
-size_t fmha_plan_workspace_bytes(const fmha_plan *plan);
+/* Workspace carving: the same function measures (base NULL: nothing is
+ * written, pointers are NULL) and carves (base set), so a size query and the
+ * layout it describes cannot diverge. Each piece is FMHA_ALIGN aligned. */
+typedef struct fmha_carver {
+    char *base;
+    size_t used;
+} fmha_carver;
+
+static inline size_t fmha_round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+static inline void *fmha_carve(fmha_carver *c, size_t bytes) {
+    void *at = c->base ? c->base + c->used : NULL;
+    c->used += fmha_round_up(bytes, FMHA_ALIGN);
+    return at;
+}
+
+/* Validates *p and resolves it into *plan (no allocation, no pointer kept
+ * but the problem's own). */
+fmha_status fmha_plan_init(const fmha_problem *p, fmha_plan *plan);
+
+/* Copies a caller's problem of any known struct_size into *out. */
+fmha_status fmha_problem_load(const fmha_problem *p, fmha_problem *out);
+
+/* The tensors of a run, by name; NULL where the run has no such tensor. */
+typedef struct fmha_tensors {
+    const void *q, *k, *v, *o_in, *d_o; /* inputs */
+    const float *lse_in;
+    void *o, *dq, *dk, *dv;             /* outputs */
+    float *lse;
+    const fmha_param_grads *grads;
+} fmha_tensors;
+
+/* Outputs injective and disjoint from every other tensor (the problem's mask
+ * and bias arrays included): FMHA_ERR_OVERLAP, _BAD_STRIDE or _BAD_SIZE. */
+fmha_status fmha_tensors_check(const fmha_problem *p, const fmha_tensors *t);
+/* Bias gradients against the biases they belong to. */
+fmha_status fmha_param_grads_check(const fmha_problem *p, const fmha_param_grads *g);
+
+/* Bytes of a workspace of one direction (per-thread slices + shared + alignment slack). */
+size_t fmha_ws_total(const fmha_plan *plan, fmha_ws_size ws);
 
 /* ---- masks and biases (mask.c, bias.c) ----
  * A score tile is S^T: row r = key k0 + r, lane i = query q0 + i (lanes >= nq
@@ -76,6 +128,10 @@ void fmha_tiles_count(long long n);
 
 /* Validates masks and biases (FMHA_ERR_BAD_MASK and friends). */
 fmha_status fmha_masks_check(const fmha_problem *p);
+/* 1 when any mask besides the causal/window band is on. */
+int fmha_masks_active(const fmha_problem *p);
+/* 1 when any bias or softcap is on (every computed tile takes the epilogue). */
+int fmha_biases_active(const fmha_problem *p);
 /* Bytes of the shared workspace the biases need (Toeplitz vectors). */
 size_t fmha_bias_shared_bytes(const fmha_plan *plan);
 /* Builds plan->toeplitz in `shared` (fmha_bias_shared_bytes of it). */
@@ -86,17 +142,21 @@ void fmha_bias_prepare(fmha_plan *plan, char *shared);
 void fmha_score_epilogue(const fmha_plan *plan, const fmha_tile_pos *t, fmha_tile_class cls,
                          float *st, size_t lds, float *raw, unsigned char *scratch, int thread);
 
-/* ---- drivers ---- */
-/* Per-thread and shared workspace bytes of the forward for plan. */
-void fmha_fwd_workspace(const fmha_plan *plan, size_t *thread_bytes, size_t *shared_bytes);
-/* Runs the forward; ws is FMHA_ALIGN-aligned and plan-sized. Returns FMHA_OK. */
-fmha_status fmha_fwd_run(const fmha_plan *plan, const void *q, const void *k, const void *v,
-                         void *o, float *lse, char *ws);
-
-void fmha_bwd_workspace(const fmha_plan *plan, size_t *thread_bytes, size_t *shared_bytes);
-fmha_status fmha_bwd_run(const fmha_plan *plan, const void *q, const void *k, const void *v,
-                         const void *o, const void *d_o, const float *lse, void *dq, void *dk,
-                         void *dv, char *ws);
+/* ---- drivers ----
+ * A run gets its own copy of the plan with the per-run fields set, and a
+ * FMHA_ALIGN-aligned workspace of fmha_ws_total(plan, that direction's size). */
+/* Workspace of the forward; of the backward for plan->grads. */
+fmha_ws_size fmha_fwd_workspace(const fmha_plan *plan);
+fmha_ws_size fmha_bwd_workspace(const fmha_plan *plan);
+void fmha_fwd_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse,
+                  char *ws);
+void fmha_bwd_run(fmha_plan *run, const void *q, const void *k, const void *v, const void *o,
+                  const void *d_o, const float *lse, void *dq, void *dk, void *dv, char *ws);
+/* Forward then backward (fused.c): bf16/f16 keep a float32 O for Dsum.
+ * `o32` is fmha_fused_o32_bytes of memory for those dtypes (else NULL). */
+size_t fmha_fused_o32_bytes(const fmha_plan *plan);
+void fmha_fused_run(fmha_plan *run, const void *q, const void *k, const void *v, const void *d_o,
+                    void *o, float *lse, void *dq, void *dk, void *dv, float *o32, char *ws);
 
 fmha_status fmha_biases_check(const fmha_problem *p);
 /* Backward: doubles of one task's Toeplitz gradient accumulator (0: none). */
@@ -116,7 +176,5 @@ void fmha_bias_grad_finish(const fmha_plan *plan, const double *task_acc, size_t
 
 /* Bytes per thread for a mask callback's visibility tile (0 when none). */
 size_t fmha_mask_scratch_bytes(const fmha_plan *plan);
-
-static inline size_t fmha_round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 #endif /* FMHA_ATTN_H */

@@ -26,7 +26,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-FMHA_IMPLS = ["fmha_auto", "fmha_dense", "fmha_tiled", "fmha_portable"]
+FMHA_IMPLS = ["fmha_auto", "fmha_dense", "fmha_tiled", "fmha_portable", "fmha_plan"]
 SEED_IMPLS = {"probjax_mha", "xla_dense", "xla_tiled", "mha_interpret"}
 SEED_FILE_NAME = "attention-benchmark-record.json"
 SEED_SUFFIX = " (seed)"

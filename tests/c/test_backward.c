@@ -72,14 +72,14 @@ static fmha_status call_backward(const fmha_problem *p, const float *q, const fl
                                  const float *v, const float *o, const float *d_o,
                                  const float *lse, float *dq, float *dk, float *dv, int ws_mode,
                                  const char *what) {
-    if (ws_mode == 0) return fmha_backward(p, q, k, v, o, d_o, lse, dq, dk, dv, NULL, NULL, 0);
+    if (ws_mode == 0) return tu_backward(p, q, k, v, o, d_o, lse, dq, dk, dv, NULL, NULL, 0);
     size_t bytes = 0;
     fmha_status st = fmha_backward_workspace_size(p, &bytes);
     if (!tu_check(st == FMHA_OK, "%s: workspace size query gave %d", what, (int)st)) return st;
     const size_t off = ws_mode == 1 ? 1 : 4, guard = 64;
     unsigned char *base = malloc(bytes + off + guard);
     memset(base + off + bytes, 0xA5, guard);
-    st = fmha_backward(p, q, k, v, o, d_o, lse, dq, dk, dv, NULL, base + off, bytes);
+    st = tu_backward(p, q, k, v, o, d_o, lse, dq, dk, dv, NULL, base + off, bytes);
     size_t bad = 0;
     for (size_t i = 0; i < guard; i++) bad += base[off + bytes + i] != 0xA5;
     tu_check(bad == 0, "%s: %zu bytes written past the workspace", what, bad);
@@ -210,7 +210,7 @@ static void run_case(const char *name, const fmha_problem *p, const float *q, co
             float *o = tu_new_output(&pp, 'o', sent), *lse = malloc(c.n_l * sizeof(float));
             float *grads[3] = {tu_new_output(&pp, 'q', sent), tu_new_output(&pp, 'k', sent),
                                tu_new_output(&pp, 'v', sent)};
-            fmha_status st = fmha_forward(&pp, q, k, v, o, lse, NULL, 0);
+            fmha_status st = tu_forward(&pp, q, k, v, o, lse, NULL, 0);
             if (tu_check(st == FMHA_OK, "%s: forward status %d", what, (int)st)) {
                 st = call_backward(&pp, q, k, v, o, d_o, lse, grads[0], grads[1], grads[2],
                                    ws_mode, what);
@@ -228,7 +228,7 @@ static void run_case(const char *name, const fmha_problem *p, const float *q, co
                                 tu_new_output(&pp, 'v', sent)};
                 char what2[280];
                 snprintf(what2, sizeof what2, "%s (forward_backward)", what);
-                st = fmha_forward_backward(&pp, q, k, v, d_o, o2, lse2, g2[0], g2[1], g2[2], NULL);
+                st = tu_forward_backward(&pp, q, k, v, d_o, o2, lse2, g2[0], g2[1], g2[2], NULL);
                 if (tu_check(st == FMHA_OK, "%s: status %d", what2, (int)st)) {
                     double ratio[3], rel[3];
                     int ok = check_grads(&c, what2, g2, ratio, rel);
@@ -392,14 +392,14 @@ static void determinism(void) {
                 float *o = tu_new_output(&p, 'o', sent);
                 float *lse = malloc((size_t)(p.batch * p.heads_q * p.seq_q) * sizeof(float));
                 fmha_set_num_threads(1);
-                fmha_forward(&p, q, k, v, o, lse, NULL, 0);
+                tu_forward(&p, q, k, v, o, lse, NULL, 0);
                 float *first[3] = {NULL, NULL, NULL};
                 int same = 1;
                 for (int ti = 0; ti < 3; ti++) {
                     fmha_set_num_threads(threads[ti]);
                     float *g[3] = {tu_new_output(&p, 'q', sent), tu_new_output(&p, 'k', sent),
                                    tu_new_output(&p, 'v', sent)};
-                    fmha_status st = fmha_backward(&p, q, k, v, o, d_o, lse, g[0], g[1], g[2],
+                    fmha_status st = tu_backward(&p, q, k, v, o, d_o, lse, g[0], g[1], g[2],
                                                    NULL, NULL, 0);
                     tu_check(st == FMHA_OK, "determinism case %d: status %d", c, (int)st);
                     for (int t = 0; t < 3; t++) {
@@ -430,23 +430,23 @@ static void errors(void) {
     float *q = tu_new_input(&p, 'q', -1, 1), *k = tu_new_input(&p, 'k', -1, 1);
     float *v = tu_new_input(&p, 'v', -1, 1), *d_o = tu_new_input(&p, 'o', -1, 1);
     float *o = tu_new_output(&p, 'o', sent), *lse = malloc(18 * sizeof(float));
-    fmha_forward(&p, q, k, v, o, lse, NULL, 0);
+    tu_forward(&p, q, k, v, o, lse, NULL, 0);
     float *g[3] = {tu_new_output(&p, 'q', sent), tu_new_output(&p, 'k', sent),
                    tu_new_output(&p, 'v', sent)};
     const size_t nq = 9 * 2 * 8, nk = 11 * 8;
-    tu_check(fmha_backward(&p, q, k, v, o, d_o, NULL, g[0], g[1], g[2], NULL, NULL, 0) ==
+    tu_check(tu_backward(&p, q, k, v, o, d_o, NULL, g[0], g[1], g[2], NULL, NULL, 0) ==
                  FMHA_ERR_NULL_POINTER,
              "backward with lse NULL");
-    tu_check(fmha_backward(&p, q, k, v, o, NULL, lse, g[0], g[1], g[2], NULL, NULL, 0) ==
+    tu_check(tu_backward(&p, q, k, v, o, NULL, lse, g[0], g[1], g[2], NULL, NULL, 0) ==
                  FMHA_ERR_NULL_POINTER,
              "backward with d_o NULL");
-    tu_check(fmha_backward(&p, q, k, v, o, d_o, lse, q, g[1], g[2], NULL, NULL, 0) ==
+    tu_check(tu_backward(&p, q, k, v, o, d_o, lse, q, g[1], g[2], NULL, NULL, 0) ==
                  FMHA_ERR_OVERLAP,
              "backward with dq = q");
-    tu_check(fmha_backward(&p, q, k, v, o, d_o, lse, g[0], k, g[2], NULL, NULL, 0) ==
+    tu_check(tu_backward(&p, q, k, v, o, d_o, lse, g[0], k, g[2], NULL, NULL, 0) ==
                  FMHA_ERR_OVERLAP,
              "backward with dk = k");
-    tu_check(fmha_backward(&p, q, k, v, o, d_o, lse, g[0], g[1], (float *)d_o + 3, NULL, NULL, 0) ==
+    tu_check(tu_backward(&p, q, k, v, o, d_o, lse, g[0], g[1], (float *)d_o + 3, NULL, NULL, 0) ==
                  FMHA_ERR_OVERLAP,
              "backward with dv inside d_o");
     tu_check(tu_count_not(g[0], nq, sent) == 0 && tu_count_not(g[1], nk, sent) == 0 &&

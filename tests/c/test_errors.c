@@ -41,7 +41,7 @@ static void expect_fwd(const char *what, const fmha_problem *p, const void *qq, 
                        const void *vv, void *oo, float *ll, void *ws, size_t ws_bytes,
                        fmha_status want) {
     reset_outputs();
-    fmha_status st = fmha_forward(p, qq, kk, vv, oo, ll, ws, ws_bytes);
+    fmha_status st = tu_forward(p, qq, kk, vv, oo, ll, ws, ws_bytes);
     tu_check(st == want, "forward, %s: status %d (%s), want %d", what, (int)st,
              fmha_status_string(st), (int)want);
     if (want != FMHA_OK) tu_check(outputs_untouched(), "forward, %s: an output was written", what);
@@ -62,11 +62,11 @@ static void expect_problem(const char *what, const fmha_problem *p, fmha_status 
     tu_check(st == want && (want == FMHA_OK || bytes == 12345),
              "backward_workspace_size, %s: status %d", what, (int)st);
     reset_outputs();
-    st = fmha_backward(p, q, k, v, o, d_o, lse, dq, dk, dv, NULL, NULL, 0);
+    st = tu_backward(p, q, k, v, o, d_o, lse, dq, dk, dv, NULL, NULL, 0);
     tu_check(st == want && (want == FMHA_OK || outputs_untouched()),
              "backward, %s: status %d, want %d", what, (int)st, (int)want);
     reset_outputs();
-    st = fmha_forward_backward(p, q, k, v, d_o, o, lse, dq, dk, dv, NULL);
+    st = tu_forward_backward(p, q, k, v, d_o, o, lse, dq, dk, dv, NULL);
     tu_check(st == want && (want == FMHA_OK || outputs_untouched()),
              "forward_backward, %s: status %d, want %d", what, (int)st, (int)want);
 }
@@ -215,7 +215,7 @@ static void forward_errors(void) {
             expect_fwd("workspace of 0 bytes", &e, q, k, v, o, lse, ws, 0,
                        FMHA_ERR_WORKSPACE_TOO_SMALL);
         reset_outputs();
-        tu_check(fmha_forward(&e, q, k, v, o, lse, ws, bytes) == FMHA_OK,
+        tu_check(tu_forward(&e, q, k, v, o, lse, ws, bytes) == FMHA_OK,
                  "workspace of exactly %zu bytes (%s)", bytes, tu_strategy_name(s));
         free(ws);
     }
@@ -227,7 +227,7 @@ static void expect_bwd(const char *what, const fmha_problem *p, const void *oo, 
     float *dq0 = dq, *dk0 = dk, *dv0 = dv;
     /* sentinel in the gradient buffers only: o and lse are inputs here */
     for (int i = 0; i < BUF; i++) dq0[i] = dk0[i] = dv0[i] = sent;
-    fmha_status st = fmha_backward(p, q, k, v, oo, dd, ll, gq, gk, gv, NULL, ws, ws_bytes);
+    fmha_status st = tu_backward(p, q, k, v, oo, dd, ll, gq, gk, gv, NULL, ws, ws_bytes);
     tu_check(st == want, "backward, %s: status %d (%s), want %d", what, (int)st,
              fmha_status_string(st), (int)want);
     tu_check(tu_count_not(dq, BUF, sent) == 0 && tu_count_not(dk, BUF, sent) == 0 &&
@@ -238,7 +238,7 @@ static void expect_bwd(const char *what, const fmha_problem *p, const void *oo, 
 static void backward_errors(void) {
     fmha_problem p = base(), e;
     /* o and lse from a valid forward; saved to detect writes to them */
-    if (!tu_check(fmha_forward(&p, q, k, v, o, lse, NULL, 0) == FMHA_OK, "forward for backward"))
+    if (!tu_check(tu_forward(&p, q, k, v, o, lse, NULL, 0) == FMHA_OK, "forward for backward"))
         return;
     float *o_copy = malloc(BUF * sizeof(float)), *lse_copy = malloc(BUF * sizeof(float));
     memcpy(o_copy, o, BUF * sizeof(float));
@@ -251,7 +251,7 @@ static void backward_errors(void) {
     expect_bwd("dv NULL", &p, o, d_o, lse, dq, dk, NULL, NULL, 0, FMHA_ERR_NULL_POINTER);
     expect_bwd("problem NULL", NULL, o, d_o, lse, dq, dk, dv, NULL, 0, FMHA_ERR_NULL_POINTER);
     reset_outputs();
-    tu_check(fmha_backward(&p, NULL, k, v, o, d_o, lse, dq, dk, dv, NULL, NULL, 0) ==
+    tu_check(tu_backward(&p, NULL, k, v, o, d_o, lse, dq, dk, dv, NULL, NULL, 0) ==
                  FMHA_ERR_NULL_POINTER && outputs_untouched(),
              "backward, q NULL");
     memcpy(o, o_copy, BUF * sizeof(float));
@@ -285,23 +285,23 @@ static void backward_errors(void) {
     }
     /* forward_backward: nothing written on an error */
     reset_outputs();
-    tu_check(fmha_forward_backward(&p, q, k, v, d_o, o, NULL, dq, dk, dv, NULL) == FMHA_ERR_NULL_POINTER &&
+    tu_check(tu_forward_backward(&p, q, k, v, d_o, o, NULL, dq, dk, dv, NULL) == FMHA_ERR_NULL_POINTER &&
                  outputs_untouched(),
              "forward_backward, lse NULL");
     reset_outputs();
-    tu_check(fmha_forward_backward(&p, q, k, v, NULL, o, lse, dq, dk, dv, NULL) == FMHA_ERR_NULL_POINTER &&
+    tu_check(tu_forward_backward(&p, q, k, v, NULL, o, lse, dq, dk, dv, NULL) == FMHA_ERR_NULL_POINTER &&
                  outputs_untouched(),
              "forward_backward, d_o NULL");
     reset_outputs();
-    tu_check(fmha_forward_backward(&p, q, k, v, d_o, o, lse, q, dk, dv, NULL) == FMHA_ERR_OVERLAP &&
+    tu_check(tu_forward_backward(&p, q, k, v, d_o, o, lse, q, dk, dv, NULL) == FMHA_ERR_OVERLAP &&
                  outputs_untouched(),
              "forward_backward, dq is q");
     reset_outputs();
-    tu_check(fmha_forward_backward(&p, q, k, v, d_o, o, lse, dq, dk, o, NULL) == FMHA_ERR_OVERLAP &&
+    tu_check(tu_forward_backward(&p, q, k, v, d_o, o, lse, dq, dk, o, NULL) == FMHA_ERR_OVERLAP &&
                  outputs_untouched(),
              "forward_backward, dv is o");
     reset_outputs();
-    tu_check(fmha_forward_backward(&p, q, k, v, d_o, d_o, lse, dq, dk, dv, NULL) == FMHA_ERR_OVERLAP &&
+    tu_check(tu_forward_backward(&p, q, k, v, d_o, d_o, lse, dq, dk, dv, NULL) == FMHA_ERR_OVERLAP &&
                  outputs_untouched(),
              "forward_backward, o is d_o");
     free(o_copy), free(lse_copy);

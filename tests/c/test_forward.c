@@ -81,14 +81,14 @@ static double max_abs_tensor(const fmha_problem *p, const float *x, char which) 
 static fmha_status call_forward(const fmha_problem *p, const float *q, const float *k,
                                 const float *v, float *o, float *lse, int ws_mode,
                                 const char *what) {
-    if (ws_mode == 0) return fmha_forward(p, q, k, v, o, lse, NULL, 0);
+    if (ws_mode == 0) return tu_forward(p, q, k, v, o, lse, NULL, 0);
     size_t bytes = 0;
     fmha_status st = fmha_forward_workspace_size(p, &bytes);
     if (!tu_check(st == FMHA_OK, "%s: workspace size query gave %d", what, (int)st)) return st;
     const size_t off = ws_mode == 1 ? 1 : 4, guard = 64;
     unsigned char *base = malloc(bytes + off + guard);
     memset(base + off + bytes, 0xA5, guard);
-    st = fmha_forward(p, q, k, v, o, lse, base + off, bytes);
+    st = tu_forward(p, q, k, v, o, lse, base + off, bytes);
     size_t bad = 0;
     for (size_t i = 0; i < guard; i++) bad += base[off + bytes + i] != 0xA5;
     tu_check(bad == 0, "%s: %zu bytes written past the workspace", what, bad);
@@ -184,7 +184,7 @@ static void run_case(const char *name, const fmha_problem *p, const float *q, co
             /* lse is optional: O must not depend on it */
             if (s == FMHA_STRATEGY_AUTO) {
                 float *o2 = tu_new_output(&pp, 'o', sent);
-                st = fmha_forward(&pp, q, k, v, o2, NULL, NULL, 0);
+                st = tu_forward(&pp, q, k, v, o2, NULL, NULL, 0);
                 tu_gather(o2, ost, no, got_o);
                 tu_check(st == FMHA_OK && tu_worst_ratio(got_o, ref_o, n_o, atol, O_RTOL) <= 1.0,
                          "%s: O wrong without lse (status %d)", what, (int)st);

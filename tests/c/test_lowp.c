@@ -100,7 +100,7 @@ static void check_problem(fmha_dtype t, int64_t B, int64_t Hq, int64_t Hkv, int6
     double *ro = malloc(no * 8), *rlse = malloc((size_t)(B * Hq * Sq) * 8);
     double *rq = malloc(nq * 8), *rk = malloc(nk * 8), *rv = malloc(nv * 8);
 
-    fmha_status st = fmha_forward_backward(&p, q.bits, k.bits, v.bits, d_o.bits, o, lse, dq, dk, dv, NULL);
+    fmha_status st = tu_forward_backward(&p, q.bits, k.bits, v.bits, d_o.bits, o, lse, dq, dk, dv, NULL);
     fmha_ref_forward(&p, q.value, k.value, v.value, ro, rlse);
     fmha_ref_backward(&p, q.value, k.value, v.value, d_o.value, rq, rk, rv);
 
@@ -178,7 +178,7 @@ static void check_large_logits(const char *isa) {
         vf[i] = fmha_bf16_to_f32(v[i]);
     }
     double *ro = malloc(nq * 8);
-    fmha_status st = fmha_forward(&p, q, k, v, o, NULL, NULL, 0);
+    fmha_status st = tu_forward(&p, q, k, v, o, NULL, NULL, 0);
     fmha_ref_forward(&p, qf, kf, vf, ro, NULL);
     double err, rounding;
     if (tu_check(st == FMHA_OK, "bf16 logits 1e30 %s: status %d", isa, st)) {

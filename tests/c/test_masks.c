@@ -572,7 +572,7 @@ static void run_case(const char *label, const char *name, mcase *c) {
             int ok = 1;
             /* forward */
             float *o = tu_new_output(&pp, 'o', sent), *lse = new_guarded(n_l);
-            fmha_status st = fmha_forward(&pp, c->q, c->k, c->v, o, lse, NULL, 0);
+            fmha_status st = tu_forward(&pp, c->q, c->k, c->v, o, lse, NULL, 0);
             if (!tu_check(st == FMHA_OK, "%s: forward status %d (%s)", what, (int)st, fmha_status_string(st))) {
                 free(o), free(lse);
                 continue;
@@ -618,7 +618,7 @@ static void run_case(const char *label, const char *name, mcase *c) {
                 c->cbb.acc = calloc((size_t)nthreads * (size_t)(hq * CB_NP), sizeof(double));
                 c->cbb.bad_thread = 0;
             }
-            st = fmha_backward(&pp, c->q, c->k, c->v, o, c->d_o, lse, dq, dk, dv,
+            st = tu_backward(&pp, c->q, c->k, c->v, o, c->d_o, lse, dq, dk, dv,
                                (gdd || gal || grel) ? &g : NULL, NULL, 0);
             if (tu_check(st == FMHA_OK, "%s: backward status %d (%s)", what, (int)st, fmha_status_string(st))) {
                 float *gdq = gather(&pp, dq, 'q'), *gdk = gather(&pp, dk, 'k'), *gdv = gather(&pp, dv, 'v');
@@ -936,10 +936,10 @@ static void tile_case(const char *name, const fmha_problem *p0, const float *q, 
             float *dk = xmalloc((size_t)(p.batch * p.seq_kv * p.heads_kv * p.head_dim) * sizeof(float));
             float *dv = xmalloc((size_t)(p.batch * p.seq_kv * p.heads_kv * p.head_dim_v) * sizeof(float));
             fmha_tiles_reset();
-            fmha_status st = fmha_forward(&p, q, k, v, o, lse, NULL, 0);
+            fmha_status st = tu_forward(&p, q, k, v, o, lse, NULL, 0);
             long long fwd = fmha_tiles_computed();
             fmha_tiles_reset();
-            fmha_status st2 = fmha_backward(&p, q, k, v, o, d_o, lse, dq, dk, dv, NULL, NULL, 0);
+            fmha_status st2 = tu_backward(&p, q, k, v, o, d_o, lse, dq, dk, dv, NULL, NULL, 0);
             long long bwd = fmha_tiles_computed();
             tu_check(st == FMHA_OK && st2 == FMHA_OK, "tiles %s: status %d / %d", name, (int)st, (int)st2);
             tu_check(fwd == want && bwd == want,
@@ -1029,8 +1029,8 @@ static void check_rel_table_precision(void) {
         fmha_param_grads g;
         memset(&g, 0, sizeof g);
         g.d_rel_table = grel;
-        fmha_status st = fmha_forward(&p, q, k, v, o, lse, NULL, 0);
-        fmha_status st2 = fmha_backward(&p, q, k, v, o, d_o, lse, dq, dk, dv, &g, NULL, 0);
+        fmha_status st = tu_forward(&p, q, k, v, o, lse, NULL, 0);
+        fmha_status st2 = tu_backward(&p, q, k, v, o, d_o, lse, dq, dk, dv, &g, NULL, 0);
         if (!tu_check(st == FMHA_OK && st2 == FMHA_OK, "S 4096 [%s]: status %d / %d", isa_names[ii], (int)st, (int)st2))
             continue;
         double e = tu_rel_l2(grel, drel, 64), worst_b = 0.0;
@@ -1086,8 +1086,8 @@ static int bad_untouched(const bad_env *e) {
 static void expect_bad(bad_env *e, const char *what, const fmha_problem *p, const fmha_param_grads *g,
                        fmha_status want, int forward_too) {
     bad_reset(e);
-    fmha_status sf = forward_too ? fmha_forward(p, e->q, e->k, e->v, e->o, e->lse, NULL, 0) : want;
-    fmha_status sb = fmha_backward(p, e->q, e->k, e->v, e->o_in, e->d_o, e->lse_in, e->dq, e->dk, e->dv, g, NULL, 0);
+    fmha_status sf = forward_too ? tu_forward(p, e->q, e->k, e->v, e->o, e->lse, NULL, 0) : want;
+    fmha_status sb = tu_backward(p, e->q, e->k, e->v, e->o_in, e->d_o, e->lse_in, e->dq, e->dk, e->dv, g, NULL, 0);
     int untouched = bad_untouched(e);
     char fwd[96] = "not called";
     if (forward_too) snprintf(fwd, sizeof fwd, "%d (%s)", (int)sf, fmha_status_string(sf));
@@ -1107,7 +1107,7 @@ static void check_bad_inputs(void) {
     e.o = xmalloc(2 * 5 * 2 * 4 * sizeof(float)), e.lse = xmalloc((2 * 2 * 5 + GUARD) * sizeof(float));
     e.dq = xmalloc(2 * 5 * 2 * 4 * sizeof(float)), e.dk = xmalloc(2 * 7 * 4 * sizeof(float));
     e.dv = xmalloc(2 * 7 * 4 * sizeof(float));
-    tu_check(fmha_forward(&e.p, e.q, e.k, e.v, e.o_in, e.lse_in, NULL, 0) == FMHA_OK, "bad input: valid forward");
+    tu_check(tu_forward(&e.p, e.q, e.k, e.v, e.o_in, e.lse_in, NULL, 0) == FMHA_OK, "bad input: valid forward");
 
     int32_t kvl[2] = {7, 7}, ql[2] = {5, 5}, seg_q[10] = {0}, seg_k[14] = {0};
     uint8_t dmask[7] = {1, 1, 1, 1, 1, 1, 1};
@@ -1165,7 +1165,7 @@ static void check_bad_inputs(void) {
     /* the same problem with a matching d_dense works (control) */
     g.d_dense_strides[3] = 1;
     bad_reset(&e);
-    fmha_status st = fmha_backward(&p, e.q, e.k, e.v, e.o_in, e.d_o, e.lse_in, e.dq, e.dk, e.dv, &g, NULL, 0);
+    fmha_status st = tu_backward(&p, e.q, e.k, e.v, e.o_in, e.d_o, e.lse_in, e.dq, e.dk, e.dv, &g, NULL, 0);
     tu_check(st == FMHA_OK, "bad input control: matching d_dense gives %d", (int)st);
     free(e.q), free(e.k), free(e.v), free(e.d_o), free(e.o_in), free(e.lse_in);
     free(e.o), free(e.lse), free(e.dq), free(e.dk), free(e.dv);

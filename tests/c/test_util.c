@@ -139,6 +139,7 @@ void tu_set_layout(fmha_problem *p, int layout) {
 void tu_problem(fmha_problem *p, int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t seq_q,
                 int64_t seq_kv, int64_t head_dim, int64_t head_dim_v) {
     memset(p, 0, sizeof *p);
+    p->struct_size = sizeof *p;
     p->dtype = FMHA_DTYPE_F32;
     p->batch = batch;
     p->heads_q = heads_q;
@@ -311,4 +312,200 @@ void tu_fill_tied_logits(const fmha_problem *p, float *q, float *k) {
                 for (int64_t d = 0; d < p->head_dim; d++)
                     *tu_elem(q, p->q_strides, b, i, h, d) = d ? 0.0f : tu_int(0, 1) ? big : -big;
     }
+}
+
+/* ---- every call also through a plan ---- */
+
+void fmha_tiles_reset(void);
+long long fmha_tiles_computed(void);
+void fmha_tiles_count(long long n);
+
+/* One output of a call: the caller's tensor (one-shot results) and the
+ * plan's copy, compared at the tensor's elements. */
+typedef struct tu_out {
+    const char *name;
+    void *at;           /* the caller's */
+    char *plan;         /* the plan's, prefilled with 0xA5 bytes */
+    int64_t n[4], st[4];/* elements and strides */
+    size_t elem;        /* bytes an element */
+} tu_out;
+
+enum { TU_OUTS = 8 }; /* o, lse, dq, dk, dv, d_dense, d_alibi, d_rel_table */
+
+static size_t tu_dtype_bytes(fmha_dtype t) { return t == FMHA_DTYPE_F32 ? 4 : 2; }
+
+static void tu_out_set(tu_out *o, const char *name, void *at, const int64_t n[4], const int64_t st[4],
+                       size_t elem) {
+    o->name = name;
+    o->at = at;
+    o->plan = NULL;
+    o->elem = elem;
+    for (int i = 0; i < 4; i++) {
+        o->n[i] = n[i];
+        o->st[i] = st[i];
+    }
+}
+
+static void tu_out_tensor(tu_out *o, const fmha_problem *p, const char *name, char which, void *at) {
+    int64_t n[4];
+    const int64_t *st = tu_shape(p, which, n);
+    tu_out_set(o, name, at, n, st, tu_dtype_bytes(p->dtype));
+}
+
+static void tu_out_array(tu_out *o, const char *name, void *at, int64_t count) {
+    int64_t n[4] = {1, 1, 1, count}, st[4] = {0, 0, 0, 1};
+    tu_out_set(o, name, at, n, st, sizeof(float));
+}
+
+static void tu_outs_of(tu_out out[TU_OUTS], const fmha_problem *p, void *o, float *lse, void *dq,
+                       void *dk, void *dv, const fmha_param_grads *g) {
+    tu_out_tensor(&out[0], p, "o", 'o', o);
+    tu_out_array(&out[1], "lse", lse, p->batch * p->heads_q * p->seq_q);
+    tu_out_tensor(&out[2], p, "dq", 'q', dq);
+    tu_out_tensor(&out[3], p, "dk", 'k', dk);
+    tu_out_tensor(&out[4], p, "dv", 'v', dv);
+    int64_t n[4] = {p->batch, p->heads_q, p->seq_q, p->seq_kv};
+    for (int i = 0; i < 4; i++)
+        if (g && g->d_dense_strides[i] == 0) n[i] = 1;
+    tu_out_set(&out[5], "d_dense", g ? g->d_dense : NULL, n, g ? g->d_dense_strides : n, sizeof(float));
+    tu_out_array(&out[6], "d_alibi", g ? g->d_alibi : NULL, p->heads_q);
+    tu_out_array(&out[7], "d_rel_table", g ? g->d_rel_table : NULL, p->heads_q * p->biases.rel_num_buckets);
+}
+
+/* Fresh plan buffers (OK calls only: the caller's pointers are valid). */
+static void tu_outs_alloc(tu_out out[TU_OUTS], void *ptr[TU_OUTS]) {
+    for (int i = 0; i < TU_OUTS; i++) {
+        ptr[i] = NULL;
+        if (!out[i].at) continue;
+        size_t bytes = tu_span(out[i].st, out[i].n) * out[i].elem;
+        out[i].plan = malloc(bytes);
+        if (!out[i].plan) abort();
+        memset(out[i].plan, 0xA5, bytes);
+        ptr[i] = out[i].plan;
+    }
+}
+
+/* Elements of the plan's outputs against the one-shot's, bit for bit. */
+static void tu_outs_compare(tu_out out[TU_OUTS], const char *what) {
+    for (int i = 0; i < TU_OUTS; i++) {
+        const tu_out *o = &out[i];
+        if (!o->plan) continue;
+        size_t differ = 0;
+        for (int64_t a = 0; a < o->n[0]; a++)
+            for (int64_t b = 0; b < o->n[1]; b++)
+                for (int64_t c = 0; c < o->n[2]; c++)
+                    for (int64_t d = 0; d < o->n[3]; d++) {
+                        size_t at = (size_t)(a * o->st[0] + b * o->st[1] + c * o->st[2] + d * o->st[3]) * o->elem;
+                        differ += memcmp((char *)o->at + at, o->plan + at, o->elem) != 0;
+                    }
+        tu_check(differ == 0, "%s: a reused plan's %s differs from the one-shot call's in %zu elements",
+                 what, o->name, differ);
+    }
+}
+
+static void tu_outs_free(tu_out out[TU_OUTS]) {
+    for (int i = 0; i < TU_OUTS; i++) free(out[i].plan);
+}
+
+typedef enum { TU_FWD, TU_BWD, TU_FUSED } tu_kind;
+
+typedef struct tu_call {
+    const void *q, *k, *v, *o_in, *d_o;
+    const float *lse_in;
+    void *o, *dq, *dk, *dv;
+    float *lse;
+    const fmha_param_grads *grads;
+} tu_call;
+
+static fmha_status tu_plan_run(fmha_plan *plan, tu_kind kind, const tu_call *c, void *ptr[TU_OUTS],
+                               const fmha_param_grads *g) {
+    switch (kind) {
+    case TU_FWD: return fmha_plan_forward(plan, c->q, c->k, c->v, ptr[0], ptr[1]);
+    case TU_BWD:
+        return fmha_plan_backward(plan, c->q, c->k, c->v, c->o_in, c->d_o, c->lse_in, ptr[2], ptr[3],
+                                  ptr[4], g);
+    case TU_FUSED:
+        return fmha_plan_forward_backward(plan, c->q, c->k, c->v, c->d_o, ptr[0], ptr[1], ptr[2],
+                                          ptr[3], ptr[4], g);
+    }
+    return FMHA_ERR_BAD_OPTION;
+}
+
+/* The same call through a plan, run twice. A failing one-shot call must
+ * fail the same way (the plan gets the caller's own pointers); a valid one
+ * gives the plan fresh outputs to compare. Bias callbacks that accumulate
+ * gradients are left out (each run would accumulate again). */
+static void tu_through_plan(const fmha_problem *p, tu_kind kind, const tu_call *c, fmha_status one_shot) {
+    static const char *what[3] = {"forward", "backward", "forward_backward"};
+    if (!p || p->biases.callback.accumulate_grad || one_shot == FMHA_ERR_WORKSPACE_TOO_SMALL ||
+        one_shot == FMHA_ERR_OUT_OF_MEMORY)
+        return;
+    if (fmha_problem_check(p) != FMHA_OK) {
+        fmha_plan *plan = NULL;
+        fmha_status st = fmha_plan_create(p, &plan);
+        tu_check(st == fmha_problem_check(p) && plan == NULL,
+                 "%s: fmha_plan_create gave %d for a problem fmha_problem_check rejects with %d", what[kind],
+                 st, fmha_problem_check(p));
+        fmha_plan_destroy(plan);
+        return;
+    }
+    long long tiles = fmha_tiles_computed();
+    tu_out out[TU_OUTS];
+    void *ptr[TU_OUTS] = {c->o, c->lse, c->dq, c->dk, c->dv, NULL, NULL, NULL};
+    fmha_param_grads mine;
+    const fmha_param_grads *g = c->grads;
+    tu_outs_of(out, p, c->o, c->lse, c->dq, c->dk, c->dv, c->grads);
+    if (one_shot == FMHA_OK) {
+        tu_outs_alloc(out, ptr);
+        if (g) {
+            mine = *g;
+            mine.d_dense = ptr[5];
+            mine.d_alibi = ptr[6];
+            mine.d_rel_table = ptr[7];
+            g = &mine;
+        }
+    }
+    fmha_plan *plan = NULL;
+    fmha_status st = fmha_plan_create(p, &plan);
+    if (st == FMHA_OK) {
+        st = tu_plan_run(plan, kind, c, ptr, g);
+        fmha_status again = tu_plan_run(plan, kind, c, ptr, g);
+        tu_check(again == st, "%s: a plan's second run returned %d, its first %d", what[kind], again, st);
+    }
+    fmha_plan_destroy(plan);
+    tu_check(st == one_shot, "%s: the plan returned %d (%s), the one-shot call %d (%s)", what[kind], st,
+             fmha_status_string(st), one_shot, fmha_status_string(one_shot));
+    if (one_shot == FMHA_OK && st == FMHA_OK) tu_outs_compare(out, what[kind]);
+    tu_outs_free(out);
+    fmha_tiles_reset();
+    fmha_tiles_count(tiles);
+}
+
+fmha_status tu_forward(const fmha_problem *p, const void *q, const void *k, const void *v, void *o,
+                       float *lse, void *workspace, size_t workspace_bytes) {
+    fmha_status st = fmha_forward(p, q, k, v, o, lse, workspace, workspace_bytes);
+    tu_call c = {.q = q, .k = k, .v = v, .o = o, .lse = lse};
+    tu_through_plan(p, TU_FWD, &c, st);
+    return st;
+}
+
+fmha_status tu_backward(const fmha_problem *p, const void *q, const void *k, const void *v,
+                        const void *o, const void *d_o, const float *lse, void *dq, void *dk,
+                        void *dv, const fmha_param_grads *grads, void *workspace,
+                        size_t workspace_bytes) {
+    fmha_status st = fmha_backward(p, q, k, v, o, d_o, lse, dq, dk, dv, grads, workspace, workspace_bytes);
+    tu_call c = {.q = q, .k = k, .v = v, .o_in = o, .d_o = d_o, .lse_in = lse, .dq = dq, .dk = dk,
+                 .dv = dv, .grads = grads};
+    tu_through_plan(p, TU_BWD, &c, st);
+    return st;
+}
+
+fmha_status tu_forward_backward(const fmha_problem *p, const void *q, const void *k, const void *v,
+                                const void *d_o, void *o, float *lse, void *dq, void *dk, void *dv,
+                                const fmha_param_grads *grads) {
+    fmha_status st = fmha_forward_backward(p, q, k, v, d_o, o, lse, dq, dk, dv, grads);
+    tu_call c = {.q = q, .k = k, .v = v, .d_o = d_o, .o = o, .lse = lse, .dq = dq, .dk = dk, .dv = dv,
+                 .grads = grads};
+    tu_through_plan(p, TU_FUSED, &c, st);
+    return st;
 }

@@ -67,6 +67,24 @@ int tu_has_nan(const float *x, size_t n);
 const char *tu_strategy_name(int strategy);
 const char *tu_causal_name(int causal);
 
+/* ---- every call also through a plan ----------------------------------------
+ * Drop-in for fmha_forward, fmha_backward and fmha_forward_backward: makes
+ * the one-shot call, then the same call through a plan run twice into fresh
+ * outputs (prefilled like the caller's), and checks that the plan gives the
+ * one-shot's status and, on success, its outputs bit for bit. Returns the
+ * one-shot status; the caller's outputs hold the one-shot results. Skipped
+ * (one-shot only) when a bias callback accumulates gradients (three runs
+ * would accumulate three times). */
+fmha_status tu_forward(const fmha_problem *p, const void *q, const void *k, const void *v, void *o,
+                       float *lse, void *workspace, size_t workspace_bytes);
+fmha_status tu_backward(const fmha_problem *p, const void *q, const void *k, const void *v,
+                        const void *o, const void *d_o, const float *lse, void *dq, void *dk,
+                        void *dv, const fmha_param_grads *grads, void *workspace,
+                        size_t workspace_bytes);
+fmha_status tu_forward_backward(const fmha_problem *p, const void *q, const void *k, const void *v,
+                                const void *d_o, void *o, float *lse, void *dq, void *dk, void *dv,
+                                const fmha_param_grads *grads);
+
 /* ---- logits near the float32 limit ----------------------------------------
  * Both fillers overwrite the elements of q and k (strides of p) so that every
  * product and partial sum of q . k is exact in float32 in any order, and the

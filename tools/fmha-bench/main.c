@@ -25,7 +25,7 @@
 #define EXIT_USAGE 2
 
 static const char *const IMPL_NAMES[] = {"fmha_auto", "fmha_dense", "fmha_tiled", "fmha_portable",
-                                         "fmha_wrong_for_test"};
+                                         "fmha_plan", "fmha_wrong_for_test"};
 static const char *const DTYPE_NAMES[] = {"float32", "bfloat16", "float16"};
 static const char *const VARIANT_NAMES[] = {"plain", "causal", "masked_bias"};
 static const char *const MODE_NAMES[] = {"fwd", "fwdbwd"};
@@ -47,7 +47,8 @@ static void usage(FILE *f)
             "  --modes LIST            fwd,fwdbwd (default fwd,fwdbwd)\n"
             "  --batch N               batch (default 1)\n"
             "  --heads N               heads (default 8)\n"
-            "  --impls LIST            fmha_auto,fmha_dense,fmha_tiled,fmha_portable (default all)\n"
+            "  --impls LIST            fmha_auto,fmha_dense,fmha_tiled,fmha_portable (default),\n"
+            "                          fmha_plan (auto through one reused plan: per-call cost)\n"
             "  --portable-max-seq N    fmha_portable only up to this seq (default 1024)\n"
             "  --threads N             fmha_set_num_threads(N) (default: the library's)\n"
             "  --no-ref                skip rel_err (the float64 reference)\n"

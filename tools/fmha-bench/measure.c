@@ -37,6 +37,7 @@ int bench_impl_strategy(const char *impl, int *wrong_scale)
 {
     *wrong_scale = 0;
     if (strcmp(impl, "fmha_auto") == 0) return FMHA_STRATEGY_AUTO;
+    if (strcmp(impl, "fmha_plan") == 0) return FMHA_STRATEGY_AUTO; /* auto, through a reused plan */
     if (strcmp(impl, "fmha_dense") == 0) return FMHA_STRATEGY_DENSE;
     if (strcmp(impl, "fmha_tiled") == 0) return FMHA_STRATEGY_TILED;
     if (strcmp(impl, "fmha_portable") == 0) return FMHA_STRATEGY_PORTABLE;
@@ -418,11 +419,17 @@ typedef struct run_buffers {
     void *o, *dq, *dk, *dv;   /* in the dtype */
     float *lse;
     fmha_param_grads grads;   /* masked_bias: the table's gradient */
+    fmha_plan *plan;          /* impl fmha_plan: made once in the setup, reused by every call */
 } run_buffers;
 
 static fmha_status run_once(const run_buffers *r)
 {
     const bench_inputs *in = r->in;
+    if (r->plan && !r->fwdbwd)
+        return fmha_plan_forward(r->plan, in->q_in, in->k_in, in->v_in, r->o, NULL);
+    if (r->plan)
+        return fmha_plan_forward_backward(r->plan, in->q_in, in->k_in, in->v_in, in->d_o_in, r->o, r->lse,
+                                          r->dq, r->dk, r->dv, r->grads.d_rel_table ? &r->grads : NULL);
     if (!r->fwdbwd)
         return fmha_forward(&r->p, in->q_in, in->k_in, in->v_in, r->o, NULL, r->workspace, r->workspace_bytes);
     return fmha_forward_backward(&r->p, in->q_in, in->k_in, in->v_in, in->d_o_in, r->o, r->lse, r->dq, r->dk,
@@ -458,6 +465,7 @@ static double quantile(const double *x, int n, double q)
 
 static void free_buffers(run_buffers *r)
 {
+    fmha_plan_destroy(r->plan);
     free(r->workspace);
     free(r->o);
     free(r->lse);
@@ -517,6 +525,14 @@ json_value *bench_measure(const bench_options *o, const bench_case *c, bench_inp
         json_set_string(row, "status", "oom");
         json_set_string(row, "error", "could not allocate the outputs or the workspace");
         return row;
+    }
+    if (strcmp(c->impl, "fmha_plan") == 0) {
+        st = fmha_plan_create(&r.p, &r.plan);
+        if (st != FMHA_OK) {
+            free_buffers(&r);
+            bench_row_set_status(row, st);
+            return row;
+        }
     }
     st = run_once(&r);
     double compile_s = bench_now_s() - setup_start;

@@ -1,0 +1,210 @@
+/* operand_bf16.c: the bf16 operand path for kernel tables with bf16 pair
+ * products (vdpbf16ps). Operands are packed as pairs along the reduced
+ * dimension (uk->gemm_bf16's layout):
+ *   forward   Q^T pairs [D2][NR] per block; K pairs [Skv][D2] and V^T pairs
+ *             [Dv][Skv2] of each (batch, kv head), packed once per call
+ *   backward  Q^T, dO^T pairs per query block, K and V pairs per key block
+ * S^T and dP^T run on pairs; the P V product takes P^T as pairs plus (precision
+ * ACCURATE) the pairs of its rounding residual. dV, dK and dQ stay float32
+ * GEMMs on float32 rows: rounding P or dS to bf16 as a GEMM input leaves the
+ * gradients up to ~1.57x the error of rounding the exact result (measured). */
+#include <string.h>
+
+#include "../convert.h"
+#include "operand.h"
+
+static size_t words_bytes(size_t n) { return fmha_round_up(n * sizeof(uint32_t), FMHA_ALIGN); }
+static size_t pairs(int64_t n) { return (size_t)(n + 1) / 2; }
+
+/* tr2[p][i] = (X[i][2p], X[i][2p+1]) for i < n, zero elsewhere: [cols2][NR]. */
+static void pack_pairs_transposed(const uint16_t *src, int64_t first, int64_t rs, int64_t cs, int64_t n,
+                                  int64_t cols, size_t nr, uint32_t *tr2) {
+    int64_t cols2 = (cols + 1) / 2;
+    memset(tr2, 0, (size_t)cols2 * nr * sizeof(uint32_t));
+    for (int64_t i = 0; i < n; i++) {
+        int64_t row = first + i * rs;
+        for (int64_t e = 0; e < cols2; e++)
+            tr2[(size_t)e * nr + (size_t)i] =
+                fmha_bf16_pair(src, row + 2 * e * cs, row + (2 * e + 1) * cs, 2 * e + 1 < cols);
+    }
+}
+
+/* dst[r][p] = (X[r][2p], X[r][2p+1]) for r < n: rows of pairs [n][cols2]. */
+static void pack_pairs_rows(const uint16_t *src, int64_t first, int64_t rs, int64_t cs, int64_t n,
+                            int64_t cols, uint32_t *dst) {
+    int64_t cols2 = (cols + 1) / 2;
+    for (int64_t r = 0; r < n; r++) {
+        int64_t row = first + r * rs;
+        if (cs == 1 && cols % 2 == 0) { /* the row already is its pairs */
+            memcpy(dst + r * cols2, src + row, (size_t)cols * sizeof(uint16_t));
+            continue;
+        }
+        for (int64_t e = 0; e < cols2; e++)
+            dst[r * cols2 + e] = fmha_bf16_pair(src, row + 2 * e * cs, row + (2 * e + 1) * cs, 2 * e + 1 < cols);
+    }
+}
+
+/* ---- forward ---- */
+
+/* Unit: K pairs [Skv][D2], then V^T pairs [Dv][Skv2]. */
+static size_t unit_bytes(const fmha_plan *plan) {
+    const fmha_problem *p = &plan->p;
+    return words_bytes((size_t)p->seq_kv * pairs(p->head_dim)) +
+           words_bytes((size_t)p->head_dim_v * pairs(p->seq_kv));
+}
+
+static void kv_pack(const fmha_plan *plan, const void *k, const void *v, int64_t b, int64_t hk,
+                    int64_t k0, int64_t nk, char *unit) {
+    const fmha_problem *p = &plan->p;
+    const int64_t *ks = p->k_strides, *vs = p->v_strides;
+    int64_t skv = p->seq_kv, Dv = p->head_dim_v, D2 = (int64_t)pairs(p->head_dim);
+    int64_t skv2 = (int64_t)pairs(skv);
+    uint32_t *k2 = (uint32_t *)unit;
+    uint32_t *v2 = (uint32_t *)(unit + words_bytes((size_t)(skv * D2)));
+    const uint16_t *vb = v;
+    pack_pairs_rows(k, b * ks[0] + k0 * ks[1] + hk * ks[2], ks[1], ks[3], nk, p->head_dim, k2 + k0 * D2);
+    /* V^T pairs in blocks of 16 pairs: 32 source rows stay in L1 while each
+     * destination row gets 16 consecutive words */
+    int64_t pr_end = (k0 + nk + 1) / 2;
+    for (int64_t pr0 = k0 / 2; pr0 < pr_end; pr0 += 16) {
+        int64_t pr1 = pr0 + 16 < pr_end ? pr0 + 16 : pr_end;
+        for (int64_t e = 0; e < Dv; e++)
+            for (int64_t pr = pr0; pr < pr1; pr++) {
+                int64_t at = b * vs[0] + 2 * pr * vs[1] + hk * vs[2] + e * vs[3];
+                v2[e * skv2 + pr] = fmha_bf16_pair(vb, at, at + vs[1], 2 * pr + 1 < skv);
+            }
+    }
+}
+
+/* K: (key r, pair e) at k2 + r * D2 + e; V^T: (key pair r, column c) at v2 + r + c * Skv2. */
+static void kv_views(const fmha_plan *plan, const void *k, const void *v, const char *unit, int64_t b,
+                     int64_t hk, int64_t k0, fmha_kv_view *kv, fmha_kv_view *vv) {
+    int64_t D2 = (int64_t)pairs(plan->p.head_dim), skv2 = (int64_t)pairs(plan->p.seq_kv);
+    const uint32_t *k2 = (const uint32_t *)unit;
+    const uint32_t *v2 = (const uint32_t *)(unit + words_bytes((size_t)(plan->p.seq_kv * D2)));
+    *kv = (fmha_kv_view){k2 + k0 * D2, D2, 1};
+    *vv = (fmha_kv_view){v2 + k0 / 2, 1, skv2};
+}
+
+static size_t q_bytes(const fmha_plan *plan) {
+    return pairs(plan->p.head_dim) * plan->uk->nr * sizeof(uint32_t);
+}
+
+static void q_pack(const fmha_plan *plan, const void *q, int64_t b, int64_t h, int64_t q0, int64_t nq,
+                   void *qt) {
+    const int64_t *qs = plan->p.q_strides;
+    pack_pairs_transposed(q, b * qs[0] + q0 * qs[1] + h * qs[2], qs[1], qs[3], nq, plan->p.head_dim,
+                          plan->uk->nr, qt);
+}
+
+static void scores(const fmha_plan *plan, fmha_kv_view kv, int64_t nk, const void *qt, float *st) {
+    const fmha_ukernels *uk = plan->uk;
+    const uint32_t *k2 = kv.p;
+    for (int64_t r = 0; r < nk; r += (int64_t)uk->mr) {
+        size_t m = (size_t)(nk - r) < uk->mr ? (size_t)(nk - r) : uk->mr;
+        uk->gemm_bf16(m, pairs(plan->p.head_dim), k2 + r * kv.rs, kv.rs, kv.cs, qt, uk->nr,
+                      st + (size_t)r * uk->nr, uk->nr, FMHA_UK_STORE, NULL, plan->scale);
+    }
+}
+
+/* P^T pairs [2][rows2][NR]: rounded, then the rounding residual. */
+static size_t p_bytes(const fmha_plan *plan, size_t rows) {
+    return 2 * pairs((int64_t)rows) * plan->uk->nr * sizeof(uint32_t);
+}
+
+/* ot = ot * alpha + V^T P^T, P^T as bf16 pairs plus (precision ACCURATE)
+ * the pairs of its rounding residual: rounding P alone adds an error as
+ * large as rounding O itself. */
+static void values(const fmha_plan *plan, fmha_kv_view vv, int64_t nk, const float *pt, void *scratch,
+                   float *ot, int mode, const float *alpha) {
+    const fmha_ukernels *uk = plan->uk;
+    size_t nr = uk->nr, kp = pairs(nk);
+    uint32_t *hi = scratch, *lo = hi + kp * nr;
+    int split = plan->p.precision == FMHA_PRECISION_ACCURATE;
+    for (size_t pr = 0; pr < kp; pr++) {
+        const float *a = pt + 2 * pr * nr, *b = 2 * pr + 1 < (size_t)nk ? pt + (2 * pr + 1) * nr : NULL;
+        if (split) uk->pair_rows_split_bf16(a, b, hi + pr * nr, lo + pr * nr);
+        else uk->pair_rows_bf16(a, b, hi + pr * nr);
+    }
+    const uint32_t *v2 = vv.p;
+    int64_t Dv = plan->p.head_dim_v;
+    for (int64_t c = 0; c < Dv; c += (int64_t)uk->mr) {
+        size_t m = (size_t)(Dv - c) < uk->mr ? (size_t)(Dv - c) : uk->mr;
+        const uint32_t *a = v2 + c * vv.cs;
+        uk->gemm_bf16(m, kp, a, vv.cs, vv.rs, hi, nr, ot + (size_t)c * nr, nr, mode, alpha, 1.0f);
+        if (split)
+            uk->gemm_bf16(m, kp, a, vv.cs, vv.rs, lo, nr, ot + (size_t)c * nr, nr, FMHA_UK_ACCUMULATE,
+                          NULL, 1.0f);
+    }
+}
+
+/* ---- backward ---- */
+
+/* Q^T pairs [D2][NR], dO^T pairs [Dv2][NR], float32 Q rows [NR][D_pad] and
+ * dO rows [NR][Dv_pad]. */
+static void qblock_carve(const fmha_plan *plan, fmha_carver *c, const void *q, const void *d_o,
+                         int64_t b, int64_t h, int64_t q0, fmha_bwd_qblock *blk) {
+    const fmha_problem *p = &plan->p;
+    size_t nr = plan->uk->nr, d_pad = fmha_pad_nr(plan, p->head_dim),
+           dv_pad = fmha_pad_nr(plan, p->head_dim_v);
+    blk->qt = fmha_carve(c, pairs(p->head_dim) * nr * sizeof(uint32_t));
+    blk->dot = fmha_carve(c, pairs(p->head_dim_v) * nr * sizeof(uint32_t));
+    blk->qrows = fmha_carve(c, nr * d_pad * sizeof(float));
+    blk->dorows = fmha_carve(c, nr * dv_pad * sizeof(float));
+    blk->qrows_ld = d_pad;
+    blk->dorows_ld = dv_pad;
+    blk->rows_in_place = 0;
+}
+
+static void qblock_pack(const fmha_plan *plan, const void *q, const void *d_o, int64_t b, int64_t h,
+                        int64_t q0, int64_t nq, const fmha_bwd_qblock *blk) {
+    const fmha_problem *p = &plan->p;
+    const int64_t *qs = p->q_strides, *os = p->o_strides;
+    size_t nr = plan->uk->nr;
+    int64_t qfirst = b * qs[0] + q0 * qs[1] + h * qs[2], ofirst = b * os[0] + q0 * os[1] + h * os[2];
+    pack_pairs_transposed(q, qfirst, qs[1], qs[3], nq, p->head_dim, nr, (uint32_t *)blk->qt);
+    fmha_pack_rows_f32(q, p->dtype, qfirst, qs[1], qs[3], nq, p->head_dim, nr, (float *)blk->qrows,
+                       blk->qrows_ld);
+    pack_pairs_transposed(d_o, ofirst, os[1], os[3], nq, p->head_dim_v, nr, (uint32_t *)blk->dot);
+    fmha_pack_rows_f32(d_o, p->dtype, ofirst, os[1], os[3], nq, p->head_dim_v, nr,
+                       (float *)blk->dorows, blk->dorows_ld);
+}
+
+/* K pairs [Bc][D2], V pairs [Bc][Dv2] (along dv), float32 K rows [Bc][D_pad]. */
+static void keys_carve(const fmha_plan *plan, fmha_carver *c, fmha_bwd_keys *keys) {
+    size_t bc = plan->uk->block_kv;
+    keys->k_op = fmha_carve(c, bc * pairs(plan->p.head_dim) * sizeof(uint32_t));
+    keys->v_op = fmha_carve(c, bc * pairs(plan->p.head_dim_v) * sizeof(uint32_t));
+    keys->krows = fmha_carve(c, bc * fmha_pad_nr(plan, plan->p.head_dim) * sizeof(float));
+}
+
+static void keys_pack(const fmha_plan *plan, const void *k, const void *v, int64_t b, int64_t hk,
+                      int64_t k0, int64_t nk, const fmha_bwd_keys *keys) {
+    const fmha_problem *p = &plan->p;
+    const int64_t *ks = p->k_strides, *vs = p->v_strides;
+    int64_t kfirst = b * ks[0] + k0 * ks[1] + hk * ks[2], vfirst = b * vs[0] + k0 * vs[1] + hk * vs[2];
+    pack_pairs_rows(k, kfirst, ks[1], ks[3], nk, p->head_dim, keys->k_op);
+    pack_pairs_rows(v, vfirst, vs[1], vs[3], nk, p->head_dim_v, keys->v_op);
+    fmha_pack_rows_f32(k, p->dtype, kfirst, ks[1], ks[3], nk, p->head_dim, plan->uk->block_kv,
+                       keys->krows, fmha_pad_nr(plan, p->head_dim));
+}
+
+static void bwd_scores(const fmha_plan *plan, const fmha_bwd_keys *keys, const fmha_bwd_qblock *blk,
+                       int64_t nk, float *pt, float *dpt) {
+    const fmha_ukernels *uk = plan->uk;
+    size_t nr = uk->nr, D2 = pairs(plan->p.head_dim), Dv2 = pairs(plan->p.head_dim_v);
+    const uint32_t *k2 = keys->k_op, *v2 = keys->v_op;
+    for (int64_t r = 0; r < nk; r += (int64_t)uk->mr) {
+        size_t m = (size_t)(nk - r) < uk->mr ? (size_t)(nk - r) : uk->mr;
+        uk->gemm_bf16(m, D2, k2 + (size_t)r * D2, (ptrdiff_t)D2, 1, blk->qt, nr, pt + (size_t)r * nr,
+                      nr, FMHA_UK_STORE, NULL, plan->scale);
+        uk->gemm_bf16(m, Dv2, v2 + (size_t)r * Dv2, (ptrdiff_t)Dv2, 1, blk->dot, nr,
+                      dpt + (size_t)r * nr, nr, FMHA_UK_STORE, NULL, 1.0f);
+    }
+}
+
+const fmha_operand_path fmha_path_bf16 = {
+    "bf16",
+    unit_bytes, kv_pack, kv_views, q_bytes, q_pack, scores, p_bytes, values,
+    qblock_carve, qblock_pack, keys_carve, keys_pack, bwd_scores,
+};

@@ -1,0 +1,225 @@
+/* operand_f32.c: the float32 operand paths and the choice of a path.
+ *   fmha_path_f32      float32 tensors: K and V are read in place from the
+ *                      caller's memory with any strides; only Q^T (and in the
+ *                      backward dO^T, plus rows when not unit-stride) is packed.
+ *   fmha_path_widened  bf16 and f16 on kernels without bf16 products: K and V
+ *                      of each (batch, kv head) are widened to float32 once per
+ *                      call, then everything runs as float32.
+ * Both run the products on the float32 GEMM microkernel; scale enters as its
+ * ab_scale, so Q is packed unscaled and a large scale cannot overflow Q. */
+#include <string.h>
+
+#include "../convert.h"
+#include "operand.h"
+
+const fmha_operand_path *fmha_operand_path_for(fmha_dtype dtype, const fmha_ukernels *uk) {
+    switch (dtype) {
+    case FMHA_DTYPE_F32: return &fmha_path_f32;
+    case FMHA_DTYPE_BF16: return uk->gemm_bf16 ? &fmha_path_bf16 : &fmha_path_widened;
+    case FMHA_DTYPE_F16: return &fmha_path_widened;
+    }
+    return NULL;
+}
+
+static size_t floats_bytes(size_t n) { return fmha_round_up(n * sizeof(float), FMHA_ALIGN); }
+
+void fmha_pack_rows_f32(const void *src, fmha_dtype t, int64_t first, int64_t rs, int64_t cs,
+                        int64_t n, int64_t cols, size_t nr, float *rows, size_t ld) {
+    memset(rows, 0, nr * ld * sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t e = 0; e < cols; e++)
+            rows[(size_t)i * ld + (size_t)e] = fmha_load(src, t, first + i * rs + e * cs);
+}
+
+/* tr[e][i] = X[i][e] widened, [cols][NR], zero lanes past n. */
+static void pack_transposed_f32(const void *src, fmha_dtype t, int64_t first, int64_t rs, int64_t cs,
+                                int64_t n, int64_t cols, size_t nr, float *tr) {
+    memset(tr, 0, (size_t)cols * nr * sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t e = 0; e < cols; e++)
+            tr[(size_t)e * nr + (size_t)i] = fmha_load(src, t, first + i * rs + e * cs);
+}
+
+/* ---- forward ---- */
+
+static size_t no_unit_bytes(const fmha_plan *plan) { return 0; }
+
+static void in_place_views(const fmha_plan *plan, const void *k, const void *v, const char *unit,
+                           int64_t b, int64_t hk, int64_t k0, fmha_kv_view *kv, fmha_kv_view *vv) {
+    const int64_t *ks = plan->p.k_strides, *vs = plan->p.v_strides;
+    *kv = (fmha_kv_view){(const float *)k + b * ks[0] + k0 * ks[1] + hk * ks[2], ks[1], ks[3]};
+    *vv = (fmha_kv_view){(const float *)v + b * vs[0] + k0 * vs[1] + hk * vs[2], vs[1], vs[3]};
+}
+
+/* Widened unit: kf [Skv][D] then vf [Skv][Dv], float32. */
+static size_t widened_unit_bytes(const fmha_plan *plan) {
+    size_t skv = (size_t)plan->p.seq_kv;
+    return floats_bytes(skv * (size_t)plan->p.head_dim) + floats_bytes(skv * (size_t)plan->p.head_dim_v);
+}
+
+static void widened_kv_pack(const fmha_plan *plan, const void *k, const void *v, int64_t b,
+                            int64_t hk, int64_t k0, int64_t nk, char *unit) {
+    const fmha_problem *p = &plan->p;
+    const int64_t *ks = p->k_strides, *vs = p->v_strides;
+    int64_t D = p->head_dim, Dv = p->head_dim_v;
+    float *kf = (float *)unit, *vf = (float *)(unit + floats_bytes((size_t)(p->seq_kv * D)));
+    for (int64_t r = k0; r < k0 + nk; r++) {
+        int64_t krow = b * ks[0] + r * ks[1] + hk * ks[2], vrow = b * vs[0] + r * vs[1] + hk * vs[2];
+        for (int64_t e = 0; e < D; e++) kf[r * D + e] = fmha_load(k, p->dtype, krow + e * ks[3]);
+        for (int64_t e = 0; e < Dv; e++) vf[r * Dv + e] = fmha_load(v, p->dtype, vrow + e * vs[3]);
+    }
+}
+
+static void widened_views(const fmha_plan *plan, const void *k, const void *v, const char *unit,
+                          int64_t b, int64_t hk, int64_t k0, fmha_kv_view *kv, fmha_kv_view *vv) {
+    int64_t D = plan->p.head_dim, Dv = plan->p.head_dim_v;
+    const float *vf = (const float *)(unit + floats_bytes((size_t)(plan->p.seq_kv * D)));
+    *kv = (fmha_kv_view){(const float *)unit + k0 * D, D, 1};
+    *vv = (fmha_kv_view){vf + k0 * Dv, Dv, 1};
+}
+
+static size_t f32_q_bytes(const fmha_plan *plan) {
+    return (size_t)plan->p.head_dim * plan->uk->nr * sizeof(float);
+}
+
+/* qt[d][i] = Q[b, q0 + i, h, d] widened, [D][NR]. */
+static void f32_q_pack(const fmha_plan *plan, const void *q, int64_t b, int64_t h, int64_t q0,
+                       int64_t nq, void *qt) {
+    const int64_t *qs = plan->p.q_strides;
+    pack_transposed_f32(q, plan->p.dtype, b * qs[0] + q0 * qs[1] + h * qs[2], qs[1], qs[3], nq,
+                        plan->p.head_dim, plan->uk->nr, qt);
+}
+
+static void f32_scores(const fmha_plan *plan, fmha_kv_view kv, int64_t nk, const void *qt, float *st) {
+    const fmha_ukernels *uk = plan->uk;
+    const float *k = kv.p;
+    for (int64_t r = 0; r < nk; r += (int64_t)uk->mr) {
+        size_t m = (size_t)(nk - r) < uk->mr ? (size_t)(nk - r) : uk->mr;
+        uk->gemm_f32(m, (size_t)plan->p.head_dim, k + r * kv.rs, kv.rs, kv.cs, qt, uk->nr,
+                     st + (size_t)r * uk->nr, uk->nr, FMHA_UK_STORE, NULL, plan->scale);
+    }
+}
+
+static size_t no_p_bytes(const fmha_plan *plan, size_t rows) { return 0; }
+
+/* ot = ot * alpha + V^T P^T: A element (c, r) = V[r][c]. */
+static void f32_values(const fmha_plan *plan, fmha_kv_view vv, int64_t nk, const float *pt,
+                       void *scratch, float *ot, int mode, const float *alpha) {
+    const fmha_ukernels *uk = plan->uk;
+    const float *v = vv.p;
+    int64_t Dv = plan->p.head_dim_v;
+    for (int64_t c = 0; c < Dv; c += (int64_t)uk->mr) {
+        size_t m = (size_t)(Dv - c) < uk->mr ? (size_t)(Dv - c) : uk->mr;
+        uk->gemm_f32(m, (size_t)nk, v + c * vv.cs, vv.cs, vv.rs, pt, uk->nr, ot + (size_t)c * uk->nr,
+                     uk->nr, mode, alpha, 1.0f);
+    }
+}
+
+/* ---- backward ---- */
+
+/* Q^T [D][NR], dO^T [Dv][NR], then Q rows [NR][D_pad] and dO rows
+ * [NR][Dv_pad] unless `in_place` reads the caller's rows (float32 with unit
+ * innermost stride and head dims that fill whole panels). */
+static void qblock_carve(const fmha_plan *plan, fmha_carver *c, const void *q, const void *d_o,
+                         int64_t b, int64_t h, int64_t q0, fmha_bwd_qblock *blk, int in_place) {
+    const fmha_problem *p = &plan->p;
+    size_t nr = plan->uk->nr, d_pad = fmha_pad_nr(plan, p->head_dim),
+           dv_pad = fmha_pad_nr(plan, p->head_dim_v);
+    blk->qt = fmha_carve(c, (size_t)p->head_dim * nr * sizeof(float));
+    blk->dot = fmha_carve(c, (size_t)p->head_dim_v * nr * sizeof(float));
+    if (in_place) {
+        const int64_t *qs = p->q_strides, *os = p->o_strides;
+        blk->qrows = (const float *)q + b * qs[0] + q0 * qs[1] + h * qs[2];
+        blk->dorows = (const float *)d_o + b * os[0] + q0 * os[1] + h * os[2];
+        blk->qrows_ld = (size_t)qs[1];
+        blk->dorows_ld = (size_t)os[1];
+        blk->rows_in_place = 1;
+    } else {
+        blk->qrows = fmha_carve(c, nr * d_pad * sizeof(float));
+        blk->dorows = fmha_carve(c, nr * dv_pad * sizeof(float));
+        blk->qrows_ld = d_pad;
+        blk->dorows_ld = dv_pad;
+        blk->rows_in_place = 0;
+    }
+}
+
+static int f32_rows_in_place(const fmha_plan *plan) {
+    const fmha_problem *p = &plan->p;
+    return p->q_strides[3] == 1 && p->o_strides[3] == 1 &&
+           (size_t)p->head_dim == fmha_pad_nr(plan, p->head_dim) &&
+           (size_t)p->head_dim_v == fmha_pad_nr(plan, p->head_dim_v);
+}
+
+static void f32_qblock_carve(const fmha_plan *plan, fmha_carver *c, const void *q, const void *d_o,
+                             int64_t b, int64_t h, int64_t q0, fmha_bwd_qblock *blk) {
+    qblock_carve(plan, c, q, d_o, b, h, q0, blk, f32_rows_in_place(plan));
+}
+
+static void widened_qblock_carve(const fmha_plan *plan, fmha_carver *c, const void *q,
+                                 const void *d_o, int64_t b, int64_t h, int64_t q0,
+                                 fmha_bwd_qblock *blk) {
+    qblock_carve(plan, c, q, d_o, b, h, q0, blk, 0);
+}
+
+static void f32_qblock_pack(const fmha_plan *plan, const void *q, const void *d_o, int64_t b,
+                            int64_t h, int64_t q0, int64_t nq, const fmha_bwd_qblock *blk) {
+    const fmha_problem *p = &plan->p;
+    const int64_t *qs = p->q_strides, *os = p->o_strides;
+    size_t nr = plan->uk->nr;
+    int64_t qfirst = b * qs[0] + q0 * qs[1] + h * qs[2], ofirst = b * os[0] + q0 * os[1] + h * os[2];
+    pack_transposed_f32(q, p->dtype, qfirst, qs[1], qs[3], nq, p->head_dim, nr, (float *)blk->qt);
+    pack_transposed_f32(d_o, p->dtype, ofirst, os[1], os[3], nq, p->head_dim_v, nr, (float *)blk->dot);
+    if (!blk->rows_in_place) {
+        fmha_pack_rows_f32(q, p->dtype, qfirst, qs[1], qs[3], nq, p->head_dim, nr,
+                           (float *)blk->qrows, blk->qrows_ld);
+        fmha_pack_rows_f32(d_o, p->dtype, ofirst, os[1], os[3], nq, p->head_dim_v, nr,
+                           (float *)blk->dorows, blk->dorows_ld);
+    }
+}
+
+/* K rows [Bc][D_pad] (also dQ's operand) and V rows [Bc][Dv_pad]. */
+static void f32_keys_carve(const fmha_plan *plan, fmha_carver *c, fmha_bwd_keys *keys) {
+    size_t bc = plan->uk->block_kv;
+    keys->krows = fmha_carve(c, bc * fmha_pad_nr(plan, plan->p.head_dim) * sizeof(float));
+    keys->k_op = keys->krows;
+    keys->v_op = fmha_carve(c, bc * fmha_pad_nr(plan, plan->p.head_dim_v) * sizeof(float));
+}
+
+static void f32_keys_pack(const fmha_plan *plan, const void *k, const void *v, int64_t b, int64_t hk,
+                          int64_t k0, int64_t nk, const fmha_bwd_keys *keys) {
+    const fmha_problem *p = &plan->p;
+    const int64_t *ks = p->k_strides, *vs = p->v_strides;
+    size_t bc = plan->uk->block_kv;
+    fmha_pack_rows_f32(k, p->dtype, b * ks[0] + k0 * ks[1] + hk * ks[2], ks[1], ks[3], nk, p->head_dim,
+                       bc, keys->krows, fmha_pad_nr(plan, p->head_dim));
+    fmha_pack_rows_f32(v, p->dtype, b * vs[0] + k0 * vs[1] + hk * vs[2], vs[1], vs[3], nk,
+                       p->head_dim_v, bc, keys->v_op, fmha_pad_nr(plan, p->head_dim_v));
+}
+
+static void f32_bwd_scores(const fmha_plan *plan, const fmha_bwd_keys *keys,
+                           const fmha_bwd_qblock *blk, int64_t nk, float *pt, float *dpt) {
+    const fmha_ukernels *uk = plan->uk;
+    size_t nr = uk->nr, d_pad = fmha_pad_nr(plan, plan->p.head_dim),
+           dv_pad = fmha_pad_nr(plan, plan->p.head_dim_v);
+    const float *krows = keys->k_op, *vrows = keys->v_op;
+    for (int64_t r = 0; r < nk; r += (int64_t)uk->mr) {
+        size_t m = (size_t)(nk - r) < uk->mr ? (size_t)(nk - r) : uk->mr;
+        uk->gemm_f32(m, (size_t)plan->p.head_dim, krows + (size_t)r * d_pad, (ptrdiff_t)d_pad, 1,
+                     blk->qt, nr, pt + (size_t)r * nr, nr, FMHA_UK_STORE, NULL, plan->scale);
+        uk->gemm_f32(m, (size_t)plan->p.head_dim_v, vrows + (size_t)r * dv_pad, (ptrdiff_t)dv_pad, 1,
+                     blk->dot, nr, dpt + (size_t)r * nr, nr, FMHA_UK_STORE, NULL, 1.0f);
+    }
+}
+
+const fmha_operand_path fmha_path_f32 = {
+    "f32",
+    no_unit_bytes, NULL, in_place_views, f32_q_bytes, f32_q_pack, f32_scores, no_p_bytes, f32_values,
+    f32_qblock_carve, f32_qblock_pack, f32_keys_carve, f32_keys_pack, f32_bwd_scores,
+};
+
+const fmha_operand_path fmha_path_widened = {
+    "widened",
+    widened_unit_bytes, widened_kv_pack, widened_views, f32_q_bytes, f32_q_pack, f32_scores,
+    no_p_bytes, f32_values,
+    widened_qblock_carve, f32_qblock_pack, f32_keys_carve, f32_keys_pack, f32_bwd_scores,
+};

@@ -1,0 +1,330 @@
+/* plan.c: planning and running. fmha_plan_init resolves a checked problem
+ * into a plan (scale, microkernels, operand path, strategy, band, workspace
+ * sizes); a run copies the plan, sets the per-run fields (threads, the
+ * direction's workspace, gradients) and hands it to a driver. The one-shot
+ * entry points run a plan on the stack; fmha_plan_create keeps one on the
+ * heap with its own workspace, so repeated runs skip the planning and, after
+ * the first run of each direction, every allocation. */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "attn.h"
+#include "cpu.h"
+#include "driver/operand.h"
+#include "pool.h"
+
+/* Dense materialises the scores of one head per thread. Measured with
+ * fmha-bench (B = 1, 8 heads, D = 64, float32, 2 threads, AVX-512, one run,
+ * median ms, dense / tiled): fwd S=64 0.058/0.064, S=128 0.167/0.143,
+ * S=256 0.440/0.423, S=512 1.43/1.44, S=1024 5.49/5.45, S=2048 52/41;
+ * fwdbwd within 2% of each other up to 1024 (one backward serves both).
+ * Dense wins only below ~100 x 100 scores and needs O(S^2) memory, so auto
+ * takes it there only. */
+#define FMHA_AUTO_DENSE_MAX_SCORES ((int64_t)96 * 96)
+
+static fmha_strategy resolve_strategy(const fmha_problem *p) {
+    switch (p->strategy) {
+    case FMHA_STRATEGY_DENSE: return FMHA_STRATEGY_DENSE;
+    case FMHA_STRATEGY_AUTO:
+        return p->seq_q * p->seq_kv <= FMHA_AUTO_DENSE_MAX_SCORES ? FMHA_STRATEGY_DENSE
+                                                                  : FMHA_STRATEGY_TILED;
+    case FMHA_STRATEGY_TILED:
+    case FMHA_STRATEGY_PORTABLE: return FMHA_STRATEGY_TILED;
+    }
+    return FMHA_STRATEGY_TILED;
+}
+
+fmha_status fmha_plan_init(const fmha_problem *p_in, fmha_plan *plan) {
+    fmha_status st = fmha_problem_check(p_in);
+    if (st != FMHA_OK) return st;
+    *plan = (fmha_plan){0};
+    fmha_problem_load(p_in, &plan->p);
+    const fmha_problem *p = &plan->p;
+    const fmha_masks *mk = &p->masks;
+    plan->band_lo = mk->window_left >= 0 ? -mk->window_left : INT64_MIN;
+    plan->band_hi = mk->window_right >= 0 ? mk->window_right : INT64_MAX;
+    if (p->causal != FMHA_CAUSAL_NONE && plan->band_hi > 0) plan->band_hi = 0;
+    plan->has_mask = fmha_masks_active(p);
+    plan->has_bias = fmha_biases_active(p);
+    plan->scale = p->scale != 0.0f ? p->scale : (float)(1.0 / sqrt((double)p->head_dim));
+    plan->uk = p->strategy == FMHA_STRATEGY_PORTABLE ? fmha_cpu_kernels_for("scalar") : fmha_cpu_kernels();
+    plan->path = fmha_operand_path_for(p->dtype, plan->uk);
+    plan->strategy = resolve_strategy(p);
+    plan->threads = fmha_pool_threads();
+    plan->o_dtype = p->dtype;
+    plan->group = p->heads_q / p->heads_kv;
+    plan->causal_offset = p->causal == FMHA_CAUSAL_BOTTOM_RIGHT ? p->seq_kv - p->seq_q : 0;
+    st = fmha_mask_precheck(plan);
+    if (st != FMHA_OK) return st;
+    plan->fwd_ws = fmha_fwd_workspace(plan);
+    plan->bwd_ws = fmha_bwd_workspace(plan);
+    return FMHA_OK;
+}
+
+size_t fmha_ws_total(const fmha_plan *plan, fmha_ws_size ws) {
+    return (size_t)plan->threads * ws.thread_bytes + ws.shared_bytes + FMHA_ALIGN;
+}
+
+/* The backward's workspace for gradients g: the task split and the bias
+ * accumulators depend on which are wanted. */
+static fmha_ws_size bwd_ws_for(const fmha_plan *plan, const fmha_param_grads *g) {
+    if (!g || !(g->d_dense || g->d_alibi || g->d_rel_table)) return plan->bwd_ws;
+    fmha_plan with = *plan;
+    with.grads = g;
+    return fmha_bwd_workspace(&with);
+}
+
+/* A run's copy of the plan: the current thread count and one direction's
+ * workspace. */
+static fmha_plan run_of(const fmha_plan *plan, fmha_ws_size ws, const fmha_param_grads *g) {
+    fmha_plan run = *plan;
+    run.threads = fmha_pool_threads();
+    run.thread_bytes = ws.thread_bytes;
+    run.shared_bytes = ws.shared_bytes;
+    run.grads = g;
+    return run;
+}
+
+/* ---- workspace ---- */
+
+/* A heap plan: the plan first, so the public pointer is the box's. */
+typedef struct plan_box {
+    fmha_plan plan;
+    pthread_mutex_t lock;  /* one run at a time */
+    void *block;           /* the workspace allocation */
+    size_t bytes;          /* its size */
+} plan_box;
+
+/* Where a run's workspace comes from: a plan's (grown to need), the caller's,
+ * or a fresh allocation (*owned, freed after the run). */
+static fmha_status ws_take(plan_box *box, void *user, size_t user_bytes, size_t need, char **aligned,
+                           void **owned) {
+    void *ws;
+    *owned = NULL;
+    if (box) {
+        if (box->bytes < need) {
+            void *grown = malloc(need);
+            if (!grown) return FMHA_ERR_OUT_OF_MEMORY;
+            free(box->block);
+            box->block = grown;
+            box->bytes = need;
+        }
+        ws = box->block;
+    } else if (user) {
+        if (user_bytes < need) return FMHA_ERR_WORKSPACE_TOO_SMALL;
+        ws = user;
+    } else {
+        ws = *owned = malloc(need);
+        if (!ws) return FMHA_ERR_OUT_OF_MEMORY;
+    }
+    *aligned = (char *)ws + (FMHA_ALIGN - (uintptr_t)ws % FMHA_ALIGN) % FMHA_ALIGN;
+    return FMHA_OK;
+}
+
+/* ---- runs (plan checked; box NULL for the one-shot calls) ---- */
+
+static fmha_status run_forward(const fmha_plan *plan, plan_box *box, const void *q, const void *k,
+                               const void *v, void *o, float *lse, void *user_ws, size_t user_bytes) {
+    if (!q || !k || !v || !o) return FMHA_ERR_NULL_POINTER;
+    fmha_tensors t = {.q = q, .k = k, .v = v, .o = o, .lse = lse};
+    fmha_status st = fmha_tensors_check(&plan->p, &t);
+    if (st != FMHA_OK) return st;
+    fmha_plan run = run_of(plan, plan->fwd_ws, NULL);
+    char *ws;
+    void *owned;
+    st = ws_take(box, user_ws, user_bytes, fmha_ws_total(&run, plan->fwd_ws), &ws, &owned);
+    if (st != FMHA_OK) return st;
+    fmha_fwd_run(&run, q, k, v, o, lse, ws);
+    free(owned);
+    return FMHA_OK;
+}
+
+static fmha_status run_backward(const fmha_plan *plan, plan_box *box, const void *q, const void *k,
+                                const void *v, const void *o, const void *d_o, const float *lse,
+                                void *dq, void *dk, void *dv, const fmha_param_grads *grads,
+                                void *user_ws, size_t user_bytes) {
+    if (!q || !k || !v || !o || !d_o || !lse || !dq || !dk || !dv) return FMHA_ERR_NULL_POINTER;
+    fmha_status st = fmha_param_grads_check(&plan->p, grads);
+    if (st != FMHA_OK) return st;
+    fmha_tensors t = {.q = q, .k = k, .v = v, .o_in = o, .d_o = d_o, .lse_in = lse,
+                      .dq = dq, .dk = dk, .dv = dv, .grads = grads};
+    st = fmha_tensors_check(&plan->p, &t);
+    if (st != FMHA_OK) return st;
+    fmha_ws_size wss = bwd_ws_for(plan, grads);
+    fmha_plan run = run_of(plan, wss, grads);
+    char *ws;
+    void *owned;
+    st = ws_take(box, user_ws, user_bytes, fmha_ws_total(&run, wss), &ws, &owned);
+    if (st != FMHA_OK) return st;
+    fmha_bwd_run(&run, q, k, v, o, d_o, lse, dq, dk, dv, ws);
+    free(owned);
+    return FMHA_OK;
+}
+
+static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
+
+static fmha_status run_fused(const fmha_plan *plan, plan_box *box, const void *q, const void *k,
+                             const void *v, const void *d_o, void *o, float *lse, void *dq, void *dk,
+                             void *dv, const fmha_param_grads *grads) {
+    if (!q || !k || !v || !d_o || !o || !lse || !dq || !dk || !dv) return FMHA_ERR_NULL_POINTER;
+    fmha_status st = fmha_param_grads_check(&plan->p, grads);
+    if (st != FMHA_OK) return st;
+    fmha_tensors t = {.q = q, .k = k, .v = v, .d_o = d_o, .o = o, .lse = lse,
+                      .dq = dq, .dk = dk, .dv = dv, .grads = grads};
+    st = fmha_tensors_check(&plan->p, &t);
+    if (st != FMHA_OK) return st;
+    fmha_ws_size wss = bwd_ws_for(plan, grads);
+    fmha_plan run = run_of(plan, wss, grads);
+    /* [o32][one workspace that serves both directions] */
+    size_t o32_bytes = fmha_fused_o32_bytes(plan);
+    size_t need = o32_bytes + max_size(fmha_ws_total(&run, plan->fwd_ws), fmha_ws_total(&run, wss));
+    char *ws;
+    void *owned;
+    st = ws_take(box, NULL, 0, need, &ws, &owned);
+    if (st != FMHA_OK) return st;
+    fmha_fused_run(&run, q, k, v, d_o, o, lse, dq, dk, dv, o32_bytes ? (float *)ws : NULL,
+                   ws + o32_bytes);
+    free(owned);
+    return FMHA_OK;
+}
+
+/* ---- one-shot entry points ---- */
+
+fmha_status fmha_forward_workspace_size(const fmha_problem *p, size_t *bytes) {
+    if (!bytes) return FMHA_ERR_NULL_POINTER;
+    fmha_plan plan;
+    fmha_status st = fmha_plan_init(p, &plan);
+    if (st != FMHA_OK) return st;
+    *bytes = fmha_ws_total(&plan, plan.fwd_ws);
+    return FMHA_OK;
+}
+
+fmha_status fmha_backward_workspace_size(const fmha_problem *p, size_t *bytes) {
+    if (!bytes) return FMHA_ERR_NULL_POINTER;
+    fmha_plan plan;
+    fmha_status st = fmha_plan_init(p, &plan);
+    if (st != FMHA_OK) return st;
+    /* enough for any gradients the biases allow */
+    fmha_param_grads all = {0};
+    const fmha_biases *bs = &plan.p.biases;
+    float probe;
+    if (bs->dense) {
+        all.d_dense = &probe;
+        for (int i = 0; i < 4; i++) all.d_dense_strides[i] = bs->dense_strides[i];
+    }
+    if (bs->alibi_slopes) all.d_alibi = &probe;
+    if (bs->rel_table) all.d_rel_table = &probe;
+    *bytes = max_size(fmha_ws_total(&plan, plan.bwd_ws), fmha_ws_total(&plan, bwd_ws_for(&plan, &all)));
+    return FMHA_OK;
+}
+
+fmha_status fmha_forward(const fmha_problem *p, const void *q, const void *k, const void *v,
+                         void *o, float *lse, void *workspace, size_t workspace_bytes) {
+    if (!p || !q || !k || !v || !o) return FMHA_ERR_NULL_POINTER;
+    fmha_plan plan;
+    fmha_status st = fmha_plan_init(p, &plan);
+    if (st != FMHA_OK) return st;
+    return run_forward(&plan, NULL, q, k, v, o, lse, workspace, workspace_bytes);
+}
+
+fmha_status fmha_backward(const fmha_problem *p, const void *q, const void *k, const void *v,
+                          const void *o, const void *d_o, const float *lse, void *dq, void *dk,
+                          void *dv, const fmha_param_grads *grads, void *workspace,
+                          size_t workspace_bytes) {
+    if (!p || !q || !k || !v || !o || !d_o || !lse || !dq || !dk || !dv)
+        return FMHA_ERR_NULL_POINTER;
+    fmha_plan plan;
+    fmha_status st = fmha_plan_init(p, &plan);
+    if (st != FMHA_OK) return st;
+    return run_backward(&plan, NULL, q, k, v, o, d_o, lse, dq, dk, dv, grads, workspace,
+                        workspace_bytes);
+}
+
+fmha_status fmha_forward_backward(const fmha_problem *p, const void *q, const void *k,
+                                  const void *v, const void *d_o, void *o, float *lse, void *dq,
+                                  void *dk, void *dv, const fmha_param_grads *grads) {
+    if (!p || !q || !k || !v || !d_o || !o || !lse || !dq || !dk || !dv)
+        return FMHA_ERR_NULL_POINTER;
+    fmha_plan plan;
+    fmha_status st = fmha_plan_init(p, &plan);
+    if (st != FMHA_OK) return st;
+    return run_fused(&plan, NULL, q, k, v, d_o, o, lse, dq, dk, dv, grads);
+}
+
+/* ---- plans ---- */
+
+fmha_status fmha_plan_create(const fmha_problem *p, fmha_plan **out) {
+    if (!p || !out) return FMHA_ERR_NULL_POINTER;
+    plan_box *box = calloc(1, sizeof *box);
+    if (!box) return FMHA_ERR_OUT_OF_MEMORY;
+    fmha_status st = fmha_plan_init(p, &box->plan);
+    if (st == FMHA_OK && pthread_mutex_init(&box->lock, NULL) != 0) st = FMHA_ERR_OUT_OF_MEMORY;
+    if (st != FMHA_OK) {
+        free(box);
+        return st;
+    }
+    *out = &box->plan;
+    return FMHA_OK;
+}
+
+void fmha_plan_destroy(fmha_plan *plan) {
+    if (!plan) return;
+    plan_box *box = (plan_box *)plan;
+    pthread_mutex_destroy(&box->lock);
+    free(box->block);
+    free(box);
+}
+
+const fmha_problem *fmha_plan_problem(const fmha_plan *plan) { return plan ? &plan->p : NULL; }
+
+size_t fmha_plan_workspace_held(const fmha_plan *plan) {
+    if (!plan) return 0;
+    plan_box *box = (plan_box *)plan;
+    pthread_mutex_lock(&box->lock);
+    size_t bytes = box->bytes;
+    pthread_mutex_unlock(&box->lock);
+    return bytes;
+}
+
+/* The O(B) contents a plan cannot have checked for good: lengths. */
+static fmha_status plan_recheck(const fmha_plan *plan) { return fmha_masks_check(&plan->p); }
+
+fmha_status fmha_plan_forward(fmha_plan *plan, const void *q, const void *k, const void *v, void *o,
+                              float *lse) {
+    if (!plan) return FMHA_ERR_NULL_POINTER;
+    plan_box *box = (plan_box *)plan;
+    fmha_status st = plan_recheck(plan);
+    if (st != FMHA_OK) return st;
+    pthread_mutex_lock(&box->lock);
+    st = run_forward(plan, box, q, k, v, o, lse, NULL, 0);
+    pthread_mutex_unlock(&box->lock);
+    return st;
+}
+
+fmha_status fmha_plan_backward(fmha_plan *plan, const void *q, const void *k, const void *v,
+                               const void *o, const void *d_o, const float *lse, void *dq, void *dk,
+                               void *dv, const fmha_param_grads *grads) {
+    if (!plan) return FMHA_ERR_NULL_POINTER;
+    plan_box *box = (plan_box *)plan;
+    fmha_status st = plan_recheck(plan);
+    if (st != FMHA_OK) return st;
+    pthread_mutex_lock(&box->lock);
+    st = run_backward(plan, box, q, k, v, o, d_o, lse, dq, dk, dv, grads, NULL, 0);
+    pthread_mutex_unlock(&box->lock);
+    return st;
+}
+
+fmha_status fmha_plan_forward_backward(fmha_plan *plan, const void *q, const void *k, const void *v,
+                                       const void *d_o, void *o, float *lse, void *dq, void *dk,
+                                       void *dv, const fmha_param_grads *grads) {
+    if (!plan) return FMHA_ERR_NULL_POINTER;
+    plan_box *box = (plan_box *)plan;
+    fmha_status st = plan_recheck(plan);
+    if (st != FMHA_OK) return st;
+    pthread_mutex_lock(&box->lock);
+    st = run_fused(plan, box, q, k, v, d_o, o, lse, dq, dk, dv, grads);
+    pthread_mutex_unlock(&box->lock);
+    return st;
+}
