@@ -37,8 +37,13 @@
  * fmha_set_num_threads(n) if called with n > 0, else the environment variable
  * FMHA_NUM_THREADS, else the CPUs this process may run on. Results are bitwise
  * identical for every thread count. Calls from several user threads are safe
- * and run one after another; a mask or bias callback must not call fmha. The
- * workspace size depends on the thread count: query it after setting it.
+ * and run one after another; a mask or bias callback must not call fmha or
+ * fork. The workspace size depends on the thread count: query it after
+ * setting it. After fork() the child gets a new pool on its next call (the
+ * parent's workers do not exist there) and keeps the thread count setting.
+ * A call that another thread is running at the fork does not continue in the
+ * child (only the forking thread does): the child's copy of its outputs is
+ * incomplete.
  *
  * Instruction sets: the best microkernels this CPU supports are chosen once
  * at first use (cpuid); the environment variable FMHA_ISA=scalar|avx2|avx512|avx512bf16

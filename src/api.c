@@ -43,6 +43,14 @@ fmha_status fmha_set_num_threads(int n) {
 
 int fmha_get_num_threads(void) { return fmha_pool_threads(); }
 
+/* a * b, saturated to INT64_MAX / INT64_MIN: sizes that overflow leave
+ * strides that fmha_problem_check rejects (FMHA_ERR_BAD_SIZE). */
+static int64_t sat_mul(int64_t a, int64_t b) {
+    int64_t r;
+    if (!__builtin_mul_overflow(a, b, &r)) return r;
+    return (a < 0) != (b < 0) ? INT64_MIN : INT64_MAX;
+}
+
 void fmha_problem_init(fmha_problem *p, int64_t batch, int64_t heads_q, int64_t heads_kv,
                        int64_t seq_q, int64_t seq_kv, int64_t head_dim, int64_t head_dim_v,
                        fmha_layout layout) {
@@ -71,12 +79,12 @@ void fmha_problem_init(fmha_problem *p, int64_t batch, int64_t heads_q, int64_t 
         st[3] = 1;
         if (layout == FMHA_LAYOUT_BHSD) {
             st[1] = t[i].d;
-            st[2] = t[i].s * t[i].d;
-            st[0] = t[i].h * t[i].s * t[i].d;
+            st[2] = sat_mul(t[i].s, t[i].d);
+            st[0] = sat_mul(t[i].h, st[2]);
         } else {
             st[2] = t[i].d;
-            st[1] = t[i].h * t[i].d;
-            st[0] = t[i].s * t[i].h * t[i].d;
+            st[1] = sat_mul(t[i].h, t[i].d);
+            st[0] = sat_mul(t[i].s, st[1]);
         }
     }
 }
@@ -149,10 +157,13 @@ fmha_status fmha_problem_check(const fmha_problem *p_in) {
         p->head_dim_v > FMHA_MAX_HEAD_DIM)
         return FMHA_ERR_BAD_HEAD_DIM;
     if (!isfinite(p->scale)) return FMHA_ERR_BAD_SCALE;
-    /* Sizes that cannot be indexed (or whose scratch cannot be sized) are errors. */
+    /* Sizes that cannot be indexed (or whose scratch cannot be sized) are
+     * errors; products are checked, never overflowed. */
     const int64_t limit = (int64_t)1 << 40;
+    int64_t heads_all, scores;
     if (p->batch > limit || p->heads_q > limit || p->seq_q > limit || p->seq_kv > limit ||
-        p->batch * p->heads_q > limit)
+        __builtin_mul_overflow(p->batch, p->heads_q, &heads_all) || heads_all > limit ||
+        __builtin_mul_overflow(p->seq_q, p->seq_kv, &scores) || scores > INT64_MAX / 8)
         return FMHA_ERR_BAD_SIZE;
     for (int t = 0; t < 4; t++) {
         int64_t ext[4];
@@ -248,6 +259,7 @@ fmha_status fmha_param_grads_check(const fmha_problem *p, const fmha_param_grads
             if (ext[i] > 1 && (g->d_dense_strides[i] == 0) != (bs->dense_strides[i] == 0))
                 return FMHA_ERR_BAD_STRIDE;
         }
+        if (fmha_dense_span(p, g->d_dense_strides) < 0) return FMHA_ERR_BAD_SIZE;
     }
     return FMHA_OK;
 }

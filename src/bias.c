@@ -39,6 +39,7 @@ fmha_status fmha_biases_check(const fmha_problem *p) {
     if (bs->dense)
         for (int i = 0; i < 4; i++)
             if (bs->dense_strides[i] < 0) return FMHA_ERR_BAD_STRIDE;
+    if (bs->dense && fmha_dense_span(p, bs->dense_strides) < 0) return FMHA_ERR_BAD_SIZE;
     if (bs->rel_table && (bs->rel_num_buckets < 1 || bs->rel_max_distance < 1)) return FMHA_ERR_BAD_MASK;
     if (bs->softcap != 0.0f && !(bs->softcap > 0.0f && isfinite(bs->softcap))) return FMHA_ERR_BAD_MASK;
     if (bs->callback.accumulate_grad && !bs->callback.fill) return FMHA_ERR_BAD_MASK;

@@ -18,17 +18,28 @@ void fmha_tiles_count(long long n) {
     if (n) atomic_fetch_add_explicit(&tiles_computed, n, memory_order_relaxed);
 }
 
+int64_t fmha_dense_span(const fmha_problem *p, const int64_t st[4]) {
+    const int64_t ext[4] = {p->batch, p->heads_q, p->seq_q, p->seq_kv};
+    int64_t span = 0, step;
+    for (int i = 0; i < 4; i++)
+        if (__builtin_mul_overflow(st[i], ext[i] - 1, &step) ||
+            __builtin_add_overflow(span, step, &span) || span > INT64_MAX / 8)
+            return -1;
+    return span;
+}
+
 fmha_status fmha_masks_check(const fmha_problem *p) {
     const fmha_masks *m = &p->masks;
     if (m->window_left < -1 || m->window_right < -1) return FMHA_ERR_BAD_MASK;
     if (!m->q_segment_ids != !m->kv_segment_ids) return FMHA_ERR_BAD_MASK;
-    for (int64_t b = 0; b < p->batch; b++) {
+    for (int64_t b = 0; (m->kv_lengths || m->q_lengths) && b < p->batch; b++) {
         if (m->kv_lengths && (m->kv_lengths[b] < 0 || m->kv_lengths[b] > p->seq_kv)) return FMHA_ERR_BAD_MASK;
         if (m->q_lengths && (m->q_lengths[b] < 0 || m->q_lengths[b] > p->seq_q)) return FMHA_ERR_BAD_MASK;
     }
     if (m->dense)
         for (int i = 0; i < 4; i++)
             if (m->dense_strides[i] < 0) return FMHA_ERR_BAD_STRIDE;
+    if (m->dense && fmha_dense_span(p, m->dense_strides) < 0) return FMHA_ERR_BAD_SIZE;
     if (m->callback.classify && !m->callback.fill) return FMHA_ERR_BAD_MASK;
     return FMHA_OK;
 }
@@ -140,18 +151,25 @@ int fmha_mask_classify(const fmha_plan *plan, const fmha_tile_pos *t, int thread
     return cls;
 }
 
+/* The band clamped to [-(Sq + Skv), Sq + Skv]: every d = j - (i + off) of the
+ * problem lies strictly inside, so visibility is unchanged, and with Sq, Skv
+ * <= 2^40 (fmha_problem_check) sums of a band edge and an index cannot
+ * overflow whatever the window (INT64_MAX included). */
+static void band_clamped(const fmha_plan *plan, int64_t *lo, int64_t *hi) {
+    int64_t reach = plan->p.seq_q + plan->p.seq_kv;
+    *lo = plan->band_lo < -reach ? -reach : plan->band_lo;
+    *hi = plan->band_hi > reach ? reach : plan->band_hi;
+}
+
 void fmha_mask_kv_range(const fmha_plan *plan, const fmha_tile_pos *t, int64_t *k_begin,
                         int64_t *k_end) {
     int64_t lo = 0, hi = plan->p.seq_kv;
-    int64_t off = plan->causal_offset;
-    if (plan->band_lo != INT64_MIN) {
-        int64_t first = t->q0 + off + plan->band_lo; /* first key of the first query */
-        if (first > lo) lo = first;
-    }
-    if (plan->band_hi != INT64_MAX) {
-        int64_t last = t->q0 + t->nq - 1 + off + plan->band_hi; /* last key of the last query */
-        if (last + 1 < hi) hi = last + 1;
-    }
+    int64_t off = plan->causal_offset, band_lo, band_hi;
+    band_clamped(plan, &band_lo, &band_hi);
+    int64_t first = t->q0 + off + band_lo; /* first key of the first query */
+    if (first > lo) lo = first;
+    int64_t last = t->q0 + t->nq - 1 + off + band_hi; /* last key of the last query */
+    if (last + 1 < hi) hi = last + 1;
     if (plan->p.masks.kv_lengths && plan->p.masks.kv_lengths[t->b] < hi) hi = plan->p.masks.kv_lengths[t->b];
     if (hi < lo) hi = lo;
     *k_begin = lo;
@@ -160,10 +178,11 @@ void fmha_mask_kv_range(const fmha_plan *plan, const fmha_tile_pos *t, int64_t *
 
 void fmha_mask_q_range(const fmha_plan *plan, int64_t b, int64_t k0, int64_t nk, int64_t *q_begin,
                        int64_t *q_end) {
-    int64_t lo = 0, hi = plan->p.seq_q, off = plan->causal_offset;
+    int64_t lo = 0, hi = plan->p.seq_q, off = plan->causal_offset, band_lo, band_hi;
+    band_clamped(plan, &band_lo, &band_hi);
     /* query i sees some key of the block iff band_lo <= j - i - off <= band_hi for a j in it */
-    if (plan->band_hi != INT64_MAX && k0 - off - plan->band_hi > lo) lo = k0 - off - plan->band_hi;
-    if (plan->band_lo != INT64_MIN && k0 + nk - off - plan->band_lo < hi) hi = k0 + nk - off - plan->band_lo;
+    if (k0 - off - band_hi > lo) lo = k0 - off - band_hi;
+    if (k0 + nk - off - band_lo < hi) hi = k0 + nk - off - band_lo;
     if (plan->p.masks.q_lengths && plan->p.masks.q_lengths[b] < hi) hi = plan->p.masks.q_lengths[b];
     if (hi < lo) hi = lo;
     *q_begin = lo;
@@ -173,20 +192,17 @@ void fmha_mask_q_range(const fmha_plan *plan, int64_t b, int64_t k0, int64_t nk,
 void fmha_mask_apply(const fmha_plan *plan, const fmha_tile_pos *t, float *st, size_t lds,
                      unsigned char *scratch, int thread) {
     const fmha_masks *m = &plan->p.masks;
-    int64_t off = plan->causal_offset;
+    int64_t off = plan->causal_offset, band_lo, band_hi;
+    band_clamped(plan, &band_lo, &band_hi);
     for (int64_t r = 0; r < t->nk; r++) {
         int64_t j = t->k0 + r;
         float *row = st + (size_t)r * lds;
         /* band: visible lanes i with band_lo <= j - (q0 + i + off) <= band_hi */
         int64_t i_lo = 0, i_hi = t->nq; /* visible lanes [i_lo, i_hi) */
-        if (plan->band_hi != INT64_MAX) {
-            int64_t v = j - t->q0 - off - plan->band_hi; /* i >= v */
-            if (v > i_lo) i_lo = v;
-        }
-        if (plan->band_lo != INT64_MIN) {
-            int64_t v = j - t->q0 - off - plan->band_lo + 1; /* i < v */
-            if (v < i_hi) i_hi = v;
-        }
+        int64_t v = j - t->q0 - off - band_hi; /* i >= v */
+        if (v > i_lo) i_lo = v;
+        v = j - t->q0 - off - band_lo + 1; /* i < v */
+        if (v < i_hi) i_hi = v;
         if (m->q_lengths && m->q_lengths[t->b] - t->q0 < i_hi) i_hi = m->q_lengths[t->b] - t->q0;
         if (m->kv_lengths && j >= m->kv_lengths[t->b]) i_hi = i_lo;
         if (i_hi < i_lo) i_hi = i_lo;

@@ -1,7 +1,8 @@
 /* pool.c: a persistent pthread pool, created on first use and grown when
  * more threads are requested. One job at a time: workers sleep on a
  * condition variable, claim task indices from an atomic counter, and the
- * caller joins in as thread 0 and waits until every task has finished. */
+ * caller joins in as thread 0 and waits until every task has finished.
+ * A child of fork() gets a fresh, empty pool (pthread_atfork). */
 #include "pool.h"
 
 #include <pthread.h>
@@ -82,8 +83,31 @@ static void *pool_worker(void *arg) {
     return NULL;
 }
 
+/* The child of fork() has only the thread that forked: the workers are gone
+ * and a lock held by another thread stays held. The child starts over with
+ * an empty pool (its next call creates workers again); the requested count
+ * is kept. A job in progress at the fork is not finished in the child. */
+static void pool_after_fork_child(void) {
+    static const pthread_mutex_t mutex_init = PTHREAD_MUTEX_INITIALIZER;
+    static const pthread_cond_t cond_init = PTHREAD_COND_INITIALIZER;
+    pool_call_lock = mutex_init;
+    pool_lock = mutex_init;
+    pool_wake = cond_init;
+    pool_done = cond_init;
+    pool_started = 0;
+    pool_job_threads = 0;
+    pool_busy_workers = 0;
+}
+
+static int pool_fork_handler; /* pthread_atfork done (under pool_lock) */
+
 /* Starts workers up to want - 1 of them; returns how many threads can run. */
 static int pool_grow(int want) {
+    /* no workers unless a forked child can forget them */
+    if (!pool_fork_handler && want > 1) {
+        if (pthread_atfork(NULL, NULL, pool_after_fork_child) != 0) return 1;
+        pool_fork_handler = 1;
+    }
     while (pool_started < want - 1) {
         pthread_t th;
         pthread_attr_t attr;

@@ -1,0 +1,145 @@
+/* test_fork.c: fmha in a child of fork(). The pool's workers do not survive
+ * a fork, so a child that calls fmha after its parent ran a multithreaded
+ * call must get a fresh pool rather than wait for workers it lacks (servers
+ * that pre-fork, Python multiprocessing and data-loader workers do this).
+ *
+ * Cases, each with 4 threads:
+ *   - fork after a forward and a backward: the child and the parent both
+ *     compute them again; every result is bitwise equal to the one before
+ *     the fork (results do not depend on the thread count or the pool) and
+ *     O matches the float64 reference (|x - r| <= 1e-5 + 1e-4 |r|);
+ *   - a grandchild (fork in the child after its own call);
+ *   - fork while another thread of the parent is inside calls: the child's
+ *     own calls still complete and match.
+ * A child that has not exited after 120 s counts as hung: it is killed and
+ * the case fails (instead of the test waiting forever). */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fmha_ref.h"
+#include "test_util.h"
+
+static fmha_problem prob;
+static float *q, *k, *v, *d_o;
+static size_t n_o, n_l, n_q, n_k;
+/* results before the fork */
+static float *o0, *l0, *dq0, *dk0, *dv0;
+
+static float *xmalloc_f(size_t n) {
+    float *x = malloc(n * sizeof(float));
+    if (!x) abort();
+    return x;
+}
+
+/* Forward + backward of prob; 1 if every result equals the saved one bitwise. */
+static int compute_and_compare(void) {
+    float *o = xmalloc_f(n_o), *l = xmalloc_f(n_l), *dq = xmalloc_f(n_q);
+    float *dk = xmalloc_f(n_k), *dv = xmalloc_f(n_k);
+    int ok = fmha_forward(&prob, q, k, v, o, l, NULL, 0) == FMHA_OK &&
+             fmha_backward(&prob, q, k, v, o, d_o, l, dq, dk, dv, NULL, NULL, 0) == FMHA_OK &&
+             !memcmp(o, o0, n_o * sizeof(float)) && !memcmp(l, l0, n_l * sizeof(float)) &&
+             !memcmp(dq, dq0, n_q * sizeof(float)) && !memcmp(dk, dk0, n_k * sizeof(float)) &&
+             !memcmp(dv, dv0, n_k * sizeof(float));
+    free(o), free(l), free(dq), free(dk), free(dv);
+    return ok;
+}
+
+/* Waits for pid up to 120 s; its exit status, or -1 if it hung (killed) or died. */
+static int wait_child(pid_t pid) {
+    for (int i = 0; i < 12000; i++) {
+        int status;
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        if (r < 0) return -1;
+        nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+}
+
+/* Child body: compute, optionally fork a grandchild that computes too. */
+static int child_main(int grandchild) {
+    if (!compute_and_compare()) return 1;
+    if (grandchild) {
+        pid_t pid = fork();
+        if (pid < 0) return 3;
+        if (pid == 0) _exit(compute_and_compare() ? 0 : 1);
+        if (wait_child(pid) != 0) return 2;
+    }
+    return compute_and_compare() ? 0 : 1;
+}
+
+static void fork_case(const char *what, int grandchild) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) {
+        tu_check(0, "%s: fork failed", what);
+        return;
+    }
+    if (pid == 0) _exit(child_main(grandchild));
+    /* the parent computes while the child does */
+    int parent_ok = compute_and_compare();
+    int rc = wait_child(pid);
+    tu_check(rc == 0, "%s: child %s", what,
+             rc < 0 ? "hung or crashed" : rc == 2 ? "saw its grandchild fail" : "got other results");
+    tu_check(parent_ok, "%s: the parent's results changed after the fork", what);
+}
+
+static volatile int busy_stop;
+
+static void *busy_caller(void *arg) {
+    (void)arg;
+    while (!busy_stop) compute_and_compare();
+    return NULL;
+}
+
+int main(void) {
+    tu_seed();
+    fmha_problem_init(&prob, 2, 4, 2, 130, 150, 32, 24, FMHA_LAYOUT_BSHD);
+    prob.causal = FMHA_CAUSAL_BOTTOM_RIGHT;
+    prob.strategy = FMHA_STRATEGY_TILED;
+    q = tu_new_input(&prob, 'q', -1, 1), k = tu_new_input(&prob, 'k', -1, 1);
+    v = tu_new_input(&prob, 'v', -1, 1), d_o = tu_new_input(&prob, 'o', -1, 1);
+    int64_t n[4];
+    tu_shape(&prob, 'o', n), n_o = tu_numel(n);
+    tu_shape(&prob, 'q', n), n_q = tu_numel(n);
+    tu_shape(&prob, 'k', n), n_k = tu_numel(n);
+    n_l = (size_t)(prob.batch * prob.heads_q * prob.seq_q);
+    o0 = xmalloc_f(n_o), l0 = xmalloc_f(n_l), dq0 = xmalloc_f(n_q);
+    dk0 = xmalloc_f(n_k), dv0 = xmalloc_f(n_k);
+
+    fmha_set_num_threads(4);
+    int ok = fmha_forward(&prob, q, k, v, o0, l0, NULL, 0) == FMHA_OK &&
+             fmha_backward(&prob, q, k, v, o0, d_o, l0, dq0, dk0, dv0, NULL, NULL, 0) == FMHA_OK;
+    if (!tu_check(ok, "the calls before the fork failed")) return tu_finish();
+    double *ro = malloc(n_o * sizeof(double));
+    if (!ro || fmha_ref_forward(&prob, q, k, v, ro, NULL) != 0) abort();
+    tu_check(tu_worst_ratio(o0, ro, n_o, 1e-5, 1e-4) <= 1.0, "O differs from the reference");
+    free(ro);
+
+    fork_case("fork after a call", 0);
+    fork_case("fork after a call, then a grandchild", 1);
+
+    /* fork while another thread is inside calls */
+    pthread_t th;
+    busy_stop = 0;
+    if (pthread_create(&th, NULL, busy_caller, NULL) == 0) {
+        for (int i = 0; i < 3; i++) {
+            nanosleep(&(struct timespec){0, 3 * 1000 * 1000}, NULL);
+            fork_case("fork while another thread calls fmha", 0);
+        }
+        busy_stop = 1;
+        pthread_join(th, NULL);
+    }
+    fmha_set_num_threads(0);
+    free(q), free(k), free(v), free(d_o);
+    free(o0), free(l0), free(dq0), free(dk0), free(dv0);
+    return tu_finish();
+}
