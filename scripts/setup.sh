@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # setup.sh: installs what building and testing fmha needs on a fresh Debian
-# machine (compiler, CMake, Ninja, pkg-config, Python venv) and the Python packages of
-# the given requirement set into ./.venv. Sourced by test.sh and bench.sh.
+# machine (compiler, CMake, Ninja, pkg-config, Python venv) and the Python
+# packages of the given requirement set into ./.venv. Sourced by test.sh and
+# bench.sh.
 #   usage: scripts/setup.sh [test|bench]
 set -euo pipefail
 cd "$(dirname "$0")/.."
