@@ -65,9 +65,8 @@ extern "C" {
 #define FMHA_API
 #endif
 
-#define FMHA_VERSION_MAJOR 0
-#define FMHA_VERSION_MINOR 1
-#define FMHA_VERSION_PATCH 0
+/* FMHA_VERSION_MAJOR, _MINOR, _PATCH and FMHA_VERSION_STRING (generated). */
+#include "fmha_version.h"
 
 /* Largest supported D and Dv. */
 #define FMHA_MAX_HEAD_DIM 256

@@ -11,6 +11,6 @@ cmake --build build -j "$(nproc)"
 build/fmha-bench --seqs 128,256,512,1024,2048 --dims 64 --dtypes float32 --variants plain \
     --modes fwd,fwdbwd --impls fmha_auto,fmha_dense,fmha_tiled,fmha_portable \
     --out results.json "$@"
-.venv/bin/python -m pip install -q -e python --no-deps >/dev/null
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"   # the source tree's fmha package
 .venv/bin/python -m fmha.report results.json -o report
 echo "wrote results.json and report/README.md"

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh bench
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$(nproc)"
-.venv/bin/python -m pip install -q -e python --no-deps >/dev/null
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"   # the source tree's fmha package
 
 grid=(--seqs 128,256,512,1024,2048 --dims 64 --dtypes float32 --variants plain,causal,masked_bias
       --modes fwd,fwdbwd --batch 1 --heads 8 --threads "$(nproc)")

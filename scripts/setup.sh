@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # setup.sh: installs what building and testing fmha needs on a fresh Debian
-# machine (compiler, CMake, Ninja, Python venv) and the Python packages of
-# the given requirement set into ./.venv. Sourced by test.sh and bench.sh.
+# machine (compiler, CMake, Ninja, pkg-config, Python venv) and the Python
+# packages of the given requirement set into ./.venv. Sourced by test.sh and
+# bench.sh.
 #   usage: scripts/setup.sh [test|bench]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,7 @@ command -v c++ >/dev/null || need+=(g++)   # the JAX binding's FFI handler is C+
 command -v cmake >/dev/null || need+=(cmake)
 command -v ninja >/dev/null || need+=(ninja-build)
 command -v git >/dev/null || need+=(git)
+command -v pkg-config >/dev/null || need+=(pkg-config)   # the test of fmha.pc
 command -v python3 >/dev/null || need+=(python3 python3-venv python3-pip)
 if ((${#need[@]})); then
     echo "setup: installing ${need[*]}" >&2
@@ -28,7 +30,7 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 req="python/requirements-${1:-test}.txt"
 stamp=".venv/.installed-$(basename "$req")"
-if [ ! -f "$stamp" ] || [ "$req" -nt "$stamp" ] || [ python/pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ "$req" -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --upgrade pip >/dev/null
     .venv/bin/python -m pip install -q -r "$req"
     touch "$stamp"

@@ -2,7 +2,9 @@
 # test.sh: every test of fmha. Builds the library twice: once with
 # AddressSanitizer + UndefinedBehaviorSanitizer for the C tests (ctest), once
 # optimised for the Python tests (bindings, fmha-bench, report), then runs
-# both suites. Exits non-zero on any failure.
+# both suites, and the packaging checks (tests/install/run.sh: the wheel in a
+# throwaway virtualenv, C consumers of an installed fmha through
+# find_package and pkg-config). Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh test
@@ -10,7 +12,7 @@ jobs=$(nproc)
 
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFMHA_SANITIZE=ON >/dev/null
 cmake --build build-asan -j "$jobs"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_STATIC=ON >/dev/null
 cmake --build build -j "$jobs"
 
 status=0
@@ -20,11 +22,14 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:ha
 
 echo "== Python tests =="
 export FMHA_LIBRARY="$PWD/build/libfmha.so" FMHA_BENCH="$PWD/build/fmha-bench"
-.venv/bin/python -m pip install -q -e python --no-deps >/dev/null
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"   # the source tree's fmha package
 set +e
 .venv/bin/python -m pytest -q tests/python
 rc=$?
 set -e
 # pytest exits 5 when it collected no test; that is a failure here too.
 [ "$rc" = 0 ] || status=1
+
+echo "== Packaging (wheel in a fresh venv, find_package and pkg-config consumers) =="
+(unset FMHA_LIBRARY FMHA_BENCH PYTHONPATH; tests/install/run.sh build) || status=1
 exit "$status"

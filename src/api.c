@@ -33,7 +33,7 @@ const char *fmha_status_string(fmha_status status) {
     return "unknown fmha status code";
 }
 
-const char *fmha_version_string(void) { return "0.1.0"; }
+const char *fmha_version_string(void) { return FMHA_VERSION_STRING; }
 
 const char *fmha_isa_name(void) { return fmha_cpu_kernels()->isa; }
 

@@ -8,7 +8,22 @@ benchmark is python -m fmha.bench_peers. The names below load libfmha.so on
 first use, so `import fmha` needs neither the library, JAX nor PyTorch.
 """
 
-__version__ = "0.1.0"
+try:  # written into an installed package by its build, from CMakeLists.txt
+    from ._version import __version__
+except ImportError:  # a source checkout: read CMakeLists.txt's project version
+    def _source_version():
+        import os
+        import re
+
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "CMakeLists.txt")
+        try:
+            with open(path) as f:
+                m = re.search(r"project\(fmha VERSION ([0-9.]+)", f.read())
+        except OSError:
+            m = None
+        return m.group(1) if m else "0+unknown"
+
+    __version__ = _source_version()
 
 _LAZY = {
     "attention": "api", "attention_backward": "api", "MaskCallback": "api", "BiasCallback": "api",

@@ -170,25 +170,40 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _REPO_ROOT = os.path.dirname(os.path.dirname(_PACKAGE_DIR))
 
 BUILD_HINT = (
-    "build it with `cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && "
-    "cmake --build build` in the fmha repository, then set FMHA_LIBRARY to the path "
-    "of build/libfmha.so (or copy libfmha.so next to the fmha package)"
+    "An installed fmha package carries libfmha.so: reinstall it (pip install <fmha repository or "
+    "wheel>). In a source checkout, build it with `cmake -S . -B build -G Ninja "
+    "-DCMAKE_BUILD_TYPE=Release && cmake --build build`, or set FMHA_LIBRARY to a libfmha.so"
 )
 
 
+def package_dirs():
+    """The fmha package's directories: one when installed; with an editable
+    install (pip install -e .), the built files' and the source's."""
+    import sys
+
+    dirs = list(getattr(sys.modules.get(__package__), "__path__", None) or [])
+    return [os.path.abspath(d) for d in dirs] or [_PACKAGE_DIR]
+
+
 def library_candidates():
-    """Where libfmha.so is looked for, in order."""
+    """Where libfmha.so is looked for, in order: FMHA_LIBRARY (a developer's
+    override, alone when set), the copy inside this package (an installed
+    package), the build/ directory of a source checkout."""
     env = os.environ.get("FMHA_LIBRARY")
     if env:
         return [env]
-    return [os.path.join(_PACKAGE_DIR, "libfmha.so"), os.path.join(_REPO_ROOT, "build", "libfmha.so")]
+    return [os.path.join(d, "libfmha.so") for d in package_dirs()] + [os.path.join(_REPO_ROOT, "build", "libfmha.so")]
 
 
 def header_path():
-    """fmha.h of this library: FMHA_INCLUDE_DIR, next to the package, or the repository's."""
-    for d in (os.environ.get("FMHA_INCLUDE_DIR"), os.path.join(_PACKAGE_DIR, "include"),
-              os.path.join(_REPO_ROOT, "include")):
-        if d and os.path.isfile(os.path.join(d, "fmha.h")):
+    """fmha.h of this library, in a directory that also holds the generated
+    fmha_version.h: FMHA_INCLUDE_DIR, the package's include/ (an installed
+    package), include/ next to the library (a CMake build tree), else None."""
+    dirs = [os.environ.get("FMHA_INCLUDE_DIR")] + [os.path.join(d, "include") for d in package_dirs()]
+    libs = ([_lib_path] if _lib_path else []) + library_candidates()
+    dirs += [os.path.join(os.path.dirname(os.path.abspath(p)), "include") for p in libs]
+    for d in dirs:
+        if d and os.path.isfile(os.path.join(d, "fmha.h")) and os.path.isfile(os.path.join(d, "fmha_version.h")):
             return os.path.join(d, "fmha.h")
     return None
 

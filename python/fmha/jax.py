@@ -2,12 +2,17 @@
 kernels through JAX's FFI.
 
 The two XLA CPU custom calls ("fmha_forward", "fmha_backward") live in
-_ffi/fmha_jax_ffi.cc. On first use that file is compiled with the system
-C++ compiler (CXX, else c++/g++) against jax.ffi.include_dir() and fmha.h,
-linked to the libfmha.so that fmha._lib loaded, and cached under
-FMHA_FFI_CACHE (default ~/.cache/fmha/ffi), keyed by a hash of its inputs.
-The handlers call fmha_forward / fmha_backward on XLA's buffers; nothing is
-computed in Python.
+_ffi/fmha_jax_ffi.cc. An installed package ships them compiled
+(_ffi/fmha_jax_ffi.so, built with the package against the jaxlib present
+then); it is used when the package's own libfmha.so is loaded and the
+running jaxlib serves the XLA FFI API version it was built for (same major,
+same or newer minor; _ffi/fmha_jax_ffi.json records it). Otherwise (a
+source checkout, FMHA_LIBRARY, another jaxlib, a package built without jax)
+the file is compiled on first use with the system C++ compiler (CXX, else
+c++/g++) against jax.ffi.include_dir() and fmha.h, linked to the libfmha.so
+that fmha._lib loaded, and cached under FMHA_FFI_CACHE (default
+~/.cache/fmha/ffi), keyed by a hash of its inputs. The handlers call
+fmha_forward / fmha_backward on XLA's buffers; nothing is computed in Python.
 
 Differentiation: a jax.custom_vjp whose backward is fmha_backward, fed the
 log-sum-exp saved by the forward. Gradients flow to query, key, value and
@@ -27,7 +32,9 @@ import ctypes
 import fcntl
 import functools
 import hashlib
+import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -47,7 +54,10 @@ from ._lib import FmhaError
 
 __all__ = ["dot_product_attention", "ffi_library_path", "FmhaError"]
 
-_FFI_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ffi", "fmha_jax_ffi.cc")
+_FFI_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ffi")
+_FFI_SOURCE = os.path.join(_FFI_DIR, "fmha_jax_ffi.cc")
+_FFI_PREBUILT = os.path.join("_ffi", "fmha_jax_ffi.so")         # next to the package's libfmha.so
+_FFI_PREBUILT_INFO = os.path.join("_ffi", "fmha_jax_ffi.json")
 _EXTRA_BIAS, _EXTRA_MASK, _EXTRA_QLEN, _EXTRA_KVLEN = 1, 2, 4, 8
 
 # ---- building and registering the FFI library ------------------------------------------
@@ -73,21 +83,81 @@ def _cache_dir():
     return d
 
 
-def _compiler():
+def _compiler(why_not_prebuilt):
     for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
         if name and shutil.which(name):
             return shutil.which(name)
-    raise ImportError("fmha.jax: no C++ compiler found to build its FFI library (set CXX, or install g++)")
+    raise ImportError(f"fmha.jax: {why_not_prebuilt}, and no C++ compiler was found to build its FFI handler "
+                      "(set CXX, or install g++; or rebuild fmha against this jax: pip install scikit-build-core, "
+                      "then pip install --no-build-isolation --force-reinstall --no-deps <fmha source>)")
+
+
+def _jaxlib_version():
+    try:
+        from jaxlib.version import __version__ as v
+    except ImportError:  # pragma: no cover - older jaxlib layouts
+        import jaxlib
+
+        v = getattr(jaxlib, "__version__", "unknown")
+    return v
+
+
+def _runtime_ffi_api():
+    """(major, minor) XLA FFI API version of the running jaxlib, read from the
+    headers it ships; None when they are absent."""
+    try:
+        with open(os.path.join(jax.ffi.include_dir(), "xla", "ffi", "api", "c_api.h")) as f:
+            text = f.read()
+    except OSError:
+        return None
+    found = [re.search(rf"^#define XLA_FFI_API_{part} (\d+)", text, re.M) for part in ("MAJOR", "MINOR")]
+    return tuple(int(m.group(1)) for m in found) if all(found) else None
+
+
+def _prebuilt():
+    """(path, None) for the handler shipped in the package when it may serve
+    this process, else (None, the reason it may not)."""
+    lib_dir = os.path.dirname(os.path.realpath(_lib.library_path()))
+    if lib_dir not in {os.path.realpath(d) for d in _lib.package_dirs()}:
+        return None, (f"libfmha was loaded from {_lib.library_path()}, not from an installed fmha package "
+                      "(a source checkout or FMHA_LIBRARY), so the prebuilt JAX FFI handler does not apply")
+    prebuilt, info_path = os.path.join(lib_dir, _FFI_PREBUILT), os.path.join(lib_dir, _FFI_PREBUILT_INFO)
+    if not os.path.isfile(prebuilt):
+        return None, "this fmha package was built without jax, so it ships no prebuilt JAX FFI handler"
+    try:
+        with open(info_path) as f:
+            info = json.load(f)
+        built_jaxlib, built_api = info["jaxlib"], tuple(info["ffi_api"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, f"{info_path} is missing or unreadable"
+    running = _jaxlib_version()
+    if running == built_jaxlib:
+        return prebuilt, None
+    api = _runtime_ffi_api()
+    if api is not None and api[0] == built_api[0] and api[1] >= built_api[1]:
+        return prebuilt, None
+    shown = "unknown" if api is None else f"{api[0]}.{api[1]}"
+    return None, (f"the prebuilt FFI handler was built for jaxlib {built_jaxlib} (XLA FFI API "
+                  f"{built_api[0]}.{built_api[1]}) and this jaxlib {running} serves XLA FFI API {shown}")
 
 
 def _build():
-    """Path of the compiled FFI library, building it when the cache lacks it."""
+    """Path of the FFI library: the handler shipped in the package when it
+    serves this process, else one compiled into the cache (built now when
+    the cache lacks it)."""
+    path, why_not = _prebuilt()
+    if path is not None:
+        return path
+    return _compile(why_not)
+
+
+def _compile(why_not_prebuilt):
     header = _lib.header_path()
     if header is None:
         raise ImportError("fmha.jax: fmha.h not found (set FMHA_INCLUDE_DIR to the directory holding it)")
     lib_path = _lib.library_path()
     include = jax.ffi.include_dir()
-    cxx = _compiler()
+    cxx = _compiler(why_not_prebuilt)
     import jaxlib
 
     h = hashlib.sha256()
@@ -125,15 +195,29 @@ def _ensure_registered():
         if _ffi_handle is not None:
             return
         _lib.load()  # first, so that the FFI library binds to this libfmha
-        path = _build()
-        handle = ctypes.CDLL(path)
-        jax.ffi.register_ffi_target("fmha_forward", jax.ffi.pycapsule(handle.fmha_ffi_forward), platform="cpu")
-        jax.ffi.register_ffi_target("fmha_backward", jax.ffi.pycapsule(handle.fmha_ffi_backward), platform="cpu")
+        path, why_not = _prebuilt()
+        handle = None
+        if path is not None:
+            try:
+                handle = _register(path)
+            except Exception as e:  # XLA refused it after all: build one for this jaxlib
+                path, why_not = None, f"the prebuilt FFI handler could not be registered ({e})"
+        if handle is None:
+            path = _compile(why_not)
+            handle = _register(path)
         _ffi_path, _ffi_handle = path, handle
 
 
+def _register(path):
+    handle = ctypes.CDLL(path)
+    jax.ffi.register_ffi_target("fmha_forward", jax.ffi.pycapsule(handle.fmha_ffi_forward), platform="cpu")
+    jax.ffi.register_ffi_target("fmha_backward", jax.ffi.pycapsule(handle.fmha_ffi_backward), platform="cpu")
+    return handle
+
+
 def ffi_library_path():
-    """The compiled FFI library (built on first call)."""
+    """The FFI library in use: the package's prebuilt handler or the one
+    compiled on first call."""
     _ensure_registered()
     return _ffi_path
 
