@@ -414,7 +414,7 @@ static void gemm_panels_f32(const fmha_ukernels *uk, size_t rows, size_t k, cons
         for (size_t r = 0; r < rows; r += uk->mr) {
             size_t m = rows - r < uk->mr ? rows - r : uk->mr;
             uk->gemm_f32(m, k, a + (ptrdiff_t)r * a_rs, a_rs, a_cs, b + c0, ldb, c + r * ldc + c0,
-                         ldc, FMHA_UK_ACCUMULATE, NULL);
+                         ldc, FMHA_UK_ACCUMULATE, NULL, 1.0f);
         }
 }
 
@@ -432,9 +432,9 @@ static void bwd_scores(const bwd_ctx *c, bwd_tiles *t, const bwd_qblock *q, int6
                           dpt, d->nr, FMHA_UK_STORE, NULL, 1.0f);
         } else {
             uk->gemm_f32(m, d->D, t->krows + (size_t)r * d->d_pad, (ptrdiff_t)d->d_pad, 1, q->qt, d->nr,
-                         pt, d->nr, FMHA_UK_STORE, NULL);
+                         pt, d->nr, FMHA_UK_STORE, NULL, 1.0f);
             uk->gemm_f32(m, d->Dv, t->vrows + (size_t)r * d->dv_pad, (ptrdiff_t)d->dv_pad, 1, q->dot,
-                         d->nr, dpt, d->nr, FMHA_UK_STORE, NULL);
+                         d->nr, dpt, d->nr, FMHA_UK_STORE, NULL, 1.0f);
         }
     }
 }

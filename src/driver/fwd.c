@@ -141,7 +141,7 @@ static void fwd_scores(const fmha_plan *plan, kv_view kv, int64_t nk, const floa
     for (int64_t r = 0; r < nk; r += (int64_t)uk->mr) {
         size_t m = (size_t)(nk - r) < uk->mr ? (size_t)(nk - r) : uk->mr;
         uk->gemm_f32(m, (size_t)plan->p.head_dim, kv.p + r * kv.row, kv.row, kv.col, qt, uk->nr,
-                     st + (size_t)r * uk->nr, uk->nr, FMHA_UK_STORE, NULL);
+                     st + (size_t)r * uk->nr, uk->nr, FMHA_UK_STORE, NULL, 1.0f);
     }
 }
 
@@ -153,7 +153,7 @@ static void fwd_values(const fmha_plan *plan, kv_view vv, int64_t nk, const floa
     for (int64_t c = 0; c < Dv; c += (int64_t)uk->mr) {
         size_t m = (size_t)(Dv - c) < uk->mr ? (size_t)(Dv - c) : uk->mr;
         uk->gemm_f32(m, (size_t)nk, vv.p + c * vv.col, vv.col, vv.row, pt, uk->nr,
-                     ot + (size_t)c * uk->nr, uk->nr, mode, alpha);
+                     ot + (size_t)c * uk->nr, uk->nr, mode, alpha, 1.0f);
     }
 }
 

@@ -18,14 +18,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* GEMM microkernel: C[m x NR] (op)= A[m x k] * B[k x NR].
+/* GEMM microkernel: C[m x NR] (op)= ab_scale * A[m x k] * B[k x NR].
  *   a     element (r, p) at a[r * a_rs + p * a_cs]: the broadcast operand,
  *         any non-negative strides (r < m, p < k).
  *   b     row p at b + p * ldb: NR contiguous floats (rows need not be aligned).
  *   c     row r at c + r * ldc: NR contiguous floats.
- *   mode  FMHA_UK_STORE:      C = A B
- *         FMHA_UK_ACCUMULATE: C = C + A B
- *         FMHA_UK_RESCALE:    C = C * col_scale[col] + A B  (col_scale: NR floats)
+ *   mode  FMHA_UK_STORE:      C = s A B
+ *         FMHA_UK_ACCUMULATE: C = C + s A B
+ *         FMHA_UK_RESCALE:    C = C * col_scale[col] + s A B  (col_scale: NR floats)
+ *   ab_scale (s) multiplies the product in every mode. It is applied once to
+ *   the finished sum A B, not to an operand, so a large s with small operands
+ *   (or a small s with large ones) gives the representable result without
+ *   overflowing (or underflowing) on the way.
  *   1 <= m <= MR, k >= 1 (k == 0 is allowed and gives C = 0, C, or C*scale).
  *   All NR columns are computed (callers pad B to NR columns); rows r >= m of C
  *   are never read or written. */
@@ -33,7 +37,8 @@ enum { FMHA_UK_STORE = 0, FMHA_UK_ACCUMULATE = 1, FMHA_UK_RESCALE = 2 };
 
 typedef void (*fmha_f32_gemm_ukernel_fn)(size_t m, size_t k, const float *a, ptrdiff_t a_rs,
                                          ptrdiff_t a_cs, const float *b, size_t ldb, float *c,
-                                         size_t ldc, int mode, const float *col_scale);
+                                         size_t ldc, int mode, const float *col_scale,
+                                         float ab_scale);
 
 /* Online-softmax step over a score tile, in place.
  *   s      S^T tile: row r (a key) at s + r * lds, NR floats (lanes = queries);
@@ -74,8 +79,8 @@ typedef void (*fmha_f32_add_transposed_ukernel_fn)(size_t nk, size_t nq, const f
  *   a       pair (r, p) = (A[r][2p], A[r][2p+1]) at a[r * a_rs + p * a_cs] (32-bit words)
  *   b       pair-row p at b + p * ldb (32-bit words): NR words, word i holds
  *           (B[2p][i], B[2p+1][i])
- *   c, ldc, mode, col_scale as for the float32 GEMM; ab_scale multiplies the
- *   product in every mode. 1 <= m <= MR; kp >= 0 pairs. */
+ *   c, ldc, mode, col_scale, ab_scale as for the float32 GEMM.
+ *   1 <= m <= MR; kp >= 0 pairs. */
 typedef void (*fmha_bf16_gemm_ukernel_fn)(size_t m, size_t kp, const uint32_t *a, ptrdiff_t a_rs,
                                           ptrdiff_t a_cs, const uint32_t *b, size_t ldb, float *c,
                                           size_t ldc, int mode, const float *col_scale,

@@ -1,7 +1,7 @@
 /* test_ukernels.c: the float32 microkernels of every ISA this CPU runs
  * (scalar, avx2, avx512) against float64 computations, and each SIMD kernel
- * against the scalar specification: GEMM at every m, several k, every mode
- * and both stride patterns, with sentinels around C; the online softmax over
+ * against the scalar specification: GEMM at every m, several k, every mode,
+ * both stride patterns and several ab_scale, with sentinels around C; the online softmax over
  * several tiles with masked (-inf) entries and lanes and extreme scores; the
  * backward's exp(s - lse) and dS kernels; the vectorised exp across the
  * float range. */
@@ -54,17 +54,19 @@ static int same_bits(float x, float y) { return memcmp(&x, &y, sizeof x) == 0; }
 
 static const char *const mode_names[] = {"store", "accumulate", "rescale"};
 
-/* One GEMM call of `u` at (m, k, mode, stride pattern) against float64 and,
- * for a SIMD table, against the scalar kernel run per 16-column chunk.
+/* One GEMM call of `u` at (m, k, mode, stride pattern, ab_scale) against
+ * float64 and, for a SIMD table, against the scalar kernel run per 16-column
+ * chunk. The large ab_scale (1e30) comes with operands scaled by 1e-15, so
+ * that ab_scale * A B is of order 1 while ab_scale and A B are far from it.
  * pattern 0: a_cs = 1, a_rs = k + 2 (rows strided); pattern 1: a_rs = 1,
  * a_cs = m + 3 (k-steps strided). ldb = NR + 3 and ldc = NR + 5 (rows not
  * aligned). Padding of A and B is NaN, so reading it shows in C; buffers
  * are exactly as long as the operands, so ASan sees overreads.
  * Tolerance: the kernel rounds once per fma, so
- *   |c - ref| <= 1e-6 + 2 (k + 2) 2^-24 (|c_init| + sum_p |a_rp b_pj|),
+ *   |c - ref| <= 1e-6 + 2 (k + 2) 2^-24 (|c_init| + |s| sum_p |a_rp b_pj|),
  * a bound that holds under cancellation, where a relative one would not. */
 static void gemm_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t m, size_t k,
-                      int mode, int pattern) {
+                      int mode, int pattern, float ab_scale) {
     const size_t nr = u->nr, mr = u->mr, ldb = nr + 3, ldc = nr + 5;
     ptrdiff_t a_rs, a_cs;
     size_t a_len;
@@ -81,13 +83,18 @@ static void gemm_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t 
     float *a = floats(a_len), *b = floats(b_len), *scale = floats(nr);
     float *c = floats(c_len), *c_init = floats(c_len), *c_spec = floats(c_len);
     double *ref = doubles(m * nr), *mag = doubles(m * nr);
+    const float op_scale = ab_scale > 1e20f ? 1e-15f : 1.0f;
 
     fill_const(a, a_len, NAN);
     for (size_t r = 0; r < m; r++)
         for (size_t p = 0; p < k; p++)
-            a[(ptrdiff_t)r * a_rs + (ptrdiff_t)p * a_cs] = (float)tu_uniform(-1.0, 1.0);
+            a[(ptrdiff_t)r * a_rs + (ptrdiff_t)p * a_cs] =
+                (float)tu_uniform(-1.0, 1.0) * op_scale;
     fill_const(b, b_len, NAN);
-    for (size_t p = 0; p < k; p++) tu_fill(b + p * ldb, nr, -1.0, 1.0);
+    for (size_t p = 0; p < k; p++) {
+        tu_fill(b + p * ldb, nr, -1.0, 1.0);
+        for (size_t j = 0; j < nr; j++) b[p * ldb + j] *= op_scale;
+    }
     tu_fill(scale, nr, 0.0, 2.0);
     /* STORE must not read C: its rows start as NaN. Outside the m x NR tile
      * everything is a sentinel that must survive. */
@@ -104,19 +111,19 @@ static void gemm_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t 
             double acc = mode == FMHA_UK_STORE        ? 0.0
                          : mode == FMHA_UK_ACCUMULATE ? c0
                                                       : c0 * (double)scale[j];
-            double sum_abs = fabs(acc);
+            double ab = 0.0, ab_abs = 0.0;
             for (size_t p = 0; p < k; p++) {
                 double prod = (double)a[(ptrdiff_t)r * a_rs + (ptrdiff_t)p * a_cs] *
                               (double)b[p * ldb + j];
-                acc += prod;
-                sum_abs += fabs(prod);
+                ab += prod;
+                ab_abs += fabs(prod);
             }
-            ref[r * nr + j] = acc;
-            mag[r * nr + j] = sum_abs;
+            ref[r * nr + j] = acc + (double)ab_scale * ab;
+            mag[r * nr + j] = fabs(acc) + fabs((double)ab_scale) * ab_abs;
         }
 
     u->gemm_f32(m, k, a, a_rs, a_cs, b, ldb, c, ldc, mode,
-                mode == FMHA_UK_RESCALE ? scale : NULL);
+                mode == FMHA_UK_RESCALE ? scale : NULL, ab_scale);
 
     double worst = 0.0;
     size_t clobbered = 0;
@@ -132,8 +139,10 @@ static void gemm_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t 
             if (ratio > worst) worst = ratio;
         }
     tu_check(worst <= 1.0 && clobbered == 0,
-             "%s gemm m=%zu k=%zu %s %s: worst error/tolerance %.3g, %zu sentinels overwritten",
-             u->isa, m, k, mode_names[mode], pattern ? "a_rs=1" : "a_cs=1", worst, clobbered);
+             "%s gemm m=%zu k=%zu %s %s ab_scale=%g: worst error/tolerance %.3g, %zu sentinels "
+             "overwritten",
+             u->isa, m, k, mode_names[mode], pattern ? "a_rs=1" : "a_cs=1", (double)ab_scale,
+             worst, clobbered);
 
     if (spec && spec != u) {
         /* The scalar specification on the same operands, in MR_s x 16 pieces. */
@@ -143,7 +152,7 @@ static void gemm_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t 
                 size_t rows = m - r0 < spec->mr ? m - r0 : spec->mr;
                 spec->gemm_f32(rows, k, a + (ptrdiff_t)r0 * a_rs, a_rs, a_cs, b + j0, ldb,
                                c_spec + r0 * ldc + j0, ldc, mode,
-                               mode == FMHA_UK_RESCALE ? scale + j0 : NULL);
+                               mode == FMHA_UK_RESCALE ? scale + j0 : NULL, ab_scale);
             }
         double worst_vs_spec = 0.0;
         for (size_t r = 0; r < m; r++)
@@ -153,8 +162,10 @@ static void gemm_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t 
                 if (!(d <= worst_vs_spec)) worst_vs_spec = isnan(d) ? INFINITY : d;
             }
         tu_check(worst_vs_spec <= 1.0,
-                 "%s gemm m=%zu k=%zu %s %s vs scalar: worst difference/tolerance %.3g", u->isa,
-                 m, k, mode_names[mode], pattern ? "a_rs=1" : "a_cs=1", worst_vs_spec);
+                 "%s gemm m=%zu k=%zu %s %s ab_scale=%g vs scalar: worst difference/tolerance "
+                 "%.3g",
+                 u->isa, m, k, mode_names[mode], pattern ? "a_rs=1" : "a_cs=1", (double)ab_scale,
+                 worst_vs_spec);
     }
     free(a);
     free(b);
@@ -168,11 +179,13 @@ static void gemm_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t 
 
 static void test_gemm(const fmha_ukernels *u, const fmha_ukernels *spec) {
     static const size_t ks[] = {0, 1, 2, 7, 64, 129, 256};
+    static const float ab_scales[] = {1.0f, 0.125f, 1e30f};
     for (size_t m = 1; m <= u->mr; m++)
         for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
             for (int mode = 0; mode < 3; mode++)
                 for (int pattern = 0; pattern < 2; pattern++)
-                    gemm_case(u, spec, m, ks[ki], mode, pattern);
+                    for (size_t si = 0; si < sizeof ab_scales / sizeof ab_scales[0]; si++)
+                        gemm_case(u, spec, m, ks[ki], mode, pattern, ab_scales[si]);
 }
 
 /* ------------------------------------------------------------- softmax */

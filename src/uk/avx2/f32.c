@@ -15,32 +15,21 @@ enum { AVX2_MR = 6, AVX2_NR = 16, AVX2_VECS = AVX2_NR / 8 };
 
 #define FMHA_INLINE static inline __attribute__((always_inline))
 
-/* C[m x 16] (op)= A[m x k] B[k x 16] with m a compile-time constant. */
+/* C[m x 16] (op)= ab_scale * A[m x k] B[k x 16] with m a compile-time
+ * constant. The product is summed from zero and combined with C and ab_scale
+ * once at the end (one fma per accumulator), so scaling costs per tile, not
+ * per k-step, and C is read once. */
 FMHA_INLINE void gemm_f32_tile(const size_t m, size_t k, const float *a, ptrdiff_t a_rs,
                                ptrdiff_t a_cs, const float *b, size_t ldb, float *c, size_t ldc,
-                               int mode, const float *col_scale) {
+                               int mode, const float *col_scale, float ab_scale) {
     __m256 acc[AVX2_MR][AVX2_VECS];
     float *c_row[AVX2_MR];
 #pragma GCC unroll 8
     for (size_t r = 0; r < m; r++) c_row[r] = c + r * ldc;
-    if (mode == FMHA_UK_STORE) {
 #pragma GCC unroll 8
-        for (size_t r = 0; r < m; r++)
+    for (size_t r = 0; r < m; r++)
 #pragma GCC unroll 2
-            for (int v = 0; v < AVX2_VECS; v++) acc[r][v] = _mm256_setzero_ps();
-    } else if (mode == FMHA_UK_ACCUMULATE) {
-#pragma GCC unroll 8
-        for (size_t r = 0; r < m; r++)
-#pragma GCC unroll 2
-            for (int v = 0; v < AVX2_VECS; v++) acc[r][v] = _mm256_loadu_ps(c_row[r] + 8 * v);
-    } else {
-#pragma GCC unroll 8
-        for (size_t r = 0; r < m; r++)
-#pragma GCC unroll 2
-            for (int v = 0; v < AVX2_VECS; v++)
-                acc[r][v] = _mm256_mul_ps(_mm256_loadu_ps(c_row[r] + 8 * v),
-                                          _mm256_loadu_ps(col_scale + 8 * v));
-    }
+        for (int v = 0; v < AVX2_VECS; v++) acc[r][v] = _mm256_setzero_ps();
 
     for (; k != 0; k--) {
         __m256 brow[AVX2_VECS];
@@ -57,22 +46,45 @@ FMHA_INLINE void gemm_f32_tile(const size_t m, size_t k, const float *a, ptrdiff
         b += ldb;
     }
 
+    const __m256 s = _mm256_set1_ps(ab_scale);
+    if (mode == FMHA_UK_STORE) {
 #pragma GCC unroll 8
-    for (size_t r = 0; r < m; r++)
+        for (size_t r = 0; r < m; r++)
 #pragma GCC unroll 2
-        for (int v = 0; v < AVX2_VECS; v++) _mm256_storeu_ps(c_row[r] + 8 * v, acc[r][v]);
+            for (int v = 0; v < AVX2_VECS; v++)
+                _mm256_storeu_ps(c_row[r] + 8 * v, _mm256_mul_ps(acc[r][v], s));
+    } else if (mode == FMHA_UK_ACCUMULATE) {
+#pragma GCC unroll 8
+        for (size_t r = 0; r < m; r++)
+#pragma GCC unroll 2
+            for (int v = 0; v < AVX2_VECS; v++) {
+                float *cv = c_row[r] + 8 * v;
+                _mm256_storeu_ps(cv, _mm256_fmadd_ps(acc[r][v], s, _mm256_loadu_ps(cv)));
+            }
+    } else {
+#pragma GCC unroll 8
+        for (size_t r = 0; r < m; r++)
+#pragma GCC unroll 2
+            for (int v = 0; v < AVX2_VECS; v++) {
+                float *cv = c_row[r] + 8 * v;
+                const __m256 c_scaled =
+                    _mm256_mul_ps(_mm256_loadu_ps(cv), _mm256_loadu_ps(col_scale + 8 * v));
+                _mm256_storeu_ps(cv, _mm256_fmadd_ps(acc[r][v], s, c_scaled));
+            }
+    }
 }
 
 #define GEMM_CASE(M)                                                                           \
     case M:                                                                                    \
-        gemm_f32_tile(M, k, a, a_rs, a_cs, b, ldb, c, ldc, mode, col_scale);                   \
+        gemm_f32_tile(M, k, a, a_rs, a_cs, b, ldb, c, ldc, mode, col_scale, ab_scale);         \
         break
 
-/* C[m x 16] (op)= A[m x k] B[k x 16], 1 <= m <= MR; contract in ukernel.h. */
+/* C[m x 16] (op)= ab_scale * A[m x k] B[k x 16], 1 <= m <= MR; contract in
+ * ukernel.h. */
 static void fmha_f32_gemm_ukernel_6x16__avx2(size_t m, size_t k, const float *a, ptrdiff_t a_rs,
                                              ptrdiff_t a_cs, const float *b, size_t ldb,
                                              float *c, size_t ldc, int mode,
-                                             const float *col_scale) {
+                                             const float *col_scale, float ab_scale) {
     switch (m) {
         GEMM_CASE(6);
         GEMM_CASE(5);

@@ -15,35 +15,21 @@ enum { AVX512_MR = 6, AVX512_NR = 64, AVX512_VECS = AVX512_NR / 16 };
 
 #define FMHA_INLINE static inline __attribute__((always_inline))
 
-/* C[m x 64] (op)= A[m x k] B[k x 64] with m a compile-time constant. */
+/* C[m x 64] (op)= ab_scale * A[m x k] B[k x 64] with m a compile-time
+ * constant. The product is summed from zero and combined with C and ab_scale
+ * once at the end (one fma per accumulator), so scaling costs per tile, not
+ * per k-step, and C is read once. */
 FMHA_INLINE void gemm_f32_tile(const size_t m, size_t k, const float *a, ptrdiff_t a_rs,
                                ptrdiff_t a_cs, const float *b, size_t ldb, float *c, size_t ldc,
-                               int mode, const float *col_scale) {
+                               int mode, const float *col_scale, float ab_scale) {
     __m512 acc[AVX512_MR][AVX512_VECS];
     float *c_row[AVX512_MR];
 #pragma GCC unroll 8
     for (size_t r = 0; r < m; r++) c_row[r] = c + r * ldc;
-    if (mode == FMHA_UK_STORE) {
 #pragma GCC unroll 8
-        for (size_t r = 0; r < m; r++)
+    for (size_t r = 0; r < m; r++)
 #pragma GCC unroll 4
-            for (int v = 0; v < AVX512_VECS; v++) acc[r][v] = _mm512_setzero_ps();
-    } else if (mode == FMHA_UK_ACCUMULATE) {
-#pragma GCC unroll 8
-        for (size_t r = 0; r < m; r++)
-#pragma GCC unroll 4
-            for (int v = 0; v < AVX512_VECS; v++)
-                acc[r][v] = _mm512_loadu_ps(c_row[r] + 16 * v);
-    } else {
-        __m512 scale[AVX512_VECS];
-#pragma GCC unroll 4
-        for (int v = 0; v < AVX512_VECS; v++) scale[v] = _mm512_loadu_ps(col_scale + 16 * v);
-#pragma GCC unroll 8
-        for (size_t r = 0; r < m; r++)
-#pragma GCC unroll 4
-            for (int v = 0; v < AVX512_VECS; v++)
-                acc[r][v] = _mm512_mul_ps(_mm512_loadu_ps(c_row[r] + 16 * v), scale[v]);
-    }
+        for (int v = 0; v < AVX512_VECS; v++) acc[r][v] = _mm512_setzero_ps();
 
     for (; k != 0; k--) {
         __m512 brow[AVX512_VECS];
@@ -60,22 +46,47 @@ FMHA_INLINE void gemm_f32_tile(const size_t m, size_t k, const float *a, ptrdiff
         b += ldb;
     }
 
+    const __m512 s = _mm512_set1_ps(ab_scale);
+    if (mode == FMHA_UK_STORE) {
 #pragma GCC unroll 8
-    for (size_t r = 0; r < m; r++)
+        for (size_t r = 0; r < m; r++)
 #pragma GCC unroll 4
-        for (int v = 0; v < AVX512_VECS; v++) _mm512_storeu_ps(c_row[r] + 16 * v, acc[r][v]);
+            for (int v = 0; v < AVX512_VECS; v++)
+                _mm512_storeu_ps(c_row[r] + 16 * v, _mm512_mul_ps(acc[r][v], s));
+    } else if (mode == FMHA_UK_ACCUMULATE) {
+#pragma GCC unroll 8
+        for (size_t r = 0; r < m; r++)
+#pragma GCC unroll 4
+            for (int v = 0; v < AVX512_VECS; v++) {
+                float *cv = c_row[r] + 16 * v;
+                _mm512_storeu_ps(cv, _mm512_fmadd_ps(acc[r][v], s, _mm512_loadu_ps(cv)));
+            }
+    } else {
+        __m512 scale[AVX512_VECS];
+#pragma GCC unroll 4
+        for (int v = 0; v < AVX512_VECS; v++) scale[v] = _mm512_loadu_ps(col_scale + 16 * v);
+#pragma GCC unroll 8
+        for (size_t r = 0; r < m; r++)
+#pragma GCC unroll 4
+            for (int v = 0; v < AVX512_VECS; v++) {
+                float *cv = c_row[r] + 16 * v;
+                const __m512 c_scaled = _mm512_mul_ps(_mm512_loadu_ps(cv), scale[v]);
+                _mm512_storeu_ps(cv, _mm512_fmadd_ps(acc[r][v], s, c_scaled));
+            }
+    }
 }
 
 #define GEMM_CASE(M)                                                                           \
     case M:                                                                                    \
-        gemm_f32_tile(M, k, a, a_rs, a_cs, b, ldb, c, ldc, mode, col_scale);                   \
+        gemm_f32_tile(M, k, a, a_rs, a_cs, b, ldb, c, ldc, mode, col_scale, ab_scale);         \
         break
 
-/* C[m x 64] (op)= A[m x k] B[k x 64], 1 <= m <= MR; contract in ukernel.h. */
+/* C[m x 64] (op)= ab_scale * A[m x k] B[k x 64], 1 <= m <= MR; contract in
+ * ukernel.h. */
 static void fmha_f32_gemm_ukernel_6x64__avx512(size_t m, size_t k, const float *a,
                                                ptrdiff_t a_rs, ptrdiff_t a_cs, const float *b,
                                                size_t ldb, float *c, size_t ldc, int mode,
-                                               const float *col_scale) {
+                                               const float *col_scale, float ab_scale) {
     switch (m) {
         GEMM_CASE(6);
         GEMM_CASE(5);

@@ -7,25 +7,25 @@
 
 enum { SCALAR_MR = 4, SCALAR_NR = 16 };
 
-/* C[m x 16] (op)= A[m x k] B[k x 16]; contract in ukernel.h. */
+/* C[m x 16] (op)= ab_scale * A[m x k] B[k x 16]; contract in ukernel.h. The
+ * product is summed from zero, then scaled and combined with C by one fma. */
 static void fmha_f32_gemm_ukernel_4x16__scalar(size_t m, size_t k, const float *a, ptrdiff_t a_rs,
                                                ptrdiff_t a_cs, const float *b, size_t ldb,
                                                float *c, size_t ldc, int mode,
-                                               const float *col_scale) {
+                                               const float *col_scale, float ab_scale) {
     for (size_t r = 0; r < m; r++) {
-        /* acc [NR]: one row of the tile */
-        float acc[SCALAR_NR];
-        for (size_t j = 0; j < SCALAR_NR; j++) {
-            float c0 = c[r * ldc + j];
-            acc[j] = mode == FMHA_UK_STORE        ? 0.0f
-                     : mode == FMHA_UK_ACCUMULATE ? c0
-                                                  : c0 * col_scale[j];
-        }
+        /* acc [NR]: A B for one row of the tile */
+        float acc[SCALAR_NR] = {0};
         for (size_t p = 0; p < k; p++) {
             float x = a[(ptrdiff_t)r * a_rs + (ptrdiff_t)p * a_cs];
             for (size_t j = 0; j < SCALAR_NR; j++) acc[j] = fmaf(x, b[p * ldb + j], acc[j]);
         }
-        for (size_t j = 0; j < SCALAR_NR; j++) c[r * ldc + j] = acc[j];
+        for (size_t j = 0; j < SCALAR_NR; j++) {
+            float *cj = &c[r * ldc + j];
+            *cj = mode == FMHA_UK_STORE        ? acc[j] * ab_scale
+                  : mode == FMHA_UK_ACCUMULATE ? fmaf(acc[j], ab_scale, *cj)
+                                               : fmaf(acc[j], ab_scale, *cj * col_scale[j]);
+        }
     }
 }
 
