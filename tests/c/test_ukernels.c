@@ -1,10 +1,10 @@
-/* test_ukernels.c: the float32 microkernels of every ISA this CPU runs
- * (scalar, avx2, avx512) against float64 computations, and each SIMD kernel
+/* test_ukernels.c: the float32 microkernels of every registered ISA this
+ * CPU runs (src/cpu.c) against float64 computations, and each SIMD kernel
  * against the scalar specification: GEMM at every m, several k, every mode,
- * both stride patterns and several ab_scale, with sentinels around C; the online softmax over
- * several tiles with masked (-inf) entries and lanes and extreme scores; the
- * backward's exp(s - lse) and dS kernels; the vectorised exp across the
- * float range. */
+ * both stride patterns and several ab_scale, with sentinels around C; the
+ * online softmax over several tiles with masked (-inf) entries and lanes
+ * and extreme scores; the backward's exp(s - lse) and dS kernels; the
+ * vectorised exp across the float range. */
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -23,8 +23,6 @@ void fmha_f32_exp__avx512(size_t n, const float *x, float *y);
 
 #define EPS32 0x1p-23        /* float32 ulp of 1 */
 #define SENTINEL 1234.5678f  /* never a kernel output here */
-
-static const char *const isa_names[] = {"scalar", "avx2", "avx512"};
 
 static float *floats(size_t n) {
     float *p = malloc((n ? n : 1) * sizeof(float));
@@ -602,26 +600,27 @@ static void test_add_transposed(const fmha_ukernels *u) {
 
 int main(void) {
     tu_seed();
-    const fmha_ukernels *spec = fmha_cpu_kernels_for("scalar");
-    tu_check(spec != NULL, "the scalar table is always available");
-    for (size_t i = 0; i < sizeof isa_names / sizeof isa_names[0]; i++) {
-        const fmha_ukernels *u = fmha_cpu_kernels_for(isa_names[i]);
-        if (!u) {
-            printf("%s: not supported here, skipped\n", isa_names[i]);
+    const fmha_ukernels *spec = &fmha_ukernels_scalar;
+    /* every ISA of the registry that this CPU runs */
+    for (size_t i = 0; i < fmha_isa_count(); i++) {
+        const fmha_isa *isa = fmha_isa_at(i);
+        const fmha_ukernels *u = isa->table;
+        if (!fmha_isa_supported(isa)) {
+            printf("%s: not supported here, skipped\n", isa->name);
             continue;
         }
         printf("%s: MR=%zu NR=%zu block_kv=%zu\n", u->isa, u->mr, u->nr, u->block_kv);
-        tu_check(!strcmp(u->isa, isa_names[i]) && u->mr >= 1 && u->nr % 16 == 0 &&
-                     u->block_kv >= 1 && u->gemm_f32 && u->softmax_f32 && u->exp_sub_f32 &&
-                     u->ds_f32,
-                 "%s: table fields", isa_names[i]);
+        tu_check(!strcmp(u->isa, isa->name) && fmha_cpu_kernels_for(isa->name) == u &&
+                     u->mr >= 1 && u->nr % 16 == 0 && u->block_kv >= 1 && u->gemm_f32 &&
+                     u->softmax_f32 && u->exp_sub_f32 && u->ds_f32,
+                 "%s: table fields", isa->name);
         test_gemm(u, spec);
         test_softmax(u, spec);
         test_backward_kernels(u, spec);
         test_add_transposed(u);
 #if defined(__x86_64__)
-        if (!strcmp(u->isa, "avx2")) test_exp("avx2", fmha_f32_exp__avx2);
-        if (!strcmp(u->isa, "avx512")) test_exp("avx512", fmha_f32_exp__avx512);
+        if (u == &fmha_ukernels_avx2) test_exp("avx2", fmha_f32_exp__avx2);
+        if (u == &fmha_ukernels_avx512) test_exp("avx512", fmha_f32_exp__avx512);
 #endif
     }
     return tu_finish();

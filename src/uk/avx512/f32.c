@@ -4,6 +4,8 @@
  * backward's exp(s - lse) run a vectorised exp (Cody-Waite reduction,
  * degree-6 polynomial, vscalefps); dS = P (dP - Dsum) is plain lane-wise.
  * Contract in ../ukernel.h; the scalar kernels are the specification. */
+#include "f32.h"
+
 #include <immintrin.h>
 #include <stddef.h>
 
@@ -11,7 +13,7 @@
 
 /* MR = 6: 24 accumulators + 4 B rows of the 32 zmm. Measured on Zen 5 at
  * k = 64: 6x64 runs at 94-98% of the FMA peak, 4x64 at 83-97%. */
-enum { AVX512_MR = 6, AVX512_NR = 64, AVX512_VECS = AVX512_NR / 16 };
+enum { AVX512_MR = FMHA_AVX512_MR, AVX512_NR = FMHA_AVX512_NR, AVX512_VECS = AVX512_NR / 16 };
 
 #define FMHA_INLINE static inline __attribute__((always_inline))
 
@@ -83,10 +85,10 @@ FMHA_INLINE void gemm_f32_tile(const size_t m, size_t k, const float *a, ptrdiff
 
 /* C[m x 64] (op)= ab_scale * A[m x k] B[k x 64], 1 <= m <= MR; contract in
  * ukernel.h. */
-static void fmha_f32_gemm_ukernel_6x64__avx512(size_t m, size_t k, const float *a,
-                                               ptrdiff_t a_rs, ptrdiff_t a_cs, const float *b,
-                                               size_t ldb, float *c, size_t ldc, int mode,
-                                               const float *col_scale, float ab_scale) {
+void fmha_f32_gemm_ukernel_6x64__avx512(size_t m, size_t k, const float *a,
+                                        ptrdiff_t a_rs, ptrdiff_t a_cs, const float *b,
+                                        size_t ldb, float *c, size_t ldc, int mode,
+                                        const float *col_scale, float ab_scale) {
     switch (m) {
         GEMM_CASE(6);
         GEMM_CASE(5);
@@ -124,7 +126,6 @@ FMHA_INLINE __m512 exp_f32(__m512 x) {
 
 /* y[i] = exp(x[i]) over any n; exp(+inf) = +inf. The test checks the exp
  * of this file through it. */
-void fmha_f32_exp__avx512(size_t n, const float *x, float *y);
 void fmha_f32_exp__avx512(size_t n, const float *x, float *y) {
     const __m512 hi = _mm512_set1_ps(89.0f);
     size_t i = 0;
@@ -138,8 +139,8 @@ void fmha_f32_exp__avx512(size_t n, const float *x, float *y) {
 }
 
 /* Online-softmax step over S^T [rows][64]; contract in ukernel.h. */
-static void fmha_f32_softmax_ukernel_64__avx512(size_t rows, float *s, size_t lds, float *m,
-                                                float *l, float *alpha) {
+void fmha_f32_softmax_ukernel_64__avx512(size_t rows, float *s, size_t lds, float *m,
+                                         float *l, float *alpha) {
     const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
     __m512 mx[AVX512_VECS], mx2[AVX512_VECS];
 #pragma GCC unroll 4
@@ -193,8 +194,8 @@ static void fmha_f32_softmax_ukernel_64__avx512(size_t rows, float *s, size_t ld
 
 /* Backward: s = exp(s - sub) lane-wise, in place; contract in ukernel.h.
  * A lane whose sub is -inf subtracts +inf instead, so it gives 0. */
-static void fmha_f32_exp_sub_ukernel_64__avx512(size_t rows, float *s, size_t lds,
-                                                const float *sub) {
+void fmha_f32_exp_sub_ukernel_64__avx512(size_t rows, float *s, size_t lds,
+                                         const float *sub) {
     const __m512 pos_inf = _mm512_set1_ps(__builtin_inff()), x_max = _mm512_set1_ps(89.0f);
     __m512 sub_use[AVX512_VECS];
 #pragma GCC unroll 4
@@ -215,8 +216,8 @@ static void fmha_f32_exp_sub_ukernel_64__avx512(size_t rows, float *s, size_t ld
 }
 
 /* Backward: dp = p * (dp - dsum) lane-wise, in place; contract in ukernel.h. */
-static void fmha_f32_ds_ukernel_64__avx512(size_t rows, const float *p, float *dp, size_t lds,
-                                           const float *dsum) {
+void fmha_f32_ds_ukernel_64__avx512(size_t rows, const float *p, float *dp, size_t lds,
+                                    const float *dsum) {
     __m512 dsum_v[AVX512_VECS];
 #pragma GCC unroll 4
     for (int v = 0; v < AVX512_VECS; v++) dsum_v[v] = _mm512_loadu_ps(dsum + 16 * v);
@@ -262,8 +263,8 @@ FMHA_INLINE void transpose_16x16(__m512 x[16]) {
 /* st[r][i] += src[i * q_stride + r]; contract in ukernel.h. 16 x 16 blocks:
  * 16 query rows loaded (keys past nk masked, queries past nq zero),
  * transposed, added to 16 score rows. */
-static void fmha_f32_add_transposed_ukernel__avx512(size_t nk, size_t nq, const float *src,
-                                                   ptrdiff_t q_stride, float *st, size_t lds) {
+void fmha_f32_add_transposed_ukernel__avx512(size_t nk, size_t nq, const float *src,
+                                            ptrdiff_t q_stride, float *st, size_t lds) {
     for (size_t i0 = 0; i0 < nq; i0 += 16) {
         size_t rows = nq - i0 < 16 ? nq - i0 : 16;
         for (size_t r0 = 0; r0 < nk; r0 += 16) {
@@ -286,7 +287,7 @@ const fmha_ukernels fmha_ukernels_avx512 = {
     .isa = "avx512",
     .mr = AVX512_MR,
     .nr = AVX512_NR,
-    .block_kv = 128,
+    .block_kv = FMHA_AVX512_BLOCK_KV,
     .gemm_f32 = fmha_f32_gemm_ukernel_6x64__avx512,
     .softmax_f32 = fmha_f32_softmax_ukernel_64__avx512,
     .exp_sub_f32 = fmha_f32_exp_sub_ukernel_64__avx512,
