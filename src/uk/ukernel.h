@@ -55,17 +55,26 @@ typedef void (*fmha_f32_gemm_ukernel_fn)(size_t m, size_t k, const float *a, ptr
  *   alpha  NR outputs: exp(m_old - m_new), the factor the caller applies to its
  *          running output.
  *   A lane whose m_new is -inf (every score so far masked) is treated as if
- *   m_new were 0: its P is 0, alpha is 0 on the first tile, l stays 0. */
+ *   m_new were 0: its P is 0, alpha is 0 on the first tile, l stays 0.
+ *   NaN and infinities follow IEEE, the same in every ISA: the max is NaN
+ *   when any operand is, so a NaN score (or a NaN m) makes m_new NaN and
+ *   that lane's P, alpha and l NaN, in this tile and every later one; a +inf
+ *   score makes m_new +inf, its own P NaN (exp(inf - inf)), the lane's
+ *   finite scores' P 0 and so l NaN; -inf scores give P = 0, never NaN. */
 typedef void (*fmha_f32_softmax_ukernel_fn)(size_t rows, float *s, size_t lds, float *m,
                                             float *l, float *alpha);
 
 /* Backward: probabilities recomputed from the forward's lse, in place.
  *   s[r][i] = exp(s[r][i] - sub[i]) for r < rows, i < NR; a lane whose sub is
- *   -inf (a fully masked or padding query) gives 0, and s = -inf gives 0. */
+ *   -inf (a fully masked or padding query) gives 0 whatever s holds (NaN and
+ *   inf included), and s = -inf gives 0. Otherwise IEEE: a NaN s or sub
+ *   gives NaN, s = +inf (sub finite) and overflow give +inf. */
 typedef void (*fmha_f32_exp_sub_ukernel_fn)(size_t rows, float *s, size_t lds, const float *sub);
 
 /* Backward: dS = P * (dP - Dsum), in place in dp.
- *   dp[r][i] = p[r][i] * (dp[r][i] - dsum[i]) for r < rows, i < NR. */
+ *   dp[r][i] = p[r][i] * (dp[r][i] - dsum[i]) for r < rows, i < NR, one
+ *   subtraction and one multiplication as IEEE has them (NaN in, NaN out;
+ *   0 * inf = NaN), the same in every ISA. */
 typedef void (*fmha_f32_ds_ukernel_fn)(size_t rows, const float *p, float *dp, size_t lds,
                                        const float *dsum);
 

@@ -106,9 +106,12 @@ void fmha_f32_gemm_ukernel_6x64__avx512(size_t m, size_t k, const float *a,
  * (Chebyshev fit on [-ln2/2, ln2/2], max relative error 0.2 ulp before
  * rounding), then p 2^n with vscalefps, which rounds gracefully through
  * subnormals to 0. x is clamped below at -104 (exp(-104) < 2^-150), so -inf
- * gives 0 and never NaN. Max error measured: 1.05 ulp. */
-FMHA_INLINE __m512 exp_f32(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+ * gives 0 and never NaN; the clamp passes NaN through (vmaxps returns its
+ * second operand when either is NaN), so NaN gives NaN. Lanes outside
+ * `keep` give 0 (the zero-masking of vscalefps). Max error measured:
+ * 1.05 ulp. */
+FMHA_INLINE __m512 exp_f32_keep(__mmask16 keep, __m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
     const __m512 round_bias = _mm512_set1_ps(0x1.8p23f);
     const __m512 n = _mm512_sub_ps(
         _mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), round_bias), round_bias);
@@ -121,35 +124,57 @@ FMHA_INLINE __m512 exp_f32(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
+    return _mm512_maskz_scalef_ps(keep, p, n);
 }
 
-/* y[i] = exp(x[i]) over any n; exp(+inf) = +inf. The test checks the exp
- * of this file through it. */
+FMHA_INLINE __m512 exp_f32(__m512 x) { return exp_f32_keep((__mmask16)0xFFFF, x); }
+
+/* y[i] = exp(x[i]) over any n; exp(+inf) = +inf, exp(NaN) = NaN. The test
+ * checks the exp of this file through it. */
 void fmha_f32_exp__avx512(size_t n, const float *x, float *y) {
     const __m512 hi = _mm512_set1_ps(89.0f);
     size_t i = 0;
     for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, exp_f32(_mm512_min_ps(_mm512_loadu_ps(x + i), hi)));
+        _mm512_storeu_ps(y + i, exp_f32(_mm512_min_ps(hi, _mm512_loadu_ps(x + i))));
     if (i < n) {
         const __mmask16 tail = (__mmask16)((1u << (n - i)) - 1);
         const __m512 xv = _mm512_maskz_loadu_ps(tail, x + i);
-        _mm512_mask_storeu_ps(y + i, tail, exp_f32(_mm512_min_ps(xv, hi)));
+        _mm512_mask_storeu_ps(y + i, tail, exp_f32(_mm512_min_ps(hi, xv)));
     }
 }
 
-/* Online-softmax step over S^T [rows][64]; contract in ukernel.h. */
-void fmha_f32_softmax_ukernel_64__avx512(size_t rows, float *s, size_t lds, float *m,
-                                         float *l, float *alpha) {
+/* The lanes of `lanes` in which a column of 16 scores holds a NaN: the
+ * rare search of the softmax below (out of line, so that its loop stays out
+ * of the hot code). */
+static __mmask16 __attribute__((noinline, cold))
+nan_score_lanes(size_t rows, const float *s, size_t lds, __mmask16 lanes) {
+    __mmask16 nan = 0;
+    for (size_t r = 0; r < rows; r++) {
+        const __m512 sv = _mm512_loadu_ps(s + r * lds);
+        nan |= _mm512_mask_cmp_ps_mask(lanes, sv, sv, _CMP_UNORD_Q);
+    }
+    return nan;
+}
+
+/* Online-softmax step over S^T [rows][64]; contract in ukernel.h.
+ * NaN: the max of pass 1 keeps a NaN m (vmaxps returns its second operand,
+ * the accumulator, when either is NaN) but passes over a NaN score. Such a
+ * score shows after pass 2 as a NaN sum in a lane whose max is below +inf;
+ * those lanes (rare) then get a NaN max and NaN P, as the scalar kernel
+ * computes them. Where the max is +inf the sum is NaN anyway (inf - inf), so
+ * those lanes (rare) are searched for NaN scores before pass 2. */
+void fmha_f32_softmax_ukernel_64__avx512(size_t rows, float *s, size_t lds, float *m, float *l,
+                                         float *alpha) {
     const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
+    const __m512 pos_inf = _mm512_set1_ps(__builtin_inff());
+    const __m512 nan = _mm512_set1_ps(__builtin_nanf(""));
     __m512 mx[AVX512_VECS], mx2[AVX512_VECS];
 #pragma GCC unroll 4
     for (int v = 0; v < AVX512_VECS; v++) {
         mx[v] = _mm512_loadu_ps(m + 16 * v);
         mx2[v] = neg_inf;
     }
-    /* Pass 1: lane-wise max over the keys, two rows per step. The max takes
-     * the accumulator as its second operand, so a NaN score is ignored. */
+    /* Pass 1: lane-wise max over the keys, two rows per step. */
     size_t r = 0;
     for (; r + 2 <= rows; r += 2) {
         const float *s0 = s + r * lds, *s1 = s0 + lds;
@@ -164,11 +189,25 @@ void fmha_f32_softmax_ukernel_64__avx512(size_t rows, float *s, size_t lds, floa
         for (int v = 0; v < AVX512_VECS; v++)
             mx[v] = _mm512_max_ps(_mm512_loadu_ps(s + r * lds + 16 * v), mx[v]);
     }
+    __mmask16 inf_lanes[AVX512_VECS];
+    unsigned any_inf = 0;
+#pragma GCC unroll 4
+    for (int v = 0; v < AVX512_VECS; v++) {
+        mx[v] = _mm512_max_ps(mx2[v], mx[v]);
+        inf_lanes[v] = _mm512_cmp_ps_mask(mx[v], pos_inf, _CMP_EQ_OQ);
+        any_inf |= inf_lanes[v];
+    }
+    if (__builtin_expect(any_inf != 0, 0)) {
+        /* a +inf lane that also holds a NaN score: NaN max */
+        for (int v = 0; v < AVX512_VECS; v++)
+            if (inf_lanes[v])
+                mx[v] = _mm512_mask_mov_ps(
+                    mx[v], nan_score_lanes(rows, s + 16 * v, lds, inf_lanes[v]), nan);
+    }
     /* m_use: the new maximum, or 0 in lanes where it is -inf. */
     __m512 m_use[AVX512_VECS], sum[AVX512_VECS];
 #pragma GCC unroll 4
     for (int v = 0; v < AVX512_VECS; v++) {
-        mx[v] = _mm512_max_ps(mx2[v], mx[v]);
         const __mmask16 all_masked = _mm512_cmp_ps_mask(mx[v], neg_inf, _CMP_EQ_OQ);
         m_use[v] = _mm512_mask_mov_ps(mx[v], all_masked, _mm512_setzero_ps());
         sum[v] = _mm512_setzero_ps();
@@ -183,6 +222,24 @@ void fmha_f32_softmax_ukernel_64__avx512(size_t rows, float *s, size_t lds, floa
             sum[v] = _mm512_add_ps(sum[v], p);
         }
     }
+    /* A NaN sum under a max below +inf: a NaN score that pass 1 passed over. */
+    __mmask16 nan_lanes[AVX512_VECS];
+    unsigned any_nan = 0;
+#pragma GCC unroll 4
+    for (int v = 0; v < AVX512_VECS; v++) {
+        const __mmask16 below_inf = _mm512_cmp_ps_mask(mx[v], pos_inf, _CMP_LT_OQ);
+        nan_lanes[v] = _mm512_mask_cmp_ps_mask(below_inf, sum[v], sum[v], _CMP_UNORD_Q);
+        any_nan |= nan_lanes[v];
+    }
+    if (__builtin_expect(any_nan != 0, 0)) {
+        for (r = 0; r < rows; r++)
+            for (int v = 0; v < AVX512_VECS; v++)
+                _mm512_mask_storeu_ps(s + r * lds + 16 * v, nan_lanes[v], nan);
+        for (int v = 0; v < AVX512_VECS; v++) {
+            mx[v] = _mm512_mask_mov_ps(mx[v], nan_lanes[v], nan);
+            m_use[v] = _mm512_mask_mov_ps(m_use[v], nan_lanes[v], nan);
+        }
+    }
 #pragma GCC unroll 4
     for (int v = 0; v < AVX512_VECS; v++) {
         const __m512 a = exp_f32(_mm512_sub_ps(_mm512_loadu_ps(m + 16 * v), m_use[v]));
@@ -193,24 +250,23 @@ void fmha_f32_softmax_ukernel_64__avx512(size_t rows, float *s, size_t lds, floa
 }
 
 /* Backward: s = exp(s - sub) lane-wise, in place; contract in ukernel.h.
- * A lane whose sub is -inf subtracts +inf instead, so it gives 0. */
-void fmha_f32_exp_sub_ukernel_64__avx512(size_t rows, float *s, size_t lds,
-                                         const float *sub) {
-    const __m512 pos_inf = _mm512_set1_ps(__builtin_inff()), x_max = _mm512_set1_ps(89.0f);
-    __m512 sub_use[AVX512_VECS];
+ * A lane whose sub is -inf gives 0 (zero-masked in the exp), whatever s is;
+ * NaN in s or sub gives NaN. */
+void fmha_f32_exp_sub_ukernel_64__avx512(size_t rows, float *s, size_t lds, const float *sub) {
+    const __m512 x_max = _mm512_set1_ps(89.0f);
+    __m512 sub_v[AVX512_VECS];
+    __mmask16 keep[AVX512_VECS];
 #pragma GCC unroll 4
     for (int v = 0; v < AVX512_VECS; v++) {
-        const __m512 sv = _mm512_loadu_ps(sub + 16 * v);
-        const __mmask16 masked =
-            _mm512_cmp_ps_mask(sv, _mm512_set1_ps(-__builtin_inff()), _CMP_EQ_OQ);
-        sub_use[v] = _mm512_mask_mov_ps(sv, masked, pos_inf);
+        sub_v[v] = _mm512_loadu_ps(sub + 16 * v);
+        keep[v] = _mm512_cmp_ps_mask(sub_v[v], _mm512_set1_ps(-__builtin_inff()), _CMP_NEQ_UQ);
     }
     for (size_t r = 0; r < rows; r++) {
         float *srow = s + r * lds;
 #pragma GCC unroll 4
         for (int v = 0; v < AVX512_VECS; v++) {
-            const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(srow + 16 * v), sub_use[v]);
-            _mm512_storeu_ps(srow + 16 * v, exp_f32(_mm512_min_ps(x, x_max)));
+            const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(srow + 16 * v), sub_v[v]);
+            _mm512_storeu_ps(srow + 16 * v, exp_f32_keep(keep[v], _mm512_min_ps(x_max, x)));
         }
     }
 }
