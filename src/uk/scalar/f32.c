@@ -74,6 +74,17 @@ static void fmha_f32_ds_ukernel_16__scalar(size_t rows, const float *p, float *d
             dp[r * lds + j] = p[r * lds + j] * (dp[r * lds + j] - dsum[j]);
 }
 
+/* st[r][i] += src[i * q_stride + r] for r < nk, i < nq; contract in
+ * ukernel.h. One addition per element, so the result is the driver's plain
+ * loop's, bit for bit. */
+static void fmha_f32_add_transposed_ukernel__scalar(size_t nk, size_t nq, const float *src,
+                                                   ptrdiff_t q_stride, float *st, size_t lds) {
+    for (size_t i = 0; i < nq; i++) {
+        const float *srow = src + (ptrdiff_t)i * q_stride;
+        for (size_t r = 0; r < nk; r++) st[r * lds + i] += srow[r];
+    }
+}
+
 const fmha_ukernels fmha_ukernels_scalar = {
     .isa = "scalar",
     .mr = SCALAR_MR,
@@ -83,4 +94,5 @@ const fmha_ukernels fmha_ukernels_scalar = {
     .softmax_f32 = fmha_f32_softmax_ukernel_16__scalar,
     .exp_sub_f32 = fmha_f32_exp_sub_ukernel_16__scalar,
     .ds_f32 = fmha_f32_ds_ukernel_16__scalar,
+    .add_transposed_f32 = fmha_f32_add_transposed_ukernel__scalar,
 };
