@@ -547,7 +547,8 @@ static float special_score(int kind, int tile, size_t r, size_t rows, size_t mar
     switch (kind) {
     case LANE_NAN: return tile == 0 && r == mark ? NAN : finite;
     case LANE_POS_INF: return tile == 0 && r == mark ? INFINITY : finite;
-    case LANE_TWO_POS_INF: return tile == 0 && (r == mark || r == rows - 1 - mark) ? INFINITY : finite;
+    case LANE_TWO_POS_INF:
+        return tile == 0 && (r == mark || r == rows - 1 - mark) ? INFINITY : finite;
     case LANE_INF_AND_NAN:
         if (tile != 0) return finite;
         return r == mark ? INFINITY : r == (mark + rows / 2) % rows && rows > 1 ? NAN : finite;
@@ -670,7 +671,8 @@ static void exp_sub_special_case(const fmha_ukernels *u, const fmha_ukernels *sp
     for (size_t r = 0; r < rows; r++)
         for (size_t j = 0; j < nr; j++) {
             const float x = s_in[r * lds + j];
-            const double want = sub[j] == -INFINITY ? 0.0 : (double)(float)exp((double)x - (double)sub[j]);
+            const double want =
+                sub[j] == -INFINITY ? 0.0 : (double)(float)exp((double)x - (double)sub[j]);
             int ok = ieee_match(s[r * lds + j], want, 1e-5);
             if (!ok && bad_ref < 4)
                 printf("  %s exp_sub(%g - %g) = %g, want %g\n", u->isa, (double)x, (double)sub[j],
