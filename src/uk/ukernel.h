@@ -1,9 +1,15 @@
 /* ukernel.h: the contract between the driver and the per-ISA microkernels.
  *
  * The driver owns tiles, threads and memory; a microkernel owns registers.
- * Every ISA (scalar, avx2, avx512) implements the same functions for
- * float32, and fills one fmha_ukernels table that src/cpu.c selects at run
- * time. Only files under src/uk/<isa>/ are compiled with ISA flags.
+ * Every ISA implements the same float32 functions and fills one constant
+ * fmha_ukernels table (declared at the end); the ISA registry of src/cpu.c
+ * lists the tables with their CPU checks and selects one at run time. Only
+ * files under src/uk/<isa>/ are compiled with ISA flags.
+ *
+ * Every microkernel has a plain-C specification in src/uk/scalar/ that the
+ * tests hold the SIMD kernels to: the float32 ones are the scalar table's
+ * kernels (f32.c), the bf16 ones stand alone (bf16.h), since the scalar
+ * table runs bf16 through widened float32 tiles.
  *
  * Layout idea ("transposed tiles"): the NR lanes of a register always run
  * over queries (forward) or over the contiguous dimension of B. Scores are
@@ -49,17 +55,26 @@ typedef void (*fmha_f32_gemm_ukernel_fn)(size_t m, size_t k, const float *a, ptr
  *   alpha  NR outputs: exp(m_old - m_new), the factor the caller applies to its
  *          running output.
  *   A lane whose m_new is -inf (every score so far masked) is treated as if
- *   m_new were 0: its P is 0, alpha is 0 on the first tile, l stays 0. */
+ *   m_new were 0: its P is 0, alpha is 0 on the first tile, l stays 0.
+ *   NaN and infinities follow IEEE, the same in every ISA: the max is NaN
+ *   when any operand is, so a NaN score (or a NaN m) makes m_new NaN and
+ *   that lane's P, alpha and l NaN, in this tile and every later one; a +inf
+ *   score makes m_new +inf, its own P NaN (exp(inf - inf)), the lane's
+ *   finite scores' P 0 and so l NaN; -inf scores give P = 0, never NaN. */
 typedef void (*fmha_f32_softmax_ukernel_fn)(size_t rows, float *s, size_t lds, float *m,
                                             float *l, float *alpha);
 
 /* Backward: probabilities recomputed from the forward's lse, in place.
  *   s[r][i] = exp(s[r][i] - sub[i]) for r < rows, i < NR; a lane whose sub is
- *   -inf (a fully masked or padding query) gives 0, and s = -inf gives 0. */
+ *   -inf (a fully masked or padding query) gives 0 whatever s holds (NaN and
+ *   inf included), and s = -inf gives 0. Otherwise IEEE: a NaN s or sub
+ *   gives NaN, s = +inf (sub finite) and overflow give +inf. */
 typedef void (*fmha_f32_exp_sub_ukernel_fn)(size_t rows, float *s, size_t lds, const float *sub);
 
 /* Backward: dS = P * (dP - Dsum), in place in dp.
- *   dp[r][i] = p[r][i] * (dp[r][i] - dsum[i]) for r < rows, i < NR. */
+ *   dp[r][i] = p[r][i] * (dp[r][i] - dsum[i]) for r < rows, i < NR, one
+ *   subtraction and one multiplication as IEEE has them (NaN in, NaN out;
+ *   0 * inf = NaN), the same in every ISA. */
 typedef void (*fmha_f32_ds_ukernel_fn)(size_t rows, const float *p, float *dp, size_t lds,
                                        const float *dsum);
 
@@ -80,14 +95,21 @@ typedef void (*fmha_f32_add_transposed_ukernel_fn)(size_t nk, size_t nq, const f
  *   b       pair-row p at b + p * ldb (32-bit words): NR words, word i holds
  *           (B[2p][i], B[2p+1][i])
  *   c, ldc, mode, col_scale, ab_scale as for the float32 GEMM.
- *   1 <= m <= MR; kp >= 0 pairs. */
+ *   1 <= m <= MR; kp >= 0 pairs.
+ * Arithmetic (vdpbf16ps): each pair-step adds the two bf16 products, exact
+ * in float32, to a float32 accumulator, each addition rounded to nearest
+ * even; the summation order across pair-steps is the kernel's. The
+ * instruction also flushes subnormal inputs and results to zero, which the
+ * scalar specification (src/uk/scalar/bf16.c) does not. */
 typedef void (*fmha_bf16_gemm_ukernel_fn)(size_t m, size_t kp, const uint32_t *a, ptrdiff_t a_rs,
                                           ptrdiff_t a_cs, const uint32_t *b, size_t ldb, float *c,
                                           size_t ldc, int mode, const float *col_scale,
                                           float ab_scale);
 
 /* Rounds (nearest even) and pairs two float32 rows into one pair-row:
- *   dst[i] = (bf16(lo[i]), bf16(hi[i])) for i < NR; hi == NULL pairs with 0. */
+ *   dst[i] = (bf16(lo[i]), bf16(hi[i])) for i < NR; hi == NULL pairs with 0.
+ * NaN stays NaN with its sign. A kernel may turn a float32 subnormal into a
+ * zero of its sign (vcvtne2ps2bf16 does). */
 typedef void (*fmha_bf16_pair_rows_ukernel_fn)(const float *lo, const float *hi, uint32_t *dst);
 
 /* Pairs two float32 rows a, b (b NULL: zeros) as pair_rows does into hi,
@@ -97,7 +119,7 @@ typedef void (*fmha_bf16_pair_rows_split_ukernel_fn)(const float *a, const float
                                                      uint32_t *lo);
 
 typedef struct fmha_ukernels {
-    const char *isa;                      /* "scalar", "avx2", "avx512" */
+    const char *isa;                      /* its name in the registry, e.g. "avx2" */
     size_t mr;                            /* rows of a GEMM microtile (MR) */
     size_t nr;                            /* lanes of a GEMM microtile (NR); queries per block */
     size_t block_kv;                      /* keys per tile in the tiled forward (Bc) */
@@ -113,9 +135,12 @@ typedef struct fmha_ukernels {
     fmha_bf16_pair_rows_split_ukernel_fn pair_rows_split_bf16;
 } fmha_ukernels;
 
-/* One table per ISA; a table is only usable if the CPU supports its ISA. */
-extern const fmha_ukernels fmha_ukernels_scalar;
-extern const fmha_ukernels fmha_ukernels_avx2;
-extern const fmha_ukernels fmha_ukernels_avx512;
+/* One table per ISA; a table is only usable if the CPU supports its ISA
+ * (fmha_isa_supported in src/cpu.h). */
+extern const fmha_ukernels fmha_ukernels_scalar;     /* any CPU: src/uk/scalar */
+extern const fmha_ukernels fmha_ukernels_avx2;       /* AVX2 + FMA: src/uk/avx2 */
+extern const fmha_ukernels fmha_ukernels_avx512;     /* AVX-512 F/BW/VL/DQ: src/uk/avx512 */
+extern const fmha_ukernels fmha_ukernels_avx512bf16; /* avx512's float32 kernels + bf16 pair
+                                                        kernels: src/uk/avx512bf16 */
 
 #endif /* FMHA_UKERNEL_H */

@@ -39,15 +39,18 @@
 #define G_FLOOR 1e-6  /* times the natural size N, see above */
 #define G_ONEHOT 1e-4 /* the floor for dQ, dK with a one-hot softmax */
 
-#define N_ISA 4
-static const char *isa_names[N_ISA] = {"scalar", "avx2", "avx512", "avx512bf16"};
-static int isa_ok[N_ISA];
+/* The ISAs of the registry (src/cpu.c), in its order; isa_ok: those this
+ * CPU runs. */
+#define MAX_ISA 8
+static int n_isa;
+static int isa_ok[MAX_ISA];
+static const char *isa_name(int i) { return fmha_isa_at((size_t)i)->name; }
 static const char *isa_default;
 static int verbose; /* FMHA_TEST_VERBOSE=1 prints every case's worst errors */
 static int case_index;
 
 /* worst [strategy][isa][dq, dk, dv]: elementwise ratio and rel L2 */
-static double worst_ratio[4][N_ISA][3], worst_rel[4][N_ISA][3];
+static double worst_ratio[4][MAX_ISA][3], worst_rel[4][MAX_ISA][3];
 
 static float sentinel(void) {
     uint32_t u = 0x7fc0beefu;
@@ -197,13 +200,13 @@ static void run_case(const char *name, const fmha_problem *p, const float *q, co
     int printed = 0;
     int64_t no[4];
     const int64_t *ost = tu_shape(p, 'o', no);
-    for (int ii = 0; ii < N_ISA; ii++) {
+    for (int ii = 0; ii < n_isa; ii++) {
         if (!isa_ok[ii]) continue;
-        fmha_cpu_force_isa(isa_names[ii]);
+        fmha_cpu_force_isa(isa_name(ii));
         for (int s = 0; s < 4; s++) {
             char what[256];
             snprintf(what, sizeof what, "%s [%s, %s, ws %d]", name, tu_strategy_name(s),
-                     isa_names[ii], ws_mode);
+                     isa_name(ii), ws_mode);
             fmha_problem pp = *p;
             pp.strategy = (fmha_strategy)s;
             /* o, lse from the library's forward; gradients start as sentinel */
@@ -222,7 +225,7 @@ static void run_case(const char *name, const fmha_problem *p, const float *q, co
                 }
             }
             /* forward_backward, once per strategy under the default ISA */
-            if (!strcmp(isa_names[ii], isa_default)) {
+            if (!strcmp(isa_name(ii), isa_default)) {
                 float *o2 = tu_new_output(&pp, 'o', sent), *lse2 = malloc(c.n_l * sizeof(float));
                 float *g2[3] = {tu_new_output(&pp, 'q', sent), tu_new_output(&pp, 'k', sent),
                                 tu_new_output(&pp, 'v', sent)};
@@ -383,9 +386,9 @@ static void determinism(void) {
             const int64_t *st = tu_shape(&p, which[t], n);
             span[t] = tu_span(st, n);
         }
-        for (int ii = 0; ii < N_ISA; ii++) {
+        for (int ii = 0; ii < n_isa; ii++) {
             if (!isa_ok[ii]) continue;
-            fmha_cpu_force_isa(isa_names[ii]);
+            fmha_cpu_force_isa(isa_name(ii));
             for (int s = 0; s < 4; s++) {
                 p.strategy = (fmha_strategy)s;
                 /* o, lse from one forward, shared by every thread count */
@@ -411,7 +414,7 @@ static void determinism(void) {
                     }
                 }
                 tu_check(same, "determinism case %d [%s, %s]: gradients differ across 1/2/7 threads",
-                         c, tu_strategy_name(s), isa_names[ii]);
+                         c, tu_strategy_name(s), isa_name(ii));
                 for (int t = 0; t < 3; t++) free(first[t]);
                 free(o), free(lse);
             }
@@ -459,9 +462,14 @@ static void errors(void) {
 int main(void) {
     tu_seed();
     verbose = getenv("FMHA_TEST_VERBOSE") != NULL;
+    n_isa = (int)fmha_isa_count();
+    if (!tu_check(n_isa <= MAX_ISA, "%d registered ISAs, room for %d", n_isa, MAX_ISA))
+        return tu_finish();
     printf("ISAs:");
-    for (int i = 0; i < N_ISA; i++)
-        if ((isa_ok[i] = fmha_cpu_kernels_for(isa_names[i]) != NULL)) printf(" %s", isa_names[i]);
+    for (int i = 0; i < n_isa; i++)
+        if ((isa_ok[i] = fmha_isa_supported(fmha_isa_at((size_t)i)))) printf(" %s", isa_name(i));
+    for (int i = 0; i < n_isa; i++)
+        if (!isa_ok[i]) printf(" [%s: not supported here, skipped]", isa_name(i));
     isa_default = fmha_cpu_kernels()->isa;
     printf(" (default %s), threads %d\n", isa_default, fmha_get_num_threads());
     errors();
@@ -472,10 +480,10 @@ int main(void) {
     printf("worst per strategy and ISA: ratio (<= 1) and rel L2 (<= %.0e) of dQ, dK, dV\n",
            G_REL_L2);
     for (int s = 0; s < 4; s++)
-        for (int i = 0; i < N_ISA; i++)
+        for (int i = 0; i < n_isa; i++)
             if (isa_ok[i])
                 printf("  %-8s %-10s  dq %.3f %.2e  dk %.3f %.2e  dv %.3f %.2e\n",
-                       tu_strategy_name(s), isa_names[i], worst_ratio[s][i][0], worst_rel[s][i][0],
+                       tu_strategy_name(s), isa_name(i), worst_ratio[s][i][0], worst_rel[s][i][0],
                        worst_ratio[s][i][1], worst_rel[s][i][1], worst_ratio[s][i][2],
                        worst_rel[s][i][2]);
     return tu_finish();

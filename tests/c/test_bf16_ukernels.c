@@ -1,27 +1,39 @@
-/* test_bf16_ukernels.c: the AVX-512 BF16 microkernels against their scalar
- * specifications, which live here: the pair-packed GEMM against a float64
+/* test_bf16_ukernels.c: the bf16 microkernels of every registered table
+ * that has them (and this CPU runs), and their scalar specifications
+ * (src/uk/scalar/bf16.c) themselves: the pair-packed GEMM against a float64
  * computation on the same bf16 inputs at every m, several pair counts, every
- * mode and both stride patterns, with NaN padding and sentinels around C;
- * the pair-row kernel bit for bit against a scalar round-to-nearest-even
- * (ties, carries into the next binade, overflow, infinities, NaN, signed
- * zeros, subnormals), with and without a high row. On CPUs or builds
- * without AVX512_BF16 it prints why and reports "0 passed, 0 failed". */
+ * mode and both stride patterns, with NaN padding and sentinels around C,
+ * and against the scalar specification; the pair-row kernel bit for bit
+ * against the scalar round-to-nearest-even (ties, carries into the next
+ * binade, overflow, infinities, NaN, signed zeros, subnormals), with and
+ * without a high row; the split pair-row kernel against its specification;
+ * the scalar rounding against hand-worked values. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu.h"
 #include "test_util.h"
+#include "uk/scalar/bf16.h"
 #include "uk/ukernel.h"
-
-#if defined(__x86_64__)
-#include "uk/avx512bf16/bf16.h"
 
 #define SENTINEL 1234.5678f    /* never a kernel output here */
 #define NAN_PAIR 0x7FC07FC0u   /* a pair of bf16 quiet NaNs: padding of A and B */
 #define SENTINEL_WORD 0xA5A5A5A5u
 
-enum { MR = FMHA_AVX512BF16_MR, NR = FMHA_AVX512BF16_NR };
+enum { SPEC_MR = FMHA_SCALAR_BF16_MR, SPEC_NR = FMHA_SCALAR_BF16_NR };
+
+/* The scalar specifications as a table of their own, so the same cases run
+ * on them and on the registered tables. */
+static const fmha_ukernels bf16_spec = {
+    .isa = "scalar spec",
+    .mr = SPEC_MR,
+    .nr = SPEC_NR,
+    .gemm_bf16 = fmha_bf16_gemm_ukernel_4x16__scalar,
+    .pair_rows_bf16 = fmha_bf16_pair_rows_ukernel_16__scalar,
+    .pair_rows_split_bf16 = fmha_bf16_pair_rows_split_ukernel_16__scalar,
+};
 
 static void *alloc(size_t bytes) {
     void *p = malloc(bytes ? bytes : 1);
@@ -46,35 +58,24 @@ static float bits_float(uint32_t u) {
 
 static int same_bits(float x, float y) { return float_bits(x) == float_bits(y); }
 
-/* ------------------------------------------------- scalar specifications */
+static double bf16_value(uint16_t h) { return (double)fmha_bf16_widen__scalar(h); }
 
-/* float32 -> bf16, round to nearest even on the bit pattern (exact for
- * normals, subnormals and overflow to inf alike); a NaN keeps its sign and
- * top payload bits and gets the quiet bit, so it stays NaN. */
-static uint16_t bf16_round_spec(float x) {
-    uint32_t u = float_bits(x);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x0040u);
-    u += 0x7FFFu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
+/* The pair-row specification over nr lanes (a multiple of 16). */
+static void spec_pair_rows(size_t nr, const float *lo, const float *hi, uint32_t *dst) {
+    for (size_t j = 0; j < nr; j += SPEC_NR)
+        fmha_bf16_pair_rows_ukernel_16__scalar(lo + j, hi ? hi + j : NULL, dst + j);
 }
 
-static double bf16_value(uint16_t h) { return (double)bits_float((uint32_t)h << 16); }
-
-/* Pair-row specification: dst[i] = (bf16(lo[i]), bf16(hi[i])), hi NULL -> 0. */
-static void pair_rows_spec(const float *lo, const float *hi, uint32_t *dst) {
-    for (size_t i = 0; i < NR; i++)
-        dst[i] = (uint32_t)bf16_round_spec(lo[i]) |
-                 (hi ? (uint32_t)bf16_round_spec(hi[i]) << 16 : 0u);
-}
-
-/* GEMM specification in float64: ref = init + ab_scale * sum over 2 kp
- * products, init = 0, C or C * col_scale by mode; mag = |init| + |ab_scale|
- * sum |product|, the scale of the rounding error of any float32 order. */
-static void gemm_spec(size_t m, size_t kp, const uint32_t *a, ptrdiff_t a_rs, ptrdiff_t a_cs,
-                      const uint32_t *b, size_t ldb, const float *c, size_t ldc, int mode,
-                      const float *col_scale, float ab_scale, double *ref, double *mag) {
+/* float64 reference of the GEMM over nr lanes: ref = init + ab_scale * sum
+ * over 2 kp products, init = 0, C or C * col_scale by mode; mag = |init| +
+ * |ab_scale| sum |product|, the scale of the rounding error of any float32
+ * order. */
+static void gemm_float64(size_t m, size_t nr, size_t kp, const uint32_t *a, ptrdiff_t a_rs,
+                         ptrdiff_t a_cs, const uint32_t *b, size_t ldb, const float *c, size_t ldc,
+                         int mode, const float *col_scale, float ab_scale, double *ref,
+                         double *mag) {
     for (size_t r = 0; r < m; r++)
-        for (size_t j = 0; j < NR; j++) {
+        for (size_t j = 0; j < nr; j++) {
             double c0 = c[r * ldc + j];
             double init = mode == FMHA_UK_STORE        ? 0.0
                           : mode == FMHA_UK_ACCUMULATE ? c0
@@ -87,9 +88,67 @@ static void gemm_spec(size_t m, size_t kp, const uint32_t *a, ptrdiff_t a_rs, pt
                 sum += lo + hi;
                 sum_abs += fabs(lo) + fabs(hi);
             }
-            ref[r * NR + j] = init + (double)ab_scale * sum;
-            mag[r * NR + j] = fabs(init) + fabs((double)ab_scale) * sum_abs;
+            ref[r * nr + j] = init + (double)ab_scale * sum;
+            mag[r * nr + j] = fabs(init) + fabs((double)ab_scale) * sum_abs;
         }
+}
+
+/* -------------------------------------------------------- bf16 rounding */
+
+/* Inputs with a known rounding, as float32 bit patterns, and the bf16 bits
+ * of round-to-nearest-even worked out by hand. */
+static const struct {
+    uint32_t in;
+    uint16_t want;
+} special_cases[] = {
+    {0x3F800000u, 0x3F80u}, /* 1.0, exact */
+    {0x3F808000u, 0x3F80u}, /* tie between 0x3F80 (even) and 0x3F81: down */
+    {0x3F818000u, 0x3F82u}, /* tie between 0x3F81 (odd) and 0x3F82: up */
+    {0xBF808000u, 0xBF80u}, /* negative tie: down in magnitude */
+    {0xBF818000u, 0xBF82u}, /* negative tie: up in magnitude */
+    {0x3F808001u, 0x3F81u}, /* just above a tie: up */
+    {0x3F807FFFu, 0x3F80u}, /* just below a tie: down */
+    {0x3FFFFFFFu, 0x4000u}, /* carries into the next binade: 2.0 */
+    {0x3FFF8000u, 0x4000u}, /* tie with odd mantissa at the binade top: 2.0 */
+    {0xBF7F8000u, 0xBF80u}, /* negative tie carrying into -1.0 */
+    {0x7F7FFFFFu, 0x7F80u}, /* FLT_MAX: rounds up to +inf */
+    {0x7F7F8000u, 0x7F80u}, /* tie at the top, odd: +inf */
+    {0x7F7F7FFFu, 0x7F7Fu}, /* just below that tie: largest finite bf16 */
+    {0xFF7FFFFFu, 0xFF80u}, /* -FLT_MAX: -inf */
+    {0x7F800000u, 0x7F80u}, /* +inf */
+    {0xFF800000u, 0xFF80u}, /* -inf */
+    {0x7FC00000u, 0x7FC0u}, /* quiet NaN */
+    {0xFFC00000u, 0xFFC0u}, /* negative quiet NaN */
+    {0x7F800001u, 0x7FC0u}, /* signalling NaN whose payload is all in the low half */
+    {0xFF800001u, 0xFFC0u}, /* negative of that */
+    {0x7FFFFFFFu, 0x7FFFu}, /* NaN that a naive rounding would carry into the sign */
+    {0xFFFFFFFFu, 0xFFFFu}, /* negative NaN with all payload bits */
+    {0x00000000u, 0x0000u}, /* +0 */
+    {0x80000000u, 0x8000u}, /* -0 */
+    {0x00800000u, 0x0080u}, /* smallest normal */
+    {0x80808000u, 0x8080u}, /* negative tiny normal tie: down */
+    {0x00000001u, 0x0000u}, /* smallest subnormal */
+    {0x007FFFFFu, 0x0080u}, /* largest subnormal (RNE: smallest normal) */
+    {0x807FFFFFu, 0x8080u}, /* its negative */
+    {0x00408000u, 0x0040u}, /* subnormal tie */
+    {0x40490FDBu, 0x4049u}, /* pi */
+    {0xC2F6E979u, 0xC2F7u}, /* -123.456 */
+};
+enum { N_SPECIAL = sizeof special_cases / sizeof special_cases[0] };
+
+/* The scalar rounding against the hand-worked values. */
+static void test_round_spec(void) {
+    size_t wrong = 0;
+    for (size_t i = 0; i < N_SPECIAL; i++) {
+        uint16_t got = fmha_bf16_round__scalar(bits_float(special_cases[i].in));
+        if (got != special_cases[i].want) {
+            printf("  bf16 round 0x%08X -> 0x%04X, want 0x%04X\n", (unsigned)special_cases[i].in,
+                   got, special_cases[i].want);
+            wrong++;
+        }
+    }
+    tu_check(wrong == 0, "scalar bf16 rounding: %zu of %d hand-worked values wrong", wrong,
+             (int)N_SPECIAL);
 }
 
 /* ----------------------------------------------------------------- GEMM */
@@ -99,12 +158,13 @@ static const char *const mode_names[] = {"store", "accumulate", "rescale"};
 /* A random pair of bf16 values in [-1, 1] (normal or zero: the instruction
  * flushes subnormal inputs and results, which the bound below excludes). */
 static uint32_t random_pair(void) {
-    uint16_t lo = bf16_round_spec((float)tu_uniform(-1.0, 1.0));
-    uint16_t hi = bf16_round_spec((float)tu_uniform(-1.0, 1.0));
+    uint16_t lo = fmha_bf16_round__scalar((float)tu_uniform(-1.0, 1.0));
+    uint16_t hi = fmha_bf16_round__scalar((float)tu_uniform(-1.0, 1.0));
     return (uint32_t)lo | (uint32_t)hi << 16;
 }
 
-/* One GEMM call at (m, kp, mode, pattern) against the float64 spec.
+/* One GEMM call of u at (m, kp, mode, pattern) against float64 and (for a
+ * SIMD table) the scalar specification run per 4 x 16 piece.
  * pattern 0: a_cs = 1, a_rs = kp + 3; pattern 1: a_rs = 1, a_cs = m + 2.
  * ldb = NR + 5 and ldc = NR + 3, so rows are not 64-byte aligned. A and B
  * padding holds NaN pairs (a read shows in C); buffers are exactly as long
@@ -115,9 +175,11 @@ static uint32_t random_pair(void) {
  * final fma. With u = 2^-24:
  *   |c - ref| <= (2 kp + 5) u mag
  * an absolute bound that holds under cancellation (atol = (2 kp + 5) u mag,
- * rtol = 0), where a relative one would not. */
-static double gemm_case(size_t m, size_t kp, int mode, int pattern, float ab_scale) {
-    const size_t ldb = NR + 5, ldc = NR + 3, c_len = (MR + 1) * ldc;
+ * rtol = 0), where a relative one would not. Kernel and specification each
+ * meet it, so they differ by at most (4 kp + 10) u mag. */
+static double gemm_case(const fmha_ukernels *u, size_t m, size_t kp, int mode, int pattern,
+                        float ab_scale) {
+    const size_t nr = u->nr, mr = u->mr, ldb = nr + 5, ldc = nr + 3, c_len = (mr + 1) * ldc;
     ptrdiff_t a_rs, a_cs;
     size_t a_len;
     if (pattern == 0) {
@@ -129,11 +191,11 @@ static double gemm_case(size_t m, size_t kp, int mode, int pattern, float ab_sca
         a_cs = (ptrdiff_t)m + 2;
         a_len = kp ? (kp - 1) * (size_t)a_cs + m : 0;
     }
-    const size_t b_len = kp ? (kp - 1) * ldb + NR : 0;
+    const size_t b_len = kp ? (kp - 1) * ldb + nr : 0;
     uint32_t *a = alloc(a_len * sizeof *a), *b = alloc(b_len * sizeof *b);
-    float *scale = alloc(NR * sizeof *scale), *c = alloc(c_len * sizeof *c);
-    float *c_init = alloc(c_len * sizeof *c_init);
-    double *ref = alloc(m * NR * sizeof *ref), *mag = alloc(m * NR * sizeof *mag);
+    float *scale = alloc(nr * sizeof *scale), *c = alloc(c_len * sizeof *c);
+    float *c_init = alloc(c_len * sizeof *c_init), *c_spec = alloc(c_len * sizeof *c_spec);
+    double *ref = alloc(m * nr * sizeof *ref), *mag = alloc(m * nr * sizeof *mag);
 
     for (size_t i = 0; i < a_len; i++) a[i] = NAN_PAIR;
     for (size_t r = 0; r < m; r++)
@@ -141,99 +203,124 @@ static double gemm_case(size_t m, size_t kp, int mode, int pattern, float ab_sca
             a[(ptrdiff_t)r * a_rs + (ptrdiff_t)p * a_cs] = random_pair();
     for (size_t i = 0; i < b_len; i++) b[i] = NAN_PAIR;
     for (size_t p = 0; p < kp; p++)
-        for (size_t j = 0; j < NR; j++) b[p * ldb + j] = random_pair();
-    tu_fill(scale, NR, 0.0, 2.0);
+        for (size_t j = 0; j < nr; j++) b[p * ldb + j] = random_pair();
+    tu_fill(scale, nr, 0.0, 2.0);
     /* STORE must not read C: its rows start as NaN. Outside the m x NR tile
      * everything is a sentinel that must survive. */
     for (size_t i = 0; i < c_len; i++) c_init[i] = SENTINEL;
     for (size_t r = 0; r < m; r++)
-        for (size_t j = 0; j < NR; j++)
+        for (size_t j = 0; j < nr; j++)
             c_init[r * ldc + j] = mode == FMHA_UK_STORE ? NAN : (float)tu_uniform(-4.0, 4.0);
     memcpy(c, c_init, c_len * sizeof *c);
 
-    gemm_spec(m, kp, a, a_rs, a_cs, b, ldb, c_init, ldc, mode, scale, ab_scale, ref, mag);
-    fmha_bf16_gemm_ukernel_6x64__avx512bf16(m, kp, a, a_rs, a_cs, b, ldb, c, ldc, mode,
-                                            mode == FMHA_UK_RESCALE ? scale : NULL, ab_scale);
+    gemm_float64(m, nr, kp, a, a_rs, a_cs, b, ldb, c_init, ldc, mode, scale, ab_scale, ref, mag);
+    u->gemm_bf16(m, kp, a, a_rs, a_cs, b, ldb, c, ldc, mode,
+                 mode == FMHA_UK_RESCALE ? scale : NULL, ab_scale);
 
     double worst = 0.0;
     size_t clobbered = 0;
-    for (size_t r = 0; r < MR + 1; r++)
+    for (size_t r = 0; r < mr + 1; r++)
         for (size_t j = 0; j < ldc; j++) {
             float x = c[r * ldc + j];
-            if (r >= m || j >= NR) {
+            if (r >= m || j >= nr) {
                 clobbered += !same_bits(x, c_init[r * ldc + j]);
                 continue;
             }
-            double tol = (double)(2 * kp + 5) * 0x1p-24 * mag[r * NR + j] + 1e-30;
-            double ratio = isfinite(x) ? fabs((double)x - ref[r * NR + j]) / tol : INFINITY;
+            double tol = (double)(2 * kp + 5) * 0x1p-24 * mag[r * nr + j] + 1e-30;
+            double ratio = isfinite(x) ? fabs((double)x - ref[r * nr + j]) / tol : INFINITY;
             if (ratio > worst) worst = ratio;
         }
     tu_check(worst <= 1.0 && clobbered == 0,
-             "bf16 gemm m=%zu kp=%zu %s %s ab_scale=%g: worst error/tolerance %.3g, "
+             "%s bf16 gemm m=%zu kp=%zu %s %s ab_scale=%g: worst error/tolerance %.3g, "
              "%zu sentinels overwritten",
-             m, kp, mode_names[mode], pattern ? "a_rs=1" : "a_cs=1", (double)ab_scale, worst,
-             clobbered);
+             u->isa, m, kp, mode_names[mode], pattern ? "a_rs=1" : "a_cs=1", (double)ab_scale,
+             worst, clobbered);
+
+    if (u != &bf16_spec) {
+        memcpy(c_spec, c_init, c_len * sizeof *c_spec);
+        for (size_t r0 = 0; r0 < m; r0 += SPEC_MR)
+            for (size_t j0 = 0; j0 < nr; j0 += SPEC_NR) {
+                size_t rows = m - r0 < SPEC_MR ? m - r0 : SPEC_MR;
+                fmha_bf16_gemm_ukernel_4x16__scalar(
+                    rows, kp, a + (ptrdiff_t)r0 * a_rs, a_rs, a_cs, b + j0, ldb,
+                    c_spec + r0 * ldc + j0, ldc, mode, mode == FMHA_UK_RESCALE ? scale + j0 : NULL,
+                    ab_scale);
+            }
+        double worst_vs_spec = 0.0;
+        for (size_t r = 0; r < m; r++)
+            for (size_t j = 0; j < nr; j++) {
+                double tol = (double)(4 * kp + 10) * 0x1p-24 * mag[r * nr + j] + 1e-30;
+                double d = fabs((double)c[r * ldc + j] - (double)c_spec[r * ldc + j]) / tol;
+                if (!(d <= worst_vs_spec)) worst_vs_spec = isnan(d) ? INFINITY : d;
+            }
+        tu_check(worst_vs_spec <= 1.0,
+                 "%s bf16 gemm m=%zu kp=%zu %s %s ab_scale=%g vs scalar spec: worst "
+                 "difference/tolerance %.3g",
+                 u->isa, m, kp, mode_names[mode], pattern ? "a_rs=1" : "a_cs=1",
+                 (double)ab_scale, worst_vs_spec);
+    }
     free(a);
     free(b);
     free(scale);
     free(c);
     free(c_init);
+    free(c_spec);
     free(ref);
     free(mag);
     return worst;
 }
 
-static void test_gemm(void) {
+static void test_gemm(const fmha_ukernels *u) {
     static const size_t kps[] = {0, 1, 3, 32, 64, 128};
     static const float scales[] = {0.08838835f, -1.75f, 3.0f};
     double worst = 0.0;
     int cases = 0;
-    for (size_t m = 1; m <= MR; m++)
+    for (size_t m = 1; m <= u->mr; m++)
         for (size_t ki = 0; ki < sizeof kps / sizeof kps[0]; ki++)
             for (int mode = 0; mode < 3; mode++)
                 for (int pattern = 0; pattern < 2; pattern++) {
                     float s = scales[(m + ki + (size_t)mode + (size_t)pattern) % 3];
-                    double w = gemm_case(m, kps[ki], mode, pattern, s);
+                    double w = gemm_case(u, m, kps[ki], mode, pattern, s);
                     if (w > worst) worst = w;
                     cases++;
                 }
-    printf("bf16 gemm: %d cases, worst error/tolerance %.3g\n", cases, worst);
+    printf("%s bf16 gemm: %d cases, worst error/tolerance %.3g\n", u->isa, cases, worst);
 }
 
-/* The kernel on a realistic forward tile: P^T rows (probabilities) paired
- * by the pair-row kernel as B, V^T pairs as A, RESCALE with alpha; checks
+/* The kernels on a realistic forward tile: P^T rows (probabilities) paired
+ * by u's pair-row kernel as B, V^T pairs as A, RESCALE with alpha; checks
  * the two kernels agree on the layout (low half = even key). */
-static void test_pair_then_gemm(void) {
-    enum { KEYS = 64, ROWS = MR };
-    float *p_t = alloc(KEYS * NR * sizeof *p_t);
-    uint32_t *b = alloc(KEYS / 2 * NR * sizeof *b), *v_t = alloc(ROWS * KEYS / 2 * sizeof *v_t);
-    float *c = alloc(ROWS * NR * sizeof *c), *c_init = alloc(ROWS * NR * sizeof *c_init);
-    float *alpha = alloc(NR * sizeof *alpha);
-    double *ref = alloc(ROWS * NR * sizeof *ref), *mag = alloc(ROWS * NR * sizeof *mag);
-    tu_fill(p_t, KEYS * NR, 0.0, 1.0);
-    for (size_t i = 0; i < ROWS * KEYS / 2; i++) v_t[i] = random_pair();
-    tu_fill(c_init, ROWS * NR, -2.0, 2.0);
-    tu_fill(alpha, NR, 0.0, 1.0);
+static void test_pair_then_gemm(const fmha_ukernels *u) {
+    enum { KEYS = 64 };
+    const size_t nr = u->nr, rows = u->mr;
+    float *p_t = alloc(KEYS * nr * sizeof *p_t);
+    uint32_t *b = alloc(KEYS / 2 * nr * sizeof *b), *v_t = alloc(rows * KEYS / 2 * sizeof *v_t);
+    float *c = alloc(rows * nr * sizeof *c), *c_init = alloc(rows * nr * sizeof *c_init);
+    float *alpha = alloc(nr * sizeof *alpha);
+    double *ref = alloc(rows * nr * sizeof *ref), *mag = alloc(rows * nr * sizeof *mag);
+    tu_fill(p_t, KEYS * nr, 0.0, 1.0);
+    for (size_t i = 0; i < rows * KEYS / 2; i++) v_t[i] = random_pair();
+    tu_fill(c_init, rows * nr, -2.0, 2.0);
+    tu_fill(alpha, nr, 0.0, 1.0);
     for (size_t p = 0; p < KEYS / 2; p++)
-        fmha_bf16_pair_rows_ukernel_64__avx512bf16(p_t + 2 * p * NR, p_t + (2 * p + 1) * NR,
-                                                   b + p * NR);
-    memcpy(c, c_init, ROWS * NR * sizeof *c);
-    fmha_bf16_gemm_ukernel_6x64__avx512bf16(ROWS, KEYS / 2, v_t, KEYS / 2, 1, b, NR, c, NR,
-                                            FMHA_UK_RESCALE, alpha, 1.0f);
-    /* The reference rounds P itself, so it also checks the pairing. */
-    uint32_t *b_spec = alloc(KEYS / 2 * NR * sizeof *b_spec);
+        u->pair_rows_bf16(p_t + 2 * p * nr, p_t + (2 * p + 1) * nr, b + p * nr);
+    memcpy(c, c_init, rows * nr * sizeof *c);
+    u->gemm_bf16(rows, KEYS / 2, v_t, KEYS / 2, 1, b, nr, c, nr, FMHA_UK_RESCALE, alpha, 1.0f);
+    /* The reference pairs P with the specification, so it also checks the
+     * pairing. */
+    uint32_t *b_spec = alloc(KEYS / 2 * nr * sizeof *b_spec);
     for (size_t p = 0; p < KEYS / 2; p++)
-        pair_rows_spec(p_t + 2 * p * NR, p_t + (2 * p + 1) * NR, b_spec + p * NR);
-    gemm_spec(ROWS, KEYS / 2, v_t, KEYS / 2, 1, b_spec, NR, c_init, NR, FMHA_UK_RESCALE, alpha,
-              1.0f, ref, mag);
+        spec_pair_rows(nr, p_t + 2 * p * nr, p_t + (2 * p + 1) * nr, b_spec + p * nr);
+    gemm_float64(rows, nr, KEYS / 2, v_t, KEYS / 2, 1, b_spec, nr, c_init, nr, FMHA_UK_RESCALE,
+                 alpha, 1.0f, ref, mag);
     double worst = 0.0;
-    for (size_t i = 0; i < ROWS * NR; i++) {
+    for (size_t i = 0; i < rows * nr; i++) {
         double tol = (double)(KEYS + 5) * 0x1p-24 * mag[i] + 1e-30;
         double ratio = isfinite(c[i]) ? fabs((double)c[i] - ref[i]) / tol : INFINITY;
         if (ratio > worst) worst = ratio;
     }
-    tu_check(memcmp(b, b_spec, KEYS / 2 * NR * sizeof *b) == 0 && worst <= 1.0,
-             "bf16 pair rows then gemm (P V): worst error/tolerance %.3g", worst);
+    tu_check(memcmp(b, b_spec, KEYS / 2 * nr * sizeof *b) == 0 && worst <= 1.0,
+             "%s bf16 pair rows then gemm (P V): worst error/tolerance %.3g", u->isa, worst);
     free(p_t);
     free(b);
     free(b_spec);
@@ -247,42 +334,6 @@ static void test_pair_then_gemm(void) {
 
 /* ------------------------------------------------------------ pair rows */
 
-/* Inputs with a known rounding, as float32 bit patterns. */
-static const uint32_t special_bits[] = {
-    0x3F800000u, /* 1.0, exact */
-    0x3F808000u, /* tie between 0x3F80 (even) and 0x3F81: down */
-    0x3F818000u, /* tie between 0x3F81 (odd) and 0x3F82: up */
-    0xBF808000u, /* negative tie: down in magnitude */
-    0xBF818000u, /* negative tie: up in magnitude */
-    0x3F808001u, /* just above a tie: up */
-    0x3F807FFFu, /* just below a tie: down */
-    0x3FFFFFFFu, /* carries into the next binade: 2.0 */
-    0x3FFF8000u, /* tie with odd mantissa at the binade top: 2.0 */
-    0xBF7F8000u, /* negative tie carrying into -1.0 */
-    0x7F7FFFFFu, /* FLT_MAX: rounds up to +inf */
-    0x7F7F8000u, /* tie at the top, odd: +inf */
-    0x7F7F7FFFu, /* just below that tie: largest finite bf16 */
-    0xFF7FFFFFu, /* -FLT_MAX: -inf */
-    0x7F800000u, /* +inf */
-    0xFF800000u, /* -inf */
-    0x7FC00000u, /* quiet NaN */
-    0xFFC00000u, /* negative quiet NaN */
-    0x7F800001u, /* signalling NaN whose payload is all in the low half */
-    0xFF800001u, /* negative of that */
-    0x7FFFFFFFu, /* NaN that a naive rounding would carry into the sign */
-    0xFFFFFFFFu, /* negative NaN with all payload bits */
-    0x00000000u, /* +0 */
-    0x80000000u, /* -0 */
-    0x00800000u, /* smallest normal */
-    0x80808000u, /* negative tiny normal tie: down */
-    0x00000001u, /* smallest subnormal */
-    0x007FFFFFu, /* largest subnormal (RNE: smallest normal) */
-    0x807FFFFFu, /* its negative */
-    0x00408000u, /* subnormal tie */
-    0x40490FDBu, /* pi */
-    0xC2F6E979u, /* -123.456 */
-};
-
 static int is_nan_bf16(uint16_t h) { return (h & 0x7F80u) == 0x7F80u && (h & 0x007Fu) != 0; }
 
 static int is_subnormal_f32(uint32_t u) { return (u & 0x7F800000u) == 0 && (u & 0x007FFFFFu) != 0; }
@@ -291,7 +342,7 @@ static int is_subnormal_f32(uint32_t u) { return (u & 0x7F800000u) == 0 && (u & 
  * NaN must stay NaN with its sign; a float32 subnormal may also become a
  * zero of its sign (vcvtne2ps2bf16 treats subnormal inputs as zero). */
 static int half_ok(uint32_t u, uint16_t got) {
-    uint16_t want = bf16_round_spec(bits_float(u));
+    uint16_t want = fmha_bf16_round__scalar(bits_float(u));
     if (is_nan_bf16(want)) return is_nan_bf16(got) && (got & 0x8000u) == (want & 0x8000u);
     if (got == want) return 1;
     return is_subnormal_f32(u) && got == (uint16_t)((u >> 16) & 0x8000u);
@@ -299,103 +350,166 @@ static int half_ok(uint32_t u, uint16_t got) {
 
 static int subnormals_flushed;
 
-/* One pair-row call on lo and hi (hi may be NULL), with the rows and dst
- * at `offset` floats past an exact-size allocation and sentinels around
+/* One pair-row call of u on lo and hi (hi may be NULL), with the rows and
+ * dst at `offset` floats past an exact-size allocation and sentinels around
  * dst. Returns the number of wrong halves. */
-static size_t pair_case(const uint32_t *lo_bits, const uint32_t *hi_bits, size_t offset,
-                        const char *what) {
-    float *lo_buf = alloc((NR + offset) * sizeof(float));
-    float *hi_buf = alloc((NR + offset) * sizeof(float));
-    uint32_t *dst_buf = alloc((NR + offset + 1) * sizeof(uint32_t));
+static size_t pair_case(const fmha_ukernels *u, const uint32_t *lo_bits, const uint32_t *hi_bits,
+                        size_t offset, const char *what) {
+    const size_t nr = u->nr;
+    float *lo_buf = alloc((nr + offset) * sizeof(float));
+    float *hi_buf = alloc((nr + offset) * sizeof(float));
+    uint32_t *dst_buf = alloc((nr + offset + 1) * sizeof(uint32_t));
     float *lo = lo_buf + offset, *hi = hi_bits ? hi_buf + offset : NULL;
     uint32_t *dst = dst_buf + offset;
-    for (size_t i = 0; i < NR; i++) {
+    memset(lo_buf, 0, (nr + offset) * sizeof(float));
+    memset(hi_buf, 0, (nr + offset) * sizeof(float));
+    for (size_t i = 0; i < nr; i++) {
         lo[i] = bits_float(lo_bits[i]);
         if (hi) hi[i] = bits_float(hi_bits[i]);
     }
-    for (size_t i = 0; i < NR + offset + 1; i++) dst_buf[i] = SENTINEL_WORD;
+    for (size_t i = 0; i < nr + offset + 1; i++) dst_buf[i] = SENTINEL_WORD;
 
-    fmha_bf16_pair_rows_ukernel_64__avx512bf16(lo, hi, dst);
+    u->pair_rows_bf16(lo, hi, dst);
 
     size_t wrong = 0, clobbered = 0;
     for (size_t i = 0; i < offset; i++) clobbered += dst_buf[i] != SENTINEL_WORD;
-    clobbered += dst[NR] != SENTINEL_WORD;
-    for (size_t i = 0; i < NR; i++) {
+    clobbered += dst[nr] != SENTINEL_WORD;
+    for (size_t i = 0; i < nr; i++) {
         uint16_t got_lo = (uint16_t)dst[i], got_hi = (uint16_t)(dst[i] >> 16);
         int ok = half_ok(lo_bits[i], got_lo) && (hi ? half_ok(hi_bits[i], got_hi) : got_hi == 0);
-        if (is_subnormal_f32(lo_bits[i]) && got_lo != bf16_round_spec(lo[i]))
+        if (is_subnormal_f32(lo_bits[i]) && got_lo != fmha_bf16_round__scalar(lo[i]))
             subnormals_flushed = 1;
         if (!ok && wrong++ < 4)
             printf("  %s word %zu: lo 0x%08X -> 0x%04X (spec 0x%04X), hi 0x%08X -> 0x%04X "
                    "(spec 0x%04X)\n",
-                   what, i, (unsigned)lo_bits[i], got_lo, bf16_round_spec(lo[i]),
+                   what, i, (unsigned)lo_bits[i], got_lo, fmha_bf16_round__scalar(lo[i]),
                    hi ? (unsigned)hi_bits[i] : 0u, got_hi,
-                   hi ? bf16_round_spec(hi[i]) : 0u);
+                   hi ? fmha_bf16_round__scalar(hi[i]) : 0u);
     }
     tu_check(wrong == 0 && clobbered == 0,
-             "bf16 pair rows %s (%s, offset %zu): %zu wrong words, %zu sentinels overwritten",
-             what, hi ? "two rows" : "hi NULL", offset, wrong, clobbered);
+             "%s bf16 pair rows %s (%s, offset %zu): %zu wrong words, %zu sentinels overwritten",
+             u->isa, what, hi ? "two rows" : "hi NULL", offset, wrong, clobbered);
     free(lo_buf);
     free(hi_buf);
     free(dst_buf);
     return wrong;
 }
 
-static void test_pair_rows(void) {
-    const size_t n_special = sizeof special_bits / sizeof special_bits[0];
-    uint32_t lo[NR], hi[NR];
+static void test_pair_rows(const fmha_ukernels *u) {
+    const size_t nr = u->nr;
+    uint32_t *lo = alloc(nr * sizeof *lo), *hi = alloc(nr * sizeof *hi);
     /* Every special value in both halves, against every other one. */
-    for (size_t shift = 0; shift < n_special; shift += 5)
+    for (size_t shift = 0; shift < N_SPECIAL; shift += 5)
         for (size_t offset = 0; offset < 2; offset++) {
-            for (size_t i = 0; i < NR; i++) {
-                lo[i] = special_bits[i % n_special];
-                hi[i] = special_bits[(i + shift + 1) % n_special];
+            for (size_t i = 0; i < nr; i++) {
+                lo[i] = special_cases[i % N_SPECIAL].in;
+                hi[i] = special_cases[(i + shift + 1) % N_SPECIAL].in;
             }
-            pair_case(lo, hi, offset, "special values");
-            pair_case(lo, NULL, offset, "special values");
+            pair_case(u, lo, hi, offset, "special values");
+            pair_case(u, lo, NULL, offset, "special values");
         }
     /* Random bit patterns (every class), and values on or next to a tie. */
     for (int round = 0; round < 200; round++) {
-        for (size_t i = 0; i < NR; i++) {
+        for (size_t i = 0; i < nr; i++) {
             lo[i] = (uint32_t)tu_next();
             hi[i] = (uint32_t)tu_next();
         }
-        pair_case(lo, hi, (size_t)round % 2, "random bits");
-        for (size_t i = 0; i < NR; i++) {
+        pair_case(u, lo, hi, (size_t)round % 2, "random bits");
+        for (size_t i = 0; i < nr; i++) {
             uint32_t low16 = 0x8000u + (uint32_t)tu_int(-1, 1);
             lo[i] = ((uint32_t)tu_next() & 0xFFFF0000u) | low16;
             hi[i] = ((uint32_t)tu_next() & 0xFFFF0000u) | (0x8000u + (uint32_t)tu_int(-1, 1));
         }
-        pair_case(lo, hi, (size_t)round % 2, "near ties");
-        pair_case(lo, NULL, (size_t)round % 2, "near ties");
+        pair_case(u, lo, hi, (size_t)round % 2, "near ties");
+        pair_case(u, lo, NULL, (size_t)round % 2, "near ties");
     }
-    printf("bf16 pair rows: float32 subnormal inputs %s\n",
-           subnormals_flushed ? "become signed zeros (DAZ)" : "rounded like normals");
+    free(lo);
+    free(hi);
 }
 
-static int cpu_has_avx512bf16(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512bf16");
+/* ------------------------------------------------------ split pair rows */
+
+/* A float32 with no subnormal in sight: |x| in [2^-60, 2^61), its bf16
+ * rounding residual normal too; 1 in 16 an infinity, NaN or zero. */
+static float split_input(void) {
+    static const float specials[] = {INFINITY, -INFINITY, NAN, 0.0f, -0.0f};
+    if (tu_int(0, 15) == 0) return specials[tu_int(0, 4)];
+    double x = ldexp(tu_uniform(1.0, 2.0), (int)tu_int(-60, 60));
+    return (float)(tu_int(0, 1) ? -x : x);
+}
+
+/* Equal halves, or both NaN. */
+static int same_pair(uint32_t got, uint32_t want) {
+    for (int half = 0; half < 2; half++) {
+        uint16_t g = (uint16_t)(got >> (16 * half)), w = (uint16_t)(want >> (16 * half));
+        if (is_nan_bf16(w) ? !is_nan_bf16(g) : g != w) return 0;
+    }
+    return 1;
+}
+
+/* u's split pair-row kernel against the specification, with b and without. */
+static void test_pair_rows_split(const fmha_ukernels *u) {
+    const size_t nr = u->nr;
+    float *a = alloc(nr * sizeof *a), *b = alloc(nr * sizeof *b);
+    uint32_t *hi = alloc(nr * sizeof *hi), *lo = alloc(nr * sizeof *lo);
+    uint32_t *hi_spec = alloc(nr * sizeof *hi_spec), *lo_spec = alloc(nr * sizeof *lo_spec);
+    size_t wrong = 0;
+    for (int round = 0; round < 100; round++) {
+        for (size_t i = 0; i < nr; i++) {
+            a[i] = split_input();
+            b[i] = split_input();
+        }
+        const float *bb = round % 4 == 3 ? NULL : b;
+        u->pair_rows_split_bf16(a, bb, hi, lo);
+        for (size_t j = 0; j < nr; j += SPEC_NR)
+            fmha_bf16_pair_rows_split_ukernel_16__scalar(a + j, bb ? bb + j : NULL, hi_spec + j,
+                                                         lo_spec + j);
+        for (size_t i = 0; i < nr; i++) {
+            int ok = same_pair(hi[i], hi_spec[i]) && same_pair(lo[i], lo_spec[i]);
+            if (!ok && wrong++ < 4)
+                printf("  %s split word %zu: a %a b %a -> hi 0x%08X lo 0x%08X (spec 0x%08X "
+                       "0x%08X)\n",
+                       u->isa, i, (double)a[i], bb ? (double)b[i] : 0.0, (unsigned)hi[i],
+                       (unsigned)lo[i], (unsigned)hi_spec[i], (unsigned)lo_spec[i]);
+        }
+    }
+    tu_check(wrong == 0, "%s bf16 split pair rows vs scalar spec: %zu wrong words", u->isa, wrong);
+    free(a);
+    free(b);
+    free(hi);
+    free(lo);
+    free(hi_spec);
+    free(lo_spec);
+}
+
+/* Every bf16 kernel of u. */
+static void test_table(const fmha_ukernels *u) {
+    test_pair_rows(u);
+    test_pair_rows_split(u);
+    test_gemm(u);
+    test_pair_then_gemm(u);
 }
 
 int main(void) {
-    if (!cpu_has_avx512bf16()) {
-        printf("skipped: this CPU lacks AVX512_BF16\n");
-        return tu_finish();
-    }
     tu_seed();
-    test_pair_rows();
-    test_gemm();
-    test_pair_then_gemm();
+    test_round_spec();
+    test_table(&bf16_spec);
+    for (size_t i = 0; i < fmha_isa_count(); i++) {
+        const fmha_isa *isa = fmha_isa_at(i);
+        const fmha_ukernels *u = isa->table;
+        if (!u->gemm_bf16 && !u->pair_rows_bf16 && !u->pair_rows_split_bf16) continue;
+        if (!fmha_isa_supported(isa)) {
+            printf("%s: not supported by this CPU, skipped\n", isa->name);
+            continue;
+        }
+        tu_check(u->gemm_bf16 && u->pair_rows_bf16 && u->pair_rows_split_bf16 &&
+                     u->nr % SPEC_NR == 0,
+                 "%s: a table has all three bf16 kernels or none, NR a multiple of 16",
+                 isa->name);
+        subnormals_flushed = 0;
+        test_table(u);
+        printf("%s bf16 pair rows: float32 subnormal inputs %s\n", isa->name,
+               subnormals_flushed ? "become signed zeros (DAZ)" : "rounded like normals");
+    }
     return tu_finish();
 }
-
-#else /* not x86-64: the library has no AVX-512 BF16 kernels */
-
-int main(void) {
-    printf("skipped: AVX512_BF16 kernels are built on x86-64 only\n");
-    return tu_finish();
-}
-
-#endif

@@ -33,13 +33,16 @@
 #define LSE_TOL 1e-5
 #define LSE_GUARD 16 /* sentinel floats after lse */
 
-#define N_ISA 4
-static const char *isa_names[N_ISA] = {"scalar", "avx2", "avx512", "avx512bf16"};
-static int isa_ok[N_ISA];
+/* The ISAs of the registry (src/cpu.c), in its order; isa_ok: those this
+ * CPU runs. */
+#define MAX_ISA 8
+static int n_isa;
+static int isa_ok[MAX_ISA];
+static const char *isa_name(int i) { return fmha_isa_at((size_t)i)->name; }
 static const char *isa_default;
 
 /* worst [strategy][isa]: O ratio, O rel L2, lse ratio */
-static double worst[4][N_ISA][3];
+static double worst[4][MAX_ISA][3];
 
 static float sentinel(void) {
     uint32_t u = 0x7fc0beefu;
@@ -119,13 +122,13 @@ static void run_case(const char *name, const fmha_problem *p, const float *q, co
     int printed = 0;
     double case_worst[3] = {0, 0, 0};
 
-    for (int ii = 0; ii < N_ISA; ii++) {
+    for (int ii = 0; ii < n_isa; ii++) {
         if (!isa_ok[ii]) continue;
-        fmha_cpu_force_isa(isa_names[ii]);
+        fmha_cpu_force_isa(isa_name(ii));
         for (int s = 0; s < 4; s++) {
             char what[256];
             snprintf(what, sizeof what, "%s [%s, %s, ws %d]", name, tu_strategy_name(s),
-                     isa_names[ii], ws_mode);
+                     isa_name(ii), ws_mode);
             fmha_problem pp = *p;
             pp.strategy = (fmha_strategy)s;
             float *o = tu_new_output(&pp, 'o', sent);
@@ -346,9 +349,14 @@ static void large_logit_cases(void) {
 int main(void) {
     tu_seed();
     verbose = getenv("FMHA_TEST_VERBOSE") != NULL;
+    n_isa = (int)fmha_isa_count();
+    if (!tu_check(n_isa <= MAX_ISA, "%d registered ISAs, room for %d", n_isa, MAX_ISA))
+        return tu_finish();
     printf("ISAs:");
-    for (int i = 0; i < N_ISA; i++)
-        if ((isa_ok[i] = fmha_cpu_kernels_for(isa_names[i]) != NULL)) printf(" %s", isa_names[i]);
+    for (int i = 0; i < n_isa; i++)
+        if ((isa_ok[i] = fmha_isa_supported(fmha_isa_at((size_t)i)))) printf(" %s", isa_name(i));
+    for (int i = 0; i < n_isa; i++)
+        if (!isa_ok[i]) printf(" [%s: not supported here, skipped]", isa_name(i));
     isa_default = fmha_cpu_kernels()->isa;
     printf(" (default %s), threads %d\n", isa_default, fmha_get_num_threads());
     check_problem_init();
@@ -358,9 +366,9 @@ int main(void) {
     printf("worst per strategy and ISA: O ratio (<= 1), O rel L2 (<= %.0e), lse ratio (<= 1)\n",
            O_REL_L2);
     for (int s = 0; s < 4; s++)
-        for (int i = 0; i < N_ISA; i++)
+        for (int i = 0; i < n_isa; i++)
             if (isa_ok[i])
-                printf("  %-8s %-10s  %.3f  %.2e  %.3f\n", tu_strategy_name(s), isa_names[i],
+                printf("  %-8s %-10s  %.3f  %.2e  %.3f\n", tu_strategy_name(s), isa_name(i),
                        worst[s][i][0], worst[s][i][1], worst[s][i][2]);
     return tu_finish();
 }

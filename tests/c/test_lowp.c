@@ -26,7 +26,6 @@
 #define BF16_FAST_MAX_VS_ROUNDING 2.0
 #define F16_MAX_REL 2e-3
 
-static const char *isa_names[] = {"scalar", "avx2", "avx512", "avx512bf16"};
 static const char *strategy_names[] = {"auto", "tiled", "dense", "portable"};
 
 static uint16_t to_low(fmha_dtype t, float x) {
@@ -191,22 +190,25 @@ static void check_large_logits(const char *isa) {
 
 int main(void) {
     tu_seed();
-    for (size_t ii = 0; ii < sizeof isa_names / sizeof *isa_names; ii++) {
-        if (fmha_cpu_force_isa(isa_names[ii]) != 0) {
-            printf("skip ISA %s: not supported by this CPU\n", isa_names[ii]);
+    /* every ISA of the registry that this CPU runs */
+    for (size_t ii = 0; ii < fmha_isa_count(); ii++) {
+        const char *isa = fmha_isa_at(ii)->name;
+        if (!fmha_isa_supported(fmha_isa_at(ii))) {
+            printf("skip ISA %s: not supported by this CPU\n", isa);
             continue;
         }
+        fmha_cpu_force_isa(isa);
         for (int t = FMHA_DTYPE_BF16; t <= FMHA_DTYPE_F16; t++)
             for (int s = 0; s < 4; s++) {
                 for (int pr = FMHA_PRECISION_ACCURATE; pr <= FMHA_PRECISION_FAST; pr++) {
                     fmha_precision prec = (fmha_precision)pr;
-                    check_problem((fmha_dtype)t, 1, 2, 2, 150, 131, 64, 64, FMHA_CAUSAL_NONE, 1.0, isa_names[ii], s, prec);
-                    check_problem((fmha_dtype)t, 2, 4, 2, 77, 200, 33, 40, FMHA_CAUSAL_TOP_LEFT, 1.0, isa_names[ii], s, prec);
-                    check_problem((fmha_dtype)t, 1, 3, 1, 90, 61, 16, 7, FMHA_CAUSAL_BOTTOM_RIGHT, 2.0, isa_names[ii], s, prec);
-                    check_problem((fmha_dtype)t, 1, 2, 1, 1, 300, 128, 128, FMHA_CAUSAL_BOTTOM_RIGHT, 1.0, isa_names[ii], s, prec);
+                    check_problem((fmha_dtype)t, 1, 2, 2, 150, 131, 64, 64, FMHA_CAUSAL_NONE, 1.0, isa, s, prec);
+                    check_problem((fmha_dtype)t, 2, 4, 2, 77, 200, 33, 40, FMHA_CAUSAL_TOP_LEFT, 1.0, isa, s, prec);
+                    check_problem((fmha_dtype)t, 1, 3, 1, 90, 61, 16, 7, FMHA_CAUSAL_BOTTOM_RIGHT, 2.0, isa, s, prec);
+                    check_problem((fmha_dtype)t, 1, 2, 1, 1, 300, 128, 128, FMHA_CAUSAL_BOTTOM_RIGHT, 1.0, isa, s, prec);
                 }
             }
-        check_large_logits(isa_names[ii]);
+        check_large_logits(isa);
     }
     return tu_finish();
 }

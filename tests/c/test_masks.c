@@ -65,8 +65,13 @@
 #define LSE_TOL 1e-5
 #define GUARD 16 /* sentinel floats after lse and the parameter gradients */
 
-static const char *isa_names[3] = {"scalar", "avx2", "avx512"};
-static int isa_ok[3];
+/* The ISAs of the registry (src/cpu.c), in its order; isa_ok: those this
+ * CPU runs, less tables whose float32 kernels an earlier one already runs
+ * (this test is float32 only). */
+#define MAX_ISA 8
+static int n_isa;
+static int isa_ok[MAX_ISA];
+static const char *isa_name(int i) { return fmha_isa_at((size_t)i)->name; }
 static const char *isa_default;
 static int nthreads;
 static int verbose; /* FMHA_TEST_VERBOSE=1 prints every case's worst errors; 2 also each
@@ -108,7 +113,7 @@ enum { W_O, W_GRAD, W_PARAM, W_RATIO, W_N };
 static char labels[MAX_LABELS][64];
 static double worst_label[MAX_LABELS][W_N];
 static int n_labels;
-static double worst_si[4][3][W_N];
+static double worst_si[4][MAX_ISA][W_N];
 static double case_worst[W_N];
 
 static int label_index(const char *label) {
@@ -561,12 +566,12 @@ static void run_case(const char *label, const char *name, mcase *c) {
     int printed = 0;
     memset(case_worst, 0, sizeof case_worst);
 
-    for (int ii = 0; ii < 3; ii++) {
+    for (int ii = 0; ii < n_isa; ii++) {
         if (!isa_ok[ii]) continue;
-        fmha_cpu_force_isa(isa_names[ii]);
+        fmha_cpu_force_isa(isa_name(ii));
         for (int s = 0; s < 4; s++) {
             char what[320];
-            snprintf(what, sizeof what, "%s [%s, %s]", name, tu_strategy_name(s), isa_names[ii]);
+            snprintf(what, sizeof what, "%s [%s, %s]", name, tu_strategy_name(s), isa_name(ii));
             fmha_problem pp = *p;
             pp.strategy = (fmha_strategy)s;
             int ok = 1;
@@ -919,11 +924,13 @@ static long long expected_tiles(const fmha_problem *p, int64_t nr, int64_t bc) {
 
 static void tile_case(const char *name, const fmha_problem *p0, const float *q, const float *k,
                       const float *v, const float *d_o) {
-    for (int ii = 0; ii < 3; ii++) {
+    for (int ii = 0; ii < n_isa; ii++) {
         if (!isa_ok[ii]) continue;
-        fmha_cpu_force_isa(isa_names[ii]);
+        fmha_cpu_force_isa(isa_name(ii));
         for (int s = FMHA_STRATEGY_TILED; s <= FMHA_STRATEGY_PORTABLE; s += 2) {
-            if (s == FMHA_STRATEGY_PORTABLE && ii != 0) continue; /* scalar kernels whatever the ISA */
+            /* the scalar kernels whatever the ISA: run once */
+            if (s == FMHA_STRATEGY_PORTABLE && fmha_isa_at((size_t)ii)->table != &fmha_ukernels_scalar)
+                continue;
             fmha_problem p = *p0;
             p.strategy = (fmha_strategy)s;
             const fmha_ukernels *uk = s == FMHA_STRATEGY_PORTABLE ? fmha_cpu_kernels_for("scalar") : fmha_cpu_kernels();
@@ -944,9 +951,9 @@ static void tile_case(const char *name, const fmha_problem *p0, const float *q, 
             tu_check(st == FMHA_OK && st2 == FMHA_OK, "tiles %s: status %d / %d", name, (int)st, (int)st2);
             tu_check(fwd == want && bwd == want,
                      "tiles %s [%s, %s]: forward %lld, backward %lld computed, expected %lld of %lld",
-                     name, tu_strategy_name(s), isa_names[ii], fwd, bwd, want, all);
+                     name, tu_strategy_name(s), isa_name(ii), fwd, bwd, want, all);
             printf("  tiles %-34s [%-8s %-6s grid %2lldx%-3lld]: %6lld of %6lld (fwd %lld, bwd %lld)\n",
-                   name, tu_strategy_name(s), isa_names[ii], (long long)nr, (long long)bc, want, all, fwd, bwd);
+                   name, tu_strategy_name(s), isa_name(ii), (long long)nr, (long long)bc, want, all, fwd, bwd);
             free(o), free(lse), free(dq), free(dk), free(dv);
         }
     }
@@ -1022,16 +1029,16 @@ static void check_rel_table_precision(void) {
     float *o = xmalloc((size_t)(S * 2 * 16) * sizeof(float)), *lse = xmalloc((size_t)(2 * S) * sizeof(float));
     float *dq = xmalloc((size_t)(S * 2 * 16) * sizeof(float)), *dk = xmalloc((size_t)(S * 16) * sizeof(float));
     float *dv = xmalloc((size_t)(S * 16) * sizeof(float));
-    for (int ii = 0; ii < 3; ii++) {
+    for (int ii = 0; ii < n_isa; ii++) {
         if (!isa_ok[ii]) continue;
-        fmha_cpu_force_isa(isa_names[ii]);
+        fmha_cpu_force_isa(isa_name(ii));
         float grel[64];
         fmha_param_grads g;
         memset(&g, 0, sizeof g);
         g.d_rel_table = grel;
         fmha_status st = tu_forward(&p, q, k, v, o, lse, NULL, 0);
         fmha_status st2 = tu_backward(&p, q, k, v, o, d_o, lse, dq, dk, dv, &g, NULL, 0);
-        if (!tu_check(st == FMHA_OK && st2 == FMHA_OK, "S 4096 [%s]: status %d / %d", isa_names[ii], (int)st, (int)st2))
+        if (!tu_check(st == FMHA_OK && st2 == FMHA_OK, "S 4096 [%s]: status %d / %d", isa_name(ii), (int)st, (int)st2))
             continue;
         double e = tu_rel_l2(grel, drel, 64), worst_b = 0.0;
         for (int t = 0; t < 64; t++) {
@@ -1040,11 +1047,11 @@ static void check_rel_table_precision(void) {
         }
         double eq = tu_rel_l2(dq, rdq, (size_t)(S * 32)), ek = tu_rel_l2(dk, rdk, (size_t)(S * 16));
         double ev = tu_rel_l2(dv, rdv, (size_t)(S * 16));
-        tu_check(e <= PARAM_REL, "S 4096 [%s]: d_rel_table relative L2 error %.3g", isa_names[ii], e);
+        tu_check(e <= PARAM_REL, "S 4096 [%s]: d_rel_table relative L2 error %.3g", isa_name(ii), e);
         tu_check(eq <= REL_L2 && ek <= REL_L2 && ev <= REL_L2,
-                 "S 4096 [%s]: dQ %.3g dK %.3g dV %.3g relative L2", isa_names[ii], eq, ek, ev);
+                 "S 4096 [%s]: dQ %.3g dK %.3g dV %.3g relative L2", isa_name(ii), eq, ek, ev);
         printf("rel-table gradient at S = 4096 [%s]: relative L2 %.2e (worst bucket %.2e), dQ %.1e dK %.1e dV %.1e\n",
-               isa_names[ii], e, worst_b, eq, ek, ev);
+               isa_name(ii), e, worst_b, eq, ek, ev);
     }
     fmha_cpu_force_isa(isa_default);
     printf("  (reference took %.1f s)\n", t_ref);
@@ -1181,18 +1188,38 @@ static void print_summary(void) {
                worst_label[i][W_PARAM], worst_label[i][W_RATIO]);
     printf("worst errors per strategy and ISA:\n");
     for (int s = 0; s < 4; s++)
-        for (int ii = 0; ii < 3; ii++) {
+        for (int ii = 0; ii < n_isa; ii++) {
             if (!isa_ok[ii]) continue;
             const double *w = worst_si[s][ii];
             printf("  %-8s %-6s O %.2e  grad %.2e  param %.2e  ratio %.3f\n", tu_strategy_name(s),
-                   isa_names[ii], w[W_O], w[W_GRAD], w[W_PARAM], w[W_RATIO]);
+                   isa_name(ii), w[W_O], w[W_GRAD], w[W_PARAM], w[W_RATIO]);
         }
+}
+
+/* Two tables with the same float32 kernels and tiles run float32 alike. */
+static int same_f32_kernels(const fmha_ukernels *a, const fmha_ukernels *b) {
+    return a->mr == b->mr && a->nr == b->nr && a->block_kv == b->block_kv &&
+           a->gemm_f32 == b->gemm_f32 && a->softmax_f32 == b->softmax_f32 &&
+           a->exp_sub_f32 == b->exp_sub_f32 && a->ds_f32 == b->ds_f32 &&
+           a->add_transposed_f32 == b->add_transposed_f32;
 }
 
 int main(void) {
     tu_seed();
     isa_default = fmha_cpu_kernels()->isa;
-    for (int i = 0; i < 3; i++) isa_ok[i] = fmha_cpu_kernels_for(isa_names[i]) != NULL;
+    n_isa = (int)fmha_isa_count();
+    if (!tu_check(n_isa <= MAX_ISA, "%d registered ISAs, room for %d", n_isa, MAX_ISA))
+        return tu_finish();
+    for (int i = 0; i < n_isa; i++) {
+        const fmha_ukernels *u = fmha_isa_at((size_t)i)->table;
+        isa_ok[i] = fmha_isa_supported(fmha_isa_at((size_t)i));
+        if (!isa_ok[i]) printf("%s: not supported here, skipped\n", isa_name(i));
+        for (int j = 0; j < i && isa_ok[i]; j++)
+            if (isa_ok[j] && same_f32_kernels(u, fmha_isa_at((size_t)j)->table)) {
+                printf("%s: the float32 kernels of %s, skipped\n", isa_name(i), isa_name(j));
+                isa_ok[i] = 0;
+            }
+    }
     nthreads = fmha_get_num_threads();
     verbose = getenv("FMHA_TEST_VERBOSE") ? atoi(getenv("FMHA_TEST_VERBOSE")) : 0;
     printf("threads %d, default ISA %s\n", nthreads, isa_default);

@@ -1,10 +1,11 @@
-/* test_ukernels.c: the float32 microkernels of every ISA this CPU runs
- * (scalar, avx2, avx512) against float64 computations, and each SIMD kernel
+/* test_ukernels.c: the float32 microkernels of every registered ISA this
+ * CPU runs (src/cpu.c) against float64 computations, and each SIMD kernel
  * against the scalar specification: GEMM at every m, several k, every mode,
- * both stride patterns and several ab_scale, with sentinels around C; the online softmax over
- * several tiles with masked (-inf) entries and lanes and extreme scores; the
- * backward's exp(s - lse) and dS kernels; the vectorised exp across the
- * float range. */
+ * both stride patterns and several ab_scale, with sentinels around C; the
+ * online softmax over several tiles with masked (-inf) entries and lanes
+ * and extreme scores; the backward's exp(s - lse) and dS kernels; NaN and
+ * infinities through the softmax, exp(s - lse) and dS kernels as IEEE has
+ * them; the vectorised exp across the float range. */
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -23,8 +24,6 @@ void fmha_f32_exp__avx512(size_t n, const float *x, float *y);
 
 #define EPS32 0x1p-23        /* float32 ulp of 1 */
 #define SENTINEL 1234.5678f  /* never a kernel output here */
-
-static const char *const isa_names[] = {"scalar", "avx2", "avx512"};
 
 static float *floats(size_t n) {
     float *p = malloc((n ? n : 1) * sizeof(float));
@@ -506,6 +505,238 @@ static void test_backward_kernels(const fmha_ukernels *u, const fmha_ukernels *s
     }
 }
 
+/* ------------------------------------------------- NaN and infinities */
+
+/* IEEE class of a value: what every ISA must agree on exactly. */
+enum { C_NAN, C_NEG_INF, C_POS_INF, C_ZERO, C_FINITE };
+static const char *const class_names[] = {"NaN", "-inf", "+inf", "0", "finite"};
+
+static int fclass(double x) {
+    return isnan(x) ? C_NAN : x == -INFINITY ? C_NEG_INF : x == INFINITY ? C_POS_INF
+                                              : x == 0.0 ? C_ZERO : C_FINITE;
+}
+
+/* got matches want: same class, and finite values within rtol. */
+static int ieee_match(double got, double want, double rtol) {
+    int c = fclass(want);
+    if (fclass(got) != c) return 0;
+    return c != C_FINITE || fabs(got - want) <= rtol * fabs(want);
+}
+
+/* max that is NaN when either operand is (IEEE maximum). */
+static double max_nan(double a, double b) { return isnan(a) || isnan(b) ? NAN : a > b ? a : b; }
+
+/* Lane patterns of the special-value softmax test, by j % N_LANE_KINDS. */
+enum {
+    LANE_FINITE,        /* finite scores only */
+    LANE_NAN,           /* one NaN score in tile 0 */
+    LANE_POS_INF,       /* one +inf score in tile 0 */
+    LANE_TWO_POS_INF,   /* two +inf scores in tile 0 */
+    LANE_INF_AND_NAN,   /* +inf and NaN scores in tile 0 */
+    LANE_SOME_NEG_INF,  /* finite scores, a third of them -inf */
+    LANE_ALL_NEG_INF,   /* every score -inf (a fully masked query) */
+    LANE_NEG_INF_NAN,   /* -inf scores and one NaN in tile 1 */
+    LANE_NAN_LATE,      /* finite in tile 0, one NaN in tile 1 */
+    LANE_POS_INF_LATE,  /* finite in tile 0, one +inf in tile 1 */
+    LANE_NEG_INF_FIRST, /* every score -inf in tile 0, finite in tile 1 */
+    N_LANE_KINDS
+};
+
+static float special_score(int kind, int tile, size_t r, size_t rows, size_t mark) {
+    const float finite = (float)tu_uniform(-8.0, 8.0);
+    switch (kind) {
+    case LANE_NAN: return tile == 0 && r == mark ? NAN : finite;
+    case LANE_POS_INF: return tile == 0 && r == mark ? INFINITY : finite;
+    case LANE_TWO_POS_INF:
+        return tile == 0 && (r == mark || r == rows - 1 - mark) ? INFINITY : finite;
+    case LANE_INF_AND_NAN:
+        if (tile != 0) return finite;
+        return r == mark ? INFINITY : r == (mark + rows / 2) % rows && rows > 1 ? NAN : finite;
+    case LANE_SOME_NEG_INF: return r % 3 == 0 ? -INFINITY : finite;
+    case LANE_ALL_NEG_INF: return -INFINITY;
+    case LANE_NEG_INF_NAN: return tile == 1 && r == mark ? NAN : -INFINITY;
+    case LANE_NAN_LATE: return tile == 1 && r == mark ? NAN : finite;
+    case LANE_POS_INF_LATE: return tile == 1 && r == mark ? INFINITY : finite;
+    case LANE_NEG_INF_FIRST: return tile == 0 ? -INFINITY : finite;
+    default: return finite;
+    }
+}
+
+/* Three softmax tiles of u with NaN, +inf and -inf scores in set lane
+ * patterns, against the IEEE recurrence in float64 (m_new = the maximum,
+ * NaN if any operand is; m_use = 0 where m_new is -inf; P = exp(s - m_use),
+ * alpha = exp(m - m_use), l = l alpha + sum P) and against the scalar
+ * kernel: every P, alpha, l and m in the same IEEE class, finite values
+ * within 1e-5, m bit for bit unless NaN. Rows with a NaN or +inf of one
+ * kind put it at a random row. */
+static void softmax_special_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t rows) {
+    const size_t nr = u->nr, lds = nr + 3, s_len = (rows - 1) * lds + nr;
+    const int with_spec = spec && spec != u;
+    float *s = floats(s_len), *s_in = floats(s_len), *s_spec = floats(s_len);
+    float *m = floats(nr), *l = floats(nr), *alpha = floats(nr);
+    float *m_spec = floats(nr), *l_spec = floats(nr), *alpha_spec = floats(nr);
+    double *m_ref = doubles(nr), *l_ref = doubles(nr);
+    size_t *mark = malloc(nr * sizeof *mark);
+    for (size_t j = 0; j < nr; j++) {
+        m[j] = m_spec[j] = -INFINITY;
+        l[j] = l_spec[j] = 0.0f;
+        m_ref[j] = -INFINITY;
+        l_ref[j] = 0.0;
+        mark[j] = (size_t)tu_int(0, (int64_t)rows - 1);
+    }
+    for (int tile = 0; tile < 3; tile++) {
+        fill_const(s_in, s_len, SENTINEL);
+        for (size_t r = 0; r < rows; r++)
+            for (size_t j = 0; j < nr; j++)
+                s_in[r * lds + j] = special_score((int)(j % N_LANE_KINDS), tile, r, rows, mark[j]);
+        memcpy(s, s_in, s_len * sizeof(float));
+        memcpy(s_spec, s_in, s_len * sizeof(float));
+        u->softmax_f32(rows, s, lds, m, l, alpha);
+        if (with_spec)
+            for (size_t j0 = 0; j0 < nr; j0 += spec->nr)
+                spec->softmax_f32(rows, s_spec + j0, lds, m_spec + j0, l_spec + j0,
+                                  alpha_spec + j0);
+        size_t bad_ref = 0, bad_spec = 0;
+        for (size_t j = 0; j < nr; j++) {
+            double mx = m_ref[j];
+            for (size_t r = 0; r < rows; r++) mx = max_nan(mx, (double)s_in[r * lds + j]);
+            const double m_use = mx == -INFINITY ? 0.0 : mx;
+            const double a_ref = exp(m_ref[j] - m_use);
+            double sum = 0.0;
+            for (size_t r = 0; r < rows; r++) {
+                const double p_ref = exp((double)s_in[r * lds + j] - m_use);
+                sum += p_ref;
+                int ok = ieee_match(s[r * lds + j], p_ref, 1e-5);
+                if (!ok && bad_ref < 4)
+                    printf("  %s lane %zu (kind %zu) row %zu: P %g, want %g\n", u->isa, j,
+                           j % N_LANE_KINDS, r, (double)s[r * lds + j], p_ref);
+                bad_ref += !ok;
+                if (with_spec) bad_spec += !ieee_match(s[r * lds + j], s_spec[r * lds + j], 1e-5);
+            }
+            l_ref[j] = l_ref[j] * a_ref + sum;
+            m_ref[j] = mx;
+            int ok = ieee_match(alpha[j], a_ref, 1e-5) && ieee_match(l[j], l_ref[j], 1e-5) &&
+                     (isnan(mx) ? isnan(m[j]) : same_bits(m[j], (float)mx));
+            if (!ok && bad_ref < 4)
+                printf("  %s lane %zu (kind %zu): m %g alpha %g l %g, want %g %g %g (%s l)\n",
+                       u->isa, j, j % N_LANE_KINDS, (double)m[j], (double)alpha[j], (double)l[j],
+                       mx, a_ref, l_ref[j], class_names[fclass(l_ref[j])]);
+            bad_ref += !ok;
+            if (with_spec)
+                bad_spec += !(ieee_match(alpha[j], alpha_spec[j], 1e-5) &&
+                              ieee_match(l[j], l_spec[j], 1e-5) &&
+                              (isnan(m_spec[j]) ? isnan(m[j]) : same_bits(m[j], m_spec[j])));
+        }
+        tu_check(bad_ref == 0 && bad_spec == 0,
+                 "%s softmax NaN/inf rows=%zu tile %d: %zu values off IEEE, %zu differ from "
+                 "scalar",
+                 u->isa, rows, tile, bad_ref, bad_spec);
+    }
+    free(s);
+    free(s_in);
+    free(s_spec);
+    free(m);
+    free(l);
+    free(alpha);
+    free(m_spec);
+    free(l_spec);
+    free(alpha_spec);
+    free(m_ref);
+    free(l_ref);
+    free(mark);
+}
+
+/* exp_sub with NaN and infinite scores and sub: a lane whose sub is -inf
+ * gives 0 whatever the score; otherwise exp(s - sub) as IEEE has it (NaN in,
+ * NaN out; exp(+inf) = +inf; exp(-inf) = 0; overflow +inf), each value in
+ * its class and within 1e-5, against float64 and the scalar kernel. */
+static void exp_sub_special_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t rows) {
+    static const float subs[] = {-INFINITY, NAN, 0.5f, INFINITY, -3.0f};
+    static const float scores[] = {NAN, INFINITY, -INFINITY, 100.0f, -100.0f, 2.0f, -7.5f};
+    enum { N_SUBS = sizeof subs / sizeof subs[0], N_SCORES = sizeof scores / sizeof scores[0] };
+    const size_t nr = u->nr, lds = nr + 1, s_len = (rows - 1) * lds + nr;
+    float *s = floats(s_len), *s_in = floats(s_len), *s_spec = floats(s_len), *sub = floats(nr);
+    for (size_t j = 0; j < nr; j++) sub[j] = subs[j % N_SUBS];
+    fill_const(s_in, s_len, SENTINEL);
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < nr; j++) s_in[r * lds + j] = scores[(r + j / N_SUBS) % N_SCORES];
+    memcpy(s, s_in, s_len * sizeof(float));
+    memcpy(s_spec, s_in, s_len * sizeof(float));
+    u->exp_sub_f32(rows, s, lds, sub);
+    const int with_spec = spec && spec != u;
+    if (with_spec)
+        for (size_t j0 = 0; j0 < nr; j0 += spec->nr)
+            spec->exp_sub_f32(rows, s_spec + j0, lds, sub + j0);
+    size_t bad_ref = 0, bad_spec = 0;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < nr; j++) {
+            const float x = s_in[r * lds + j];
+            const double want =
+                sub[j] == -INFINITY ? 0.0 : (double)(float)exp((double)x - (double)sub[j]);
+            int ok = ieee_match(s[r * lds + j], want, 1e-5);
+            if (!ok && bad_ref < 4)
+                printf("  %s exp_sub(%g - %g) = %g, want %g\n", u->isa, (double)x, (double)sub[j],
+                       (double)s[r * lds + j], want);
+            bad_ref += !ok;
+            if (with_spec) bad_spec += !ieee_match(s[r * lds + j], s_spec[r * lds + j], 1e-5);
+        }
+    tu_check(bad_ref == 0 && bad_spec == 0,
+             "%s exp_sub NaN/inf rows=%zu: %zu values off IEEE, %zu differ from scalar", u->isa,
+             rows, bad_ref, bad_spec);
+    free(s);
+    free(s_in);
+    free(s_spec);
+    free(sub);
+}
+
+/* ds with NaN, infinities and zeros in p, dp and dsum: p (dp - dsum) as
+ * IEEE has it (0 inf = NaN, inf - inf = NaN), class for class and within
+ * 1e-6, against float64 and the scalar kernel. */
+static void ds_special_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t rows) {
+    static const float vals[] = {NAN, INFINITY, -INFINITY, 0.0f, 0.75f, -2.0f, 1e30f};
+    enum { N_VALS = sizeof vals / sizeof vals[0] };
+    const size_t nr = u->nr, lds = nr, len = rows * nr;
+    float *p = floats(len), *dp = floats(len), *dp_in = floats(len), *dp_spec = floats(len);
+    float *dsum = floats(nr);
+    for (size_t j = 0; j < nr; j++) dsum[j] = vals[j % N_VALS];
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < nr; j++) {
+            p[r * lds + j] = vals[(j / N_VALS) % N_VALS];
+            dp_in[r * lds + j] = vals[(r + j / (N_VALS * N_VALS)) % N_VALS];
+        }
+    memcpy(dp, dp_in, len * sizeof(float));
+    memcpy(dp_spec, dp_in, len * sizeof(float));
+    u->ds_f32(rows, p, dp, lds, dsum);
+    const int with_spec = spec && spec != u;
+    if (with_spec)
+        for (size_t j0 = 0; j0 < nr; j0 += spec->nr)
+            spec->ds_f32(rows, p + j0, dp_spec + j0, lds, dsum + j0);
+    size_t bad_ref = 0, bad_spec = 0;
+    for (size_t i = 0; i < len; i++) {
+        const float d = dp_in[i] - dsum[i % nr];
+        const double want = (double)(p[i] * d);
+        bad_ref += !ieee_match(dp[i], want, 1e-6);
+        if (with_spec) bad_spec += !ieee_match(dp[i], dp_spec[i], 1e-6);
+    }
+    tu_check(bad_ref == 0 && bad_spec == 0,
+             "%s ds NaN/inf rows=%zu: %zu values off IEEE, %zu differ from scalar", u->isa, rows,
+             bad_ref, bad_spec);
+    free(p);
+    free(dp);
+    free(dp_in);
+    free(dp_spec);
+    free(dsum);
+}
+
+static void test_special_values(const fmha_ukernels *u, const fmha_ukernels *spec) {
+    static const size_t row_counts[] = {1, 2, 3, 17, 64, 131};
+    for (size_t i = 0; i < sizeof row_counts / sizeof row_counts[0]; i++) {
+        softmax_special_case(u, spec, row_counts[i]);
+        exp_sub_special_case(u, spec, row_counts[i]);
+        ds_special_case(u, spec, row_counts[i]);
+    }
+}
+
 /* ----------------------------------------------------------------- exp */
 
 typedef void (*exp_fn)(size_t n, const float *x, float *y);
@@ -517,7 +748,7 @@ static double ulp_error(float y, double e) {
 
 /* exp over [-87, 88.7] within 2 ulp; below, subnormal or 0 results within
  * FLT_MIN of the truth and never negative or NaN; from -104 down (and -inf)
- * 0 or the smallest subnormals; +inf above the float range. */
+ * 0 or the smallest subnormals; +inf above the float range; NaN for NaN. */
 static void test_exp(const char *isa, exp_fn f) {
     const size_t n = 200003; /* not a multiple of any vector width */
     float *x = floats(n), *y = floats(n);
@@ -544,8 +775,9 @@ static void test_exp(const char *isa, exp_fn f) {
     }
     tu_check(bad_low == 0, "%s exp on [-120, -87]: %zu results wrong", isa, bad_low);
 
-    static const float specials_in[] = {-INFINITY, -FLT_MAX, -1e30f, -1e5f, -150.0f, -104.0f,
-                                        0.0f,      -0.0f,    88.72f, 89.0f, 1e30f,   INFINITY};
+    static const float specials_in[] = {-INFINITY, -FLT_MAX, -1e30f, -1e5f, -150.0f,
+                                        -104.0f,   0.0f,     -0.0f,  88.72f, 89.0f,
+                                        1e30f,     INFINITY, NAN,    -NAN};
     enum { n_specials = sizeof specials_in / sizeof specials_in[0] };
     float ys[n_specials];
     f(n_specials, specials_in, ys);
@@ -553,7 +785,8 @@ static void test_exp(const char *isa, exp_fn f) {
     for (size_t i = 0; i < n_specials; i++) {
         float xv = specials_in[i], yv = ys[i];
         int ok;
-        if (xv <= -104.0f) ok = yv >= 0.0f && yv <= 0x1p-148f;
+        if (isnan(xv)) ok = isnan(yv);
+        else if (xv <= -104.0f) ok = yv >= 0.0f && yv <= 0x1p-148f;
         else if (xv == 0.0f) ok = yv == 1.0f;
         else if (xv < 88.722f) ok = isfinite(yv) && ulp_error(yv, exp((double)xv)) <= 2.0;
         else ok = yv == INFINITY;
@@ -602,26 +835,28 @@ static void test_add_transposed(const fmha_ukernels *u) {
 
 int main(void) {
     tu_seed();
-    const fmha_ukernels *spec = fmha_cpu_kernels_for("scalar");
-    tu_check(spec != NULL, "the scalar table is always available");
-    for (size_t i = 0; i < sizeof isa_names / sizeof isa_names[0]; i++) {
-        const fmha_ukernels *u = fmha_cpu_kernels_for(isa_names[i]);
-        if (!u) {
-            printf("%s: not supported here, skipped\n", isa_names[i]);
+    const fmha_ukernels *spec = &fmha_ukernels_scalar;
+    /* every ISA of the registry that this CPU runs */
+    for (size_t i = 0; i < fmha_isa_count(); i++) {
+        const fmha_isa *isa = fmha_isa_at(i);
+        const fmha_ukernels *u = isa->table;
+        if (!fmha_isa_supported(isa)) {
+            printf("%s: not supported here, skipped\n", isa->name);
             continue;
         }
         printf("%s: MR=%zu NR=%zu block_kv=%zu\n", u->isa, u->mr, u->nr, u->block_kv);
-        tu_check(!strcmp(u->isa, isa_names[i]) && u->mr >= 1 && u->nr % 16 == 0 &&
-                     u->block_kv >= 1 && u->gemm_f32 && u->softmax_f32 && u->exp_sub_f32 &&
-                     u->ds_f32,
-                 "%s: table fields", isa_names[i]);
+        tu_check(!strcmp(u->isa, isa->name) && fmha_cpu_kernels_for(isa->name) == u &&
+                     u->mr >= 1 && u->nr % 16 == 0 && u->block_kv >= 1 && u->gemm_f32 &&
+                     u->softmax_f32 && u->exp_sub_f32 && u->ds_f32,
+                 "%s: table fields", isa->name);
         test_gemm(u, spec);
         test_softmax(u, spec);
         test_backward_kernels(u, spec);
+        test_special_values(u, spec);
         test_add_transposed(u);
 #if defined(__x86_64__)
-        if (!strcmp(u->isa, "avx2")) test_exp("avx2", fmha_f32_exp__avx2);
-        if (!strcmp(u->isa, "avx512")) test_exp("avx512", fmha_f32_exp__avx512);
+        if (u == &fmha_ukernels_avx2) test_exp("avx2", fmha_f32_exp__avx2);
+        if (u == &fmha_ukernels_avx512) test_exp("avx512", fmha_f32_exp__avx512);
 #endif
     }
     return tu_finish();

@@ -18,7 +18,10 @@ enum { AVX2_MR = 6, AVX2_NR = 16, AVX2_VECS = AVX2_NR / 8 };
 /* C[m x 16] (op)= ab_scale * A[m x k] B[k x 16] with m a compile-time
  * constant. The product is summed from zero and combined with C and ab_scale
  * once at the end (one fma per accumulator), so scaling costs per tile, not
- * per k-step, and C is read once. */
+ * per k-step, and C is read once. With ab_scale == 1, ACCUMULATE and
+ * RESCALE start from C (or C * col_scale) instead and store the sum as it
+ * is, which spares that last pass (measured: about 2% of a forward, whose
+ * P V product runs RESCALE with ab_scale 1). */
 FMHA_INLINE void gemm_f32_tile(const size_t m, size_t k, const float *a, ptrdiff_t a_rs,
                                ptrdiff_t a_cs, const float *b, size_t ldb, float *c, size_t ldc,
                                int mode, const float *col_scale, float ab_scale) {
@@ -26,10 +29,25 @@ FMHA_INLINE void gemm_f32_tile(const size_t m, size_t k, const float *a, ptrdiff
     float *c_row[AVX2_MR];
 #pragma GCC unroll 8
     for (size_t r = 0; r < m; r++) c_row[r] = c + r * ldc;
+    const int from_c = mode != FMHA_UK_STORE && ab_scale == 1.0f;
+    if (!from_c) {
 #pragma GCC unroll 8
-    for (size_t r = 0; r < m; r++)
+        for (size_t r = 0; r < m; r++)
 #pragma GCC unroll 2
-        for (int v = 0; v < AVX2_VECS; v++) acc[r][v] = _mm256_setzero_ps();
+            for (int v = 0; v < AVX2_VECS; v++) acc[r][v] = _mm256_setzero_ps();
+    } else if (mode == FMHA_UK_ACCUMULATE) {
+#pragma GCC unroll 8
+        for (size_t r = 0; r < m; r++)
+#pragma GCC unroll 2
+            for (int v = 0; v < AVX2_VECS; v++) acc[r][v] = _mm256_loadu_ps(c_row[r] + 8 * v);
+    } else {
+#pragma GCC unroll 8
+        for (size_t r = 0; r < m; r++)
+#pragma GCC unroll 2
+            for (int v = 0; v < AVX2_VECS; v++)
+                acc[r][v] = _mm256_mul_ps(_mm256_loadu_ps(c_row[r] + 8 * v),
+                                          _mm256_loadu_ps(col_scale + 8 * v));
+    }
 
     for (; k != 0; k--) {
         __m256 brow[AVX2_VECS];
@@ -47,7 +65,12 @@ FMHA_INLINE void gemm_f32_tile(const size_t m, size_t k, const float *a, ptrdiff
     }
 
     const __m256 s = _mm256_set1_ps(ab_scale);
-    if (mode == FMHA_UK_STORE) {
+    if (from_c) {
+#pragma GCC unroll 8
+        for (size_t r = 0; r < m; r++)
+#pragma GCC unroll 2
+            for (int v = 0; v < AVX2_VECS; v++) _mm256_storeu_ps(c_row[r] + 8 * v, acc[r][v]);
+    } else if (mode == FMHA_UK_STORE) {
 #pragma GCC unroll 8
         for (size_t r = 0; r < m; r++)
 #pragma GCC unroll 2
@@ -104,7 +127,10 @@ static void fmha_f32_gemm_ukernel_6x16__avx2(size_t m, size_t k, const float *a,
  * the biased exponent n + 127 is 0, so the result is exactly 0 from about
  * -87.7 down (results in (-87.7, -87.3) are subnormal); -inf gives 0. The
  * rounding fma against 1.5 * 2^23 + 127 leaves n + 127 in the low mantissa
- * bits, which a shift moves into the exponent field. */
+ * bits, which a shift moves into the exponent field.
+ * NaN gives NaN in both exps: the clamps take the constant as the first
+ * operand, and vmaxps / vminps return the second one when either is NaN;
+ * the polynomial then carries the NaN into the product. */
 FMHA_INLINE __m256 exp_poly(__m256 r) {
     __m256 p = _mm256_set1_ps(0x1.6d7532p-10f);
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0x1.126fa6p-7f));
@@ -122,7 +148,7 @@ FMHA_INLINE __m256 exp_reduce(__m256 x, __m256 n) {
 
 FMHA_INLINE __m256 exp_f32(__m256 x) {
     const __m256 round_bias = _mm256_set1_ps(0x1.8p23f + 127.0f);
-    x = _mm256_max_ps(x, _mm256_set1_ps(-88.0f));
+    x = _mm256_max_ps(_mm256_set1_ps(-88.0f), x);
     const __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), round_bias);
     const __m256 n = _mm256_sub_ps(t, round_bias);
     const __m256 pow2n = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(t), 23));
@@ -133,7 +159,7 @@ FMHA_INLINE __m256 exp_f32(__m256 x) {
  * to [-104, 89] and 2^n applied as two factors, so that n = 128 and
  * subnormal results are exact to the final rounding. */
 FMHA_INLINE __m256 exp_f32_full(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-104.0f)), _mm256_set1_ps(89.0f));
+    x = _mm256_min_ps(_mm256_set1_ps(89.0f), _mm256_max_ps(_mm256_set1_ps(-104.0f), x));
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(0x1.715476p+0f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m256i ni = _mm256_cvtps_epi32(n);
@@ -158,18 +184,38 @@ void fmha_f32_exp__avx2(size_t n, const float *x, float *y) {
     }
 }
 
-/* Online-softmax step over S^T [rows][16]; contract in ukernel.h. */
+/* A mask of the lanes of `lanes` in which a column of 8 scores holds a
+ * NaN: the rare search of the softmax below (out of line, so that its loop
+ * stays out of the hot code). */
+static __m256 __attribute__((noinline, cold))
+nan_score_lanes(size_t rows, const float *s, size_t lds, __m256 lanes) {
+    __m256 nan = _mm256_setzero_ps();
+    for (size_t r = 0; r < rows; r++) {
+        const __m256 sv = _mm256_loadu_ps(s + r * lds);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(sv, sv, _CMP_UNORD_Q));
+    }
+    return _mm256_and_ps(nan, lanes);
+}
+
+/* Online-softmax step over S^T [rows][16]; contract in ukernel.h.
+ * NaN: the max of pass 1 keeps a NaN m (vmaxps returns its second operand,
+ * the accumulator, when either is NaN) but passes over a NaN score. Such a
+ * score shows after pass 2 as a NaN sum in a lane whose max is below +inf;
+ * those lanes (rare) then get a NaN max and NaN P, as the scalar kernel
+ * computes them. Where the max is +inf the sum is NaN anyway (inf - inf), so
+ * those lanes (rare) are searched for NaN scores before pass 2. */
 static void fmha_f32_softmax_ukernel_16__avx2(size_t rows, float *s, size_t lds, float *m,
                                               float *l, float *alpha) {
     const __m256 neg_inf = _mm256_set1_ps(-__builtin_inff());
+    const __m256 pos_inf = _mm256_set1_ps(__builtin_inff());
+    const __m256 nan = _mm256_set1_ps(__builtin_nanf(""));
     __m256 mx[AVX2_VECS], mx2[AVX2_VECS];
 #pragma GCC unroll 2
     for (int v = 0; v < AVX2_VECS; v++) {
         mx[v] = _mm256_loadu_ps(m + 8 * v);
         mx2[v] = neg_inf;
     }
-    /* Pass 1: lane-wise max over the keys, two rows per step. The max takes
-     * the accumulator as its second operand, so a NaN score is ignored. */
+    /* Pass 1: lane-wise max over the keys, two rows per step. */
     size_t r = 0;
     for (; r + 2 <= rows; r += 2) {
         const float *s0 = s + r * lds, *s1 = s0 + lds;
@@ -184,11 +230,25 @@ static void fmha_f32_softmax_ukernel_16__avx2(size_t rows, float *s, size_t lds,
         for (int v = 0; v < AVX2_VECS; v++)
             mx[v] = _mm256_max_ps(_mm256_loadu_ps(s + r * lds + 8 * v), mx[v]);
     }
+    __m256 inf_lanes[AVX2_VECS];
+    int any_inf = 0;
+#pragma GCC unroll 2
+    for (int v = 0; v < AVX2_VECS; v++) {
+        mx[v] = _mm256_max_ps(mx2[v], mx[v]);
+        inf_lanes[v] = _mm256_cmp_ps(mx[v], pos_inf, _CMP_EQ_OQ);
+        any_inf |= _mm256_movemask_ps(inf_lanes[v]);
+    }
+    if (__builtin_expect(any_inf != 0, 0)) {
+        /* a +inf lane that also holds a NaN score: NaN max */
+        for (int v = 0; v < AVX2_VECS; v++)
+            if (_mm256_movemask_ps(inf_lanes[v]))
+                mx[v] = _mm256_blendv_ps(mx[v], nan,
+                                         nan_score_lanes(rows, s + 8 * v, lds, inf_lanes[v]));
+    }
     /* m_use: the new maximum, or 0 in lanes where it is -inf. */
     __m256 m_use[AVX2_VECS], sum[AVX2_VECS];
 #pragma GCC unroll 2
     for (int v = 0; v < AVX2_VECS; v++) {
-        mx[v] = _mm256_max_ps(mx2[v], mx[v]);
         const __m256 all_masked = _mm256_cmp_ps(mx[v], neg_inf, _CMP_EQ_OQ);
         m_use[v] = _mm256_andnot_ps(all_masked, mx[v]);
         sum[v] = _mm256_setzero_ps();
@@ -203,6 +263,24 @@ static void fmha_f32_softmax_ukernel_16__avx2(size_t rows, float *s, size_t lds,
             sum[v] = _mm256_add_ps(sum[v], p);
         }
     }
+    /* A NaN sum under a max below +inf: a NaN score that pass 1 passed over. */
+    __m256 nan_lanes[AVX2_VECS];
+    int any_nan = 0;
+#pragma GCC unroll 2
+    for (int v = 0; v < AVX2_VECS; v++) {
+        nan_lanes[v] = _mm256_and_ps(_mm256_cmp_ps(mx[v], pos_inf, _CMP_LT_OQ),
+                                     _mm256_cmp_ps(sum[v], sum[v], _CMP_UNORD_Q));
+        any_nan |= _mm256_movemask_ps(nan_lanes[v]);
+    }
+    if (__builtin_expect(any_nan != 0, 0)) {
+        for (r = 0; r < rows; r++)
+            for (int v = 0; v < AVX2_VECS; v++)
+                _mm256_maskstore_ps(s + r * lds + 8 * v, _mm256_castps_si256(nan_lanes[v]), nan);
+        for (int v = 0; v < AVX2_VECS; v++) {
+            mx[v] = _mm256_blendv_ps(mx[v], nan, nan_lanes[v]);
+            m_use[v] = _mm256_blendv_ps(m_use[v], nan, nan_lanes[v]);
+        }
+    }
 #pragma GCC unroll 2
     for (int v = 0; v < AVX2_VECS; v++) {
         const __m256 a = exp_f32(_mm256_sub_ps(_mm256_loadu_ps(m + 8 * v), m_use[v]));
@@ -213,24 +291,23 @@ static void fmha_f32_softmax_ukernel_16__avx2(size_t rows, float *s, size_t lds,
 }
 
 /* Backward: s = exp(s - sub) lane-wise, in place; contract in ukernel.h.
- * A lane whose sub is -inf subtracts +inf instead, so it gives 0. The
- * argument has no sign here, so the full-range exp. */
+ * A lane whose sub is -inf gives 0 (the result is masked), whatever s is;
+ * NaN in s or sub gives NaN. The argument has no sign here, so the
+ * full-range exp. */
 static void fmha_f32_exp_sub_ukernel_16__avx2(size_t rows, float *s, size_t lds,
                                               const float *sub) {
-    const __m256 pos_inf = _mm256_set1_ps(__builtin_inff());
-    __m256 sub_use[AVX2_VECS];
+    __m256 sub_v[AVX2_VECS], keep[AVX2_VECS];
 #pragma GCC unroll 2
     for (int v = 0; v < AVX2_VECS; v++) {
-        const __m256 sv = _mm256_loadu_ps(sub + 8 * v);
-        const __m256 masked = _mm256_cmp_ps(sv, _mm256_set1_ps(-__builtin_inff()), _CMP_EQ_OQ);
-        sub_use[v] = _mm256_blendv_ps(sv, pos_inf, masked);
+        sub_v[v] = _mm256_loadu_ps(sub + 8 * v);
+        keep[v] = _mm256_cmp_ps(sub_v[v], _mm256_set1_ps(-__builtin_inff()), _CMP_NEQ_UQ);
     }
     for (size_t r = 0; r < rows; r++) {
         float *srow = s + r * lds;
 #pragma GCC unroll 2
         for (int v = 0; v < AVX2_VECS; v++) {
-            const __m256 x = _mm256_sub_ps(_mm256_loadu_ps(srow + 8 * v), sub_use[v]);
-            _mm256_storeu_ps(srow + 8 * v, exp_f32_full(x));
+            const __m256 x = _mm256_sub_ps(_mm256_loadu_ps(srow + 8 * v), sub_v[v]);
+            _mm256_storeu_ps(srow + 8 * v, _mm256_and_ps(keep[v], exp_f32_full(x)));
         }
     }
 }

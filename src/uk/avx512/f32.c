@@ -4,6 +4,8 @@
  * backward's exp(s - lse) run a vectorised exp (Cody-Waite reduction,
  * degree-6 polynomial, vscalefps); dS = P (dP - Dsum) is plain lane-wise.
  * Contract in ../ukernel.h; the scalar kernels are the specification. */
+#include "f32.h"
+
 #include <immintrin.h>
 #include <stddef.h>
 
@@ -11,14 +13,17 @@
 
 /* MR = 6: 24 accumulators + 4 B rows of the 32 zmm. Measured on Zen 5 at
  * k = 64: 6x64 runs at 94-98% of the FMA peak, 4x64 at 83-97%. */
-enum { AVX512_MR = 6, AVX512_NR = 64, AVX512_VECS = AVX512_NR / 16 };
+enum { AVX512_MR = FMHA_AVX512_MR, AVX512_NR = FMHA_AVX512_NR, AVX512_VECS = AVX512_NR / 16 };
 
 #define FMHA_INLINE static inline __attribute__((always_inline))
 
 /* C[m x 64] (op)= ab_scale * A[m x k] B[k x 64] with m a compile-time
  * constant. The product is summed from zero and combined with C and ab_scale
  * once at the end (one fma per accumulator), so scaling costs per tile, not
- * per k-step, and C is read once. */
+ * per k-step, and C is read once. With ab_scale == 1, ACCUMULATE and
+ * RESCALE start from C (or C * col_scale) instead and store the sum as it
+ * is, which spares that last pass (measured: about 2% of a forward, whose
+ * P V product runs RESCALE with ab_scale 1). */
 FMHA_INLINE void gemm_f32_tile(const size_t m, size_t k, const float *a, ptrdiff_t a_rs,
                                ptrdiff_t a_cs, const float *b, size_t ldb, float *c, size_t ldc,
                                int mode, const float *col_scale, float ab_scale) {
@@ -26,10 +31,25 @@ FMHA_INLINE void gemm_f32_tile(const size_t m, size_t k, const float *a, ptrdiff
     float *c_row[AVX512_MR];
 #pragma GCC unroll 8
     for (size_t r = 0; r < m; r++) c_row[r] = c + r * ldc;
+    const int from_c = mode != FMHA_UK_STORE && ab_scale == 1.0f;
+    if (!from_c) {
 #pragma GCC unroll 8
-    for (size_t r = 0; r < m; r++)
+        for (size_t r = 0; r < m; r++)
 #pragma GCC unroll 4
-        for (int v = 0; v < AVX512_VECS; v++) acc[r][v] = _mm512_setzero_ps();
+            for (int v = 0; v < AVX512_VECS; v++) acc[r][v] = _mm512_setzero_ps();
+    } else if (mode == FMHA_UK_ACCUMULATE) {
+#pragma GCC unroll 8
+        for (size_t r = 0; r < m; r++)
+#pragma GCC unroll 4
+            for (int v = 0; v < AVX512_VECS; v++) acc[r][v] = _mm512_loadu_ps(c_row[r] + 16 * v);
+    } else {
+#pragma GCC unroll 8
+        for (size_t r = 0; r < m; r++)
+#pragma GCC unroll 4
+            for (int v = 0; v < AVX512_VECS; v++)
+                acc[r][v] = _mm512_mul_ps(_mm512_loadu_ps(c_row[r] + 16 * v),
+                                          _mm512_loadu_ps(col_scale + 16 * v));
+    }
 
     for (; k != 0; k--) {
         __m512 brow[AVX512_VECS];
@@ -47,7 +67,12 @@ FMHA_INLINE void gemm_f32_tile(const size_t m, size_t k, const float *a, ptrdiff
     }
 
     const __m512 s = _mm512_set1_ps(ab_scale);
-    if (mode == FMHA_UK_STORE) {
+    if (from_c) {
+#pragma GCC unroll 8
+        for (size_t r = 0; r < m; r++)
+#pragma GCC unroll 4
+            for (int v = 0; v < AVX512_VECS; v++) _mm512_storeu_ps(c_row[r] + 16 * v, acc[r][v]);
+    } else if (mode == FMHA_UK_STORE) {
 #pragma GCC unroll 8
         for (size_t r = 0; r < m; r++)
 #pragma GCC unroll 4
@@ -83,10 +108,10 @@ FMHA_INLINE void gemm_f32_tile(const size_t m, size_t k, const float *a, ptrdiff
 
 /* C[m x 64] (op)= ab_scale * A[m x k] B[k x 64], 1 <= m <= MR; contract in
  * ukernel.h. */
-static void fmha_f32_gemm_ukernel_6x64__avx512(size_t m, size_t k, const float *a,
-                                               ptrdiff_t a_rs, ptrdiff_t a_cs, const float *b,
-                                               size_t ldb, float *c, size_t ldc, int mode,
-                                               const float *col_scale, float ab_scale) {
+void fmha_f32_gemm_ukernel_6x64__avx512(size_t m, size_t k, const float *a,
+                                        ptrdiff_t a_rs, ptrdiff_t a_cs, const float *b,
+                                        size_t ldb, float *c, size_t ldc, int mode,
+                                        const float *col_scale, float ab_scale) {
     switch (m) {
         GEMM_CASE(6);
         GEMM_CASE(5);
@@ -104,9 +129,12 @@ static void fmha_f32_gemm_ukernel_6x64__avx512(size_t m, size_t k, const float *
  * (Chebyshev fit on [-ln2/2, ln2/2], max relative error 0.2 ulp before
  * rounding), then p 2^n with vscalefps, which rounds gracefully through
  * subnormals to 0. x is clamped below at -104 (exp(-104) < 2^-150), so -inf
- * gives 0 and never NaN. Max error measured: 1.05 ulp. */
-FMHA_INLINE __m512 exp_f32(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+ * gives 0 and never NaN; the clamp passes NaN through (vmaxps returns its
+ * second operand when either is NaN), so NaN gives NaN. Lanes outside
+ * `keep` give 0 (the zero-masking of vscalefps). Max error measured:
+ * 1.05 ulp. */
+FMHA_INLINE __m512 exp_f32_keep(__mmask16 keep, __m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
     const __m512 round_bias = _mm512_set1_ps(0x1.8p23f);
     const __m512 n = _mm512_sub_ps(
         _mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), round_bias), round_bias);
@@ -119,36 +147,57 @@ FMHA_INLINE __m512 exp_f32(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
+    return _mm512_maskz_scalef_ps(keep, p, n);
 }
 
-/* y[i] = exp(x[i]) over any n; exp(+inf) = +inf. The test checks the exp
- * of this file through it. */
-void fmha_f32_exp__avx512(size_t n, const float *x, float *y);
+FMHA_INLINE __m512 exp_f32(__m512 x) { return exp_f32_keep((__mmask16)0xFFFF, x); }
+
+/* y[i] = exp(x[i]) over any n; exp(+inf) = +inf, exp(NaN) = NaN. The test
+ * checks the exp of this file through it. */
 void fmha_f32_exp__avx512(size_t n, const float *x, float *y) {
     const __m512 hi = _mm512_set1_ps(89.0f);
     size_t i = 0;
     for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, exp_f32(_mm512_min_ps(_mm512_loadu_ps(x + i), hi)));
+        _mm512_storeu_ps(y + i, exp_f32(_mm512_min_ps(hi, _mm512_loadu_ps(x + i))));
     if (i < n) {
         const __mmask16 tail = (__mmask16)((1u << (n - i)) - 1);
         const __m512 xv = _mm512_maskz_loadu_ps(tail, x + i);
-        _mm512_mask_storeu_ps(y + i, tail, exp_f32(_mm512_min_ps(xv, hi)));
+        _mm512_mask_storeu_ps(y + i, tail, exp_f32(_mm512_min_ps(hi, xv)));
     }
 }
 
-/* Online-softmax step over S^T [rows][64]; contract in ukernel.h. */
-static void fmha_f32_softmax_ukernel_64__avx512(size_t rows, float *s, size_t lds, float *m,
-                                                float *l, float *alpha) {
+/* The lanes of `lanes` in which a column of 16 scores holds a NaN: the
+ * rare search of the softmax below (out of line, so that its loop stays out
+ * of the hot code). */
+static __mmask16 __attribute__((noinline, cold))
+nan_score_lanes(size_t rows, const float *s, size_t lds, __mmask16 lanes) {
+    __mmask16 nan = 0;
+    for (size_t r = 0; r < rows; r++) {
+        const __m512 sv = _mm512_loadu_ps(s + r * lds);
+        nan |= _mm512_mask_cmp_ps_mask(lanes, sv, sv, _CMP_UNORD_Q);
+    }
+    return nan;
+}
+
+/* Online-softmax step over S^T [rows][64]; contract in ukernel.h.
+ * NaN: the max of pass 1 keeps a NaN m (vmaxps returns its second operand,
+ * the accumulator, when either is NaN) but passes over a NaN score. Such a
+ * score shows after pass 2 as a NaN sum in a lane whose max is below +inf;
+ * those lanes (rare) then get a NaN max and NaN P, as the scalar kernel
+ * computes them. Where the max is +inf the sum is NaN anyway (inf - inf), so
+ * those lanes (rare) are searched for NaN scores before pass 2. */
+void fmha_f32_softmax_ukernel_64__avx512(size_t rows, float *s, size_t lds, float *m, float *l,
+                                         float *alpha) {
     const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
+    const __m512 pos_inf = _mm512_set1_ps(__builtin_inff());
+    const __m512 nan = _mm512_set1_ps(__builtin_nanf(""));
     __m512 mx[AVX512_VECS], mx2[AVX512_VECS];
 #pragma GCC unroll 4
     for (int v = 0; v < AVX512_VECS; v++) {
         mx[v] = _mm512_loadu_ps(m + 16 * v);
         mx2[v] = neg_inf;
     }
-    /* Pass 1: lane-wise max over the keys, two rows per step. The max takes
-     * the accumulator as its second operand, so a NaN score is ignored. */
+    /* Pass 1: lane-wise max over the keys, two rows per step. */
     size_t r = 0;
     for (; r + 2 <= rows; r += 2) {
         const float *s0 = s + r * lds, *s1 = s0 + lds;
@@ -163,11 +212,25 @@ static void fmha_f32_softmax_ukernel_64__avx512(size_t rows, float *s, size_t ld
         for (int v = 0; v < AVX512_VECS; v++)
             mx[v] = _mm512_max_ps(_mm512_loadu_ps(s + r * lds + 16 * v), mx[v]);
     }
+    __mmask16 inf_lanes[AVX512_VECS];
+    unsigned any_inf = 0;
+#pragma GCC unroll 4
+    for (int v = 0; v < AVX512_VECS; v++) {
+        mx[v] = _mm512_max_ps(mx2[v], mx[v]);
+        inf_lanes[v] = _mm512_cmp_ps_mask(mx[v], pos_inf, _CMP_EQ_OQ);
+        any_inf |= inf_lanes[v];
+    }
+    if (__builtin_expect(any_inf != 0, 0)) {
+        /* a +inf lane that also holds a NaN score: NaN max */
+        for (int v = 0; v < AVX512_VECS; v++)
+            if (inf_lanes[v])
+                mx[v] = _mm512_mask_mov_ps(
+                    mx[v], nan_score_lanes(rows, s + 16 * v, lds, inf_lanes[v]), nan);
+    }
     /* m_use: the new maximum, or 0 in lanes where it is -inf. */
     __m512 m_use[AVX512_VECS], sum[AVX512_VECS];
 #pragma GCC unroll 4
     for (int v = 0; v < AVX512_VECS; v++) {
-        mx[v] = _mm512_max_ps(mx2[v], mx[v]);
         const __mmask16 all_masked = _mm512_cmp_ps_mask(mx[v], neg_inf, _CMP_EQ_OQ);
         m_use[v] = _mm512_mask_mov_ps(mx[v], all_masked, _mm512_setzero_ps());
         sum[v] = _mm512_setzero_ps();
@@ -182,6 +245,24 @@ static void fmha_f32_softmax_ukernel_64__avx512(size_t rows, float *s, size_t ld
             sum[v] = _mm512_add_ps(sum[v], p);
         }
     }
+    /* A NaN sum under a max below +inf: a NaN score that pass 1 passed over. */
+    __mmask16 nan_lanes[AVX512_VECS];
+    unsigned any_nan = 0;
+#pragma GCC unroll 4
+    for (int v = 0; v < AVX512_VECS; v++) {
+        const __mmask16 below_inf = _mm512_cmp_ps_mask(mx[v], pos_inf, _CMP_LT_OQ);
+        nan_lanes[v] = _mm512_mask_cmp_ps_mask(below_inf, sum[v], sum[v], _CMP_UNORD_Q);
+        any_nan |= nan_lanes[v];
+    }
+    if (__builtin_expect(any_nan != 0, 0)) {
+        for (r = 0; r < rows; r++)
+            for (int v = 0; v < AVX512_VECS; v++)
+                _mm512_mask_storeu_ps(s + r * lds + 16 * v, nan_lanes[v], nan);
+        for (int v = 0; v < AVX512_VECS; v++) {
+            mx[v] = _mm512_mask_mov_ps(mx[v], nan_lanes[v], nan);
+            m_use[v] = _mm512_mask_mov_ps(m_use[v], nan_lanes[v], nan);
+        }
+    }
 #pragma GCC unroll 4
     for (int v = 0; v < AVX512_VECS; v++) {
         const __m512 a = exp_f32(_mm512_sub_ps(_mm512_loadu_ps(m + 16 * v), m_use[v]));
@@ -192,31 +273,30 @@ static void fmha_f32_softmax_ukernel_64__avx512(size_t rows, float *s, size_t ld
 }
 
 /* Backward: s = exp(s - sub) lane-wise, in place; contract in ukernel.h.
- * A lane whose sub is -inf subtracts +inf instead, so it gives 0. */
-static void fmha_f32_exp_sub_ukernel_64__avx512(size_t rows, float *s, size_t lds,
-                                                const float *sub) {
-    const __m512 pos_inf = _mm512_set1_ps(__builtin_inff()), x_max = _mm512_set1_ps(89.0f);
-    __m512 sub_use[AVX512_VECS];
+ * A lane whose sub is -inf gives 0 (zero-masked in the exp), whatever s is;
+ * NaN in s or sub gives NaN. */
+void fmha_f32_exp_sub_ukernel_64__avx512(size_t rows, float *s, size_t lds, const float *sub) {
+    const __m512 x_max = _mm512_set1_ps(89.0f);
+    __m512 sub_v[AVX512_VECS];
+    __mmask16 keep[AVX512_VECS];
 #pragma GCC unroll 4
     for (int v = 0; v < AVX512_VECS; v++) {
-        const __m512 sv = _mm512_loadu_ps(sub + 16 * v);
-        const __mmask16 masked =
-            _mm512_cmp_ps_mask(sv, _mm512_set1_ps(-__builtin_inff()), _CMP_EQ_OQ);
-        sub_use[v] = _mm512_mask_mov_ps(sv, masked, pos_inf);
+        sub_v[v] = _mm512_loadu_ps(sub + 16 * v);
+        keep[v] = _mm512_cmp_ps_mask(sub_v[v], _mm512_set1_ps(-__builtin_inff()), _CMP_NEQ_UQ);
     }
     for (size_t r = 0; r < rows; r++) {
         float *srow = s + r * lds;
 #pragma GCC unroll 4
         for (int v = 0; v < AVX512_VECS; v++) {
-            const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(srow + 16 * v), sub_use[v]);
-            _mm512_storeu_ps(srow + 16 * v, exp_f32(_mm512_min_ps(x, x_max)));
+            const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(srow + 16 * v), sub_v[v]);
+            _mm512_storeu_ps(srow + 16 * v, exp_f32_keep(keep[v], _mm512_min_ps(x_max, x)));
         }
     }
 }
 
 /* Backward: dp = p * (dp - dsum) lane-wise, in place; contract in ukernel.h. */
-static void fmha_f32_ds_ukernel_64__avx512(size_t rows, const float *p, float *dp, size_t lds,
-                                           const float *dsum) {
+void fmha_f32_ds_ukernel_64__avx512(size_t rows, const float *p, float *dp, size_t lds,
+                                    const float *dsum) {
     __m512 dsum_v[AVX512_VECS];
 #pragma GCC unroll 4
     for (int v = 0; v < AVX512_VECS; v++) dsum_v[v] = _mm512_loadu_ps(dsum + 16 * v);
@@ -262,8 +342,8 @@ FMHA_INLINE void transpose_16x16(__m512 x[16]) {
 /* st[r][i] += src[i * q_stride + r]; contract in ukernel.h. 16 x 16 blocks:
  * 16 query rows loaded (keys past nk masked, queries past nq zero),
  * transposed, added to 16 score rows. */
-static void fmha_f32_add_transposed_ukernel__avx512(size_t nk, size_t nq, const float *src,
-                                                   ptrdiff_t q_stride, float *st, size_t lds) {
+void fmha_f32_add_transposed_ukernel__avx512(size_t nk, size_t nq, const float *src,
+                                            ptrdiff_t q_stride, float *st, size_t lds) {
     for (size_t i0 = 0; i0 < nq; i0 += 16) {
         size_t rows = nq - i0 < 16 ? nq - i0 : 16;
         for (size_t r0 = 0; r0 < nk; r0 += 16) {
@@ -286,7 +366,7 @@ const fmha_ukernels fmha_ukernels_avx512 = {
     .isa = "avx512",
     .mr = AVX512_MR,
     .nr = AVX512_NR,
-    .block_kv = 128,
+    .block_kv = FMHA_AVX512_BLOCK_KV,
     .gemm_f32 = fmha_f32_gemm_ukernel_6x64__avx512,
     .softmax_f32 = fmha_f32_softmax_ukernel_64__avx512,
     .exp_sub_f32 = fmha_f32_exp_sub_ukernel_64__avx512,

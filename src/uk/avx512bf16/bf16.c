@@ -4,8 +4,8 @@
  * vdpbf16ps; tiles of 1-3 rows split the pair-steps over 2-3 accumulator
  * sets to cover the instruction's latency. The pair-row kernel rounds two
  * float32 rows with vcvtne2ps2bf16 and interleaves them with one vpermw.
- * Contract in ../ukernel.h; the scalar specifications live in
- * tests/c/test_bf16_ukernels.c. */
+ * Contract in ../ukernel.h; the scalar specifications are in
+ * ../scalar/bf16.c. */
 #include "bf16.h"
 
 #include <immintrin.h>

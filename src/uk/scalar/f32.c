@@ -29,12 +29,20 @@ static void fmha_f32_gemm_ukernel_4x16__scalar(size_t m, size_t k, const float *
     }
 }
 
-/* Online-softmax step over S^T [rows][16]; contract in ukernel.h. */
+/* max(a, b) that is NaN when either is (fmaxf would ignore a NaN). */
+static float max_nan(float a, float b) {
+    if (isnan(a)) return a;
+    return isnan(b) || b > a ? b : a;
+}
+
+/* Online-softmax step over S^T [rows][16]; contract in ukernel.h. A NaN
+ * score or running max makes the lane's max NaN, so its P, alpha and l are
+ * NaN; +inf follows IEEE (exp(inf - inf) = NaN). */
 static void fmha_f32_softmax_ukernel_16__scalar(size_t rows, float *s, size_t lds, float *m,
                                                 float *l, float *alpha) {
     for (size_t j = 0; j < SCALAR_NR; j++) {
         float mx = m[j];
-        for (size_t r = 0; r < rows; r++) mx = fmaxf(mx, s[r * lds + j]);
+        for (size_t r = 0; r < rows; r++) mx = max_nan(mx, s[r * lds + j]);
         float m_use = mx == -INFINITY ? 0.0f : mx;
         float a = expf(m[j] - m_use);
         float sum = 0.0f;
@@ -49,13 +57,13 @@ static void fmha_f32_softmax_ukernel_16__scalar(size_t rows, float *s, size_t ld
     }
 }
 
-/* s = exp(s - sub) lane-wise; contract in ukernel.h. */
+/* s = exp(s - sub) lane-wise; contract in ukernel.h. A lane whose sub is
+ * -inf gives 0 whatever s holds (NaN and inf included). */
 static void fmha_f32_exp_sub_ukernel_16__scalar(size_t rows, float *s, size_t lds,
                                                 const float *sub) {
-    for (size_t j = 0; j < SCALAR_NR; j++) {
-        float mj = sub[j] == -INFINITY ? INFINITY : sub[j];
-        for (size_t r = 0; r < rows; r++) s[r * lds + j] = expf(s[r * lds + j] - mj);
-    }
+    for (size_t j = 0; j < SCALAR_NR; j++)
+        for (size_t r = 0; r < rows; r++)
+            s[r * lds + j] = sub[j] == -INFINITY ? 0.0f : expf(s[r * lds + j] - sub[j]);
 }
 
 /* dp = p * (dp - dsum) lane-wise; contract in ukernel.h. */
@@ -64,6 +72,17 @@ static void fmha_f32_ds_ukernel_16__scalar(size_t rows, const float *p, float *d
     for (size_t r = 0; r < rows; r++)
         for (size_t j = 0; j < SCALAR_NR; j++)
             dp[r * lds + j] = p[r * lds + j] * (dp[r * lds + j] - dsum[j]);
+}
+
+/* st[r][i] += src[i * q_stride + r] for r < nk, i < nq; contract in
+ * ukernel.h. One addition per element, so the result is the driver's plain
+ * loop's, bit for bit. */
+static void fmha_f32_add_transposed_ukernel__scalar(size_t nk, size_t nq, const float *src,
+                                                   ptrdiff_t q_stride, float *st, size_t lds) {
+    for (size_t i = 0; i < nq; i++) {
+        const float *srow = src + (ptrdiff_t)i * q_stride;
+        for (size_t r = 0; r < nk; r++) st[r * lds + i] += srow[r];
+    }
 }
 
 const fmha_ukernels fmha_ukernels_scalar = {
@@ -75,4 +94,5 @@ const fmha_ukernels fmha_ukernels_scalar = {
     .softmax_f32 = fmha_f32_softmax_ukernel_16__scalar,
     .exp_sub_f32 = fmha_f32_exp_sub_ukernel_16__scalar,
     .ds_f32 = fmha_f32_ds_ukernel_16__scalar,
+    .add_transposed_f32 = fmha_f32_add_transposed_ukernel__scalar,
 };

@@ -1,0 +1,37 @@
+/* avx512/f32.h: the AVX-512 float32 microkernels, exported so that the
+ * avx512 and avx512bf16 kernel tables (and the tests) can both reference
+ * them. Contracts in ../ukernel.h. Only callable on CPUs with AVX512F, BW,
+ * VL and DQ. */
+#ifndef FMHA_UK_AVX512_F32_H
+#define FMHA_UK_AVX512_F32_H
+
+#include <stddef.h>
+
+/* Tile of the GEMM: MR rows, NR lanes; keys per tile of the tiled forward. */
+enum { FMHA_AVX512_MR = 6, FMHA_AVX512_NR = 64, FMHA_AVX512_BLOCK_KV = 128 };
+
+/* C[m x 64] (op)= ab_scale * A[m x k] B[k x 64], 1 <= m <= 6 (fmha_f32_gemm_ukernel_fn). */
+void fmha_f32_gemm_ukernel_6x64__avx512(size_t m, size_t k, const float *a, ptrdiff_t a_rs,
+                                        ptrdiff_t a_cs, const float *b, size_t ldb, float *c,
+                                        size_t ldc, int mode, const float *col_scale,
+                                        float ab_scale);
+
+/* Online-softmax step over S^T [rows][64] (fmha_f32_softmax_ukernel_fn). */
+void fmha_f32_softmax_ukernel_64__avx512(size_t rows, float *s, size_t lds, float *m, float *l,
+                                         float *alpha);
+
+/* s = exp(s - sub) lane-wise (fmha_f32_exp_sub_ukernel_fn). */
+void fmha_f32_exp_sub_ukernel_64__avx512(size_t rows, float *s, size_t lds, const float *sub);
+
+/* dp = p (dp - dsum) lane-wise (fmha_f32_ds_ukernel_fn). */
+void fmha_f32_ds_ukernel_64__avx512(size_t rows, const float *p, float *dp, size_t lds,
+                                    const float *dsum);
+
+/* st[r][i] += src[i * q_stride + r] (fmha_f32_add_transposed_ukernel_fn). */
+void fmha_f32_add_transposed_ukernel__avx512(size_t nk, size_t nq, const float *src,
+                                             ptrdiff_t q_stride, float *st, size_t lds);
+
+/* y[i] = exp(x[i]) over any n: the exp of these kernels, for the tests. */
+void fmha_f32_exp__avx512(size_t n, const float *x, float *y);
+
+#endif /* FMHA_UK_AVX512_F32_H */

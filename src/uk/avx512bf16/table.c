@@ -1,0 +1,26 @@
+/* avx512bf16/table.c: the kernel table of CPUs with AVX512_BF16: the
+ * AVX-512 float32 kernels (same MR, NR and tile sizes as the avx512 table)
+ * plus the bf16 pair kernels of this directory. A table of its own, so that
+ * every ISA of the registry in src/cpu.c is one constant table. */
+#include "../avx512/f32.h"
+#include "../ukernel.h"
+#include "bf16.h"
+
+_Static_assert((int)FMHA_AVX512BF16_MR == (int)FMHA_AVX512_MR &&
+                   (int)FMHA_AVX512BF16_NR == (int)FMHA_AVX512_NR,
+               "the bf16 and float32 kernels of a table share MR and NR");
+
+const fmha_ukernels fmha_ukernels_avx512bf16 = {
+    .isa = "avx512bf16",
+    .mr = FMHA_AVX512_MR,
+    .nr = FMHA_AVX512_NR,
+    .block_kv = FMHA_AVX512_BLOCK_KV,
+    .gemm_f32 = fmha_f32_gemm_ukernel_6x64__avx512,
+    .softmax_f32 = fmha_f32_softmax_ukernel_64__avx512,
+    .exp_sub_f32 = fmha_f32_exp_sub_ukernel_64__avx512,
+    .ds_f32 = fmha_f32_ds_ukernel_64__avx512,
+    .add_transposed_f32 = fmha_f32_add_transposed_ukernel__avx512,
+    .gemm_bf16 = fmha_bf16_gemm_ukernel_6x64__avx512bf16,
+    .pair_rows_bf16 = fmha_bf16_pair_rows_ukernel_64__avx512bf16,
+    .pair_rows_split_bf16 = fmha_bf16_pair_rows_split_ukernel_64__avx512bf16,
+};
