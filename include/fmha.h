@@ -29,6 +29,17 @@
  * Fully masked rows: a query that sees no key gets O = 0 and lse = -inf, and
  * contributes zero to every gradient. No NaN is ever produced by masking.
  *
+ * NaN and infinity follow IEEE arithmetic, the same on every instruction set
+ * and strategy: a NaN score a row can see (from Q, K, a bias) makes that
+ * row's O and lse NaN; a NaN in V makes the O columns it reaches NaN; a +inf
+ * score makes its row NaN (exp(inf - inf)) and a -inf score hides its key.
+ * In the backward a NaN reaches the gradients that depend on it. Keys at or
+ * past kv_lengths[b] are never read, so whatever they hold changes nothing.
+ * Other masks hide scores, not memory: a NaN or inf stored in V (or, in the
+ * backward, in K or V) at a key that such a mask hides from a row may reach
+ * that row through 0 * NaN in the value product. Finite inputs never give
+ * NaN.
+ *
  * Errors: every entry point returns an fmha_status; fmha_status_string()
  * explains it. On any error nothing is written to any output. The library
  * never aborts or exits on a caller's mistake.
@@ -268,7 +279,9 @@ typedef struct fmha_problem {
     int64_t seq_kv;           /* Skv >= 1 */
     int64_t head_dim;         /* D,  1..FMHA_MAX_HEAD_DIM */
     int64_t head_dim_v;       /* Dv, 1..FMHA_MAX_HEAD_DIM */
-    float scale;              /* multiplies Q K^T; 0 selects 1/sqrt(head_dim); NaN/inf is an error */
+    float scale;              /* multiplies Q K^T once the dot products are summed (so a large
+                                 scale cannot overflow Q); 0 selects 1/sqrt(head_dim); NaN/inf is
+                                 an error */
     fmha_causal causal;
     fmha_strategy strategy;
     fmha_precision precision;

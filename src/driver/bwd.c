@@ -310,11 +310,20 @@ static void bwd_key_block(const bwd_ctx *c, bwd_tiles *t, int64_t b, int64_t hk,
     const bwd_dims *d = &c->dm;
     const int64_t *ks = p->k_strides, *vs = p->v_strides;
     int64_t k0 = (int64_t)(j * d->bc);
-    int64_t nk = p->seq_kv - k0 < (int64_t)d->bc ? p->seq_kv - k0 : (int64_t)d->bc;
+    int64_t nk_all = p->seq_kv - k0 < (int64_t)d->bc ? p->seq_kv - k0 : (int64_t)d->bc;
+    /* keys [k0, k0 + nk): the block ends where the last query's view ends
+     * (length, band), so keys no query sees are never read; their dK and
+     * dV are stored as 0 */
+    fmha_tile_pos all = {b, 0, 0, p->seq_q, 0, 0};
+    int64_t kv_begin, kv_end;
+    fmha_mask_kv_range(plan, &all, &kv_begin, &kv_end);
+    int64_t nk = kv_end - k0 < nk_all ? kv_end - k0 : nk_all;
+    if (nk < 0) nk = 0;
     int packed = 0;
     long long computed = 0;
     int64_t qv_begin, qv_end;
     fmha_mask_q_range(plan, b, k0, nk, &qv_begin, &qv_end);
+    if (nk == 0) qv_end = qv_begin;
     size_t qb_begin = (size_t)qv_begin / d->nr;
     size_t qb_end = qv_end > qv_begin ? ((size_t)qv_end + d->nr - 1) / d->nr : qb_begin;
     for (int64_t h = hk * plan->group; h < (hk + 1) * plan->group; h++)
@@ -338,15 +347,16 @@ static void bwd_key_block(const bwd_ctx *c, bwd_tiles *t, int64_t b, int64_t hk,
         }
     fmha_tiles_count(computed);
     /* dK_j, dV_j are complete (zero when no query sees the block) */
-    for (int64_t r = 0; r < nk; r++) {
+    for (int64_t r = 0; r < nk_all; r++) {
+        int keep = packed && r < nk;
         int64_t dkrow = b * ks[0] + (k0 + r) * ks[1] + hk * ks[2];
         int64_t dvrow = b * vs[0] + (k0 + r) * vs[1] + hk * vs[2];
         for (size_t e = 0; e < d->D; e++)
             fmha_store(c->dk, p->dtype, dkrow + (int64_t)e * ks[3],
-                       packed ? c->store_scale * t->dk[(size_t)r * d->d_pad + e] : 0.0f);
+                       keep ? c->store_scale * t->dk[(size_t)r * d->d_pad + e] : 0.0f);
         for (size_t e = 0; e < d->Dv; e++)
             fmha_store(c->dv, p->dtype, dvrow + (int64_t)e * vs[3],
-                       packed ? t->dv[(size_t)r * d->dv_pad + e] : 0.0f);
+                       keep ? t->dv[(size_t)r * d->dv_pad + e] : 0.0f);
     }
 }
 

@@ -174,8 +174,10 @@ static void fwd_tiled_task(void *vctx, size_t task, int thread) {
     long long computed = 0;
     fmha_mask_kv_range(plan, &t, &kb, &ke);
     for (int64_t k0 = kb / bc * bc; k0 < ke; k0 += bc) {
+        /* the last tile ends at ke: keys no query of the block sees (past
+         * its length, or past the band) are never read */
         t.k0 = k0;
-        t.nk = plan->p.seq_kv - k0 < bc ? plan->p.seq_kv - k0 : bc;
+        t.nk = ke - k0 < bc ? ke - k0 : bc;
         int cls = fmha_mask_classify(plan, &t, thread);
         if (cls == FMHA_TILE_EMPTY) continue;
         if (cls < 0) cls = FMHA_TILE_PARTIAL;
@@ -209,16 +211,29 @@ static void fwd_dense_task(void *vctx, size_t task, int thread) {
     size_t st_panel = (size_t)skv * nr;
     fmha_kv_view kv, vv;
     fwd_kv_views(c, b, hk, 0, &kv, &vv);
+    /* keys [0, ke): past ke no query of the head sees a key, and none is read */
+    fmha_tile_pos head = {b, h, 0, plan->p.seq_q, 0, 0};
+    int64_t kb, ke;
+    fmha_mask_kv_range(plan, &head, &kb, &ke);
+    if (ke == 0) { /* no key at all: every row is fully masked */
+        for (size_t pi = 0; pi < panels; pi++) {
+            int64_t q0 = (int64_t)(pi * nr);
+            fwd_reset(nr, plan->p.head_dim_v, &s);
+            fwd_finish(plan, b, h, q0, plan->p.seq_q - q0 < (int64_t)nr ? plan->p.seq_q - q0 : (int64_t)nr,
+                       s.ot, s.m, s.l, c->o, c->lse);
+        }
+        return;
+    }
     for (size_t pi = 0; pi < panels; pi++) {
         int64_t q0 = (int64_t)(pi * nr);
         int64_t nq = plan->p.seq_q - q0 < (int64_t)nr ? plan->p.seq_q - q0 : (int64_t)nr;
         float *st = s.st + pi * st_panel;
         char *qt = s.qt + pi * s.qt_bytes;
         path->q_pack(plan, c->q, b, h, q0, nq, qt);
-        path->scores(plan, kv, skv, qt, st);
+        path->scores(plan, kv, ke, qt, st);
         /* the mask and bias epilogue, tile by tile on the tiled grid */
-        for (int64_t k0 = 0; k0 < skv; k0 += bc) {
-            fmha_tile_pos t = {b, h, q0, nq, k0, skv - k0 < bc ? skv - k0 : bc};
+        for (int64_t k0 = 0; k0 < ke; k0 += bc) {
+            fmha_tile_pos t = {b, h, q0, nq, k0, ke - k0 < bc ? ke - k0 : bc};
             int cls = fmha_mask_classify(plan, &t, thread);
             if (cls < 0) cls = FMHA_TILE_PARTIAL;
             float *tile = st + (size_t)k0 * nr;
@@ -233,8 +248,8 @@ static void fwd_dense_task(void *vctx, size_t task, int thread) {
         int64_t q0 = (int64_t)(pi * nr);
         int64_t nq = plan->p.seq_q - q0 < (int64_t)nr ? plan->p.seq_q - q0 : (int64_t)nr;
         fwd_reset(nr, 0, &s);
-        uk->softmax_f32((size_t)skv, s.st + pi * st_panel, nr, s.m, s.l, s.alpha);
-        path->values(plan, vv, skv, s.st + pi * st_panel, s.pscratch, s.ot, FMHA_UK_STORE, NULL);
+        uk->softmax_f32((size_t)ke, s.st + pi * st_panel, nr, s.m, s.l, s.alpha);
+        path->values(plan, vv, ke, s.st + pi * st_panel, s.pscratch, s.ot, FMHA_UK_STORE, NULL);
         fwd_finish(plan, b, h, q0, nq, s.ot, s.m, s.l, c->o, c->lse);
     }
 }

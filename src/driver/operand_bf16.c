@@ -64,14 +64,16 @@ static void kv_pack(const fmha_plan *plan, const void *k, const void *v, int64_t
     const uint16_t *vb = v;
     pack_pairs_rows(k, b * ks[0] + k0 * ks[1] + hk * ks[2], ks[1], ks[3], nk, p->head_dim, k2 + k0 * D2);
     /* V^T pairs in blocks of 16 pairs: 32 source rows stay in L1 while each
-     * destination row gets 16 consecutive words */
+     * destination row gets 16 consecutive words. A key past the sequence's
+     * length pairs as 0, so that 0 * NaN never meets a value no row sees. */
+    int64_t limit = p->masks.kv_lengths && p->masks.kv_lengths[b] < skv ? p->masks.kv_lengths[b] : skv;
     int64_t pr_end = (k0 + nk + 1) / 2;
     for (int64_t pr0 = k0 / 2; pr0 < pr_end; pr0 += 16) {
         int64_t pr1 = pr0 + 16 < pr_end ? pr0 + 16 : pr_end;
         for (int64_t e = 0; e < Dv; e++)
             for (int64_t pr = pr0; pr < pr1; pr++) {
                 int64_t at = b * vs[0] + 2 * pr * vs[1] + hk * vs[2] + e * vs[3];
-                v2[e * skv2 + pr] = fmha_bf16_pair(vb, at, at + vs[1], 2 * pr + 1 < skv);
+                v2[e * skv2 + pr] = 2 * pr < limit ? fmha_bf16_pair(vb, at, at + vs[1], 2 * pr + 1 < limit) : 0;
             }
     }
 }

@@ -44,7 +44,7 @@ static double softmax_row(const fmha_problem *p, const double *q_row, const floa
         double acc = 0.0;
         for (int64_t d = 0; d < d_n; d++) acc += q_row[d] * (double)kj[d * kd];
         p_row[j] = scale * acc;
-        if (p_row[j] > m) m = p_row[j];
+        if (p_row[j] > m || isnan(p_row[j])) m = p_row[j]; /* a NaN score makes the row NaN */
     }
     if (m == -INFINITY) {
         for (int64_t j = 0; j < skv; j++) p_row[j] = 0.0;

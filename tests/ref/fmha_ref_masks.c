@@ -126,7 +126,7 @@ static double softmax_row(const fmha_problem *p, const float *k, int64_t b, int6
         double s = cap != 0.0 ? cap * tanh(r->raw[j] / cap) : r->raw[j];
         s += fmha_ref_full_bias(p, b, h, i, j);
         r->prob[j] = s;
-        if (s > mx) mx = s;
+        if (s > mx || isnan(s)) mx = s; /* a NaN score makes the row NaN */
     }
     if (mx == -INFINITY) {
         for (int64_t j = 0; j < skv; j++) r->prob[j] = 0.0;
