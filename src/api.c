@@ -111,6 +111,19 @@ static int64_t tensor_span(const int64_t ext[4], const int64_t st[4]) {
     return span;
 }
 
+/* A dimension of extent 1 accepts any stride, but kernels still step a
+ * pointer by it once past the end; a stride no larger dimension could have
+ * (> INT64_MAX / 8) is replaced by 0 in the plan so that step cannot wrap. */
+static void plan_tame_unit_strides(fmha_problem *p) {
+    for (int t = 0; t < 4; t++) {
+        int64_t ext[4];
+        int64_t *st = (int64_t *)tensor_strides(p, t);
+        tensor_extents(p, t, ext);
+        for (int i = 0; i < 4; i++)
+            if (ext[i] == 1 && st[i] > INT64_MAX / 8) st[i] = 0;
+    }
+}
+
 /* 1 if distinct indices always map to distinct offsets in the nested sense:
  * dims sorted by stride, each stride exceeds the reach of the smaller ones. */
 static int tensor_injective(const int64_t ext[4], const int64_t st[4]) {
@@ -212,6 +225,7 @@ static fmha_status plan_make(const fmha_problem *p, plan_kind kind,
     if (st != FMHA_OK) return st;
     *plan = (fmha_plan){0};
     plan->p = *p;
+    plan_tame_unit_strides(&plan->p);
     plan->grads = grads;
     const fmha_masks *mk = &p->masks;
     const fmha_biases *bs = &p->biases;
