@@ -2,7 +2,8 @@
 # test.sh: every test of fmha. Builds the library twice: once with
 # AddressSanitizer + UndefinedBehaviorSanitizer for the C tests (ctest), once
 # optimised for the Python tests (bindings, fmha-bench, report), then runs
-# both suites. Exits non-zero on any failure.
+# both suites and a 60-second run of the libFuzzer target (scripts/fuzz.sh,
+# clang). Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh test
@@ -27,4 +28,7 @@ rc=$?
 set -e
 # pytest exits 5 when it collected no test; that is a failure here too.
 [ "$rc" = 0 ] || status=1
+
+echo "== fuzz_api (libFuzzer, ASan + UBSan, 60 s) =="
+scripts/fuzz.sh 60 || status=1
 exit "$status"
