@@ -75,8 +75,8 @@ long long fmha_tiles_computed(void);
 void fmha_tiles_count(long long n);
 
 /* Largest element offset of a dense [B, Hq, Sq, Skv] mask, bias or bias
- * gradient with strides st (>= 0), or -1 when it exceeds INT64_MAX / 8
- * (computed without overflow). */
+ * gradient with strides st (>= 0), or -1 when it exceeds INT64_MAX / 8 or a
+ * size is < 1 (computed without overflow, for any sizes). */
 int64_t fmha_dense_span(const fmha_problem *p, const int64_t st[4]);
 /* Validates masks and biases (FMHA_ERR_BAD_MASK and friends). */
 fmha_status fmha_masks_check(const fmha_problem *p);

@@ -255,6 +255,20 @@ static void check_extents(void) {
                      untouched ? "untouched" : "WRITTEN");
         }
     }
+    /* the gradient is checked before the sizes: any batch, no overflow */
+    const int64_t batches[3] = {INT64_MIN, 0, INT64_MAX};
+    for (int i = 0; i < 3; i++) {
+        fmha_problem e = *p;
+        fmha_param_grads g = {0};
+        e.batch = batches[i];
+        e.biases.dense = bias;
+        e.biases.dense_strides[0] = 1;
+        g.d_dense = d_bias;
+        g.d_dense_strides[0] = 1;
+        fmha_status st = fmha_backward(&e, c.q, c.k, c.v, o, c.d_o, lse, dq, dk, dv, &g, NULL, 0);
+        tu_check(st == FMHA_ERR_BAD_SIZE, "batch %lld with a dense bias gradient: status %d",
+                 (long long)batches[i], (int)st);
+    }
     free(o), free(lse), free(dq), free(dk), free(dv);
     case_free(&c);
 }
