@@ -15,6 +15,11 @@ command -v ninja >/dev/null || need+=(ninja-build)
 command -v git >/dev/null || need+=(git)
 command -v pkg-config >/dev/null || need+=(pkg-config)   # the test of fmha.pc
 command -v python3 >/dev/null || need+=(python3 python3-venv python3-pip)
+# the fuzz target (scripts/fuzz.sh): clang and its libFuzzer/sanitizer runtimes
+command -v clang >/dev/null || need+=(clang)
+if ! compgen -G "/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a" >/dev/null; then
+    need+=(libclang-rt-dev)
+fi
 if ((${#need[@]})); then
     echo "setup: installing ${need[*]}" >&2
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo

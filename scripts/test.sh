@@ -2,9 +2,10 @@
 # test.sh: every test of fmha. Builds the library twice: once with
 # AddressSanitizer + UndefinedBehaviorSanitizer for the C tests (ctest), once
 # optimised for the Python tests (bindings, fmha-bench, report), then runs
-# both suites, and the packaging checks (tests/install/run.sh: the wheel in a
+# both suites, the packaging checks (tests/install/run.sh: the wheel in a
 # throwaway virtualenv, C consumers of an installed fmha through
-# find_package and pkg-config). Exits non-zero on any failure.
+# find_package and pkg-config) and a 60-second run of the libFuzzer target
+# (scripts/fuzz.sh, clang). Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh test
@@ -32,4 +33,7 @@ set -e
 
 echo "== Packaging (wheel in a fresh venv, find_package and pkg-config consumers) =="
 (unset FMHA_LIBRARY FMHA_BENCH PYTHONPATH; tests/install/run.sh build) || status=1
+
+echo "== fuzz_api (libFuzzer, ASan + UBSan, 60 s) =="
+scripts/fuzz.sh 60 || status=1
 exit "$status"

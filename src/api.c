@@ -114,6 +114,19 @@ static int64_t tensor_span(const int64_t ext[4], const int64_t st[4]) {
     return span;
 }
 
+/* A kernel steps its operand pointer by every stride, even on a dimension of
+ * extent 1 (one step past the end); a stride no larger dimension could have
+ * (> INT64_MAX / 8) is replaced by 0 in a plan's copy so that step cannot wrap. */
+void fmha_problem_tame_unit_strides(fmha_problem *p) {
+    for (int t = 0; t < 4; t++) {
+        int64_t ext[4];
+        int64_t *st = (int64_t *)tensor_strides(p, t);
+        tensor_extents(p, t, ext);
+        for (int i = 0; i < 4; i++)
+            if (ext[i] == 1 && st[i] > INT64_MAX / 8) st[i] = 0;
+    }
+}
+
 /* 1 if distinct indices always map to distinct offsets in the nested sense:
  * dims sorted by stride, each stride exceeds the reach of the smaller ones. */
 static int tensor_injective(const int64_t ext[4], const int64_t st[4]) {

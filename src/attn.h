@@ -71,6 +71,8 @@ static inline void *fmha_carve(fmha_carver *c, size_t bytes) {
  * but the problem's own). */
 fmha_status fmha_plan_init(const fmha_problem *p, fmha_plan *plan);
 
+/* Strides above INT64_MAX / 8 on extent-1 dimensions become 0 (a plan's copy). */
+void fmha_problem_tame_unit_strides(fmha_problem *p);
 /* Copies a caller's problem of any known struct_size into *out. */
 fmha_status fmha_problem_load(const fmha_problem *p, fmha_problem *out);
 
@@ -127,8 +129,8 @@ long long fmha_tiles_computed(void);
 void fmha_tiles_count(long long n);
 
 /* Largest element offset of a dense [B, Hq, Sq, Skv] mask, bias or bias
- * gradient with strides st (>= 0), or -1 when it exceeds INT64_MAX / 8
- * (computed without overflow). */
+ * gradient with strides st (>= 0), or -1 when it exceeds INT64_MAX / 8 or a
+ * size is < 1 (computed without overflow, for any sizes). */
 int64_t fmha_dense_span(const fmha_problem *p, const int64_t st[4]);
 /* Validates masks and biases (FMHA_ERR_BAD_MASK and friends). */
 fmha_status fmha_masks_check(const fmha_problem *p);

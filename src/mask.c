@@ -22,7 +22,7 @@ int64_t fmha_dense_span(const fmha_problem *p, const int64_t st[4]) {
     const int64_t ext[4] = {p->batch, p->heads_q, p->seq_q, p->seq_kv};
     int64_t span = 0, step;
     for (int i = 0; i < 4; i++)
-        if (__builtin_mul_overflow(st[i], ext[i] - 1, &step) ||
+        if (ext[i] < 1 || __builtin_mul_overflow(st[i], ext[i] - 1, &step) ||
             __builtin_add_overflow(span, step, &span) || span > INT64_MAX / 8)
             return -1;
     return span;

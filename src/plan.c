@@ -41,6 +41,7 @@ fmha_status fmha_plan_init(const fmha_problem *p_in, fmha_plan *plan) {
     if (st != FMHA_OK) return st;
     *plan = (fmha_plan){0};
     fmha_problem_load(p_in, &plan->p);
+    fmha_problem_tame_unit_strides(&plan->p);
     const fmha_problem *p = &plan->p;
     const fmha_masks *mk = &p->masks;
     plan->band_lo = mk->window_left >= 0 ? -mk->window_left : INT64_MIN;

@@ -15,6 +15,9 @@
  *             (no overflow; the check then answers FMHA_ERR_BAD_SIZE or
  *             another size error), batch x heads_q and Sq x Skv products
  *             beyond int64.
+ *   unit dims INT64_MAX strides on every dimension of extent 1 (allowed: such
+ *             a stride never multiplies a nonzero index), with a dense mask
+ *             and bias: results as the reference's (to the same tolerances).
  *   extents   dense masks, dense biases and dense bias gradients whose
  *             strides reach past int64 (B = 4, stride 2^62): FMHA_ERR_BAD_SIZE
  *             from every entry point, nothing written. */
@@ -252,12 +255,64 @@ static void check_extents(void) {
                      untouched ? "untouched" : "WRITTEN");
         }
     }
+    /* the gradient is checked before the sizes: any batch, no overflow */
+    const int64_t batches[3] = {INT64_MIN, 0, INT64_MAX};
+    for (int i = 0; i < 3; i++) {
+        fmha_problem e = *p;
+        fmha_param_grads g = {0};
+        e.batch = batches[i];
+        e.biases.dense = bias;
+        e.biases.dense_strides[0] = 1;
+        g.d_dense = d_bias;
+        g.d_dense_strides[0] = 1;
+        fmha_status st = fmha_backward(&e, c.q, c.k, c.v, o, c.d_o, lse, dq, dk, dv, &g, NULL, 0);
+        tu_check(st == FMHA_ERR_BAD_SIZE, "batch %lld with a dense bias gradient: status %d",
+                 (long long)batches[i], (int)st);
+    }
     free(o), free(lse), free(dq), free(dk), free(dv);
     case_free(&c);
 }
 
+/* Dimensions of extent 1 accept any stride: INT64_MAX on every one of them
+ * (Q, K, V, O, dense mask and bias) gives the results of contiguous strides. */
+static void check_unit_strides(void) {
+    const int64_t shapes[3][3] = {{1, 9, 8}, {9, 1, 8}, {5, 7, 1}}; /* Sq, Skv, D */
+    for (int sh = 0; sh < 3; sh++) {
+        lim_case c;
+        case_init(&c, 1, shapes[sh][0], shapes[sh][1], shapes[sh][2]);
+        fmha_problem *p = &c.p;
+        int64_t nsc = p->seq_q * p->seq_kv;
+        uint8_t *mask = malloc((size_t)nsc);
+        float *bias = malloc((size_t)nsc * sizeof(float));
+        if (!mask || !bias) abort();
+        for (int64_t i = 0; i < nsc; i++) mask[i] = (uint8_t)(i % 3 != 1), bias[i] = (float)tu_uniform(-1, 1);
+        /* [1, 1, Sq, Skv] row-major, INT64_MAX on the extent-1 dims */
+        int64_t ms[4] = {INT64_MAX, INT64_MAX, p->seq_kv, 1};
+        if (p->seq_q == 1) ms[2] = INT64_MAX;
+        if (p->seq_kv == 1) ms[3] = INT64_MAX, ms[2] = 1;
+        p->masks.dense = mask;
+        p->biases.dense = bias;
+        memcpy(p->masks.dense_strides, ms, sizeof ms);
+        memcpy(p->biases.dense_strides, ms, sizeof ms);
+        int64_t *sts[4] = {p->q_strides, p->k_strides, p->v_strides, p->o_strides};
+        for (int t = 0; t < 4; t++) {
+            int64_t n[4];
+            tu_shape(p, "qkvo"[t], n);
+            for (int i = 0; i < 4; i++)
+                if (n[i] == 1) sts[t][i] = INT64_MAX;
+        }
+        char what[96];
+        snprintf(what, sizeof what, "INT64_MAX strides on extent-1 dims, Sq %lld Skv %lld D %lld",
+                 (long long)shapes[sh][0], (long long)shapes[sh][1], (long long)shapes[sh][2]);
+        window_case(what, &c);
+        free(mask), free(bias);
+        case_free(&c);
+    }
+}
+
 int main(void) {
     tu_seed();
+    check_unit_strides();
     check_windows();
     check_sizes();
     check_extents();
