@@ -120,7 +120,7 @@ def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o:
         grads.append(g)
     q, k, v = arranged
     dq, dk, dv = grads
-    if torch.empty_like(o).stride() != o.stride():
+    if not o.is_contiguous() and torch.empty_like(o).stride() != o.stride():
         o = _with_layout(o, torch.empty_like(o))
     if d_o.dtype != o.dtype or d_o.stride() != o.stride():
         d_o = _with_layout(d_o, o)
