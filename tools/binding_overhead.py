@@ -14,7 +14,10 @@ us, which a busy machine disturbs least, and the bindings' overhead
 (binding minus C). Inputs: [B, S, H, D] float32 uniform in [-1, 1).
 
     FMHA_LIBRARY=build/libfmha.so PYTHONPATH=python \
-        .venv/bin/python tools/binding_overhead.py --seqs 64,128,256 --threads 1
+        .venv/bin/python tools/binding_overhead.py --bindings torch --threads 1
+
+Time one binding per process: after a JAX call XLA's worker threads keep
+spinning for a while, which slows whatever runs next on a small machine.
 """
 
 import argparse
