@@ -215,6 +215,22 @@ def test_numpy_concurrent_calls():
     assert api._PLANS.info()["size"] == 2
 
 
+def test_numpy_eviction_while_other_threads_run(monkeypatch):
+    api._PLANS.clear()
+    monkeypatch.setattr(api._PLANS, "capacity", 2)
+    cases = [qkv(50 + S, 1, S, S, 2, 2, 16) for S in (24, 40, 56, 72)]  # more shapes than room
+    wants = [one_shot(*c) for c in cases]
+
+    def work(i):
+        for r in range(16):
+            j = (i + r) % len(cases)
+            assert_bitwise(fmha.attention(*cases[j], return_lse=True), wants[j])
+
+    run_threads(work, 4)
+    assert len(api._PLANS) <= 2
+    api._PLANS.clear()
+
+
 # ---- JAX --------------------------------------------------------------------------------------
 
 def jax_fwd_bwd(**kw):
