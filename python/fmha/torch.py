@@ -4,10 +4,11 @@ served by fmha's C kernels on CPU tensors.
 The custom ops fmha::attention and fmha::attention_backward (torch.library)
 call the C library through ctypes on the tensors' data pointers, with
 [B, H, L, E] strides passed as they are (no copies for permuted or
-broadcast inputs), through fmha plans cached per shapes, strides, dtype and
-options (_PLANS, bounded). register_autograd makes the pair differentiable (query,
-key, value and a float attn_mask); register_fake gives torch.compile the
-output shapes, so compiled graphs keep the op as one opaque call.
+broadcast inputs), through fmha plans cached per shapes, strides, dtype
+and options (_PLANS, bounded). register_autograd makes the pair
+differentiable (query, key, value and a float attn_mask); register_fake
+gives torch.compile the output shapes, so compiled graphs keep the op as
+one opaque call.
 
 Rows that see no key at all (a boolean attn_mask that is all False on a
 row) give zeros here, where PyTorch gives NaN.
