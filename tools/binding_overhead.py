@@ -23,6 +23,7 @@ spinning for a while, which slows whatever runs next on a small machine.
 import argparse
 import ctypes
 import time
+import weakref
 
 import numpy as np
 
@@ -67,7 +68,11 @@ def c_runner(lib_mod, q, k, v, d_o, fwdbwd, fresh=False):
         if st != 0:
             lib_mod.check(st, "fmha_plan")
 
-    return run_fresh if fresh else run
+    chosen = run_fresh if fresh else run
+    destroy = lib["fmha_plan_destroy"]
+    destroy.restype, destroy.argtypes = None, [ctypes.c_void_p]
+    weakref.finalize(chosen, destroy, plan.value)
+    return chosen
 
 
 def jax_runner(q, k, v, d_o, fwdbwd):
