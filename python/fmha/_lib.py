@@ -6,6 +6,7 @@ compiles a C program that prints the real offsets and compares. Every other
 module reaches the library through `load()` and `check()`.
 """
 
+import collections
 import ctypes
 import os
 import threading
@@ -231,6 +232,15 @@ def _declare(lib):
         "fmha_forward_backward": (c_int, [prob, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
                                           P(ctypes.c_float), c_void_p, c_void_p, c_void_p,
                                           P(fmha_param_grads)]),
+        # Plans: the handle is a c_void_p; tensors are c_void_p too, so that
+        # the hot path passes plain integer addresses (no pointer objects).
+        "fmha_plan_create": (c_int, [prob, P(c_void_p)]),
+        "fmha_plan_forward": (c_int, [c_void_p] * 6),
+        "fmha_plan_backward": (c_int, [c_void_p] * 10 + [P(fmha_param_grads)]),
+        "fmha_plan_forward_backward": (c_int, [c_void_p] * 10 + [P(fmha_param_grads)]),
+        "fmha_plan_problem": (P(fmha_problem), [c_void_p]),
+        "fmha_plan_workspace_held": (c_size_t, [c_void_p]),
+        "fmha_plan_destroy": (None, [c_void_p]),
         "fmha_set_num_threads": (c_int, [c_int]),
         "fmha_get_num_threads": (c_int, []),
         "fmha_isa_name": (ctypes.c_char_p, []),
@@ -321,3 +331,93 @@ def rel_bucket(rel, num_buckets, max_distance, bidirectional):
     if not hasattr(lib, "fmha_rel_bucket"):
         return None
     return int(lib.fmha_rel_bucket(int(rel), int(num_buckets), int(max_distance), int(bool(bidirectional))))
+
+
+# ---- plans ----------------------------------------------------------------------------
+
+class Plan:
+    """One fmha_plan: a problem validated once, run many times on new tensors
+    of its shapes and strides. The arrays the problem points at (masks,
+    biases) must outlive the plan. Destroyed with this object, so a run that
+    still holds it finishes before the C plan is freed."""
+
+    __slots__ = ("handle", "problem", "_destroy", "_forward", "_backward")
+
+    def __init__(self, problem):
+        lib = load()
+        handle = ctypes.c_void_p()
+        check(lib.fmha_plan_create(ctypes.byref(problem), ctypes.byref(handle)), "fmha_plan_create")
+        self.handle = handle.value
+        self.problem = problem
+        self._destroy = lib.fmha_plan_destroy
+        self._forward = lib.fmha_plan_forward
+        self._backward = lib.fmha_plan_backward
+
+    def __del__(self):
+        handle, self.handle = getattr(self, "handle", None), None
+        if handle:
+            self._destroy(handle)
+
+    def forward(self, q, k, v, o, lse):
+        """fmha_plan_forward on integer addresses (lse may be None); raises FmhaError."""
+        st = self._forward(self.handle, q, k, v, o, lse)
+        if st:
+            check(st, "fmha_plan_forward")
+
+    def backward(self, q, k, v, o, d_o, lse, dq, dk, dv, grads=None):
+        """fmha_plan_backward; grads is an fmha_param_grads or None."""
+        st = self._backward(self.handle, q, k, v, o, d_o, lse, dq, dk, dv,
+                            ctypes.byref(grads) if grads is not None else None)
+        if st:
+            check(st, "fmha_plan_backward")
+
+    def workspace_held(self):
+        return int(load().fmha_plan_workspace_held(self.handle))
+
+
+class PlanCache:
+    """Plans by key, least recently used evicted past `capacity` (0 keeps
+    none). Thread-safe. An evicted plan is freed once no run holds it."""
+
+    def __init__(self, capacity=32):
+        self.capacity = int(capacity)
+        self.hits = self.misses = 0
+        self._plans = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key, make_problem):
+        """The plan of `key`, made from make_problem() on a miss."""
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is not None:
+                self._plans.move_to_end(key)
+                self.hits += 1
+                return plan
+            self.misses += 1
+        plan = Plan(make_problem())
+        evicted = []  # freed after the lock is released
+        with self._lock:
+            if self.capacity <= 0:
+                return plan
+            # Another thread may have made the same plan meanwhile: keep one.
+            plan = self._plans.setdefault(key, plan)
+            self._plans.move_to_end(key)
+            while len(self._plans) > self.capacity:
+                evicted.append(self._plans.popitem(last=False))
+        del evicted
+        return plan
+
+    def __len__(self):
+        with self._lock:
+            return len(self._plans)
+
+    def info(self):
+        """dict(size, capacity, hits, misses)."""
+        with self._lock:
+            return dict(size=len(self._plans), capacity=self.capacity, hits=self.hits, misses=self.misses)
+
+    def clear(self):
+        with self._lock:
+            plans, self._plans = self._plans, collections.OrderedDict()
+            self.hits = self.misses = 0
+        del plans

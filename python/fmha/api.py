@@ -2,7 +2,9 @@
 [B, T, N, H] (or [T, N, H]) arrays, as jax.nn.dot_product_attention does,
 check every shape and dtype in Python, describe the arrays to the C library
 by pointer and element strides (broadcast views and permuted layouts need
-no copies) and call fmha_forward / fmha_backward.
+no copies) and call fmha_forward / fmha_backward. Calls that name no
+array besides the tensors run through plans kept per shape, strides and
+options (fmha_plan_forward / fmha_plan_backward, a bounded cache).
 
 Masks and biases broadcastable to [B, N, T, S] reach the C library as its
 dense mask / dense bias with 0 strides on broadcast dimensions. Callbacks
@@ -479,6 +481,32 @@ def _describe(call, q, k, v):
     call.problem = p
 
 
+# Plans of the calls that name no array but the tensors (no mask, bias,
+# lengths, segment ids, slopes, table or callback): those arrays are new on
+# every call, so such calls take the one-shot path instead.
+_PLANS = _lib.PlanCache(32)
+_PER_CALL_PARTS = ("mask", "bias", "q_lengths", "kv_lengths", "q_ids", "kv_ids", "alibi", "rel_table",
+                   "mask_callback", "bias_callback")
+
+
+def _cached_plan(call, q, k, v, o_strides):
+    """The cached plan of a validated call, or None when it names per-call arrays."""
+    d = call.parts
+    for name in _PER_CALL_PARTS:
+        if d[name] is not None:
+            return None
+    o_strides = tuple(o_strides)
+    key = (d["code"], d["sizes"], _bshd(q), _bshd(k), _bshd(v), o_strides, d["scale"], d["causal"],
+           d["strategy"], d["precision"], d["window"], d["softcap"])
+
+    def make_problem():
+        _describe(call, q, k, v)
+        call.problem.o_strides[:] = o_strides
+        return call.problem
+
+    return _PLANS.get(key, make_problem)
+
+
 def _run(call, fn, *args):
     lib = _lib.load()
     status = getattr(lib, fn)(ctypes.byref(call.problem), *args)
@@ -524,11 +552,16 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
         softcap=softcap, strategy=strategy, mask_callback=mask_callback, bias_callback=bias_callback,
         precision=precision)
     B, T, N, S, K, H, Hv = call.shape
-    _describe(call, q, k, v)
     out = np.empty((B, T, N, Hv), dtype=q.dtype)
     lse = np.empty((B, N, T), dtype=np.float32) if return_lse else None
-    lse_ptr = ctypes.cast(_address(lse), ctypes.POINTER(ctypes.c_float)) if lse is not None else None
-    _run(call, "fmha_forward", _address(q), _address(k), _address(v), _address(out), lse_ptr, None, 0)
+    plan = _cached_plan(call, q, k, v, (T * N * Hv, N * Hv, Hv, 1))
+    if plan is not None:
+        plan.forward(q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data,
+                     lse.ctypes.data if lse is not None else None)
+    else:
+        _describe(call, q, k, v)
+        lse_ptr = ctypes.cast(_address(lse), ctypes.POINTER(ctypes.c_float)) if lse is not None else None
+        _run(call, "fmha_forward", _address(q), _address(k), _address(v), _address(out), lse_ptr, None, 0)
     if not batched:
         out = out[0]
         lse = lse[0] if lse is not None else None
@@ -596,6 +629,13 @@ def attention_backward(query, key, value, out, lse, d_out, bias=None, mask=None,
         o = _same_layout_copy(o, np.empty_like(o))
     if do.strides != o.strides:
         do = _same_layout_copy(do, o)
+    plan = _cached_plan(call, q, k, v, _bshd(o))
+    if plan is not None:
+        plan.backward(q.ctypes.data, k.ctypes.data, v.ctypes.data, o.ctypes.data, do.ctypes.data,
+                      lse_a.ctypes.data, dq.ctypes.data, dk.ctypes.data, dv.ctypes.data)
+        if not batched:
+            dq, dk, dv = dq[0], dk[0], dv[0]
+        return (dq, dk, dv, {}) if return_bias_grads else (dq, dk, dv)
     _describe(call, q, k, v)
     call.problem.o_strides[:] = _bshd(o)
 

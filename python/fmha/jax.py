@@ -11,8 +11,9 @@ source checkout, FMHA_LIBRARY, another jaxlib, a package built without jax)
 the file is compiled on first use with the system C++ compiler (CXX, else
 c++/g++) against jax.ffi.include_dir() and fmha.h, linked to the libfmha.so
 that fmha._lib loaded, and cached under FMHA_FFI_CACHE (default
-~/.cache/fmha/ffi), keyed by a hash of its inputs. The handlers call
-fmha_forward / fmha_backward on XLA's buffers; nothing is computed in Python.
+~/.cache/fmha/ffi), keyed by a hash of its inputs. The handlers run fmha
+plans on XLA's buffers, kept in a bounded cache keyed by the whole C problem
+(plan_cache_info); nothing is computed in Python.
 
 Differentiation: a jax.custom_vjp whose backward is fmha_backward, fed the
 log-sum-exp saved by the forward. Gradients flow to query, key, value and
@@ -220,6 +221,20 @@ def ffi_library_path():
     compiled on first call."""
     _ensure_registered()
     return _ffi_path
+
+
+def plan_cache_info():
+    """The handlers' plan cache (one per process): dict(size, capacity, hits, misses)."""
+    _ensure_registered()
+    stats = (ctypes.c_int64 * 4)()
+    _ffi_handle.fmha_ffi_plan_cache_stats(stats)
+    return dict(zip(("size", "capacity", "hits", "misses"), (int(x) for x in stats)))
+
+
+def plan_cache_clear():
+    """Drops every cached plan (each is freed once no run holds it) and zeroes the counts."""
+    _ensure_registered()
+    _ffi_handle.fmha_ffi_plan_cache_clear()
 
 
 # ---- the custom calls --------------------------------------------------------------------

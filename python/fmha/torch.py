@@ -4,9 +4,11 @@ served by fmha's C kernels on CPU tensors.
 The custom ops fmha::attention and fmha::attention_backward (torch.library)
 call the C library through ctypes on the tensors' data pointers, with
 [B, H, L, E] strides passed as they are (no copies for permuted or
-broadcast inputs). register_autograd makes the pair differentiable (query,
-key, value and a float attn_mask); register_fake gives torch.compile the
-output shapes, so compiled graphs keep the op as one opaque call.
+broadcast inputs), through fmha plans cached per shapes, strides, dtype
+and options (_PLANS, bounded). register_autograd makes the pair
+differentiable (query, key, value and a float attn_mask); register_fake
+gives torch.compile the output shapes, so compiled graphs keep the op as
+one opaque call.
 
 Rows that see no key at all (a boolean attn_mask that is all False on a
 row) give zeros here, where PyTorch gives NaN.
@@ -61,12 +63,21 @@ def _problem(q, k, v, o_strides, bias, mask, is_causal, scale):
     return p
 
 
-def _ptr(t):
-    return ctypes.c_void_p(t.data_ptr())
+# Plans by everything the C problem holds: shapes, strides, dtype, options
+# and, for a mask or bias, its address. The address makes a call whose
+# mask moved miss (and plan anew); a plan is run only when the call's mask
+# sits where the plan reads it, so a stale address is never read.
+_PLANS = _lib.PlanCache(32)
 
 
-def _fptr(t):
-    return ctypes.cast(ctypes.c_void_p(t.data_ptr()), ctypes.POINTER(ctypes.c_float))
+def _operand_key(t):
+    return None if t is None else (t.data_ptr(), t.shape, t.stride())
+
+
+def _plan(q, k, v, o, bias, mask, is_causal, scale):
+    key = (q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), o.stride(), is_causal,
+           scale, _operand_key(bias), _operand_key(mask))
+    return _PLANS.get(key, lambda: _problem(q, k, v, _seq_strides(o), bias, mask, is_causal, scale))
 
 
 def _with_layout(x, like):
@@ -82,9 +93,8 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optio
     B, H, L, _ = q.shape
     out = q.new_empty((B, H, L, v.shape[3]))
     lse = q.new_empty((B, H, L), dtype=torch.float32)
-    p = _problem(q, k, v, _seq_strides(out), bias, mask, is_causal, scale)
-    st = _lib.load().fmha_forward(ctypes.byref(p), _ptr(q), _ptr(k), _ptr(v), _ptr(out), _fptr(lse), None, 0)
-    _lib.check(st, "fmha_forward")
+    plan = _plan(q, k, v, out, bias, mask, is_causal, scale)
+    plan.forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr())
     return out, lse
 
 
@@ -111,24 +121,22 @@ def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o:
         grads.append(g)
     q, k, v = arranged
     dq, dk, dv = grads
-    if torch.empty_like(o).stride() != o.stride():
+    if not o.is_contiguous() and torch.empty_like(o).stride() != o.stride():
         o = _with_layout(o, torch.empty_like(o))
     if d_o.dtype != o.dtype or d_o.stride() != o.stride():
         d_o = _with_layout(d_o, o)
     lse = lse.contiguous()
-    p = _problem(q, k, v, _seq_strides(o), bias, mask, is_causal, scale)
+    plan = _plan(q, k, v, o, bias, mask, is_causal, scale)
     param_grads = None
     d_bias = q.new_empty((0,), dtype=torch.float32)
     if bias_grad and bias is not None:
         d_bias = torch.zeros(bias.shape, dtype=torch.float32)
         param_grads = _lib.fmha_param_grads()
-        param_grads.d_dense = _fptr(d_bias)
+        param_grads.d_dense = ctypes.cast(ctypes.c_void_p(d_bias.data_ptr()), ctypes.POINTER(ctypes.c_float))
         B, H, L, _ = q.shape
         param_grads.d_dense_strides[:] = _mask_strides(d_bias, (B, H, L, k.shape[2]), "attn_mask")
-    st = _lib.load().fmha_backward(ctypes.byref(p), _ptr(q), _ptr(k), _ptr(v), _ptr(o), _ptr(d_o), _fptr(lse),
-                                   _ptr(dq), _ptr(dk), _ptr(dv),
-                                   ctypes.byref(param_grads) if param_grads is not None else None, None, 0)
-    _lib.check(st, "fmha_backward")
+    plan.backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), d_o.data_ptr(), lse.data_ptr(),
+                  dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), param_grads)
     return dq, dk, dv, d_bias
 
 

@@ -15,9 +15,16 @@
 // with vmap_method="expand_dims"): size 1 broadcasts, the results have the
 // full size. Those dimensions fold into the batch when every operand allows
 // it, otherwise each leading index is one library call.
+//
+// Runs go through fmha plans kept in a small cache (PlanCache below), so a
+// jitted step pays for validation and workspace allocation once per shape.
 #include <cstdint>
 #include <cstring>
+#include <list>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "fmha.h"
@@ -36,7 +43,7 @@ const char *StatusName(fmha_status st) {
       "FMHA_ERR_BAD_STRIDE", "FMHA_ERR_OVERLAP",    "FMHA_ERR_BAD_OPTION",
       "FMHA_ERR_UNSUPPORTED", "FMHA_ERR_WORKSPACE_TOO_SMALL",
       "FMHA_ERR_OUT_OF_MEMORY", "FMHA_ERR_BAD_THREAD_COUNT", "FMHA_ERR_BAD_MASK",
-      "FMHA_ERR_CALLBACK"};
+      "FMHA_ERR_CALLBACK", "FMHA_ERR_STRUCT_SIZE"};
   unsigned i = static_cast<unsigned>(st);
   return i < sizeof names / sizeof names[0] ? names[i] : "FMHA_ERR_?";
 }
@@ -50,6 +57,93 @@ ffi::Error StatusError(const char *fn, fmha_status st) {
 
 ffi::Error ArgError(const std::string &what) {
   return ffi::Error(ffi::ErrorCode::kInvalidArgument, "fmha: " + what);
+}
+
+// Plans keyed by the full bytes of the fmha_problem a call builds (zeroed
+// first, so padding compares equal). The problem holds the addresses of the
+// mask, bias and length buffers it names, so a call whose buffers moved
+// misses and makes a new plan, which is correct (a plan reads the arrays at
+// its problem's addresses), and a call whose buffers stayed put (constants,
+// reused arguments) hits. Bounded: past kCapacity the least recently used
+// entry is dropped; shared ownership frees its plan when the last run using
+// it returns. Handlers may run concurrently: one mutex guards the index,
+// and runs on one plan are serialised by the library.
+class PlanCache {
+ public:
+  using PlanPtr = std::shared_ptr<fmha_plan>;
+  static constexpr size_t kCapacity = 32;
+
+  // The plan of *p in *out, made on a miss; the status of fmha_plan_create otherwise.
+  fmha_status Get(const fmha_problem &p, PlanPtr *out) {
+    std::string key(reinterpret_cast<const char *>(&p), sizeof p);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (Find(key, out)) {
+        hits_++;
+        return FMHA_OK;
+      }
+      misses_++;
+    }
+    fmha_plan *raw = nullptr;
+    fmha_status st = fmha_plan_create(&p, &raw);
+    if (st != FMHA_OK) return st;
+    PlanPtr plan(raw, fmha_plan_destroy);
+    std::vector<PlanPtr> evicted;  // released after the lock
+    std::lock_guard<std::mutex> lock(mu_);
+    if (Find(key, out)) return FMHA_OK;  // another thread made it meanwhile
+    lru_.push_front(Entry{key, plan});
+    index_[key] = lru_.begin();
+    while (lru_.size() > kCapacity) {
+      evicted.push_back(std::move(lru_.back().plan));
+      index_.erase(lru_.back().key);
+      lru_.pop_back();
+    }
+    *out = std::move(plan);
+    return FMHA_OK;
+  }
+
+  // size, capacity, hits, misses
+  void Stats(int64_t out[4]) {
+    std::lock_guard<std::mutex> lock(mu_);
+    out[0] = static_cast<int64_t>(lru_.size());
+    out[1] = static_cast<int64_t>(kCapacity);
+    out[2] = hits_;
+    out[3] = misses_;
+  }
+
+  void Clear() {
+    std::list<Entry> dropped;
+    std::lock_guard<std::mutex> lock(mu_);
+    dropped.swap(lru_);
+    index_.clear();
+    hits_ = misses_ = 0;
+  }
+
+ private:
+  struct Entry {
+    std::string key;
+    PlanPtr plan;
+  };
+
+  // Under mu_: the entry of key moved to the front, its plan in *out.
+  bool Find(const std::string &key, PlanPtr *out) {
+    auto it = index_.find(key);
+    if (it == index_.end()) return false;
+    lru_.splice(lru_.begin(), lru_, it->second);
+    *out = it->second->plan;
+    return true;
+  }
+
+  std::mutex mu_;
+  std::list<Entry> lru_;  // most recently used first
+  std::unordered_map<std::string, std::list<Entry>::iterator> index_;
+  int64_t hits_ = 0, misses_ = 0;
+};
+
+// Never destroyed: plans must not outlive libfmha at exit.
+PlanCache &Plans() {
+  static PlanCache *cache = new PlanCache;
+  return *cache;
 }
 
 // One operand: data, element size and row-major element strides, with
@@ -112,6 +206,7 @@ void BroadcastStrides(const Operand &op, int64_t out[4]) {
 // Builds the problem for `batch` batch entries from the core shapes.
 void MakeProblem(const Call &c, const Options &o, fmha_dtype dtype, int64_t batch, fmha_problem *p) {
   const Operand &q = c.op[Q], &k = c.op[K], &v = c.op[V];
+  std::memset(p, 0, sizeof *p);  // the plan cache compares every byte
   fmha_problem_init(p, batch, q.core(2), k.core(2), q.core(1), k.core(1), q.core(3), v.core(3),
                     FMHA_LAYOUT_BSHD);
   p->dtype = dtype;
@@ -135,8 +230,9 @@ bool CanFold(const Call &c, int64_t B) {
   return true;
 }
 
-// Calls fn(batch, pointers) once with the leading dimensions folded into
-// the batch, or once per leading index with each operand's slice.
+// Calls fn(batch, pointers, per_slice) once with the leading dimensions
+// folded into the batch (per_slice false), or once per leading index with
+// each operand's slice (per_slice true).
 template <typename Fn>
 ffi::Error ForEachSlice(Call &c, int64_t B, Fn fn) {
   int64_t count = 1;
@@ -145,7 +241,7 @@ ffi::Error ForEachSlice(Call &c, int64_t B, Fn fn) {
   if (c.lead == 0 || CanFold(c, B)) {
     char *ptr[NSLOTS];
     for (int s = 0; s < NSLOTS; s++) ptr[s] = c.op[s].data;
-    return fn(B * count, ptr);
+    return fn(B * count, ptr, false);
   }
   std::vector<int64_t> idx(c.lead, 0);
   for (int64_t n = 0; n < count; n++) {
@@ -159,7 +255,7 @@ ffi::Error ForEachSlice(Call &c, int64_t B, Fn fn) {
         if (op.dims[i] != 1) off += idx[i] * op.strides[i];
       ptr[s] = op.data + off * static_cast<int64_t>(op.elem);
     }
-    ffi::Error err = fn(B, ptr);
+    ffi::Error err = fn(B, ptr, true);
     if (!err.success()) return err;
     for (int i = c.lead - 1; i >= 0; i--) {
       if (++idx[i] < c.lead_dims[i]) break;
@@ -218,6 +314,14 @@ void FixFoldedBatchStrides(const Call &c, int64_t batch, int64_t B, fmha_problem
     p->masks.dense_strides[0] = c.op[MASK].lead ? c.op[MASK].strides[c.lead - 1] : 0;
 }
 
+// True when the problem names a buffer besides the tensors (mask, bias,
+// lengths): per slice, those addresses differ, so each slice would miss
+// the plan cache and push useful plans out; such runs take the one-shot calls.
+bool HasExtras(const Call &c) {
+  return c.op[BIAS].present() || c.op[MASK].present() || c.op[QLEN].present() ||
+         c.op[KVLEN].present();
+}
+
 ffi::Error CheckMain(const Call &c) {
   const Operand &q = c.op[Q], &k = c.op[K], &v = c.op[V];
   if (q.lead < 0 || k.lead != q.lead || v.lead != q.lead) return ArgError("q, k, v must be [B, T, N, H]");
@@ -249,13 +353,21 @@ ffi::Error Forward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Re
   c.lead_dims.assign(c.op[O].dims.begin(), c.op[O].dims.begin() + c.lead);
   if (ffi::Error err = ReadExtras(extras, opt, c); !err.success()) return err;
   const int64_t B = c.op[Q].core(0);
-  return ForEachSlice(c, B, [&](int64_t batch, char *const ptr[]) -> ffi::Error {
+  const bool extras_present = HasExtras(c);
+  return ForEachSlice(c, B, [&](int64_t batch, char *const ptr[], bool per_slice) -> ffi::Error {
     fmha_problem p;
     MakeProblem(c, opt, dtype, batch, &p);
     AttachExtras(c, ptr, &p);
     FixFoldedBatchStrides(c, batch, B, &p);
-    fmha_status st = fmha_forward(&p, ptr[Q], ptr[K], ptr[V], ptr[O],
-                                  reinterpret_cast<float *>(ptr[LSE]), nullptr, 0);
+    float *lse_ptr = reinterpret_cast<float *>(ptr[LSE]);
+    if (per_slice && extras_present) {
+      fmha_status st = fmha_forward(&p, ptr[Q], ptr[K], ptr[V], ptr[O], lse_ptr, nullptr, 0);
+      return st == FMHA_OK ? ffi::Error::Success() : StatusError("fmha_forward", st);
+    }
+    PlanCache::PlanPtr plan;
+    fmha_status st = Plans().Get(p, &plan);
+    if (st != FMHA_OK) return StatusError("fmha_forward", st);
+    st = fmha_plan_forward(plan.get(), ptr[Q], ptr[K], ptr[V], ptr[O], lse_ptr);
     return st == FMHA_OK ? ffi::Error::Success() : StatusError("fmha_forward", st);
   });
 }
@@ -301,7 +413,8 @@ ffi::Error Backward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::A
     if (c.op[DBIAS].lead != c.lead) return ArgError("wrong rank of d_bias");
   }
   const int64_t B = c.op[Q].core(0);
-  return ForEachSlice(c, B, [&](int64_t batch, char *const ptr[]) -> ffi::Error {
+  const bool extras_present = HasExtras(c);
+  return ForEachSlice(c, B, [&](int64_t batch, char *const ptr[], bool per_slice) -> ffi::Error {
     fmha_problem p;
     MakeProblem(c, opt, dtype, batch, &p);
     AttachExtras(c, ptr, &p);
@@ -314,19 +427,32 @@ ffi::Error Backward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::A
       if (batch != B && c.op[DBIAS].core(0) == 1)
         grads.d_dense_strides[0] = c.op[DBIAS].strides[c.lead - 1];
     }
-    fmha_status st = fmha_backward(&p, ptr[Q], ptr[K], ptr[V], ptr[O], ptr[DO],
-                                   reinterpret_cast<const float *>(ptr[LSE]), ptr[DQ], ptr[DK],
-                                   ptr[DV], c.op[DBIAS].present() ? &grads : nullptr, nullptr, 0);
+    const float *lse_ptr = reinterpret_cast<const float *>(ptr[LSE]);
+    const fmha_param_grads *g = c.op[DBIAS].present() ? &grads : nullptr;
+    if (per_slice && extras_present) {
+      fmha_status st = fmha_backward(&p, ptr[Q], ptr[K], ptr[V], ptr[O], ptr[DO], lse_ptr, ptr[DQ],
+                                     ptr[DK], ptr[DV], g, nullptr, 0);
+      return st == FMHA_OK ? ffi::Error::Success() : StatusError("fmha_backward", st);
+    }
+    PlanCache::PlanPtr plan;
+    fmha_status st = Plans().Get(p, &plan);
+    if (st != FMHA_OK) return StatusError("fmha_backward", st);
+    st = fmha_plan_backward(plan.get(), ptr[Q], ptr[K], ptr[V], ptr[O], ptr[DO], lse_ptr, ptr[DQ],
+                            ptr[DK], ptr[DV], g);
     return st == FMHA_OK ? ffi::Error::Success() : StatusError("fmha_backward", st);
   });
 }
 
 }  // namespace
 
-// The two symbols fmha.jax looks up (the library builds with hidden visibility).
+// The symbols fmha.jax looks up (the library builds with hidden visibility).
 #define FMHA_FFI_EXPORT extern "C" __attribute__((visibility("default")))
 FMHA_FFI_EXPORT XLA_FFI_Error *fmha_ffi_forward(XLA_FFI_CallFrame *call_frame);
 FMHA_FFI_EXPORT XLA_FFI_Error *fmha_ffi_backward(XLA_FFI_CallFrame *call_frame);
+
+// The plan cache's size, capacity, hits and misses; and emptying it.
+FMHA_FFI_EXPORT void fmha_ffi_plan_cache_stats(int64_t out[4]) { Plans().Stats(out); }
+FMHA_FFI_EXPORT void fmha_ffi_plan_cache_clear(void) { Plans().Clear(); }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fmha_ffi_forward, Forward,
                               ffi::Ffi::Bind()
