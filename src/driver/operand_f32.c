@@ -129,8 +129,9 @@ static void qblock_carve(const fmha_plan *plan, fmha_carver *c, const void *q, c
     blk->dot = fmha_carve(c, (size_t)p->head_dim_v * nr * sizeof(float));
     if (in_place) {
         const int64_t *qs = p->q_strides, *os = p->o_strides;
-        blk->qrows = (const float *)q + b * qs[0] + q0 * qs[1] + h * qs[2];
-        blk->dorows = (const float *)d_o + b * os[0] + q0 * os[1] + h * os[2];
+        /* measuring (no tensors yet): nothing to point at */
+        blk->qrows = q ? (const float *)q + b * qs[0] + q0 * qs[1] + h * qs[2] : NULL;
+        blk->dorows = d_o ? (const float *)d_o + b * os[0] + q0 * os[1] + h * os[2] : NULL;
         blk->qrows_ld = (size_t)qs[1];
         blk->dorows_ld = (size_t)os[1];
         blk->rows_in_place = 1;
