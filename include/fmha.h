@@ -35,10 +35,11 @@
  * score makes its row NaN (exp(inf - inf)) and a -inf score hides its key.
  * In the backward a NaN reaches the gradients that depend on it. Keys at or
  * past kv_lengths[b] are never read, so whatever they hold changes nothing.
- * Other masks hide scores, not memory: a NaN or inf stored in V (or, in the
- * backward, in K or V) at a key that such a mask hides from a row may reach
- * that row through 0 * NaN in the value product. Finite inputs never give
- * NaN.
+ * In the forward a value a mask hides from a row never reaches it (a row
+ * whose output is not finite while its softmax sum is is recomputed without
+ * the 0 * V terms of hidden keys). In the backward, a NaN or inf stored in K
+ * or V at a key that another mask hides from a row may still reach that
+ * row's gradients through 0 * NaN. Finite inputs never give NaN.
  *
  * Errors: every entry point returns an fmha_status; fmha_status_string()
  * explains it. On any error nothing is written to any output. The library

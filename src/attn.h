@@ -10,6 +10,8 @@
 #include "uk/ukernel.h"
 
 #define FMHA_ALIGN 64
+/* Most lanes (queries per block) of any microkernel table. */
+#define FMHA_MAX_NR 64
 
 typedef struct fmha_operand_path fmha_operand_path; /* driver/operand.h */
 

@@ -89,15 +89,19 @@ fmha_ws_size fmha_fwd_workspace(const fmha_plan *plan) {
     return (fmha_ws_size){t.used, sh.used};
 }
 
-/* O[b, q0 + i, h, :] = ot[:, i] / l[i]; lse[b, h, q0 + i] = m + log l. */
+/* O[b, q0 + i, h, :] = ot[:, i] / l[i]; lse[b, h, q0 + i] = m + log l, for
+ * every row, or (lanes set) the rows with lanes[i] == want. */
 static void fwd_finish(const fmha_plan *plan, int64_t b, int64_t h, int64_t q0, int64_t nq,
-                       const float *ot, const float *m, const float *l, void *o, float *lse) {
+                       const fwd_block_scratch *s, void *o, float *lse, const unsigned char *lanes,
+                       int want) {
     const int64_t *os = plan->p.o_strides;
     size_t nr = plan->uk->nr;
     int64_t Dv = plan->p.head_dim_v;
+    const float *l = s->l, *m = s->m, *ot = s->ot;
     /* l == 0 only for a row that saw no key (its best score contributes
      * exp(0) = 1 otherwise); a NaN l (a NaN or +inf score) stays NaN */
     for (int64_t i = 0; i < nq; i++) {
+        if (lanes && lanes[i] != want) continue;
         float inv = l[i] != 0.0f ? 1.0f / l[i] : 0.0f;
         int64_t row = b * os[0] + (q0 + i) * os[1] + h * os[2];
         for (int64_t c = 0; c < Dv; c++)
@@ -148,25 +152,40 @@ static void fwd_task_coords(const fwd_ctx *c, size_t task, int64_t *b, int64_t *
     *qb = (int64_t)blk;
 }
 
-static void fwd_tiled_task(void *vctx, size_t task, int thread) {
-    const fwd_ctx *c = vctx;
+/* ot[c][i] = ot[c][i] alpha[i] + sum of P[r][i] V[r][c] over the keys with
+ * P != 0, for the lanes i marked in `lanes`: the value product without the
+ * 0 * V terms of hidden keys, read from the caller's V. */
+static void fwd_values_guarded(const fwd_ctx *c, int64_t b, int64_t hk, int64_t k0, int64_t nk,
+                               const float *pt, const float *alpha, const unsigned char *lanes,
+                               float *ot) {
+    const fmha_problem *p = &c->plan->p;
+    const int64_t *vs = p->v_strides;
+    size_t nr = c->plan->uk->nr;
+    for (size_t i = 0; i < nr; i++) {
+        if (!lanes[i]) continue;
+        for (int64_t col = 0; col < p->head_dim_v; col++) {
+            float acc = ot[(size_t)col * nr + i] * alpha[i];
+            for (int64_t r = 0; r < nk; r++) {
+                float pr = pt[(size_t)r * nr + i];
+                if (pr != 0.0f)
+                    acc += pr * fmha_load(c->v, p->dtype, b * vs[0] + (k0 + r) * vs[1] + hk * vs[2] + col * vs[3]);
+            }
+            ot[(size_t)col * nr + i] = acc;
+        }
+    }
+}
+
+/* One pass of query block (b, h, q0..q0+nq) over its key tiles into s
+ * (ot, m, l). With `lanes` the value product runs guarded for those lanes
+ * only (the others are left unfinished). Returns the tiles computed. */
+static long long fwd_block_pass(const fwd_ctx *c, fwd_block_scratch *s, int64_t b, int64_t h, int64_t q0,
+                                int64_t nq, int thread, const unsigned char *lanes) {
     const fmha_plan *plan = c->plan;
     const fmha_operand_path *path = c->path;
     const fmha_ukernels *uk = plan->uk;
     size_t nr = uk->nr;
-    int64_t bc = (int64_t)uk->block_kv;
-    int64_t b, h, qb;
-    fwd_task_coords(c, task, &b, &h, &qb);
-    int64_t hk = h / plan->group;
-    int64_t q0 = qb * (int64_t)nr;
-    int64_t nq = plan->p.seq_q - q0 < (int64_t)nr ? plan->p.seq_q - q0 : (int64_t)nr;
-
-    fwd_block_scratch s;
-    fmha_carver carver = {c->ws + (size_t)thread * plan->thread_bytes, 0};
-    fwd_carve(plan, &carver, &s);
-    path->q_pack(plan, c->q, b, h, q0, nq, s.qt);
-    fwd_reset(nr, plan->p.head_dim_v, &s);
-
+    int64_t bc = (int64_t)uk->block_kv, hk = h / plan->group;
+    fwd_reset(nr, plan->p.head_dim_v, s);
     /* Key tiles sit on the grid k0 = multiple of Bc, so every strategy and
      * pass shows a mask the same tiles. */
     fmha_tile_pos t = {b, h, q0, nq, 0, 0};
@@ -184,13 +203,58 @@ static void fwd_tiled_task(void *vctx, size_t task, int thread) {
         computed++;
         fmha_kv_view kv, vv;
         fwd_kv_views(c, b, hk, k0, &kv, &vv);
-        path->scores(plan, kv, t.nk, s.qt, s.st);
+        path->scores(plan, kv, t.nk, s->qt, s->st);
         if (cls == FMHA_TILE_PARTIAL || plan->has_bias)
-            fmha_score_epilogue(plan, &t, (fmha_tile_class)cls, s.st, nr, NULL, s.mask, thread);
-        uk->softmax_f32((size_t)t.nk, s.st, nr, s.m, s.l, s.alpha);
-        path->values(plan, vv, t.nk, s.st, s.pscratch, s.ot, FMHA_UK_RESCALE, s.alpha);
+            fmha_score_epilogue(plan, &t, (fmha_tile_class)cls, s->st, nr, NULL, s->mask, thread);
+        uk->softmax_f32((size_t)t.nk, s->st, nr, s->m, s->l, s->alpha);
+        if (lanes)
+            fwd_values_guarded(c, b, hk, k0, t.nk, s->st, s->alpha, lanes, s->ot);
+        else
+            path->values(plan, vv, t.nk, s->st, s->pscratch, s->ot, FMHA_UK_RESCALE, s->alpha);
     }
-    fwd_finish(plan, b, h, q0, nq, s.ot, s.m, s.l, c->o, c->lse);
+    return computed;
+}
+
+/* Lanes whose row sum is a number but whose output is not: a NaN or inf in
+ * V at a key the row sees, or at one it does not (0 * NaN in the value
+ * product). The caller redoes them guarded. Returns how many. */
+static size_t fwd_nonfinite_lanes(const fmha_plan *plan, const fwd_block_scratch *s, int64_t nq,
+                                  unsigned char *lanes) {
+    size_t nr = plan->uk->nr, n = 0;
+    for (size_t i = 0; i < nr; i++) {
+        lanes[i] = 0;
+        if ((int64_t)i >= nq || !isfinite(s->l[i])) continue;
+        for (int64_t col = 0; col < plan->p.head_dim_v && !lanes[i]; col++)
+            lanes[i] = !isfinite(s->ot[(size_t)col * nr + i]);
+        n += lanes[i];
+    }
+    return n;
+}
+
+static void fwd_tiled_task(void *vctx, size_t task, int thread) {
+    const fwd_ctx *c = vctx;
+    const fmha_plan *plan = c->plan;
+    size_t nr = plan->uk->nr;
+    int64_t b, h, qb;
+    fwd_task_coords(c, task, &b, &h, &qb);
+    int64_t q0 = qb * (int64_t)nr;
+    int64_t nq = plan->p.seq_q - q0 < (int64_t)nr ? plan->p.seq_q - q0 : (int64_t)nr;
+
+    fwd_block_scratch s;
+    fmha_carver carver = {c->ws + (size_t)thread * plan->thread_bytes, 0};
+    fwd_carve(plan, &carver, &s);
+    c->path->q_pack(plan, c->q, b, h, q0, nq, s.qt);
+    long long computed = fwd_block_pass(c, &s, b, h, q0, nq, thread, NULL);
+    unsigned char lanes[FMHA_MAX_NR];
+    if (fwd_nonfinite_lanes(plan, &s, nq, lanes)) {
+        /* rare: replay the block with the guarded value product for those
+         * lanes (the same scores and softmax), then finish only them */
+        fwd_finish(plan, b, h, q0, nq, &s, c->o, c->lse, lanes, 0);
+        fwd_block_pass(c, &s, b, h, q0, nq, thread, lanes);
+        fwd_finish(plan, b, h, q0, nq, &s, c->o, c->lse, lanes, 1);
+    } else {
+        fwd_finish(plan, b, h, q0, nq, &s, c->o, c->lse, NULL, 0);
+    }
     fmha_tiles_count(computed);
 }
 
@@ -220,7 +284,7 @@ static void fwd_dense_task(void *vctx, size_t task, int thread) {
             int64_t q0 = (int64_t)(pi * nr);
             fwd_reset(nr, plan->p.head_dim_v, &s);
             fwd_finish(plan, b, h, q0, plan->p.seq_q - q0 < (int64_t)nr ? plan->p.seq_q - q0 : (int64_t)nr,
-                       s.ot, s.m, s.l, c->o, c->lse);
+                       &s, c->o, c->lse, NULL, 0);
         }
         return;
     }
@@ -250,7 +314,13 @@ static void fwd_dense_task(void *vctx, size_t task, int thread) {
         fwd_reset(nr, 0, &s);
         uk->softmax_f32((size_t)ke, s.st + pi * st_panel, nr, s.m, s.l, s.alpha);
         path->values(plan, vv, ke, s.st + pi * st_panel, s.pscratch, s.ot, FMHA_UK_STORE, NULL);
-        fwd_finish(plan, b, h, q0, nq, s.ot, s.m, s.l, c->o, c->lse);
+        unsigned char lanes[FMHA_MAX_NR];
+        if (fwd_nonfinite_lanes(plan, &s, nq, lanes)) { /* rare: see fwd_tiled_task */
+            for (size_t i = 0; i < nr; i++)
+                for (int64_t col = 0; lanes[i] && col < plan->p.head_dim_v; col++) s.ot[(size_t)col * nr + i] = 0.0f;
+            fwd_values_guarded(c, b, hk, 0, ke, s.st + pi * st_panel, s.alpha, lanes, s.ot);
+        }
+        fwd_finish(plan, b, h, q0, nq, &s, c->o, c->lse, NULL, 0);
     }
 }
 

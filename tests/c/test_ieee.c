@@ -1,7 +1,8 @@
 /* test_ieee.c: NaN, infinity and extreme values reach the outputs as IEEE
  * arithmetic says, the same on every instruction set and strategy:
  *   a NaN in Q, or in K at a key a row sees, makes that row's O and lse NaN;
- *   a NaN in V makes the O column it reaches NaN and leaves lse alone;
+ *   a NaN in V makes the O column it reaches NaN and leaves lse alone, and
+ *   never reaches a row a mask hides its key from;
  *   +inf in K gives the rows that see it NaN, -inf hides the key;
  *   keys at or past kv_lengths[b] are never read (NaN there changes nothing);
  *   a large finite scale with representable logits does not overflow;
@@ -58,8 +59,9 @@ static void check_forward_tol(const char *what, const ieee_case *c, double atol,
                 continue;
             size_t bad = 0, first = (size_t)-1;
             for (size_t e = 0; e < no; e++) {
-                int ok = isnan(ro[e]) ? isnan(o[e])
-                                      : !isnan(o[e]) && fabs(o[e] - ro[e]) <= atol + rtol * fabs(ro[e]);
+                int ok = isnan(ro[e])   ? isnan(o[e])
+                         : isinf(ro[e]) ? o[e] == ro[e]
+                                        : !isnan(o[e]) && fabs(o[e] - ro[e]) <= atol + rtol * fabs(ro[e]);
                 if (!ok && bad++ == 0) first = e;
             }
             for (size_t e = 0; e < nl; e++) {
@@ -109,13 +111,17 @@ static void test_nan_in_k(void) {
     case_free(&c);
 }
 
-/* Every row sees key 40 (no causal mask: a NaN in V at a key the band hides
- * from some rows of a block may reach them, as fmha.h says). */
+/* Every row sees key 40; then, causal, only rows 40.. do: the rows of the
+ * same blocks that the band hides it from stay finite. */
 static void test_nan_in_v(void) {
     ieee_case c;
     case_new(&c, 0, 1, 1);
     *tu_elem(c.v, c.p.v_strides, 0, 40, 0, 5) = NAN;
     check_forward("NaN in V", &c);
+    c.p.causal = FMHA_CAUSAL_TOP_LEFT;
+    check_forward("NaN in V, causal", &c);
+    *tu_elem(c.v, c.p.v_strides, 0, 40, 0, 5) = INFINITY;
+    check_forward("+inf in V, causal", &c);
     case_free(&c);
 }
 
