@@ -44,6 +44,8 @@ size_t fmha_mask_scratch_bytes(const fmha_plan *plan) {
     return fmha_round_up(plan->uk->block_kv * plan->uk->nr, FMHA_ALIGN);
 }
 
+int64_t fmha_causal_off(const fmha_plan *plan, int64_t b) { return plan->causal_offset; }
+
 /* d = j - (i + off) over the tile: [d_min, d_max]. */
 static void band_span(const fmha_plan *plan, const fmha_tile_pos *t, int64_t *d_min, int64_t *d_max) {
     *d_min = t->k0 - (t->q0 + t->nq - 1) - plan->causal_offset;

@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "../ukernel.h"
+#include "decode.h"
 
 /* MR = 6: 24 accumulators + 4 B rows of the 32 zmm. Measured on Zen 5 at
  * k = 64: 6x64 runs at 94-98% of the FMA peak, 4x64 at 83-97%. */
@@ -124,7 +125,6 @@ FMHA_INLINE __m512 exp_f32(__m512 x) {
 
 /* y[i] = exp(x[i]) over any n; exp(+inf) = +inf. The test checks the exp
  * of this file through it. */
-void fmha_f32_exp__avx512(size_t n, const float *x, float *y);
 void fmha_f32_exp__avx512(size_t n, const float *x, float *y) {
     const __m512 hi = _mm512_set1_ps(89.0f);
     size_t i = 0;
@@ -292,4 +292,9 @@ const fmha_ukernels fmha_ukernels_avx512 = {
     .exp_sub_f32 = fmha_f32_exp_sub_ukernel_64__avx512,
     .ds_f32 = fmha_f32_ds_ukernel_64__avx512,
     .add_transposed_f32 = fmha_f32_add_transposed_ukernel__avx512,
+    .decode_scores_f32 = fmha_f32_decode_scores__avx512,
+    .decode_softmax_f32 = fmha_f32_decode_softmax__avx512,
+    .decode_values_f32 = fmha_f32_decode_values__avx512,
+    .widen_bf16 = fmha_widen_bf16__avx512,
+    .widen_f16 = fmha_widen_f16__avx512,
 };
