@@ -20,11 +20,17 @@
  * Causal masking (fmha_causal):
  *   FMHA_CAUSAL_TOP_LEFT     query i sees key j iff j <= i
  *                            (PyTorch is_causal, jax.nn.dot_product_attention)
- *   FMHA_CAUSAL_BOTTOM_RIGHT query i sees key j iff j <= i + (Skv - Sq)
- *                            (FlashAttention >= 2.1; the last query sees every
- *                            key, as in decoding with a KV cache)
- *   When Sq > Skv with bottom-right alignment the first Sq - Skv queries see
- *   no key at all.
+ *   FMHA_CAUSAL_BOTTOM_RIGHT query i of batch element b sees key j iff
+ *                            j <= i + (kv_len[b] - q_len[b])
+ *                            (FlashAttention >= 2.1 and its cache_seqlens; the
+ *                            last query of each sequence sees every key of it,
+ *                            as in decoding with a KV cache). kv_len[b] is
+ *                            masks.kv_lengths[b], or Skv when kv_lengths is
+ *                            NULL; q_len[b] is masks.q_lengths[b], or Sq when
+ *                            q_lengths is NULL. Without length arrays this is
+ *                            j <= i + (Skv - Sq).
+ *   When q_len[b] > kv_len[b] with bottom-right alignment the first
+ *   q_len[b] - kv_len[b] queries of b see no key at all.
  *
  * Fully masked rows: a query that sees no key gets O = 0 and lse = -inf, and
  * contributes zero to every gradient. No NaN is ever produced by masking.
@@ -123,9 +129,12 @@ typedef enum fmha_dtype {
  * only if all masks allow it: composed by AND). Tiles no mask touches take
  * the unmasked path; tiles every mask rules out are skipped entirely.
  *
- * Query i and key j are compared in the causal alignment's coordinates:
- * a = i + off - j, off = Skv - Sq for FMHA_CAUSAL_BOTTOM_RIGHT, else 0
- * (also when causal is NONE). */
+ * Query i and key j of batch element b are compared in the causal
+ * alignment's coordinates: a = i + off - j, off = kv_len[b] - q_len[b] for
+ * FMHA_CAUSAL_BOTTOM_RIGHT (each sequence's own lengths, as defined in the
+ * header comment: Skv - Sq when no length array is given), else 0 (also
+ * when causal is NONE). Windows, ALiBi and the relative-position table
+ * measure a. */
 
 /* What a tile callback is asked about: queries [q0, q0 + nq) x keys
  * [k0, k0 + nk) of (batch, head_q). Element (query q0 + i, key k0 + r) of a
