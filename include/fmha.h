@@ -102,7 +102,7 @@ FMHA_API const char *fmha_status_string(fmha_status status);
 typedef enum fmha_strategy {
     FMHA_STRATEGY_AUTO = 0,   /* dense for small problems, tiled otherwise (crossover measured, see
                                  src/plan.c); the forward of few queries against many keys
-                                 (Sq <= 16, Skv >= 4 Sq: decoding) runs the decode driver,
+                                 (Sq <= 16, Skv >= 8 Sq: decoding) runs the decode driver,
                                  split over the keys (docs/design.md, "Decode") */
     FMHA_STRATEGY_TILED,      /* online softmax over query x key tiles; workspace O(threads x tile) */
     FMHA_STRATEGY_DENSE,      /* scores of one head materialised: workspace O(threads x Sq x Skv) */

@@ -32,9 +32,14 @@
 /* Most rows served from one pass over K and V (a unit), and keys per tile. */
 enum { DEC_MAX_ROWS = 32, DEC_TILE = 32 };
 
-/* Crossover, measured with fmha-bench (see docs/design.md, Decode):
- * queries at most DEC_MAX_SQ and keys at least DEC_MIN_KV_PER_Q per query. */
-enum { DEC_MAX_SQ = 16, DEC_MIN_KV_PER_Q = 4 };
+/* Crossover: queries at most DEC_MAX_SQ and keys at least DEC_MIN_KV_PER_Q
+ * per query. Measured with fmha-bench (B = 1, Hq = 32, D = 128, float32,
+ * 2 threads, AVX-512, ms auto(decode) / tiled / dense): Sq = 1, Hkv = 8:
+ * Skv = 8 0.054/0.12/0.19, 64 0.12/1.2/1.2, 256 0.41/5.3/8.0; Sq = 16,
+ * Hkv = 8: Skv = 64 1.63/1.09/0.70, 128 0.97/0.99/1.53, 256 3.8/5.0/7.5,
+ * 2048 31/76/128; Hkv = 32: Skv = 64 0.67/0.62/0.59, 128 2.4/2.8/1.8,
+ * 512 4.4/14/32 (a busy machine: +-30%). Decode loses at 4 keys a query. */
+enum { DEC_MAX_SQ = 16, DEC_MIN_KV_PER_Q = 8 };
 
 /* Split-KV: aim for DEC_TASKS tasks in all, chunks of at least DEC_MIN_CHUNK keys. */
 enum { DEC_TASKS = 64, DEC_MIN_CHUNK = 256 };
