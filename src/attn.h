@@ -38,11 +38,11 @@ struct fmha_plan {
     int has_bias;              /* any bias or softcap (fmha_biases_active) */
     fmha_ws_size fwd_ws, bwd_ws; /* workspace of each direction (bwd: any gradients) */
     /* Decode (driver/decode.c): set when planning gives the forward to the
-     * decode driver. Rows of a kv head (group x Sq) are served in units of
-     * dec_rows rows, dec_units per kv head; keys in dec_splits chunks of
-     * dec_chunk keys (split-KV), all from the problem's shape. */
+     * decode driver. A unit serves dec_heads kv heads x dec_rows rows of
+     * each (rows of a kv head: group x Sq, in dec_units units); keys in
+     * dec_splits chunks of dec_chunk keys (split-KV); all from the shape. */
     int decode;
-    int64_t dec_rows, dec_units, dec_chunk, dec_splits;
+    int64_t dec_heads, dec_rows, dec_units, dec_chunk, dec_splits;
 
     /* ---- per run ---- */
     size_t thread_bytes;       /* this run's direction: bytes per thread */

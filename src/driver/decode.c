@@ -29,8 +29,9 @@
 #include "../convert.h"
 #include "../pool.h"
 
-/* Most rows served from one pass over K and V (a unit), and keys per tile. */
-enum { DEC_MAX_ROWS = 32, DEC_TILE = 32 };
+/* Most rows of one kv head served from one pass over its K and V, keys per
+ * tile, and most rows (all heads) of a unit. */
+enum { DEC_MAX_ROWS = 32, DEC_TILE = 32, DEC_MAX_UNIT_ROWS = 256 };
 
 /* Crossover: queries at most DEC_MAX_SQ and keys at least DEC_MIN_KV_PER_Q
  * per query. Measured with fmha-bench (B = 1, Hq = 32, D = 128, float32,
@@ -62,7 +63,17 @@ int fmha_decode_plan(fmha_plan *plan) {
     int64_t rows = plan->group * p->seq_q;
     plan->dec_units = ceil_div(rows, DEC_MAX_ROWS);
     plan->dec_rows = ceil_div(rows, plan->dec_units);
-    int64_t units = p->batch * p->heads_kv * plan->dec_units;
+    /* Caches that interleave the kv heads within a key ([B, S, H, D]) hold
+     * one head's key rows a page apart: a unit then takes several heads
+     * (a divisor of Hkv), so that a tile reads whole pages, in order. */
+    plan->dec_heads = 1;
+    if (plan->dec_units == 1 && p->k_strides[2] < p->k_strides[1] && p->v_strides[2] < p->v_strides[1])
+        for (int64_t hb = p->heads_kv; hb > 1; hb--)
+            if (p->heads_kv % hb == 0 && hb * plan->dec_rows <= DEC_MAX_UNIT_ROWS) {
+                plan->dec_heads = hb;
+                break;
+            }
+    int64_t units = p->batch * p->heads_kv / plan->dec_heads * plan->dec_units;
     int64_t splits = ceil_div(DEC_TASKS, units);
     int64_t most = ceil_div(p->seq_kv, DEC_MIN_CHUNK);
     if (splits > most) splits = most;
@@ -74,7 +85,7 @@ int fmha_decode_plan(fmha_plan *plan) {
 }
 
 /* One thread's scratch:
- *   qf [rows][D] float32 query rows, s [rows][TILE] scores / P,
+ *   qf [heads][rows][D] float32 query rows, s [rows][TILE] scores / P,
  *   kf [TILE][D], vf [TILE][Dv] widened tiles (2-byte dtypes only),
  *   alpha [rows], lo/hi [rows] each row's visible keys [lo, hi),
  *   acc [Dv] the merge's sum */
@@ -84,7 +95,7 @@ typedef struct dec_scratch {
 } dec_scratch;
 
 /* Partials in the shared area, per (unit, chunk):
- *   po [units][splits][rows][Dv], pm and pl [units][splits][rows] */
+ *   po [units][splits][heads x rows][Dv], pm and pl [units][splits][heads x rows] */
 typedef struct dec_partials {
     float *po, *pm, *pl;
 } dec_partials;
@@ -92,7 +103,7 @@ typedef struct dec_partials {
 static void dec_carve(const fmha_plan *plan, fmha_carver *c, dec_scratch *s) {
     size_t rows = (size_t)plan->dec_rows, D = (size_t)plan->p.head_dim, Dv = (size_t)plan->p.head_dim_v;
     int wide = plan->p.dtype != FMHA_DTYPE_F32;
-    s->qf = fmha_carve(c, rows * D * sizeof(float));
+    s->qf = fmha_carve(c, (size_t)plan->dec_heads * rows * D * sizeof(float));
     s->s = fmha_carve(c, rows * DEC_TILE * sizeof(float));
     s->kf = fmha_carve(c, wide ? DEC_TILE * D * sizeof(float) : 0);
     s->vf = fmha_carve(c, wide ? DEC_TILE * Dv * sizeof(float) : 0);
@@ -104,7 +115,7 @@ static void dec_carve(const fmha_plan *plan, fmha_carver *c, dec_scratch *s) {
 
 static void dec_carve_shared(const fmha_plan *plan, fmha_carver *c, dec_partials *pt) {
     size_t n = (size_t)(plan->p.batch * plan->p.heads_kv * plan->dec_units * plan->dec_splits) *
-               (size_t)plan->dec_rows;
+               (size_t)plan->dec_rows; /* units x heads = B x Hkv x dec_units */
     pt->po = fmha_carve(c, n * (size_t)plan->p.head_dim_v * sizeof(float));
     pt->pm = fmha_carve(c, n * sizeof(float));
     pt->pl = fmha_carve(c, n * sizeof(float));
@@ -128,12 +139,12 @@ typedef struct dec_ctx {
     dec_partials pt;
 } dec_ctx;
 
-/* Unit u -> (batch b, kv head hk, first row rho0, rows n). */
+/* Unit u -> (batch b, first kv head hk of dec_heads, first row rho0, rows n). */
 static void dec_unit(const fmha_plan *plan, int64_t u, int64_t *b, int64_t *hk, int64_t *rho0,
                      int64_t *n) {
-    int64_t per_b = plan->p.heads_kv * plan->dec_units;
+    int64_t per_b = plan->p.heads_kv / plan->dec_heads * plan->dec_units;
     *b = u / per_b;
-    *hk = u % per_b / plan->dec_units;
+    *hk = u % per_b / plan->dec_units * plan->dec_heads;
     *rho0 = u % plan->dec_units * plan->dec_rows;
     int64_t left = plan->group * plan->p.seq_q - *rho0;
     *n = left < plan->dec_rows ? left : plan->dec_rows;
@@ -157,27 +168,30 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
     const fmha_problem *p = &plan->p;
     const fmha_ukernels *uk = plan->uk;
     const int64_t D = p->head_dim, Dv = p->head_dim_v, group = plan->group;
+    const int64_t heads = plan->dec_heads, rows = plan->dec_rows;
     const int64_t unit = (int64_t)task / plan->dec_splits, split = (int64_t)task % plan->dec_splits;
-    int64_t b, hk, rho0, n;
-    dec_unit(plan, unit, &b, &hk, &rho0, &n);
+    int64_t b, hk0, rho0, n;
+    dec_unit(plan, unit, &b, &hk0, &rho0, &n);
 
     dec_scratch s;
     fmha_carver carver = {c->ws + (size_t)thread * plan->thread_bytes, 0};
     dec_carve(plan, &carver, &s);
-    /* this task's partial: o [rows][Dv], m, l [rows] */
-    size_t slot = (size_t)task * (size_t)plan->dec_rows;
+    /* this task's partial: o [heads][rows][Dv], m, l [heads][rows] */
+    size_t slot = (size_t)task * (size_t)(heads * rows);
     float *po = c->pt.po + slot * (size_t)Dv, *pm = c->pt.pm + slot, *pl = c->pt.pl + slot;
-    memset(po, 0, (size_t)(n * Dv) * sizeof(float));
+    memset(po, 0, (size_t)(heads * rows * Dv) * sizeof(float));
+    for (int64_t x = 0; x < heads * rows; x++) {
+        pm[x] = -INFINITY;
+        pl[x] = 0.0f;
+    }
 
-    /* the chunk's keys any row sees: [kb, ke) */
+    /* the chunk's keys any row sees: [kb, ke); a row's range depends only
+     * on its query, so every head shares lo/hi */
     int64_t kb = split * plan->dec_chunk, ke = kb + plan->dec_chunk;
     if (ke > p->seq_kv) ke = p->seq_kv;
     int64_t any_lo = INT64_MAX, any_hi = INT64_MIN;
     for (int64_t r = 0; r < n; r++) {
-        pm[r] = -INFINITY;
-        pl[r] = 0.0f;
-        int64_t i = (rho0 + r) / group;
-        dec_row_range(plan, b, i, &s.lo[r], &s.hi[r]);
+        dec_row_range(plan, b, (rho0 + r) / group, &s.lo[r], &s.hi[r]);
         if (s.lo[r] < s.hi[r]) {
             if (s.lo[r] < any_lo) any_lo = s.lo[r];
             if (s.hi[r] > any_hi) any_hi = s.hi[r];
@@ -188,51 +202,57 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
     if (kb >= ke) return;
     kb = kb / DEC_TILE * DEC_TILE; /* tiles on the chunk's grid */
 
-    /* query rows, widened */
+    /* query rows, widened: qf [heads][rows][D] */
     const int64_t *qs = p->q_strides;
-    for (int64_t r = 0; r < n; r++) {
-        int64_t i = (rho0 + r) / group, h = hk * group + (rho0 + r) % group;
-        int64_t first = b * qs[0] + i * qs[1] + h * qs[2];
-        for (int64_t e = 0; e < D; e++) s.qf[r * D + e] = fmha_load(c->q, p->dtype, first + e * qs[3]);
-    }
+    for (int64_t hh = 0; hh < heads; hh++)
+        for (int64_t r = 0; r < n; r++) {
+            int64_t i = (rho0 + r) / group, h = (hk0 + hh) * group + (rho0 + r) % group;
+            int64_t first = b * qs[0] + i * qs[1] + h * qs[2];
+            float *qrow = s.qf + (hh * rows + r) * D;
+            for (int64_t e = 0; e < D; e++) qrow[e] = fmha_load(c->q, p->dtype, first + e * qs[3]);
+        }
 
     const int64_t *ks = p->k_strides, *vs = p->v_strides;
     const size_t esize = fmha_dtype_size(p->dtype);
-    const char *kbase = (const char *)c->k + (size_t)(b * ks[0] + hk * ks[2]) * esize;
-    const char *vbase = (const char *)c->v + (size_t)(b * vs[0] + hk * vs[2]) * esize;
     fmha_widen_ukernel_fn widen = p->dtype == FMHA_DTYPE_BF16 ? uk->widen_bf16 : uk->widen_f16;
     long long computed = 0;
     for (int64_t k0 = kb; k0 < ke; k0 += DEC_TILE) {
         int64_t nk = ke - k0 < DEC_TILE ? ke - k0 : DEC_TILE;
-        const float *kt, *vt;
-        size_t ldk, ldv;
-        if (p->dtype == FMHA_DTYPE_F32) {
-            kt = (const float *)kbase + k0 * ks[1];
-            vt = (const float *)vbase + k0 * vs[1];
-            ldk = (size_t)ks[1];
-            ldv = (size_t)vs[1];
-        } else {
-            for (int64_t j = 0; j < nk; j++) {
-                widen((size_t)D, (const uint16_t *)kbase + (k0 + j) * ks[1], s.kf + j * D);
-                widen((size_t)Dv, (const uint16_t *)vbase + (k0 + j) * vs[1], s.vf + j * Dv);
+        for (int64_t hh = 0; hh < heads; hh++) {
+            const int64_t hk = hk0 + hh;
+            const char *kbase = (const char *)c->k + (size_t)(b * ks[0] + hk * ks[2] + k0 * ks[1]) * esize;
+            const char *vbase = (const char *)c->v + (size_t)(b * vs[0] + hk * vs[2] + k0 * vs[1]) * esize;
+            const float *kt, *vt;
+            size_t ldk, ldv;
+            if (p->dtype == FMHA_DTYPE_F32) {
+                kt = (const float *)kbase;
+                vt = (const float *)vbase;
+                ldk = (size_t)ks[1];
+                ldv = (size_t)vs[1];
+            } else {
+                for (int64_t j = 0; j < nk; j++) {
+                    widen((size_t)D, (const uint16_t *)kbase + j * ks[1], s.kf + j * D);
+                    widen((size_t)Dv, (const uint16_t *)vbase + j * vs[1], s.vf + j * Dv);
+                }
+                kt = s.kf;
+                vt = s.vf;
+                ldk = (size_t)D;
+                ldv = (size_t)Dv;
             }
-            kt = s.kf;
-            vt = s.vf;
-            ldk = (size_t)D;
-            ldv = (size_t)Dv;
+            float *hm = pm + hh * rows, *hl = pl + hh * rows, *ho = po + hh * rows * Dv;
+            uk->decode_scores_f32((size_t)n, (size_t)nk, (size_t)D, s.qf + hh * rows * D, (size_t)D, kt,
+                                  ldk, s.s, DEC_TILE, plan->scale);
+            /* -inf outside each row's keys */
+            for (int64_t r = 0; r < n; r++) {
+                float *row = s.s + r * DEC_TILE;
+                for (int64_t j = 0; j < nk && k0 + j < s.lo[r]; j++) row[j] = -INFINITY;
+                for (int64_t j = s.hi[r] - k0 > 0 ? s.hi[r] - k0 : 0; j < nk; j++) row[j] = -INFINITY;
+            }
+            uk->decode_softmax_f32((size_t)n, (size_t)nk, s.s, DEC_TILE, hm, hl, s.alpha);
+            uk->decode_values_f32((size_t)n, (size_t)nk, (size_t)Dv, s.s, DEC_TILE, vt, ldv, ho,
+                                  (size_t)Dv, s.alpha);
+            computed++;
         }
-        uk->decode_scores_f32((size_t)n, (size_t)nk, (size_t)D, s.qf, (size_t)D, kt, ldk, s.s,
-                              DEC_TILE, plan->scale);
-        /* -inf outside each row's keys */
-        for (int64_t r = 0; r < n; r++) {
-            float *row = s.s + r * DEC_TILE;
-            for (int64_t j = 0; j < nk && k0 + j < s.lo[r]; j++) row[j] = -INFINITY;
-            for (int64_t j = s.hi[r] - k0 > 0 ? s.hi[r] - k0 : 0; j < nk; j++) row[j] = -INFINITY;
-        }
-        uk->decode_softmax_f32((size_t)n, (size_t)nk, s.s, DEC_TILE, pm, pl, s.alpha);
-        uk->decode_values_f32((size_t)n, (size_t)nk, (size_t)Dv, s.s, DEC_TILE, vt, ldv, po,
-                              (size_t)Dv, s.alpha);
-        computed++;
     }
     fmha_tiles_count(computed);
 }
@@ -242,41 +262,46 @@ static void dec_merge_task(void *vctx, size_t unit, int thread) {
     const dec_ctx *c = vctx;
     const fmha_plan *plan = c->plan;
     const fmha_problem *p = &plan->p;
-    const int64_t Dv = p->head_dim_v, splits = plan->dec_splits, rows = plan->dec_rows;
+    const int64_t Dv = p->head_dim_v, splits = plan->dec_splits;
+    const int64_t per_split = plan->dec_heads * plan->dec_rows; /* rows of a partial */
     const int64_t *os = p->o_strides;
-    int64_t b, hk, rho0, n;
-    dec_unit(plan, (int64_t)unit, &b, &hk, &rho0, &n);
-    size_t first = unit * (size_t)(splits * rows);
+    int64_t b, hk0, rho0, n;
+    dec_unit(plan, (int64_t)unit, &b, &hk0, &rho0, &n);
+    size_t first = unit * (size_t)(splits * per_split);
     dec_scratch s;
     fmha_carver carver = {c->ws + (size_t)thread * plan->thread_bytes, 0};
     dec_carve(plan, &carver, &s);
     float *acc = s.acc;
-    for (int64_t r = 0; r < n; r++) {
-        int64_t i = (rho0 + r) / plan->group, h = hk * plan->group + (rho0 + r) % plan->group;
-        float mx = -INFINITY;
-        for (int64_t sp = 0; sp < splits; sp++) mx = fmaxf(mx, c->pt.pm[first + (size_t)(sp * rows + r)]);
-        int64_t orow = b * os[0] + i * os[1] + h * os[2];
-        if (mx == -INFINITY) { /* no key: O = 0, lse = -inf */
-            for (int64_t e = 0; e < Dv; e++) fmha_store(c->o, plan->o_dtype, orow + e * os[3], 0.0f);
-            if (c->lse) c->lse[(b * p->heads_q + h) * p->seq_q + i] = -INFINITY;
-            continue;
+    for (int64_t hh = 0; hh < plan->dec_heads; hh++)
+        for (int64_t r = 0; r < n; r++) {
+            const int64_t x = hh * plan->dec_rows + r; /* row of the partials */
+            int64_t i = (rho0 + r) / plan->group, h = (hk0 + hh) * plan->group + (rho0 + r) % plan->group;
+            float mx = -INFINITY;
+            for (int64_t sp = 0; sp < splits; sp++)
+                mx = fmaxf(mx, c->pt.pm[first + (size_t)(sp * per_split + x)]);
+            int64_t orow = b * os[0] + i * os[1] + h * os[2];
+            if (mx == -INFINITY) { /* no key: O = 0, lse = -inf */
+                for (int64_t e = 0; e < Dv; e++) fmha_store(c->o, plan->o_dtype, orow + e * os[3], 0.0f);
+                if (c->lse) c->lse[(b * p->heads_q + h) * p->seq_q + i] = -INFINITY;
+                continue;
+            }
+            /* acc = sum_c w_c O_c, l = sum_c w_c l_c */
+            float l = 0.0f;
+            for (int64_t e = 0; e < Dv; e++) acc[e] = 0.0f;
+            for (int64_t sp = 0; sp < splits; sp++) {
+                size_t at = first + (size_t)(sp * per_split + x);
+                float pmx = c->pt.pm[at];
+                if (pmx == -INFINITY) continue;
+                float w = expf(pmx - mx);
+                l = fmaf(w, c->pt.pl[at], l);
+                const float *po = c->pt.po + at * (size_t)Dv;
+                for (int64_t e = 0; e < Dv; e++) acc[e] = fmaf(w, po[e], acc[e]);
+            }
+            float inv = 1.0f / l;
+            for (int64_t e = 0; e < Dv; e++)
+                fmha_store(c->o, plan->o_dtype, orow + e * os[3], acc[e] * inv);
+            if (c->lse) c->lse[(b * p->heads_q + h) * p->seq_q + i] = mx + logf(l);
         }
-        /* acc = sum_c w_c O_c, l = sum_c w_c l_c */
-        float l = 0.0f;
-        for (int64_t e = 0; e < Dv; e++) acc[e] = 0.0f;
-        for (int64_t sp = 0; sp < splits; sp++) {
-            size_t at = first + (size_t)(sp * rows + r);
-            float pm = c->pt.pm[at];
-            if (pm == -INFINITY) continue;
-            float w = expf(pm - mx);
-            l = fmaf(w, c->pt.pl[at], l);
-            const float *po = c->pt.po + at * (size_t)Dv;
-            for (int64_t e = 0; e < Dv; e++) acc[e] = fmaf(w, po[e], acc[e]);
-        }
-        float inv = 1.0f / l;
-        for (int64_t e = 0; e < Dv; e++) fmha_store(c->o, plan->o_dtype, orow + e * os[3], acc[e] * inv);
-        if (c->lse) c->lse[(b * p->heads_q + h) * p->seq_q + i] = mx + logf(l);
-    }
 }
 
 void fmha_decode_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse,
@@ -284,7 +309,7 @@ void fmha_decode_run(fmha_plan *run, const void *q, const void *k, const void *v
     fmha_carver sh = {ws + (size_t)run->threads * run->thread_bytes, 0};
     dec_ctx c = {run, q, k, v, o, lse, ws, {0}};
     dec_carve_shared(run, &sh, &c.pt);
-    size_t units = (size_t)(run->p.batch * run->p.heads_kv * run->dec_units);
+    size_t units = (size_t)(run->p.batch * run->p.heads_kv / run->dec_heads * run->dec_units);
     fmha_parallel_for(units * (size_t)run->dec_splits, run->threads, dec_split_task, &c);
     fmha_parallel_for(units, run->threads, dec_merge_task, &c);
 }
