@@ -32,8 +32,9 @@
  *   When q_len[b] > kv_len[b] with bottom-right alignment the first
  *   q_len[b] - kv_len[b] queries of b see no key at all.
  *
- * Fully masked rows: a query that sees no key gets O = 0 and lse = -inf, and
- * contributes zero to every gradient. No NaN is ever produced by masking.
+ * Fully masked rows: a query that sees no key gets O = 0 and lse = -inf (its
+ * head's sink with attention sinks, see fmha_problem.sinks), and contributes
+ * zero to every gradient. No NaN is ever produced by masking.
  *
  * Errors: every entry point returns an fmha_status; fmha_status_string()
  * explains it. On any error nothing is written to any output. The library
@@ -288,6 +289,15 @@ typedef struct fmha_problem {
     int64_t o_strides[4];
     fmha_masks masks;
     fmha_biases biases;
+    /* Attention sinks (appended after the first release: struct_size tells
+     * them apart). One logit per query head, float32 [Hq], that joins the
+     * softmax denominator of every row of that head without a value row:
+     *   P[i, j] = exp(s_ij) / (sum_k exp(s_ik) + exp(sinks[h]))
+     * lse includes it (log(sum_k exp(s_ik) + exp(sinks[h]))), so a row that
+     * sees no key gets O = 0 and lse = sinks[h]. Must be finite. NULL = off.
+     * The backward gives dQ, dK, dV with sinks; the sinks' own gradient is
+     * not computed yet. */
+    const float *sinks;
 } fmha_problem;
 
 /* Fills *p: struct_size, float32, the given sizes, contiguous strides for

@@ -189,6 +189,12 @@ void fmha_bias_grad_finish(const fmha_plan *plan, const double *task_acc, size_t
                            int64_t (*task_head0)(const void *ctx, size_t task), const void *ctx,
                            double *bucket_acc);
 
+/* The end of a row of the forward: its max m and sum l over the keys (l == 0:
+ * it saw none) give the factor that scales the row's unnormalised output and
+ * its lse, with the head's attention sink in the denominator when there are
+ * sinks (fmha.h). Without sinks: 1 / l and m + log l (0 and -inf when l == 0). */
+void fmha_row_finish(const fmha_plan *plan, int64_t h, float m, float l, float *o_scale, float *lse);
+
 /* Bytes per thread for a mask callback's visibility tile (0 when none). */
 size_t fmha_mask_scratch_bytes(const fmha_plan *plan);
 

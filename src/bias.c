@@ -45,12 +45,36 @@ fmha_status fmha_biases_check(const fmha_problem *p) {
     if (bs->alibi_slopes)
         for (int64_t h = 0; h < p->heads_q; h++)
             if (!isfinite(bs->alibi_slopes[h])) return FMHA_ERR_BAD_MASK;
+    if (p->sinks)
+        for (int64_t h = 0; h < p->heads_q; h++)
+            if (!isfinite(p->sinks[h])) return FMHA_ERR_BAD_MASK;
     return FMHA_OK;
 }
 
 int fmha_biases_active(const fmha_problem *p) {
     const fmha_biases *bs = &p->biases;
     return bs->dense || bs->alibi_slopes || bs->rel_table || bs->softcap != 0.0f || bs->callback.fill;
+}
+
+void fmha_row_finish(const fmha_plan *plan, int64_t h, float m, float l, float *o_scale, float *lse) {
+    if (!plan->p.sinks) {
+        /* l == 0 only for a row that saw no key (its best score contributes
+         * exp(0) = 1 otherwise); a NaN l (a NaN or +inf score) stays NaN */
+        *o_scale = l != 0.0f ? 1.0f / l : 0.0f;
+        *lse = l != 0.0f ? m + logf(l) : -INFINITY;
+        return;
+    }
+    const float sink = plan->p.sinks[h];
+    if (l == 0.0f) { /* only the sink: no value row */
+        *o_scale = 0.0f;
+        *lse = sink;
+        return;
+    }
+    /* denominator exp(mx) (l exp(m - mx) + exp(sink - mx)), mx = max(m, sink):
+     * no term overflows whichever is larger */
+    const float mx = fmaxf(m, sink), a = expf(m - mx), denom = fmaf(l, a, expf(sink - mx));
+    *o_scale = a / denom;
+    *lse = mx + logf(denom);
 }
 
 /* a = i + off - j ranges over [a_min, a_max]; lanes past nq reach NR - 1 further.

@@ -280,9 +280,11 @@ static void dec_merge_task(void *vctx, size_t unit, int thread) {
             for (int64_t sp = 0; sp < splits; sp++)
                 mx = fmaxf(mx, c->pt.pm[first + (size_t)(sp * per_split + x)]);
             int64_t orow = b * os[0] + i * os[1] + h * os[2];
-            if (mx == -INFINITY) { /* no key: O = 0, lse = -inf */
+            float inv, row_lse;
+            if (mx == -INFINITY) { /* no key: O = 0, lse = -inf (or the sink's) */
+                fmha_row_finish(plan, h, mx, 0.0f, &inv, &row_lse);
                 for (int64_t e = 0; e < Dv; e++) fmha_store(c->o, plan->o_dtype, orow + e * os[3], 0.0f);
-                if (c->lse) c->lse[(b * p->heads_q + h) * p->seq_q + i] = -INFINITY;
+                if (c->lse) c->lse[(b * p->heads_q + h) * p->seq_q + i] = row_lse;
                 continue;
             }
             /* acc = sum_c w_c O_c, l = sum_c w_c l_c */
@@ -297,10 +299,10 @@ static void dec_merge_task(void *vctx, size_t unit, int thread) {
                 const float *po = c->pt.po + at * (size_t)Dv;
                 for (int64_t e = 0; e < Dv; e++) acc[e] = fmaf(w, po[e], acc[e]);
             }
-            float inv = 1.0f / l;
+            fmha_row_finish(plan, h, mx, l, &inv, &row_lse);
             for (int64_t e = 0; e < Dv; e++)
                 fmha_store(c->o, plan->o_dtype, orow + e * os[3], acc[e] * inv);
-            if (c->lse) c->lse[(b * p->heads_q + h) * p->seq_q + i] = mx + logf(l);
+            if (c->lse) c->lse[(b * p->heads_q + h) * p->seq_q + i] = row_lse;
         }
 }
 

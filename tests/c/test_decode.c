@@ -14,7 +14,10 @@
  *   aligned   bottom-right causal with key and query lengths follows each
  *             sequence's own lengths (j <= i + kv_len[b] - q_len[b]) in the
  *             tiled, dense, portable and decode forwards and the backward,
- *             with a window and ALiBi, against the float64 reference. */
+ *             with a window and ALiBi, against the float64 reference
+ *   sinks     attention sinks in every forward (decode, tiled, dense,
+ *             portable; float32 and bf16) and in the backward's dQ, dK, dV,
+ *             with masked rows and sinks far above and below the scores. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -420,6 +423,83 @@ static void test_aligned(void) {
     aligned_case(4, 300, kv_b, q_b, 1, 1);
 }
 
+/* ---- attention sinks ---- */
+
+static void sinks_case(int64_t sq, int64_t skv, fmha_dtype dtype, float sink_lo, float sink_hi) {
+    const int64_t B = 2, hq = 8, hkv = 2, D = 32;
+    fmha_problem p;
+    fmha_problem_init(&p, B, hq, hkv, sq, skv, D, D, FMHA_LAYOUT_BSHD);
+    p.causal = FMHA_CAUSAL_BOTTOM_RIGHT;
+    p.dtype = dtype;
+    /* batch 1: the first query sees no key (q_len > kv_len) */
+    int32_t kv_len[2] = {(int32_t)skv, (int32_t)(sq > 1 ? sq - 1 : 0)}, q_len[2] = {(int32_t)sq, (int32_t)sq};
+    p.masks.kv_lengths = kv_len;
+    p.masks.q_lengths = q_len;
+    float sinks[8];
+    for (int h = 0; h < 8; h++) sinks[h] = (float)tu_uniform(sink_lo, sink_hi);
+    p.sinks = sinks;
+    size_t nq = (size_t)(B * sq * hq * D), nk = (size_t)(B * skv * hkv * D), nl = (size_t)(B * hq * sq);
+    dec_tensor q = dec_tensor_new(dtype, nq), k = dec_tensor_new(dtype, nk), v = dec_tensor_new(dtype, nk);
+    fmha_problem pf = p;
+    pf.dtype = FMHA_DTYPE_F32;
+    double *ro = malloc(nq * sizeof(double)), *rl = malloc(nl * sizeof(double));
+    fmha_ref_forward_full(&pf, q.value, k.value, v.value, ro, rl);
+    size_t esize = fmha_dtype_size(dtype);
+    /* o [B, Sq, Hq, D] in the dtype and widened, lse [B, Hq, Sq] */
+    void *o = malloc(nq * esize);
+    float *of = malloc(nq * sizeof(float)), *lse = malloc(nl * sizeof(float));
+    static const fmha_strategy strategies[] = {FMHA_STRATEGY_AUTO, FMHA_STRATEGY_TILED,
+                                               FMHA_STRATEGY_DENSE, FMHA_STRATEGY_PORTABLE};
+    double otol = dtype == FMHA_DTYPE_F32 ? 2e-5 : 8e-3;
+    for (int si = 0; si < 4; si++) {
+        p.strategy = strategies[si];
+        fmha_status st = tu_forward(&p, q.data, k.data, v.data, o, lse, NULL, 0);
+        for (size_t i = 0; i < nq; i++) of[i] = fmha_load(o, dtype, (int64_t)i);
+        int lse_ok = 1;
+        for (size_t i = 0; i < nl; i++)
+            lse_ok &= fabs((double)lse[i] - rl[i]) <= 1e-5 * (1 + fabs(rl[i]));
+        tu_check(st == FMHA_OK && tu_worst_ratio(of, ro, nq, otol, otol) <= 1.0 && lse_ok,
+                 "sinks Sq %lld Skv %lld %s sinks [%g, %g] %s: status %d, O ratio %g, lse %d",
+                 (long long)sq, (long long)skv, dtype == FMHA_DTYPE_F32 ? "f32" : "bf16",
+                 (double)sink_lo, (double)sink_hi, tu_strategy_name(si), (int)st,
+                 tu_worst_ratio(of, ro, nq, otol, otol), lse_ok);
+    }
+    if (dtype == FMHA_DTYPE_F32) { /* dQ, dK, dV through lse */
+        float *d_o = malloc(nq * sizeof(float)), *dq = malloc(nq * sizeof(float));
+        float *dk = malloc(nk * sizeof(float)), *dv = malloc(nk * sizeof(float));
+        double *rdq = malloc(nq * sizeof(double)), *rdk = malloc(nk * sizeof(double)),
+               *rdv = malloc(nk * sizeof(double));
+        tu_fill(d_o, nq, -1, 1);
+        fmha_ref_backward_full(&pf, q.value, k.value, v.value, d_o, rdq, rdk, rdv, NULL, NULL, NULL);
+        p.strategy = FMHA_STRATEGY_TILED;
+        fmha_status st = tu_forward_backward(&p, q.data, k.data, v.data, d_o, o, lse, dq, dk, dv, NULL);
+        tu_check(st == FMHA_OK && tu_worst_ratio(dq, rdq, nq, 1e-4, 1e-4) <= 1.0 &&
+                     tu_worst_ratio(dk, rdk, nk, 1e-4, 1e-4) <= 1.0 &&
+                     tu_worst_ratio(dv, rdv, nk, 1e-4, 1e-4) <= 1.0,
+                 "sinks Sq %lld Skv %lld: backward (status %d)", (long long)sq, (long long)skv, (int)st);
+        free(d_o), free(dq), free(dk), free(dv), free(rdq), free(rdk), free(rdv);
+    }
+    free(ro), free(rl), free(o), free(of), free(lse);
+    dec_tensor_free(&q), dec_tensor_free(&k), dec_tensor_free(&v);
+}
+
+static void test_sinks(void) {
+    for (int t = 0; t < 2; t++) {
+        fmha_dtype dtype = t ? FMHA_DTYPE_BF16 : FMHA_DTYPE_F32;
+        sinks_case(1, 300, dtype, -2, 2);
+        sinks_case(3, 200, dtype, -1, 3);
+        sinks_case(20, 150, dtype, -2, 2);   /* not decode: the tiled forward under auto */
+        sinks_case(2, 100, dtype, 60, 80);   /* the sink dwarfs every score */
+        sinks_case(2, 100, dtype, -80, -60); /* the sink vanishes */
+    }
+    /* a non-finite sink is refused */
+    fmha_problem p;
+    fmha_problem_init(&p, 1, 2, 1, 1, 16, 8, 8, FMHA_LAYOUT_BSHD);
+    float bad[2] = {0.0f, NAN};
+    p.sinks = bad;
+    tu_check(fmha_problem_check(&p) == FMHA_ERR_BAD_MASK, "a NaN sink is refused");
+}
+
 int main(void) {
     tu_seed();
     const char *isa_default = fmha_isa_name();
@@ -431,6 +511,7 @@ int main(void) {
     fmha_cpu_force_isa(isa_default);
     test_prefill_identity();
     test_aligned();
+    test_sinks();
     test_shapes();
     return tu_finish();
 }

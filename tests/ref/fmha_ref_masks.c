@@ -133,11 +133,14 @@ static double softmax_row(const fmha_problem *p, const float *k, int64_t b, int6
         r->prob[j] = s;
         if (s > mx) mx = s;
     }
+    /* an attention sink adds exp(sink) to the denominator, no value row */
+    const double sink = p->sinks ? (double)p->sinks[h] : -INFINITY;
+    if (sink > mx) mx = sink;
     if (mx == -INFINITY) {
         for (int64_t j = 0; j < skv; j++) r->prob[j] = 0.0;
         return -INFINITY;
     }
-    double l = 0.0;
+    double l = p->sinks ? exp(sink - mx) : 0.0;
     for (int64_t j = 0; j < skv; j++) {
         r->prob[j] = r->vis[j] ? exp(r->prob[j] - mx) : 0.0;
         l += r->prob[j];
