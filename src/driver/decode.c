@@ -86,7 +86,7 @@ int fmha_decode_plan(fmha_plan *plan) {
 
 /* One thread's scratch:
  *   qf [heads][rows][D] float32 query rows, s [rows][TILE] scores / P,
- *   kf [TILE][D], vf [TILE][Dv] widened tiles (2-byte dtypes only),
+ *   kf [heads][TILE][D], vf [heads][TILE][Dv] widened tiles (2-byte dtypes only),
  *   alpha [rows], lo/hi [rows] each row's visible keys [lo, hi),
  *   acc [Dv] the merge's sum */
 typedef struct dec_scratch {
@@ -105,8 +105,9 @@ static void dec_carve(const fmha_plan *plan, fmha_carver *c, dec_scratch *s) {
     int wide = plan->p.dtype != FMHA_DTYPE_F32;
     s->qf = fmha_carve(c, (size_t)plan->dec_heads * rows * D * sizeof(float));
     s->s = fmha_carve(c, rows * DEC_TILE * sizeof(float));
-    s->kf = fmha_carve(c, wide ? DEC_TILE * D * sizeof(float) : 0);
-    s->vf = fmha_carve(c, wide ? DEC_TILE * Dv * sizeof(float) : 0);
+    size_t heads = (size_t)plan->dec_heads;
+    s->kf = fmha_carve(c, wide ? heads * DEC_TILE * D * sizeof(float) : 0);
+    s->vf = fmha_carve(c, wide ? heads * DEC_TILE * Dv * sizeof(float) : 0);
     s->alpha = fmha_carve(c, rows * sizeof(float));
     s->lo = fmha_carve(c, rows * sizeof(int64_t));
     s->hi = fmha_carve(c, rows * sizeof(int64_t));
@@ -218,6 +219,15 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
     long long computed = 0;
     for (int64_t k0 = kb; k0 < ke; k0 += DEC_TILE) {
         int64_t nk = ke - k0 < DEC_TILE ? ke - k0 : DEC_TILE;
+        if (p->dtype != FMHA_DTYPE_F32) /* widen the tile's heads in memory order */
+            for (int64_t j = 0; j < nk; j++)
+                for (int64_t hh = 0; hh < heads; hh++) {
+                    const int64_t hk = hk0 + hh;
+                    widen((size_t)D, (const uint16_t *)c->k + b * ks[0] + hk * ks[2] + (k0 + j) * ks[1],
+                          s.kf + (hh * DEC_TILE + j) * D);
+                    widen((size_t)Dv, (const uint16_t *)c->v + b * vs[0] + hk * vs[2] + (k0 + j) * vs[1],
+                          s.vf + (hh * DEC_TILE + j) * Dv);
+                }
         for (int64_t hh = 0; hh < heads; hh++) {
             const int64_t hk = hk0 + hh;
             const char *kbase = (const char *)c->k + (size_t)(b * ks[0] + hk * ks[2] + k0 * ks[1]) * esize;
@@ -230,12 +240,8 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
                 ldk = (size_t)ks[1];
                 ldv = (size_t)vs[1];
             } else {
-                for (int64_t j = 0; j < nk; j++) {
-                    widen((size_t)D, (const uint16_t *)kbase + j * ks[1], s.kf + j * D);
-                    widen((size_t)Dv, (const uint16_t *)vbase + j * vs[1], s.vf + j * Dv);
-                }
-                kt = s.kf;
-                vt = s.vf;
+                kt = s.kf + hh * DEC_TILE * D;
+                vt = s.vf + hh * DEC_TILE * Dv;
                 ldk = (size_t)D;
                 ldv = (size_t)Dv;
             }
