@@ -346,6 +346,19 @@ static void test_fallbacks(void) {
     x.k_strides[1] *= 2;
     tu_check(planned_decode(&x) == 0, "strided head dim falls back");
     /* a table without decode kernels plans the tiled forward */
+    fmha_plan plan;
+    tu_check(fmha_plan_init(&p, &plan) == FMHA_OK && plan.decode == 1, "plan_init decodes");
+    fmha_ukernels bare = *plan.uk;
+    bare.decode_values_f32 = NULL;
+    plan.uk = &bare;
+    tu_check(fmha_decode_plan(&plan) == 0 && plan.decode == 0, "a table without decode kernels: tiled");
+    bare = *fmha_cpu_kernels();
+    bare.widen_bf16 = NULL;
+    x = p;
+    x.dtype = FMHA_DTYPE_BF16;
+    tu_check(fmha_plan_init(&x, &plan) == FMHA_OK, "bf16 plan");
+    plan.uk = &bare;
+    tu_check(fmha_decode_plan(&plan) == 0, "a table without bf16 widening: tiled for bf16");
     fmha_cpu_force_isa("scalar");
     tu_check(planned_decode(&p) == 1, "scalar table decodes");
     if (fmha_cpu_force_isa("avx2") == 0) tu_check(planned_decode(&p) == (fmha_cpu_kernels()->decode_scores_f32 != NULL), "avx2");
