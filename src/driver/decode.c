@@ -6,11 +6,14 @@
  * rows of one kv head (its group of query heads x the Sq queries, row
  * rho = i * group + g) are served together from one pass over that head's K
  * and V, streamed from the caller's memory (2-byte caches are widened one
- * tile at a time, in cache), with keys in the vector lanes.
+ * tile at a time, in cache), with keys in the vector lanes. When the cache
+ * interleaves the kv heads within a key ([B, S, H, D]), a unit serves
+ * several kv heads and runs each tile over all of them, so that it reads
+ * whole pages in order.
  *
  * Split-KV: the keys are cut into dec_splits chunks of dec_chunk keys, a
  * count fixed by the problem's shape (never by the thread count). A task
- * (unit of rows, chunk) runs the online softmax over its chunk's tiles and
+ * (unit of heads x rows, chunk) runs the online softmax over its chunk's tiles and
  * leaves an unnormalised partial O, its max m and sum l; a merge pass then
  * combines the chunks of each row in chunk order:
  *   M = max_c m_c, w_c = exp(m_c - M), O = sum_c w_c O_c / sum_c w_c l_c,
