@@ -20,14 +20,21 @@
  * Causal masking (fmha_causal):
  *   FMHA_CAUSAL_TOP_LEFT     query i sees key j iff j <= i
  *                            (PyTorch is_causal, jax.nn.dot_product_attention)
- *   FMHA_CAUSAL_BOTTOM_RIGHT query i sees key j iff j <= i + (Skv - Sq)
- *                            (FlashAttention >= 2.1; the last query sees every
- *                            key, as in decoding with a KV cache)
- *   When Sq > Skv with bottom-right alignment the first Sq - Skv queries see
- *   no key at all.
+ *   FMHA_CAUSAL_BOTTOM_RIGHT query i of batch element b sees key j iff
+ *                            j <= i + (kv_len[b] - q_len[b])
+ *                            (FlashAttention >= 2.1 and its cache_seqlens; the
+ *                            last query of each sequence sees every key of it,
+ *                            as in decoding with a KV cache). kv_len[b] is
+ *                            masks.kv_lengths[b], or Skv when kv_lengths is
+ *                            NULL; q_len[b] is masks.q_lengths[b], or Sq when
+ *                            q_lengths is NULL. Without length arrays this is
+ *                            j <= i + (Skv - Sq).
+ *   When q_len[b] > kv_len[b] with bottom-right alignment the first
+ *   q_len[b] - kv_len[b] queries of b see no key at all.
  *
- * Fully masked rows: a query that sees no key gets O = 0 and lse = -inf, and
- * contributes zero to every gradient. No NaN is ever produced by masking.
+ * Fully masked rows: a query that sees no key gets O = 0 and lse = -inf (its
+ * head's sink with attention sinks, see fmha_problem.sinks), and contributes
+ * zero to every gradient. No NaN is ever produced by masking.
  *
  * NaN and infinity follow IEEE arithmetic, the same on every instruction set
  * and strategy: a NaN score a row can see (from Q, K, a bias) makes that
@@ -110,7 +117,10 @@ typedef enum fmha_status {
 FMHA_API const char *fmha_status_string(fmha_status status);
 
 typedef enum fmha_strategy {
-    FMHA_STRATEGY_AUTO = 0,   /* dense for small problems, tiled otherwise (crossover measured, see src/api.c) */
+    FMHA_STRATEGY_AUTO = 0,   /* dense for small problems, tiled otherwise (crossover measured, see
+                                 src/plan.c); the forward of few queries against many keys
+                                 (Sq <= 16, Skv >= 8 Sq: decoding) runs the decode driver,
+                                 split over the keys (docs/design.md, "Decode") */
     FMHA_STRATEGY_TILED,      /* online softmax over query x key tiles; workspace O(threads x tile) */
     FMHA_STRATEGY_DENSE,      /* scores of one head materialised: workspace O(threads x Sq x Skv) */
     FMHA_STRATEGY_PORTABLE    /* tiled with the plain-C scalar microkernels only (the reference kernels) */
@@ -136,9 +146,12 @@ typedef enum fmha_dtype {
  * only if all masks allow it: composed by AND). Tiles no mask touches take
  * the unmasked path; tiles every mask rules out are skipped entirely.
  *
- * Query i and key j are compared in the causal alignment's coordinates:
- * a = i + off - j, off = Skv - Sq for FMHA_CAUSAL_BOTTOM_RIGHT, else 0
- * (also when causal is NONE). */
+ * Query i and key j of batch element b are compared in the causal
+ * alignment's coordinates: a = i + off - j, off = kv_len[b] - q_len[b] for
+ * FMHA_CAUSAL_BOTTOM_RIGHT (each sequence's own lengths, as defined in the
+ * header comment: Skv - Sq when no length array is given), else 0 (also
+ * when causal is NONE). Windows, ALiBi and the relative-position table
+ * measure a. */
 
 /* What a tile callback is asked about: queries [q0, q0 + nq) x keys
  * [k0, k0 + nk) of (batch, head_q). Element (query q0 + i, key k0 + r) of a
@@ -294,6 +307,15 @@ typedef struct fmha_problem {
     int64_t o_strides[4];
     fmha_masks masks;
     fmha_biases biases;
+    /* Attention sinks (appended after the first release: struct_size tells
+     * them apart). One logit per query head, float32 [Hq], that joins the
+     * softmax denominator of every row of that head without a value row:
+     *   P[i, j] = exp(s_ij) / (sum_k exp(s_ik) + exp(sinks[h]))
+     * lse includes it (log(sum_k exp(s_ik) + exp(sinks[h]))), so a row that
+     * sees no key gets O = 0 and lse = sinks[h]. Must be finite. NULL = off.
+     * The backward gives dQ, dK, dV with sinks; the sinks' own gradient is
+     * not computed yet. */
+    const float *sinks;
 } fmha_problem;
 
 /* Fills *p: struct_size, float32, the given sizes, contiguous strides for

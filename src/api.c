@@ -3,6 +3,8 @@
  * tensor check of a run (every output against every other tensor, named).
  * plan.c resolves checked problems into plans and runs them. */
 #include <math.h>
+#include <stddef.h>
+#include <string.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -147,9 +149,12 @@ static int tensor_injective(const int64_t ext[4], const int64_t st[4]) {
 
 fmha_status fmha_problem_load(const fmha_problem *p, fmha_problem *out) {
     if (!p) return FMHA_ERR_NULL_POINTER;
-    /* every struct_size this library has shipped: only the first so far */
-    if (p->struct_size != sizeof(fmha_problem)) return FMHA_ERR_STRUCT_SIZE;
-    *out = *p;
+    /* every struct_size this library has shipped: the first (up to biases)
+     * is read as the prefix of this one, the rest zero (off) */
+    size_t first = offsetof(fmha_problem, sinks);
+    if (p->struct_size != sizeof(fmha_problem) && p->struct_size != first) return FMHA_ERR_STRUCT_SIZE;
+    memset(out, 0, sizeof *out);
+    memcpy(out, p, p->struct_size);
     return FMHA_OK;
 }
 
@@ -255,6 +260,7 @@ static void add_mask_bias_inputs(tensor_list *l, const fmha_problem *p) {
     add_strided(l, "dense bias", bs->dense, scores, bs->dense_strides, sizeof(float), 0);
     add_array(l, "alibi_slopes", bs->alibi_slopes, p->heads_q, 1, sizeof(float), 0);
     add_array(l, "rel_table", bs->rel_table, p->heads_q, bs->rel_num_buckets, sizeof(float), 0);
+    add_array(l, "sinks", p->sinks, p->heads_q, 1, sizeof(float), 0);
 }
 
 /* Bias gradients: each needs its bias; the dense one broadcasts exactly where

@@ -39,6 +39,12 @@ struct fmha_plan {
     int has_mask;              /* any mask besides the band (fmha_masks_active) */
     int has_bias;              /* any bias or softcap (fmha_biases_active) */
     fmha_ws_size fwd_ws, bwd_ws; /* workspace of each direction (bwd: any gradients) */
+    /* Decode (driver/decode.c): set when planning gives the forward to the
+     * decode driver. A unit serves dec_heads kv heads x dec_rows rows of
+     * each (rows of a kv head: group x Sq, in dec_units units); keys in
+     * dec_splits chunks of dec_chunk keys (split-KV); all from the shape. */
+    int decode;
+    int64_t dec_heads, dec_rows, dec_units, dec_chunk, dec_splits;
 
     /* ---- per run ---- */
     size_t thread_bytes;       /* this run's direction: bytes per thread */
@@ -155,6 +161,15 @@ void fmha_score_epilogue(const fmha_plan *plan, const fmha_tile_pos *t, fmha_til
  * FMHA_ALIGN-aligned workspace of fmha_ws_total(plan, that direction's size). */
 /* Workspace of the forward; of the backward for plan->grads. */
 fmha_ws_size fmha_fwd_workspace(const fmha_plan *plan);
+/* Decode driver: fills the plan's dec_* fields and returns 1 when it serves
+ * this (resolved) problem's forward, else 0 and the tiled driver runs. */
+int fmha_decode_plan(fmha_plan *plan);
+fmha_ws_size fmha_decode_workspace(const fmha_plan *plan);
+void fmha_decode_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse,
+                     char *ws);
+/* The causal-alignment offset of batch element b: query i meets key j at
+ * a = i + off - j (see fmha.h). */
+int64_t fmha_causal_off(const fmha_plan *plan, int64_t b);
 fmha_ws_size fmha_bwd_workspace(const fmha_plan *plan);
 void fmha_fwd_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse,
                   char *ws);
@@ -181,6 +196,12 @@ void fmha_bias_grad_finish(const fmha_plan *plan, const double *task_acc, size_t
                            size_t heads_per_task, size_t task_stride,
                            int64_t (*task_head0)(const void *ctx, size_t task), const void *ctx,
                            double *bucket_acc);
+
+/* The end of a row of the forward: its max m and sum l over the keys (l == 0:
+ * it saw none) give the factor that scales the row's unnormalised output and
+ * its lse, with the head's attention sink in the denominator when there are
+ * sinks (fmha.h). Without sinks: 1 / l and m + log l (0 and -inf when l == 0). */
+void fmha_row_finish(const fmha_plan *plan, int64_t h, float m, float l, float *o_scale, float *lse);
 
 /* Bytes per thread for a mask callback's visibility tile (0 when none). */
 size_t fmha_mask_scratch_bytes(const fmha_plan *plan);

@@ -46,6 +46,9 @@ fmha_status fmha_biases_check(const fmha_problem *p) {
     if (bs->alibi_slopes)
         for (int64_t h = 0; h < p->heads_q; h++)
             if (!isfinite(bs->alibi_slopes[h])) return FMHA_ERR_BAD_MASK;
+    if (p->sinks)
+        for (int64_t h = 0; h < p->heads_q; h++)
+            if (!isfinite(p->sinks[h])) return FMHA_ERR_BAD_MASK;
     return FMHA_OK;
 }
 
@@ -54,11 +57,40 @@ int fmha_biases_active(const fmha_problem *p) {
     return bs->dense || bs->alibi_slopes || bs->rel_table || bs->softcap != 0.0f || bs->callback.fill;
 }
 
-/* a = i + off - j ranges over [a_min, a_max]; lanes past nq reach NR - 1 further. */
+void fmha_row_finish(const fmha_plan *plan, int64_t h, float m, float l, float *o_scale, float *lse) {
+    if (!plan->p.sinks) {
+        /* l == 0 only for a row that saw no key (its best score contributes
+         * exp(0) = 1 otherwise); a NaN l (a NaN or +inf score) stays NaN */
+        *o_scale = l != 0.0f ? 1.0f / l : 0.0f;
+        *lse = l != 0.0f ? m + logf(l) : -INFINITY;
+        return;
+    }
+    const float sink = plan->p.sinks[h];
+    if (l == 0.0f) { /* only the sink: no value row */
+        *o_scale = 0.0f;
+        *lse = sink;
+        return;
+    }
+    /* denominator exp(mx) (l exp(m - mx) + exp(sink - mx)), mx = max(m, sink):
+     * no term overflows whichever is larger */
+    const float mx = fmaxf(m, sink), a = expf(m - mx), denom = fmaf(l, a, expf(sink - mx));
+    *o_scale = a / denom;
+    *lse = mx + logf(denom);
+}
+
+/* a = i + off - j ranges over [a_min, a_max]; lanes past nq reach NR - 1 further.
+ * With per-sequence alignment (bottom-right with lengths) off = kv_len[b] -
+ * q_len[b] may take any value the lengths allow (they can change between
+ * runs of a plan): kv_len in [0, Skv] where given, q_len in [0, Sq]. */
 static void toeplitz_extent(const fmha_plan *plan, int64_t *a_min, int64_t *len) {
     const fmha_problem *p = &plan->p;
-    *a_min = plan->causal_offset - (p->seq_kv - 1);
-    *len = (p->seq_q - 1 + plan->causal_offset) - *a_min + 1 + (int64_t)plan->uk->nr;
+    int64_t off_lo = plan->causal_offset, off_hi = plan->causal_offset;
+    if (p->causal == FMHA_CAUSAL_BOTTOM_RIGHT) {
+        off_lo = (p->masks.kv_lengths ? 0 : p->seq_kv) - p->seq_q;
+        off_hi = p->seq_kv - (p->masks.q_lengths ? 0 : p->seq_q);
+    }
+    *a_min = off_lo - (p->seq_kv - 1);
+    *len = (p->seq_q - 1 + off_hi) - *a_min + 1 + (int64_t)plan->uk->nr;
 }
 
 size_t fmha_bias_shared_bytes(const fmha_plan *plan) {
@@ -144,7 +176,7 @@ void fmha_score_epilogue(const fmha_plan *plan, const fmha_tile_pos *t, fmha_til
             /* row r, lane i: a = q0 + i + off - k0 - r; every NR lane is added
              * (the vector is padded by NR), so the loop is whole vectors */
             const float *tz = plan->toeplitz + t->h * plan->toeplitz_len +
-                              (t->q0 + plan->causal_offset - t->k0 - plan->a_min);
+                              (t->q0 + fmha_causal_off(plan, t->b) - t->k0 - plan->a_min);
             for (int64_t r = 0; r < t->nk; r++) add_lanes(st + (size_t)r * lds, tz - r, plan->uk->nr);
         }
         if (bs->callback.fill) {
@@ -195,7 +227,7 @@ void fmha_bias_grad_tile(const fmha_plan *plan, const fmha_tile_pos *t, const fl
             for (size_t i = 0; i < nq; i++) dst[i] += row[i];
         }
         /* x = 0 is a = q0 + off - k0 - (nk - 1) */
-        double *acc = task_acc + (t->q0 + plan->causal_offset - t->k0 - (t->nk - 1) - plan->a_min);
+        double *acc = task_acc + (t->q0 + fmha_causal_off(plan, t->b) - t->k0 - (t->nk - 1) - plan->a_min);
         for (size_t x = 0; x < n; x++) acc[x] += diag[x];
     }
     if (bs->callback.accumulate_grad) {

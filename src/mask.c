@@ -55,10 +55,21 @@ size_t fmha_mask_scratch_bytes(const fmha_plan *plan) {
     return fmha_round_up(plan->uk->block_kv * plan->uk->nr, FMHA_ALIGN);
 }
 
+int64_t fmha_causal_off(const fmha_plan *plan, int64_t b) {
+    const fmha_masks *m = &plan->p.masks;
+    if (plan->p.causal != FMHA_CAUSAL_BOTTOM_RIGHT || (!m->kv_lengths && !m->q_lengths))
+        return plan->causal_offset;
+    /* each sequence's own lengths: its last query meets its last key */
+    int64_t kv = m->kv_lengths ? m->kv_lengths[b] : plan->p.seq_kv;
+    int64_t q = m->q_lengths ? m->q_lengths[b] : plan->p.seq_q;
+    return kv - q;
+}
+
 /* d = j - (i + off) over the tile: [d_min, d_max]. */
 static void band_span(const fmha_plan *plan, const fmha_tile_pos *t, int64_t *d_min, int64_t *d_max) {
-    *d_min = t->k0 - (t->q0 + t->nq - 1) - plan->causal_offset;
-    *d_max = t->k0 + t->nk - 1 - t->q0 - plan->causal_offset;
+    int64_t off = fmha_causal_off(plan, t->b);
+    *d_min = t->k0 - (t->q0 + t->nq - 1) - off;
+    *d_max = t->k0 + t->nk - 1 - t->q0 - off;
 }
 
 static int classify_band(const fmha_plan *plan, const fmha_tile_pos *t) {
@@ -164,7 +175,7 @@ static void band_clamped(const fmha_plan *plan, int64_t *lo, int64_t *hi) {
 void fmha_mask_kv_range(const fmha_plan *plan, const fmha_tile_pos *t, int64_t *k_begin,
                         int64_t *k_end) {
     int64_t lo = 0, hi = plan->p.seq_kv;
-    int64_t off = plan->causal_offset, band_lo, band_hi;
+    int64_t off = fmha_causal_off(plan, t->b), band_lo, band_hi;
     band_clamped(plan, &band_lo, &band_hi);
     int64_t first = t->q0 + off + band_lo; /* first key of the first query */
     if (first > lo) lo = first;
@@ -178,7 +189,7 @@ void fmha_mask_kv_range(const fmha_plan *plan, const fmha_tile_pos *t, int64_t *
 
 void fmha_mask_q_range(const fmha_plan *plan, int64_t b, int64_t k0, int64_t nk, int64_t *q_begin,
                        int64_t *q_end) {
-    int64_t lo = 0, hi = plan->p.seq_q, off = plan->causal_offset, band_lo, band_hi;
+    int64_t lo = 0, hi = plan->p.seq_q, off = fmha_causal_off(plan, b), band_lo, band_hi;
     band_clamped(plan, &band_lo, &band_hi);
     /* query i sees some key of the block iff band_lo <= j - i - off <= band_hi for a j in it */
     if (k0 - off - band_hi > lo) lo = k0 - off - band_hi;
@@ -192,7 +203,7 @@ void fmha_mask_q_range(const fmha_plan *plan, int64_t b, int64_t k0, int64_t nk,
 void fmha_mask_apply(const fmha_plan *plan, const fmha_tile_pos *t, float *st, size_t lds,
                      unsigned char *scratch, int thread) {
     const fmha_masks *m = &plan->p.masks;
-    int64_t off = plan->causal_offset, band_lo, band_hi;
+    int64_t off = fmha_causal_off(plan, t->b), band_lo, band_hi;
     band_clamped(plan, &band_lo, &band_hi);
     for (int64_t r = 0; r < t->nk; r++) {
         int64_t j = t->k0 + r;

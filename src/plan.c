@@ -59,6 +59,7 @@ fmha_status fmha_plan_init(const fmha_problem *p_in, fmha_plan *plan) {
     plan->causal_offset = p->causal == FMHA_CAUSAL_BOTTOM_RIGHT ? p->seq_kv - p->seq_q : 0;
     st = fmha_mask_precheck(plan);
     if (st != FMHA_OK) return st;
+    fmha_decode_plan(plan);
     plan->fwd_ws = fmha_fwd_workspace(plan);
     plan->bwd_ws = fmha_bwd_workspace(plan);
     return FMHA_OK;

@@ -162,6 +162,7 @@ class fmha_problem(ctypes.Structure):
         ("o_strides", ctypes.c_int64 * 4),
         ("masks", fmha_masks),
         ("biases", fmha_biases),
+        ("sinks", ctypes.POINTER(ctypes.c_float)),
     ]
 
 

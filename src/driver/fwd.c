@@ -11,7 +11,8 @@
  *   for each key tile the mask does not rule out:
  *     S^T = scale K_tile Q^T; epilogue; (m, l, alpha) = online softmax;
  *     O^T = O^T alpha + V_tile^T P^T
- *   O = (O^T / l)^T; lse = m + log l          (l == 0: O = 0, lse = -inf)
+ *   O = (O^T / l)^T; lse = m + log l          (l == 0: O = 0, lse = -inf;
+ *                                             a sink joins l: fmha_row_finish)
  * Dense, per task (b, h): all of the head's scores S^T [Skv][Sq] are
  * materialised, softmaxed exactly (one pass over all keys), then multiplied
  * by V: the O(S^2) strategy, the quickest when everything fits in cache.
@@ -81,6 +82,7 @@ static void fwd_carve_shared(const fmha_plan *plan, fmha_carver *c, char **bias,
 }
 
 fmha_ws_size fmha_fwd_workspace(const fmha_plan *plan) {
+    if (plan->decode) return fmha_decode_workspace(plan);
     fmha_carver t = {0}, sh = {0};
     fwd_block_scratch s;
     char *bias, *kv;
@@ -89,8 +91,9 @@ fmha_ws_size fmha_fwd_workspace(const fmha_plan *plan) {
     return (fmha_ws_size){t.used, sh.used};
 }
 
-/* O[b, q0 + i, h, :] = ot[:, i] / l[i]; lse[b, h, q0 + i] = m + log l, for
- * every row, or (lanes set) the rows with lanes[i] == want. */
+/* O[b, q0 + i, h, :] = ot[:, i] / l[i]; lse[b, h, q0 + i] = m + log l (with
+ * the head's sink in l when there are sinks), for every row, or (lanes set)
+ * the rows with lanes[i] == want. */
 static void fwd_finish(const fmha_plan *plan, int64_t b, int64_t h, int64_t q0, int64_t nq,
                        const fwd_block_scratch *s, void *o, float *lse, const unsigned char *lanes,
                        int want) {
@@ -98,17 +101,14 @@ static void fwd_finish(const fmha_plan *plan, int64_t b, int64_t h, int64_t q0, 
     size_t nr = plan->uk->nr;
     int64_t Dv = plan->p.head_dim_v;
     const float *l = s->l, *m = s->m, *ot = s->ot;
-    /* l == 0 only for a row that saw no key (its best score contributes
-     * exp(0) = 1 otherwise); a NaN l (a NaN or +inf score) stays NaN */
     for (int64_t i = 0; i < nq; i++) {
         if (lanes && lanes[i] != want) continue;
-        float inv = l[i] != 0.0f ? 1.0f / l[i] : 0.0f;
+        float inv, row_lse;
+        fmha_row_finish(plan, h, m[i], l[i], &inv, &row_lse);
         int64_t row = b * os[0] + (q0 + i) * os[1] + h * os[2];
         for (int64_t c = 0; c < Dv; c++)
             fmha_store(o, plan->o_dtype, row + c * os[3], ot[(size_t)c * nr + (size_t)i] * inv);
-        if (lse)
-            lse[(b * plan->p.heads_q + h) * plan->p.seq_q + q0 + i] =
-                l[i] != 0.0f ? m[i] + logf(l[i]) : -INFINITY;
+        if (lse) lse[(b * plan->p.heads_q + h) * plan->p.seq_q + q0 + i] = row_lse;
     }
 }
 
@@ -326,6 +326,10 @@ static void fwd_dense_task(void *vctx, size_t task, int thread) {
 
 void fmha_fwd_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse,
                   char *ws) {
+    if (run->decode) {
+        fmha_decode_run(run, q, k, v, o, lse, ws);
+        return;
+    }
     const fmha_problem *p = &run->p;
     fmha_carver sh = {ws + (size_t)run->threads * run->thread_bytes, 0};
     char *bias, *kv;

@@ -118,6 +118,37 @@ typedef void (*fmha_bf16_pair_rows_ukernel_fn)(const float *lo, const float *hi,
 typedef void (*fmha_bf16_pair_rows_split_ukernel_fn)(const float *a, const float *b, uint32_t *hi,
                                                      uint32_t *lo);
 
+/* ---- decoding: keys in the lanes ----
+ * A decode step serves a few query rows (the query heads of one key/value
+ * head times the query positions) from one pass over K and V, so the lanes
+ * run over keys (scores) and over the value dimension (the output), never
+ * over queries. K and V rows are float32 with contiguous elements (2-byte
+ * caches are widened tile by tile first, see fmha_widen_ukernel_fn). */
+
+/* s[r][j] = scale * sum_e q[r * ldq + e] * k[j * ldk + e]
+ * for r < rows, j < nk, e < d. scale multiplies the finished dot product. */
+typedef void (*fmha_f32_decode_scores_ukernel_fn)(size_t rows, size_t nk, size_t d, const float *q,
+                                                  size_t ldq, const float *k, size_t ldk, float *s,
+                                                  size_t lds, float scale);
+
+/* Online-softmax step along rows (keys run along a row), in place:
+ *   m_new[r] = max(m[r], max_j s[r][j]); s[r][j] = exp(s[r][j] - m_new[r]);
+ *   alpha[r] = exp(m[r] - m_new[r]); l[r] = l[r] * alpha[r] + sum_j s[r][j]
+ * for j < nk, with the conventions of fmha_f32_softmax_ukernel_fn for a row
+ * whose m_new is -inf (every score masked: P = 0, l stays 0). */
+typedef void (*fmha_f32_decode_softmax_ukernel_fn)(size_t rows, size_t nk, float *s, size_t lds,
+                                                   float *m, float *l, float *alpha);
+
+/* o[r][c] = o[r][c] * alpha[r] + sum_j p[r * ldp + j] * v[j * ldv + c]
+ * for r < rows, c < dv, j < nk (nk >= 0). */
+typedef void (*fmha_f32_decode_values_ukernel_fn)(size_t rows, size_t nk, size_t dv, const float *p,
+                                                  size_t ldp, const float *v, size_t ldv, float *o,
+                                                  size_t ldo, const float *alpha);
+
+/* dst[i] = src[i] widened to float32 (bf16 or IEEE half), i < n; exact (a
+ * NaN stays a NaN, possibly quieted). */
+typedef void (*fmha_widen_ukernel_fn)(size_t n, const uint16_t *src, float *dst);
+
 typedef struct fmha_ukernels {
     const char *isa;                      /* its name in the registry, e.g. "avx2" */
     size_t mr;                            /* rows of a GEMM microtile (MR) */
@@ -133,6 +164,13 @@ typedef struct fmha_ukernels {
     fmha_bf16_gemm_ukernel_fn gemm_bf16;
     fmha_bf16_pair_rows_ukernel_fn pair_rows_bf16;
     fmha_bf16_pair_rows_split_ukernel_fn pair_rows_split_bf16;
+    /* Decoding (few query rows, many keys; driver/decode.c). NULL where the
+     * ISA has none: such problems then run on the tiled forward. */
+    fmha_f32_decode_scores_ukernel_fn decode_scores_f32;
+    fmha_f32_decode_softmax_ukernel_fn decode_softmax_f32;
+    fmha_f32_decode_values_ukernel_fn decode_values_f32;
+    fmha_widen_ukernel_fn widen_bf16;
+    fmha_widen_ukernel_fn widen_f16;
 } fmha_ukernels;
 
 /* One table per ISA; a table is only usable if the CPU supports its ISA

@@ -502,12 +502,15 @@ static void run_case(const char *label, const char *name, mcase *c) {
     double *mrel = drel ? calloc((size_t)(hq * nb), sizeof(double)) : NULL;
     double *mcb = dcb ? calloc((size_t)(hq * CB_NP), sizeof(double)) : NULL;
     if (dfull && (mal || mrel || mcb)) {
-        const int64_t off = p->causal == FMHA_CAUSAL_BOTTOM_RIGHT ? skv - sq : 0;
         size_t u = 0;
         for (int64_t b = 0; b < B; b++)
             for (int64_t h = 0; h < hq; h++)
                 for (int64_t i = 0; i < sq; i++)
                     for (int64_t j = 0; j < skv; j++, u++) {
+                        /* bottom-right aligns each sequence's own lengths */
+                        const int64_t kv_len = p->masks.kv_lengths ? p->masks.kv_lengths[b] : skv;
+                        const int64_t q_len = p->masks.q_lengths ? p->masks.q_lengths[b] : sq;
+                        const int64_t off = p->causal == FMHA_CAUSAL_BOTTOM_RIGHT ? kv_len - q_len : 0;
                         const double x = dsc[u];
                         const int64_t a = i + off - j;
                         if (mal) mal[h] += x * (double)(a < 0 ? -a : a);

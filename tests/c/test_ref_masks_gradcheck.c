@@ -424,15 +424,18 @@ static void check_visibility(void) {
     fmha_problem p;
     tu_problem(&p, 2, 1, 1, 4, 6, 2, 2);
     p.masks.window_left = 1, p.masks.window_right = 0;
-    p.causal = FMHA_CAUSAL_BOTTOM_RIGHT; /* off = 2: a = i + 2 - j */
+    /* bottom-right per sequence: off = kv_len[b] - q_len[b], a = i + off - j */
+    p.causal = FMHA_CAUSAL_BOTTOM_RIGHT;
     int32_t kvl[2] = {6, 3}, ql[2] = {4, 2};
     p.masks.kv_lengths = kvl, p.masks.q_lengths = ql;
-    /* batch 0: j in {i + 1, i + 2}; batch 1 also j < 3 and i < 2 */
+    /* batch 0 (off 2): j in {i + 1, i + 2}; batch 1 (off 1): j in {i, i + 1},
+     * j < 3 and i < 2 */
     int bad = 0;
     for (int64_t b = 0; b < 2; b++)
         for (int64_t i = 0; i < 4; i++)
             for (int64_t j = 0; j < 6; j++) {
-                int expect = (j == i + 1 || j == i + 2) && j < kvl[b] && i < ql[b];
+                int64_t off = kvl[b] - ql[b];
+                int expect = (j == i + off - 1 || j == i + off) && j < kvl[b] && i < ql[b];
                 bad += fmha_ref_full_visible(&p, b, 0, i, j) != expect;
             }
     tu_check(bad == 0, "hand-worked visibility: %d wrong", bad);

@@ -14,9 +14,14 @@ double fmha_ref_full_scale(const fmha_problem *p) {
     return p->scale != 0.0f ? (double)p->scale : 1.0 / sqrt((double)p->head_dim);
 }
 
-/* Causal-alignment offset: a = i + off - j. */
-static int64_t align_off(const fmha_problem *p) {
-    return p->causal == FMHA_CAUSAL_BOTTOM_RIGHT ? p->seq_kv - p->seq_q : 0;
+/* Causal-alignment offset of batch element b: a = i + off - j. Bottom-right
+ * aligns each sequence's last query with its last key: off = kv_len[b] -
+ * q_len[b], the padded lengths standing in for absent length arrays. */
+static int64_t align_off(const fmha_problem *p, int64_t b) {
+    if (p->causal != FMHA_CAUSAL_BOTTOM_RIGHT) return 0;
+    int64_t kv = p->masks.kv_lengths ? p->masks.kv_lengths[b] : p->seq_kv;
+    int64_t q = p->masks.q_lengths ? p->masks.q_lengths[b] : p->seq_q;
+    return kv - q;
 }
 
 /* The 1 x 1 tile (i, j) of (b, h), as callbacks see it. */
@@ -26,7 +31,7 @@ static fmha_tile unit_tile(int64_t b, int64_t h, int64_t i, int64_t j) {
 
 int fmha_ref_full_visible(const fmha_problem *p, int64_t b, int64_t h, int64_t i, int64_t j) {
     const fmha_masks *m = &p->masks;
-    const int64_t a = i + align_off(p) - j;
+    const int64_t a = i + align_off(p, b) - j;
     if (p->causal != FMHA_CAUSAL_NONE && a < 0) return 0;
     if (m->window_left >= 0 && a > m->window_left) return 0;
     if (m->window_right >= 0 && a < -m->window_right) return 0;
@@ -55,7 +60,7 @@ int fmha_ref_full_visible(const fmha_problem *p, int64_t b, int64_t h, int64_t i
 
 double fmha_ref_full_bias(const fmha_problem *p, int64_t b, int64_t h, int64_t i, int64_t j) {
     const fmha_biases *bs = &p->biases;
-    const int64_t a = i + align_off(p) - j;
+    const int64_t a = i + align_off(p, b) - j;
     double bias = 0.0;
     if (bs->dense) {
         const int64_t *s = bs->dense_strides;
@@ -128,11 +133,14 @@ static double softmax_row(const fmha_problem *p, const float *k, int64_t b, int6
         r->prob[j] = s;
         if (s > mx || isnan(s)) mx = s; /* a NaN score makes the row NaN */
     }
+    /* an attention sink adds exp(sink) to the denominator, no value row */
+    const double sink = p->sinks ? (double)p->sinks[h] : -INFINITY;
+    if (sink > mx) mx = sink;
     if (mx == -INFINITY) {
         for (int64_t j = 0; j < skv; j++) r->prob[j] = 0.0;
         return -INFINITY;
     }
-    double l = 0.0;
+    double l = p->sinks ? exp(sink - mx) : 0.0;
     for (int64_t j = 0; j < skv; j++) {
         r->prob[j] = r->vis[j] ? exp(r->prob[j] - mx) : 0.0;
         l += r->prob[j];
@@ -198,7 +206,6 @@ int fmha_ref_backward_full_ex(const fmha_problem *p, const float *q, const float
     const int64_t skv = p->seq_kv, d_n = p->head_dim, dv_n = p->head_dim_v, group = hq / hkv;
     const double scale = fmha_ref_full_scale(p), cap = (double)p->biases.softcap;
     const fmha_biases *bs = &p->biases;
-    const int64_t off = align_off(p);
     if (d_rel_table && bs->rel_num_buckets < 1) return -1;
     ref_row r;
     if (row_alloc(p, &r) != 0) {
@@ -233,7 +240,7 @@ int fmha_ref_backward_full_ex(const fmha_problem *p, const float *q, const float
                 for (int64_t j = 0; j < skv; j++) {
                     if (!r.vis[j]) continue;
                     const double ds = r.prob[j] * (r.dp[j] - delta);
-                    const int64_t a = i + off - j;
+                    const int64_t a = i + align_off(p, b) - j;
                     if (d_bias_dense) d_bias_dense[((b * hq + h) * sq + i) * skv + j] = ds;
                     if (ds_scale)
                         ds_scale[((b * hq + h) * sq + i) * skv + j] =

@@ -20,7 +20,7 @@ int fmha_ref_full_visible(const fmha_problem *p, int64_t b, int64_t h, int64_t i
  * relative-position table + bias callback (asked about the 1 x 1 tile). */
 double fmha_ref_full_bias(const fmha_problem *p, int64_t b, int64_t h, int64_t i, int64_t j);
 
-/* Forward with every mask and bias of p. q, k, v use p's strides (float32).
+/* Forward with every mask and bias of p, and its attention sinks. q, k, v use p's strides (float32).
  * Outputs contiguous double: o [B, Sq, Hq, Dv], lse [B, Hq, Sq] (may be
  * NULL). A fully masked row gives o = 0, lse = -inf. Returns 0, or -1 if
  * allocation failed. */

@@ -26,6 +26,7 @@ typedef struct bench_options {
     bench_int_list seqs, dims, peak_seqs, fit_seqs;
     bench_name_list dtypes, variants, modes, impls, peak_impls, fit_impls;
     int64_t batch, heads, portable_max_seq;
+    int64_t seq_q, heads_kv;   /* --seq-q, --heads-kv; 0: the seq, the heads */
     int threads;               /* 0: the library's default */
     const char *precision;     /* --precision: "accurate" or "fast" (bf16 rows) */
     int no_ref, peaks, max_fit, append;
@@ -42,7 +43,12 @@ typedef struct bench_case {
     const char *impl, *mode, *variant, *dtype;
     int64_t batch, seq, heads, head_dim;
     const char *precision;     /* bf16 rows: "accurate" (NULL) or "fast" */
+    int64_t seq_q, heads_kv;   /* queries and kv heads; 0: seq and heads */
 } bench_case;
+
+/* A case's query length and kv heads (seq and heads unless set). */
+static inline int64_t bench_seq_q(const bench_case *c) { return c->seq_q ? c->seq_q : c->seq; }
+static inline int64_t bench_heads_kv(const bench_case *c) { return c->heads_kv ? c->heads_kv : c->heads; }
 
 /* Random inputs of one (variant, dtype, seq, head dim) and their reference,
  * computed on first use and shared by every mode and impl. */

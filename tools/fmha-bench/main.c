@@ -41,12 +41,15 @@ static void usage(FILE *f)
             "  --dims LIST             head dims (default 64)\n"
             "  --dtypes LIST           float32,bfloat16,float16 (default float32)\n"
             "  --variants LIST         plain,causal,masked_bias (default plain); causal is\n"
-            "                          top-left; masked_bias hides keys past S - S/8 and adds\n"
+            "                          bottom-right (top-left's mask when the query length is\n"
+            "                          the seq, decoding's when shorter); masked_bias hides keys past S - S/8 and adds\n"
             "                          a learnable T5 relative-position bias [heads, 32]\n"
             "                          Rows the library cannot serve get \"status\": \"unsupported\".\n"
             "  --modes LIST            fwd,fwdbwd (default fwd,fwdbwd)\n"
             "  --batch N               batch (default 1)\n"
             "  --heads N               heads (default 8)\n"
+            "  --seq-q N               query length (default: the seq; e.g. 1 for decoding)\n"
+            "  --heads-kv N            key/value heads (default: the heads; fewer for GQA)\n"
             "  --impls LIST            fmha_auto,fmha_dense,fmha_tiled,fmha_portable (default),\n"
             "                          fmha_plan (auto through one reused plan: per-call cost)\n"
             "  --portable-max-seq N    fmha_portable only up to this seq (default 1024)\n"
@@ -291,6 +294,7 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
         }
         static const char *const valued[] = {
             "--seqs", "--dims", "--dtypes", "--variants", "--modes", "--batch", "--heads", "--impls",
+            "--seq-q", "--heads-kv",
             "--portable-max-seq", "--threads", "--peak-seqs", "--peak-impls", "--peak-timeout", "--fit-seqs",
             "--fit-impls", "--mem-budget-mb", "--out", "--note", "--min-samples", "--min-sample-ms",
             "--child-row", "--precision"};
@@ -332,6 +336,10 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
             rc = parse_int_option(flag, value, 1, 1 << 20, &o->batch);
         else if (strcmp(flag, "--heads") == 0)
             rc = parse_int_option(flag, value, 1, 1 << 20, &o->heads);
+        else if (strcmp(flag, "--seq-q") == 0)
+            rc = parse_int_option(flag, value, 1, 1 << 30, &o->seq_q);
+        else if (strcmp(flag, "--heads-kv") == 0)
+            rc = parse_int_option(flag, value, 1, 1 << 20, &o->heads_kv);
         else if (strcmp(flag, "--portable-max-seq") == 0)
             rc = parse_int_option(flag, value, 0, 1 << 30, &o->portable_max_seq);
         else if (strcmp(flag, "--precision") == 0) {
@@ -372,6 +380,8 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
         *kind = RUN_CHILD;
         child->batch = o->batch;
         child->heads = o->heads;
+        child->seq_q = o->seq_q;
+        child->heads_kv = o->heads_kv;
         return parse_child_spec(child_spec, child);
     }
     return 0;
@@ -412,6 +422,10 @@ static json_value *config_json(const bench_options *o)
     json_object_set(c, "modes", name_list_json(&o->modes));
     json_set_number(c, "batch", (double)o->batch);
     json_set_number(c, "heads", (double)o->heads);
+    if (o->seq_q)
+        json_set_number(c, "seq_q", (double)o->seq_q);
+    if (o->heads_kv)
+        json_set_number(c, "heads_kv", (double)o->heads_kv);
     json_object_set(c, "impls", name_list_json(&o->impls));
     json_set_number(c, "portable_max_seq", (double)o->portable_max_seq);
     json_set_bool(c, "no_ref", o->no_ref);
@@ -575,8 +589,8 @@ static json_value *earlier_configs(const json_value *old)
 
 static void print_time_header(void)
 {
-    printf("%-20s %-7s %-12s %-9s %4s %7s %12s %10s %10s  %s\n", "impl", "mode", "variant", "dtype", "D",
-           "seq", "median_ms", "GFLOP/s", "rel_err", "status");
+    printf("%-20s %-7s %-12s %-9s %4s %7s %12s %10s %8s %10s  %s\n", "impl", "mode", "variant", "dtype", "D",
+           "seq", "median_ms", "GFLOP/s", "KV GB/s", "rel_err", "status");
 }
 
 static void format_number(char *buf, size_t size, const json_value *row, const char *key, const char *format)
@@ -592,14 +606,15 @@ static void format_number(char *buf, size_t size, const json_value *row, const c
 
 static void print_time_row(const json_value *row)
 {
-    char median[32], gflops[32], rel[32], peak[32], wall[32];
+    char median[32], gflops[32], gbs[32], rel[32], peak[32], wall[32];
     format_number(median, sizeof median, row, "median_ms", "%.4g");
     format_number(gflops, sizeof gflops, row, "gflops", "%.4g");
+    format_number(gbs, sizeof gbs, row, "kv_gbs", "%.3g");
     format_number(rel, sizeof rel, row, "rel_err", "%.2e");
-    printf("%-20s %-7s %-12s %-9s %4.0f %7.0f %12s %10s %10s  %s", json_get_string(row, "impl", "?"),
+    printf("%-20s %-7s %-12s %-9s %4.0f %7.0f %12s %10s %8s %10s  %s", json_get_string(row, "impl", "?"),
            json_get_string(row, "mode", "?"), json_get_string(row, "variant", "?"),
            json_get_string(row, "dtype", "?"), json_get_number(row, "head_dim", 0), json_get_number(row, "seq", 0),
-           median, gflops, rel, json_get_string(row, "status", "?"));
+           median, gflops, gbs, rel, json_get_string(row, "status", "?"));
     if (json_object_get(row, "wall_s")) {
         format_number(peak, sizeof peak, row, "peak_rss_mb", "%.1f");
         format_number(wall, sizeof wall, row, "wall_s", "%.2f");
@@ -662,7 +677,8 @@ static void run_time_rows(const bench_options *o, json_value *results, progress 
             for (int v = 0; v < o->variants.count; v++)
                 for (int s = 0; s < o->seqs.count; s++) {
                     bench_case c = {NULL, NULL, o->variants.names[v], o->dtypes.names[t], o->batch,
-                                    o->seqs.values[s], o->heads, o->dims.values[d], o->precision};
+                                    o->seqs.values[s], o->heads, o->dims.values[d], o->precision,
+                                    o->seq_q, o->heads_kv};
                     c.impl = o->impls.names[0];
                     c.mode = o->modes.names[0];
                     /* One set of inputs (and reference) per (variant, seq, dim), every mode and impl. */
@@ -698,7 +714,7 @@ static void run_peak_rows(const bench_options *o, json_value *results, progress 
                         for (int i = 0; i < o->peak_impls.count; i++) {
                             bench_case c = {o->peak_impls.names[i], o->modes.names[m], o->variants.names[v],
                                             o->dtypes.names[t], o->batch, o->peak_seqs.values[s], o->heads,
-                                            o->dims.values[d], o->precision};
+                                            o->dims.values[d], o->precision, o->seq_q, o->heads_kv};
                             if (portable_skipped(o, c.impl, c.seq))
                                 continue;
                             report_progress(pr, &c, " (peak)");
@@ -717,7 +733,8 @@ static void run_fit_rows(const bench_options *o, json_value *results, progress *
             for (int m = 0; m < o->modes.count; m++)
                 for (int i = 0; i < o->fit_impls.count; i++) {
                     bench_case c = {o->fit_impls.names[i], o->modes.names[m], "plain", o->dtypes.names[t],
-                                    o->batch, 0, o->heads, o->dims.values[d], o->precision};
+                                    o->batch, 0, o->heads, o->dims.values[d], o->precision, o->seq_q,
+                                    o->heads_kv};
                     pr->done++;
                     fprintf(stderr, "[row %d/%d] %s %s max-fit\n", pr->done, pr->total, c.impl, c.mode);
                     json_value *row = bench_fit_row(o, &c, budget);

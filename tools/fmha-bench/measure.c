@@ -75,7 +75,8 @@ static int is_masked_bias(const bench_case *c) { return strcmp(c->variant, "mask
 
 static void set_variant(const bench_case *c, const bench_inputs *in, fmha_problem *p)
 {
-    p->causal = strcmp(c->variant, "causal") == 0 ? FMHA_CAUSAL_TOP_LEFT : FMHA_CAUSAL_NONE;
+    /* bottom-right: the same mask as top-left when Sq = Skv, decoding's when Sq < Skv */
+    p->causal = strcmp(c->variant, "causal") == 0 ? FMHA_CAUSAL_BOTTOM_RIGHT : FMHA_CAUSAL_NONE;
     if (is_masked_bias(c) && in) {
         p->masks.kv_lengths = in->kv_lengths;
         p->biases.rel_table = in->rel_table;
@@ -88,8 +89,8 @@ static void set_variant(const bench_case *c, const bench_inputs *in, fmha_proble
 void bench_case_problem(const bench_case *c, const bench_inputs *in, fmha_problem *p)
 {
     int wrong;
-    fmha_problem_init(p, c->batch, c->heads, c->heads, c->seq, c->seq, c->head_dim, c->head_dim,
-                      FMHA_LAYOUT_BSHD);
+    fmha_problem_init(p, c->batch, c->heads, bench_heads_kv(c), bench_seq_q(c), c->seq, c->head_dim,
+                      c->head_dim, FMHA_LAYOUT_BSHD);
     p->dtype = dtype_of(c->dtype);
     p->precision = c->precision && strcmp(c->precision, "fast") == 0 ? FMHA_PRECISION_FAST
                                                                      : FMHA_PRECISION_ACCURATE;
@@ -109,14 +110,16 @@ fmha_status bench_case_plan(const bench_case *c, const bench_inputs *in, size_t 
     fmha_status st = fmha_forward_workspace_size(&p, &fwd_ws);
     if (st != FMHA_OK)
         return st;
-    size_t tensor = (size_t)(c->batch * c->seq * c->heads * c->head_dim) * dtype_size(p.dtype);
-    size_t lse = (size_t)(c->batch * c->heads * c->seq) * sizeof(float);
+    /* q, o, dq, dO: tensor bytes; k, v, dk, dv: kv_tensor bytes */
+    size_t tensor = (size_t)(c->batch * bench_seq_q(c) * c->heads * c->head_dim) * dtype_size(p.dtype);
+    size_t kv_tensor = (size_t)(c->batch * c->seq * bench_heads_kv(c) * c->head_dim) * dtype_size(p.dtype);
+    size_t lse = (size_t)(c->batch * c->heads * bench_seq_q(c)) * sizeof(float);
     size_t extras = 0; /* masked_bias: key lengths and bias table */
     if (is_masked_bias(c))
         extras = (size_t)c->batch * sizeof(int32_t) + (size_t)(c->heads * T5_BUCKETS) * sizeof(float);
     if (!is_fwdbwd(c)) {
         *workspace = fwd_ws;
-        *args = 3 * tensor + extras;     /* q, k, v */
+        *args = tensor + 2 * kv_tensor + extras; /* q, k, v */
         *outs = tensor;                  /* o */
         return FMHA_OK;
     }
@@ -125,8 +128,8 @@ fmha_status bench_case_plan(const bench_case *c, const bench_inputs *in, size_t 
         return st;
     /* fmha_forward_backward allocates the two workspaces one after the other. */
     *workspace = fwd_ws > bwd_ws ? fwd_ws : bwd_ws;
-    *args = 4 * tensor + extras;         /* q, k, v, dO */
-    *outs = 4 * tensor + lse;            /* o, dq, dk, dv, lse */
+    *args = 2 * tensor + 2 * kv_tensor + extras; /* q, k, v, dO */
+    *outs = 2 * tensor + 2 * kv_tensor + lse;    /* o, dq, dk, dv, lse */
     if (is_masked_bias(c))
         *outs += (size_t)(c->heads * T5_BUCKETS) * sizeof(float); /* the table's gradient */
     return FMHA_OK;
@@ -226,7 +229,8 @@ int bench_inputs_init(bench_inputs *in, const bench_case *c, int with_d_o)
     memset(in, 0, sizeof *in);
     in->dtype = dtype_of(c->dtype);
     in->elem_size = dtype_size(in->dtype);
-    in->q_elems = in->kv_elems = in->o_elems = (size_t)(c->batch * c->seq * c->heads * c->head_dim);
+    in->q_elems = in->o_elems = (size_t)(c->batch * bench_seq_q(c) * c->heads * c->head_dim);
+    in->kv_elems = (size_t)(c->batch * c->seq * bench_heads_kv(c) * c->head_dim);
     in->q = malloc(in->q_elems * sizeof(float));
     in->k = malloc(in->kv_elems * sizeof(float));
     in->v = malloc(in->kv_elems * sizeof(float));
@@ -274,8 +278,8 @@ int bench_inputs_init(bench_inputs *in, const bench_case *c, int with_d_o)
         fill_uniform(in->rel_table, (size_t)(c->heads * T5_BUCKETS), &state);
     }
     /* The reference sees the same (rounded) values, masks and bias in float32. */
-    fmha_problem_init(&in->ref_problem, c->batch, c->heads, c->heads, c->seq, c->seq, c->head_dim,
-                      c->head_dim, FMHA_LAYOUT_BSHD);
+    fmha_problem_init(&in->ref_problem, c->batch, c->heads, bench_heads_kv(c), bench_seq_q(c), c->seq,
+                      c->head_dim, c->head_dim, FMHA_LAYOUT_BSHD);
     set_variant(c, in, &in->ref_problem);
     return 0;
 }
@@ -396,6 +400,10 @@ json_value *bench_row_header(const bench_case *c)
     json_set_number(row, "seq", (double)c->seq);
     json_set_number(row, "heads", (double)c->heads);
     json_set_number(row, "head_dim", (double)c->head_dim);
+    if (c->seq_q)
+        json_set_number(row, "seq_q", (double)c->seq_q);
+    if (c->heads_kv)
+        json_set_number(row, "heads_kv", (double)c->heads_kv);
     return row;
 }
 
@@ -510,7 +518,7 @@ json_value *bench_measure(const bench_options *o, const bench_case *c, bench_inp
     r.o = malloc(in->o_elems * in->elem_size);
     int alloc_failed = (!r.fwdbwd && workspace && !r.workspace) || !r.o;
     if (r.fwdbwd) {
-        r.lse = malloc((size_t)(c->batch * c->heads * c->seq) * sizeof(float));
+        r.lse = malloc((size_t)(c->batch * c->heads * bench_seq_q(c)) * sizeof(float));
         r.dq = malloc(in->q_elems * in->elem_size);
         r.dk = malloc(in->kv_elems * in->elem_size);
         r.dv = malloc(in->kv_elems * in->elem_size);
@@ -573,10 +581,21 @@ json_value *bench_measure(const bench_options *o, const bench_case *c, bench_inp
     qsort(per_call_ms, (size_t)n, sizeof(double), compare_doubles);
     double median_ms = quantile(per_call_ms, n, 0.5);
 
-    double flops = 4.0 * (double)c->batch * (double)c->heads * (double)c->seq * (double)c->seq *
-                   (double)c->head_dim;
-    if (r.p.causal != FMHA_CAUSAL_NONE)
-        flops *= 0.5;
+    /* scores seen: Sq x Skv, half when causal and square, else counted
+     * per query (bottom-right: query i sees min(Skv, i + Skv - Sq + 1) keys) */
+    double pairs = (double)bench_seq_q(c) * (double)c->seq;
+    if (r.p.causal != FMHA_CAUSAL_NONE && bench_seq_q(c) == c->seq) {
+        pairs *= 0.5;
+    } else if (r.p.causal != FMHA_CAUSAL_NONE) {
+        pairs = 0.0;
+        for (int64_t i = 0; i < bench_seq_q(c); i++) {
+            int64_t seen = i + c->seq - bench_seq_q(c) + 1;
+            pairs += (double)(seen < 0 ? 0 : seen > c->seq ? c->seq : seen);
+        }
+    }
+    double flops = 4.0 * (double)c->batch * (double)c->heads * pairs * (double)c->head_dim;
+    /* K and V of every (batch, kv head), read once: the floor of any forward */
+    double kv_bytes = 2.0 * (double)in->kv_elems * (double)in->elem_size;
     if (r.fwdbwd)
         flops *= 3.5;
 
@@ -619,6 +638,7 @@ json_value *bench_measure(const bench_options *o, const bench_case *c, bench_inp
     json_set_number(row, "arg_mb", (double)args / MB);
     json_set_number(row, "out_mb", (double)outs / MB);
     json_set_number(row, "gflops", flops / 1e9 / (median_ms * 1e-3));
+    json_set_number(row, "kv_gbs", kv_bytes / 1e9 / (median_ms * 1e-3));
     free_buffers(&r);
     return row;
 }

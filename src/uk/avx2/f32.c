@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "../ukernel.h"
+#include "decode.h"
 
 /* MR = 6: 12 accumulators + 2 B rows + 1 broadcast of the 16 ymm. Measured
  * on Zen 5: 6x16 runs at 91-98% of the 256-bit FMA peak, 4x16 at 88-91%. */
@@ -172,7 +173,6 @@ FMHA_INLINE __m256 exp_f32_full(__m256 x) {
 
 /* y[i] = exp(x[i]) over any n (exp_f32_full); the test checks the exp
  * of this file through it. */
-void fmha_f32_exp__avx2(size_t n, const float *x, float *y);
 void fmha_f32_exp__avx2(size_t n, const float *x, float *y) {
     size_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp_f32_full(_mm256_loadu_ps(x + i)));
@@ -338,4 +338,9 @@ const fmha_ukernels fmha_ukernels_avx2 = {
     .softmax_f32 = fmha_f32_softmax_ukernel_16__avx2,
     .exp_sub_f32 = fmha_f32_exp_sub_ukernel_16__avx2,
     .ds_f32 = fmha_f32_ds_ukernel_16__avx2,
+    .decode_scores_f32 = fmha_f32_decode_scores__avx2,
+    .decode_softmax_f32 = fmha_f32_decode_softmax__avx2,
+    .decode_values_f32 = fmha_f32_decode_values__avx2,
+    .widen_bf16 = fmha_widen_bf16__avx2,
+    .widen_f16 = fmha_widen_f16__avx2,
 };

@@ -10,6 +10,7 @@
 #include <stddef.h>
 
 #include "../ukernel.h"
+#include "decode.h"
 
 /* MR = 6: 24 accumulators + 4 B rows of the 32 zmm. Measured on Zen 5 at
  * k = 64: 6x64 runs at 94-98% of the FMA peak, 4x64 at 83-97%. */
@@ -372,4 +373,9 @@ const fmha_ukernels fmha_ukernels_avx512 = {
     .exp_sub_f32 = fmha_f32_exp_sub_ukernel_64__avx512,
     .ds_f32 = fmha_f32_ds_ukernel_64__avx512,
     .add_transposed_f32 = fmha_f32_add_transposed_ukernel__avx512,
+    .decode_scores_f32 = fmha_f32_decode_scores__avx512,
+    .decode_softmax_f32 = fmha_f32_decode_softmax__avx512,
+    .decode_values_f32 = fmha_f32_decode_values__avx512,
+    .widen_bf16 = fmha_widen_bf16__avx512,
+    .widen_f16 = fmha_widen_f16__avx512,
 };

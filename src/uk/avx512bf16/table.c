@@ -2,6 +2,7 @@
  * AVX-512 float32 kernels (same MR, NR and tile sizes as the avx512 table)
  * plus the bf16 pair kernels of this directory. A table of its own, so that
  * every ISA of the registry in src/cpu.c is one constant table. */
+#include "../avx512/decode.h"
 #include "../avx512/f32.h"
 #include "../ukernel.h"
 #include "bf16.h"
@@ -23,4 +24,9 @@ const fmha_ukernels fmha_ukernels_avx512bf16 = {
     .gemm_bf16 = fmha_bf16_gemm_ukernel_6x64__avx512bf16,
     .pair_rows_bf16 = fmha_bf16_pair_rows_ukernel_64__avx512bf16,
     .pair_rows_split_bf16 = fmha_bf16_pair_rows_split_ukernel_64__avx512bf16,
+    .decode_scores_f32 = fmha_f32_decode_scores__avx512,
+    .decode_softmax_f32 = fmha_f32_decode_softmax__avx512,
+    .decode_values_f32 = fmha_f32_decode_values__avx512,
+    .widen_bf16 = fmha_widen_bf16__avx512,
+    .widen_f16 = fmha_widen_f16__avx512,
 };

@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "../ukernel.h"
+#include "decode.h"
 
 enum { SCALAR_MR = 4, SCALAR_NR = 16 };
 
@@ -95,4 +96,9 @@ const fmha_ukernels fmha_ukernels_scalar = {
     .exp_sub_f32 = fmha_f32_exp_sub_ukernel_16__scalar,
     .ds_f32 = fmha_f32_ds_ukernel_16__scalar,
     .add_transposed_f32 = fmha_f32_add_transposed_ukernel__scalar,
+    .decode_scores_f32 = fmha_f32_decode_scores__scalar,
+    .decode_softmax_f32 = fmha_f32_decode_softmax__scalar,
+    .decode_values_f32 = fmha_f32_decode_values__scalar,
+    .widen_bf16 = fmha_widen_bf16__scalar,
+    .widen_f16 = fmha_widen_f16__scalar,
 };

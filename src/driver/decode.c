@@ -1,0 +1,326 @@
+/* decode.c: the forward for few queries against many keys (decoding with a
+ * KV cache), at the speed memory streams K and V.
+ *
+ * The tiled forward gives each task NR queries of one head; with Sq = 1 a
+ * task fills one lane of NR and reads K and V once per query head. Here the
+ * rows of one kv head (its group of query heads x the Sq queries, row
+ * rho = i * group + g) are served together from one pass over that head's K
+ * and V, streamed from the caller's memory (2-byte caches are widened one
+ * tile at a time, in cache), with keys in the vector lanes. When the cache
+ * interleaves the kv heads within a key ([B, S, H, D]), a unit serves
+ * several kv heads and runs each tile over all of them, so that it reads
+ * whole pages in order.
+ *
+ * Split-KV: the keys are cut into dec_splits chunks of dec_chunk keys, a
+ * count fixed by the problem's shape (never by the thread count). A task
+ * (unit of heads x rows, chunk) runs the online softmax over its chunk's tiles and
+ * leaves an unnormalised partial O, its max m and sum l; a merge pass then
+ * combines the chunks of each row in chunk order:
+ *   M = max_c m_c, w_c = exp(m_c - M), O = sum_c w_c O_c / sum_c w_c l_c,
+ *   lse = M + log(sum_c w_c l_c),
+ * so results are bitwise identical for every thread count.
+ *
+ * Masks: each row sees one contiguous key range (the causal/window band at
+ * its batch element's alignment, key lengths, query lengths), so a tile's
+ * scores outside a row's range are set to -inf and tiles outside every
+ * row's range are skipped. Problems with other masks, biases, strided head
+ * dims or no decode kernels run on the tiled forward (fmha_decode_plan). */
+#include <math.h>
+#include <string.h>
+
+#include "../attn.h"
+#include "../convert.h"
+#include "../pool.h"
+
+/* Most rows of one kv head served from one pass over its K and V, keys per
+ * tile, and most rows (all heads) of a unit. */
+enum { DEC_MAX_ROWS = 32, DEC_TILE = 32, DEC_MAX_UNIT_ROWS = 256 };
+
+/* Crossover: queries at most DEC_MAX_SQ and keys at least DEC_MIN_KV_PER_Q
+ * per query. Measured with fmha-bench (B = 1, Hq = 32, D = 128, float32,
+ * 2 threads, AVX-512, ms auto(decode) / tiled / dense): Sq = 1, Hkv = 8:
+ * Skv = 8 0.054/0.12/0.19, 64 0.12/1.2/1.2, 256 0.41/5.3/8.0; Sq = 16,
+ * Hkv = 8: Skv = 64 1.63/1.09/0.70, 128 0.97/0.99/1.53, 256 3.8/5.0/7.5,
+ * 2048 31/76/128; Hkv = 32: Skv = 64 0.67/0.62/0.59, 128 2.4/2.8/1.8,
+ * 512 4.4/14/32 (a busy machine: +-30%). Decode loses at 4 keys a query. */
+enum { DEC_MAX_SQ = 16, DEC_MIN_KV_PER_Q = 8 };
+
+/* Split-KV: aim for DEC_TASKS tasks in all, chunks of at least DEC_MIN_CHUNK keys. */
+enum { DEC_TASKS = 64, DEC_MIN_CHUNK = 256 };
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int fmha_decode_plan(fmha_plan *plan) {
+    const fmha_problem *p = &plan->p;
+    const fmha_ukernels *uk = plan->uk;
+    const fmha_masks *m = &p->masks;
+    plan->decode = 0;
+    if (p->strategy != FMHA_STRATEGY_AUTO) return 0;
+    if (p->seq_q > DEC_MAX_SQ || p->seq_kv < DEC_MIN_KV_PER_Q * p->seq_q) return 0;
+    if (!uk->decode_scores_f32 || !uk->decode_softmax_f32 || !uk->decode_values_f32) return 0;
+    if (p->dtype == FMHA_DTYPE_BF16 && !uk->widen_bf16) return 0;
+    if (p->dtype == FMHA_DTYPE_F16 && !uk->widen_f16) return 0;
+    if (p->k_strides[3] != 1 || p->v_strides[3] != 1) return 0;
+    if (plan->has_bias || m->q_segment_ids || m->dense || m->callback.fill) return 0;
+
+    int64_t rows = plan->group * p->seq_q;
+    plan->dec_units = ceil_div(rows, DEC_MAX_ROWS);
+    plan->dec_rows = ceil_div(rows, plan->dec_units);
+    /* Caches that interleave the kv heads within a key ([B, S, H, D]) hold
+     * one head's key rows a page apart: a unit then takes several heads
+     * (a divisor of Hkv), so that a tile reads whole pages, in order. */
+    plan->dec_heads = 1;
+    if (plan->dec_units == 1 && p->k_strides[2] < p->k_strides[1] && p->v_strides[2] < p->v_strides[1])
+        for (int64_t hb = p->heads_kv; hb > 1; hb--)
+            if (p->heads_kv % hb == 0 && hb * plan->dec_rows <= DEC_MAX_UNIT_ROWS) {
+                plan->dec_heads = hb;
+                break;
+            }
+    int64_t units = p->batch * p->heads_kv / plan->dec_heads * plan->dec_units;
+    int64_t splits = ceil_div(DEC_TASKS, units);
+    int64_t most = ceil_div(p->seq_kv, DEC_MIN_CHUNK);
+    if (splits > most) splits = most;
+    if (splits < 1) splits = 1;
+    plan->dec_chunk = ceil_div(ceil_div(p->seq_kv, splits), DEC_TILE) * DEC_TILE;
+    plan->dec_splits = ceil_div(p->seq_kv, plan->dec_chunk);
+    plan->decode = 1;
+    return 1;
+}
+
+/* One thread's scratch:
+ *   qf [heads][rows][D] float32 query rows, s [rows][TILE] scores / P,
+ *   kf [heads][TILE][D], vf [heads][TILE][Dv] widened tiles (2-byte dtypes only),
+ *   alpha [rows], lo/hi [rows] each row's visible keys [lo, hi),
+ *   acc [Dv] the merge's sum */
+typedef struct dec_scratch {
+    float *qf, *s, *kf, *vf, *alpha, *acc;
+    int64_t *lo, *hi;
+} dec_scratch;
+
+/* Partials in the shared area, per (unit, chunk):
+ *   po [units][splits][heads x rows][Dv], pm and pl [units][splits][heads x rows] */
+typedef struct dec_partials {
+    float *po, *pm, *pl;
+} dec_partials;
+
+static void dec_carve(const fmha_plan *plan, fmha_carver *c, dec_scratch *s) {
+    size_t rows = (size_t)plan->dec_rows, D = (size_t)plan->p.head_dim, Dv = (size_t)plan->p.head_dim_v;
+    int wide = plan->p.dtype != FMHA_DTYPE_F32;
+    s->qf = fmha_carve(c, (size_t)plan->dec_heads * rows * D * sizeof(float));
+    s->s = fmha_carve(c, rows * DEC_TILE * sizeof(float));
+    size_t heads = (size_t)plan->dec_heads;
+    s->kf = fmha_carve(c, wide ? heads * DEC_TILE * D * sizeof(float) : 0);
+    s->vf = fmha_carve(c, wide ? heads * DEC_TILE * Dv * sizeof(float) : 0);
+    s->alpha = fmha_carve(c, rows * sizeof(float));
+    s->lo = fmha_carve(c, rows * sizeof(int64_t));
+    s->hi = fmha_carve(c, rows * sizeof(int64_t));
+    s->acc = fmha_carve(c, Dv * sizeof(float));
+}
+
+static void dec_carve_shared(const fmha_plan *plan, fmha_carver *c, dec_partials *pt) {
+    size_t n = (size_t)(plan->p.batch * plan->p.heads_kv * plan->dec_units * plan->dec_splits) *
+               (size_t)plan->dec_rows; /* units x heads = B x Hkv x dec_units */
+    pt->po = fmha_carve(c, n * (size_t)plan->p.head_dim_v * sizeof(float));
+    pt->pm = fmha_carve(c, n * sizeof(float));
+    pt->pl = fmha_carve(c, n * sizeof(float));
+}
+
+fmha_ws_size fmha_decode_workspace(const fmha_plan *plan) {
+    fmha_carver t = {0}, sh = {0};
+    dec_scratch s;
+    dec_partials pt;
+    dec_carve(plan, &t, &s);
+    dec_carve_shared(plan, &sh, &pt);
+    return (fmha_ws_size){t.used, sh.used};
+}
+
+typedef struct dec_ctx {
+    const fmha_plan *plan;
+    const void *q, *k, *v;
+    void *o;
+    float *lse;
+    char *ws;
+    dec_partials pt;
+} dec_ctx;
+
+/* Unit u -> (batch b, first kv head hk of dec_heads, first row rho0, rows n). */
+static void dec_unit(const fmha_plan *plan, int64_t u, int64_t *b, int64_t *hk, int64_t *rho0,
+                     int64_t *n) {
+    int64_t per_b = plan->p.heads_kv / plan->dec_heads * plan->dec_units;
+    *b = u / per_b;
+    *hk = u % per_b / plan->dec_units * plan->dec_heads;
+    *rho0 = u % plan->dec_units * plan->dec_rows;
+    int64_t left = plan->group * plan->p.seq_q - *rho0;
+    *n = left < plan->dec_rows ? left : plan->dec_rows;
+}
+
+/* Keys [lo, hi) query i of batch b sees under the band, key and query lengths. */
+static void dec_row_range(const fmha_plan *plan, int64_t b, int64_t i, int64_t *lo, int64_t *hi) {
+    const fmha_masks *m = &plan->p.masks;
+    int64_t off = fmha_causal_off(plan, b), first = 0, end = plan->p.seq_kv;
+    if (plan->band_lo != INT64_MIN && i + off + plan->band_lo > first) first = i + off + plan->band_lo;
+    if (plan->band_hi != INT64_MAX && i + off + plan->band_hi + 1 < end) end = i + off + plan->band_hi + 1;
+    if (m->kv_lengths && m->kv_lengths[b] < end) end = m->kv_lengths[b];
+    if (m->q_lengths && i >= m->q_lengths[b]) end = first;
+    *lo = first;
+    *hi = end > first ? end : first;
+}
+
+static void dec_split_task(void *vctx, size_t task, int thread) {
+    const dec_ctx *c = vctx;
+    const fmha_plan *plan = c->plan;
+    const fmha_problem *p = &plan->p;
+    const fmha_ukernels *uk = plan->uk;
+    const int64_t D = p->head_dim, Dv = p->head_dim_v, group = plan->group;
+    const int64_t heads = plan->dec_heads, rows = plan->dec_rows;
+    const int64_t unit = (int64_t)task / plan->dec_splits, split = (int64_t)task % plan->dec_splits;
+    int64_t b, hk0, rho0, n;
+    dec_unit(plan, unit, &b, &hk0, &rho0, &n);
+
+    dec_scratch s;
+    fmha_carver carver = {c->ws + (size_t)thread * plan->thread_bytes, 0};
+    dec_carve(plan, &carver, &s);
+    /* this task's partial: o [heads][rows][Dv], m, l [heads][rows] */
+    size_t slot = (size_t)task * (size_t)(heads * rows);
+    float *po = c->pt.po + slot * (size_t)Dv, *pm = c->pt.pm + slot, *pl = c->pt.pl + slot;
+    memset(po, 0, (size_t)(heads * rows * Dv) * sizeof(float));
+    for (int64_t x = 0; x < heads * rows; x++) {
+        pm[x] = -INFINITY;
+        pl[x] = 0.0f;
+    }
+
+    /* the chunk's keys any row sees: [kb, ke); a row's range depends only
+     * on its query, so every head shares lo/hi */
+    int64_t kb = split * plan->dec_chunk, ke = kb + plan->dec_chunk;
+    if (ke > p->seq_kv) ke = p->seq_kv;
+    int64_t any_lo = INT64_MAX, any_hi = INT64_MIN;
+    for (int64_t r = 0; r < n; r++) {
+        dec_row_range(plan, b, (rho0 + r) / group, &s.lo[r], &s.hi[r]);
+        if (s.lo[r] < s.hi[r]) {
+            if (s.lo[r] < any_lo) any_lo = s.lo[r];
+            if (s.hi[r] > any_hi) any_hi = s.hi[r];
+        }
+    }
+    if (any_lo > kb) kb = any_lo;
+    if (any_hi < ke) ke = any_hi;
+    if (kb >= ke) return;
+    kb = kb / DEC_TILE * DEC_TILE; /* tiles on the chunk's grid */
+
+    /* query rows, widened: qf [heads][rows][D] */
+    const int64_t *qs = p->q_strides;
+    for (int64_t hh = 0; hh < heads; hh++)
+        for (int64_t r = 0; r < n; r++) {
+            int64_t i = (rho0 + r) / group, h = (hk0 + hh) * group + (rho0 + r) % group;
+            int64_t first = b * qs[0] + i * qs[1] + h * qs[2];
+            float *qrow = s.qf + (hh * rows + r) * D;
+            for (int64_t e = 0; e < D; e++) qrow[e] = fmha_load(c->q, p->dtype, first + e * qs[3]);
+        }
+
+    const int64_t *ks = p->k_strides, *vs = p->v_strides;
+    const size_t esize = fmha_dtype_size(p->dtype);
+    fmha_widen_ukernel_fn widen = p->dtype == FMHA_DTYPE_BF16 ? uk->widen_bf16 : uk->widen_f16;
+    long long computed = 0;
+    for (int64_t k0 = kb; k0 < ke; k0 += DEC_TILE) {
+        int64_t nk = ke - k0 < DEC_TILE ? ke - k0 : DEC_TILE;
+        if (p->dtype != FMHA_DTYPE_F32) /* widen the tile's heads in memory order */
+            for (int64_t j = 0; j < nk; j++)
+                for (int64_t hh = 0; hh < heads; hh++) {
+                    const int64_t hk = hk0 + hh;
+                    widen((size_t)D, (const uint16_t *)c->k + b * ks[0] + hk * ks[2] + (k0 + j) * ks[1],
+                          s.kf + (hh * DEC_TILE + j) * D);
+                    widen((size_t)Dv, (const uint16_t *)c->v + b * vs[0] + hk * vs[2] + (k0 + j) * vs[1],
+                          s.vf + (hh * DEC_TILE + j) * Dv);
+                }
+        for (int64_t hh = 0; hh < heads; hh++) {
+            const int64_t hk = hk0 + hh;
+            const char *kbase = (const char *)c->k + (size_t)(b * ks[0] + hk * ks[2] + k0 * ks[1]) * esize;
+            const char *vbase = (const char *)c->v + (size_t)(b * vs[0] + hk * vs[2] + k0 * vs[1]) * esize;
+            const float *kt, *vt;
+            size_t ldk, ldv;
+            if (p->dtype == FMHA_DTYPE_F32) {
+                kt = (const float *)kbase;
+                vt = (const float *)vbase;
+                ldk = (size_t)ks[1];
+                ldv = (size_t)vs[1];
+            } else {
+                kt = s.kf + hh * DEC_TILE * D;
+                vt = s.vf + hh * DEC_TILE * Dv;
+                ldk = (size_t)D;
+                ldv = (size_t)Dv;
+            }
+            float *hm = pm + hh * rows, *hl = pl + hh * rows, *ho = po + hh * rows * Dv;
+            uk->decode_scores_f32((size_t)n, (size_t)nk, (size_t)D, s.qf + hh * rows * D, (size_t)D, kt,
+                                  ldk, s.s, DEC_TILE, plan->scale);
+            /* -inf outside each row's keys */
+            for (int64_t r = 0; r < n; r++) {
+                float *row = s.s + r * DEC_TILE;
+                for (int64_t j = 0; j < nk && k0 + j < s.lo[r]; j++) row[j] = -INFINITY;
+                for (int64_t j = s.hi[r] - k0 > 0 ? s.hi[r] - k0 : 0; j < nk; j++) row[j] = -INFINITY;
+            }
+            uk->decode_softmax_f32((size_t)n, (size_t)nk, s.s, DEC_TILE, hm, hl, s.alpha);
+            uk->decode_values_f32((size_t)n, (size_t)nk, (size_t)Dv, s.s, DEC_TILE, vt, ldv, ho,
+                                  (size_t)Dv, s.alpha);
+            computed++;
+        }
+    }
+    fmha_tiles_count(computed);
+}
+
+/* Merge of a unit's chunks, in chunk order; writes O and lse. */
+static void dec_merge_task(void *vctx, size_t unit, int thread) {
+    const dec_ctx *c = vctx;
+    const fmha_plan *plan = c->plan;
+    const fmha_problem *p = &plan->p;
+    const int64_t Dv = p->head_dim_v, splits = plan->dec_splits;
+    const int64_t per_split = plan->dec_heads * plan->dec_rows; /* rows of a partial */
+    const int64_t *os = p->o_strides;
+    int64_t b, hk0, rho0, n;
+    dec_unit(plan, (int64_t)unit, &b, &hk0, &rho0, &n);
+    size_t first = unit * (size_t)(splits * per_split);
+    dec_scratch s;
+    fmha_carver carver = {c->ws + (size_t)thread * plan->thread_bytes, 0};
+    dec_carve(plan, &carver, &s);
+    float *acc = s.acc;
+    for (int64_t hh = 0; hh < plan->dec_heads; hh++)
+        for (int64_t r = 0; r < n; r++) {
+            const int64_t x = hh * plan->dec_rows + r; /* row of the partials */
+            int64_t i = (rho0 + r) / plan->group, h = (hk0 + hh) * plan->group + (rho0 + r) % plan->group;
+            float mx = -INFINITY;
+            for (int64_t sp = 0; sp < splits; sp++)
+                mx = fmaxf(mx, c->pt.pm[first + (size_t)(sp * per_split + x)]);
+            int64_t orow = b * os[0] + i * os[1] + h * os[2];
+            float inv, row_lse;
+            if (mx == -INFINITY) { /* no key: O = 0, lse = -inf (or the sink's) */
+                fmha_row_finish(plan, h, mx, 0.0f, &inv, &row_lse);
+                for (int64_t e = 0; e < Dv; e++) fmha_store(c->o, plan->o_dtype, orow + e * os[3], 0.0f);
+                if (c->lse) c->lse[(b * p->heads_q + h) * p->seq_q + i] = row_lse;
+                continue;
+            }
+            /* acc = sum_c w_c O_c, l = sum_c w_c l_c */
+            float l = 0.0f;
+            for (int64_t e = 0; e < Dv; e++) acc[e] = 0.0f;
+            for (int64_t sp = 0; sp < splits; sp++) {
+                size_t at = first + (size_t)(sp * per_split + x);
+                float pmx = c->pt.pm[at];
+                if (pmx == -INFINITY) continue;
+                float w = expf(pmx - mx);
+                l = fmaf(w, c->pt.pl[at], l);
+                const float *po = c->pt.po + at * (size_t)Dv;
+                for (int64_t e = 0; e < Dv; e++) acc[e] = fmaf(w, po[e], acc[e]);
+            }
+            fmha_row_finish(plan, h, mx, l, &inv, &row_lse);
+            for (int64_t e = 0; e < Dv; e++)
+                fmha_store(c->o, plan->o_dtype, orow + e * os[3], acc[e] * inv);
+            if (c->lse) c->lse[(b * p->heads_q + h) * p->seq_q + i] = row_lse;
+        }
+}
+
+void fmha_decode_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse,
+                     char *ws) {
+    fmha_carver sh = {ws + (size_t)run->threads * run->thread_bytes, 0};
+    dec_ctx c = {run, q, k, v, o, lse, ws, {0}};
+    dec_carve_shared(run, &sh, &c.pt);
+    size_t units = (size_t)(run->p.batch * run->p.heads_kv / run->dec_heads * run->dec_units);
+    fmha_parallel_for(units * (size_t)run->dec_splits, run->threads, dec_split_task, &c);
+    fmha_parallel_for(units, run->threads, dec_merge_task, &c);
+}

@@ -1,0 +1,57 @@
+/* scalar/decode.c: the plain-C decode microkernels (keys in the lanes), the
+ * specification the SIMD decode kernels are tested against. Contract in
+ * ../ukernel.h. Compiled with no ISA flags. */
+#include <math.h>
+
+#include "../../convert.h"
+#include "decode.h"
+
+/* s[r][j] = scale * q_r . k_j: the dot product is summed from zero, then scaled. */
+void fmha_f32_decode_scores__scalar(size_t rows, size_t nk, size_t d, const float *q, size_t ldq,
+                                    const float *k, size_t ldk, float *s, size_t lds, float scale) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < nk; j++) {
+            float dot = 0.0f;
+            for (size_t e = 0; e < d; e++) dot = fmaf(q[r * ldq + e], k[j * ldk + e], dot);
+            s[r * lds + j] = dot * scale;
+        }
+}
+
+/* Row-wise online-softmax step. */
+void fmha_f32_decode_softmax__scalar(size_t rows, size_t nk, float *s, size_t lds, float *m,
+                                     float *l, float *alpha) {
+    for (size_t r = 0; r < rows; r++) {
+        float *row = s + r * lds;
+        float mx = m[r];
+        for (size_t j = 0; j < nk; j++) mx = fmaxf(mx, row[j]);
+        float m_use = mx == -INFINITY ? 0.0f : mx;
+        float sum = 0.0f;
+        for (size_t j = 0; j < nk; j++) {
+            row[j] = expf(row[j] - m_use);
+            sum += row[j];
+        }
+        alpha[r] = expf(m[r] - m_use);
+        l[r] = l[r] * alpha[r] + sum;
+        m[r] = mx;
+    }
+}
+
+/* o[r] = o[r] alpha[r] + sum_j p[r][j] v_j. */
+void fmha_f32_decode_values__scalar(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                    const float *v, size_t ldv, float *o, size_t ldo,
+                                    const float *alpha) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < dv; c++) {
+            float acc = 0.0f;
+            for (size_t j = 0; j < nk; j++) acc = fmaf(p[r * ldp + j], v[j * ldv + c], acc);
+            o[r * ldo + c] = fmaf(o[r * ldo + c], alpha[r], acc);
+        }
+}
+
+void fmha_widen_bf16__scalar(size_t n, const uint16_t *src, float *dst) {
+    for (size_t i = 0; i < n; i++) dst[i] = fmha_bf16_to_f32(src[i]);
+}
+
+void fmha_widen_f16__scalar(size_t n, const uint16_t *src, float *dst) {
+    for (size_t i = 0; i < n; i++) dst[i] = fmha_f16_to_f32(src[i]);
+}

@@ -1,0 +1,530 @@
+/* test_decode.c: the decode driver (few queries against many keys) and its
+ * microkernels.
+ *   kernels   every ISA's decode kernels against the scalar specification
+ *   shapes    Sq = 1..16, GQA 8/1 and 32/8 and MHA, ragged key and query
+ *             lengths, causal in both alignments, a window, float32, bf16
+ *             and f16 caches, [B,S,H,D] and [B,H,S,D] layouts, every ISA,
+ *             against the float64 reference; the decode driver is checked
+ *             to be the one planned, and 1, 2 and 3 threads must agree bit
+ *             for bit (split-KV merges in a fixed order)
+ *   prefill   a causal forward over S tokens equals, row by row, S decode
+ *             calls on the same cache with growing key lengths
+ *   fallback  a table without decode kernels, and masks the decode driver
+ *             does not serve, plan the tiled forward
+ *   aligned   bottom-right causal with key and query lengths follows each
+ *             sequence's own lengths (j <= i + kv_len[b] - q_len[b]) in the
+ *             tiled, dense, portable and decode forwards and the backward,
+ *             with a window and ALiBi, against the float64 reference
+ *   sinks     attention sinks in every forward (decode, tiled, dense,
+ *             portable; float32 and bf16) and in the backward's dQ, dK, dV,
+ *             with masked rows and sinks far above and below the scores. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn.h"
+#include "convert.h"
+#include "cpu.h"
+#include "fmha_ref_masks.h"
+#include "test_util.h"
+#include "uk/scalar/decode.h"
+
+static const char *isa_names[] = {"scalar", "avx2", "avx512", "avx512bf16"};
+
+/* ---- kernels ---- */
+
+static void check_close(const float *got, const float *want, size_t n, double tol, const char *what) {
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)want[i]) / (tol + tol * fabs((double)want[i]));
+        if (!(d <= worst)) worst = d;
+    }
+    tu_check(worst <= 1.0, "%s: worst ratio %g", what, worst);
+}
+
+static void test_kernels(const fmha_ukernels *uk) {
+    if (!uk->decode_scores_f32) return;
+    static const size_t dims[] = {1, 7, 16, 33, 64, 100, 128, 256};
+    for (int c = 0; c < 24; c++) {
+        size_t rows = (size_t)tu_int(1, 32), nk = (size_t)tu_int(1, 40);
+        size_t d = dims[tu_int(0, 7)], dv = dims[tu_int(0, 7)];
+        size_t ldq = d + (size_t)tu_int(0, 3), ldk = d + (size_t)tu_int(0, 5), lds = nk + 3;
+        size_t ldv = dv + (size_t)tu_int(0, 5), ldo = dv + 1;
+        /* q [rows][ldq], k [nk + 16][ldk] (16 spare rows: the kernels may
+         * prefetch ahead), s [rows][lds], v [nk + 16][ldv], o [rows][ldo] */
+        float *q = malloc(rows * ldq * sizeof(float)), *k = malloc((nk + 16) * ldk * sizeof(float));
+        float *v = malloc((nk + 16) * ldv * sizeof(float));
+        float *s1 = malloc(rows * lds * sizeof(float)), *s2 = malloc(rows * lds * sizeof(float));
+        float *o1 = malloc(rows * ldo * sizeof(float)), *o2 = malloc(rows * ldo * sizeof(float));
+        float m1[32], m2[32], l1[32], l2[32], a1[32], a2[32];
+        tu_fill(q, rows * ldq, -1, 1);
+        tu_fill(k, (nk + 16) * ldk, -1, 1);
+        tu_fill(v, (nk + 16) * ldv, -1, 1);
+        tu_fill(o1, rows * ldo, -1, 1);
+        memcpy(o2, o1, rows * ldo * sizeof(float));
+        float scale = (float)tu_uniform(0.05, 2.0);
+        fmha_f32_decode_scores__scalar(rows, nk, d, q, ldq, k, ldk, s1, lds, scale);
+        uk->decode_scores_f32(rows, nk, d, q, ldq, k, ldk, s2, lds, scale);
+        float *w1 = malloc(rows * nk * sizeof(float)), *w2 = malloc(rows * nk * sizeof(float));
+        for (size_t r = 0; r < rows; r++) {
+            memcpy(w1 + r * nk, s1 + r * lds, nk * sizeof(float));
+            memcpy(w2 + r * nk, s2 + r * lds, nk * sizeof(float));
+        }
+        check_close(w2, w1, rows * nk, 1e-5 * sqrt((double)d), "decode scores");
+        /* masked scores: some -inf, a fully masked row, running stats */
+        for (size_t r = 0; r < rows; r++) {
+            for (size_t j = 0; j < nk; j++)
+                if (tu_int(0, 3) == 0 || r == 1) s1[r * lds + j] = -INFINITY;
+            m1[r] = r % 3 == 0 ? -INFINITY : (float)tu_uniform(-2, 2);
+            l1[r] = m1[r] == -INFINITY ? 0.0f : (float)tu_uniform(0.5, 3);
+            memcpy(s2 + r * lds, s1 + r * lds, nk * sizeof(float));
+        }
+        memcpy(m2, m1, sizeof m1);
+        memcpy(l2, l1, sizeof l1);
+        fmha_f32_decode_softmax__scalar(rows, nk, s1, lds, m1, l1, a1);
+        uk->decode_softmax_f32(rows, nk, s2, lds, m2, l2, a2);
+        for (size_t r = 0; r < rows; r++) {
+            memcpy(w1 + r * nk, s1 + r * lds, nk * sizeof(float));
+            memcpy(w2 + r * nk, s2 + r * lds, nk * sizeof(float));
+        }
+        check_close(w2, w1, rows * nk, 4e-7, "decode softmax P");
+        check_close(a2, a1, rows, 4e-7, "decode softmax alpha");
+        check_close(l2, l1, rows, 1e-6 * (double)nk, "decode softmax l");
+        tu_check(!memcmp(m1, m2, rows * sizeof(float)), "decode softmax m");
+        fmha_f32_decode_values__scalar(rows, nk, dv, s1, lds, v, ldv, o1, ldo, a1);
+        uk->decode_values_f32(rows, nk, dv, s1, lds, v, ldv, o2, ldo, a1);
+        check_close(o2, o1, rows * ldo, 1e-5 * sqrt((double)nk), "decode values");
+        free(q), free(k), free(v), free(s1), free(s2), free(o1), free(o2), free(w1), free(w2);
+    }
+    /* widening is exact: every 16-bit pattern */
+    uint16_t *bits = malloc(65536 * sizeof(uint16_t));
+    float *w1 = malloc(65536 * sizeof(float)), *w2 = malloc(65536 * sizeof(float));
+    for (size_t i = 0; i < 65536; i++) bits[i] = (uint16_t)i;
+    for (int t = 0; t < 2; t++) {
+        fmha_widen_ukernel_fn fn = t ? uk->widen_f16 : uk->widen_bf16;
+        fmha_widen_ukernel_fn spec = t ? fmha_widen_f16__scalar : fmha_widen_bf16__scalar;
+        size_t n = 65536 - (size_t)tu_int(0, 15);
+        spec(n, bits, w1);
+        fn(n, bits, w2);
+        /* bit for bit; a NaN may come back quieted */
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++)
+            if (memcmp(&w1[i], &w2[i], sizeof(float)) && !(isnan(w1[i]) && isnan(w2[i]))) bad++;
+        tu_check(bad == 0, "%s widen %s: %zu values differ", uk->isa, t ? "f16" : "bf16", bad);
+    }
+    free(bits), free(w1), free(w2);
+}
+
+/* ---- shapes against the reference ---- */
+
+typedef struct dec_case {
+    int64_t batch, hq, hkv, sq, skv, d, dv;
+    fmha_causal causal;
+    int ragged_kv, ragged_q, window, bhsd;
+    fmha_dtype dtype;
+} dec_case;
+
+/* Inputs in the dtype (bits, or float32) and their exact float values. */
+typedef struct dec_tensor {
+    size_t n;
+    void *data;
+    float *value;
+} dec_tensor;
+
+static dec_tensor dec_tensor_new(fmha_dtype t, size_t n) {
+    dec_tensor x = {n, NULL, malloc(n * sizeof(float))};
+    x.data = t == FMHA_DTYPE_F32 ? (void *)x.value : malloc(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) {
+        float f = (float)tu_uniform(-1, 1);
+        if (t != FMHA_DTYPE_F32) {
+            fmha_store(x.data, t, (int64_t)i, f);
+            f = fmha_load(x.data, t, (int64_t)i);
+        }
+        x.value[i] = f;
+    }
+    return x;
+}
+
+static void dec_tensor_free(dec_tensor *x) {
+    if (x->data != x->value) free(x->data);
+    free(x->value);
+}
+
+static int planned_decode(const fmha_problem *p) {
+    fmha_plan *plan = NULL;
+    if (fmha_plan_create(p, &plan) != FMHA_OK) return -1;
+    int d = plan->decode;
+    fmha_plan_destroy(plan);
+    return d;
+}
+
+static void run_case(const dec_case *dc) {
+    fmha_problem p;
+    fmha_problem_init(&p, dc->batch, dc->hq, dc->hkv, dc->sq, dc->skv, dc->d, dc->dv,
+                      dc->bhsd ? FMHA_LAYOUT_BHSD : FMHA_LAYOUT_BSHD);
+    p.causal = dc->causal;
+    p.dtype = dc->dtype;
+    int32_t kv_len[8], q_len[8];
+    for (int64_t b = 0; b < dc->batch; b++) {
+        kv_len[b] = (int32_t)tu_int(b == 0 ? dc->skv / 2 : 0, dc->skv);
+        q_len[b] = (int32_t)tu_int(b == 0 ? 1 : 0, dc->sq);
+    }
+    if (dc->ragged_kv) p.masks.kv_lengths = kv_len;
+    if (dc->ragged_q) p.masks.q_lengths = q_len;
+    if (dc->window) p.masks.window_left = tu_int(0, dc->skv / 2);
+    size_t nq = (size_t)(dc->batch * dc->sq * dc->hq * dc->d);
+    size_t nk = (size_t)(dc->batch * dc->skv * dc->hkv * dc->d);
+    size_t nv = (size_t)(dc->batch * dc->skv * dc->hkv * dc->dv);
+    size_t no = (size_t)(dc->batch * dc->sq * dc->hq * dc->dv), nl = (size_t)(dc->batch * dc->hq * dc->sq);
+    dec_tensor q = dec_tensor_new(p.dtype, nq), k = dec_tensor_new(p.dtype, nk), v = dec_tensor_new(p.dtype, nv);
+    fmha_problem pf = p;
+    pf.dtype = FMHA_DTYPE_F32;
+    /* ref_o [B, Sq, Hq, Dv] contiguous, ref_lse [B, Hq, Sq] */
+    double *ref_o = malloc(no * sizeof(double)), *ref_lse = malloc(nl * sizeof(double));
+    fmha_ref_forward_full(&pf, q.value, k.value, v.value, ref_o, ref_lse);
+    char what[200];
+    snprintf(what, sizeof what,
+             "B %lld Hq %lld Hkv %lld Sq %lld Skv %lld D %lld Dv %lld %s%s%s%s %s %s",
+             (long long)dc->batch, (long long)dc->hq, (long long)dc->hkv, (long long)dc->sq,
+             (long long)dc->skv, (long long)dc->d, (long long)dc->dv, tu_causal_name(dc->causal),
+             dc->ragged_kv ? " kv_lengths" : "", dc->ragged_q ? " q_lengths" : "",
+             dc->window ? " window" : "", dc->bhsd ? "BHSD" : "BSHD",
+             dc->dtype == FMHA_DTYPE_F32 ? "f32" : dc->dtype == FMHA_DTYPE_BF16 ? "bf16" : "f16");
+    size_t esize = fmha_dtype_size(p.dtype);
+    /* o [B, Sq, Hq, Dv] in the dtype, lse [B, Hq, Sq]; first: the 1-thread run */
+    char *o = malloc(no * esize), *o_first = malloc(no * esize);
+    float *lse = malloc(nl * sizeof(float)), *lse_first = malloc(nl * sizeof(float));
+    float *of = malloc(no * sizeof(float));
+    double *lse_d = malloc(nl * sizeof(double));
+    const char *isa_default = fmha_isa_name();
+    for (size_t ii = 0; ii < sizeof isa_names / sizeof *isa_names; ii++) {
+        if (fmha_cpu_force_isa(isa_names[ii]) != 0) continue;
+        const fmha_ukernels *uk = fmha_cpu_kernels();
+        int want = uk->decode_scores_f32 != NULL && dc->sq <= 16 && dc->skv >= 8 * dc->sq;
+        tu_check(planned_decode(&p) == want, "%s %s: decode planned %d, wanted %d", isa_names[ii],
+                 what, planned_decode(&p), want);
+        for (int threads = 1; threads <= 3; threads++) {
+            fmha_set_num_threads(threads);
+            memset(o, 0x7f, no * esize);
+            fmha_status st = tu_forward(&p, q.data, k.data, v.data, o, lse, NULL, 0);
+            if (!tu_check(st == FMHA_OK, "%s %s: status %d", isa_names[ii], what, (int)st)) continue;
+            if (threads == 1) {
+                memcpy(o_first, o, no * esize);
+                memcpy(lse_first, lse, nl * sizeof(float));
+                /* of [B, Sq, Hq, Dv] contiguous, as the reference */
+                const int64_t *os = p.o_strides;
+                size_t at = 0;
+                for (int64_t b = 0; b < dc->batch; b++)
+                    for (int64_t i = 0; i < dc->sq; i++)
+                        for (int64_t h = 0; h < dc->hq; h++)
+                            for (int64_t c = 0; c < dc->dv; c++)
+                                of[at++] = fmha_load(o, p.dtype, b * os[0] + i * os[1] + h * os[2] + c * os[3]);
+                /* bf16 and f16 outputs: the rounding of O itself plus accumulation */
+                double otol = p.dtype == FMHA_DTYPE_F32 ? 2e-5 : p.dtype == FMHA_DTYPE_BF16 ? 8e-3 : 1e-3;
+                tu_check(tu_worst_ratio(of, ref_o, no, otol, otol) <= 1.0, "%s %s: O ratio %g",
+                         isa_names[ii], what, tu_worst_ratio(of, ref_o, no, otol, otol));
+                int lse_ok = 1;
+                for (size_t i = 0; i < nl; i++) {
+                    if (isinf(ref_lse[i])) lse_ok &= isinf(lse[i]) && lse[i] < 0;
+                    else lse_ok &= fabs((double)lse[i] - ref_lse[i]) <= 1e-5 * (1 + fabs(ref_lse[i]));
+                }
+                tu_check(lse_ok, "%s %s: lse", isa_names[ii], what);
+            } else {
+                tu_check(!memcmp(o, o_first, no * esize) && !memcmp(lse, lse_first, nl * sizeof(float)),
+                         "%s %s: %d threads differ from 1", isa_names[ii], what, threads);
+            }
+        }
+    }
+    fmha_set_num_threads(0);
+    fmha_cpu_force_isa(isa_default);
+    free(ref_o), free(ref_lse), free(o), free(o_first), free(lse), free(lse_first), free(of), free(lse_d);
+    dec_tensor_free(&q), dec_tensor_free(&k), dec_tensor_free(&v);
+}
+
+static void test_shapes(void) {
+    static const fmha_dtype dtypes[] = {FMHA_DTYPE_F32, FMHA_DTYPE_BF16, FMHA_DTYPE_F16};
+    static const int64_t heads[][2] = {{8, 1}, {32, 8}, {3, 3}};
+    for (int64_t sq = 1; sq <= 16; sq++) {
+        dec_case dc = {0};
+        dc.batch = tu_int(1, 3);
+        dc.hq = heads[sq % 3][0];
+        dc.hkv = heads[sq % 3][1];
+        dc.sq = sq;
+        dc.skv = tu_int(4 * sq, 700); /* below 8 Sq: the tiled forward */
+        dc.d = sq % 4 == 0 ? 128 : tu_int(1, 96);
+        dc.dv = sq % 5 == 0 ? tu_int(1, 80) : dc.d;
+        dc.causal = (fmha_causal)(sq % 3);
+        dc.ragged_kv = sq % 2;
+        dc.ragged_q = sq % 4 == 3;
+        dc.window = sq % 7 == 5;
+        dc.bhsd = sq % 3 == 1;
+        dc.dtype = dtypes[sq % 3];
+        run_case(&dc);
+        /* the same with the other dtypes, causal bottom-right and ragged keys */
+        dc.causal = FMHA_CAUSAL_BOTTOM_RIGHT;
+        dc.ragged_kv = 1;
+        dc.dtype = dtypes[(sq + 1) % 3];
+        run_case(&dc);
+    }
+    /* long caches, several chunks per kv head */
+    dec_case big = {1, 32, 8, 1, 5000, 128, 128, FMHA_CAUSAL_BOTTOM_RIGHT, 0, 0, 0, 0, FMHA_DTYPE_F32};
+    run_case(&big);
+    big.dtype = FMHA_DTYPE_BF16;
+    big.ragged_kv = 1;
+    big.sq = 4;
+    run_case(&big);
+}
+
+/* ---- prefill then decode ---- */
+
+static void test_prefill_identity(void) {
+    const int64_t B = 2, hq = 8, hkv = 2, S = 70, D = 64;
+    fmha_problem full;
+    fmha_problem_init(&full, B, hq, hkv, S, S, D, D, FMHA_LAYOUT_BSHD);
+    full.causal = FMHA_CAUSAL_BOTTOM_RIGHT;
+    full.strategy = FMHA_STRATEGY_TILED;
+    size_t nq = (size_t)(B * S * hq * D), nk = (size_t)(B * S * hkv * D);
+    /* q, o [B, S, Hq, D], k, v [B, S, Hkv, D] */
+    float *q = malloc(nq * sizeof(float)), *k = malloc(nk * sizeof(float)), *v = malloc(nk * sizeof(float));
+    float *o_full = malloc(nq * sizeof(float)), *o_dec = malloc(nq * sizeof(float));
+    tu_fill(q, nq, -2, 2);
+    tu_fill(k, nk, -2, 2);
+    tu_fill(v, nk, -1, 1);
+    tu_check(fmha_forward(&full, q, k, v, o_full, NULL, NULL, 0) == FMHA_OK, "prefill forward");
+    /* step t: query t of every batch element against the cache's first t + 1 keys */
+    fmha_problem step = full;
+    step.seq_q = 1;
+    step.strategy = FMHA_STRATEGY_AUTO;
+    int32_t kv_len[2] = {1, 1};
+    step.masks.kv_lengths = kv_len;
+    tu_check(planned_decode(&step) == (fmha_cpu_kernels()->decode_scores_f32 != NULL), "prefill: decode planned");
+    int ok = 1;
+    for (int64_t t = 0; t < S; t++) {
+        kv_len[0] = kv_len[1] = (int32_t)(t + 1);
+        ok &= fmha_forward(&step, q + t * full.q_strides[1], k, v, o_dec + t * full.o_strides[1], NULL,
+                           NULL, 0) == FMHA_OK;
+    }
+    double worst = 0.0;
+    for (size_t i = 0; i < nq; i++) {
+        double d = fabs((double)o_dec[i] - (double)o_full[i]);
+        if (!(d <= worst)) worst = d;
+    }
+    tu_check(ok && worst <= 1e-5, "prefill then decode: max |diff| %g", worst);
+    free(q), free(k), free(v), free(o_full), free(o_dec);
+}
+
+/* ---- fallbacks ---- */
+
+static int dummy_classify(void *ctx, const fmha_tile *t) { return FMHA_TILE_CLASS_FULL; }
+static void dummy_fill(void *ctx, const fmha_tile *t, uint8_t *vis) {}
+
+static void test_fallbacks(void) {
+    if (!fmha_cpu_kernels()->decode_scores_f32) return;
+    fmha_problem p;
+    fmha_problem_init(&p, 1, 8, 2, 1, 512, 64, 64, FMHA_LAYOUT_BSHD);
+    tu_check(planned_decode(&p) == 1, "decode planned for Sq = 1");
+    fmha_problem x = p;
+    x.strategy = FMHA_STRATEGY_TILED;
+    tu_check(planned_decode(&x) == 0, "explicit tiled stays tiled");
+    x = p;
+    x.seq_q = 17;
+    tu_check(planned_decode(&x) == 0, "Sq = 17 is not decode");
+    x = p;
+    x.seq_kv = 7;
+    tu_check(planned_decode(&x) == 0, "Skv < 8 Sq is not decode");
+    x = p;
+    x.biases.softcap = 30.0f;
+    tu_check(planned_decode(&x) == 0, "a bias falls back");
+    x = p;
+    x.masks.callback.classify = dummy_classify;
+    x.masks.callback.fill = dummy_fill;
+    tu_check(planned_decode(&x) == 0, "a mask callback falls back");
+    x = p;
+    x.k_strides[3] = 2;
+    x.k_strides[2] *= 2;
+    x.k_strides[1] *= 2;
+    tu_check(planned_decode(&x) == 0, "strided head dim falls back");
+    /* a table without decode kernels plans the tiled forward */
+    fmha_plan plan;
+    tu_check(fmha_plan_init(&p, &plan) == FMHA_OK && plan.decode == 1, "plan_init decodes");
+    fmha_ukernels bare = *plan.uk;
+    bare.decode_values_f32 = NULL;
+    plan.uk = &bare;
+    tu_check(fmha_decode_plan(&plan) == 0 && plan.decode == 0, "a table without decode kernels: tiled");
+    bare = *fmha_cpu_kernels();
+    bare.widen_bf16 = NULL;
+    x = p;
+    x.dtype = FMHA_DTYPE_BF16;
+    tu_check(fmha_plan_init(&x, &plan) == FMHA_OK, "bf16 plan");
+    plan.uk = &bare;
+    tu_check(fmha_decode_plan(&plan) == 0, "a table without bf16 widening: tiled for bf16");
+    fmha_cpu_force_isa("scalar");
+    tu_check(planned_decode(&p) == 1, "scalar table decodes");
+    if (fmha_cpu_force_isa("avx2") == 0) tu_check(planned_decode(&p) == (fmha_cpu_kernels()->decode_scores_f32 != NULL), "avx2");
+    fmha_cpu_force_isa(fmha_cpu_kernels_for("avx512bf16") ? "avx512bf16" : "scalar");
+}
+
+/* ---- per-sequence causal alignment ---- */
+
+static void aligned_case(int64_t sq, int64_t skv, const int32_t *kv_len, const int32_t *q_len,
+                         int window, int alibi) {
+    const int64_t B = 3, hq = 4, hkv = 2, D = 24;
+    fmha_problem p;
+    fmha_problem_init(&p, B, hq, hkv, sq, skv, D, D, FMHA_LAYOUT_BSHD);
+    p.causal = FMHA_CAUSAL_BOTTOM_RIGHT;
+    p.masks.kv_lengths = kv_len;
+    p.masks.q_lengths = q_len;
+    if (window) p.masks.window_left = 5;
+    float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f};
+    if (alibi) p.biases.alibi_slopes = slopes;
+    size_t nq = (size_t)(B * sq * hq * D), nk = (size_t)(B * skv * hkv * D), nl = (size_t)(B * hq * sq);
+    /* q, o, d_o [B, Sq, Hq, D]; k, v [B, Skv, Hkv, D] */
+    float *q = malloc(nq * sizeof(float)), *k = malloc(nk * sizeof(float)), *v = malloc(nk * sizeof(float));
+    float *d_o = malloc(nq * sizeof(float)), *o = malloc(nq * sizeof(float)), *lse = malloc(nl * sizeof(float));
+    float *dq = malloc(nq * sizeof(float)), *dk = malloc(nk * sizeof(float)), *dv = malloc(nk * sizeof(float));
+    tu_fill(q, nq, -1, 1), tu_fill(k, nk, -1, 1), tu_fill(v, nk, -1, 1), tu_fill(d_o, nq, -1, 1);
+    double *ro = malloc(nq * sizeof(double)), *rl = malloc(nl * sizeof(double));
+    double *rdq = malloc(nq * sizeof(double)), *rdk = malloc(nk * sizeof(double)), *rdv = malloc(nk * sizeof(double));
+    fmha_ref_forward_full(&p, q, k, v, ro, rl);
+    fmha_ref_backward_full(&p, q, k, v, d_o, rdq, rdk, rdv, NULL, NULL, NULL);
+    char what[120];
+    snprintf(what, sizeof what, "aligned Sq %lld Skv %lld%s%s", (long long)sq, (long long)skv,
+             window ? " window" : "", alibi ? " alibi" : "");
+    /* the reference itself: query i of b sees key j iff j <= i + kv_len - q_len (and lengths) */
+    int ref_ok = 1;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < sq; i++)
+            for (int64_t j = 0; j < skv; j++) {
+                int want = j < kv_len[b] && i < q_len[b] && j <= i + kv_len[b] - q_len[b] &&
+                           (!window || i + kv_len[b] - q_len[b] - j <= 5);
+                ref_ok &= fmha_ref_full_visible(&p, b, 0, i, j) == want;
+            }
+    tu_check(ref_ok, "%s: reference visibility", what);
+    static const fmha_strategy strategies[] = {FMHA_STRATEGY_AUTO, FMHA_STRATEGY_TILED,
+                                               FMHA_STRATEGY_DENSE, FMHA_STRATEGY_PORTABLE};
+    for (int si = 0; si < 4; si++) {
+        p.strategy = strategies[si];
+        fmha_status st = tu_forward(&p, q, k, v, o, lse, NULL, 0);
+        int lse_ok = 1;
+        for (size_t i = 0; i < nl; i++)
+            lse_ok &= isinf(rl[i]) ? isinf(lse[i]) && lse[i] < 0
+                                   : fabs((double)lse[i] - rl[i]) <= 1e-5 * (1 + fabs(rl[i]));
+        tu_check(st == FMHA_OK && tu_worst_ratio(o, ro, nq, 2e-5, 2e-5) <= 1.0 && lse_ok,
+                 "%s %s: forward (status %d, O ratio %g, lse %d)", what, tu_strategy_name(si), (int)st,
+                 tu_worst_ratio(o, ro, nq, 2e-5, 2e-5), lse_ok);
+        if (si == 0) continue;
+        st = tu_backward(&p, q, k, v, o, d_o, lse, dq, dk, dv, NULL, NULL, 0);
+        tu_check(st == FMHA_OK && tu_worst_ratio(dq, rdq, nq, 1e-4, 1e-4) <= 1.0 &&
+                     tu_worst_ratio(dk, rdk, nk, 1e-4, 1e-4) <= 1.0 &&
+                     tu_worst_ratio(dv, rdv, nk, 1e-4, 1e-4) <= 1.0,
+                 "%s %s: backward (status %d)", what, tu_strategy_name(si), (int)st);
+    }
+    free(q), free(k), free(v), free(d_o), free(o), free(lse), free(dq), free(dk), free(dv);
+    free(ro), free(rl), free(rdq), free(rdk), free(rdv);
+}
+
+static void test_aligned(void) {
+    /* lengths with kv_len - q_len positive, zero and negative (the first
+     * q_len - kv_len queries then see no key) */
+    const int32_t kv_a[3] = {90, 50, 20}, q_a[3] = {37, 10, 30};
+    for (int w = 0; w < 2; w++)
+        for (int a = 0; a < 2; a++) aligned_case(37, 90, kv_a, q_a, w, a);
+    /* decode-sized: Sq 4 (the decode driver under auto) */
+    const int32_t kv_b[3] = {300, 7, 0}, q_b[3] = {4, 2, 3};
+    aligned_case(4, 300, kv_b, q_b, 0, 0);
+    aligned_case(4, 300, kv_b, q_b, 1, 1);
+}
+
+/* ---- attention sinks ---- */
+
+static void sinks_case(int64_t sq, int64_t skv, fmha_dtype dtype, float sink_lo, float sink_hi) {
+    const int64_t B = 2, hq = 8, hkv = 2, D = 32;
+    fmha_problem p;
+    fmha_problem_init(&p, B, hq, hkv, sq, skv, D, D, FMHA_LAYOUT_BSHD);
+    p.causal = FMHA_CAUSAL_BOTTOM_RIGHT;
+    p.dtype = dtype;
+    /* batch 1: the first query sees no key (q_len > kv_len) */
+    int32_t kv_len[2] = {(int32_t)skv, (int32_t)(sq > 1 ? sq - 1 : 0)}, q_len[2] = {(int32_t)sq, (int32_t)sq};
+    p.masks.kv_lengths = kv_len;
+    p.masks.q_lengths = q_len;
+    float sinks[8];
+    for (int h = 0; h < 8; h++) sinks[h] = (float)tu_uniform(sink_lo, sink_hi);
+    p.sinks = sinks;
+    size_t nq = (size_t)(B * sq * hq * D), nk = (size_t)(B * skv * hkv * D), nl = (size_t)(B * hq * sq);
+    dec_tensor q = dec_tensor_new(dtype, nq), k = dec_tensor_new(dtype, nk), v = dec_tensor_new(dtype, nk);
+    fmha_problem pf = p;
+    pf.dtype = FMHA_DTYPE_F32;
+    double *ro = malloc(nq * sizeof(double)), *rl = malloc(nl * sizeof(double));
+    fmha_ref_forward_full(&pf, q.value, k.value, v.value, ro, rl);
+    size_t esize = fmha_dtype_size(dtype);
+    /* o [B, Sq, Hq, D] in the dtype and widened, lse [B, Hq, Sq] */
+    void *o = malloc(nq * esize);
+    float *of = malloc(nq * sizeof(float)), *lse = malloc(nl * sizeof(float));
+    static const fmha_strategy strategies[] = {FMHA_STRATEGY_AUTO, FMHA_STRATEGY_TILED,
+                                               FMHA_STRATEGY_DENSE, FMHA_STRATEGY_PORTABLE};
+    double otol = dtype == FMHA_DTYPE_F32 ? 2e-5 : 8e-3;
+    for (int si = 0; si < 4; si++) {
+        p.strategy = strategies[si];
+        fmha_status st = tu_forward(&p, q.data, k.data, v.data, o, lse, NULL, 0);
+        for (size_t i = 0; i < nq; i++) of[i] = fmha_load(o, dtype, (int64_t)i);
+        int lse_ok = 1;
+        for (size_t i = 0; i < nl; i++)
+            lse_ok &= fabs((double)lse[i] - rl[i]) <= 1e-5 * (1 + fabs(rl[i]));
+        tu_check(st == FMHA_OK && tu_worst_ratio(of, ro, nq, otol, otol) <= 1.0 && lse_ok,
+                 "sinks Sq %lld Skv %lld %s sinks [%g, %g] %s: status %d, O ratio %g, lse %d",
+                 (long long)sq, (long long)skv, dtype == FMHA_DTYPE_F32 ? "f32" : "bf16",
+                 (double)sink_lo, (double)sink_hi, tu_strategy_name(si), (int)st,
+                 tu_worst_ratio(of, ro, nq, otol, otol), lse_ok);
+    }
+    if (dtype == FMHA_DTYPE_F32) { /* dQ, dK, dV through lse */
+        float *d_o = malloc(nq * sizeof(float)), *dq = malloc(nq * sizeof(float));
+        float *dk = malloc(nk * sizeof(float)), *dv = malloc(nk * sizeof(float));
+        double *rdq = malloc(nq * sizeof(double)), *rdk = malloc(nk * sizeof(double)),
+               *rdv = malloc(nk * sizeof(double));
+        tu_fill(d_o, nq, -1, 1);
+        fmha_ref_backward_full(&pf, q.value, k.value, v.value, d_o, rdq, rdk, rdv, NULL, NULL, NULL);
+        p.strategy = FMHA_STRATEGY_TILED;
+        fmha_status st = tu_forward_backward(&p, q.data, k.data, v.data, d_o, o, lse, dq, dk, dv, NULL);
+        tu_check(st == FMHA_OK && tu_worst_ratio(dq, rdq, nq, 1e-4, 1e-4) <= 1.0 &&
+                     tu_worst_ratio(dk, rdk, nk, 1e-4, 1e-4) <= 1.0 &&
+                     tu_worst_ratio(dv, rdv, nk, 1e-4, 1e-4) <= 1.0,
+                 "sinks Sq %lld Skv %lld: backward (status %d)", (long long)sq, (long long)skv, (int)st);
+        free(d_o), free(dq), free(dk), free(dv), free(rdq), free(rdk), free(rdv);
+    }
+    free(ro), free(rl), free(o), free(of), free(lse);
+    dec_tensor_free(&q), dec_tensor_free(&k), dec_tensor_free(&v);
+}
+
+static void test_sinks(void) {
+    for (int t = 0; t < 2; t++) {
+        fmha_dtype dtype = t ? FMHA_DTYPE_BF16 : FMHA_DTYPE_F32;
+        sinks_case(1, 300, dtype, -2, 2);
+        sinks_case(3, 200, dtype, -1, 3);
+        sinks_case(20, 150, dtype, -2, 2);   /* not decode: the tiled forward under auto */
+        sinks_case(2, 100, dtype, 60, 80);   /* the sink dwarfs every score */
+        sinks_case(2, 100, dtype, -80, -60); /* the sink vanishes */
+    }
+    /* a non-finite sink is refused */
+    fmha_problem p;
+    fmha_problem_init(&p, 1, 2, 1, 1, 16, 8, 8, FMHA_LAYOUT_BSHD);
+    float bad[2] = {0.0f, NAN};
+    p.sinks = bad;
+    tu_check(fmha_problem_check(&p) == FMHA_ERR_BAD_MASK, "a NaN sink is refused");
+}
+
+int main(void) {
+    tu_seed();
+    const char *isa_default = fmha_isa_name();
+    for (size_t ii = 0; ii < sizeof isa_names / sizeof *isa_names; ii++) {
+        const fmha_ukernels *uk = fmha_cpu_kernels_for(isa_names[ii]);
+        if (uk) test_kernels(uk);
+    }
+    test_fallbacks();
+    fmha_cpu_force_isa(isa_default);
+    test_prefill_identity();
+    test_aligned();
+    test_sinks();
+    test_shapes();
+    return tu_finish();
+}
