@@ -286,8 +286,10 @@ static void dec_merge_task(void *vctx, size_t unit, int thread) {
             const int64_t x = hh * plan->dec_rows + r; /* row of the partials */
             int64_t i = (rho0 + r) / plan->group, h = (hk0 + hh) * plan->group + (rho0 + r) % plan->group;
             float mx = -INFINITY;
-            for (int64_t sp = 0; sp < splits; sp++)
-                mx = fmaxf(mx, c->pt.pm[first + (size_t)(sp * per_split + x)]);
+            for (int64_t sp = 0; sp < splits; sp++) {
+                float pm = c->pt.pm[first + (size_t)(sp * per_split + x)];
+                mx = isnan(pm) || isnan(mx) ? NAN : fmaxf(mx, pm); /* NaN rows stay NaN */
+            }
             int64_t orow = b * os[0] + i * os[1] + h * os[2];
             float inv, row_lse;
             if (mx == -INFINITY) { /* no key: O = 0, lse = -inf (or the sink's) */

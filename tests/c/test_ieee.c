@@ -19,7 +19,9 @@
 #include "test_util.h"
 
 static const char *const isas[] = {"scalar", "avx2", "avx512", "avx512bf16"};
-static const int strategies[] = {FMHA_STRATEGY_TILED, FMHA_STRATEGY_DENSE, FMHA_STRATEGY_PORTABLE};
+/* AUTO takes the decode driver for few queries against many keys */
+static const int strategies[] = {FMHA_STRATEGY_AUTO, FMHA_STRATEGY_TILED, FMHA_STRATEGY_DENSE,
+                                 FMHA_STRATEGY_PORTABLE};
 
 typedef struct ieee_case {
     fmha_problem p;
@@ -27,8 +29,9 @@ typedef struct ieee_case {
     int64_t nq[4], nk[4], nv[4], no[4];
 } ieee_case;
 
-static void case_new(ieee_case *c, int causal, double q_hi, double k_hi) {
-    fmha_problem_init(&c->p, 1, 2, 1, 70, 150, 16, 16, FMHA_LAYOUT_BSHD);
+static void case_new_sized(ieee_case *c, int64_t hq, int64_t sq, int64_t skv, int causal, double q_hi,
+                           double k_hi) {
+    fmha_problem_init(&c->p, 1, hq, 1, sq, skv, 16, 16, FMHA_LAYOUT_BSHD);
     c->p.causal = causal ? FMHA_CAUSAL_TOP_LEFT : FMHA_CAUSAL_NONE;
     c->q = tu_new_input(&c->p, 'q', -q_hi, q_hi);
     c->k = tu_new_input(&c->p, 'k', -k_hi, k_hi);
@@ -37,6 +40,10 @@ static void case_new(ieee_case *c, int causal, double q_hi, double k_hi) {
     tu_shape(&c->p, 'k', c->nk);
     tu_shape(&c->p, 'v', c->nv);
     tu_shape(&c->p, 'o', c->no);
+}
+
+static void case_new(ieee_case *c, int causal, double q_hi, double k_hi) {
+    case_new_sized(c, 2, 70, 150, causal, q_hi, k_hi);
 }
 
 static void case_free(ieee_case *c) { free(c->q), free(c->k), free(c->v); }
@@ -82,6 +89,30 @@ static void check_forward_tol(const char *what, const ieee_case *c, double atol,
 }
 
 static void check_forward(const char *what, const ieee_case *c) { check_forward_tol(what, c, 1e-6, 2e-5); }
+
+/* Decoding shapes (2 queries, 4 heads of one kv head, 300 keys): NaN in Q,
+ * K and V, and NaN past the key length, through the decode driver. */
+static void test_nan_decode(void) {
+    ieee_case c;
+    case_new_sized(&c, 4, 2, 300, 0, 1, 1);
+    *tu_elem(c.q, c.p.q_strides, 0, 1, 2, 3) = NAN;
+    check_forward("decode: NaN in Q", &c);
+    *tu_elem(c.q, c.p.q_strides, 0, 1, 2, 3) = 0.5f;
+    *tu_elem(c.k, c.p.k_strides, 0, 200, 0, 1) = NAN;
+    check_forward("decode: NaN in K", &c);
+    *tu_elem(c.k, c.p.k_strides, 0, 200, 0, 1) = 0.5f;
+    *tu_elem(c.v, c.p.v_strides, 0, 17, 0, 4) = NAN;
+    check_forward("decode: NaN in V", &c);
+    *tu_elem(c.v, c.p.v_strides, 0, 17, 0, 4) = 0.5f;
+    int32_t kv_lengths[1] = {250};
+    c.p.masks.kv_lengths = kv_lengths;
+    for (int64_t d = 0; d < 16; d++) {
+        *tu_elem(c.k, c.p.k_strides, 0, 260, 0, d) = NAN;
+        *tu_elem(c.v, c.p.v_strides, 0, 255, 0, d) = NAN;
+    }
+    check_forward("decode: NaN past kv_lengths", &c);
+    case_free(&c);
+}
 
 /* Counts NaN rows of O (a row: Dv values of (b, i, h)) and checks which. */
 static size_t ref_nan_rows(const ieee_case *c) {
@@ -259,6 +290,7 @@ int main(void) {
     test_nan_in_q();
     test_nan_in_k();
     test_nan_in_v();
+    test_nan_decode();
     test_infinities_in_k();
     test_nan_past_kv_lengths();
     test_nan_backward();

@@ -84,13 +84,19 @@ void fmha_f32_decode_softmax__avx2(size_t rows, size_t nk, float *s, size_t lds,
     const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
     for (size_t r = 0; r < rows; r++) {
         float *row = s + r * lds;
-        __m256 mx = _mm256_set1_ps(m[r]);
+        __m256 mx = _mm256_set1_ps(m[r]), nan = _mm256_setzero_ps(); /* nan: lanes that met a NaN */
         size_t j = 0;
-        for (; j + 8 <= nk; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(row + j));
+        for (; j + 8 <= nk; j += 8) {
+            const __m256 x = _mm256_loadu_ps(row + j);
+            mx = _mm256_max_ps(mx, x);
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+        }
         const __m256i tail = lanes(nk - j);
-        mx = _mm256_max_ps(mx, _mm256_blendv_ps(neg_inf, _mm256_maskload_ps(row + j, tail),
-                                                _mm256_castsi256_ps(tail)));
-        const float m_new = hmax8(mx);
+        const __m256 xt = _mm256_blendv_ps(neg_inf, _mm256_maskload_ps(row + j, tail), _mm256_castsi256_ps(tail));
+        mx = _mm256_max_ps(mx, xt);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(xt, xt, _CMP_UNORD_Q));
+        /* a NaN score (or a NaN running max) makes the row NaN */
+        const float m_new = _mm256_movemask_ps(nan) || isnan(m[r]) ? NAN : hmax8(mx);
         const float m_use = m_new == -INFINITY ? 0.0f : m_new;
         const __m256 mu = _mm256_set1_ps(m_use);
         /* s - m_use in place, then exp in place; -inf - m_use stays -inf -> 0 */

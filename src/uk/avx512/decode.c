@@ -80,11 +80,19 @@ void fmha_f32_decode_softmax__avx512(size_t rows, size_t nk, float *s, size_t ld
     for (size_t r = 0; r < rows; r++) {
         float *row = s + r * lds;
         __m512 mx = _mm512_set1_ps(m[r]);
+        __mmask16 nan = 0; /* lanes that met a NaN score */
         size_t j = 0;
-        for (; j + 16 <= nk; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(row + j));
+        for (; j + 16 <= nk; j += 16) {
+            const __m512 x = _mm512_loadu_ps(row + j);
+            mx = _mm512_max_ps(mx, x);
+            nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+        }
         const __mmask16 tail = (__mmask16)((1u << (nk - j)) - 1u);
-        mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(mx, tail, row + j));
-        const float m_new = _mm512_reduce_max_ps(mx);
+        const __m512 xt = _mm512_mask_loadu_ps(mx, tail, row + j);
+        mx = _mm512_max_ps(mx, xt);
+        nan |= _mm512_cmp_ps_mask(xt, xt, _CMP_UNORD_Q);
+        /* a NaN score (or a NaN running max) makes the row NaN */
+        const float m_new = nan || isnan(m[r]) ? NAN : _mm512_reduce_max_ps(mx);
         const float m_use = m_new == -INFINITY ? 0.0f : m_new;
         const __m512 mu = _mm512_set1_ps(m_use);
         /* s - m_use in place, then exp in place; -inf - m_use stays -inf -> 0 */

@@ -23,7 +23,12 @@ void fmha_f32_decode_softmax__scalar(size_t rows, size_t nk, float *s, size_t ld
     for (size_t r = 0; r < rows; r++) {
         float *row = s + r * lds;
         float mx = m[r];
-        for (size_t j = 0; j < nk; j++) mx = fmaxf(mx, row[j]);
+        int nan = isnan(mx);
+        for (size_t j = 0; j < nk; j++) {
+            mx = fmaxf(mx, row[j]);
+            nan |= isnan(row[j]);
+        }
+        if (nan) mx = NAN; /* a NaN score makes the row NaN */
         float m_use = mx == -INFINITY ? 0.0f : mx;
         float sum = 0.0f;
         for (size_t j = 0; j < nk; j++) {
