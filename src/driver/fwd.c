@@ -92,24 +92,38 @@ fmha_ws_size fmha_fwd_workspace(const fmha_plan *plan) {
 }
 
 /* O[b, q0 + i, h, :] = ot[:, i] / l[i]; lse[b, h, q0 + i] = m + log l (with
- * the head's sink in l when there are sinks), for every row, or (lanes set)
- * the rows with lanes[i] == want. */
-static void fwd_finish(const fmha_plan *plan, int64_t b, int64_t h, int64_t q0, int64_t nq,
-                       const fwd_block_scratch *s, void *o, float *lse, const unsigned char *lanes,
-                       int want) {
+ * the head's sink in l when there are sinks), for every row, or (only set)
+ * the rows with only[i]. With `bad` it also marks the rows whose sum is
+ * finite but whose output is not (a NaN or inf from V, seen or hidden: the
+ * caller redoes them guarded) and returns how many. */
+static size_t fwd_finish(const fmha_plan *plan, int64_t b, int64_t h, int64_t q0, int64_t nq,
+                         const fwd_block_scratch *s, void *o, float *lse, const unsigned char *only,
+                         unsigned char *bad) {
     const int64_t *os = plan->p.o_strides;
-    size_t nr = plan->uk->nr;
+    size_t nr = plan->uk->nr, n_bad = 0;
     int64_t Dv = plan->p.head_dim_v;
-    const float *l = s->l, *m = s->m, *ot = s->ot;
+    const float *ot = s->ot;
+    float *of = plan->o_dtype == FMHA_DTYPE_F32 ? o : NULL; /* float32: no conversion */
     for (int64_t i = 0; i < nq; i++) {
-        if (lanes && lanes[i] != want) continue;
+        if (bad) bad[i] = 0;
+        if (only && !only[i]) continue;
         float inv, row_lse;
-        fmha_row_finish(plan, h, m[i], l[i], &inv, &row_lse);
+        fmha_row_finish(plan, h, s->m[i], s->l[i], &inv, &row_lse);
         int64_t row = b * os[0] + (q0 + i) * os[1] + h * os[2];
-        for (int64_t c = 0; c < Dv; c++)
-            fmha_store(o, plan->o_dtype, row + c * os[3], ot[(size_t)c * nr + (size_t)i] * inv);
+        float finite = 0.0f; /* x * 0 is 0 for finite x, NaN otherwise */
+        for (int64_t c = 0; c < Dv; c++) {
+            float x = ot[(size_t)c * nr + (size_t)i] * inv;
+            finite += x * 0.0f;
+            if (of) of[row + c * os[3]] = x;
+            else fmha_store(o, plan->o_dtype, row + c * os[3], x);
+        }
         if (lse) lse[(b * plan->p.heads_q + h) * plan->p.seq_q + q0 + i] = row_lse;
+        if (bad && finite != 0.0f && isfinite(s->l[i])) {
+            bad[i] = 1;
+            n_bad++;
+        }
     }
+    return n_bad;
 }
 
 /* Pre-pass task (b, kv head, key tile): the path packs that tile's keys. */
@@ -215,22 +229,6 @@ static long long fwd_block_pass(const fwd_ctx *c, fwd_block_scratch *s, int64_t 
     return computed;
 }
 
-/* Lanes whose row sum is a number but whose output is not: a NaN or inf in
- * V at a key the row sees, or at one it does not (0 * NaN in the value
- * product). The caller redoes them guarded. Returns how many. */
-static size_t fwd_nonfinite_lanes(const fmha_plan *plan, const fwd_block_scratch *s, int64_t nq,
-                                  unsigned char *lanes) {
-    size_t nr = plan->uk->nr, n = 0;
-    for (size_t i = 0; i < nr; i++) {
-        lanes[i] = 0;
-        if ((int64_t)i >= nq || !isfinite(s->l[i])) continue;
-        for (int64_t col = 0; col < plan->p.head_dim_v && !lanes[i]; col++)
-            lanes[i] = !isfinite(s->ot[(size_t)col * nr + i]);
-        n += lanes[i];
-    }
-    return n;
-}
-
 static void fwd_tiled_task(void *vctx, size_t task, int thread) {
     const fwd_ctx *c = vctx;
     const fmha_plan *plan = c->plan;
@@ -245,15 +243,12 @@ static void fwd_tiled_task(void *vctx, size_t task, int thread) {
     fwd_carve(plan, &carver, &s);
     c->path->q_pack(plan, c->q, b, h, q0, nq, s.qt);
     long long computed = fwd_block_pass(c, &s, b, h, q0, nq, thread, NULL);
-    unsigned char lanes[FMHA_MAX_NR];
-    if (fwd_nonfinite_lanes(plan, &s, nq, lanes)) {
+    unsigned char lanes[FMHA_MAX_NR] = {0};
+    if (fwd_finish(plan, b, h, q0, nq, &s, c->o, c->lse, NULL, lanes)) {
         /* rare: replay the block with the guarded value product for those
-         * lanes (the same scores and softmax), then finish only them */
-        fwd_finish(plan, b, h, q0, nq, &s, c->o, c->lse, lanes, 0);
+         * lanes (the same scores and softmax), then finish them again */
         fwd_block_pass(c, &s, b, h, q0, nq, thread, lanes);
-        fwd_finish(plan, b, h, q0, nq, &s, c->o, c->lse, lanes, 1);
-    } else {
-        fwd_finish(plan, b, h, q0, nq, &s, c->o, c->lse, NULL, 0);
+        fwd_finish(plan, b, h, q0, nq, &s, c->o, c->lse, lanes, NULL);
     }
     fmha_tiles_count(computed);
 }
@@ -284,7 +279,7 @@ static void fwd_dense_task(void *vctx, size_t task, int thread) {
             int64_t q0 = (int64_t)(pi * nr);
             fwd_reset(nr, plan->p.head_dim_v, &s);
             fwd_finish(plan, b, h, q0, plan->p.seq_q - q0 < (int64_t)nr ? plan->p.seq_q - q0 : (int64_t)nr,
-                       &s, c->o, c->lse, NULL, 0);
+                       &s, c->o, c->lse, NULL, NULL);
         }
         return;
     }
@@ -314,13 +309,13 @@ static void fwd_dense_task(void *vctx, size_t task, int thread) {
         fwd_reset(nr, 0, &s);
         uk->softmax_f32((size_t)ke, s.st + pi * st_panel, nr, s.m, s.l, s.alpha);
         path->values(plan, vv, ke, s.st + pi * st_panel, s.pscratch, s.ot, FMHA_UK_STORE, NULL);
-        unsigned char lanes[FMHA_MAX_NR];
-        if (fwd_nonfinite_lanes(plan, &s, nq, lanes)) { /* rare: see fwd_tiled_task */
+        unsigned char lanes[FMHA_MAX_NR] = {0};
+        if (fwd_finish(plan, b, h, q0, nq, &s, c->o, c->lse, NULL, lanes)) { /* rare: see fwd_tiled_task */
             for (size_t i = 0; i < nr; i++)
                 for (int64_t col = 0; lanes[i] && col < plan->p.head_dim_v; col++) s.ot[(size_t)col * nr + i] = 0.0f;
             fwd_values_guarded(c, b, hk, 0, ke, s.st + pi * st_panel, s.alpha, lanes, s.ot);
+            fwd_finish(plan, b, h, q0, nq, &s, c->o, c->lse, lanes, NULL);
         }
-        fwd_finish(plan, b, h, q0, nq, &s, c->o, c->lse, NULL, 0);
     }
 }
 

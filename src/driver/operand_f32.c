@@ -34,7 +34,14 @@ void fmha_pack_rows_f32(const void *src, fmha_dtype t, int64_t first, int64_t rs
 /* tr[e][i] = X[i][e] widened, [cols][NR], zero lanes past n. */
 static void pack_transposed_f32(const void *src, fmha_dtype t, int64_t first, int64_t rs, int64_t cs,
                                 int64_t n, int64_t cols, size_t nr, float *tr) {
-    memset(tr, 0, (size_t)cols * nr * sizeof(float));
+    if (n < (int64_t)nr)
+        for (int64_t e = 0; e < cols; e++) memset(tr + (size_t)e * nr + n, 0, (nr - (size_t)n) * sizeof(float));
+    if (t == FMHA_DTYPE_F32) { /* no conversion: plain loads */
+        const float *x = src;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t e = 0; e < cols; e++) tr[(size_t)e * nr + (size_t)i] = x[first + i * rs + e * cs];
+        return;
+    }
     for (int64_t i = 0; i < n; i++)
         for (int64_t e = 0; e < cols; e++)
             tr[(size_t)e * nr + (size_t)i] = fmha_load(src, t, first + i * rs + e * cs);
