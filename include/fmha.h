@@ -42,12 +42,9 @@
  * score makes its row NaN (exp(inf - inf)) and a -inf score hides its key.
  * In the backward a NaN reaches the gradients that depend on it. Keys at or
  * past kv_lengths[b] are never read, so whatever they hold changes nothing.
- * In the tiled and dense forwards a value a mask hides from a row never
- * reaches it (a row whose output is not finite while its softmax sum is is
- * recomputed without the 0 * V terms of hidden keys); the decode driver
- * (few queries, many keys) does not recompute, so a NaN or inf in V at a key
- * the causal band hides from one of its rows but shows to another may reach
- * the hidden row. In the backward, a NaN or inf stored in K
+ * In the forward a value a mask hides from a row never reaches it (a row
+ * whose output is not finite while its softmax sum is is recomputed without
+ * the 0 * V terms of hidden keys). In the backward, a NaN or inf stored in K
  * or V at a key that another mask hides from a row may still reach that
  * row's gradients through 0 * NaN. Finite inputs never give NaN.
  *

@@ -267,6 +267,52 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
 }
 
 /* Merge of a unit's chunks, in chunk order; writes O and lse. */
+/* Row (b, query i, head h) once more, one key at a time, for a row whose
+ * softmax sum is finite but whose output is not (a NaN or inf in V): the
+ * value sum takes only keys with P != 0, so a value its mask hides never
+ * reaches it. acc [Dv] gets the unnormalised O; *m and *l the row's max and
+ * sum. Rare: never on finite inputs. */
+static void dec_row_guarded(const dec_ctx *c, int64_t b, int64_t i, int64_t h, float *acc, float *m_out,
+                            float *l_out, int thread) {
+    const fmha_plan *plan = c->plan;
+    const fmha_problem *p = &plan->p;
+    const int64_t *qs = p->q_strides, *ks = p->k_strides, *vs = p->v_strides;
+    const int64_t hk = h / plan->group, D = p->head_dim, Dv = p->head_dim_v;
+    float m = -INFINITY, l = 0.0f, s[DEC_TILE];
+    for (int64_t e = 0; e < Dv; e++) acc[e] = 0.0f;
+    fmha_tile_pos t = {b, h, i, 1, 0, 0};
+    int64_t kb, ke;
+    fmha_mask_kv_range(plan, &t, &kb, &ke);
+    for (int64_t k0 = kb; k0 < ke; k0 += DEC_TILE) {
+        t.k0 = k0;
+        t.nk = ke - k0 < DEC_TILE ? ke - k0 : DEC_TILE;
+        for (int64_t r = 0; r < t.nk; r++) {
+            float dot = 0.0f;
+            for (int64_t d = 0; d < D; d++)
+                dot += fmha_load(c->q, p->dtype, b * qs[0] + i * qs[1] + h * qs[2] + d * qs[3]) *
+                       fmha_load(c->k, p->dtype, b * ks[0] + (k0 + r) * ks[1] + hk * ks[2] + d * ks[3]);
+            s[r] = plan->scale * dot;
+        }
+        fmha_mask_apply(plan, &t, s, 1, NULL, thread);
+        float mx = m;
+        for (int64_t r = 0; r < t.nk; r++) mx = fmaxf(mx, s[r]);
+        if (mx == -INFINITY) continue;
+        float alpha = expf(m - mx);
+        l *= alpha;
+        for (int64_t e = 0; e < Dv; e++) acc[e] *= alpha;
+        for (int64_t r = 0; r < t.nk; r++) {
+            float pr = expf(s[r] - mx);
+            if (pr == 0.0f) continue;
+            l += pr;
+            for (int64_t e = 0; e < Dv; e++)
+                acc[e] += pr * fmha_load(c->v, p->dtype, b * vs[0] + (k0 + r) * vs[1] + hk * vs[2] + e * vs[3]);
+        }
+        m = mx;
+    }
+    *m_out = m;
+    *l_out = l;
+}
+
 static void dec_merge_task(void *vctx, size_t unit, int thread) {
     const dec_ctx *c = vctx;
     const fmha_plan *plan = c->plan;
@@ -310,6 +356,9 @@ static void dec_merge_task(void *vctx, size_t unit, int thread) {
                 const float *po = c->pt.po + at * (size_t)Dv;
                 for (int64_t e = 0; e < Dv; e++) acc[e] = fmaf(w, po[e], acc[e]);
             }
+            float finite = 0.0f; /* x * 0: 0 for finite x, NaN otherwise */
+            for (int64_t e = 0; e < Dv; e++) finite += acc[e] * 0.0f;
+            if (finite != 0.0f && isfinite(l)) dec_row_guarded(c, b, i, h, acc, &mx, &l, thread);
             fmha_row_finish(plan, h, mx, l, &inv, &row_lse);
             for (int64_t e = 0; e < Dv; e++)
                 fmha_store(c->o, plan->o_dtype, orow + e * os[3], acc[e] * inv);

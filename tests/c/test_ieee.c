@@ -104,6 +104,12 @@ static void test_nan_decode(void) {
     *tu_elem(c.v, c.p.v_strides, 0, 17, 0, 4) = NAN;
     check_forward("decode: NaN in V", &c);
     *tu_elem(c.v, c.p.v_strides, 0, 17, 0, 4) = 0.5f;
+    /* bottom-right causal: key 299 is row 1's alone; row 0 must stay finite */
+    c.p.causal = FMHA_CAUSAL_BOTTOM_RIGHT;
+    *tu_elem(c.v, c.p.v_strides, 0, 299, 0, 4) = NAN;
+    check_forward("decode: NaN in V at a key the band hides from row 0", &c);
+    *tu_elem(c.v, c.p.v_strides, 0, 299, 0, 4) = 0.5f;
+    c.p.causal = FMHA_CAUSAL_NONE;
     int32_t kv_lengths[1] = {250};
     c.p.masks.kv_lengths = kv_lengths;
     for (int64_t d = 0; d < 16; d++) {
