@@ -42,11 +42,11 @@
  * score makes its row NaN (exp(inf - inf)) and a -inf score hides its key.
  * In the backward a NaN reaches the gradients that depend on it. Keys at or
  * past kv_lengths[b] are never read, so whatever they hold changes nothing.
- * In the forward a value a mask hides from a row never reaches it (a row
- * whose output is not finite while its softmax sum is is recomputed without
- * the 0 * V terms of hidden keys). In the backward, a NaN or inf stored in K
- * or V at a key that another mask hides from a row may still reach that
- * row's gradients through 0 * NaN. Finite inputs never give NaN.
+ * A value a mask hides from a row never reaches that row's results: the
+ * forward recomputes a row whose output is not finite while its softmax sum
+ * is, without the 0 * V terms of hidden keys; the backward, for key blocks
+ * holding a NaN or inf, keeps dS = 0 wherever P = 0 and sums dQ over the
+ * entries with dS != 0. Finite inputs never give NaN.
  *
  * Errors: every entry point returns an fmha_status; fmha_status_string()
  * explains it. On any error nothing is written to any output. The library

@@ -269,8 +269,67 @@ static void gemm_panels_f32(const fmha_ukernels *uk, size_t rows, size_t k, cons
 }
 
 /* One (query head, query block) against one key block: tile tp. */
+/* 1 when an element (i, e) at x[first + i*rs + e*cs], i < n, e < cols,
+ * is a NaN or inf: its exponent bits are all ones. */
+static int rows_nonfinite(const void *x, fmha_dtype t, int64_t first, int64_t rs, int64_t cs, int64_t n,
+                          int64_t cols) {
+    uint32_t hit = 0;
+    switch (t) {
+    case FMHA_DTYPE_F32: {
+        const float *f = x;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t e = 0; e < cols; e++) {
+                uint32_t u; /* the float's bits */
+                memcpy(&u, f + first + i * rs + e * cs, sizeof u);
+                hit |= (u & 0x7f800000u) == 0x7f800000u;
+            }
+        break;
+    }
+    case FMHA_DTYPE_BF16:
+    case FMHA_DTYPE_F16: {
+        const uint16_t *u = x;
+        const uint16_t exp = t == FMHA_DTYPE_BF16 ? 0x7f80u : 0x7c00u;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t e = 0; e < cols; e++) hit |= (u[first + i * rs + e * cs] & exp) == exp;
+        break;
+    }
+    }
+    return hit != 0;
+}
+
+/* 1 when K or V rows [k0, k0 + nk) of (b, hk) hold a NaN or inf. */
+static int bwd_keys_nonfinite(const bwd_ctx *c, int64_t b, int64_t hk, int64_t k0, int64_t nk) {
+    const fmha_problem *p = &c->plan->p;
+    const int64_t *ks = p->k_strides, *vs = p->v_strides;
+    return rows_nonfinite(c->k, p->dtype, b * ks[0] + k0 * ks[1] + hk * ks[2], ks[1], ks[3], nk, p->head_dim) ||
+           rows_nonfinite(c->v, p->dtype, b * vs[0] + k0 * vs[1] + hk * vs[2], vs[1], vs[3], nk, p->head_dim_v);
+}
+
+/* dS = 0 wherever P = 0: a hidden key's dP (dO . V) or raw score may be NaN. */
+static void bwd_zero_hidden(size_t nk, const float *pt, float *dpt, size_t nr) {
+    for (size_t e = 0; e < nk * nr; e++)
+        if (pt[e] == 0.0f) dpt[e] = 0.0f;
+}
+
+/* dQ_i += dS K_j over the entries with dS != 0: a NaN K row of a hidden key
+ * stays out of the rows it is hidden from. */
+static void bwd_dq_guarded(const bwd_dims *d, size_t nq, size_t nk, const float *dpt, const float *krows,
+                           float *dq) {
+    for (size_t i = 0; i < nq; i++)
+        for (size_t e = 0; e < d->D; e++) {
+            float acc = 0.0f;
+            for (size_t r = 0; r < nk; r++) {
+                float ds = dpt[r * d->nr + i];
+                if (ds != 0.0f) acc += ds * krows[r * d->d_pad + e];
+            }
+            dq[i * d->d_pad + e] += acc;
+        }
+}
+
+/* guard: the key block holds a NaN or inf, and the tile hides some keys
+ * from some rows: hidden entries are kept out of every gradient. */
 static void bwd_pair(const bwd_ctx *c, bwd_tiles *t, const fmha_tile_pos *tp, const fmha_bwd_qblock *q,
-                     fmha_tile_class cls, float *dq_g, double *bias_acc, int thread) {
+                     fmha_tile_class cls, float *dq_g, double *bias_acc, int guard, int thread) {
     const fmha_plan *plan = c->plan;
     const fmha_problem *p = &plan->p;
     const fmha_ukernels *uk = plan->uk;
@@ -290,15 +349,20 @@ static void bwd_pair(const bwd_ctx *c, bwd_tiles *t, const fmha_tile_pos *tp, co
                     d->dv_pad);
     /* dS^T = P^T (dP^T - Dsum): the gradient of the biased score */
     uk->ds_f32(nk, t->pt, t->dpt, nr, q->dsum);
+    if (guard) bwd_zero_hidden(nk, t->pt, t->dpt, nr);
     if (plan->grads || p->biases.callback.accumulate_grad)
         fmha_bias_grad_tile(plan, tp, t->dpt, nr, t->diag, bias_acc, thread);
     if (softcap) fmha_softcap_grad(plan, tp, t->dpt, nr, t->raw);
+    if (guard && softcap) bwd_zero_hidden(nk, t->pt, t->dpt, nr);
 
     /* dK_j += dS^T Q_i;  dQ_i += dS K_j  (A element (i, r) = dS^T[r][i]) */
     gemm_panels_f32(uk, nk, nq, t->dpt, (ptrdiff_t)nr, 1, q->qrows, q->qrows_ld, t->dk, d->d_pad,
                     d->d_pad);
-    gemm_panels_f32(uk, nq, nk, t->dpt, 1, (ptrdiff_t)nr, t->keys.krows, d->d_pad,
-                    dq_g + row0 * d->d_pad, d->d_pad, d->d_pad);
+    if (guard)
+        bwd_dq_guarded(d, nq, nk, t->dpt, t->keys.krows, dq_g + row0 * d->d_pad);
+    else
+        gemm_panels_f32(uk, nq, nk, t->dpt, 1, (ptrdiff_t)nr, t->keys.krows, d->d_pad,
+                        dq_g + row0 * d->d_pad, d->d_pad, d->d_pad);
 }
 
 /* Key block j of (b, hk): every query head of the group, every query block
@@ -319,7 +383,7 @@ static void bwd_key_block(const bwd_ctx *c, bwd_tiles *t, int64_t b, int64_t hk,
     fmha_mask_kv_range(plan, &all, &kv_begin, &kv_end);
     int64_t nk = kv_end - k0 < nk_all ? kv_end - k0 : nk_all;
     if (nk < 0) nk = 0;
-    int packed = 0;
+    int packed = 0, nonfinite = 0;
     long long computed = 0;
     int64_t qv_begin, qv_end;
     fmha_mask_q_range(plan, b, k0, nk, &qv_begin, &qv_end);
@@ -336,6 +400,7 @@ static void bwd_key_block(const bwd_ctx *c, bwd_tiles *t, int64_t b, int64_t hk,
             if (cls < 0) cls = FMHA_TILE_PARTIAL;
             if (!packed) {
                 c->path->bwd_keys_pack(plan, c->k, c->v, b, hk, k0, nk, &t->keys);
+                nonfinite = bwd_keys_nonfinite(c, b, hk, k0, nk);
                 memset(t->dk, 0, (size_t)nk * d->d_pad * sizeof(float));
                 memset(t->dv, 0, (size_t)nk * d->dv_pad * sizeof(float));
                 packed = 1;
@@ -343,7 +408,8 @@ static void bwd_key_block(const bwd_ctx *c, bwd_tiles *t, int64_t b, int64_t hk,
             computed++;
             double *acc = task_acc ? task_acc + (size_t)(h - task_head0) * (size_t)plan->toeplitz_len : NULL;
             fmha_bwd_qblock q = bwd_qblock_at(c, b, h, qb);
-            bwd_pair(c, t, &tp, &q, (fmha_tile_class)cls, dq_g, acc, thread);
+            bwd_pair(c, t, &tp, &q, (fmha_tile_class)cls, dq_g, acc,
+                     nonfinite && cls == FMHA_TILE_PARTIAL, thread);
         }
     fmha_tiles_count(computed);
     /* dK_j, dV_j are complete (zero when no query sees the block) */

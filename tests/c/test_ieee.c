@@ -231,6 +231,46 @@ static void test_nan_backward(void) {
     case_free(&c);
 }
 
+/* Causal: NaN in V at key 40 and in K at key 41. Rows 0..39 see neither, so
+ * their dQ must equal (1e-5 + 1e-4 |r|) that of the clean inputs, on every
+ * ISA: hidden entries stay out of the gradients. */
+static void test_nan_hidden_backward(void) {
+    ieee_case c;
+    case_new(&c, 1, 1, 1);
+    fmha_problem *p = &c.p;
+    size_t nq = tu_span(p->q_strides, c.nq), nk = tu_span(p->k_strides, c.nk), no = tu_span(p->o_strides, c.no);
+    float *d_o = tu_new_input(p, 'o', -1, 1), *o = malloc(no * sizeof(float));
+    float *lse = malloc((size_t)(2 * 70) * sizeof(float)), *clean = malloc(nq * sizeof(float));
+    float *dq = malloc(nq * sizeof(float)), *dk = malloc(nk * sizeof(float)), *dv = malloc(nk * sizeof(float));
+    for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
+        if (fmha_cpu_force_isa(isas[ii]) != 0) continue;
+        float *v40 = tu_elem(c.v, p->v_strides, 0, 40, 0, 5), *k41 = tu_elem(c.k, p->k_strides, 0, 41, 0, 2);
+        float v_keep = *v40, k_keep = *k41;
+        tu_check(tu_forward_backward(p, c.q, c.k, c.v, d_o, o, lse, clean, dk, dv, NULL) == FMHA_OK, "clean");
+        *v40 = NAN;
+        *k41 = NAN;
+        tu_check(tu_forward_backward(p, c.q, c.k, c.v, d_o, o, lse, dq, dk, dv, NULL) == FMHA_OK, "with NaN");
+        *v40 = v_keep;
+        *k41 = k_keep;
+        size_t wrong = 0, nan_seen = 0;
+        for (int64_t i = 0; i < 70; i++)
+            for (int64_t h = 0; h < 2; h++)
+                for (int64_t d = 0; d < 16; d++) {
+                    float a = *tu_elem(dq, p->q_strides, 0, i, h, d), r = *tu_elem(clean, p->q_strides, 0, i, h, d);
+                    if (i < 40) wrong += !(fabsf(a - r) <= 1e-5f + 1e-4f * fabsf(r));
+                    else nan_seen += isnan(a);
+                }
+        tu_check(wrong == 0 && nan_seen > 0,
+                 "%s: NaN K/V at keys 40, 41 hidden from rows 0..39: %zu of their dQ differ, %zu NaN after", isas[ii],
+                 wrong, nan_seen);
+    }
+    fmha_cpu_force_isa(fmha_cpu_kernels_for("avx512bf16") ? "avx512bf16"
+                       : fmha_cpu_kernels_for("avx512") ? "avx512"
+                       : fmha_cpu_kernels_for("avx2") ? "avx2" : "scalar");
+    free(d_o), free(o), free(lse), free(clean), free(dq), free(dk), free(dv);
+    case_free(&c);
+}
+
 /* scale * q.k is representable, scale * q alone is not: q up to 4, k = +-2^-126,
  * scale 2e38, scores up to ~50 (so float32 logits carry ~1e-5 absolute
  * error: tolerance 1e-4 relative). */
@@ -300,6 +340,7 @@ int main(void) {
     test_infinities_in_k();
     test_nan_past_kv_lengths();
     test_nan_backward();
+    test_nan_hidden_backward();
     test_large_scale();
     test_aliasing();
     return tu_finish();
