@@ -10,6 +10,8 @@ at each sequence length, and three charts: time vs sequence length, memory vs
 sequence length, and the achieved fraction of the machine's peak GFLOP/s
 (from --peak-gflops or a "peak_gflops" in a record's device; skipped with a
 note when unknown). Rows whose status is not ok are listed, not plotted.
+When the records hold peer rows of this machine, a first table compares
+fmha_auto with the faster peer per row; --print also writes it to stdout.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 FMHA_IMPLS = ["fmha_auto", "fmha_dense", "fmha_tiled", "fmha_portable", "fmha_plan"]
+PEER_IMPLS = ["jax_xla", "torch_sdpa"]   # what users run instead of fmha
 SEED_IMPLS = {"probjax_mha", "xla_dense", "xla_tiled", "mha_interpret"}
 SEED_FILE_NAME = "attention-benchmark-record.json"
 SEED_SUFFIX = " (seed)"
@@ -236,6 +239,27 @@ def time_table(group_rows) -> list:
     return lines
 
 
+def peer_table(timed) -> list:
+    """Markdown lines: fmha_auto against the faster peer of this machine,
+    one line per (group, seq) that has both; [] when there is no peer row."""
+    cell = {(r.label, r.group, r.seq): r.get("median_ms") for r in timed}
+    lines = []
+    for group in sorted({r.group for r in timed}, key=group_order):
+        variant, dtype, dim, mode, batch, heads = group
+        for seq in sorted({r.seq for r in timed if r.group == group}):
+            ours = cell.get(("fmha_auto", group, seq))
+            peers = {p: cell[(p, group, seq)] for p in PEER_IMPLS if (p, group, seq) in cell}
+            if ours is None or not peers:
+                continue
+            best = min(peers, key=peers.get)
+            lines.append(f"| {variant} | {dtype} | {dim} | {mode} | {seq} | {fmt(ours)} | "
+                         f"{best} {fmt(peers[best])} | {peers[best] / ours:.2f}x |")
+    if not lines:
+        return []
+    return ["| variant | dtype | D | mode | seq | fmha_auto ms | faster peer ms | speedup |",
+            "|---|---|---:|---|---:|---:|---:|---:|"] + lines
+
+
 def error_summary(group_rows) -> str:
     worst = {}
     for r in group_rows:
@@ -305,6 +329,13 @@ def render(sources, out_dir, peak_gflops_arg=None) -> str:
         if s.note:
             md.append(f"  Note: {s.note}")
     md.append("")
+
+    versus = peer_table(timed)
+    if versus:
+        md += ["## fmha against what users run today", "",
+               "fmha_auto's median against the faster of " + ", ".join(PEER_IMPLS) +
+               " on the same row of this machine (speedup = peer time / fmha time).", ""]
+        md += versus + [""]
 
     groups = sorted({r.group for r in timed}, key=group_order)
     for label in impl_order(r.label for r in rows):
@@ -409,6 +440,8 @@ def main(argv=None) -> int:
     parser.add_argument("-o", "--out", default="report", help="output folder (default report/)")
     parser.add_argument("--peak-gflops", type=float, default=None,
                         help="this machine's peak GFLOP/s, for the fraction-of-peak charts")
+    parser.add_argument("--print", action="store_true", dest="print_versus",
+                        help="also print the fmha-against-peers table to stdout")
     args = parser.parse_args(argv)
     try:
         sources = [load_source(path, args.peak_gflops) for path in args.records]
@@ -416,6 +449,9 @@ def main(argv=None) -> int:
         print(f"fmha.report: {e}", file=sys.stderr)
         return 1
     readme = render(sources, args.out, args.peak_gflops)
+    if args.print_versus:
+        versus = peer_table(timing_rows([r for s in sources for r in s.rows]))
+        print("\n".join(versus) if versus else "fmha.report: no peer rows to compare with")
     print(f"wrote {readme}")
     return 0
 

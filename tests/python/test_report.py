@@ -168,3 +168,26 @@ def test_bad_input_is_an_error(tmp_path):
     bad.write_text("[1, 2")
     assert report.main([str(bad), "-o", str(tmp_path / "out")]) == 1
     assert report.main([str(tmp_path / "missing.json"), "-o", str(tmp_path / "out")]) == 1
+
+
+def test_peer_table_compares_fmha_auto_with_the_faster_peer(tmp_path, capsys):
+    rows = [
+        time_row("fmha_auto", 128, 0.5), time_row("jax_xla", 128, 2.0), time_row("torch_sdpa", 128, 1.5),
+        time_row("fmha_auto", 256, 1.0), time_row("jax_xla", 256, 3.0),
+        time_row("fmha_auto", 128, 2.0, mode="fwdbwd"),   # no peer on this row: left out
+    ]
+    path = write(tmp_path, "results.json", record(rows))
+    out = tmp_path / "report"
+    assert report.main([str(path), "-o", str(out), "--print"]) == 0
+    printed = capsys.readouterr().out
+    for text in (printed, (out / "README.md").read_text()):
+        assert "| plain | float32 | 64 | fwd | 128 | 0.5 | torch_sdpa 1.5 | 3.00x |" in text
+        assert "| plain | float32 | 64 | fwd | 256 | 1 | jax_xla 3 | 3.00x |" in text
+        assert "| fwdbwd |" not in text.split("## plain")[0]
+
+
+def test_peer_table_absent_without_peer_rows(tmp_path, capsys):
+    path = write(tmp_path, "results.json", record([time_row("fmha_auto", 128, 0.5)]))
+    assert report.main([str(path), "-o", str(tmp_path / "report"), "--print"]) == 0
+    assert "no peer rows to compare with" in capsys.readouterr().out
+    assert "against what users run today" not in (tmp_path / "report" / "README.md").read_text()
