@@ -69,7 +69,7 @@ void fmha_problem_init(fmha_problem *p, int64_t batch, int64_t heads_q, int64_t 
     p->head_dim_v = head_dim_v;
     p->causal = FMHA_CAUSAL_NONE;
     p->strategy = FMHA_STRATEGY_AUTO;
-    p->precision = FMHA_PRECISION_ACCURATE;
+    p->precision = FMHA_PRECISION_FAST;
     p->masks.window_left = -1;
     p->masks.window_right = -1;
     struct { int64_t *st, s, h, d; } t[4] = {{p->q_strides, seq_q, heads_q, head_dim},

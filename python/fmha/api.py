@@ -337,7 +337,7 @@ def _install_bias_callback(p, call, cb):
 def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignment, local_window_size,
              query_seq_lengths, key_value_seq_lengths, segment_ids, alibi_slopes, rel_table,
              rel_max_distance, rel_bidirectional, softcap, strategy, mask_callback, bias_callback,
-             precision="accurate"):
+             precision="fast"):
     """Validates every argument (ValueError / TypeError) without calling the
     library; returns (call, q, k, v, batched) for _describe."""
     q = _as_array(query, "query")
@@ -523,7 +523,7 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
               causal_alignment="top_left", local_window_size=None, query_seq_lengths=None,
               key_value_seq_lengths=None, segment_ids=None, alibi_slopes=None, softcap=None,
               rel_table=None, rel_max_distance=128, rel_bidirectional=True, mask_callback=None,
-              bias_callback=None, return_lse=False, strategy="auto", precision="accurate"):
+              bias_callback=None, return_lse=False, strategy="auto", precision="fast"):
     """Scaled dot-product attention on NumPy arrays by the C library.
 
     query [B, T, N, H], key [B, S, K, H], value [B, S, K, Hv] (or 3-D without
@@ -537,8 +537,10 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
                         rel_max_distance, rel_bidirectional); softcap > 0
       mask_callback, bias_callback   MaskCallback / BiasCallback
       strategy          'auto', 'tiled', 'dense' or 'portable'
-      precision         bf16 only: 'accurate' (default) or 'fast' (P rounded
-                        to bf16 in P V; see fmha_precision in fmha.h)
+      precision         bf16 only: 'fast' (default: P rounded to bf16 in P V,
+                        as accurate as PyTorch's fused CPU kernel) or
+                        'accurate' (P as bf16 plus its residual); see
+                        fmha_precision in fmha.h
     A query row that sees no key gets zeros (and lse = -inf).
 
     Returns out [B, T, N, Hv] (query's dtype), or (out, lse) with lse float32
@@ -580,7 +582,7 @@ def attention_backward(query, key, value, out, lse, d_out, bias=None, mask=None,
                        query_seq_lengths=None, key_value_seq_lengths=None, segment_ids=None,
                        alibi_slopes=None, softcap=None, rel_table=None, rel_max_distance=128,
                        rel_bidirectional=True, mask_callback=None, bias_callback=None,
-                       return_bias_grads=False, strategy="auto", precision="accurate"):
+                       return_bias_grads=False, strategy="auto", precision="fast"):
     """Gradients of `attention` by the C backward (fmha_backward).
 
     out and lse are attention(..., return_lse=True)'s results for the same

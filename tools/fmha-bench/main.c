@@ -55,7 +55,7 @@ static void usage(FILE *f)
             "  --portable-max-seq N    fmha_portable only up to this seq (default 1024)\n"
             "  --threads N             fmha_set_num_threads(N) (default: the library's)\n"
             "  --no-ref                skip rel_err (the float64 reference)\n"
-            "  --precision P           accurate (default) or fast: fmha_precision of bfloat16 rows\n"
+            "  --precision P           fast (default) or accurate: fmha_precision of bfloat16 rows\n"
             "  --peaks                 also run each (impl, seq) of --peak-seqs x --peak-impls\n"
             "                          in a child process: peak_rss_mb and wall_s (no rel_err)\n"
             "  --peak-seqs LIST        default 4096,8192,16384\n"
@@ -219,7 +219,7 @@ static void set_default_options(bench_options *o)
     o->peak_timeout_s = 300;
     o->out = "results.json";
     o->min_samples = 7;
-    o->precision = "accurate";
+    o->precision = "fast";
     o->min_sample_ms = 20;
 }
 
