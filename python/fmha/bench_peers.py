@@ -13,8 +13,11 @@ The last two run the C kernels, so their distance to fmha-bench's own rows
 is the binding overhead.
 
 Inputs are fmha-bench's: the same splitmix64 stream (seed 0x5eed5eed)
-gives q, k, v, dO uniform in [-1, 1) in [B, S, H, D] layout (torch gets
-[B, H, S, D] copies). Variants: plain, causal (top-left), masked_bias: key
+gives q, dO [B, Sq, H, D] and k, v [B, S, Hkv, D] uniform in [-1, 1) (torch
+gets [B, H, S, D] copies); Sq (--seq-q, e.g. 1 for decoding) defaults to S
+and Hkv (--heads-kv, GQA) to H. Variants: plain, causal (bottom-right, as
+fmha-bench: top-left's mask when Sq = S; when Sq differs every impl gets it
+as a boolean [Sq, S] mask, since the peers' is_causal is top-left), masked_bias: key
 lengths S - S/8 for every batch element and a learnable T5 relative-position
 table [H, 32] float32 (bidirectional, max distance 128; its values are the
 stream's next H*32 draws). Every impl receives masked_bias as dense tensors,
@@ -112,6 +115,10 @@ def parse_args(argv):
     p.add_argument("--modes", type=_name_list(MODES), default=list(MODES))
     p.add_argument("--batch", type=_positive_int, default=1)
     p.add_argument("--heads", type=_positive_int, default=8)
+    p.add_argument("--seq-q", type=_positive_int, default=None,
+                   help="query length (default: the seq; e.g. 1 for decoding)")
+    p.add_argument("--heads-kv", type=_positive_int, default=None,
+                   help="key/value heads (default: the heads; fewer for GQA)")
     p.add_argument("--impls", type=_name_list(IMPLS), default=list(IMPLS))
     p.add_argument("--threads", type=_positive_int, default=None,
                    help="threads for every runtime (default: each runtime's own default)")
@@ -125,6 +132,8 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if args.threads is not None and args.threads > 1024:
         p.error("--threads wants 1..1024")
+    if args.heads_kv is not None and args.heads % args.heads_kv:
+        p.error(f"--heads-kv {args.heads_kv} does not divide --heads {args.heads}")
     return args
 
 
@@ -191,9 +200,9 @@ def t5_bucket(rel, num_buckets, max_distance, bidirectional):
     return base + np.where(n < max_exact, n, large)
 
 
-def bucket_matrix(S):
-    """[S, S] int32 bucket of (query i, key j), from the C library when it has one."""
-    rel = np.arange(-(S - 1), S)
+def bucket_matrix(Sq, S):
+    """[Sq, S] int32 bucket of (query i, key j), from the C library when it has one."""
+    rel = np.arange(-(Sq - 1), S)
     buckets = None
     try:
         from . import _lib
@@ -204,26 +213,35 @@ def bucket_matrix(S):
         pass
     if buckets is None:
         buckets = t5_bucket(rel, REL_BUCKETS, REL_MAX_DISTANCE, True)
-    i = np.arange(S)[:, None]
+    i = np.arange(Sq)[:, None]
     j = np.arange(S)[None, :]
-    return buckets[(j - i) + (S - 1)].astype(np.int32)
+    return buckets[(j - i) + (Sq - 1)].astype(np.int32)
 
 
 class Inputs:
-    """One (variant, seq, dim, dtype)'s inputs, shared by every impl and mode."""
+    """One (variant, seq, dim, dtype)'s inputs, shared by every impl and mode.
+    seq_q and heads_kv: None for S and H (the rows then carry no such field)."""
 
-    def __init__(self, B, S, H, D, variant, dtype):
+    def __init__(self, B, S, H, D, variant, dtype, seq_q=None, heads_kv=None):
         stream = Stream(INPUT_SEED)
-        n = B * S * H * D
-        self.q, self.k, self.v, self.d_o = (stream.uniform(n).reshape(B, S, H, D) for _ in range(4))
+        Sq, Hkv = seq_q or S, heads_kv or H
+        # q [B, Sq, H, D], k and v [B, S, Hkv, D], dO [B, Sq, H, D], in fmha-bench's draw order
+        self.q = stream.uniform(B * Sq * H * D).reshape(B, Sq, H, D)
+        self.k, self.v = (stream.uniform(B * S * Hkv * D).reshape(B, S, Hkv, D) for _ in range(2))
+        self.d_o = stream.uniform(B * Sq * H * D).reshape(B, Sq, H, D)
         self.B, self.S, self.H, self.D, self.variant, self.dtype = B, S, H, D, variant, dtype
-        self.causal = variant == "causal"
+        self.Sq, self.Hkv, self.seq_q, self.heads_kv = Sq, Hkv, seq_q, heads_kv
+        self.causal = variant == "causal" and Sq == S   # top-left = bottom-right here
         self.table = self.mask = self.buckets = None
+        if variant == "causal" and Sq != S:
+            # bottom-right: query i sees key j iff j <= i + S - Sq
+            visible = np.arange(S)[None, :] <= np.arange(Sq)[:, None] + (S - Sq)
+            self.mask = np.broadcast_to(visible, (B, 1, Sq, S)).copy()
         if variant == "masked_bias":
             self.table = stream.uniform(H * REL_BUCKETS).reshape(H, REL_BUCKETS)
             kv_len = S - S // 8
-            self.mask = np.broadcast_to(np.arange(S)[None, None, None, :] < kv_len, (B, 1, S, S)).copy()
-            self.buckets = bucket_matrix(S)
+            self.mask = np.broadcast_to(np.arange(S)[None, None, None, :] < kv_len, (B, 1, Sq, S)).copy()
+            self.buckets = bucket_matrix(Sq, S)
         if dtype != "float32":
             np_dtype = _numpy_dtype(dtype)
             # Round once: every impl and the reference see the same values.
@@ -241,33 +259,37 @@ class Inputs:
         return self._grad_ref if fwdbwd else self._o_ref
 
     def _compute_reference(self):
-        B, S, H, D = self.B, self.S, self.H, self.D
+        B, S, H, D, Sq, Hkv = self.B, self.S, self.H, self.D, self.Sq, self.Hkv
         scale = 1.0 / math.sqrt(D)
         bias = self.dense_bias()
-        o = np.empty((B, S, H, D))
-        dq, dk, dv = np.empty_like(o), np.empty_like(o), np.empty_like(o)
-        visible = np.ones((S, S), bool)
+        o = np.empty((B, Sq, H, D))
+        dq = np.empty_like(o)
+        dk, dv = np.zeros((B, S, Hkv, D)), np.zeros((B, S, Hkv, D))
+        visible = np.ones((Sq, S), bool)
         if self.causal:
-            visible &= np.tril(np.ones((S, S), bool))
+            visible &= np.tril(np.ones((Sq, S), bool))
         for b in range(B):
             vis = visible & self.mask[b, 0] if self.mask is not None else visible
             for h in range(H):
+                hk = h // (H // Hkv)
                 q = self.q[b, :, h].astype(np.float64)
-                k = self.k[b, :, h].astype(np.float64)
-                v = self.v[b, :, h].astype(np.float64)
+                k = self.k[b, :, hk].astype(np.float64)
+                v = self.v[b, :, hk].astype(np.float64)
                 do = self.d_o[b, :, h].astype(np.float64)
                 s = scale * (q @ k.T)
                 if bias is not None:
                     s += bias[0, h]
                 s = np.where(vis, s, -np.inf)
-                p = np.exp(s - s.max(axis=1, keepdims=True))
-                p /= p.sum(axis=1, keepdims=True)
+                top = s.max(axis=1, keepdims=True)
+                p = np.exp(s - np.where(np.isfinite(top), top, 0.0))
+                total = p.sum(axis=1, keepdims=True)
+                p /= np.where(total > 0, total, 1.0)   # a row that sees no key: O = 0
                 o[b, :, h] = p @ v
                 dp = do @ v.T
                 ds = p * (dp - (do * o[b, :, h]).sum(axis=1, keepdims=True))
                 dq[b, :, h] = scale * (ds @ k)
-                dk[b, :, h] = scale * (ds.T @ q)
-                dv[b, :, h] = p.T @ do
+                dk[b, :, hk] += scale * (ds.T @ q)
+                dv[b, :, hk] += p.T @ do
         self._o_ref = o
         self._grad_ref = np.concatenate([dq.ravel(), dk.ravel(), dv.ravel()])
 
@@ -403,8 +425,9 @@ class TorchRunner(Runner):
         self.d_o = torch.from_numpy(np.ascontiguousarray(inp.d_o.transpose(0, 2, 1, 3))).to(dtype)
         self.table = torch.from_numpy(inp.table.copy()) if inp.table is not None else None
         buckets = torch.from_numpy(inp.buckets.astype(np.int64)) if inp.buckets is not None else None
-        hidden = torch.from_numpy(~inp.mask) if inp.mask is not None else None
+        visible = torch.from_numpy(inp.mask) if inp.mask is not None else None
         causal = inp.causal
+        gqa = {"enable_gqa": True} if inp.Hkv != inp.H else {}
         self.fwdbwd = fwdbwd
         if fwdbwd:
             for t in self.args:
@@ -413,10 +436,10 @@ class TorchRunner(Runner):
                 self.table.requires_grad_(True)
 
         def forward():
-            attn_mask = None
+            attn_mask = visible
             if self.table is not None:
-                attn_mask = self.table[:, buckets][None].masked_fill(hidden, float("-inf")).to(dtype)
-            return attend(*self.args, attn_mask=attn_mask, is_causal=causal)
+                attn_mask = self.table[:, buckets][None].masked_fill(~visible, float("-inf")).to(dtype)
+            return attend(*self.args, attn_mask=attn_mask, is_causal=causal, **gqa)
 
         self.forward = forward
         self.grad_inputs = self.args + ([self.table] if self.table is not None else [])
@@ -424,11 +447,11 @@ class TorchRunner(Runner):
         self.run()
         self.compile_s = time.perf_counter() - start
         elem = self.args[0].element_size()
-        n = self.args[0].numel()
+        n_q, n_kv = self.args[0].numel(), self.args[1].numel()   # q and dO; k and v
         table_bytes = inp.table.nbytes if inp.table is not None else 0
         mask_bytes = inp.mask.nbytes if inp.mask is not None else 0
-        self.arg_bytes = (4 if fwdbwd else 3) * n * elem + table_bytes + mask_bytes
-        self.out_bytes = (4 * n * elem + table_bytes) if fwdbwd else n * elem
+        self.arg_bytes = ((2 if fwdbwd else 1) * n_q + 2 * n_kv) * elem + table_bytes + mask_bytes
+        self.out_bytes = ((2 * n_q + 2 * n_kv) * elem + table_bytes) if fwdbwd else n_q * elem
         self.temp_bytes = fmha_workspace_bytes(inp, fwdbwd) if use_fmha else None
 
     def run(self):
@@ -455,16 +478,18 @@ def fmha_workspace_bytes(inp, fwdbwd):
     from . import _lib, api
 
     B, S, H, D = inp.B, inp.S, inp.H, inp.D
-    p = _lib.problem_init(B, H, H, S, S, D, D)
+    p = _lib.problem_init(B, H, inp.Hkv, inp.Sq, S, D, D)
     p.dtype = api.dtype_code(_numpy_dtype(inp.dtype))
     p.causal = _lib.CAUSAL_TOP_LEFT if inp.causal else _lib.CAUSAL_NONE
     keep = []
+    if inp.mask is not None:
+        flag = np.ones(1, np.uint8)
+        api.set_dense_mask(p, flag.ctypes.data, [0, 0, 0, 0])
+        keep.append(flag)
     if inp.table is not None:
         one = np.zeros(1, np.float32)
-        flag = np.ones(1, np.uint8)
         api.set_dense_bias(p, one.ctypes.data, [0, 0, 0, 0])
-        api.set_dense_mask(p, flag.ctypes.data, [0, 0, 0, 0])
-        keep += [one, flag]
+        keep.append(one)
     lib = _lib.load()
     fwd, bwd = ctypes.c_size_t(0), ctypes.c_size_t(0)
     if lib.fmha_forward_workspace_size(ctypes.byref(p), ctypes.byref(fwd)) != _lib.OK:
@@ -511,9 +536,25 @@ def measure(runner, min_samples, min_sample_ms):
     return inner, samples
 
 
-def row_header(impl, mode, variant, dtype, B, S, H, D):
-    return {"impl": impl, "mode": mode, "variant": variant, "dtype": dtype, "batch": B, "seq": S, "heads": H,
-            "head_dim": D}
+def row_header(impl, mode, variant, dtype, B, S, H, D, seq_q=None, heads_kv=None):
+    row = {"impl": impl, "mode": mode, "variant": variant, "dtype": dtype, "batch": B, "seq": S, "heads": H,
+           "head_dim": D}
+    if seq_q is not None:
+        row["seq_q"] = seq_q
+    if heads_kv is not None:
+        row["heads_kv"] = heads_kv
+    return row
+
+
+def scores_seen(inp):
+    """Query-key pairs a call computes, as fmha-bench counts them: Sq x S,
+    half when causal and square, else per query under bottom-right."""
+    if inp.variant != "causal":
+        return float(inp.Sq) * inp.S
+    if inp.Sq == inp.S:
+        return 0.5 * inp.S * inp.S
+    seen = np.clip(np.arange(inp.Sq) + inp.S - inp.Sq + 1, 0, inp.S)
+    return float(seen.sum())
 
 
 def status_of(exc):
@@ -531,7 +572,7 @@ def status_of(exc):
 
 
 def bench_row(impl, mode, inp, args):
-    row = row_header(impl, mode, inp.variant, inp.dtype, inp.B, inp.S, inp.H, inp.D)
+    row = row_header(impl, mode, inp.variant, inp.dtype, inp.B, inp.S, inp.H, inp.D, inp.seq_q, inp.heads_kv)
     row["kind"] = "time"
     fwdbwd = mode == "fwdbwd"
     try:
@@ -543,7 +584,9 @@ def bench_row(impl, mode, inp, args):
         row["error"] = (text.splitlines() or [""])[0][:500]
         return row
     median = quantile(samples, 0.5)
-    flops = 4.0 * inp.B * inp.H * inp.S * inp.S * inp.D * (0.5 if inp.causal else 1.0) * (3.5 if fwdbwd else 1.0)
+    flops = 4.0 * inp.B * inp.H * scores_seen(inp) * inp.D * (3.5 if fwdbwd else 1.0)
+    # K and V of every (batch, kv head), read once: the floor of any forward
+    kv_bytes = 2.0 * inp.k.size * np.dtype(_numpy_dtype(inp.dtype)).itemsize
     row.update(status="ok", compile_s=runner.compile_s, inner=inner, samples=len(samples), median_ms=median,
                q1_ms=quantile(samples, 0.25), q3_ms=quantile(samples, 0.75))
     if not args.no_ref:
@@ -551,6 +594,7 @@ def bench_row(impl, mode, inp, args):
     for key, value in (("temp_mb", runner.temp_bytes), ("arg_mb", runner.arg_bytes), ("out_mb", runner.out_bytes)):
         row[key] = value / MB if value is not None else None
     row["gflops"] = flops / 1e9 / (median * 1e-3)
+    row["kv_gbs"] = kv_bytes / 1e9 / (median * 1e-3)
     return row
 
 
@@ -600,7 +644,8 @@ def config_of(args, xla_flags):
     return {"device": "cpu", "tool": "fmha.bench_peers", "append": args.append,
             "seqs": ",".join(map(str, args.seqs)), "dims": ",".join(map(str, args.dims)),
             "dtypes": ",".join(args.dtypes), "variants": ",".join(args.variants), "modes": ",".join(args.modes),
-            "batch": args.batch, "heads": args.heads, "impls": ",".join(args.impls), "no_ref": args.no_ref,
+            "batch": args.batch, "heads": args.heads, "seq_q": args.seq_q, "heads_kv": args.heads_kv,
+            "impls": ",".join(args.impls), "no_ref": args.no_ref,
             "threads": args.threads, "xla_flags": xla_flags, "min_samples": args.min_samples,
             "min_sample_ms": args.min_sample_ms, "out": args.out}
 
@@ -665,7 +710,9 @@ def print_row(row):
         return fmt % v if isinstance(v, (int, float)) else "-"
 
     print(f"{row['impl']:<12} {row['mode']:<7} {row['variant']:<12} {row['dtype']:<9} D={row['head_dim']:<4} "
-          f"seq={row['seq']:<6} {num('median_ms', '%.4g'):>10} ms {num('gflops', '%.4g'):>8} GFLOP/s "
+          f"seq={row['seq']:<6}" + (f" seq_q={row['seq_q']}" if "seq_q" in row else "")
+          + (f" heads_kv={row['heads_kv']}" if "heads_kv" in row else "")
+          + f" {num('median_ms', '%.4g'):>10} ms {num('gflops', '%.4g'):>8} GFLOP/s {num('kv_gbs', '%.3g'):>6} GB/s "
           f"rel_err={num('rel_err', '%.2e')} {row.get('status')}"
           + (f" ({row['error']})" if row.get("error") else ""), flush=True)
 
@@ -701,7 +748,7 @@ def main(argv=None):
         for D in args.dims:
             for variant in args.variants:
                 for S in args.seqs:
-                    inp = Inputs(args.batch, S, args.heads, D, variant, dtype)
+                    inp = Inputs(args.batch, S, args.heads, D, variant, dtype, args.seq_q, args.heads_kv)
                     for mode in args.modes:
                         for impl in args.impls:
                             done += 1

@@ -58,7 +58,9 @@ class Row:
 
     @property
     def group(self):
-        """(variant, dtype, head dim, mode, batch, heads): rows comparable in one table."""
+        """(variant, dtype, head dim, mode, batch, heads, query length, kv heads):
+        rows comparable in one table. The last two are 0 when absent (the
+        query length is the seq, the kv heads are the heads)."""
         return (
             str(self.get("variant", "plain")),
             str(self.get("dtype", "float32")),
@@ -66,6 +68,8 @@ class Row:
             str(self.get("mode", "fwd")),
             int(self.get("batch", 1) or 1),
             int(self.get("heads", 0) or 0),
+            int(self.get("seq_q", 0) or 0),
+            int(self.get("heads_kv", 0) or 0),
         )
 
 
@@ -180,14 +184,21 @@ def fmt(x, digits=4) -> str:
 
 def group_order(group):
     """plain, causal, masked_bias; float32 first; then head dim, fwd before fwdbwd."""
-    variant, dtype, dim, mode, batch, heads = group
+    variant, dtype, dim, mode, batch, heads, seq_q, heads_kv = group
     ranks = {"plain": 0, "causal": 1, "masked_bias": 2}
-    return (ranks.get(variant, 3), variant, dtype != "float32", dtype, dim, mode, batch, heads)
+    return (ranks.get(variant, 3), variant, dtype != "float32", dtype, dim, mode, batch, heads, seq_q, heads_kv)
+
+
+def shape_suffix(group, sep=", ") -> str:
+    """The query length and kv heads of a group when they differ from seq and heads."""
+    seq_q, heads_kv = group[6], group[7]
+    parts = ([f"Sq={seq_q}"] if seq_q else []) + ([f"Hkv={heads_kv}"] if heads_kv else [])
+    return "".join(sep + p for p in parts)
 
 
 def slug(group) -> str:
-    variant, dtype, dim, mode, batch, heads = group
-    return f"{variant}_{dtype}_d{dim}_{mode}_b{batch}_h{heads}"
+    variant, dtype, dim, mode, batch, heads = group[:6]
+    return f"{variant}_{dtype}_d{dim}_{mode}_b{batch}_h{heads}" + shape_suffix(group, "_").lower().replace("=", "")
 
 
 def timing_rows(rows):
@@ -245,14 +256,14 @@ def peer_table(timed) -> list:
     cell = {(r.label, r.group, r.seq): r.get("median_ms") for r in timed}
     lines = []
     for group in sorted({r.group for r in timed}, key=group_order):
-        variant, dtype, dim, mode, batch, heads = group
+        variant, dtype, dim, mode = group[:4]
         for seq in sorted({r.seq for r in timed if r.group == group}):
             ours = cell.get(("fmha_auto", group, seq))
             peers = {p: cell[(p, group, seq)] for p in PEER_IMPLS if (p, group, seq) in cell}
             if ours is None or not peers:
                 continue
             best = min(peers, key=peers.get)
-            lines.append(f"| {variant} | {dtype} | {dim} | {mode} | {seq} | {fmt(ours)} | "
+            lines.append(f"| {variant}{shape_suffix(group)} | {dtype} | {dim} | {mode} | {seq} | {fmt(ours)} | "
                          f"{best} {fmt(peers[best])} | {peers[best] / ours:.2f}x |")
     if not lines:
         return []
@@ -348,9 +359,10 @@ def render(sources, out_dir, peak_gflops_arg=None) -> str:
             "",
         ]
     for group in groups:
-        variant, dtype, dim, mode, batch, heads = group
+        variant, dtype, dim, mode, batch, heads = group[:6]
         group_rows = [r for r in timed if r.group == group]
-        md += [f"## {variant}, {dtype}, head dim {dim}, {mode} (batch {batch}, {heads} heads)", ""]
+        md += [f"## {variant}, {dtype}, head dim {dim}, {mode} (batch {batch}, {heads} heads{shape_suffix(group)})",
+               ""]
         md += ["Median ms per call and, in brackets, the ratio to the fastest impl at that sequence "
                "length on the same machine (seed rows are compared among themselves); fastest in bold.", ""]
         md += time_table(group_rows)
@@ -358,7 +370,7 @@ def render(sources, out_dir, peak_gflops_arg=None) -> str:
         md += ["", summary] if summary else []
         md.append("")
         name = slug(group)
-        title = f"{variant}, {dtype}, D={dim}, {mode}, B={batch}, H={heads}"
+        title = f"{variant}, {dtype}, D={dim}, {mode}, B={batch}, H={heads}{shape_suffix(group)}"
 
         series = {}
         for r in group_rows:

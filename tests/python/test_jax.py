@@ -310,6 +310,40 @@ def test_bench_peers_rows_and_append(tmp_path, capsys):
     capsys.readouterr()
 
 
+def test_bench_peers_decode_and_gqa_rows(tmp_path, capsys):
+    """--seq-q and --heads-kv: rows carry them and a K/V GB/s figure, causal
+    is bottom-right (every impl agrees with the float64 reference), and the
+    flop count is fmha-bench's (per query under bottom-right)."""
+    from fmha import bench_peers
+
+    out = tmp_path / "results.json"
+    assert bench_peers.main(["--seqs", "24", "--seq-q", "3", "--heads", "4", "--heads-kv", "2", "--dims", "8",
+                             "--variants", "plain,causal,masked_bias", "--modes", "fwd,fwdbwd",
+                             "--impls", "jax_xla,fmha_jax,torch_sdpa", "--min-samples", "2",
+                             "--min-sample-ms", "0", "--out", str(out)]) == 0
+    import json
+
+    rows = json.loads(out.read_text())["results"]
+    assert len(rows) == 3 * 2 * 3
+    for row in rows:
+        if row["impl"] == "torch_sdpa" and row["status"] == "unavailable":
+            continue
+        assert row["status"] == "ok", row
+        assert row["seq_q"] == 3 and row["heads_kv"] == 2 and row["seq"] == 24
+        assert row["rel_err"] < 1e-5, row
+        assert row["kv_gbs"] > 0
+        # K and V are [1, 24, 2, 8] float32; queries see 22, 23, 24 keys when causal
+        kv_bytes = 2 * 24 * 2 * 8 * 4
+        assert row["kv_gbs"] == pytest.approx(kv_bytes / 1e9 / (row["median_ms"] * 1e-3), rel=1e-9)
+        pairs = (22 + 23 + 24) if row["variant"] == "causal" else 3 * 24
+        flops = 4 * 4 * pairs * 8 * (3.5 if row["mode"] == "fwdbwd" else 1)
+        assert row["gflops"] == pytest.approx(flops / 1e9 / (row["median_ms"] * 1e-3), rel=1e-9)
+    with pytest.raises(SystemExit) as info:
+        bench_peers.main(["--heads", "4", "--heads-kv", "3"])
+    assert info.value.code == 2
+    capsys.readouterr()
+
+
 def test_bench_peers_inputs_follow_fmha_bench():
     from fmha import bench_peers
 

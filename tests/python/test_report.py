@@ -191,3 +191,20 @@ def test_peer_table_absent_without_peer_rows(tmp_path, capsys):
     assert report.main([str(path), "-o", str(tmp_path / "report"), "--print"]) == 0
     assert "no peer rows to compare with" in capsys.readouterr().out
     assert "against what users run today" not in (tmp_path / "report" / "README.md").read_text()
+
+
+def test_decode_rows_get_tables_of_their_own(tmp_path, capsys):
+    """Rows with a query length or kv heads of their own are not mixed with
+    the square rows of the same seq: their own section and peer lines."""
+    rows = [
+        time_row("fmha_auto", 4096, 10.0), time_row("torch_sdpa", 4096, 20.0),
+        time_row("fmha_auto", 4096, 0.5, seq_q=1, heads_kv=2), time_row("torch_sdpa", 4096, 2.0, seq_q=1, heads_kv=2),
+    ]
+    path = write(tmp_path, "results.json", record(rows))
+    out = tmp_path / "report"
+    assert report.main([str(path), "-o", str(out), "--print"]) == 0
+    text = (out / "README.md").read_text()
+    assert "| plain | float32 | 64 | fwd | 4096 | 10 | torch_sdpa 20 | 2.00x |" in text
+    assert "| plain, Sq=1, Hkv=2 | float32 | 64 | fwd | 4096 | 0.5 | torch_sdpa 2 | 4.00x |" in text
+    assert "## plain, float32, head dim 64, fwd (batch 1, 8 heads, Sq=1, Hkv=2)" in text
+    capsys.readouterr()
