@@ -322,8 +322,8 @@ typedef struct fmha_problem {
      *   P[i, j] = exp(s_ij) / (sum_k exp(s_ik) + exp(sinks[h]))
      * lse includes it (log(sum_k exp(s_ik) + exp(sinks[h]))), so a row that
      * sees no key gets O = 0 and lse = sinks[h]. Must be finite. NULL = off.
-     * The backward gives dQ, dK, dV with sinks; the sinks' own gradient is
-     * not computed yet. */
+     * The backward gives dQ, dK, dV with sinks; the sinks' own gradient
+     * comes from fmha_sinks_backward. */
     const float *sinks;
 } fmha_problem;
 
@@ -375,6 +375,17 @@ FMHA_API fmha_status fmha_backward(const fmha_problem *p, const void *q, const v
                           const void *o, const void *d_o, const float *lse, void *dq, void *dk,
                           void *dv, const fmha_param_grads *grads, void *workspace,
                           size_t workspace_bytes);
+
+/* Gradient of the attention sinks (p->sinks required), from the forward's
+ * output and lse and dO = dL/dO:
+ *   d_sinks[h] = -sum_{b, i} exp(sinks[h] - lse[b, h, i]) * sum_e dO[b, i, h, e] O[b, i, h, e]
+ * over the rows i < q_lengths[b] (all rows without q_lengths); a row that
+ * sees no key (O = 0) adds 0. o and d_o have p->dtype and p->o_strides, lse
+ * is [B, Hq, Sq] float32, d_sinks [Hq] float32 (must not overlap any
+ * input). Summed in a fixed order in double: bitwise identical for every
+ * thread count. The same problem (and sinks) as the forward that gave o. */
+FMHA_API fmha_status fmha_sinks_backward(const fmha_problem *p, const void *o, const void *d_o,
+                                         const float *lse, float *d_sinks);
 
 /* Forward then backward in one call (o and lse are written, as by fmha_forward;
  * lse is required). Workspace is allocated by the library. */

@@ -311,6 +311,7 @@ fmha_status fmha_tensors_check(const fmha_problem *p, const fmha_tensors *t) {
     add_qkvo(&l, p, "dk", 1, t->dk, 1);
     add_qkvo(&l, p, "dv", 2, t->dv, 1);
     add_param_grads(&l, p, t->grads);
+    add_array(&l, "d_sinks", t->d_sinks, p->heads_q, 1, sizeof(float), 1);
     if (l.status != FMHA_OK) return l.status;
     for (int i = 0; i < l.n; i++) {
         if (!l.t[i].output) continue;

@@ -91,6 +91,7 @@ typedef struct fmha_tensors {
     void *o, *dq, *dk, *dv;             /* outputs */
     float *lse;
     const fmha_param_grads *grads;
+    float *d_sinks;                     /* output [Hq] of fmha_sinks_backward */
 } fmha_tensors;
 
 /* Outputs injective and disjoint from every other tensor (the problem's mask

@@ -242,6 +242,7 @@ def _declare(lib):
         "fmha_plan_problem": (P(fmha_problem), [c_void_p]),
         "fmha_plan_workspace_held": (c_size_t, [c_void_p]),
         "fmha_plan_destroy": (None, [c_void_p]),
+        "fmha_sinks_backward": (c_int, [prob, c_void_p, c_void_p, P(ctypes.c_float), P(ctypes.c_float)]),
         "fmha_set_num_threads": (c_int, [c_int]),
         "fmha_get_num_threads": (c_int, []),
         "fmha_isa_name": (ctypes.c_char_p, []),

@@ -246,6 +246,7 @@ class _Call:
         self.bias_shape = None  # the caller's shape
         self.alibi = None
         self.rel_table = None
+        self.sinks = None
 
     def hold(self, *objects):
         self.keep.extend(objects)
@@ -337,7 +338,7 @@ def _install_bias_callback(p, call, cb):
 def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignment, local_window_size,
              query_seq_lengths, key_value_seq_lengths, segment_ids, alibi_slopes, rel_table,
              rel_max_distance, rel_bidirectional, softcap, strategy, mask_callback, bias_callback,
-             precision="fast"):
+             precision="fast", sinks=None):
     """Validates every argument (ValueError / TypeError) without calling the
     library; returns (call, q, k, v, batched) for _describe."""
     q = _as_array(query, "query")
@@ -376,7 +377,7 @@ def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignmen
 
     call = _Call()
     call.shape = (B, T, N, S, K, H, Hv)
-    m = b = ql = kl = q_ids = kv_ids = a = r = None
+    m = b = ql = kl = q_ids = kv_ids = a = r = z = None
     if mask is not None:
         m = _as_array(mask, "mask")
         if m.dtype == np.bool_:
@@ -424,6 +425,13 @@ def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignmen
         if r.ndim != 2 or r.shape[0] != N or r.shape[1] < 1:
             raise ValueError(f"fmha: rel_table must have shape ({N}, num_buckets), got {r.shape}")
         call.rel_table = r = np.ascontiguousarray(r)
+    if sinks is not None:
+        z = _float32_tensor(sinks, "sinks")
+        if z.shape != (N,):
+            raise ValueError(f"fmha: sinks must have shape ({N},) (one logit per query head), got {z.shape}")
+        if not np.all(np.isfinite(z)):
+            raise ValueError("fmha: sinks must be finite")
+        call.sinks = z = np.ascontiguousarray(z)
     if softcap is not None:
         softcap = float(softcap)
         if not (softcap > 0 and math.isfinite(softcap)):
@@ -436,7 +444,7 @@ def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignmen
     call.parts = dict(code=code, sizes=(B, N, K, T, S, H, Hv), scale=scale_value, causal=causal,
                       strategy=strategy_value, precision=PRECISIONS[precision], window=window, mask=m,
                       bias=b, q_lengths=ql, kv_lengths=kl,
-                      q_ids=q_ids, kv_ids=kv_ids, alibi=a, rel_table=r, softcap=softcap,
+                      q_ids=q_ids, kv_ids=kv_ids, alibi=a, rel_table=r, sinks=z, softcap=softcap,
                       rel_max_distance=rel_max_distance, rel_bidirectional=rel_bidirectional,
                       mask_strides=mask_strides if m is not None else None,
                       bias_strides=bias_strides if b is not None else None,
@@ -473,7 +481,9 @@ def _describe(call, q, k, v):
         p.biases.rel_bidirectional = int(bool(d["rel_bidirectional"]))
     if d["softcap"] is not None:
         p.biases.softcap = d["softcap"]
-    call.hold(m, b, ql, kl, q_ids, kv_ids, a, r)
+    if d["sinks"] is not None:
+        p.sinks = _ptr(ctypes.c_float, d["sinks"].ctypes.data)
+    call.hold(m, b, ql, kl, q_ids, kv_ids, a, r, d["sinks"])
     if d["mask_callback"] is not None:
         _install_mask_callback(p, call, d["mask_callback"])
     if d["bias_callback"] is not None:
@@ -486,7 +496,7 @@ def _describe(call, q, k, v):
 # every call, so such calls take the one-shot path instead.
 _PLANS = _lib.PlanCache(32)
 _PER_CALL_PARTS = ("mask", "bias", "q_lengths", "kv_lengths", "q_ids", "kv_ids", "alibi", "rel_table",
-                   "mask_callback", "bias_callback")
+                   "sinks", "mask_callback", "bias_callback")
 
 
 def _cached_plan(call, q, k, v, o_strides):
@@ -523,7 +533,7 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
               causal_alignment="top_left", local_window_size=None, query_seq_lengths=None,
               key_value_seq_lengths=None, segment_ids=None, alibi_slopes=None, softcap=None,
               rel_table=None, rel_max_distance=128, rel_bidirectional=True, mask_callback=None,
-              bias_callback=None, return_lse=False, strategy="auto", precision="fast"):
+              bias_callback=None, return_lse=False, strategy="auto", precision="fast", sinks=None):
     """Scaled dot-product attention on NumPy arrays by the C library.
 
     query [B, T, N, H], key [B, S, K, H], value [B, S, K, Hv] (or 3-D without
@@ -536,12 +546,16 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
       alibi_slopes      [N]; rel_table [N, buckets] (T5 bucketing,
                         rel_max_distance, rel_bidirectional); softcap > 0
       mask_callback, bias_callback   MaskCallback / BiasCallback
+      sinks             [N] float32, finite: one logit per query head that
+                        joins every row's softmax denominator and has no
+                        value (gpt-oss); lse includes it, and a row that
+                        sees no key gets zeros and lse = sinks[n]
       strategy          'auto', 'tiled', 'dense' or 'portable'
       precision         bf16 only: 'fast' (default: P rounded to bf16 in P V,
                         as accurate as PyTorch's fused CPU kernel) or
                         'accurate' (P as bf16 plus its residual); see
                         fmha_precision in fmha.h
-    A query row that sees no key gets zeros (and lse = -inf).
+    A query row that sees no key gets zeros (and lse = -inf, or its sink).
 
     Returns out [B, T, N, Hv] (query's dtype), or (out, lse) with lse float32
     [B, N, T] ([N, T] for 3-D inputs) when return_lse.
@@ -552,7 +566,7 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
         key_value_seq_lengths=key_value_seq_lengths, segment_ids=segment_ids, alibi_slopes=alibi_slopes,
         rel_table=rel_table, rel_max_distance=rel_max_distance, rel_bidirectional=rel_bidirectional,
         softcap=softcap, strategy=strategy, mask_callback=mask_callback, bias_callback=bias_callback,
-        precision=precision)
+        precision=precision, sinks=sinks)
     B, T, N, S, K, H, Hv = call.shape
     out = np.empty((B, T, N, Hv), dtype=q.dtype)
     lse = np.empty((B, N, T), dtype=np.float32) if return_lse else None
@@ -582,17 +596,18 @@ def attention_backward(query, key, value, out, lse, d_out, bias=None, mask=None,
                        query_seq_lengths=None, key_value_seq_lengths=None, segment_ids=None,
                        alibi_slopes=None, softcap=None, rel_table=None, rel_max_distance=128,
                        rel_bidirectional=True, mask_callback=None, bias_callback=None,
-                       return_bias_grads=False, strategy="auto", precision="fast"):
+                       return_bias_grads=False, strategy="auto", precision="fast", sinks=None):
     """Gradients of `attention` by the C backward (fmha_backward).
 
     out and lse are attention(..., return_lse=True)'s results for the same
     arguments; d_out is dL/dout. Returns (dq, dk, dv), in the shapes and
     dtype of query, key and value (dk, dv summed over the query heads that
     share a key/value head). With return_bias_grads, returns (dq, dk, dv,
-    grads) where grads maps 'bias', 'alibi_slopes' and 'rel_table' (those
-    given) to their float32 gradients (bias's in bias's own shape: summed
-    over the dimensions it broadcasts). A bias_callback receives its
-    gradient through its accumulate_grad.
+    grads) where grads maps 'bias', 'alibi_slopes', 'rel_table' and 'sinks'
+    (those given) to their float32 gradients (bias's in bias's own shape:
+    summed over the dimensions it broadcasts; the sinks' from
+    fmha_sinks_backward). A bias_callback receives its gradient through its
+    accumulate_grad.
     """
     call, q, k, v, batched = _prepare(
         query, key, value, bias, mask, scale=scale, is_causal=is_causal, causal_alignment=causal_alignment,
@@ -600,7 +615,7 @@ def attention_backward(query, key, value, out, lse, d_out, bias=None, mask=None,
         key_value_seq_lengths=key_value_seq_lengths, segment_ids=segment_ids, alibi_slopes=alibi_slopes,
         rel_table=rel_table, rel_max_distance=rel_max_distance, rel_bidirectional=rel_bidirectional,
         softcap=softcap, strategy=strategy, mask_callback=mask_callback, bias_callback=bias_callback,
-        precision=precision)
+        precision=precision, sinks=sinks)
     B, T, N, S, K, H, Hv = call.shape
     o = _as_array(out, "out")
     do = _as_array(d_out, "d_out")
@@ -662,6 +677,11 @@ def attention_backward(query, key, value, out, lse, d_out, bias=None, mask=None,
     lse_ptr = ctypes.cast(_address(lse_a), ctypes.POINTER(ctypes.c_float))
     _run(call, "fmha_backward", _address(q), _address(k), _address(v), _address(o), _address(do), lse_ptr,
          _address(dq), _address(dk), _address(dv), ctypes.byref(grads) if grads is not None else None, None, 0)
+    if return_bias_grads and call.sinks is not None:
+        d_sinks = np.zeros(N, np.float32)
+        _run(call, "fmha_sinks_backward", _address(o), _address(do), lse_ptr,
+             _ptr(ctypes.c_float, d_sinks.ctypes.data))
+        results["sinks"] = d_sinks
     if "bias" in results:
         results["bias"] = results["bias"].reshape(call.bias_shape)
     if not batched:

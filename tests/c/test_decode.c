@@ -17,7 +17,9 @@
  *             with a window and ALiBi, against the float64 reference
  *   sinks     attention sinks in every forward (decode, tiled, dense,
  *             portable; float32 and bf16) and in the backward's dQ, dK, dV,
- *             with masked rows and sinks far above and below the scores. */
+ *             with masked rows and sinks far above and below the scores;
+ *             the sinks' gradient (fmha_sinks_backward) against central
+ *             differences of the reference, and its errors. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -438,6 +440,67 @@ static void test_aligned(void) {
 
 /* ---- attention sinks ---- */
 
+/* L = sum over rows of O . dO with the float64 reference (o: scratch). */
+static double sinks_loss(const fmha_problem *pf, const dec_tensor *q, const dec_tensor *k,
+                         const dec_tensor *v, const dec_tensor *d_o, double *o) {
+    fmha_ref_forward_full(pf, q->value, k->value, v->value, o, NULL);
+    double l = 0.0;
+    for (size_t i = 0; i < d_o->n; i++) l += o[i] * (double)d_o->value[i];
+    return l;
+}
+
+/* dL/dsinks by central differences of the reference, Richardson-extrapolated
+ * ((4 D(h/2) - D(h)) / 3, h = 2^-7: sinks on the 2^-10 grid move exactly). */
+static void sinks_grad_fd(const fmha_problem *pf_in, const dec_tensor *q, const dec_tensor *k,
+                          const dec_tensor *v, const dec_tensor *d_o, double *g) {
+    fmha_problem pf = *pf_in;
+    float sinks[8];
+    memcpy(sinks, pf_in->sinks, sizeof sinks);
+    pf.sinks = sinks;
+    double *o = malloc(d_o->n * sizeof(double));
+    for (int64_t h = 0; h < pf.heads_q; h++) {
+        double d[2];
+        for (int r = 0; r < 2; r++) {
+            float step = r ? 0x1p-8f : 0x1p-7f, z = pf_in->sinks[h];
+            sinks[h] = z + step;
+            double up = sinks_loss(&pf, q, k, v, d_o, o);
+            sinks[h] = z - step;
+            double down = sinks_loss(&pf, q, k, v, d_o, o);
+            sinks[h] = z;
+            d[r] = (up - down) / (2.0 * (double)step);
+        }
+        g[h] = (4.0 * d[1] - d[0]) / 3.0;
+    }
+    free(o);
+}
+
+/* fmha_sinks_backward against the differences, the same bits for 1 and 3
+ * threads; rows past q_lengths (lse -inf) and rows that see no key add 0. */
+static void sinks_grad_check(const fmha_problem *p, const fmha_problem *pf, const dec_tensor *q,
+                             const dec_tensor *k, const dec_tensor *v, const void *o,
+                             const float *lse, const char *what) {
+    int64_t hq = p->heads_q;
+    size_t no = (size_t)(p->batch * p->seq_q * hq * p->head_dim_v);
+    dec_tensor d_o = dec_tensor_new(p->dtype, no);
+    double fd[8], scale = 0.0;
+    sinks_grad_fd(pf, q, k, v, &d_o, fd);
+    for (int64_t h = 0; h < hq; h++) scale = fmax(scale, fabs(fd[h]));
+    float g1[8], g3[8];
+    int nthreads = fmha_get_num_threads();
+    fmha_set_num_threads(1);
+    fmha_status st1 = fmha_sinks_backward(p, o, d_o.data, lse, g1);
+    fmha_set_num_threads(3);
+    fmha_status st3 = fmha_sinks_backward(p, o, d_o.data, lse, g3);
+    fmha_set_num_threads(nthreads);
+    /* float32: O and lse carry ~1e-6 relative error; bf16: O is rounded to 2^-9 */
+    double tol = (p->dtype == FMHA_DTYPE_F32 ? 1e-5 : 2e-2) * fmax(1.0, scale), worst = 0.0;
+    for (int64_t h = 0; h < hq; h++) worst = fmax(worst, fabs((double)g1[h] - fd[h]));
+    tu_check(st1 == FMHA_OK && st3 == FMHA_OK && worst <= tol && memcmp(g1, g3, sizeof(float) * (size_t)hq) == 0,
+             "d_sinks %s: status %d/%d, worst |d - fd| %.3g (tol %.3g), threads 1 vs 3 %s", what, (int)st1,
+             (int)st3, worst, tol, memcmp(g1, g3, sizeof(float) * (size_t)hq) ? "differ" : "equal");
+    dec_tensor_free(&d_o);
+}
+
 static void sinks_case(int64_t sq, int64_t skv, fmha_dtype dtype, float sink_lo, float sink_hi) {
     const int64_t B = 2, hq = 8, hkv = 2, D = 32;
     fmha_problem p;
@@ -449,7 +512,7 @@ static void sinks_case(int64_t sq, int64_t skv, fmha_dtype dtype, float sink_lo,
     p.masks.kv_lengths = kv_len;
     p.masks.q_lengths = q_len;
     float sinks[8];
-    for (int h = 0; h < 8; h++) sinks[h] = (float)tu_uniform(sink_lo, sink_hi);
+    for (int h = 0; h < 8; h++) sinks[h] = (float)(nearbyint(tu_uniform(sink_lo, sink_hi) * 1024.0) / 1024.0);
     p.sinks = sinks;
     size_t nq = (size_t)(B * sq * hq * D), nk = (size_t)(B * skv * hkv * D), nl = (size_t)(B * hq * sq);
     dec_tensor q = dec_tensor_new(dtype, nq), k = dec_tensor_new(dtype, nk), v = dec_tensor_new(dtype, nk);
@@ -476,6 +539,11 @@ static void sinks_case(int64_t sq, int64_t skv, fmha_dtype dtype, float sink_lo,
                  (long long)sq, (long long)skv, dtype == FMHA_DTYPE_F32 ? "f32" : "bf16",
                  (double)sink_lo, (double)sink_hi, tu_strategy_name(si), (int)st,
                  tu_worst_ratio(of, ro, nq, otol, otol), lse_ok);
+        char what[96];
+        snprintf(what, sizeof what, "Sq %lld Skv %lld %s sinks [%g, %g] %s", (long long)sq, (long long)skv,
+                 dtype == FMHA_DTYPE_F32 ? "f32" : "bf16", (double)sink_lo, (double)sink_hi,
+                 tu_strategy_name(si));
+        if (st == FMHA_OK && (si == 0 || si == 1)) sinks_grad_check(&p, &pf, &q, &k, &v, o, lse, what);
     }
     if (dtype == FMHA_DTYPE_F32) { /* dQ, dK, dV through lse */
         float *d_o = malloc(nq * sizeof(float)), *dq = malloc(nq * sizeof(float));
@@ -496,6 +564,29 @@ static void sinks_case(int64_t sq, int64_t skv, fmha_dtype dtype, float sink_lo,
     dec_tensor_free(&q), dec_tensor_free(&k), dec_tensor_free(&v);
 }
 
+/* Bad calls of fmha_sinks_backward: a clear status, d_sinks untouched. */
+static void test_sinks_backward_errors(void) {
+    fmha_problem p;
+    fmha_problem_init(&p, 1, 2, 1, 3, 16, 8, 8, FMHA_LAYOUT_BSHD);
+    float sinks[2] = {0.5f, -0.5f}, o[48] = {0}, d_o[48] = {0}, lse[8] = {0}, d[2] = {7.0f, 7.0f};
+    p.sinks = NULL;
+    tu_check(fmha_sinks_backward(&p, o, d_o, lse, d) == FMHA_ERR_BAD_MASK && d[0] == 7.0f,
+             "d_sinks without sinks is refused");
+    p.sinks = sinks;
+    tu_check(fmha_sinks_backward(&p, NULL, d_o, lse, d) == FMHA_ERR_NULL_POINTER &&
+                 fmha_sinks_backward(&p, o, d_o, lse, NULL) == FMHA_ERR_NULL_POINTER &&
+                 fmha_sinks_backward(NULL, o, d_o, lse, d) == FMHA_ERR_NULL_POINTER && d[0] == 7.0f,
+             "d_sinks: NULL arguments are refused");
+    tu_check(fmha_sinks_backward(&p, o, d_o, lse, lse + 2) == FMHA_ERR_OVERLAP &&
+                 fmha_sinks_backward(&p, o, d_o, lse, sinks) == FMHA_ERR_OVERLAP &&
+                 fmha_sinks_backward(&p, o, d_o, lse, o + 4) == FMHA_ERR_OVERLAP && lse[2] == 0.0f &&
+                 sinks[0] == 0.5f && o[4] == 0.0f,
+             "d_sinks overlapping an input is refused, nothing written");
+    p.heads_kv = 3;
+    tu_check(fmha_sinks_backward(&p, o, d_o, lse, d) == FMHA_ERR_BAD_HEADS && d[0] == 7.0f,
+             "d_sinks: an invalid problem is refused");
+}
+
 static void test_sinks(void) {
     for (int t = 0; t < 2; t++) {
         fmha_dtype dtype = t ? FMHA_DTYPE_BF16 : FMHA_DTYPE_F32;
@@ -511,6 +602,7 @@ static void test_sinks(void) {
     float bad[2] = {0.0f, NAN};
     p.sinks = bad;
     tu_check(fmha_problem_check(&p) == FMHA_ERR_BAD_MASK, "a NaN sink is refused");
+    test_sinks_backward_errors();
 }
 
 int main(void) {

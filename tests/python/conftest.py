@@ -36,11 +36,14 @@ def rel_bucket(rel, num_buckets, max_distance, bidirectional):
 
 def reference(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False, causal_alignment="top_left",
               window=None, q_lengths=None, kv_lengths=None, segment_ids=None, alibi=None, rel_table=None,
-              rel_max_distance=128, rel_bidirectional=True, softcap=None, d_out=None):
+              rel_max_distance=128, rel_bidirectional=True, softcap=None, sinks=None, d_out=None):
     """Attention in float64 with fmha's conventions ([B, T, N, H] inputs,
-    rows that see no key give O = 0 and lse = -inf). Returns a dict with o
-    [B, T, N, Hv] and lse [B, N, T]; with d_out also dq, dk, dv and the
-    gradients of the bias sources given (d_bias in bias's shape)."""
+    rows that see no key give O = 0 and lse = -inf, or lse = sink with sinks).
+    Bottom-right alignment follows each sequence's own lengths:
+    off[b] = kv_lengths[b] - q_lengths[b] (S and T when not given). Returns a
+    dict with o [B, T, N, Hv] and lse [B, N, T]; with d_out also dq, dk, dv
+    and the gradients of the bias sources given (d_bias in bias's shape,
+    d_sinks [N])."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
@@ -49,8 +52,13 @@ def reference(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False, cau
     scale = 1.0 / np.sqrt(H) if scale is None else scale
     x = scale * np.einsum("btnh,bsnh->bnts", q, kr)
     s = softcap * np.tanh(x / softcap) if softcap else x.copy()
-    off = S - T if causal_alignment == "bottom_right" else 0
-    a = np.arange(T)[:, None] + off - np.arange(S)[None, :]
+    off = np.zeros(B, np.int64)
+    if causal_alignment == "bottom_right":
+        kv_len = np.asarray(kv_lengths, np.int64) if kv_lengths is not None else np.full(B, S)
+        q_len = np.asarray(q_lengths, np.int64) if q_lengths is not None else np.full(B, T)
+        off = kv_len - q_len
+    # a [B, 1, T, S]: query i minus key j in the alignment's coordinates
+    a = (np.arange(T)[None, :, None] + off[:, None, None] - np.arange(S)[None, None, :])[:, None]
     if bias is not None:
         b64 = np.asarray(bias, np.float64)
         s = s + b64.reshape((1,) * (4 - b64.ndim) + b64.shape)
@@ -58,7 +66,7 @@ def reference(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False, cau
         s = s - np.asarray(alibi, np.float64)[None, :, None, None] * np.abs(a)
     if rel_table is not None:
         buckets = rel_bucket(-a, rel_table.shape[1], rel_max_distance, rel_bidirectional)
-        s = s + np.asarray(rel_table, np.float64)[:, buckets][None]
+        s = s + np.asarray(rel_table, np.float64)[np.arange(N)[None, :, None, None], buckets]
     vis = np.ones((B, N, T, S), bool)
     if mask is not None:
         mk = np.asarray(mask, bool)
@@ -80,9 +88,15 @@ def reference(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False, cau
         vis &= np.asarray(qs)[:, None, :, None] == np.asarray(ks)[:, None, None, :]
     sm = np.where(vis, s, -np.inf)
     m = sm.max(axis=-1, keepdims=True)
+    z = None
+    if sinks is not None:   # one more logit per head in the denominator, no value
+        z = np.asarray(sinks, np.float64)[None, :, None, None]
+        m = np.maximum(m, z)
     empty = ~np.isfinite(m)
     p = np.where(vis, np.exp(sm - np.where(empty, 0.0, m)), 0.0)
     l = p.sum(axis=-1, keepdims=True)
+    if z is not None:
+        l = l + np.exp(z - m)
     p = p / np.where(empty, 1.0, l)
     lse = np.where(empty, -np.inf, m + np.log(np.where(empty, 1.0, l)))[..., 0]
     o = np.einsum("bnts,bsnh->btnh", p, vr)
@@ -103,13 +117,15 @@ def reference(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False, cau
         axes = tuple(i for i in range(4) if shape4[i] == 1)
         out["d_bias"] = ds.sum(axis=axes, keepdims=True).reshape(shape)
     if alibi is not None:
-        out["d_alibi"] = np.einsum("bnts,ts->n", ds, -np.abs(a).astype(np.float64))
+        out["d_alibi"] = (ds * -np.abs(a).astype(np.float64)).sum(axis=(0, 2, 3))
     if rel_table is not None:
         d_rel = np.zeros(rel_table.shape)
-        per_head = ds.sum(axis=0)  # [N, T, S]
         for c in range(rel_table.shape[1]):
-            d_rel[:, c] = per_head[:, buckets == c].sum(axis=-1)
+            d_rel[:, c] = (ds * (buckets == c)).sum(axis=(0, 2, 3))
         out["d_rel_table"] = d_rel
+    if z is not None:   # dL/dz = -sum_t P_sink <dO, O>, P_sink = exp(z - lse)
+        p_sink = np.where(empty[..., 0], 0.0, np.exp(z[..., 0] - np.where(empty[..., 0], 0.0, lse)))
+        out["d_sinks"] = -(p_sink * dsum).sum(axis=(0, 2))
     return out
 
 

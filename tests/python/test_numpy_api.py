@@ -128,6 +128,54 @@ def test_bottom_right_causal():
                     dict(is_causal=True, causal_alignment="bottom_right"), q, k, v, d_o)
 
 
+def test_bottom_right_follows_each_sequences_lengths():
+    """Ragged batch, several queries per sequence: query i of batch b sees key
+    j iff j <= i + kv_len[b] - q_len[b] (the cache_seqlens convention)."""
+    rng = np.random.default_rng(61)
+    q, k, v, d_o = inputs(rng, 3, 6, 40, 4, 2, 16)
+    lengths = dict(query_seq_lengths=np.array([6, 3, 1], np.int32),
+                   key_value_seq_lengths=np.array([40, 17, 5], np.int32))
+    ref_lengths = dict(q_lengths=lengths["query_seq_lengths"], kv_lengths=lengths["key_value_seq_lengths"])
+    check_grads(dict(is_causal=True, causal_alignment="bottom_right", **lengths),
+                dict(is_causal=True, causal_alignment="bottom_right", **ref_lengths), q, k, v, d_o)
+    # batch 1's query 0 sees keys 0..14 of its 17 (off = 17 - 3 = 14)
+    o = fmha.attention(q, k, v, is_causal=True, causal_alignment="bottom_right", **lengths)
+    alone = fmha.attention(q[1:2, :1], k[1:2, :15], v[1:2, :15])
+    np.testing.assert_allclose(o[1, 0], alone[0, 0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["plain", "causal_lengths", "decode", "gqa_8_1"])
+def test_sinks_and_their_gradient(case):
+    """Attention sinks in the forward (O, lse) and every gradient, d_sinks
+    included, against the float64 reference; a row that sees no key gets
+    O = 0 and lse = its sink."""
+    rng = np.random.default_rng(["plain", "causal_lengths", "decode", "gqa_8_1"].index(case) + 70)
+    B, T, S, N, K = {"plain": (2, 19, 23, 4, 4), "causal_lengths": (2, 12, 30, 4, 2), "decode": (2, 1, 300, 8, 2),
+                     "gqa_8_1": (1, 5, 70, 8, 1)}[case]
+    q, k, v, d_o = inputs(rng, B, T, S, N, K, 16)
+    sinks = rng.uniform(-2, 2, N).astype(np.float32)
+    options, ref_options = dict(sinks=sinks), dict(sinks=sinks)
+    if case == "causal_lengths":
+        kv = np.array([30, 0], np.int32)   # batch 1 sees no key at all
+        options.update(is_causal=True, causal_alignment="bottom_right", key_value_seq_lengths=kv)
+        ref_options.update(is_causal=True, causal_alignment="bottom_right", kv_lengths=kv)
+    o = check_grads(options, ref_options, q, k, v, d_o, bias_keys=[("sinks", "d_sinks")])
+    if case == "causal_lengths":
+        _, lse = fmha.attention(q, k, v, return_lse=True, **options)
+        assert np.all(o[1] == 0) and np.allclose(lse[1], sinks[:, None])
+    # without sinks the gradient dict has no entry for them
+    o2, lse2 = fmha.attention(q, k, v, return_lse=True)
+    assert "sinks" not in fmha.attention_backward(q, k, v, o2, lse2, d_o, return_bias_grads=True)[3]
+
+
+def test_sinks_errors():
+    q, k, v, _ = inputs(np.random.default_rng(0), 1, 3, 5, 4, 2, 8)
+    with pytest.raises(ValueError, match="sinks must have shape"):
+        fmha.attention(q, k, v, sinks=np.zeros(2, np.float32))
+    with pytest.raises(ValueError, match="sinks must be finite"):
+        fmha.attention(q, k, v, sinks=np.array([0, np.nan, 0, 0], np.float32))
+
+
 def test_three_d_inputs_and_scale():
     rng = np.random.default_rng(7)
     q, k, v, d_o = (x[0] for x in inputs(rng, 1, 9, 11, 4, 2, 8))
