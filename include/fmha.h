@@ -109,8 +109,11 @@ typedef enum fmha_status {
     FMHA_ERR_BAD_MASK,              /* a mask or bias argument is invalid (lengths out of range, one
                                        segment array without the other, bad buckets or softcap, ...) */
     FMHA_ERR_CALLBACK,              /* a mask callback returned an invalid tile class */
-    FMHA_ERR_STRUCT_SIZE            /* problem->struct_size is not one this library knows: the problem
+    FMHA_ERR_STRUCT_SIZE,           /* problem->struct_size is not one this library knows: the problem
                                        was not filled by fmha_problem_init (see "ABI" below) */
+    FMHA_ERR_BAD_PAGE               /* a paged KV cache's page size, page count or table width is < 1,
+                                       the table is too narrow for seq_kv, or an entry a sequence uses
+                                       is outside [0, num_pages) */
 } fmha_status;
 
 /* A sentence describing a status; never NULL (unknown codes get a generic text). */
@@ -325,6 +328,26 @@ typedef struct fmha_problem {
      * The backward gives dQ, dK, dV with sinks; the sinks' own gradient
      * comes from fmha_sinks_backward. */
     const float *sinks;
+    /* Paged KV cache (appended after sinks; FlashAttention's block_table,
+     * vLLM's layout). With block_table non-NULL, k and v are page pools,
+     *   K [num_pages, page_size, Hkv, D]   V [num_pages, page_size, Hkv, Dv]
+     * with k_strides/v_strides in the order [page, row in page, head, dim],
+     * and key j of batch element b is row j % page_size of page
+     *   block_table[b * block_table_stride + j / page_size].
+     * seq_kv is the most keys a sequence can hold (at most
+     * block_table_stride * page_size); masks.kv_lengths[b] (Skv when NULL)
+     * the keys it holds, and only the entries of its first
+     * ceil(kv_len[b] / page_size) pages are read (and must be in
+     * [0, num_pages): FMHA_ERR_BAD_PAGE otherwise, checked at every run).
+     * Pages may be shared and in any order. Forward only (the backward
+     * answers FMHA_ERR_UNSUPPORTED), served by the decode driver for every
+     * strategy and query length; masks other than causal, windows and
+     * lengths, and biases, are FMHA_ERR_UNSUPPORTED with a block table.
+     * NULL = off (K and V as above). */
+    const int32_t *block_table;   /* [B, block_table_stride] int32 page indices */
+    int64_t block_table_stride;   /* entries per batch element, >= ceil(seq_kv / page_size) */
+    int64_t page_size;            /* keys per page, >= 1 */
+    int64_t num_pages;            /* pages in each pool, >= 1 */
 } fmha_problem;
 
 /* Fills *p: struct_size, float32, the given sizes, contiguous strides for

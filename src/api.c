@@ -31,6 +31,7 @@ const char *fmha_status_string(fmha_status status) {
     case FMHA_ERR_BAD_MASK: return "a mask or bias argument is invalid";
     case FMHA_ERR_CALLBACK: return "a mask callback returned an invalid tile class";
     case FMHA_ERR_STRUCT_SIZE: return "problem->struct_size is unknown: fill the problem with fmha_problem_init";
+    case FMHA_ERR_BAD_PAGE: return "a paged KV cache's page size, page count, block table width or a block table entry is invalid";
     }
     return "unknown fmha status code";
 }
@@ -93,11 +94,13 @@ void fmha_problem_init(fmha_problem *p, int64_t batch, int64_t heads_q, int64_t 
 
 /* ---- validation ---- */
 
-/* Extents [batch, seq, head, dim] of the four tensors. */
+/* Extents [batch, seq, head, dim] of the four tensors ([page, row, head,
+ * dim] for K and V in page pools). */
 static void tensor_extents(const fmha_problem *p, int which, int64_t ext[4]) {
     int q_side = which == 0 || which == 3;
-    ext[0] = p->batch;
-    ext[1] = q_side ? p->seq_q : p->seq_kv;
+    int pool = !q_side && p->block_table;
+    ext[0] = pool ? p->num_pages : p->batch;
+    ext[1] = q_side ? p->seq_q : pool ? p->page_size : p->seq_kv;
     ext[2] = q_side ? p->heads_q : p->heads_kv;
     ext[3] = which <= 1 ? p->head_dim : p->head_dim_v;
 }
@@ -151,8 +154,9 @@ fmha_status fmha_problem_load(const fmha_problem *p, fmha_problem *out) {
     if (!p) return FMHA_ERR_NULL_POINTER;
     /* every struct_size this library has shipped: the first (up to biases)
      * is read as the prefix of this one, the rest zero (off) */
-    size_t first = offsetof(fmha_problem, sinks);
-    if (p->struct_size != sizeof(fmha_problem) && p->struct_size != first) return FMHA_ERR_STRUCT_SIZE;
+    size_t first = offsetof(fmha_problem, sinks), second = offsetof(fmha_problem, block_table);
+    if (p->struct_size != sizeof(fmha_problem) && p->struct_size != first && p->struct_size != second)
+        return FMHA_ERR_STRUCT_SIZE;
     memset(out, 0, sizeof *out);
     memcpy(out, p, p->struct_size);
     return FMHA_OK;
@@ -175,6 +179,13 @@ fmha_status fmha_problem_check(const fmha_problem *p_in) {
         p->head_dim_v > FMHA_MAX_HEAD_DIM)
         return FMHA_ERR_BAD_HEAD_DIM;
     if (!isfinite(p->scale)) return FMHA_ERR_BAD_SCALE;
+    if (p->block_table) { /* the pool's shape before its strides are measured */
+        if (p->page_size < 1 || p->num_pages < 1 || p->block_table_stride < 1 ||
+            p->page_size > ((int64_t)1 << 40) || p->num_pages > ((int64_t)1 << 40) ||
+            p->block_table_stride > ((int64_t)1 << 40) ||
+            p->block_table_stride < (p->seq_kv + p->page_size - 1) / p->page_size)
+            return FMHA_ERR_BAD_PAGE;
+    }
     /* Sizes that cannot be indexed (or whose scratch cannot be sized) are
      * errors; products are checked, never overflowed. */
     const int64_t limit = (int64_t)1 << 40;
@@ -261,6 +272,7 @@ static void add_mask_bias_inputs(tensor_list *l, const fmha_problem *p) {
     add_array(l, "alibi_slopes", bs->alibi_slopes, p->heads_q, 1, sizeof(float), 0);
     add_array(l, "rel_table", bs->rel_table, p->heads_q, bs->rel_num_buckets, sizeof(float), 0);
     add_array(l, "sinks", p->sinks, p->heads_q, 1, sizeof(float), 0);
+    add_array(l, "block_table", p->block_table, p->batch, p->block_table_stride, sizeof(int32_t), 0);
 }
 
 /* Bias gradients: each needs its bias; the dense one broadcasts exactly where

@@ -143,6 +143,8 @@ void fmha_tiles_count(long long n);
 int64_t fmha_dense_span(const fmha_problem *p, const int64_t st[4]);
 /* Validates masks and biases (FMHA_ERR_BAD_MASK and friends). */
 fmha_status fmha_masks_check(const fmha_problem *p);
+/* A paged cache's block table entries for the pages the lengths use. */
+fmha_status fmha_pages_check(const fmha_problem *p);
 /* 1 when any mask besides the causal/window band is on. */
 int fmha_masks_active(const fmha_problem *p);
 /* 1 when any bias or softcap is on (every computed tile takes the epilogue). */

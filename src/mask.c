@@ -41,6 +41,19 @@ fmha_status fmha_masks_check(const fmha_problem *p) {
             if (m->dense_strides[i] < 0) return FMHA_ERR_BAD_STRIDE;
     if (m->dense && fmha_dense_span(p, m->dense_strides) < 0) return FMHA_ERR_BAD_SIZE;
     if (m->callback.classify && !m->callback.fill) return FMHA_ERR_BAD_MASK;
+    return fmha_pages_check(p);
+}
+
+/* The block table entries of the pages each sequence's keys occupy (read at
+ * every run, like the lengths): in [0, num_pages). */
+fmha_status fmha_pages_check(const fmha_problem *p) {
+    if (!p->block_table) return FMHA_OK;
+    for (int64_t b = 0; b < p->batch; b++) {
+        int64_t keys = p->masks.kv_lengths ? p->masks.kv_lengths[b] : p->seq_kv;
+        const int32_t *row = p->block_table + b * p->block_table_stride;
+        for (int64_t pg = 0; pg < (keys + p->page_size - 1) / p->page_size; pg++)
+            if (row[pg] < 0 || row[pg] >= p->num_pages) return FMHA_ERR_BAD_PAGE;
+    }
     return FMHA_OK;
 }
 

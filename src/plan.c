@@ -59,7 +59,8 @@ fmha_status fmha_plan_init(const fmha_problem *p_in, fmha_plan *plan) {
     plan->causal_offset = p->causal == FMHA_CAUSAL_BOTTOM_RIGHT ? p->seq_kv - p->seq_q : 0;
     st = fmha_mask_precheck(plan);
     if (st != FMHA_OK) return st;
-    fmha_decode_plan(plan);
+    /* a paged cache has only the decode driver's addressing */
+    if (!fmha_decode_plan(plan) && p->block_table) return FMHA_ERR_UNSUPPORTED;
     plan->fwd_ws = fmha_fwd_workspace(plan);
     plan->bwd_ws = fmha_bwd_workspace(plan);
     return FMHA_OK;
@@ -148,6 +149,7 @@ static fmha_status run_backward(const fmha_plan *plan, plan_box *box, const void
                                 void *dq, void *dk, void *dv, const fmha_param_grads *grads,
                                 void *user_ws, size_t user_bytes) {
     if (!q || !k || !v || !o || !d_o || !lse || !dq || !dk || !dv) return FMHA_ERR_NULL_POINTER;
+    if (plan->p.block_table) return FMHA_ERR_UNSUPPORTED; /* paged caches: forward only */
     fmha_status st = fmha_param_grads_check(&plan->p, grads);
     if (st != FMHA_OK) return st;
     fmha_tensors t = {.q = q, .k = k, .v = v, .o_in = o, .d_o = d_o, .lse_in = lse,
@@ -171,6 +173,7 @@ static fmha_status run_fused(const fmha_plan *plan, plan_box *box, const void *q
                              const void *v, const void *d_o, void *o, float *lse, void *dq, void *dk,
                              void *dv, const fmha_param_grads *grads) {
     if (!q || !k || !v || !d_o || !o || !lse || !dq || !dk || !dv) return FMHA_ERR_NULL_POINTER;
+    if (plan->p.block_table) return FMHA_ERR_UNSUPPORTED; /* paged caches: forward only */
     fmha_status st = fmha_param_grads_check(&plan->p, grads);
     if (st != FMHA_OK) return st;
     fmha_tensors t = {.q = q, .k = k, .v = v, .d_o = d_o, .o = o, .lse = lse,
@@ -208,6 +211,7 @@ fmha_status fmha_backward_workspace_size(const fmha_problem *p, size_t *bytes) {
     fmha_plan plan;
     fmha_status st = fmha_plan_init(p, &plan);
     if (st != FMHA_OK) return st;
+    if (plan.p.block_table) return FMHA_ERR_UNSUPPORTED; /* paged caches: forward only */
     /* enough for any gradients the biases allow */
     fmha_param_grads all = {0};
     const fmha_biases *bs = &plan.p.biases;

@@ -24,7 +24,14 @@
  * its batch element's alignment, key lengths, query lengths), so a tile's
  * scores outside a row's range are set to -inf and tiles outside every
  * row's range are skipped. Problems with other masks, biases, strided head
- * dims or no decode kernels run on the tiled forward (fmha_decode_plan). */
+ * dims or no decode kernels run on the tiled forward (fmha_decode_plan).
+ *
+ * Paged caches (block_table): key j's row is found through the table
+ * (dec_key_at). A tile inside one page is read in place as from a
+ * contiguous cache; a tile that crosses pages (page sizes below or not a
+ * multiple of the tile) is first gathered row by row into the scratch the
+ * 2-byte caches widen into. Either way the kernels see the same values in
+ * the same order, so a paged cache gives the contiguous cache's bits. */
 #include <math.h>
 #include <string.h>
 
@@ -50,13 +57,28 @@ enum { DEC_TASKS = 64, DEC_MIN_CHUNK = 256 };
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/* Element offset of key j's row, kv head hk, batch element b, in K or V
+ * (strides st): in a page pool, row j % page_size of the page the block
+ * table names for it. */
+static inline int64_t dec_key_at(const fmha_problem *p, const int64_t *st, int64_t b, int64_t hk, int64_t j) {
+    if (!p->block_table) return b * st[0] + j * st[1] + hk * st[2];
+    int64_t page = p->block_table[b * p->block_table_stride + j / p->page_size];
+    return page * st[0] + (j % p->page_size) * st[1] + hk * st[2];
+}
+
+/* 1 if keys [k0, k0 + nk) lie in one page (always without a block table). */
+static int dec_one_page(const fmha_problem *p, int64_t k0, int64_t nk) {
+    return !p->block_table || k0 / p->page_size == (k0 + nk - 1) / p->page_size;
+}
+
 int fmha_decode_plan(fmha_plan *plan) {
     const fmha_problem *p = &plan->p;
     const fmha_ukernels *uk = plan->uk;
     const fmha_masks *m = &p->masks;
     plan->decode = 0;
-    if (p->strategy != FMHA_STRATEGY_AUTO) return 0;
-    if (p->seq_q > DEC_MAX_SQ || p->seq_kv < DEC_MIN_KV_PER_Q * p->seq_q) return 0;
+    /* a paged cache takes this driver whatever the strategy and shape */
+    if (!p->block_table && p->strategy != FMHA_STRATEGY_AUTO) return 0;
+    if (!p->block_table && (p->seq_q > DEC_MAX_SQ || p->seq_kv < DEC_MIN_KV_PER_Q * p->seq_q)) return 0;
     if (!uk->decode_scores_f32 || !uk->decode_softmax_f32 || !uk->decode_values_f32) return 0;
     if (p->dtype == FMHA_DTYPE_BF16 && !uk->widen_bf16) return 0;
     if (p->dtype == FMHA_DTYPE_F16 && !uk->widen_f16) return 0;
@@ -89,7 +111,7 @@ int fmha_decode_plan(fmha_plan *plan) {
 
 /* One thread's scratch:
  *   qf [heads][rows][D] float32 query rows, s [rows][TILE] scores / P,
- *   kf [heads][TILE][D], vf [heads][TILE][Dv] widened tiles (2-byte dtypes only),
+ *   kf [heads][TILE][D], vf [heads][TILE][Dv] staged tiles (2-byte dtypes, paged caches),
  *   alpha [rows], lo/hi [rows] each row's visible keys [lo, hi),
  *   acc [Dv] the merge's sum */
 typedef struct dec_scratch {
@@ -105,7 +127,8 @@ typedef struct dec_partials {
 
 static void dec_carve(const fmha_plan *plan, fmha_carver *c, dec_scratch *s) {
     size_t rows = (size_t)plan->dec_rows, D = (size_t)plan->p.head_dim, Dv = (size_t)plan->p.head_dim_v;
-    int wide = plan->p.dtype != FMHA_DTYPE_F32;
+    /* tiles staged in scratch: widened 2-byte caches, tiles that cross pages */
+    int wide = plan->p.dtype != FMHA_DTYPE_F32 || plan->p.block_table;
     s->qf = fmha_carve(c, (size_t)plan->dec_heads * rows * D * sizeof(float));
     s->s = fmha_carve(c, rows * DEC_TILE * sizeof(float));
     size_t heads = (size_t)plan->dec_heads;
@@ -222,22 +245,33 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
     long long computed = 0;
     for (int64_t k0 = kb; k0 < ke; k0 += DEC_TILE) {
         int64_t nk = ke - k0 < DEC_TILE ? ke - k0 : DEC_TILE;
+        /* f32 tiles inside one page are read in place; the rest is staged */
+        int in_place = p->dtype == FMHA_DTYPE_F32 && dec_one_page(p, k0, nk);
         if (p->dtype != FMHA_DTYPE_F32) /* widen the tile's heads in memory order */
             for (int64_t j = 0; j < nk; j++)
                 for (int64_t hh = 0; hh < heads; hh++) {
                     const int64_t hk = hk0 + hh;
-                    widen((size_t)D, (const uint16_t *)c->k + b * ks[0] + hk * ks[2] + (k0 + j) * ks[1],
+                    widen((size_t)D, (const uint16_t *)c->k + dec_key_at(p, ks, b, hk, k0 + j),
                           s.kf + (hh * DEC_TILE + j) * D);
-                    widen((size_t)Dv, (const uint16_t *)c->v + b * vs[0] + hk * vs[2] + (k0 + j) * vs[1],
+                    widen((size_t)Dv, (const uint16_t *)c->v + dec_key_at(p, vs, b, hk, k0 + j),
                           s.vf + (hh * DEC_TILE + j) * Dv);
+                }
+        else if (!in_place) /* gather a float32 tile that crosses pages */
+            for (int64_t j = 0; j < nk; j++)
+                for (int64_t hh = 0; hh < heads; hh++) {
+                    const int64_t hk = hk0 + hh;
+                    memcpy(s.kf + (hh * DEC_TILE + j) * D, (const float *)c->k + dec_key_at(p, ks, b, hk, k0 + j),
+                           (size_t)D * sizeof(float));
+                    memcpy(s.vf + (hh * DEC_TILE + j) * Dv,
+                           (const float *)c->v + dec_key_at(p, vs, b, hk, k0 + j), (size_t)Dv * sizeof(float));
                 }
         for (int64_t hh = 0; hh < heads; hh++) {
             const int64_t hk = hk0 + hh;
-            const char *kbase = (const char *)c->k + (size_t)(b * ks[0] + hk * ks[2] + k0 * ks[1]) * esize;
-            const char *vbase = (const char *)c->v + (size_t)(b * vs[0] + hk * vs[2] + k0 * vs[1]) * esize;
             const float *kt, *vt;
             size_t ldk, ldv;
-            if (p->dtype == FMHA_DTYPE_F32) {
+            if (in_place) {
+                const char *kbase = (const char *)c->k + (size_t)dec_key_at(p, ks, b, hk, k0) * esize;
+                const char *vbase = (const char *)c->v + (size_t)dec_key_at(p, vs, b, hk, k0) * esize;
                 kt = (const float *)kbase;
                 vt = (const float *)vbase;
                 ldk = (size_t)ks[1];
@@ -290,7 +324,7 @@ static void dec_row_guarded(const dec_ctx *c, int64_t b, int64_t i, int64_t h, f
             float dot = 0.0f;
             for (int64_t d = 0; d < D; d++)
                 dot += fmha_load(c->q, p->dtype, b * qs[0] + i * qs[1] + h * qs[2] + d * qs[3]) *
-                       fmha_load(c->k, p->dtype, b * ks[0] + (k0 + r) * ks[1] + hk * ks[2] + d * ks[3]);
+                       fmha_load(c->k, p->dtype, dec_key_at(p, ks, b, hk, k0 + r) + d * ks[3]);
             s[r] = plan->scale * dot;
         }
         fmha_mask_apply(plan, &t, s, 1, NULL, thread);
@@ -305,7 +339,7 @@ static void dec_row_guarded(const dec_ctx *c, int64_t b, int64_t i, int64_t h, f
             if (pr == 0.0f) continue;
             l += pr;
             for (int64_t e = 0; e < Dv; e++)
-                acc[e] += pr * fmha_load(c->v, p->dtype, b * vs[0] + (k0 + r) * vs[1] + hk * vs[2] + e * vs[3]);
+                acc[e] += pr * fmha_load(c->v, p->dtype, dec_key_at(p, vs, b, hk, k0 + r) + e * vs[3]);
         }
         m = mx;
     }

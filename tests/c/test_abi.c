@@ -26,7 +26,7 @@ static void test_layout(void) {
         return;
     }
     const frozen table[] = {
-        SIZE(fmha_problem, 432), SIZE(fmha_masks, 112), SIZE(fmha_biases, 96),
+        SIZE(fmha_problem, 464), SIZE(fmha_masks, 112), SIZE(fmha_biases, 96),
         SIZE(fmha_param_grads, 56), SIZE(fmha_tile, 72), SIZE(fmha_mask_callback, 24),
         SIZE(fmha_bias_callback, 24),
         AT(fmha_problem, struct_size, 0), AT(fmha_problem, dtype, 8), AT(fmha_problem, batch, 16),
@@ -35,7 +35,9 @@ static void test_layout(void) {
         AT(fmha_problem, scale, 72), AT(fmha_problem, causal, 76), AT(fmha_problem, strategy, 80),
         AT(fmha_problem, precision, 84), AT(fmha_problem, q_strides, 88), AT(fmha_problem, k_strides, 120),
         AT(fmha_problem, v_strides, 152), AT(fmha_problem, o_strides, 184), AT(fmha_problem, masks, 216),
-        AT(fmha_problem, biases, 328), AT(fmha_problem, sinks, 424),
+        AT(fmha_problem, biases, 328), AT(fmha_problem, sinks, 424), AT(fmha_problem, block_table, 432),
+        AT(fmha_problem, block_table_stride, 440), AT(fmha_problem, page_size, 448),
+        AT(fmha_problem, num_pages, 456),
         AT(fmha_masks, window_left, 0), AT(fmha_masks, window_right, 8), AT(fmha_masks, kv_lengths, 16),
         AT(fmha_masks, q_lengths, 24), AT(fmha_masks, q_segment_ids, 32), AT(fmha_masks, kv_segment_ids, 40),
         AT(fmha_masks, dense, 48), AT(fmha_masks, dense_strides, 56), AT(fmha_masks, callback, 88),
@@ -58,7 +60,8 @@ static void test_layout(void) {
 }
 
 static void test_enums(void) {
-    tu_check(FMHA_OK == 0 && FMHA_ERR_CALLBACK == 14 && FMHA_ERR_STRUCT_SIZE == 15,
+    tu_check(FMHA_OK == 0 && FMHA_ERR_CALLBACK == 14 && FMHA_ERR_STRUCT_SIZE == 15 &&
+                 FMHA_ERR_BAD_PAGE == 16,
              "ABI: status codes keep their numbers (new ones are appended)");
     tu_check(FMHA_DTYPE_F32 == 0 && FMHA_DTYPE_BF16 == 1 && FMHA_DTYPE_F16 == 2, "ABI: dtype numbers");
     tu_check(FMHA_STRATEGY_AUTO == 0 && FMHA_STRATEGY_PORTABLE == 3, "ABI: strategy numbers");
@@ -78,7 +81,7 @@ static void test_struct_size(void) {
           *dk = tu_new_output(&p, 'k', 7.0f), *dv = tu_new_output(&p, 'v', 7.0f);
     float lse[10];
     for (int i = 0; i < 10; i++) lse[i] = 7.0f;
-    /* 424: the first release's size, still known (see test_first_release) */
+    /* 424 and 432: earlier releases' sizes, still known (see test_earlier_releases) */
     size_t sizes[] = {0, 8, 416, sizeof(fmha_problem) - 4, sizeof(fmha_problem) + 8};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         fmha_problem bad = p;
@@ -108,9 +111,10 @@ static void test_struct_size(void) {
     free(q); free(k); free(v); free(d_o); free(o); free(dq); free(dk); free(dv);
 }
 
-/* A problem built against the first release (struct_size 424, no sinks)
- * runs as its prefix: what lies past it in memory is never read. */
-static void test_first_release(void) {
+/* A problem built against an earlier release (struct_size 424, no sinks;
+ * 432, sinks but no block table) runs as its prefix: what lies past it in
+ * memory is never read. */
+static void test_earlier_releases(void) {
     fmha_problem p;
     fmha_problem_init(&p, 1, 2, 1, 5, 7, 8, 8, FMHA_LAYOUT_BSHD);
     float *q = tu_new_input(&p, 'q', -1, 1), *k = tu_new_input(&p, 'k', -1, 1),
@@ -127,6 +131,17 @@ static void test_first_release(void) {
     tu_shape(&p, 'o', n);
     tu_check(!memcmp(o_new, o_old, tu_span(p.o_strides, n) * sizeof(float)),
              "struct_size 424 runs without sinks");
+    float sinks[2] = {0.25f, -1.0f};
+    p.sinks = sinks;
+    old = p;
+    old.struct_size = 432;
+    old.block_table = (const int32_t *)&old; /* not a table: must not be read */
+    old.page_size = -3;
+    tu_check(fmha_problem_check(&old) == FMHA_OK, "struct_size 432 is known");
+    tu_check(fmha_forward(&p, q, k, v, o_new, NULL, NULL, 0) == FMHA_OK &&
+                 fmha_forward(&old, q, k, v, o_old, NULL, NULL, 0) == FMHA_OK &&
+                 !memcmp(o_new, o_old, tu_span(p.o_strides, n) * sizeof(float)),
+             "struct_size 432 runs with sinks, without a block table");
     free(q); free(k); free(v); free(o_new); free(o_old);
 }
 
@@ -135,6 +150,6 @@ int main(void) {
     test_layout();
     test_enums();
     test_struct_size();
-    test_first_release();
+    test_earlier_releases();
     return tu_finish();
 }
