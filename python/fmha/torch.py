@@ -27,7 +27,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from . import _lib, api
 from ._lib import FmhaError
 
-__all__ = ["scaled_dot_product_attention", "FmhaError"]
+__all__ = ["scaled_dot_product_attention", "flex_attention", "FmhaError"]
 
 _DTYPES = {torch.float32: _lib.DTYPE_F32, torch.bfloat16: _lib.DTYPE_BF16, torch.float16: _lib.DTYPE_F16}
 
@@ -48,7 +48,7 @@ def _mask_strides(t, full, name):
     return api.broadcast_strides(tuple(t.shape), t.stride(), full, name)
 
 
-def _problem(q, k, v, o_strides, bias, mask, is_causal, scale):
+def _problem(q, k, v, o_strides, bias, mask, is_causal, scale, alibi=None, softcap=0.0):
     B, H, L, E = q.shape
     _, Hkv, S, Ev = v.shape
     p = api.new_problem(_dtype_code(q), (B, H, Hkv, L, S, E, Ev), _seq_strides(q), _seq_strides(k),
@@ -60,6 +60,9 @@ def _problem(q, k, v, o_strides, bias, mask, is_causal, scale):
         api.set_dense_bias(p, bias.data_ptr(), _mask_strides(bias, full, "attn_mask"))
     if mask is not None:
         api.set_dense_mask(p, mask.data_ptr(), _mask_strides(mask, full, "attn_mask"))
+    if alibi is not None:
+        p.biases.alibi_slopes = api._ptr(ctypes.c_float, alibi.data_ptr())
+    p.biases.softcap = softcap
     return p
 
 
@@ -74,10 +77,11 @@ def _operand_key(t):
     return None if t is None else (t.data_ptr(), t.shape, t.stride())
 
 
-def _plan(q, k, v, o, bias, mask, is_causal, scale):
+def _plan(q, k, v, o, bias, mask, is_causal, scale, alibi=None, softcap=0.0):
     key = (q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), o.stride(), is_causal,
-           scale, _operand_key(bias), _operand_key(mask))
-    return _PLANS.get(key, lambda: _problem(q, k, v, _seq_strides(o), bias, mask, is_causal, scale))
+           scale, _operand_key(bias), _operand_key(mask), _operand_key(alibi), softcap)
+    return _PLANS.get(key, lambda: _problem(q, k, v, _seq_strides(o), bias, mask, is_causal, scale, alibi,
+                                            softcap))
 
 
 def _with_layout(x, like):
@@ -87,30 +91,11 @@ def _with_layout(x, like):
     return y
 
 
-@torch.library.custom_op("fmha::attention", mutates_args=(), device_types="cpu")
-def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor],
-                  mask: Optional[torch.Tensor], is_causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    B, H, L, _ = q.shape
-    out = q.new_empty((B, H, L, v.shape[3]))
-    lse = q.new_empty((B, H, L), dtype=torch.float32)
-    plan = _plan(q, k, v, out, bias, mask, is_causal, scale)
-    plan.forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr())
-    return out, lse
+def _backward_operands(q, k, v, o, lse, d_o):
+    """q, k, v, o, lse, d_o laid out for fmha_backward, and empty dq, dk, dv.
 
-
-@_attention_op.register_fake
-def _attention_fake(q, k, v, bias, mask, is_causal, scale):
-    B, H, L, _ = q.shape
-    return q.new_empty((B, H, L, v.shape[3])), q.new_empty((B, H, L), dtype=torch.float32)
-
-
-@torch.library.custom_op("fmha::attention_backward", mutates_args=(), device_types="cpu")
-def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                           lse: torch.Tensor, d_o: torch.Tensor, bias: Optional[torch.Tensor],
-                           mask: Optional[torch.Tensor], is_causal: bool, scale: float,
-                           bias_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    # dQ, dK, dV take the strides of Q, K, V and dO those of O: arrange the
-    # inputs so that fresh gradient tensors can share them.
+    dQ, dK, dV take the strides of Q, K, V and dO those of O: the inputs are
+    arranged so that fresh gradient tensors can share them."""
     grads = []
     arranged = []
     for x in (q, k, v):
@@ -119,13 +104,44 @@ def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o:
             x = _with_layout(x, g)
         arranged.append(x)
         grads.append(g)
-    q, k, v = arranged
-    dq, dk, dv = grads
     if not o.is_contiguous() and torch.empty_like(o).stride() != o.stride():
         o = _with_layout(o, torch.empty_like(o))
     if d_o.dtype != o.dtype or d_o.stride() != o.stride():
         d_o = _with_layout(d_o, o)
-    lse = lse.contiguous()
+    return (*arranged, o, lse.contiguous(), d_o, grads)
+
+
+@torch.library.custom_op("fmha::attention", mutates_args=(), device_types="cpu")
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor],
+                  mask: Optional[torch.Tensor], is_causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward(q, k, v, bias, mask, is_causal, scale)
+
+
+def _outputs(q, v):
+    """Empty O [B, H, L, Ev] and lse [B, H, L] float32."""
+    B, H, L, _ = q.shape
+    return q.new_empty((B, H, L, v.shape[3])), q.new_empty((B, H, L), dtype=torch.float32)
+
+
+def _forward(q, k, v, bias, mask, is_causal, scale, alibi=None, softcap=0.0):
+    """(O, lse) of the plan for these operands and options."""
+    out, lse = _outputs(q, v)
+    plan = _plan(q, k, v, out, bias, mask, is_causal, scale, alibi, softcap)
+    plan.forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr())
+    return out, lse
+
+
+@_attention_op.register_fake
+def _attention_fake(q, k, v, bias, mask, is_causal, scale):
+    return _outputs(q, v)
+
+
+@torch.library.custom_op("fmha::attention_backward", mutates_args=(), device_types="cpu")
+def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                           lse: torch.Tensor, d_o: torch.Tensor, bias: Optional[torch.Tensor],
+                           mask: Optional[torch.Tensor], is_causal: bool, scale: float,
+                           bias_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, k, v, o, lse, d_o, (dq, dk, dv) = _backward_operands(q, k, v, o, lse, d_o)
     plan = _plan(q, k, v, o, bias, mask, is_causal, scale)
     param_grads = None
     d_bias = q.new_empty((0,), dtype=torch.float32)
@@ -148,36 +164,28 @@ def _attention_backward_fake(q, k, v, o, lse, d_o, bias, mask, is_causal, scale,
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, bias, mask, is_causal, scale = inputs
-    o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, bias, mask)
-    ctx.is_causal, ctx.scale = is_causal, scale
+    """Saves the tensor inputs (None included) in order, then the outputs;
+    the other inputs, in order, go to ctx.options."""
+    is_tensor = [x is None or isinstance(x, torch.Tensor) for x in inputs]
+    ctx.save_for_backward(*(x for x, t in zip(inputs, is_tensor) if t), *output)
+    ctx.options = [x for x, t in zip(inputs, is_tensor) if not t]
 
 
 def _backward(ctx, d_o, d_lse):
-    q, k, v, o, lse, bias, mask = ctx.saved_tensors
+    q, k, v, bias, mask, o, lse = ctx.saved_tensors
+    is_causal, scale = ctx.options
     want_bias = bias is not None and ctx.needs_input_grad[3]
-    dq, dk, dv, d_bias = torch.ops.fmha.attention_backward(q, k, v, o, lse, d_o, bias, mask, ctx.is_causal,
-                                                           ctx.scale, want_bias)
+    dq, dk, dv, d_bias = torch.ops.fmha.attention_backward(q, k, v, o, lse, d_o, bias, mask, is_causal, scale,
+                                                           want_bias)
     return dq, dk, dv, d_bias if want_bias else None, None, None, None
 
 
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False):
-    """torch.nn.functional.scaled_dot_product_attention by fmha's C kernels.
-
-    query [B, H, L, E], key [B, Hkv, S, E], value [B, Hkv, S, Ev] (or 3-D
-    without B) on CPU, float32, bfloat16 or float16. attn_mask: boolean
-    (True = take part) or additive float, broadcastable to [B, H, L, S];
-    its gradient is returned when it requires one. is_causal is top-left
-    aligned and may be combined with attn_mask. enable_gqa allows
-    H % Hkv == 0 with Hkv < H. dropout_p must be 0.
-    """
-    if dropout_p != 0.0:
-        raise ValueError(f"fmha.torch: dropout is not supported (dropout_p must be 0.0, got {dropout_p})")
+def _checked_inputs(query, key, value, enable_gqa):
+    """query, key, value checked as SDPA takes them, as 4-D tensors, and
+    whether they came 4-D."""
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"fmha.torch: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -196,12 +204,31 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if k.shape[0] != B or v.shape[0] != B or k.shape[3] != E or v.shape[1:3] != k.shape[1:3]:
         raise ValueError(f"fmha.torch: inconsistent shapes query {tuple(query.shape)}, key {tuple(key.shape)}, "
                          f"value {tuple(value.shape)}")
-    Hkv, S = k.shape[1], k.shape[2]
+    Hkv = k.shape[1]
     if Hkv != H and not enable_gqa:
         raise ValueError(f"fmha.torch: query has {H} heads and key {Hkv}; pass enable_gqa=True for grouped-query "
                          "attention")
     if H % Hkv != 0:
         raise ValueError(f"fmha.torch: query heads ({H}) must be a multiple of key/value heads ({Hkv})")
+    return q, k, v, batched
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
+    """torch.nn.functional.scaled_dot_product_attention by fmha's C kernels.
+
+    query [B, H, L, E], key [B, Hkv, S, E], value [B, Hkv, S, Ev] (or 3-D
+    without B) on CPU, float32, bfloat16 or float16. attn_mask: boolean
+    (True = take part) or additive float, broadcastable to [B, H, L, S];
+    its gradient is returned when it requires one. is_causal is top-left
+    aligned and may be combined with attn_mask. enable_gqa allows
+    H % Hkv == 0 with Hkv < H. dropout_p must be 0.
+    """
+    if dropout_p != 0.0:
+        raise ValueError(f"fmha.torch: dropout is not supported (dropout_p must be 0.0, got {dropout_p})")
+    q, k, v, batched = _checked_inputs(query, key, value, enable_gqa)
+    B, H, L, E = q.shape
+    S = k.shape[2]
     if scale is None:
         scale = 1.0 / math.sqrt(E)
     scale = api.resolve_scale(scale, E)
@@ -222,3 +249,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             raise TypeError(f"fmha.torch: attn_mask must be boolean or floating point, got {attn_mask.dtype}")
     out, _ = torch.ops.fmha.attention(q, k, v, bias, mask, bool(is_causal), float(scale))
     return out if batched else out.squeeze(0)
+
+
+from ._torch_flex import flex_attention  # noqa: E402  (it uses the ops above)
