@@ -57,7 +57,7 @@ STRUCT_FIELDS = {
     "fmha_param_grads": ["d_dense", "d_dense_strides", "d_alibi", "d_rel_table"],
     "fmha_problem": ["struct_size", "dtype", "batch", "heads_q", "heads_kv", "seq_q", "seq_kv", "head_dim", "head_dim_v", "scale",
                      "causal", "strategy", "precision", "q_strides", "k_strides", "v_strides", "o_strides", "masks",
-                     "biases", "sinks"],
+                     "biases", "sinks", "block_table", "block_table_stride", "page_size", "num_pages"],
 }
 
 
@@ -84,6 +84,14 @@ def test_struct_mirror_matches_the_header(tmp_path):
         assert [name for name, _ in cls._fields_] == fields, f"{struct}: fields differ from fmha.h"
         for f in fields:
             assert getattr(cls, f).offset == int(c_layout[f"{struct}.{f}"]), f"{struct}.{f}"
+
+
+def test_status_names_cover_the_library():
+    lib = _lib.load()
+    unknown = lib.fmha_status_string(len(_lib.STATUS_NAMES)).decode()
+    assert unknown == "unknown fmha status code", "fmha.h has a status the Python mirror does not name"
+    for code in range(len(_lib.STATUS_NAMES)):
+        assert lib.fmha_status_string(code).decode() != unknown
 
 
 def test_library_facts():
