@@ -30,15 +30,17 @@ def _merge_batch(x, batch_shape):
 
 def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dropout=True, dropout_rng=None,
                           dropout_rate=0.0, deterministic=False, dtype=None, precision=None, module=None,
-                          is_causal=False, **fmha_kwargs):
+                          is_causal=False, fmha_precision="fast", **fmha_kwargs):
     """flax's dot_product_attention computed by fmha.
 
     query [batch..., T, N, H], key and value [batch..., S, K, H] (K divides
     N: GQA), bias and mask broadcastable to [batch..., N, T, S]; returns
     [batch..., T, N, Hv]. bias is differentiable. dtype casts q, k, v (flax's
     computation dtype; default: their promoted dtype); precision (a lax
-    dot precision) is ignored: fmha accumulates in float32. fmha_kwargs go
-    to fmha.jax.dot_product_attention (sinks, softcap, segment_ids, ...).
+    dot precision, which flax always passes) is ignored: fmha accumulates
+    in float32, and fmha_precision ('fast' or 'accurate') is fmha.jax's
+    bf16 precision. fmha_kwargs go to fmha.jax.dot_product_attention
+    (sinks, softcap, segment_ids, ...).
 
     Not supported, each a clear error: dropout (dropout_rate > 0 with
     deterministic False), and module (flax's sow_weights), which needs the
@@ -60,5 +62,6 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
         bias, mask = (None if x is None else _merge_batch(jnp.asarray(x), batch_shape) for x in (bias, mask))
     if mask is not None:
         mask = jnp.asarray(mask).astype(jnp.bool_)
-    out = fmha_jax.dot_product_attention(query, key, value, bias, mask, is_causal=is_causal, **fmha_kwargs)
+    out = fmha_jax.dot_product_attention(query, key, value, bias, mask, is_causal=is_causal,
+                                         precision=fmha_precision, **fmha_kwargs)
     return out.reshape(out_shape)

@@ -121,3 +121,19 @@ def test_dropout_and_sow_weights_are_clear_errors():
         linen.apply(params, x, deterministic=False, rngs={"dropout": jax.random.PRNGKey(1)})
     with pytest.raises(NotImplementedError, match="sow_weights"):
         linen.apply(params, x, deterministic=True, sow_weights=True, mutable=["intermediates"])
+
+
+@pytest.mark.parametrize("fmha_precision", ["fast", "accurate"])
+def test_linen_bfloat16(fmha_precision):
+    """dtype=bfloat16 modules run fmha in bf16; fmha_precision reaches fmha.jax."""
+    rng = np.random.default_rng(5)
+    x = uniform(rng, (2, 16, 32))
+    fn = functools.partial(ff.dot_product_attention, fmha_precision=fmha_precision)
+    ours = nn.MultiHeadDotProductAttention(num_heads=4, dtype=jnp.bfloat16, attention_fn=fn)
+    params = ours.init(jax.random.PRNGKey(0), x)
+    out = jax.jit(ours.apply)(params, x)
+    assert out.dtype == jnp.bfloat16
+    want = nn.MultiHeadDotProductAttention(num_heads=4).apply(params, x)  # float32 flax
+    assert rel_error(np.asarray(out, np.float32), want) < 3e-2
+    with pytest.raises(ValueError, match="precision"):
+        ff.dot_product_attention(x[:, :, None], x[:, :, None], x[:, :, None], fmha_precision="exact")

@@ -176,6 +176,26 @@ def test_vmap_with_shared_parameters():
     assert rel_error(da, sum(r["d_alibi"] for r in refs)) < TOL
 
 
+def test_vmap_over_integer_inputs():
+    """Batched segment ids and lengths (one library call per slice) with shared q, k, v."""
+    require("segments", "kv_lengths")
+    rng = np.random.default_rng(11)
+    V = 3
+    q, k, v = uniform(rng, (B, T, N, H)), uniform(rng, (B, S, K, H)), uniform(rng, (B, S, K, H))
+    q_ids = np.sort(rng.integers(0, 3, (V, B, T)), axis=2).astype(np.int32)
+    kv_ids = np.sort(rng.integers(0, 3, (V, B, S)), axis=2).astype(np.int32)
+    kv_len = rng.integers(1, S + 1, (V, B)).astype(np.int32)
+
+    def loss(q, qi, ki, kl):
+        return jnp.sum(fj.dot_product_attention(q, k, v, segment_ids=(qi, ki), key_value_seq_lengths=kl) ** 2)
+
+    dq = jax.jit(jax.vmap(jax.grad(loss), in_axes=(None, 0, 0, 0)))(q, q_ids, kv_ids, kv_len)
+    for i in range(V):
+        kw = dict(segment_ids=(q_ids[i], kv_ids[i]), kv_lengths=kv_len[i])
+        o = reference(q, k, v, **kw)["o"]
+        assert rel_error(dq[i], reference(q, k, v, d_out=2 * o, **kw)["dq"]) < TOL
+
+
 def test_one_segment_array_and_integer_inputs_without_gradient():
     require("segments")
     rng = np.random.default_rng(8)
