@@ -246,3 +246,19 @@ def test_errors():
     with pytest.raises(Exception, match="FMHA_ERR_BAD_MASK"):
         np.asarray(jax.jit(lambda z: fj.dot_product_attention(q, k, v, sinks=z))(
             np.array([0, np.inf, 0, 0], np.float32)))
+
+
+def test_native_operands_keep_plans_cached():
+    """A jitted step with slopes, table and sinks as arguments plans once."""
+    rng = np.random.default_rng(12)
+    q, k, v = uniform(rng, (B, T, N, H)), uniform(rng, (B, S, K, H)), uniform(rng, (B, S, K, H))
+    a, r, z = np.full(N, 0.1, np.float32), uniform(rng, (N, 8)), uniform(rng, (N,))
+    step = jax.jit(jax.grad(lambda q, a, r, z: fj.dot_product_attention(
+        q, k, v, alibi_slopes=a, rel_table=r, sinks=z).sum(), argnums=(0, 1, 2, 3)))
+    args = [jnp.asarray(x) for x in (q, a, r, z)]
+    jax.block_until_ready(step(*args))
+    fj.plan_cache_clear()
+    for _ in range(4):
+        jax.block_until_ready(step(*args))
+    info = fj.plan_cache_info()
+    assert info["misses"] <= 2 and info["hits"] >= 6  # forward and backward plans, then hits
