@@ -42,15 +42,21 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
     bf16 precision. fmha_kwargs go to fmha.jax.dot_product_attention
     (sinks, softcap, segment_ids, ...).
 
-    Not supported, each a clear error: dropout (dropout_rate > 0 with
-    deterministic False), and module (flax's sow_weights), which needs the
-    attention weights that fmha never forms. Rows that see no key give
+    Dropout (dropout_rate > 0, deterministic False) is fmha's: the weights
+    are dropped by a hash of a seed drawn from dropout_rng (see
+    fmha.jax.dot_product_attention) and of each score's index, so the
+    draws are independent across batch entries and heads
+    (broadcast_dropout is not followed) and differ from flax's own.
+
+    Not supported: module (flax's sow_weights), which needs the attention
+    weights that fmha never forms (a clear error). Rows that see no key give
     zeros, where flax averages every value.
     """
+    dropout = {}
     if dropout_rate > 0.0 and not deterministic:
-        raise NotImplementedError(
-            f"fmha.flax: attention dropout is not implemented (dropout_rate={dropout_rate}, "
-            "deterministic=False); set dropout_rate=0 or deterministic=True")
+        if dropout_rng is None:
+            raise ValueError("fmha.flax: dropout_rate > 0 with deterministic=False needs dropout_rng")
+        dropout = dict(dropout_p=dropout_rate, dropout_rng=dropout_rng)
     if module is not None:
         raise NotImplementedError("fmha.flax: sow_weights needs the attention weights, which fmha does not form")
     dtype = dtype or jnp.result_type(query, key, value)
@@ -63,5 +69,5 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
     if mask is not None:
         mask = jnp.asarray(mask).astype(jnp.bool_)
     out = fmha_jax.dot_product_attention(query, key, value, bias, mask, is_causal=is_causal,
-                                         precision=fmha_precision, **fmha_kwargs)
+                                         precision=fmha_precision, **dropout, **fmha_kwargs)
     return out.reshape(out_shape)

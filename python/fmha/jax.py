@@ -63,7 +63,8 @@ _FFI_SOURCE = os.path.join(_FFI_DIR, "fmha_jax_ffi.cc")
 _FFI_PREBUILT = os.path.join("_ffi", "fmha_jax_ffi.so")         # next to the package's libfmha.so
 _FFI_PREBUILT_INFO = os.path.join("_ffi", "fmha_jax_ffi.json")
 # The `extras` bit of each optional operand, in the handler's operand order.
-_EXTRA_BITS = dict(bias=1, mask=2, q_lens=4, kv_lens=8, q_seg=16, kv_seg=32, alibi=64, rel=128, sinks=256)
+_EXTRA_BITS = dict(bias=1, mask=2, q_lens=4, kv_lens=8, q_seg=16, kv_seg=32, alibi=64, rel=128, sinks=256,
+                   dropout_seed=512)
 _EXTRA_NAMES = tuple(_EXTRA_BITS)
 # Differentiable float parameters and their `grads` bit (the d_* results come in this order).
 _GRAD_BITS = dict(bias=1, alibi=2, rel=4, sinks=8)
@@ -248,14 +249,15 @@ def plan_cache_clear():
 
 # cfg: the static options, hashable (custom_vjp's nondiff argument).
 _Config = collections.namedtuple("_Config", "scale causal window strategy softcap precision rel_max_distance "
-                                            "rel_bidirectional")
+                                            "rel_bidirectional dropout_p")
 
 
 def _attrs(cfg, extras):
     return dict(scale=np.float32(cfg.scale), causal=np.int64(cfg.causal), window_left=np.int64(cfg.window[0]),
                 window_right=np.int64(cfg.window[1]), strategy=np.int64(cfg.strategy), extras=np.int64(extras),
                 softcap=np.float32(cfg.softcap), precision=np.int64(cfg.precision),
-                rel_max_distance=np.int64(cfg.rel_max_distance), rel_bidirectional=np.int64(cfg.rel_bidirectional))
+                rel_max_distance=np.int64(cfg.rel_max_distance), rel_bidirectional=np.int64(cfg.rel_bidirectional),
+                dropout_p=np.float32(cfg.dropout_p))
 
 
 def _extras(extras):
@@ -375,6 +377,7 @@ def _check_config(dtype, B, N, K, T, S, H, Hv, cfg, extras):
         p.biases.rel_bidirectional = cfg.rel_bidirectional
     if extras["sinks"] is not None:
         p.sinks = stand_in(N, np.float32, 0, ctypes.c_float)
+    p.dropout_p = cfg.dropout_p
     _lib.check(_lib.load().fmha_problem_check(ctypes.byref(p)), "fmha.jax.dot_product_attention")
 
 
@@ -394,7 +397,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
                           query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
                           implementation=None, return_residual=False, causal_alignment="top_left",
                           segment_ids=None, alibi_slopes=None, rel_table=None, rel_max_distance=128,
-                          rel_bidirectional=True, softcap=None, sinks=None, precision="fast"):
+                          rel_bidirectional=True, softcap=None, sinks=None, precision="fast", dropout_p=0.0,
+                          dropout_rng=None):
     """jax.nn.dot_product_attention computed by fmha's C kernels.
 
     Same arguments, shapes ([B, T, N, H] or [T, N, H]; GQA through fewer key
@@ -414,6 +418,13 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
       sinks             [N]: one logit per query head in every row's softmax
                         denominator, without a value (differentiable)
       precision         'fast' (default) or 'accurate': bf16 P V rounding
+      dropout_p, dropout_rng  dropout on the attention weights (fmha_problem
+                        .dropout_p): each dropped with probability dropout_p,
+                        the rest scaled by 1 / (1 - dropout_p); dropout_rng,
+                        a PRNG key, gives the seed: with
+                        b = jax.random.bits(dropout_rng, (2,), uint32),
+                        seed = b[0] << 32 | b[1], offset 0. The backward
+                        draws the same weights; nothing is stored.
     Integer inputs (lengths, segment ids) get no gradient. Requests the C
     library refuses raise FmhaError while tracing; errors found while
     running (a length out of range, a non-finite sink) raise JAX's runtime
@@ -422,7 +433,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     if implementation in ("xla", "cudnn"):
         given = dict(segment_ids=segment_ids, alibi_slopes=alibi_slopes, rel_table=rel_table, softcap=softcap,
                      sinks=sinks)
-        native = [name for name, x in given.items() if x is not None]
+        native = [name for name, x in given.items() if x is not None] + (["dropout_p"] if dropout_p else [])
         if native or causal_alignment != "top_left":
             raise ValueError(f"implementation={implementation!r} takes none of fmha's own keywords, got "
                              f"{native or ['causal_alignment']}")
@@ -495,12 +506,20 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
         softcap = float(softcap)
         if not (softcap > 0 and np.isfinite(softcap)):
             raise ValueError(f"softcap must be > 0 and finite, got {softcap}")
+    dropout_p = float(dropout_p)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if dropout_p > 0.0:
+        if dropout_rng is None:
+            raise ValueError("dropout_p > 0 needs dropout_rng (a jax.random key)")
+        extras["dropout_seed"] = jax.random.bits(dropout_rng, (2,), jnp.uint32)
     if precision not in api.PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(api.PRECISIONS)}, got {precision!r}")
     cfg = _Config(scale=api.resolve_scale(scale, H), causal=api.causal_code(is_causal, causal_alignment),
                   window=api.window_sides(local_window_size), strategy=_lib.STRATEGIES["auto"],
                   softcap=softcap or 0.0, precision=api.PRECISIONS[precision],
-                  rel_max_distance=int(rel_max_distance), rel_bidirectional=int(bool(rel_bidirectional)))
+                  rel_max_distance=int(rel_max_distance), rel_bidirectional=int(bool(rel_bidirectional)),
+                  dropout_p=dropout_p)
     _check_config(code, B, N, K, T, S, H, Hv, cfg, extras)
     _ensure_registered()
 

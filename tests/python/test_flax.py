@@ -1,8 +1,9 @@
 """test_flax: fmha.flax.dot_product_attention as the attention_fn of flax's
 linen MultiHeadDotProductAttention and nnx MultiHeadAttention: outputs and
 gradients (inputs and every parameter) against the same model with flax's
-own attention; masks, causal, GQA, extra batch dimensions; the dropout and
-sow_weights errors. Skipped when flax is not installed."""
+own attention; masks, causal, GQA, extra batch dimensions, bf16; dropout
+against flax's weights times fmha's draw; the sow_weights error. Skipped
+when flax is not installed."""
 
 import functools
 
@@ -108,19 +109,52 @@ def test_nnx_outputs_and_gradients(is_causal):
     assert rel_error(g[1], g_want[1]) < TOL
 
 
-def test_dropout_and_sow_weights_are_clear_errors():
+def test_linen_dropout_is_fmhas_draw():
+    """With dropout the model matches flax's weights times the C library's
+    draw for the seed of the dropout_rng flax passes (outputs and gradients)."""
+    from test_numpy_api import dropout_factors
+
+    from test_jax_native import seed_of
+
+    rng = np.random.default_rng(6)
+    x = uniform(rng, (2, 6, 16))
+    rate = 0.25
+
+    def dropped_weights_attention(q, k, v, bias=None, mask=None, dropout_rng=None, dropout_rate=0.0,
+                                  deterministic=False, **kw):
+        w = nn.dot_product_attention_weights(q, k, bias, mask, deterministic=True)
+        z = dropout_factors(w.shape, rate, seed_of(dropout_rng), 0)
+        return jnp.einsum("...hqk,...khd->...qhd", w * z, v)
+
+    def model(fn):
+        return nn.MultiHeadDotProductAttention(num_heads=4, dropout_rate=rate, attention_fn=fn)
+
+    params = model(nn.dot_product_attention).init(jax.random.PRNGKey(0), x, deterministic=True)
+    rngs = {"dropout": jax.random.PRNGKey(7)}
+
+    def loss(fn):
+        return lambda params: jnp.sum(jnp.sin(model(fn).apply(params, x, deterministic=False, rngs=rngs)))
+
+    assert rel_error(loss(ff.dot_product_attention)(params), loss(dropped_weights_attention)(params)) < TOL
+    assert_trees_close(jax.grad(loss(ff.dot_product_attention))(params),
+                       jax.grad(loss(dropped_weights_attention))(params))
+    off = model(ff.dot_product_attention).apply(params, x, deterministic=True)
+    on = model(ff.dot_product_attention).apply(params, x, deterministic=False, rngs=rngs)
+    assert not np.allclose(off, on)
+
+
+def test_nnx_dropout_and_sow_weights_error():
     rng = np.random.default_rng(4)
     x = uniform(rng, (1, 5, 16))
     model = nnx_model(ff.dot_product_attention, dropout_rate=0.1)
-    with pytest.raises(NotImplementedError, match="dropout is not implemented"):
-        model(x, deterministic=False, rngs=nnx.Rngs(1))
-    assert model(x, deterministic=True).shape == (1, 5, 16)  # no dropout: runs
-    linen = nn.MultiHeadDotProductAttention(num_heads=4, dropout_rate=0.1, attention_fn=ff.dot_product_attention)
-    params = linen.init(jax.random.PRNGKey(0), x, deterministic=True)
-    with pytest.raises(NotImplementedError, match="dropout"):
-        linen.apply(params, x, deterministic=False, rngs={"dropout": jax.random.PRNGKey(1)})
+    out = model(x, deterministic=False, rngs=nnx.Rngs(dropout=1))
+    assert out.shape == (1, 5, 16) and not np.allclose(out, model(x, deterministic=True))
+    with pytest.raises(ValueError, match="needs dropout_rng"):
+        ff.dot_product_attention(x[:, :, None], x[:, :, None], x[:, :, None], dropout_rate=0.1)
+    linen = nn.MultiHeadDotProductAttention(num_heads=4, attention_fn=ff.dot_product_attention)
+    params = linen.init(jax.random.PRNGKey(0), x)
     with pytest.raises(NotImplementedError, match="sow_weights"):
-        linen.apply(params, x, deterministic=True, sow_weights=True, mutable=["intermediates"])
+        linen.apply(params, x, sow_weights=True, mutable=["intermediates"])
 
 
 @pytest.mark.parametrize("fmha_precision", ["fast", "accurate"])

@@ -262,3 +262,50 @@ def test_native_operands_keep_plans_cached():
         jax.block_until_ready(step(*args))
     info = fj.plan_cache_info()
     assert info["misses"] <= 2 and info["hits"] >= 6  # forward and backward plans, then hits
+
+
+def seed_of(key):
+    """The 64-bit dropout seed fmha.jax derives from a PRNG key."""
+    b = np.asarray(jax.random.bits(key, (2,), jnp.uint32)).astype(np.uint64)
+    return int(b[0]) << 32 | int(b[1])
+
+
+@pytest.mark.parametrize("p", [0.2, 0.7])
+def test_dropout_matches_the_reference_with_the_same_draw(p):
+    from test_numpy_api import dropout_factors
+
+    rng = np.random.default_rng(int(p * 10))
+    q, k, v = uniform(rng, (B, T, N, H)), uniform(rng, (B, S, K, H)), uniform(rng, (B, S, K, H))
+    d_o = uniform(rng, (B, T, N, H))
+    key = jax.random.PRNGKey(42)
+    z = uniform(rng, (N,))
+
+    def run(q, k, v, z, key):
+        f = lambda q, k, v, z: fj.dot_product_attention(q, k, v, is_causal=True, sinks=z, dropout_p=p,  # noqa
+                                                        dropout_rng=key)
+        out, vjp = jax.vjp(f, q, k, v, z)
+        return out, vjp(d_o)
+
+    out, grads = jax.jit(run)(q, k, v, z, key)
+    drop = dropout_factors((B, N, T, S), p, seed_of(key), 0)
+    ref = reference(q, k, v, is_causal=True, sinks=z, dropout=drop, d_out=d_o)
+    assert rel_error(out, ref["o"]) < TOL
+    for g, n in zip(grads, ("dq", "dk", "dv", "d_sinks")):
+        assert rel_error(g, ref[n]) < TOL, n
+    # the same key, the same bits; another key, another draw
+    again, _ = jax.jit(run)(q, k, v, z, key)
+    assert np.array_equal(out, again)
+    other, _ = jax.jit(run)(q, k, v, z, jax.random.PRNGKey(43))
+    assert not np.array_equal(out, other)
+
+
+def test_dropout_errors():
+    rng = np.random.default_rng(13)
+    q = uniform(rng, (1, 4, 2, 8))
+    with pytest.raises(ValueError, match="needs dropout_rng"):
+        fj.dot_product_attention(q, q, q, dropout_p=0.1)
+    for bad in (1.0, -0.1):
+        with pytest.raises(ValueError, match="dropout_p must be in"):
+            fj.dot_product_attention(q, q, q, dropout_p=bad, dropout_rng=jax.random.PRNGKey(0))
+    with pytest.raises(ValueError, match="none of fmha's own keywords"):
+        fj.dot_product_attention(q, q, q, dropout_p=0.1, implementation="xla")

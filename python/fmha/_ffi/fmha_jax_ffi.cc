@@ -9,14 +9,16 @@
 //              bias [b,n,t,s] f32, mask [b,n,t,s] pred (each dim 1 or full),
 //              q_lengths [B] s32, kv_lengths [B] s32,
 //              q_segment_ids [B,T] s32, kv_segment_ids [B,S] s32,
-//              alibi_slopes [N] f32, rel_table [N,buckets] f32, sinks [N] f32
+//              alibi_slopes [N] f32, rel_table [N,buckets] f32, sinks [N] f32,
+//              dropout_seed [2] u32 (seed = s[0] << 32 | s[1], offset 0)
 //            rets o [B,T,N,Hv] (q's dtype), lse [B,N,T] f32
 //   backward args q, k, v, o, lse, d_o, extras; rets dq, dk, dv, then one
 //            f32 result in the shape of each parameter named by the `grads`
 //            bit set (1 d_bias, 2 d_alibi, 4 d_rel_table, 8 d_sinks), in
 //            that order. d_sinks comes from fmha_sinks_backward.
 //   attributes scale, causal, window_left/right, strategy, extras, softcap,
-//            precision, rel_max_distance, rel_bidirectional (backward: grads).
+//            precision, rel_max_distance, rel_bidirectional, dropout_p
+//            (backward: grads).
 // Every operand may carry the same number of extra leading dimensions (vmap
 // with vmap_method="expand_dims"): size 1 broadcasts, the results have the
 // full size. Those dimensions fold into the batch when every operand allows
@@ -42,7 +44,7 @@ namespace {
 
 enum ExtraBits : int64_t {
   kBias = 1, kMask = 2, kQLengths = 4, kKvLengths = 8, kQSegments = 16, kKvSegments = 32,
-  kAlibi = 64, kRelTable = 128, kSinks = 256
+  kAlibi = 64, kRelTable = 128, kSinks = 256, kDropoutSeed = 512
 };
 enum GradBits : int64_t { kGradBias = 1, kGradAlibi = 2, kGradRelTable = 4, kGradSinks = 8 };
 
@@ -199,17 +201,22 @@ struct Options {
   int64_t causal, window_left, window_right, strategy, extras;
   float softcap;
   int64_t precision, rel_max_distance, rel_bidirectional;
+  float dropout_p;
 };
 
 // Operand slots.
 enum Slot {
   Q, K, V, O, LSE, DO, DQ, DK, DV, BIAS, MASK, QLEN, KVLEN, QSEG, KVSEG, ALIBI, REL, SINKS,
-  DBIAS, DALIBI, DREL, DSINKS, NSLOTS
+  DROPOUT_SEED, DBIAS, DALIBI, DREL, DSINKS, NSLOTS
 };
 
-// Per-head operands ([N] or [N, buckets]): one array serves every batch
-// entry, so leading (vmap) dimensions cannot fold into the batch.
-bool PerHead(int s) { return s == ALIBI || s == REL || s == SINKS || s == DALIBI || s == DREL || s == DSINKS; }
+// Operands that serve every batch entry at once (per-head [N] arrays, the
+// dropout seed, whose draw depends on the batch index): leading (vmap)
+// dimensions cannot fold into the batch.
+bool PerHead(int s) {
+  return s == ALIBI || s == REL || s == SINKS || s == DROPOUT_SEED || s == DALIBI || s == DREL ||
+         s == DSINKS;
+}
 
 struct Call {
   Operand op[NSLOTS];
@@ -236,6 +243,7 @@ void MakeProblem(const Call &c, const Options &o, fmha_dtype dtype, int64_t batc
   p->masks.window_right = o.window_right;
   p->biases.softcap = o.softcap;
   p->precision = static_cast<fmha_precision>(o.precision);
+  if (c.op[DROPOUT_SEED].present()) p->dropout_p = o.dropout_p;
   if (c.op[REL].present()) {
     p->biases.rel_max_distance = static_cast<int32_t>(o.rel_max_distance);
     p->biases.rel_bidirectional = static_cast<int32_t>(o.rel_bidirectional);
@@ -298,7 +306,8 @@ ffi::Error ReadExtras(const ffi::RemainingArgs &extras, const Options &o, Call &
       {kBias, BIAS, 4, "bias"}, {kMask, MASK, 4, "mask"},
       {kQLengths, QLEN, 1, "query_seq_lengths"}, {kKvLengths, KVLEN, 1, "key_value_seq_lengths"},
       {kQSegments, QSEG, 2, "query segment_ids"}, {kKvSegments, KVSEG, 2, "key_value segment_ids"},
-      {kAlibi, ALIBI, 1, "alibi_slopes"}, {kRelTable, REL, 2, "rel_table"}, {kSinks, SINKS, 1, "sinks"}};
+      {kAlibi, ALIBI, 1, "alibi_slopes"}, {kRelTable, REL, 2, "rel_table"}, {kSinks, SINKS, 1, "sinks"},
+      {kDropoutSeed, DROPOUT_SEED, 1, "dropout seed"}};
   for (const auto &kind : kinds) {
     if (!(o.extras & kind.bit)) continue;
     if (next >= extras.size()) return ArgError(std::string("missing operand ") + kind.name);
@@ -306,14 +315,17 @@ ffi::Error ReadExtras(const ffi::RemainingArgs &extras, const Options &o, Call &
     if (buf.has_error()) return buf.error();
     ffi::DataType dt = buf->element_type();
     bool is_float = kind.slot == BIAS || kind.slot == ALIBI || kind.slot == REL || kind.slot == SINKS;
-    bool ok = is_float            ? dt == ffi::DataType::F32
-              : kind.slot == MASK ? (dt == ffi::DataType::PRED || dt == ffi::DataType::U8 ||
-                                     dt == ffi::DataType::S8)
-                                  : dt == ffi::DataType::S32;
+    bool ok = is_float                    ? dt == ffi::DataType::F32
+              : kind.slot == MASK         ? (dt == ffi::DataType::PRED || dt == ffi::DataType::U8 ||
+                                             dt == ffi::DataType::S8)
+              : kind.slot == DROPOUT_SEED ? dt == ffi::DataType::U32
+                                          : dt == ffi::DataType::S32;
     if (!ok) return ArgError(std::string("wrong element type for ") + kind.name);
     c.op[kind.slot] = Describe(*buf, kind.rank);
     if (c.op[kind.slot].lead != c.lead) return ArgError(std::string("wrong rank for ") + kind.name);
   }
+  if (c.op[DROPOUT_SEED].present() && c.op[DROPOUT_SEED].core(0) != 2)
+    return ArgError("the dropout seed must hold two uint32");
   if (next != extras.size()) return ArgError("unexpected extra operands");
   return ffi::Error::Success();
 }
@@ -340,6 +352,10 @@ void AttachExtras(const Call &c, char *const ptr[], fmha_problem *p) {
     p->biases.rel_num_buckets = static_cast<int32_t>(c.op[REL].core(1));
   }
   if (c.op[SINKS].present()) p->sinks = reinterpret_cast<const float *>(ptr[SINKS]);
+  if (c.op[DROPOUT_SEED].present()) {
+    const uint32_t *seed = reinterpret_cast<const uint32_t *>(ptr[DROPOUT_SEED]);
+    p->dropout_seed = static_cast<uint64_t>(seed[0]) << 32 | seed[1];
+  }
 }
 
 // When folded, a broadcast bias/mask with batch 1 and B == 1 steps by its
@@ -356,8 +372,9 @@ void FixFoldedBatchStrides(const Call &c, int64_t batch, int64_t B, fmha_problem
 // True when the problem names a buffer besides the tensors (mask, bias,
 // lengths): per slice, those addresses differ, so each slice would miss
 // the plan cache and push useful plans out; such runs take the one-shot calls.
+// So do runs with dropout, whose seed (a value in the problem) is new each step.
 bool HasExtras(const Call &c) {
-  for (int s = BIAS; s <= SINKS; s++)
+  for (int s = BIAS; s <= DROPOUT_SEED; s++)
     if (c.op[s].present()) return true;
   return false;
 }
@@ -375,9 +392,9 @@ ffi::Error Forward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Re
                    ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse, float scale,
                    int64_t causal, int64_t window_left, int64_t window_right, int64_t strategy,
                    int64_t extra_bits, float softcap, int64_t precision, int64_t rel_max_distance,
-                   int64_t rel_bidirectional) {
-  Options opt{scale,     causal,  window_left,      window_right,     strategy,
-              extra_bits, softcap, precision, rel_max_distance, rel_bidirectional};
+                   int64_t rel_bidirectional, float dropout_p) {
+  Options opt{scale,   causal,    window_left,      window_right,      strategy, extra_bits,
+              softcap, precision, rel_max_distance, rel_bidirectional, dropout_p};
   fmha_dtype dtype;
   if (!DtypeCode(q.element_type(), &dtype) || k.element_type() != q.element_type() ||
       v.element_type() != q.element_type() || o->element_type() != q.element_type())
@@ -395,14 +412,14 @@ ffi::Error Forward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Re
   c.lead_dims.assign(c.op[O].dims.begin(), c.op[O].dims.begin() + c.lead);
   if (ffi::Error err = ReadExtras(extras, opt, c); !err.success()) return err;
   const int64_t B = c.op[Q].core(0);
-  const bool extras_present = HasExtras(c);
+  const bool one_shot = HasExtras(c), uncached = c.op[DROPOUT_SEED].present();
   return ForEachSlice(c, B, [&](int64_t batch, char *const ptr[], bool per_slice) -> ffi::Error {
     fmha_problem p;
     MakeProblem(c, opt, dtype, batch, &p);
     AttachExtras(c, ptr, &p);
     FixFoldedBatchStrides(c, batch, B, &p);
     float *lse_ptr = reinterpret_cast<float *>(ptr[LSE]);
-    if (per_slice && extras_present) {
+    if ((per_slice && one_shot) || uncached) {
       fmha_status st = fmha_forward(&p, ptr[Q], ptr[K], ptr[V], ptr[O], lse_ptr, nullptr, 0);
       return st == FMHA_OK ? ffi::Error::Success() : StatusError("fmha_forward", st);
     }
@@ -420,9 +437,9 @@ ffi::Error Backward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::A
                     ffi::Result<ffi::AnyBuffer> dv, ffi::RemainingRets more, float scale,
                     int64_t causal, int64_t window_left, int64_t window_right, int64_t strategy,
                     int64_t extra_bits, float softcap, int64_t precision, int64_t rel_max_distance,
-                    int64_t rel_bidirectional, int64_t grad_bits) {
-  Options opt{scale,     causal,  window_left,      window_right,     strategy,
-              extra_bits, softcap, precision, rel_max_distance, rel_bidirectional};
+                    int64_t rel_bidirectional, float dropout_p, int64_t grad_bits) {
+  Options opt{scale,   causal,    window_left,      window_right,      strategy, extra_bits,
+              softcap, precision, rel_max_distance, rel_bidirectional, dropout_p};
   fmha_dtype dtype;
   ffi::DataType t = q.element_type();
   if (!DtypeCode(t, &dtype) || k.element_type() != t || v.element_type() != t ||
@@ -464,7 +481,7 @@ ffi::Error Backward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::A
   }
   if (next != more.size()) return ArgError("unexpected extra results");
   const int64_t B = c.op[Q].core(0);
-  const bool extras_present = HasExtras(c);
+  const bool one_shot = HasExtras(c), uncached = c.op[DROPOUT_SEED].present();
   return ForEachSlice(c, B, [&](int64_t batch, char *const ptr[], bool per_slice) -> ffi::Error {
     fmha_problem p;
     MakeProblem(c, opt, dtype, batch, &p);
@@ -484,7 +501,7 @@ ffi::Error Backward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::A
     const bool any_grad = grads.d_dense || grads.d_alibi || grads.d_rel_table;
     const fmha_param_grads *g = any_grad ? &grads : nullptr;
     fmha_status st;
-    if (per_slice && extras_present) {
+    if ((per_slice && one_shot) || uncached) {
       st = fmha_backward(&p, ptr[Q], ptr[K], ptr[V], ptr[O], ptr[DO], lse_ptr, ptr[DQ], ptr[DK],
                          ptr[DV], g, nullptr, 0);
     } else {
@@ -531,7 +548,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fmha_ffi_forward, Forward,
                                   .Attr<float>("softcap")
                                   .Attr<int64_t>("precision")
                                   .Attr<int64_t>("rel_max_distance")
-                                  .Attr<int64_t>("rel_bidirectional"));
+                                  .Attr<int64_t>("rel_bidirectional")
+                                  .Attr<float>("dropout_p"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fmha_ffi_backward, Backward,
                               ffi::Ffi::Bind()
@@ -556,4 +574,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fmha_ffi_backward, Backward,
                                   .Attr<int64_t>("precision")
                                   .Attr<int64_t>("rel_max_distance")
                                   .Attr<int64_t>("rel_bidirectional")
+                                  .Attr<float>("dropout_p")
                                   .Attr<int64_t>("grads"));
