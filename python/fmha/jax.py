@@ -424,7 +424,9 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
                         a PRNG key, gives the seed: with
                         b = jax.random.bits(dropout_rng, (2,), uint32),
                         seed = b[0] << 32 | b[1], offset 0. The backward
-                        draws the same weights; nothing is stored.
+                        draws the same weights; nothing is stored. Under
+                        vmap, a key shared by the slices gives each the
+                        same draw; map over keys for independent ones.
     Integer inputs (lengths, segment ids) get no gradient. Requests the C
     library refuses raise FmhaError while tracing; errors found while
     running (a length out of range, a non-finite sink) raise JAX's runtime
