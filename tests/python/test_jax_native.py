@@ -309,3 +309,18 @@ def test_dropout_errors():
             fj.dot_product_attention(q, q, q, dropout_p=bad, dropout_rng=jax.random.PRNGKey(0))
     with pytest.raises(ValueError, match="none of fmha's own keywords"):
         fj.dot_product_attention(q, q, q, dropout_p=0.1, implementation="xla")
+
+
+def test_dropout_under_vmap():
+    """Mapped keys draw independently; a shared key draws the same weights per slice."""
+    rng = np.random.default_rng(14)
+    q = uniform(rng, (B, T, N, H))
+    k, v = uniform(rng, (B, S, K, H)), uniform(rng, (B, S, K, H))
+    keys = jax.random.split(jax.random.PRNGKey(3), 2)
+    attend = lambda q, key: fj.dot_product_attention(q, k, v, dropout_p=0.5, dropout_rng=key)  # noqa: E731
+    mapped = jax.jit(jax.vmap(attend, in_axes=(None, 0)))(q, keys)
+    for i in range(2):
+        assert np.array_equal(mapped[i], attend(q, keys[i]))
+    assert not np.array_equal(mapped[0], mapped[1])
+    shared = jax.jit(jax.vmap(attend, in_axes=(0, None)))(np.stack([q, q]), keys[0])
+    assert np.array_equal(shared[0], shared[1]) and np.array_equal(shared[0], mapped[0])
