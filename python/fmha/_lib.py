@@ -30,10 +30,11 @@ STATUS_NAMES = (
     "FMHA_ERR_BAD_MASK",
     "FMHA_ERR_CALLBACK",
     "FMHA_ERR_STRUCT_SIZE",
+    "FMHA_ERR_BAD_PAGE",
 )
 (OK, ERR_NULL_POINTER, ERR_BAD_SIZE, ERR_BAD_HEADS, ERR_BAD_HEAD_DIM, ERR_BAD_SCALE, ERR_BAD_STRIDE,
  ERR_OVERLAP, ERR_BAD_OPTION, ERR_UNSUPPORTED, ERR_WORKSPACE_TOO_SMALL, ERR_OUT_OF_MEMORY,
- ERR_BAD_THREAD_COUNT, ERR_BAD_MASK, ERR_CALLBACK, ERR_STRUCT_SIZE) = range(len(STATUS_NAMES))
+ ERR_BAD_THREAD_COUNT, ERR_BAD_MASK, ERR_CALLBACK, ERR_STRUCT_SIZE, ERR_BAD_PAGE) = range(len(STATUS_NAMES))
 
 DTYPE_F32, DTYPE_BF16, DTYPE_F16 = 0, 1, 2
 STRATEGIES = {"auto": 0, "tiled": 1, "dense": 2, "portable": 3}
@@ -163,6 +164,13 @@ class fmha_problem(ctypes.Structure):
         ("masks", fmha_masks),
         ("biases", fmha_biases),
         ("sinks", ctypes.POINTER(ctypes.c_float)),
+        ("block_table", ctypes.POINTER(ctypes.c_int32)),
+        ("block_table_stride", ctypes.c_int64),
+        ("page_size", ctypes.c_int64),
+        ("num_pages", ctypes.c_int64),
+        ("dropout_p", ctypes.c_float),
+        ("dropout_seed", ctypes.c_uint64),
+        ("dropout_offset", ctypes.c_uint64),
     ]
 
 
@@ -243,6 +251,7 @@ def _declare(lib):
         "fmha_plan_workspace_held": (c_size_t, [c_void_p]),
         "fmha_plan_destroy": (None, [c_void_p]),
         "fmha_sinks_backward": (c_int, [prob, c_void_p, c_void_p, P(ctypes.c_float), P(ctypes.c_float)]),
+        "fmha_dropout_keep": (c_int, [prob] + [ctypes.c_int64] * 4),
         "fmha_set_num_threads": (c_int, [c_int]),
         "fmha_get_num_threads": (c_int, []),
         "fmha_isa_name": (ctypes.c_char_p, []),

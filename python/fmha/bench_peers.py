@@ -9,8 +9,12 @@ Impls:
   torch_sdpa  torch.nn.functional.scaled_dot_product_attention on CPU
   fmha_jax    fmha.jax.dot_product_attention (XLA FFI custom calls)
   fmha_torch  fmha.torch.scaled_dot_product_attention (torch.library op)
-The last two run the C kernels, so their distance to fmha-bench's own rows
-is the binding overhead.
+  fmha_jax_native, fmha_torch_native
+              the same bindings given fmha's own keywords instead of dense
+              tensors: masked_bias as key_value_seq_lengths and a learnable
+              rel_table, causal with Sq != S as causal_alignment='bottom_right'
+The fmha rows run the C kernels, so their distance to fmha-bench's own rows
+is the binding overhead (the dense rows also pay for the [Sq, S] tensors).
 
 Inputs are fmha-bench's: the same splitmix64 stream (seed 0x5eed5eed)
 gives q, dO [B, Sq, H, D] and k, v [B, S, Hkv, D] uniform in [-1, 1) (torch
@@ -50,7 +54,7 @@ import time
 
 import numpy as np
 
-IMPLS = ("jax_xla", "torch_sdpa", "fmha_jax", "fmha_torch")
+IMPLS = ("jax_xla", "torch_sdpa", "fmha_jax", "fmha_torch", "fmha_jax_native", "fmha_torch_native")
 DTYPES = ("float32", "bfloat16", "float16")
 VARIANTS = ("plain", "causal", "masked_bias")
 MODES = ("fwd", "fwdbwd")
@@ -345,8 +349,19 @@ def _import_torch():
     return torch
 
 
+def native_keywords(inp, kv_lengths, table):
+    """fmha's own keywords for a case (the *_native impls): no dense tensor."""
+    kw = {"is_causal": inp.variant == "causal"}
+    if inp.variant == "causal" and inp.Sq != inp.S:
+        kw["causal_alignment"] = "bottom_right"
+    if inp.variant == "masked_bias":
+        kw.update(key_value_seq_lengths=kv_lengths, rel_table=table, rel_max_distance=REL_MAX_DISTANCE,
+                  rel_bidirectional=True)
+    return kw
+
+
 class JaxRunner(Runner):
-    def __init__(self, inp, fwdbwd, use_fmha):
+    def __init__(self, inp, fwdbwd, use_fmha, native=False):
         jax, jnp = _import_jax()
         if use_fmha:
             try:
@@ -368,7 +383,11 @@ class JaxRunner(Runner):
         if inp.table is not None:
             self.args.append(jnp.asarray(inp.table))
 
+        kv_lengths = jnp.full((inp.B,), inp.S - inp.S // 8, jnp.int32)
+
         def forward(q, k, v, table=None):
+            if native:
+                return attend(q, k, v, **native_keywords(inp, kv_lengths, table))
             bias = table[:, buckets][None] if table is not None else None
             return attend(q, k, v, bias, mask, is_causal=causal)
 
@@ -407,7 +426,7 @@ class JaxRunner(Runner):
 
 
 class TorchRunner(Runner):
-    def __init__(self, inp, fwdbwd, use_fmha):
+    def __init__(self, inp, fwdbwd, use_fmha, native=False):
         torch = _import_torch()
         if use_fmha:
             try:
@@ -435,7 +454,11 @@ class TorchRunner(Runner):
             if self.table is not None:
                 self.table.requires_grad_(True)
 
+        kv_lengths = torch.full((inp.B,), inp.S - inp.S // 8, dtype=torch.int32)
+
         def forward():
+            if native:
+                return attend(*self.args, **native_keywords(inp, kv_lengths, self.table), **gqa)
             attn_mask = visible
             if self.table is not None:
                 attn_mask = self.table[:, buckets][None].masked_fill(~visible, float("-inf")).to(dtype)
@@ -504,6 +527,8 @@ RUNNERS = {
     "fmha_jax": lambda inp, fb: JaxRunner(inp, fb, use_fmha=True),
     "torch_sdpa": lambda inp, fb: TorchRunner(inp, fb, use_fmha=False),
     "fmha_torch": lambda inp, fb: TorchRunner(inp, fb, use_fmha=True),
+    "fmha_jax_native": lambda inp, fb: JaxRunner(inp, fb, use_fmha=True, native=True),
+    "fmha_torch_native": lambda inp, fb: TorchRunner(inp, fb, use_fmha=True, native=True),
 }
 
 

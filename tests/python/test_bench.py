@@ -253,6 +253,25 @@ def test_variants_dtypes_and_unsupported_rows(tmp_path):
     assert causal["gflops"] * causal["median_ms"] == pytest.approx(plain["gflops"] * plain["median_ms"] / 2)
 
 
+def test_paged_cache_rows(tmp_path):
+    """--page-size: K and V in a shuffled paged cache; the forward matches the
+    float64 reference (the same values as the contiguous rows) and the
+    backward, which paged caches do not have, is an unsupported row."""
+    doc, _ = bench(tmp_path, "--seqs", "100", "--seq-q", "2", "--heads-kv", "1", "--page-size", "3",
+                   "--modes", "fwd,fwdbwd", "--impls", "fmha_auto,fmha_plan", "--variants", "plain,causal",
+                   "--dtypes", "float32,float16")
+    rows = doc["results"]
+    assert len(rows) == 2 * 2 * 2 * 2 and doc["config"]["page_size"] == 3
+    for r in rows:
+        assert r["page_size"] == 3 and r["seq_q"] == 2 and r["heads_kv"] == 1
+        if r["mode"] == "fwdbwd":
+            assert r["status"] == "unsupported" and "median_ms" not in r
+            continue
+        assert r["status"] == "ok", r
+        assert r["rel_err"] < (1e-5 if r["dtype"] == "float32" else 2e-3), r
+        assert r["kv_gbs"] > 0
+
+
 def test_no_ref_and_threads(tmp_path):
     doc, _ = bench(tmp_path, "--seqs", "64", "--modes", "fwd", "--impls", "fmha_tiled", "--no-ref",
                    "--threads", "1")

@@ -27,6 +27,7 @@ typedef struct bench_options {
     bench_name_list dtypes, variants, modes, impls, peak_impls, fit_impls;
     int64_t batch, heads, portable_max_seq;
     int64_t seq_q, heads_kv;   /* --seq-q, --heads-kv; 0: the seq, the heads */
+    int64_t page_size;         /* --page-size: K and V in a paged cache; 0: contiguous */
     int threads;               /* 0: the library's default */
     const char *precision;     /* --precision: "accurate" or "fast" (bf16 rows) */
     int no_ref, peaks, max_fit, append;
@@ -44,6 +45,7 @@ typedef struct bench_case {
     int64_t batch, seq, heads, head_dim;
     const char *precision;     /* bf16 rows: "accurate" (NULL) or "fast" */
     int64_t seq_q, heads_kv;   /* queries and kv heads; 0: seq and heads */
+    int64_t page_size;         /* keys per page of a paged cache; 0: contiguous */
 } bench_case;
 
 /* A case's query length and kv heads (seq and heads unless set). */
@@ -61,6 +63,13 @@ typedef struct bench_inputs {
     float *q, *k, *v, *d_o;
     /* The inputs in the dtype (the same arrays as above for float32). */
     void *q_in, *k_in, *v_in, *d_o_in;
+    /* Paged cache (--page-size): pools [pages, page_size, Hkv, D] in the
+     * dtype holding k_in and v_in's rows, pages in shuffled order, and the
+     * block table [B, table_stride]; k_run, v_run: what the calls read. */
+    void *k_pool, *v_pool;
+    int32_t *table;
+    int64_t table_stride, num_pages;
+    const void *k_run, *v_run;
     /* masked_bias: key lengths [B] and the relative-position table [H, buckets]. */
     int32_t *kv_lengths;
     float *rel_table;

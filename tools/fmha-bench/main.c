@@ -50,6 +50,8 @@ static void usage(FILE *f)
             "  --heads N               heads (default 8)\n"
             "  --seq-q N               query length (default: the seq; e.g. 1 for decoding)\n"
             "  --heads-kv N            key/value heads (default: the heads; fewer for GQA)\n"
+            "  --page-size N           K and V in a paged cache of N keys a page, pages in\n"
+            "                          shuffled order (forward only; default: contiguous)\n"
             "  --impls LIST            fmha_auto,fmha_dense,fmha_tiled,fmha_portable (default),\n"
             "                          fmha_plan (auto through one reused plan: per-call cost)\n"
             "  --portable-max-seq N    fmha_portable only up to this seq (default 1024)\n"
@@ -294,7 +296,7 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
         }
         static const char *const valued[] = {
             "--seqs", "--dims", "--dtypes", "--variants", "--modes", "--batch", "--heads", "--impls",
-            "--seq-q", "--heads-kv",
+            "--seq-q", "--heads-kv", "--page-size",
             "--portable-max-seq", "--threads", "--peak-seqs", "--peak-impls", "--peak-timeout", "--fit-seqs",
             "--fit-impls", "--mem-budget-mb", "--out", "--note", "--min-samples", "--min-sample-ms",
             "--child-row", "--precision"};
@@ -340,6 +342,8 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
             rc = parse_int_option(flag, value, 1, 1 << 30, &o->seq_q);
         else if (strcmp(flag, "--heads-kv") == 0)
             rc = parse_int_option(flag, value, 1, 1 << 20, &o->heads_kv);
+        else if (strcmp(flag, "--page-size") == 0)
+            rc = parse_int_option(flag, value, 1, 1 << 30, &o->page_size);
         else if (strcmp(flag, "--portable-max-seq") == 0)
             rc = parse_int_option(flag, value, 0, 1 << 30, &o->portable_max_seq);
         else if (strcmp(flag, "--precision") == 0) {
@@ -382,6 +386,7 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
         child->heads = o->heads;
         child->seq_q = o->seq_q;
         child->heads_kv = o->heads_kv;
+        child->page_size = o->page_size;
         return parse_child_spec(child_spec, child);
     }
     return 0;
@@ -426,6 +431,8 @@ static json_value *config_json(const bench_options *o)
         json_set_number(c, "seq_q", (double)o->seq_q);
     if (o->heads_kv)
         json_set_number(c, "heads_kv", (double)o->heads_kv);
+    if (o->page_size)
+        json_set_number(c, "page_size", (double)o->page_size);
     json_object_set(c, "impls", name_list_json(&o->impls));
     json_set_number(c, "portable_max_seq", (double)o->portable_max_seq);
     json_set_bool(c, "no_ref", o->no_ref);
@@ -678,7 +685,7 @@ static void run_time_rows(const bench_options *o, json_value *results, progress 
                 for (int s = 0; s < o->seqs.count; s++) {
                     bench_case c = {NULL, NULL, o->variants.names[v], o->dtypes.names[t], o->batch,
                                     o->seqs.values[s], o->heads, o->dims.values[d], o->precision,
-                                    o->seq_q, o->heads_kv};
+                                    o->seq_q, o->heads_kv, o->page_size};
                     c.impl = o->impls.names[0];
                     c.mode = o->modes.names[0];
                     /* One set of inputs (and reference) per (variant, seq, dim), every mode and impl. */
@@ -714,7 +721,8 @@ static void run_peak_rows(const bench_options *o, json_value *results, progress 
                         for (int i = 0; i < o->peak_impls.count; i++) {
                             bench_case c = {o->peak_impls.names[i], o->modes.names[m], o->variants.names[v],
                                             o->dtypes.names[t], o->batch, o->peak_seqs.values[s], o->heads,
-                                            o->dims.values[d], o->precision, o->seq_q, o->heads_kv};
+                                            o->dims.values[d], o->precision, o->seq_q, o->heads_kv,
+                                            o->page_size};
                             if (portable_skipped(o, c.impl, c.seq))
                                 continue;
                             report_progress(pr, &c, " (peak)");
@@ -734,7 +742,7 @@ static void run_fit_rows(const bench_options *o, json_value *results, progress *
                 for (int i = 0; i < o->fit_impls.count; i++) {
                     bench_case c = {o->fit_impls.names[i], o->modes.names[m], "plain", o->dtypes.names[t],
                                     o->batch, 0, o->heads, o->dims.values[d], o->precision, o->seq_q,
-                                    o->heads_kv};
+                                    o->heads_kv, o->page_size};
                     pr->done++;
                     fprintf(stderr, "[row %d/%d] %s %s max-fit\n", pr->done, pr->total, c.impl, c.mode);
                     json_value *row = bench_fit_row(o, &c, budget);

@@ -97,6 +97,13 @@ void bench_case_problem(const bench_case *c, const bench_inputs *in, fmha_proble
     int strategy = bench_impl_strategy(c->impl, &wrong);
     p->strategy = strategy < 0 ? FMHA_STRATEGY_AUTO : (fmha_strategy)strategy;
     set_variant(c, in, p);
+    if (in && in->table) { /* the pools' [page, row, head, dim] strides */
+        p->block_table = in->table;
+        p->block_table_stride = in->table_stride;
+        p->page_size = c->page_size;
+        p->num_pages = in->num_pages;
+        p->k_strides[0] = p->v_strides[0] = c->page_size * bench_heads_kv(c) * c->head_dim;
+    }
     if (wrong)
         p->scale = WRONG_SCALE_FACTOR / sqrtf((float)c->head_dim);
 }
@@ -224,6 +231,40 @@ static void fill_uniform(float *x, size_t n, uint64_t *state)
         x[i] = (float)((double)(splitmix64(state) >> 40) * (2.0 / 16777216.0) - 1.0);
 }
 
+/* The paged copy of k_in and v_in: each sequence's ceil(S / page) pages
+ * placed at a shuffled position of the pools (splitmix64 Fisher-Yates). */
+static int make_pools(bench_inputs *in, const bench_case *c)
+{
+    const int64_t ps = c->page_size, per_seq = (c->seq + ps - 1) / ps;
+    const size_t row = (size_t)(bench_heads_kv(c) * c->head_dim) * in->elem_size;
+    in->table_stride = per_seq;
+    in->num_pages = c->batch * per_seq;
+    in->table = malloc((size_t)in->num_pages * sizeof(int32_t));
+    in->k_pool = malloc((size_t)(in->num_pages * ps) * row);
+    in->v_pool = malloc((size_t)(in->num_pages * ps) * row);
+    if (!in->table || !in->k_pool || !in->v_pool)
+        return -1;
+    uint64_t state = INPUT_SEED ^ 0x70a6e5ULL;
+    for (int64_t i = 0; i < in->num_pages; i++)
+        in->table[i] = (int32_t)i;
+    for (int64_t i = in->num_pages - 1; i > 0; i--) {
+        int64_t j = (int64_t)(splitmix64(&state) % (uint64_t)(i + 1));
+        int32_t t = in->table[i];
+        in->table[i] = in->table[j];
+        in->table[j] = t;
+    }
+    for (int64_t b = 0; b < c->batch; b++)
+        for (int64_t j = 0; j < c->seq; j++) {
+            size_t to = (size_t)(in->table[b * per_seq + j / ps] * ps + j % ps) * row;
+            size_t from = (size_t)(b * c->seq + j) * row;
+            memcpy((char *)in->k_pool + to, (const char *)in->k_in + from, row);
+            memcpy((char *)in->v_pool + to, (const char *)in->v_in + from, row);
+        }
+    in->k_run = in->k_pool;
+    in->v_run = in->v_pool;
+    return 0;
+}
+
 int bench_inputs_init(bench_inputs *in, const bench_case *c, int with_d_o)
 {
     memset(in, 0, sizeof *in);
@@ -277,6 +318,12 @@ int bench_inputs_init(bench_inputs *in, const bench_case *c, int with_d_o)
             in->kv_lengths[b] = (int32_t)(c->seq - c->seq / 8);
         fill_uniform(in->rel_table, (size_t)(c->heads * T5_BUCKETS), &state);
     }
+    in->k_run = in->k_in;
+    in->v_run = in->v_in;
+    if (c->page_size && make_pools(in, c) != 0) {
+        bench_inputs_free(in);
+        return -1;
+    }
     /* The reference sees the same (rounded) values, masks and bias in float32. */
     fmha_problem_init(&in->ref_problem, c->batch, c->heads, bench_heads_kv(c), bench_seq_q(c), c->seq,
                       c->head_dim, c->head_dim, FMHA_LAYOUT_BSHD);
@@ -298,6 +345,9 @@ void bench_inputs_free(bench_inputs *in)
     free(in->d_o);
     free(in->kv_lengths);
     free(in->rel_table);
+    free(in->k_pool);
+    free(in->v_pool);
+    free(in->table);
     free(in->o_ref);
     free(in->dq_ref);
     free(in->dk_ref);
@@ -404,6 +454,8 @@ json_value *bench_row_header(const bench_case *c)
         json_set_number(row, "seq_q", (double)c->seq_q);
     if (c->heads_kv)
         json_set_number(row, "heads_kv", (double)c->heads_kv);
+    if (c->page_size)
+        json_set_number(row, "page_size", (double)c->page_size);
     return row;
 }
 
@@ -434,13 +486,13 @@ static fmha_status run_once(const run_buffers *r)
 {
     const bench_inputs *in = r->in;
     if (r->plan && !r->fwdbwd)
-        return fmha_plan_forward(r->plan, in->q_in, in->k_in, in->v_in, r->o, NULL);
+        return fmha_plan_forward(r->plan, in->q_in, in->k_run, in->v_run, r->o, NULL);
     if (r->plan)
-        return fmha_plan_forward_backward(r->plan, in->q_in, in->k_in, in->v_in, in->d_o_in, r->o, r->lse,
+        return fmha_plan_forward_backward(r->plan, in->q_in, in->k_run, in->v_run, in->d_o_in, r->o, r->lse,
                                           r->dq, r->dk, r->dv, r->grads.d_rel_table ? &r->grads : NULL);
     if (!r->fwdbwd)
-        return fmha_forward(&r->p, in->q_in, in->k_in, in->v_in, r->o, NULL, r->workspace, r->workspace_bytes);
-    return fmha_forward_backward(&r->p, in->q_in, in->k_in, in->v_in, in->d_o_in, r->o, r->lse, r->dq, r->dk,
+        return fmha_forward(&r->p, in->q_in, in->k_run, in->v_run, r->o, NULL, r->workspace, r->workspace_bytes);
+    return fmha_forward_backward(&r->p, in->q_in, in->k_run, in->v_run, in->d_o_in, r->o, r->lse, r->dq, r->dk,
                                  r->dv, r->grads.d_rel_table ? &r->grads : NULL);
 }
 
