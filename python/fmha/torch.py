@@ -12,6 +12,9 @@ one opaque call.
 
 Rows that see no key at all (a boolean attn_mask that is all False on a
 row) give zeros here, where PyTorch gives NaN.
+
+flex_attention (PyTorch's BlockMask; ALiBi and softcap as fmha_bias) lives
+in _torch_flex.py, on the plans and helpers here.
 """
 
 import ctypes

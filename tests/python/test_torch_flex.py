@@ -26,7 +26,7 @@ if torch is None:
                                          "(FMHA_REQUIRE_TORCH=1 makes this a failure)")
 else:
     import fmha.torch as FT
-    from fmha._torch_flex import dense_mask
+    from fmha._torch_flex import block_mask_operands, dense_mask
 
 from conftest import reference, rel_error, require  # noqa: E402
 
@@ -191,7 +191,7 @@ def test_errors():
     with pytest.raises(ValueError, match="sequence lengths"):
         FT.flex_attention(q, k, v, block_mask=bm)
     bm = create_block_mask(lambda b, h, qi, kv: qi >= kv, 3, None, 32, 32, device="cpu")
-    with pytest.raises(ValueError, match="block_mask"):
+    with pytest.raises(ValueError, match="block_mask is for batch 3"):
         FT.flex_attention(q, k, v, block_mask=bm)
     with pytest.raises(ValueError, match="alibi_slopes"):
         FT.flex_attention(q, k, v, fmha_bias=dict(alibi_slopes=torch.ones(3)))
@@ -208,10 +208,38 @@ def test_errors():
         lse.sum().backward()
 
 
-def test_compiled_graph_keeps_the_op():
-    q, k, v, d_o = inputs(1, 2, 2, 40, 40, 8, 4)
-    bm = create_block_mask(lambda b, h, qi, kv: qi >= kv, None, None, 40, 40, device="cpu", BLOCK_SIZE=16)
-    eager = fmha_run(q, k, v, d_o, block_mask=bm)
+def test_opcheck():
+    q, k, v, _ = inputs(1, 2, 2, 40, 40, 8, 4)
+    bm = create_block_mask(lambda b, h, qi, kv: (qi >= kv) & (qi - kv < 9), None, None, 40, 40, device="cpu",
+                           BLOCK_SIZE=16)
     mask = dense_mask(bm, 40, 40)
-    torch.library.opcheck(torch.ops.fmha.block_masked_attention.default, (q, k, v, mask, None, 0.0, 0.5))
-    assert eager[0].shape == q.shape
+    assert mask is not None
+    torch.library.opcheck(torch.ops.fmha.block_masked_attention.default, (q, k, v, mask, None, False, 0.0, 0.5))
+    torch.library.opcheck(torch.ops.fmha.block_masked_attention.default, (q, k, v, None, None, True, 0.0, 0.5))
+
+
+@pytest.mark.parametrize("L, S, block", [(256, 256, 128), (200, 200, 128), (96, 130, 48), (100, 100, (32, 48))])
+def test_causal_block_mask_runs_as_native_causal(L, S, block):
+    def causal(b, h, qi, kv):
+        return qi >= kv
+
+    def strictly_causal(b, h, qi, kv):   # same blocks, differs inside the diagonal ones
+        return qi > kv
+
+    def sliding(b, h, qi, kv):
+        return (qi >= kv) & (qi - kv <= 37)
+
+    def per_head(b, h, qi, kv):          # causal on head 0 only
+        return (qi >= kv) | (h == 1)
+
+    bm = create_block_mask(causal, None, None, L, S, device="cpu", BLOCK_SIZE=block)
+    assert block_mask_operands(bm, L, S) == (None, True)
+    for mod, B, H in ((strictly_causal, None, None), (sliding, None, None), (per_head, 2, 2)):
+        bm = create_block_mask(mod, B, H, L, S, device="cpu", BLOCK_SIZE=block)
+        mask, is_causal = block_mask_operands(bm, L, S)
+        assert not is_causal and mask is not None
+        want = numpy_mask(lambda b, h, qi, kv: mod(torch.from_numpy(np.asarray(b)), torch.from_numpy(np.asarray(h)),
+                                                   torch.from_numpy(np.asarray(qi)),
+                                                   torch.from_numpy(np.asarray(kv))).numpy(),
+                          B or 1, H or 1, L, S)
+        assert np.array_equal(mask.numpy(), want)
