@@ -12,7 +12,8 @@ exactly causal (q_idx >= kv_idx, checked on its blocks and the partial
 blocks' values) runs as fmha's causal mask, with no dense mask.
 
 score_mod: only None; the common score modifications come as fmha_bias
-(ALiBi slopes, logit softcap), run natively.
+(ALiBi slopes, logit softcap), run natively. Imported through fmha.torch,
+whose ops and plan cache it uses.
 """
 
 import math
@@ -187,7 +188,8 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
 
     query [B, H, L, E], key [B, Hkv, S, E], value [B, Hkv, S, Ev], float32,
     bfloat16 or float16. block_mask: a BlockMask from create_block_mask (B or
-    H may be None there: the mask broadcasts), made for (L, S); it is turned
+    H may be None there: the mask broadcasts, and mask_mod is evaluated at
+    b = 0 or h = 0 only, so it must not depend on them), made for (L, S); it is turned
     into a dense bool mask [Bm, Hm, L, S] (L * S bytes per batch/head it
     spans) with mask_mod evaluated on its partial blocks only; one that is
     exactly causal runs as fmha's causal mask instead. score_mod
