@@ -13,7 +13,9 @@ output shapes, so compiled graphs keep the op as one opaque call.
 After SDPA's own arguments, keyword-only, come the options of NumPy
 fmha.attention with the same names and meanings (segment_ids, alibi_slopes,
 rel_table, softcap, causal_alignment, local_window_size, sequence lengths,
-precision, sinks), validated by api.py's helpers.
+precision, sinks), validated by api.py's helpers. Under
+torch.autocast("cpu") the ops run q, k, v in the autocast dtype, as
+PyTorch's SDPA does (mixed float32 / bf16 inputs are accepted there).
 
 Rows that see no key at all (a boolean attn_mask that is all False on a
 row) give zeros here, where PyTorch gives NaN.
@@ -249,6 +251,30 @@ def _backward(ctx, d_o, d_lse):
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+# Autocast on CPU: like PyTorch's SDPA (a lower-precision op), the fmha ops
+# run q, k, v (and in the backward o and d_o) in the autocast dtype; masks,
+# biases, parameters and lse stay as they are (float32).
+_AUTOCAST_KEY = torch._C.DispatchKey.AutocastCPU
+_AUTOCAST_LIB = torch.library.Library("fmha", "IMPL")
+
+
+def _autocast_kernel(op, cast_positions):
+    def kernel(keyset, *args):
+        dtype = torch.get_autocast_dtype("cpu")
+        args = [a.to(dtype) if i in cast_positions and a.is_floating_point() and a.dtype != dtype else a
+                for i, a in enumerate(args)]
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(_AUTOCAST_KEY)):
+            return op(*args)
+    return kernel
+
+
+_AUTOCAST_LIB.impl("attention", _autocast_kernel(torch.ops.fmha.attention.default, (0, 1, 2)), "AutocastCPU",
+                   with_keyset=True)
+_AUTOCAST_LIB.impl("attention_backward",
+                   _autocast_kernel(torch.ops.fmha.attention_backward.default, (0, 1, 2, 3, 5)), "AutocastCPU",
+                   with_keyset=True)
+
+
 def _int32_operand(x, batched, check):
     """An int32 tensor from `check` (an api helper on NumPy) of x, a tensor or array."""
     a = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
@@ -296,7 +322,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if t.device.type != "cpu":
             raise ValueError(f"fmha.torch: {name} is on {t.device}; fmha runs on CPU tensors")
         _dtype_code(t)
-    if not (query.dtype == key.dtype == value.dtype):
+    if not (query.dtype == key.dtype == value.dtype) and not torch.is_autocast_enabled("cpu"):
         raise TypeError(f"fmha.torch: query, key and value must share a dtype, got {query.dtype}, {key.dtype}, "
                         f"{value.dtype}")
     if not (query.dim() == key.dim() == value.dim()) or query.dim() not in (3, 4):

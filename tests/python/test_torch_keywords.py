@@ -3,7 +3,8 @@ keywords (segment_ids, alibi_slopes, rel_table, softcap, causal_alignment,
 local_window_size, sequence lengths, precision, sinks) against the float64
 NumPy reference of conftest: outputs, the gradients of query, key, value
 and of the differentiable parameters (alibi_slopes, rel_table, sinks),
-opcheck of both custom ops, torch.compile of one case, and the errors.
+opcheck of both custom ops, torch.compile of one case, the errors, and
+autocast on CPU with mixed float32 / 16-bit inputs.
 Skipped when PyTorch is not installed."""
 
 import numpy as np
@@ -217,3 +218,27 @@ def test_keyword_errors():
         sdpa(q, k, v, enable_gqa=True, query_seq_lengths=torch.ones(B))
     with pytest.raises(TypeError):  # the native keywords are keyword-only
         sdpa(q, k, v, None, 0.0, False, None, True, torch.zeros(B, S, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_autocast_mixed_inputs(dtype):
+    require(dtype)
+    dt = getattr(torch, dtype)
+    gen, q, k, v, d_o = inputs(16)
+    leaves = [q.clone().requires_grad_(), k.to(dt).requires_grad_(), v.clone().requires_grad_()]
+    with torch.autocast("cpu", dtype=dt):
+        out = FT.scaled_dot_product_attention(*leaves, enable_gqa=True, is_causal=True)
+        direct, _ = torch.ops.fmha.attention(*leaves, *(None,) * 9, _lib.CAUSAL_TOP_LEFT, 0.35, [-1, -1], 0.0,
+                                             [128, 1], 1)
+    assert out.dtype == dt and direct.dtype == dt
+    (out.float() * d_o).sum().backward()
+    low = [t.detach().to(dt) for t in (q, k, v)]  # the inputs as the kernels see them
+    want = reference(*(bthe(t) for t in low), is_causal=True, d_out=bthe(d_o.to(dt)))
+    assert rel_error(bthe(out), want["o"]) < 2e-2
+    for name, t, leaf_dtype in zip(("dq", "dk", "dv"), leaves, (torch.float32, dt, torch.float32)):
+        assert t.grad.dtype == leaf_dtype, name
+        assert rel_error(bthe(t.grad), want[name]) < 3e-2, name
+    with torch.autocast("cpu", dtype=dt):
+        theirs = torch.nn.functional.scaled_dot_product_attention(
+            q, k.to(dt), v, is_causal=True, enable_gqa=True)
+    assert theirs.dtype == out.dtype
