@@ -23,6 +23,7 @@ row) give zeros here, where PyTorch gives NaN.
 
 import collections
 import ctypes
+import math
 from typing import Optional
 
 import numpy as np
@@ -275,10 +276,33 @@ _AUTOCAST_LIB.impl("attention_backward",
                    with_keyset=True)
 
 
-def _int32_operand(x, batched, check):
-    """An int32 tensor from `check` (an api helper on NumPy) of x, a tensor or array."""
+def _int32_operand(x, lead, batch, check):
+    """An int32 tensor from `check` (an api helper on NumPy) of x, a tensor or
+    array whose leading dims `lead` (the inputs') are flattened into `batch`."""
     a = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-    return torch.from_numpy(check(a if batched else a[None]))
+    if a.shape[:len(lead)] == lead:
+        a = a.reshape((batch,) + a.shape[len(lead):])
+    return torch.from_numpy(check(a))
+
+
+def _flat_mask(attn_mask, lead, batch, rest):
+    """attn_mask, broadcastable to lead + rest ([..., H, L, S]), as a 4-D
+    [B or 1, H or 1, L or 1, S or 1] tensor (a view unless leading dims
+    broadcast partly)."""
+    full = lead + rest
+    if attn_mask.dim() > len(full):
+        raise ValueError(f"fmha.torch: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
+                         f"{list(full)}")
+    m = attn_mask.reshape((1,) * (len(full) - attn_mask.dim()) + tuple(attn_mask.shape))
+    m_lead = tuple(m.shape[:len(lead)])
+    if any(n not in (1, f) for n, f in zip(m_lead, lead)):
+        raise ValueError(f"fmha.torch: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
+                         f"{list(full)}")
+    if all(n == 1 for n in m_lead):
+        return m.reshape((1,) + tuple(m.shape[len(lead):]))
+    if len(lead) > 1:
+        m = m.expand(lead + tuple(m.shape[len(lead):]))
+    return m.reshape((batch,) + tuple(m.shape[len(lead):]))
 
 
 def _float32_param(x, shape, name):
@@ -298,16 +322,18 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  key_value_seq_lengths=None, precision="fast", sinks=None):
     """torch.nn.functional.scaled_dot_product_attention by fmha's C kernels.
 
-    query [B, H, L, E], key [B, Hkv, S, E], value [B, Hkv, S, Ev] (or 3-D
-    without B) on CPU, float32, bfloat16 or float16. attn_mask: boolean
-    (True = take part) or additive float, broadcastable to [B, H, L, S];
+    query [..., H, L, E], key [..., Hkv, S, E], value [..., Hkv, S, Ev] on
+    CPU, float32, bfloat16 or float16: any leading dims (shared by the
+    three, flattened into one batch dim B, a view where strides allow), or
+    [L, E] alone. attn_mask: boolean (True = take part) or additive float,
+    broadcastable to [..., H, L, S];
     its gradient is returned when it requires one. is_causal is top-left
     aligned and may be combined with attn_mask. enable_gqa allows
     H % Hkv == 0 with Hkv < H. dropout_p must be 0.
 
     Keyword-only, with the meanings of fmha.attention (api.py):
     segment_ids ([B, L] when L == S, or a (q_ids [B, L], kv_ids [B, S])
-    pair), alibi_slopes [H], rel_table [H, buckets] (rel_max_distance,
+    pair; B may be the leading dims), alibi_slopes [H], rel_table [H, buckets] (rel_max_distance,
     rel_bidirectional), softcap, causal_alignment ('top_left' or
     'bottom_right'), local_window_size (int or (left, right)),
     query_seq_lengths / key_value_seq_lengths [B], precision ('fast' or
@@ -325,13 +351,22 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if not (query.dtype == key.dtype == value.dtype) and not torch.is_autocast_enabled("cpu"):
         raise TypeError(f"fmha.torch: query, key and value must share a dtype, got {query.dtype}, {key.dtype}, "
                         f"{value.dtype}")
-    if not (query.dim() == key.dim() == value.dim()) or query.dim() not in (3, 4):
-        raise ValueError("fmha.torch: query, key and value must all be [B, H, L, E] (4-D) or [H, L, E] (3-D), got "
-                         f"shapes {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
-    batched = query.dim() == 4
-    q, k, v = (query, key, value) if batched else (query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0))
+    nd = query.dim()
+    if not (nd == key.dim() == value.dim()) or nd < 2:
+        raise ValueError("fmha.torch: query, key and value must be [..., H, L, E] with the same number of "
+                         f"dimensions (at least 2), got shapes {tuple(query.shape)}, {tuple(key.shape)}, "
+                         f"{tuple(value.shape)}")
+    # Leading dims (all but the last three) flatten into one batch dim:
+    # [..., H, L, E] -> [B, H, L, E], a view where the strides allow.
+    lead = tuple(query.shape[:-3])
+    batch = math.prod(lead)
+    if tuple(key.shape[:-3]) != lead or tuple(value.shape[:-3]) != lead:
+        raise ValueError(f"fmha.torch: query, key and value must share their leading dims, got shapes "
+                         f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
+    q, k, v = (t.reshape((batch,) + (1,) * max(0, 3 - nd) + tuple(t.shape[-min(nd, 3):]))
+               for t in (query, key, value))
     B, H, L, E = q.shape
-    if k.shape[0] != B or v.shape[0] != B or k.shape[3] != E or v.shape[1:3] != k.shape[1:3]:
+    if k.shape[3] != E or v.shape[1:3] != k.shape[1:3]:
         raise ValueError(f"fmha.torch: inconsistent shapes query {tuple(query.shape)}, key {tuple(key.shape)}, "
                          f"value {tuple(value.shape)}")
     Hkv, S = k.shape[1], k.shape[2]
@@ -346,9 +381,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if attn_mask is not None:
         if not isinstance(attn_mask, torch.Tensor):
             raise TypeError(f"fmha.torch: attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}")
-        if attn_mask.dim() > 4:
-            raise ValueError(f"fmha.torch: attn_mask must broadcast to [B, H, L, S], got {tuple(attn_mask.shape)}")
-        m = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+        m = _flat_mask(attn_mask, lead, B, (H, L, S) if nd > 2 else (L, S))
+        m = m.reshape((m.shape[0],) + (1,) * (4 - m.dim()) + tuple(m.shape[1:]))
         api.broadcast_strides(tuple(m.shape), (1, 1, 1, 1), (B, H, L, S), "attn_mask")
         if m.dtype == torch.bool:
             mask = m if all(st >= 0 for st in m.stride()) else m.contiguous()
@@ -364,10 +398,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     ql = kl = q_ids = kv_ids = alibi = rel = sink = None
     if query_seq_lengths is not None:
-        ql = _int32_operand(query_seq_lengths, batched,
+        ql = _int32_operand(query_seq_lengths, lead, B,
                             lambda a: api._int32_vector(a.reshape(-1), B, L, "query_seq_lengths"))
     if key_value_seq_lengths is not None:
-        kl = _int32_operand(key_value_seq_lengths, batched,
+        kl = _int32_operand(key_value_seq_lengths, lead, B,
                             lambda a: api._int32_vector(a.reshape(-1), B, S, "key_value_seq_lengths"))
     if segment_ids is not None:
         if isinstance(segment_ids, (tuple, list)) and len(segment_ids) == 2:
@@ -377,8 +411,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                              "kv_segment_ids) otherwise")
         else:
             q_seg = kv_seg = segment_ids
-        q_ids = _int32_operand(q_seg, batched, lambda a: api._int32_matrix(a, (B, L), "q_segment_ids"))
-        kv_ids = _int32_operand(kv_seg, batched, lambda a: api._int32_matrix(a, (B, S), "kv_segment_ids"))
+        q_ids = _int32_operand(q_seg, lead, B, lambda a: api._int32_matrix(a, (B, L), "q_segment_ids"))
+        kv_ids = _int32_operand(kv_seg, lead, B, lambda a: api._int32_matrix(a, (B, S), "kv_segment_ids"))
     if alibi_slopes is not None:
         alibi = _float32_param(alibi_slopes, (H,), "alibi_slopes (one per query head)")
     if rel_table is not None:
@@ -394,4 +428,4 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                       float(scale), window, softcap or 0.0,
                                       [int(rel_max_distance), int(bool(rel_bidirectional))],
                                       api.PRECISIONS[precision])
-    return out if batched else out.squeeze(0)
+    return out.reshape(tuple(query.shape[:-1]) + (v.shape[3],))

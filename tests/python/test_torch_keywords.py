@@ -4,7 +4,8 @@ local_window_size, sequence lengths, precision, sinks) against the float64
 NumPy reference of conftest: outputs, the gradients of query, key, value
 and of the differentiable parameters (alibi_slopes, rel_table, sinks),
 opcheck of both custom ops, torch.compile of one case, the errors, and
-autocast on CPU with mixed float32 / 16-bit inputs.
+autocast on CPU with mixed float32 / 16-bit inputs, and [..., H, L, E]
+inputs with any leading dims against PyTorch's SDPA.
 Skipped when PyTorch is not installed."""
 
 import numpy as np
@@ -242,3 +243,70 @@ def test_autocast_mixed_inputs(dtype):
         theirs = torch.nn.functional.scaled_dot_product_attention(
             q, k.to(dt), v, is_causal=True, enable_gqa=True)
     assert theirs.dtype == out.dtype
+
+
+@pytest.mark.parametrize("lead", [(), (3,), (2, 3), (2, 1, 2)])
+def test_leading_batch_dims(lead):
+    """[..., H, L, E] inputs flatten into one batch dim; a mask broadcasts
+    over the leading dims as in PyTorch's SDPA; gradients keep the shapes."""
+    require("bias")
+    gen = torch.Generator().manual_seed(len(lead) + 20)
+    q, k, v = rnd(gen, *lead, 4, 6, 8), rnd(gen, *lead, 2, 9, 8), rnd(gen, *lead, 2, 9, 8)
+    d_o = rnd(gen, *lead, 4, 6, 8)
+    bias = rnd(gen, *(lead[-1:] if lead else ()), 1, 6, 9)  # broadcast over all but the last leading dim
+    ours = [t.clone().requires_grad_() for t in (q, k, v, bias)]
+    theirs = [t.clone().requires_grad_() for t in (q, k, v, bias)]
+    out = FT.scaled_dot_product_attention(*ours[:3], attn_mask=ours[3], enable_gqa=True)
+    want = torch.nn.functional.scaled_dot_product_attention(*theirs[:3], attn_mask=theirs[3],
+                                                            enable_gqa=True)
+    assert out.shape == want.shape
+    assert rel_error(out.detach().numpy(), want.detach().numpy()) < TOL
+    (out * d_o).sum().backward()
+    (want * d_o).sum().backward()
+    for a, b in zip(ours, theirs):
+        assert a.grad.shape == b.grad.shape
+        assert rel_error(a.grad.numpy(), b.grad.numpy()) < TOL
+
+
+def test_leading_dims_keep_views_and_keywords():
+    """A [..., H, L, E] view whose leading dims merge reaches the C library
+    without a copy (its data pointer), and per-batch keywords take the
+    leading dims' shape."""
+    require("kv_lengths")
+    gen = torch.Generator().manual_seed(30)
+    q, k, v = rnd(gen, 2, 3, 4, 6, 8), rnd(gen, 2, 3, 4, 9, 8), rnd(gen, 2, 3, 4, 9, 8)
+    lengths = torch.tensor([[9, 4, 1], [7, 9, 2]])
+    seen = []
+    op = torch.ops.fmha.attention
+
+    class Spy:
+        default = op.default
+
+        def __call__(self, *args):
+            seen.append(args[0].data_ptr())
+            return op(*args)
+
+    FT.torch.ops.fmha.attention = Spy()
+    try:
+        out = FT.scaled_dot_product_attention(q, k, v, key_value_seq_lengths=lengths)
+    finally:
+        FT.torch.ops.fmha.attention = op
+    assert seen == [q.data_ptr()]
+    flat = [t.reshape(6, 4, -1, 8) for t in (q, k, v)]
+    want = reference(*(bthe(t) for t in flat), kv_lengths=lengths.reshape(-1).numpy())["o"]
+    assert out.shape == (2, 3, 4, 6, 8)
+    assert rel_error(bthe(out.reshape(6, 4, 6, 8)), want) < TOL
+    with pytest.raises(ValueError, match="leading dims"):
+        FT.scaled_dot_product_attention(q, k[:1], v[:1])
+
+
+def test_two_d_inputs():
+    require("mask")
+    gen = torch.Generator().manual_seed(31)
+    q, k, v = rnd(gen, 5, 8), rnd(gen, 7, 8), rnd(gen, 7, 4)
+    mask = torch.rand(5, 7, generator=gen) > 0.3
+    mask[:, 0] = True
+    out = FT.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert out.shape == want.shape == (5, 4)
+    assert rel_error(out.numpy(), want.numpy()) < TOL
