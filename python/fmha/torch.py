@@ -16,6 +16,8 @@ rel_table, softcap, causal_alignment, local_window_size, sequence lengths,
 precision, sinks), validated by api.py's helpers. Under
 torch.autocast("cpu") the ops run q, k, v in the autocast dtype, as
 PyTorch's SDPA does (mixed float32 / bf16 inputs are accepted there).
+register_transformers() makes attn_implementation="fmha" available to
+transformers models (AttentionInterface and AttentionMaskInterface).
 
 Rows that see no key at all (a boolean attn_mask that is all False on a
 row) give zeros here, where PyTorch gives NaN.
@@ -37,7 +39,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from . import _lib, api
 from ._lib import FmhaError
 
-__all__ = ["scaled_dot_product_attention", "FmhaError"]
+__all__ = ["scaled_dot_product_attention", "register_transformers", "transformers_attention", "FmhaError"]
 
 _DTYPES = {torch.float32: _lib.DTYPE_F32, torch.bfloat16: _lib.DTYPE_BF16, torch.float16: _lib.DTYPE_F16}
 
@@ -429,3 +431,43 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                       [int(rel_max_distance), int(bool(rel_bidirectional))],
                                       api.PRECISIONS[precision])
     return out.reshape(tuple(query.shape[:-1]) + (v.shape[3],))
+
+
+# ---- transformers ---------------------------------------------------------------------------
+
+def transformers_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                           **kwargs):
+    """transformers' attention-function signature (that of its "sdpa"):
+    query [B, H, L, E], key / value [B, Hkv, S, E] (GQA served natively),
+    attention_mask a 4-D boolean or additive mask or None; returns
+    ([B, L, H, Ev], None). Causal without a mask follows the module's
+    is_causal, top-left as SDPA (L == 1, decode, sees every cached key).
+    softcap and s_aux (attention sinks, gpt-oss) are honoured."""
+    if kwargs.get("position_bias") is not None:
+        raise ValueError("fmha.torch: transformers' position_bias is not supported; pass it as attention_mask")
+    L = query.shape[2]
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", True)
+    is_causal = L > 1 and attention_mask is None and bool(is_causal)
+    if attention_mask is not None and attention_mask.dtype not in (torch.bool, torch.float32):
+        attention_mask = attention_mask.float()
+    sinks = kwargs.get("s_aux")
+    out = scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
+                                       is_causal=is_causal, scale=scaling, enable_gqa=key.shape[1] != query.shape[1],
+                                       softcap=kwargs.get("softcap"), sinks=sinks)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_transformers(name="fmha"):
+    """Registers fmha with transformers as attn_implementation=`name`: the
+    attention function above in AttentionInterface and transformers' own
+    SDPA mask builder (4-D boolean masks, None when causal alone) in
+    AttentionMaskInterface. Then AutoModel*.from_config(cfg,
+    attn_implementation="fmha") runs its attention through fmha."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError as e:
+        raise ImportError("fmha.torch.register_transformers needs transformers (pip install transformers)") from e
+    AttentionInterface.register(name, transformers_attention)
+    AttentionMaskInterface.register(name, sdpa_mask)
