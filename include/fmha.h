@@ -348,6 +348,22 @@ typedef struct fmha_problem {
     int64_t block_table_stride;   /* entries per batch element, >= ceil(seq_kv / page_size) */
     int64_t page_size;            /* keys per page, >= 1 */
     int64_t num_pages;            /* pages in each pool, >= 1 */
+    /* Dropout on the attention weights (appended after the paged cache).
+     * With dropout_p in (0, 1): O = (P * Z) V, where Z[b, h, i, j] is 0 with
+     * probability dropout_p and 1 / (1 - dropout_p) otherwise, drawn by a
+     * counter-based hash of dropout_seed and the score's index
+     *   dropout_offset + ((b * Hq + h) * Sq + i) * Skv + j
+     * (fmha_dropout_keep tells which are kept). The backward draws the same
+     * Z again, so nothing of size Sq x Skv is stored, and Z is the same for
+     * every thread count, strategy and instruction set. lse is P's (before
+     * dropout). Successive calls with the same seed take fresh numbers by
+     * advancing dropout_offset by B * Hq * Sq * Skv. The tiled forward and
+     * the backward serve it (auto and dense plan tiled; a paged cache is
+     * FMHA_ERR_UNSUPPORTED). 0 = off; outside [0, 1) or NaN is
+     * FMHA_ERR_BAD_OPTION. */
+    float dropout_p;
+    uint64_t dropout_seed;
+    uint64_t dropout_offset;
 } fmha_problem;
 
 /* Fills *p: struct_size, float32, the given sizes, contiguous strides for
@@ -398,6 +414,10 @@ FMHA_API fmha_status fmha_backward(const fmha_problem *p, const void *q, const v
                           const void *o, const void *d_o, const float *lse, void *dq, void *dk,
                           void *dv, const fmha_param_grads *grads, void *workspace,
                           size_t workspace_bytes);
+
+/* 1 if dropout keeps score (b, h, i, j) of problem p (see dropout_p), 0 if
+ * it drops it; 1 when p has no dropout. No checks: indices in range. */
+FMHA_API int fmha_dropout_keep(const fmha_problem *p, int64_t b, int64_t h, int64_t i, int64_t j);
 
 /* Gradient of the attention sinks (p->sinks required), from the forward's
  * output and lse and dO = dL/dO:

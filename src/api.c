@@ -154,8 +154,10 @@ fmha_status fmha_problem_load(const fmha_problem *p, fmha_problem *out) {
     if (!p) return FMHA_ERR_NULL_POINTER;
     /* every struct_size this library has shipped: the first (up to biases)
      * is read as the prefix of this one, the rest zero (off) */
-    size_t first = offsetof(fmha_problem, sinks), second = offsetof(fmha_problem, block_table);
-    if (p->struct_size != sizeof(fmha_problem) && p->struct_size != first && p->struct_size != second)
+    size_t first = offsetof(fmha_problem, sinks), second = offsetof(fmha_problem, block_table),
+           third = offsetof(fmha_problem, dropout_p);
+    if (p->struct_size != sizeof(fmha_problem) && p->struct_size != first && p->struct_size != second &&
+        p->struct_size != third)
         return FMHA_ERR_STRUCT_SIZE;
     memset(out, 0, sizeof *out);
     memcpy(out, p, p->struct_size);
@@ -179,6 +181,7 @@ fmha_status fmha_problem_check(const fmha_problem *p_in) {
         p->head_dim_v > FMHA_MAX_HEAD_DIM)
         return FMHA_ERR_BAD_HEAD_DIM;
     if (!isfinite(p->scale)) return FMHA_ERR_BAD_SCALE;
+    if (!(p->dropout_p >= 0.0f && p->dropout_p < 1.0f)) return FMHA_ERR_BAD_OPTION;
     if (p->block_table) { /* the pool's shape before its strides are measured */
         if (p->page_size < 1 || p->num_pages < 1 || p->block_table_stride < 1 ||
             p->page_size > ((int64_t)1 << 40) || p->num_pages > ((int64_t)1 << 40) ||

@@ -38,6 +38,11 @@ struct fmha_plan {
     int64_t band_lo, band_hi;
     int has_mask;              /* any mask besides the band (fmha_masks_active) */
     int has_bias;              /* any bias or softcap (fmha_biases_active) */
+    /* Dropout (dropout.c): on when dropout_p > 0; keep iff the hash's high
+     * word >= dropout_threshold; kept weights times dropout_scale. */
+    int dropout;
+    float dropout_scale;
+    uint64_t dropout_threshold, dropout_seed_mix;
     fmha_ws_size fwd_ws, bwd_ws; /* workspace of each direction (bwd: any gradients) */
     /* Decode (driver/decode.c): set when planning gives the forward to the
      * decode driver. A unit serves dec_heads kv heads x dec_rows rows of
@@ -143,6 +148,10 @@ void fmha_tiles_count(long long n);
 int64_t fmha_dense_span(const fmha_problem *p, const int64_t st[4]);
 /* Validates masks and biases (FMHA_ERR_BAD_MASK and friends). */
 fmha_status fmha_masks_check(const fmha_problem *p);
+/* Dropout: the plan's fields from the problem, and the mask on a score tile
+ * S^T (rows = keys k0.., lanes = queries q0..) of (b, h). */
+void fmha_dropout_plan(fmha_plan *plan);
+void fmha_dropout_tile(const fmha_plan *plan, const fmha_tile_pos *t, float *st, size_t lds);
 /* A paged cache's block table entries for the pages the lengths use. */
 fmha_status fmha_pages_check(const fmha_problem *p);
 /* 1 when any mask besides the causal/window band is on. */

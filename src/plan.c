@@ -25,6 +25,7 @@
 #define FMHA_AUTO_DENSE_MAX_SCORES ((int64_t)96 * 96)
 
 static fmha_strategy resolve_strategy(const fmha_problem *p) {
+    if (p->dropout_p > 0.0f) return FMHA_STRATEGY_TILED; /* dropout lives in the tiled drivers */
     switch (p->strategy) {
     case FMHA_STRATEGY_DENSE: return FMHA_STRATEGY_DENSE;
     case FMHA_STRATEGY_AUTO:
@@ -57,6 +58,7 @@ fmha_status fmha_plan_init(const fmha_problem *p_in, fmha_plan *plan) {
     plan->o_dtype = p->dtype;
     plan->group = p->heads_q / p->heads_kv;
     plan->causal_offset = p->causal == FMHA_CAUSAL_BOTTOM_RIGHT ? p->seq_kv - p->seq_q : 0;
+    fmha_dropout_plan(plan);
     st = fmha_mask_precheck(plan);
     if (st != FMHA_OK) return st;
     /* a paged cache has only the decode driver's addressing */

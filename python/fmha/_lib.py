@@ -168,6 +168,9 @@ class fmha_problem(ctypes.Structure):
         ("block_table_stride", ctypes.c_int64),
         ("page_size", ctypes.c_int64),
         ("num_pages", ctypes.c_int64),
+        ("dropout_p", ctypes.c_float),
+        ("dropout_seed", ctypes.c_uint64),
+        ("dropout_offset", ctypes.c_uint64),
     ]
 
 
@@ -248,6 +251,7 @@ def _declare(lib):
         "fmha_plan_workspace_held": (c_size_t, [c_void_p]),
         "fmha_plan_destroy": (None, [c_void_p]),
         "fmha_sinks_backward": (c_int, [prob, c_void_p, c_void_p, P(ctypes.c_float), P(ctypes.c_float)]),
+        "fmha_dropout_keep": (c_int, [prob] + [ctypes.c_int64] * 4),
         "fmha_set_num_threads": (c_int, [c_int]),
         "fmha_get_num_threads": (c_int, []),
         "fmha_isa_name": (ctypes.c_char_p, []),

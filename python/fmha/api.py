@@ -373,7 +373,7 @@ def _install_bias_callback(p, call, cb):
 def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignment, local_window_size,
              query_seq_lengths, key_value_seq_lengths, segment_ids, alibi_slopes, rel_table,
              rel_max_distance, rel_bidirectional, softcap, strategy, mask_callback, bias_callback,
-             precision="fast", sinks=None):
+             precision="fast", sinks=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0):
     """Validates every argument (ValueError / TypeError) without calling the
     library; returns (call, q, k, v, batched) for _describe."""
     q = _as_array(query, "query")
@@ -460,6 +460,12 @@ def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignmen
         if r.ndim != 2 or r.shape[0] != N or r.shape[1] < 1:
             raise ValueError(f"fmha: rel_table must have shape ({N}, num_buckets), got {r.shape}")
         call.rel_table = r = np.ascontiguousarray(r)
+    dropout_p = float(dropout_p)
+    if not (0.0 <= dropout_p < 1.0):
+        raise ValueError(f"fmha: dropout_p must be in [0, 1), got {dropout_p}")
+    for name, value in (("dropout_seed", dropout_seed), ("dropout_offset", dropout_offset)):
+        if not (isinstance(value, (int, np.integer)) and 0 <= int(value) < 2**64):
+            raise ValueError(f"fmha: {name} must be an integer in [0, 2**64), got {value!r}")
     if sinks is not None:
         z = _float32_tensor(sinks, "sinks")
         if z.shape != (N,):
@@ -477,6 +483,7 @@ def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignmen
                       strategy=strategy_value, precision=PRECISIONS[precision], window=window, mask=m,
                       bias=b, q_lengths=ql, kv_lengths=kl,
                       q_ids=q_ids, kv_ids=kv_ids, alibi=a, rel_table=r, sinks=z, softcap=softcap,
+                      dropout=(dropout_p, int(dropout_seed), int(dropout_offset)),
                       rel_max_distance=rel_max_distance, rel_bidirectional=rel_bidirectional,
                       mask_strides=mask_strides if m is not None else None,
                       bias_strides=bias_strides if b is not None else None,
@@ -504,6 +511,7 @@ def _describe(call, q, k, v):
                alibi=address(a), rel_table=address(r), rel_num_buckets=r.shape[1] if r is not None else 0,
                rel_max_distance=d["rel_max_distance"], rel_bidirectional=d["rel_bidirectional"],
                softcap=d["softcap"], sinks=address(d["sinks"]))
+    p.dropout_p, p.dropout_seed, p.dropout_offset = d["dropout"]
     call.hold(m, b, ql, kl, q_ids, kv_ids, a, r, d["sinks"])
     if d["mask_callback"] is not None:
         _install_mask_callback(p, call, d["mask_callback"])
@@ -528,7 +536,7 @@ def _cached_plan(call, q, k, v, o_strides):
             return None
     o_strides = tuple(o_strides)
     key = (d["code"], d["sizes"], _bshd(q), _bshd(k), _bshd(v), o_strides, d["scale"], d["causal"],
-           d["strategy"], d["precision"], d["window"], d["softcap"])
+           d["strategy"], d["precision"], d["window"], d["softcap"], d["dropout"])
 
     def make_problem():
         _describe(call, q, k, v)
@@ -554,7 +562,8 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
               causal_alignment="top_left", local_window_size=None, query_seq_lengths=None,
               key_value_seq_lengths=None, segment_ids=None, alibi_slopes=None, softcap=None,
               rel_table=None, rel_max_distance=128, rel_bidirectional=True, mask_callback=None,
-              bias_callback=None, return_lse=False, strategy="auto", precision="fast", sinks=None):
+              bias_callback=None, return_lse=False, strategy="auto", precision="fast", sinks=None,
+              dropout_p=0.0, dropout_seed=0, dropout_offset=0):
     """Scaled dot-product attention on NumPy arrays by the C library.
 
     query [B, T, N, H], key [B, S, K, H], value [B, S, K, Hv] (or 3-D without
@@ -571,6 +580,13 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
                         joins every row's softmax denominator and has no
                         value (gpt-oss); lse includes it, and a row that
                         sees no key gets zeros and lse = sinks[n]
+      dropout_p, dropout_seed, dropout_offset
+                        dropout on the attention weights: each is dropped
+                        with probability dropout_p (the rest scaled by
+                        1 / (1 - dropout_p)) by a hash of the seed and the
+                        score's index (fmha_problem.dropout_p); the same
+                        arguments to attention_backward give the gradients
+                        of that same draw
       strategy          'auto', 'tiled', 'dense' or 'portable'
       precision         bf16 only: 'fast' (default: P rounded to bf16 in P V,
                         as accurate as PyTorch's fused CPU kernel) or
@@ -587,7 +603,8 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
         key_value_seq_lengths=key_value_seq_lengths, segment_ids=segment_ids, alibi_slopes=alibi_slopes,
         rel_table=rel_table, rel_max_distance=rel_max_distance, rel_bidirectional=rel_bidirectional,
         softcap=softcap, strategy=strategy, mask_callback=mask_callback, bias_callback=bias_callback,
-        precision=precision, sinks=sinks)
+        precision=precision, sinks=sinks, dropout_p=dropout_p, dropout_seed=dropout_seed,
+        dropout_offset=dropout_offset)
     B, T, N, S, K, H, Hv = call.shape
     out = np.empty((B, T, N, Hv), dtype=q.dtype)
     lse = np.empty((B, N, T), dtype=np.float32) if return_lse else None
@@ -617,7 +634,8 @@ def attention_backward(query, key, value, out, lse, d_out, bias=None, mask=None,
                        query_seq_lengths=None, key_value_seq_lengths=None, segment_ids=None,
                        alibi_slopes=None, softcap=None, rel_table=None, rel_max_distance=128,
                        rel_bidirectional=True, mask_callback=None, bias_callback=None,
-                       return_bias_grads=False, strategy="auto", precision="fast", sinks=None):
+                       return_bias_grads=False, strategy="auto", precision="fast", sinks=None,
+                       dropout_p=0.0, dropout_seed=0, dropout_offset=0):
     """Gradients of `attention` by the C backward (fmha_backward).
 
     out and lse are attention(..., return_lse=True)'s results for the same
@@ -636,7 +654,8 @@ def attention_backward(query, key, value, out, lse, d_out, bias=None, mask=None,
         key_value_seq_lengths=key_value_seq_lengths, segment_ids=segment_ids, alibi_slopes=alibi_slopes,
         rel_table=rel_table, rel_max_distance=rel_max_distance, rel_bidirectional=rel_bidirectional,
         softcap=softcap, strategy=strategy, mask_callback=mask_callback, bias_callback=bias_callback,
-        precision=precision, sinks=sinks)
+        precision=precision, sinks=sinks, dropout_p=dropout_p, dropout_seed=dropout_seed,
+        dropout_offset=dropout_offset)
     B, T, N, S, K, H, Hv = call.shape
     o = _as_array(out, "out")
     do = _as_array(d_out, "d_out")

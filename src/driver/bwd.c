@@ -344,9 +344,10 @@ static void bwd_pair(const bwd_ctx *c, bwd_tiles *t, const fmha_tile_pos *tp, co
         fmha_score_epilogue(plan, tp, cls, t->pt, nr, softcap ? t->raw : NULL, t->mask, thread);
     uk->exp_sub_f32(nk, t->pt, nr, q->lse);
 
-    /* dV_j += P^T dO_i */
-    gemm_panels_f32(uk, nk, nq, t->pt, (ptrdiff_t)nr, 1, q->dorows, q->dorows_ld, t->dv, d->dv_pad,
-                    d->dv_pad);
+    /* Dropout, O = (P * Z) V with Z = mask / (1 - p) (dropout.c): the
+     * product above is dO V^T = dL/d(P * Z), so dP = (dO V^T) * Z, and
+     * Dsum_i = sum_j P_ij dP_ij = dO_i . O_i still; dV = (P * Z)^T dO. */
+    if (plan->dropout) fmha_dropout_tile(plan, tp, t->dpt, nr);
     /* dS^T = P^T (dP^T - Dsum): the gradient of the biased score */
     uk->ds_f32(nk, t->pt, t->dpt, nr, q->dsum);
     if (guard) bwd_zero_hidden(nk, t->pt, t->dpt, nr);
@@ -354,6 +355,11 @@ static void bwd_pair(const bwd_ctx *c, bwd_tiles *t, const fmha_tile_pos *tp, co
         fmha_bias_grad_tile(plan, tp, t->dpt, nr, t->diag, bias_acc, thread);
     if (softcap) fmha_softcap_grad(plan, tp, t->dpt, nr, t->raw);
     if (guard && softcap) bwd_zero_hidden(nk, t->pt, t->dpt, nr);
+
+    /* dV_j += (P Z)^T dO_i (P alone without dropout) */
+    if (plan->dropout) fmha_dropout_tile(plan, tp, t->pt, nr);
+    gemm_panels_f32(uk, nk, nq, t->pt, (ptrdiff_t)nr, 1, q->dorows, q->dorows_ld, t->dv, d->dv_pad,
+                    d->dv_pad);
 
     /* dK_j += dS^T Q_i;  dQ_i += dS K_j  (A element (i, r) = dS^T[r][i]) */
     gemm_panels_f32(uk, nk, nq, t->dpt, (ptrdiff_t)nr, 1, q->qrows, q->qrows_ld, t->dk, d->d_pad,

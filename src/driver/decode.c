@@ -83,7 +83,7 @@ int fmha_decode_plan(fmha_plan *plan) {
     if (p->dtype == FMHA_DTYPE_BF16 && !uk->widen_bf16) return 0;
     if (p->dtype == FMHA_DTYPE_F16 && !uk->widen_f16) return 0;
     if (p->k_strides[3] != 1 || p->v_strides[3] != 1) return 0;
-    if (plan->has_bias || m->q_segment_ids || m->dense || m->callback.fill) return 0;
+    if (plan->has_bias || plan->dropout || m->q_segment_ids || m->dense || m->callback.fill) return 0;
 
     int64_t rows = plan->group * p->seq_q;
     plan->dec_units = ceil_div(rows, DEC_MAX_ROWS);

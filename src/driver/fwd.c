@@ -221,6 +221,7 @@ static long long fwd_block_pass(const fwd_ctx *c, fwd_block_scratch *s, int64_t 
         if (cls == FMHA_TILE_PARTIAL || plan->has_bias)
             fmha_score_epilogue(plan, &t, (fmha_tile_class)cls, s->st, nr, NULL, s->mask, thread);
         uk->softmax_f32((size_t)t.nk, s->st, nr, s->m, s->l, s->alpha);
+        if (plan->dropout) fmha_dropout_tile(plan, &t, s->st, nr); /* after l has summed P */
         if (lanes)
             fwd_values_guarded(c, b, hk, k0, t.nk, s->st, s->alpha, lanes, s->ot);
         else

@@ -149,6 +149,23 @@ typedef void (*fmha_f32_decode_values_ukernel_fn)(size_t rows, size_t nk, size_t
  * NaN stays a NaN, possibly quieted). */
 typedef void (*fmha_widen_ukernel_fn)(size_t n, const uint16_t *src, float *dst);
 
+/* Dropout on a score tile S^T (rows = keys, lanes = queries), in place:
+ *   s[r][i] *= keep(counter[i] + r) ? scale : 0   for r < rows, i < lanes
+ * keep(c): z = c ^ seed_mix, then the splitmix64 finalizer
+ *   z = (z ^ z >> 30) * 0xbf58476d1ce4e5b9; z = (z ^ z >> 27) * 0x94d049bb133111eb;
+ *   z ^= z >> 31, and keep iff (z >> 32) >= threshold (all unsigned 64-bit).
+ * Integer arithmetic: every ISA keeps the same scores; the product with
+ * scale (or 0) is one IEEE multiplication (0 * NaN = NaN). */
+typedef void (*fmha_f32_dropout_ukernel_fn)(size_t rows, size_t lanes, float *s, size_t lds,
+                                            const uint64_t *counter, uint64_t seed_mix,
+                                            uint64_t threshold, float scale);
+
+/* The dropout kernels (uk/scalar/dropout.c, uk/avx512/dropout.c). */
+void fmha_f32_dropout_ukernel__scalar(size_t rows, size_t lanes, float *s, size_t lds, const uint64_t *counter,
+                                      uint64_t seed_mix, uint64_t threshold, float scale);
+void fmha_f32_dropout_ukernel__avx512(size_t rows, size_t lanes, float *s, size_t lds, const uint64_t *counter,
+                                      uint64_t seed_mix, uint64_t threshold, float scale);
+
 typedef struct fmha_ukernels {
     const char *isa;                      /* its name in the registry, e.g. "avx2" */
     size_t mr;                            /* rows of a GEMM microtile (MR) */
@@ -171,6 +188,8 @@ typedef struct fmha_ukernels {
     fmha_f32_decode_values_ukernel_fn decode_values_f32;
     fmha_widen_ukernel_fn widen_bf16;
     fmha_widen_ukernel_fn widen_f16;
+    /* Dropout (any lanes; an ISA without one uses the scalar kernel). */
+    fmha_f32_dropout_ukernel_fn dropout_f32;
 } fmha_ukernels;
 
 /* One table per ISA; a table is only usable if the CPU supports its ISA

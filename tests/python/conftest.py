@@ -36,14 +36,14 @@ def rel_bucket(rel, num_buckets, max_distance, bidirectional):
 
 def reference(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False, causal_alignment="top_left",
               window=None, q_lengths=None, kv_lengths=None, segment_ids=None, alibi=None, rel_table=None,
-              rel_max_distance=128, rel_bidirectional=True, softcap=None, sinks=None, d_out=None):
+              rel_max_distance=128, rel_bidirectional=True, softcap=None, sinks=None, dropout=None, d_out=None):
     """Attention in float64 with fmha's conventions ([B, T, N, H] inputs,
     rows that see no key give O = 0 and lse = -inf, or lse = sink with sinks).
     Bottom-right alignment follows each sequence's own lengths:
     off[b] = kv_lengths[b] - q_lengths[b] (S and T when not given). Returns a
     dict with o [B, T, N, Hv] and lse [B, N, T]; with d_out also dq, dk, dv
     and the gradients of the bias sources given (d_bias in bias's shape,
-    d_sinks [N])."""
+    d_sinks [N]). dropout: Z [B, N, T, S], O = (P Z) V (0 or 1 / (1 - p) each)."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
@@ -99,18 +99,21 @@ def reference(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False, cau
         l = l + np.exp(z - m)
     p = p / np.where(empty, 1.0, l)
     lse = np.where(empty, -np.inf, m + np.log(np.where(empty, 1.0, l)))[..., 0]
-    o = np.einsum("bnts,bsnh->btnh", p, vr)
+    pz = p if dropout is None else p * np.asarray(dropout, np.float64)
+    o = np.einsum("bnts,bsnh->btnh", pz, vr)
     out = {"o": o, "lse": lse}
     if d_out is None:
         return out
     do = np.asarray(d_out, np.float64)
     dp = np.einsum("btnh,bsnh->bnts", do, vr)
+    if dropout is not None:   # dL/dP = (dO V^T) Z
+        dp = dp * np.asarray(dropout, np.float64)
     dsum = np.einsum("btnh,btnh->bnt", do, o)
     ds = p * (dp - dsum[..., None])
     dx = ds * (1.0 - np.tanh(x / softcap) ** 2) if softcap else ds
     out["dq"] = scale * np.einsum("bnts,bsnh->btnh", dx, kr)
     out["dk"] = (scale * np.einsum("bnts,btnh->bsnh", dx, q)).reshape(B, S, K, G, H).sum(axis=3)
-    out["dv"] = np.einsum("bnts,btnh->bsnh", p, do).reshape(B, S, K, G, -1).sum(axis=3)
+    out["dv"] = np.einsum("bnts,btnh->bsnh", pz, do).reshape(B, S, K, G, -1).sum(axis=3)
     if bias is not None:
         shape = np.shape(bias)
         shape4 = (1,) * (4 - len(shape)) + tuple(shape)

@@ -57,7 +57,8 @@ STRUCT_FIELDS = {
     "fmha_param_grads": ["d_dense", "d_dense_strides", "d_alibi", "d_rel_table"],
     "fmha_problem": ["struct_size", "dtype", "batch", "heads_q", "heads_kv", "seq_q", "seq_kv", "head_dim", "head_dim_v", "scale",
                      "causal", "strategy", "precision", "q_strides", "k_strides", "v_strides", "o_strides", "masks",
-                     "biases", "sinks", "block_table", "block_table_stride", "page_size", "num_pages"],
+                     "biases", "sinks", "block_table", "block_table_stride", "page_size", "num_pages",
+                     "dropout_p", "dropout_seed", "dropout_offset"],
 }
 
 
@@ -182,6 +183,40 @@ def test_sinks_errors():
         fmha.attention(q, k, v, sinks=np.zeros(2, np.float32))
     with pytest.raises(ValueError, match="sinks must be finite"):
         fmha.attention(q, k, v, sinks=np.array([0, np.nan, 0, 0], np.float32))
+
+
+def dropout_factors(shape, p, seed, offset):
+    """Z [B, N, T, S] of the C library's draw (fmha_dropout_keep), 0 or 1 / (1 - p)."""
+    B, N, T, S = shape
+    prob = _lib.problem_init(B, N, N, T, S, 8, 8)
+    prob.dropout_p, prob.dropout_seed, prob.dropout_offset = p, seed, offset
+    keep = _lib.load().fmha_dropout_keep
+    z = np.array([keep(ctypes.byref(prob), b, n, i, j) for b in range(B) for n in range(N) for i in range(T)
+                  for j in range(S)], np.float64).reshape(B, N, T, S)
+    return z / (1.0 - np.float32(p).astype(np.float64))
+
+
+@pytest.mark.parametrize("p", [0.1, 0.6])
+def test_dropout_matches_the_reference_with_the_same_draw(p):
+    rng = np.random.default_rng(int(p * 10))
+    B, T, S, N, K = 2, 13, 21, 4, 2
+    q, k, v, d_o = inputs(rng, B, T, S, N, K, 16)
+    options = dict(dropout_p=p, dropout_seed=2**63 + 5, dropout_offset=1000, is_causal=True)
+    z = dropout_factors((B, N, T, S), p, 2**63 + 5, 1000)
+    check_grads(options, dict(is_causal=True, dropout=z), q, k, v, d_o)
+    # the same arguments, the same bits; another seed, another draw
+    o1 = fmha.attention(q, k, v, **options)
+    assert np.array_equal(o1, fmha.attention(q, k, v, **options))
+    assert not np.array_equal(o1, fmha.attention(q, k, v, **{**options, "dropout_seed": 6}))
+
+
+def test_dropout_errors():
+    q, k, v, _ = inputs(np.random.default_rng(0), 1, 3, 5, 2, 2, 8)
+    for bad in (1.0, -0.5, float("nan")):
+        with pytest.raises(ValueError, match="dropout_p must be in"):
+            fmha.attention(q, k, v, dropout_p=bad)
+    with pytest.raises(ValueError, match="dropout_seed must be an integer"):
+        fmha.attention(q, k, v, dropout_p=0.1, dropout_seed=-1)
 
 
 def test_three_d_inputs_and_scale():

@@ -149,6 +149,14 @@ static double softmax_row(const fmha_problem *p, const float *k, int64_t b, int6
     return mx + log(l);
 }
 
+/* The dropout factor Z of score (b, h, i, j): 0 or 1 / (1 - p); 1 without
+ * dropout. Which scores are kept is the library's hash (fmha_dropout_keep);
+ * everything computed from Z here is the reference's own. */
+static double dropout_factor(const fmha_problem *p, int64_t b, int64_t h, int64_t i, int64_t j) {
+    if (!(p->dropout_p > 0.0f)) return 1.0;
+    return fmha_dropout_keep(p, b, h, i, j) ? 1.0 / (1.0 - (double)p->dropout_p) : 0.0;
+}
+
 int fmha_ref_forward_full(const fmha_problem *p, const float *q, const float *k, const float *v,
                           double *o, double *lse) {
     const int64_t B = p->batch, hq = p->heads_q, sq = p->seq_q, skv = p->seq_kv;
@@ -171,7 +179,8 @@ int fmha_ref_forward_full(const fmha_problem *p, const float *q, const float *k,
                 for (int64_t j = 0; j < skv; j++) {
                     if (!r.vis[j] || r.prob[j] == 0.0) continue;
                     load_row(r.kv_row, v, p->v_strides, b, j, h / group, dv_n);
-                    for (int64_t c = 0; c < dv_n; c++) oi[c] += r.prob[j] * r.kv_row[c];
+                    const double pz = r.prob[j] * dropout_factor(p, b, h, i, j); /* O = (P Z) V */
+                    for (int64_t c = 0; c < dv_n; c++) oi[c] += pz * r.kv_row[c];
                 }
             }
     row_free(&r);
@@ -190,6 +199,8 @@ int fmha_ref_forward_full(const fmha_problem *p, const float *q, const float *k,
  * Softcap: dt/draw = 1 - tanh^2(raw / cap), so d raw_ij = dS_ij (1 - tanh^2(raw_ij / cap)).
  *   dQ_i += scale sum_j d raw_ij K_j,   dK_j += scale sum_i d raw_ij Q_i
  * Masked pairs have P = 0, hence dS = 0; a fully masked row contributes nothing.
+ * Dropout, O_i = sum_j P_ij Z_ij V_j: dV_j += P_ij Z_ij dO_i and dP_ij = Z_ij dO_i . V_j;
+ *   dS as above (sum_k P_ik dP_ik = dO_i . O_i).
  * GQA: dK, dV of kv head g sum over the query heads h with h / (Hq / Hkv) == g. */
 int fmha_ref_backward_full(const fmha_problem *p, const float *q, const float *k, const float *v,
                            const float *d_o, double *dq, double *dk, double *dv,
@@ -233,6 +244,7 @@ int fmha_ref_backward_full_ex(const fmha_problem *p, const float *q, const float
                     load_row(r.kv_row, v, p->v_strides, b, j, g, dv_n);
                     double acc = 0.0;
                     for (int64_t c = 0; c < dv_n; c++) acc += r.do_row[c] * r.kv_row[c];
+                    acc *= dropout_factor(p, b, h, i, j);
                     r.dp[j] = acc;
                     delta += r.prob[j] * acc;
                 }
@@ -262,7 +274,8 @@ int fmha_ref_backward_full_ex(const fmha_problem *p, const float *q, const float
                         dqi[d] += scale * draw * r.kv_row[d];
                         dkj[d] += scale * draw * r.q_row[d];
                     }
-                    for (int64_t c = 0; c < dv_n; c++) dvj[c] += r.prob[j] * r.do_row[c];
+                    const double pz = r.prob[j] * dropout_factor(p, b, h, i, j);
+                    for (int64_t c = 0; c < dv_n; c++) dvj[c] += pz * r.do_row[c];
                 }
             }
     row_free(&r);

@@ -343,4 +343,5 @@ const fmha_ukernels fmha_ukernels_avx2 = {
     .decode_values_f32 = fmha_f32_decode_values__avx2,
     .widen_bf16 = fmha_widen_bf16__avx2,
     .widen_f16 = fmha_widen_f16__avx2,
+    .dropout_f32 = fmha_f32_dropout_ukernel__scalar,
 };

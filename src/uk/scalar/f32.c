@@ -101,4 +101,5 @@ const fmha_ukernels fmha_ukernels_scalar = {
     .decode_values_f32 = fmha_f32_decode_values__scalar,
     .widen_bf16 = fmha_widen_bf16__scalar,
     .widen_f16 = fmha_widen_f16__scalar,
+    .dropout_f32 = fmha_f32_dropout_ukernel__scalar,
 };
