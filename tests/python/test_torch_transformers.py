@@ -136,3 +136,25 @@ def test_gpt2_matches_sdpa():
     assert rel_error(a.detach().numpy(), b.detach().numpy()) < TOL
     kw = dict(max_new_tokens=6, do_sample=False, attention_mask=mask, pad_token_id=0)
     assert ours.generate(ids, **kw).tolist() == theirs.generate(ids, **kw).tolist()
+
+
+def test_attention_dropout_in_training():
+    """attention_dropout reaches fmha's dropout in training mode (seeded by
+    torch's generator: reproducible under manual_seed) and not in eval."""
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
+                                      attention_dropout=0.2)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="fmha")
+    ids, mask = batch(seed=6)
+    losses = []
+    for seed in (1, 1, 2):
+        torch.manual_seed(seed)
+        model.train()
+        loss = model(ids, attention_mask=mask, labels=ids).loss
+        loss.backward()
+        losses.append(loss.item())
+    assert losses[0] == losses[1] and losses[0] != losses[2]
+    model.eval()
+    with torch.no_grad():
+        assert model(ids, attention_mask=mask, labels=ids).loss.item() not in losses
