@@ -5,7 +5,8 @@ built with "fmha" and with "sdpa" from the same weights must agree:
 logits (with and without a padding mask), parameter gradients, the loss
 curve of a few training steps, greedy generate with the dynamic cache
 (decode: one query against the cache) and with a static cache, and logits
-under bf16 autocast; tiny GPT-2 too. Skipped when PyTorch or transformers
+under bf16 autocast; tiny GPT-2, BERT (an encoder) and gpt-oss (sinks,
+sliding windows; against its eager attention) too. Skipped when PyTorch or transformers
 is not installed."""
 
 import copy
@@ -29,11 +30,12 @@ def registered():
     FT.register_transformers()
 
 
-def pair(config):
-    """(fmha model, sdpa model) with the same random weights, in eval mode."""
+def pair(config, auto=None, peer="sdpa"):
+    """(fmha model, `peer` model) with the same random weights, in eval mode."""
+    auto = auto or transformers.AutoModelForCausalLM
     torch.manual_seed(0)
-    ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="fmha")
-    theirs = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="sdpa")
+    ours = auto.from_config(copy.deepcopy(config), attn_implementation="fmha")
+    theirs = auto.from_config(copy.deepcopy(config), attn_implementation=peer)
     theirs.load_state_dict(ours.state_dict())
     assert ours.config._attn_implementation == "fmha"
     return ours.eval(), theirs.eval()
@@ -158,3 +160,41 @@ def test_attention_dropout_in_training():
     model.eval()
     with torch.no_grad():
         assert model(ids, attention_mask=mask, labels=ids).loss.item() not in losses
+
+
+def test_bert_matches_sdpa():
+    """An encoder: no causal mask, right padding."""
+    config = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=128, vocab_size=VOCAB)
+    ours, theirs = pair(config, transformers.AutoModel)
+    ids, _ = batch(seed=7)
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0
+    a = ours(ids, attention_mask=mask).last_hidden_state
+    b = theirs(ids, attention_mask=mask).last_hidden_state
+    assert rel_error(a.detach().numpy(), b.detach().numpy()) < TOL
+
+
+def test_gpt_oss_sinks_and_sliding_window_match_eager():
+    """gpt-oss passes its per-head sinks as s_aux (served by fmha's sinks,
+    their gradient included) and alternates sliding-window layers (masks
+    from transformers); compared with its eager attention (sdpa cannot
+    serve sinks)."""
+    config = transformers.GptOssConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=VOCAB,
+                                       num_local_experts=4, num_experts_per_tok=2, sliding_window=4)
+    ours, theirs = pair(config, peer="eager")
+    ids, mask = batch(seed=8)
+    results = []
+    for model in (ours, theirs):
+        out = model(ids, attention_mask=mask, labels=ids)
+        out.loss.backward()
+        results.append((out.logits.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (a, grads_a), (b, grads_b) = results
+    assert rel_error(a.numpy(), b.numpy()) < TOL
+    assert any(name.endswith("sinks") for name in grads_a)
+    assert grads_a.keys() == grads_b.keys()
+    for name, g in grads_a.items():
+        assert rel_error(g.numpy(), grads_b[name].numpy()) < GRAD_TOL, name
+    kw = dict(max_new_tokens=8, do_sample=False)
+    assert ours.generate(ids[:1], **kw).tolist() == theirs.generate(ids[:1], **kw).tolist()
