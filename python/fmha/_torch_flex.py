@@ -13,16 +13,15 @@ blocks' values) runs as fmha's causal mask, with no dense mask.
 
 score_mod: only None; the common score modifications come as fmha_bias
 (ALiBi slopes, logit softcap), run natively. Imported through fmha.torch,
-whose ops and plan cache it uses.
+whose fmha::attention op (forward, backward, plans) it runs.
 """
 
 import math
-from typing import Optional
 
 import torch
 
 from . import api
-from .torch import _backward_operands, _checked_inputs, _forward, _outputs, _plan, _setup_context
+from .torch import _dtype_code, _float32_param
 
 __all__ = ["flex_attention"]
 
@@ -117,49 +116,6 @@ def dense_mask(block_mask, L, S):
     return block_mask_operands(block_mask, L, S)[0]
 
 
-@torch.library.custom_op("fmha::block_masked_attention", mutates_args=(), device_types="cpu")
-def _flex_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-             alibi: Optional[torch.Tensor], is_causal: bool, softcap: float,
-             scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return _forward(q, k, v, None, mask, is_causal, scale, alibi, softcap)
-
-
-@_flex_op.register_fake
-def _flex_fake(q, k, v, mask, alibi, is_causal, softcap, scale):
-    return _outputs(q, v)
-
-
-@torch.library.custom_op("fmha::block_masked_attention_backward", mutates_args=(), device_types="cpu")
-def _flex_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-                      d_o: torch.Tensor, mask: Optional[torch.Tensor], alibi: Optional[torch.Tensor],
-                      is_causal: bool, softcap: float,
-                      scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    q, k, v, o, lse, d_o, (dq, dk, dv) = _backward_operands(q, k, v, o, lse, d_o)
-    plan = _plan(q, k, v, o, None, mask, is_causal, scale, alibi, softcap)
-    plan.backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), d_o.data_ptr(), lse.data_ptr(),
-                  dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), None)
-    return dq, dk, dv
-
-
-@_flex_backward_op.register_fake
-def _flex_backward_fake(q, k, v, o, lse, d_o, mask, alibi, is_causal, softcap, scale):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-def _backward(ctx, d_o, d_lse):
-    q, k, v, mask, alibi, o, lse = ctx.saved_tensors
-    is_causal, softcap, scale = ctx.options
-    if d_lse is not None and bool((d_lse != 0).any()):
-        raise NotImplementedError("fmha.torch.flex_attention: gradients through the returned lse are not "
-                                  "supported")
-    dq, dk, dv = torch.ops.fmha.block_masked_attention_backward(q, k, v, o, lse, d_o, mask, alibi,
-                                                                is_causal, softcap, scale)
-    return dq, dk, dv, None, None, None, None, None
-
-
-_flex_op.register_autograd(_backward, setup_context=_setup_context)
-
-
 def _bias_options(fmha_bias, H):
     """(alibi [H] float32 or None, softcap) from fmha_bias."""
     if fmha_bias is None:
@@ -170,15 +126,28 @@ def _bias_options(fmha_bias, H):
                          f"{sorted(unknown)}")
     alibi = fmha_bias.get("alibi_slopes")
     if alibi is not None:
-        alibi = torch.as_tensor(alibi).detach().to(device="cpu", dtype=torch.float32).contiguous()
-        if tuple(alibi.shape) != (H,):
-            raise ValueError(f"fmha.torch.flex_attention: alibi_slopes must have shape ({H},) (one per query "
-                             f"head), got {tuple(alibi.shape)}")
-    softcap = fmha_bias.get("softcap")
-    softcap = 0.0 if softcap is None else float(softcap)
-    if softcap != 0.0 and not (softcap > 0 and math.isfinite(softcap)):
-        raise ValueError(f"fmha.torch.flex_attention: softcap must be positive and finite, got {softcap}")
-    return alibi, softcap
+        alibi = _float32_param(alibi, (H,), "alibi_slopes (one per query head)")
+    return alibi, api.softcap_value(fmha_bias.get("softcap")) or 0.0
+
+
+def _checked(query, key, value, enable_gqa):
+    """(B, H, L, E, S) of query [B, H, L, E], key [B, Hkv, S, E], value [B, Hkv, S, Ev]."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4 or t.device.type != "cpu":
+            raise ValueError(f"fmha.torch.flex_attention: {name} must be a 4-D CPU tensor [B, H, L, E]")
+        _dtype_code(t)
+    if not (query.dtype == key.dtype == value.dtype):
+        raise TypeError(f"fmha.torch.flex_attention: query, key and value must share a dtype, got {query.dtype}, "
+                        f"{key.dtype}, {value.dtype}")
+    B, H, L, E = query.shape
+    _, Hkv, S, _ = key.shape
+    if key.shape[0] != B or value.shape[0] != B or key.shape[3] != E or value.shape[1:3] != key.shape[1:3]:
+        raise ValueError(f"fmha.torch.flex_attention: inconsistent shapes query {tuple(query.shape)}, key "
+                         f"{tuple(key.shape)}, value {tuple(value.shape)}")
+    if (Hkv != H and not enable_gqa) or H % Hkv != 0:
+        raise ValueError(f"fmha.torch.flex_attention: query has {H} heads and key {Hkv}; grouped-query attention "
+                         "needs enable_gqa=True and a multiple")
+    return B, H, L, E, S
 
 
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
@@ -197,18 +166,15 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     common ones come as fmha_bias=dict(alibi_slopes=[H] tensor, softcap=c):
     score = c * tanh(scale * q.k / c) - alibi_slopes[h] * |q_idx - kv_idx|.
     enable_gqa allows H % Hkv == 0. return_lse also returns the natural-log
-    logsumexp [B, H, L] float32, as PyTorch's (not differentiable). A row
+    logsumexp [B, H, L] float32, as PyTorch's, detached (no gradient flows
+    through it). alibi_slopes get a gradient when they require one. A row
     that sees no key gives O = 0 and lse = -inf.
     """
     if score_mod is not None:
         raise NotImplementedError("fmha.torch.flex_attention: an arbitrary score_mod is not supported; pass "
                                   "score_mod=None and fmha_bias=dict(alibi_slopes=..., softcap=...) for ALiBi "
                                   "and logit softcapping")
-    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (query, key, value)):
-        raise ValueError("fmha.torch.flex_attention: query, key and value must be 4-D tensors [B, H, L, E]")
-    q, k, v, _ = _checked_inputs(query, key, value, enable_gqa)
-    B, H, L, E = q.shape
-    S = k.shape[2]
+    B, H, L, E, S = _checked(query, key, value, enable_gqa)
     scale = api.resolve_scale(1.0 / math.sqrt(E) if scale is None else scale, E)
     mask, is_causal = None, False
     if block_mask is not None:
@@ -218,5 +184,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
                              f"have batch {B} and {H} heads (B=None or H=None in create_block_mask broadcasts)")
         mask, is_causal = block_mask_operands(block_mask, L, S)
     alibi, softcap = _bias_options(fmha_bias, H)
-    out, lse = torch.ops.fmha.block_masked_attention(q, k, v, mask, alibi, is_causal, softcap, float(scale))
-    return (out, lse) if return_lse else out
+    out, lse = torch.ops.fmha.attention(query, key, value, None, mask, None, None, None, None, alibi, None, None,
+                                        api.causal_code(is_causal, "top_left"), float(scale), [-1, -1], softcap,
+                                        [128, 1], api.PRECISIONS["fast"], 0.0, 0, 0)
+    return (out, lse.detach()) if return_lse else out
