@@ -162,8 +162,12 @@ def test_dense_mask_matches_block_mask_to_dense():
 def test_no_block_mask_alibi_and_softcap():
     require("alibi", "softcap")
     q, k, v, d_o, slopes, cap, scale = score_mod_case()
-    ours = fmha_run(q, k, v, d_o, fmha_bias=dict(alibi_slopes=slopes, softcap=cap), scale=scale)
+    slopes_leaf = slopes.clone().requires_grad_()
+    ours = fmha_run(q, k, v, d_o, fmha_bias=dict(alibi_slopes=slopes_leaf, softcap=cap), scale=scale)
     check_against_reference(q, k, v, d_o, None, ours, alibi=slopes.numpy(), softcap=cap, scale=scale)
+    ref = reference(to_bthe(q), to_bthe(k), to_bthe(v), alibi=slopes.numpy(), softcap=cap, scale=scale,
+                    d_out=to_bthe(d_o))
+    assert rel_error(slopes_leaf.grad.numpy(), ref["d_alibi"]) < GRAD_TOL
     # the score_mod PyTorch takes for the same scores
     theirs = torch_flex_attention(
         q, k, v, scale=scale,
