@@ -8,8 +8,9 @@ full blocks True, empty blocks False, and mask_mod evaluated (vectorised)
 on the partial blocks only. It costs L * S bytes per (Bm, Hm). fmha
 classifies each of its own tiles against that mask, so tiles the BlockMask
 leaves empty are skipped and full ones run unmasked. A BlockMask that is
-exactly causal (q_idx >= kv_idx, checked on its blocks and the partial
-blocks' values) runs as fmha's causal mask, with no dense mask.
+exactly causal (q_idx >= kv_idx) or a causal sliding window
+(0 <= q_idx - kv_idx <= w), checked on its blocks and the partial blocks'
+values, runs as fmha's causal mask and window, with no dense mask.
 
 score_mod: only None; the common score modifications come as fmha_bias
 (ALiBi slopes, logit softcap), run natively. Imported through fmha.torch,
@@ -54,22 +55,25 @@ def _evaluate_mask_mod(mask_mod, b, h, q_idx, kv_idx):
         return over_blocks(b, h, q_idx, kv_idx).to(torch.bool)
 
 
-def _causal_blocks(nq, nk, QB, KB, L, S):
-    """(full, touched) [nq, nk] bool of the causal mask q_idx >= kv_idx:
-    blocks it leaves all visible, blocks it leaves some key visible in."""
+def _band_blocks(nq, nk, QB, KB, L, S, left):
+    """(full, touched) [nq, nk] bool of the band 0 <= q_idx - kv_idx <= left
+    (left None: causal): blocks it leaves all visible, blocks it leaves
+    some key visible in."""
     q_lo = torch.arange(nq)[:, None] * QB
     q_hi = torch.clamp(q_lo + QB, max=L) - 1
     k_lo = torch.arange(nk)[None, :] * KB
     k_hi = torch.clamp(k_lo + KB, max=S) - 1
-    return q_lo >= k_hi, q_hi >= k_lo
+    left = max(L, S) if left is None else left
+    return (q_lo >= k_hi) & (q_hi - k_lo <= left), (q_hi >= k_lo) & (q_lo - k_hi <= left)
 
 
 def block_mask_operands(block_mask, L, S):
-    """(mask, is_causal) for the BlockMask: mask the dense bool mask
+    """(mask, band) for the BlockMask: mask the dense bool mask
     [Bm, Hm, L, S] (a view with padded row stride; full blocks True, empty
-    False, partial blocks mask_mod), or None with is_causal True when the
-    BlockMask is exactly q_idx >= kv_idx: its full, partial and empty blocks
-    are causal's and mask_mod agrees on every partial block."""
+    False, partial blocks mask_mod) and band None, or mask None and band the
+    left window (-1: none) of a causal mask when the BlockMask is exactly
+    0 <= q_idx - kv_idx (<= left): its blocks are the band's and mask_mod
+    agrees on every partial block."""
     if tuple(block_mask.seq_lengths) != (L, S):
         raise ValueError(f"fmha.torch.flex_attention: block_mask was made for sequence lengths "
                          f"{tuple(block_mask.seq_lengths)}, the inputs have ({L}, {S})")
@@ -94,25 +98,30 @@ def block_mask_operands(block_mask, L, S):
     k_idx = (kb[:, None] * KB + torch.arange(KB)).clamp_(max=S - 1)
     values = (_evaluate_mask_mod(block_mask.mask_mod, b, h, q_idx, k_idx) if where.shape[0]
               else torch.zeros((0, QB, KB), dtype=torch.bool))
-    # causal iff its full blocks are causal's, every block causal touches is
-    # listed and the partial blocks' values are q_idx >= kv_idx (PyTorch
-    # lists a block straddling the sequence end as partial)
-    causal_full, causal_touched = _causal_blocks(nq, nk, QB, KB, L, S)
-    if (not (full & ~causal_full).any() and not (causal_touched & ~full & ~partial).any()
-            and torch.equal(values, q_idx[:, :, None] >= k_idx[:, None, :])):
-        return None, True
+    # a band 0 <= q_idx - kv_idx <= left (causal: no left bound; a sliding
+    # window: left the widest distance the partial blocks show) iff its full
+    # blocks are the band's, every block the band touches is listed and the
+    # partial blocks' values are the band's (PyTorch lists a block straddling
+    # the sequence end as partial)
+    distance = q_idx[:, :, None] - k_idx[:, None, :]
+    for left in (None, int(distance[values].max()) if values.any() else None):
+        band_full, band_touched = _band_blocks(nq, nk, QB, KB, L, S, left)
+        in_band = (distance >= 0) if left is None else (distance >= 0) & (distance <= left)
+        if (not (full & ~band_full).any() and not (band_touched & ~full & ~partial).any()
+                and torch.equal(values, in_band)):
+            return None, -1 if left is None else left
     # padded [Bm, Hm, nq * QB, nk * KB], seen as blocks [Bm, Hm, nq, nk, QB, KB]
     padded = torch.zeros((Bm, Hm, nq * QB, nk * KB), dtype=torch.bool)
     blocks = padded.view(Bm, Hm, nq, QB, nk, KB).permute(0, 1, 2, 4, 3, 5)
     blocks[full] = True
     if where.shape[0]:
         blocks[b, h, qb, kb] = values
-    return padded[:, :, :L, :S], False
+    return padded[:, :, :L, :S], None
 
 
 def dense_mask(block_mask, L, S):
     """The BlockMask as a dense bool mask [Bm, Hm, L, S] (None when it is
-    exactly causal, which runs as fmha's causal mask)."""
+    exactly causal or a causal sliding window, which run natively)."""
     return block_mask_operands(block_mask, L, S)[0]
 
 
@@ -161,7 +170,8 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     b = 0 or h = 0 only, so it must not depend on them), made for (L, S); it is turned
     into a dense bool mask [Bm, Hm, L, S] (L * S bytes per batch/head it
     spans) with mask_mod evaluated on its partial blocks only; one that is
-    exactly causal runs as fmha's causal mask instead. score_mod
+    exactly causal or a causal sliding window runs as fmha's causal mask
+    and window instead. score_mod
     must be None: an arbitrary score_mod raises NotImplementedError. The
     common ones come as fmha_bias=dict(alibi_slopes=[H] tensor, softcap=c):
     score = c * tanh(scale * q.k / c) - alibi_slopes[h] * |q_idx - kv_idx|.
@@ -176,15 +186,16 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
                                   "and logit softcapping")
     B, H, L, E, S = _checked(query, key, value, enable_gqa)
     scale = api.resolve_scale(1.0 / math.sqrt(E) if scale is None else scale, E)
-    mask, is_causal = None, False
+    mask, band = None, None
     if block_mask is not None:
         Bm, Hm = block_mask.kv_num_blocks.shape[:2]
         if Bm not in (1, B) or Hm not in (1, H):
             raise ValueError(f"fmha.torch.flex_attention: block_mask is for batch {Bm} and {Hm} heads; the inputs "
                              f"have batch {B} and {H} heads (B=None or H=None in create_block_mask broadcasts)")
-        mask, is_causal = block_mask_operands(block_mask, L, S)
+        mask, band = block_mask_operands(block_mask, L, S)
     alibi, softcap = _bias_options(fmha_bias, H)
     out, lse = torch.ops.fmha.attention(query, key, value, None, mask, None, None, None, None, alibi, None, None,
-                                        api.causal_code(is_causal, "top_left"), float(scale), [-1, -1], softcap,
+                                        api.causal_code(band is not None, "top_left"), float(scale),
+                                        [-1 if band is None else band, -1], softcap,
                                         [128, 1], api.PRECISIONS["fast"], 0.0, 0, 0)
     return (out, lse.detach()) if return_lse else out

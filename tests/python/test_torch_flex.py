@@ -212,25 +212,29 @@ def test_errors():
 
 
 @pytest.mark.parametrize("L, S, block", [(256, 256, 128), (200, 200, 128), (96, 130, 48), (100, 100, (32, 48))])
-def test_causal_block_mask_runs_as_native_causal(L, S, block):
+def test_causal_and_sliding_block_masks_run_natively(L, S, block):
     def causal(b, h, qi, kv):
         return qi >= kv
-
-    def strictly_causal(b, h, qi, kv):   # same blocks, differs inside the diagonal ones
-        return qi > kv
 
     def sliding(b, h, qi, kv):
         return (qi >= kv) & (qi - kv <= 37)
 
+    def strictly_causal(b, h, qi, kv):   # same blocks, differs inside the diagonal ones
+        return qi > kv
+
+    def sliding_and_first_key(b, h, qi, kv):
+        return ((qi >= kv) & (qi - kv <= 37)) | (kv == 0)
+
     def per_head(b, h, qi, kv):          # causal on head 0 only
         return (qi >= kv) | (h == 1)
 
-    bm = create_block_mask(causal, None, None, L, S, device="cpu", BLOCK_SIZE=block)
-    assert block_mask_operands(bm, L, S) == (None, True)
-    for mod, B, H in ((strictly_causal, None, None), (sliding, None, None), (per_head, 2, 2)):
+    for mod, band in ((causal, -1), (sliding, 37)):
+        bm = create_block_mask(mod, None, None, L, S, device="cpu", BLOCK_SIZE=block)
+        assert block_mask_operands(bm, L, S) == (None, band)
+    for mod, B, H in ((strictly_causal, None, None), (sliding_and_first_key, None, None), (per_head, 2, 2)):
         bm = create_block_mask(mod, B, H, L, S, device="cpu", BLOCK_SIZE=block)
-        mask, is_causal = block_mask_operands(bm, L, S)
-        assert not is_causal and mask is not None
+        mask, band = block_mask_operands(bm, L, S)
+        assert band is None and mask is not None
         want = numpy_mask(lambda b, h, qi, kv: mod(torch.from_numpy(np.asarray(b)), torch.from_numpy(np.asarray(h)),
                                                    torch.from_numpy(np.asarray(qi)),
                                                    torch.from_numpy(np.asarray(kv))).numpy(),
