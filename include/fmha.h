@@ -467,8 +467,9 @@ FMHA_API fmha_status fmha_merge(int64_t batch, int64_t heads_q, int64_t seq_q, i
  * The plan copies the problem; the arrays it names (lengths, segment ids,
  * dense mask and bias, slopes, table, callbacks and their contexts) are
  * read at every run, so they must stay valid for the plan's life, and their
- * contents may change between runs (lengths are re-checked). Calls on one
- * plan from several threads are safe and run one after another. */
+ * contents may change between runs (lengths, block table entries, slopes and
+ * sinks are re-checked at every run). Calls on one plan from several
+ * threads are safe and run one after another. */
 typedef struct fmha_plan fmha_plan;
 
 /* Validates *p (every check fmha_problem_check makes, plus a mask callback's

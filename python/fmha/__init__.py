@@ -2,7 +2,8 @@
 
 It holds fmha-bench's report (python -m fmha.report) and the bindings to
 libfmha: fmha.attention / fmha.attention_backward on NumPy arrays (fmha.api),
-fmha.jax.dot_product_attention (JAX FFI) and
+fmha.jax.dot_product_attention (JAX FFI), fmha.flax.dot_product_attention
+(flax's attention_fn, on fmha.jax) and
 fmha.torch.scaled_dot_product_attention (PyTorch custom op); the peer
 benchmark is python -m fmha.bench_peers. The names below load libfmha.so on
 first use, so `import fmha` needs neither the library, JAX nor PyTorch.

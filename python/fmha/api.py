@@ -174,6 +174,41 @@ def set_dense_bias(p, address, strides):
     p.biases.dense_strides[:] = strides
 
 
+def set_extras(p, *, q_lengths=None, kv_lengths=None, q_ids=None, kv_ids=None, alibi=None, rel_table=None,
+               rel_num_buckets=0, rel_max_distance=128, rel_bidirectional=True, softcap=None, sinks=None):
+    """Points p at the optional int32 / float32 arrays given by address
+    (None = off): lengths [B], segment ids [B, T] / [B, S], alibi slopes
+    [N], rel_table [N, rel_num_buckets], sinks [N]; softcap None = off."""
+    if q_lengths is not None:
+        p.masks.q_lengths = _ptr(ctypes.c_int32, q_lengths)
+    if kv_lengths is not None:
+        p.masks.kv_lengths = _ptr(ctypes.c_int32, kv_lengths)
+    if q_ids is not None:
+        p.masks.q_segment_ids = _ptr(ctypes.c_int32, q_ids)
+        p.masks.kv_segment_ids = _ptr(ctypes.c_int32, kv_ids)
+    if alibi is not None:
+        p.biases.alibi_slopes = _ptr(ctypes.c_float, alibi)
+    if rel_table is not None:
+        p.biases.rel_table = _ptr(ctypes.c_float, rel_table)
+        p.biases.rel_num_buckets = int(rel_num_buckets)
+        p.biases.rel_max_distance = int(rel_max_distance)
+        p.biases.rel_bidirectional = int(bool(rel_bidirectional))
+    if softcap is not None:
+        p.biases.softcap = softcap
+    if sinks is not None:
+        p.sinks = _ptr(ctypes.c_float, sinks)
+
+
+def softcap_value(softcap):
+    """softcap as a float (None = off); ValueError unless > 0 and finite."""
+    if softcap is None:
+        return None
+    softcap = float(softcap)
+    if not (softcap > 0 and math.isfinite(softcap)):
+        raise ValueError(f"fmha: softcap must be > 0 and finite, got {softcap}")
+    return softcap
+
+
 # ---- NumPy operands ------------------------------------------------------------------------
 
 def _elem_strides(a):
@@ -438,10 +473,7 @@ def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignmen
         if not np.all(np.isfinite(z)):
             raise ValueError("fmha: sinks must be finite")
         call.sinks = z = np.ascontiguousarray(z)
-    if softcap is not None:
-        softcap = float(softcap)
-        if not (softcap > 0 and math.isfinite(softcap)):
-            raise ValueError(f"fmha: softcap must be > 0 and finite, got {softcap}")
+    softcap = softcap_value(softcap)
     if mask_callback is not None and not (isinstance(mask_callback, MaskCallback) or callable(mask_callback)):
         raise TypeError("fmha: mask_callback must be a MaskCallback or a fill function")
     if bias_callback is not None and not (isinstance(bias_callback, BiasCallback) or callable(bias_callback)):
@@ -472,24 +504,13 @@ def _describe(call, q, k, v):
         set_dense_mask(p, m.ctypes.data, d["mask_strides"])
     if b is not None:
         set_dense_bias(p, b.ctypes.data, d["bias_strides"])
-    if ql is not None:
-        p.masks.q_lengths = _ptr(ctypes.c_int32, ql.ctypes.data)
-    if kl is not None:
-        p.masks.kv_lengths = _ptr(ctypes.c_int32, kl.ctypes.data)
-    if q_ids is not None:
-        p.masks.q_segment_ids = _ptr(ctypes.c_int32, q_ids.ctypes.data)
-        p.masks.kv_segment_ids = _ptr(ctypes.c_int32, kv_ids.ctypes.data)
-    if a is not None:
-        p.biases.alibi_slopes = _ptr(ctypes.c_float, a.ctypes.data)
-    if r is not None:
-        p.biases.rel_table = _ptr(ctypes.c_float, r.ctypes.data)
-        p.biases.rel_num_buckets = r.shape[1]
-        p.biases.rel_max_distance = int(d["rel_max_distance"])
-        p.biases.rel_bidirectional = int(bool(d["rel_bidirectional"]))
-    if d["softcap"] is not None:
-        p.biases.softcap = d["softcap"]
-    if d["sinks"] is not None:
-        p.sinks = _ptr(ctypes.c_float, d["sinks"].ctypes.data)
+    def address(a):
+        return None if a is None else a.ctypes.data
+
+    set_extras(p, q_lengths=address(ql), kv_lengths=address(kl), q_ids=address(q_ids), kv_ids=address(kv_ids),
+               alibi=address(a), rel_table=address(r), rel_num_buckets=r.shape[1] if r is not None else 0,
+               rel_max_distance=d["rel_max_distance"], rel_bidirectional=d["rel_bidirectional"],
+               softcap=d["softcap"], sinks=address(d["sinks"]))
     p.dropout_p, p.dropout_seed, p.dropout_offset = d["dropout"]
     call.hold(m, b, ql, kl, q_ids, kv_ids, a, r, d["sinks"])
     if d["mask_callback"] is not None:

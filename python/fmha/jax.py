@@ -16,8 +16,10 @@ plans on XLA's buffers, kept in a bounded cache keyed by the whole C problem
 (plan_cache_info); nothing is computed in Python.
 
 Differentiation: a jax.custom_vjp whose backward is fmha_backward, fed the
-log-sum-exp saved by the forward. Gradients flow to query, key, value and
-bias; the bias gradient is computed only when bias is differentiated.
+log-sum-exp saved by the forward. Gradients flow to query, key, value,
+bias, alibi_slopes and rel_table (fmha_param_grads) and sinks
+(fmha_sinks_backward); each parameter's gradient is computed only when it
+is differentiated. Integer inputs (lengths, segment ids) get none.
 
 vmap: ffi_call's vmap_method="expand_dims". Unbatched operands gain a
 size-1 leading dimension and the handlers accept any number of leading
@@ -29,6 +31,7 @@ Rows that see no key at all (a fully masked row) give zeros here (the C
 library's rule), where jax.nn.dot_product_attention averages every value.
 """
 
+import collections
 import ctypes
 import fcntl
 import functools
@@ -59,7 +62,12 @@ _FFI_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ffi")
 _FFI_SOURCE = os.path.join(_FFI_DIR, "fmha_jax_ffi.cc")
 _FFI_PREBUILT = os.path.join("_ffi", "fmha_jax_ffi.so")         # next to the package's libfmha.so
 _FFI_PREBUILT_INFO = os.path.join("_ffi", "fmha_jax_ffi.json")
-_EXTRA_BIAS, _EXTRA_MASK, _EXTRA_QLEN, _EXTRA_KVLEN = 1, 2, 4, 8
+# The `extras` bit of each optional operand, in the handler's operand order.
+_EXTRA_BITS = dict(bias=1, mask=2, q_lens=4, kv_lens=8, q_seg=16, kv_seg=32, alibi=64, rel=128, sinks=256,
+                   dropout_seed=512)
+_EXTRA_NAMES = tuple(_EXTRA_BITS)
+# Differentiable float parameters and their `grads` bit (the d_* results come in this order).
+_GRAD_BITS = dict(bias=1, alibi=2, rel=4, sinks=8)
 
 # ---- building and registering the FFI library ------------------------------------------
 
@@ -239,23 +247,32 @@ def plan_cache_clear():
 
 # ---- the custom calls --------------------------------------------------------------------
 
+# cfg: the static options, hashable (custom_vjp's nondiff argument).
+_Config = collections.namedtuple("_Config", "scale causal window strategy softcap precision rel_max_distance "
+                                            "rel_bidirectional dropout_p")
+
+
 def _attrs(cfg, extras):
-    scale, causal, window, strategy = cfg
-    return dict(scale=np.float32(scale), causal=np.int64(causal), window_left=np.int64(window[0]),
-                window_right=np.int64(window[1]), strategy=np.int64(strategy), extras=np.int64(extras))
+    return dict(scale=np.float32(cfg.scale), causal=np.int64(cfg.causal), window_left=np.int64(cfg.window[0]),
+                window_right=np.int64(cfg.window[1]), strategy=np.int64(cfg.strategy), extras=np.int64(extras),
+                softcap=np.float32(cfg.softcap), precision=np.int64(cfg.precision),
+                rel_max_distance=np.int64(cfg.rel_max_distance), rel_bidirectional=np.int64(cfg.rel_bidirectional),
+                dropout_p=np.float32(cfg.dropout_p))
 
 
-def _extras(bias, mask, q_lens, kv_lens):
+def _extras(extras):
+    """The operands present of the dict `extras` (name -> array or None), in
+    the handler's order, and their bit set."""
     ops, bits = [], 0
-    for bit, x in ((_EXTRA_BIAS, bias), (_EXTRA_MASK, mask), (_EXTRA_QLEN, q_lens), (_EXTRA_KVLEN, kv_lens)):
-        if x is not None:
-            ops.append(x)
-            bits |= bit
+    for name in _EXTRA_NAMES:
+        if extras[name] is not None:
+            ops.append(extras[name])
+            bits |= _EXTRA_BITS[name]
     return ops, bits
 
 
-def _forward(q, k, v, bias, mask, q_lens, kv_lens, cfg):
-    ops, bits = _extras(bias, mask, q_lens, kv_lens)
+def _forward(q, k, v, extras, cfg):
+    ops, bits = _extras(extras)
     B, T, N, _ = q.shape
     out_types = (jax.ShapeDtypeStruct(q.shape[:-1] + v.shape[-1:], q.dtype),
                  jax.ShapeDtypeStruct((B, N, T), jnp.float32))
@@ -264,43 +281,52 @@ def _forward(q, k, v, bias, mask, q_lens, kv_lens, cfg):
     return o, lse
 
 
-def _backward(q, k, v, o, lse, d_o, bias, mask, q_lens, kv_lens, cfg, bias_grad):
-    ops, bits = _extras(bias, mask, q_lens, kv_lens)
+def _backward(q, k, v, o, lse, d_o, extras, cfg, wanted):
+    """dq, dk, dv, then the gradient of each parameter named in `wanted` (in _GRAD_BITS order)."""
+    ops, bits = _extras(extras)
     out_types = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
-    if bias_grad:
-        out_types.append(jax.ShapeDtypeStruct(bias.shape, jnp.float32))
+    grad_bits = 0
+    for name in _GRAD_BITS:
+        if name in wanted:
+            out_types.append(jax.ShapeDtypeStruct(extras[name].shape, jnp.float32))
+            grad_bits |= _GRAD_BITS[name]
     call = jax.ffi.ffi_call("fmha_backward", tuple(out_types), vmap_method="expand_dims")
-    return call(q, k, v, o, lse, d_o, *ops, bias_grad=np.int64(bias_grad), **_attrs(cfg, bits))
+    return call(q, k, v, o, lse, d_o, *ops, grads=np.int64(grad_bits), **_attrs(cfg, bits))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
-def _attention(q, k, v, bias, mask, q_lens, kv_lens, cfg):
-    return _forward(q, k, v, bias, mask, q_lens, kv_lens, cfg)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _attention(q, k, v, extras, cfg):
+    return _forward(q, k, v, extras, cfg)
 
 
 def _value(x):
     return getattr(x, "value", x)
 
 
-def _attention_fwd(q, k, v, bias, mask, q_lens, kv_lens, cfg):
+def _attention_fwd(q, k, v, extras, cfg):
     # symbolic_zeros=True: the primals arrive as CustomVJPPrimal(value, perturbed).
-    bias_grad = bias is not None and bool(getattr(bias, "perturbed", True))
-    q, k, v, bias, mask, q_lens, kv_lens = map(_value, (q, k, v, bias, mask, q_lens, kv_lens))
-    o, lse = _forward(q, k, v, bias, mask, q_lens, kv_lens, cfg)
-    # The bias appears a second time, as a marker, when its gradient is wanted.
-    return (o, lse), (q, k, v, bias, mask, q_lens, kv_lens, o, lse, bias if bias_grad else None)
+    # A float parameter's gradient is computed only when it is differentiated.
+    wanted = tuple(name for name in _GRAD_BITS
+                   if extras[name] is not None and bool(getattr(extras[name], "perturbed", True)))
+    q, k, v = map(_value, (q, k, v))
+    extras = {name: _value(x) for name, x in extras.items()}
+    o, lse = _forward(q, k, v, extras, cfg)
+    # The wanted names travel as the keys of a dict (static pytree structure).
+    return (o, lse), (q, k, v, extras, o, lse, {name: None for name in wanted})
 
 
 def _attention_bwd(cfg, res, cotangents):
-    q, k, v, bias, mask, q_lens, kv_lens, o, lse, bias_marker = res
+    q, k, v, extras, o, lse, wanted = res
     d_o = cotangents[0]  # lse's cotangent is ignored: it is a stop-gradient output
-    bias_grad = bias_marker is not None
+    d_extras = {name: None for name in extras}  # integer inputs and unwanted parameters: none
     if isinstance(d_o, SymbolicZero):
-        zeros = tuple(jnp.zeros(x.shape, x.dtype) for x in (q, k, v))
-        return zeros + (jnp.zeros(bias.shape, bias.dtype) if bias_grad else None, None, None, None)
-    grads = _backward(q, k, v, o, lse, d_o.astype(o.dtype), bias, mask, q_lens, kv_lens, cfg, bias_grad)
-    d_bias = grads[3] if bias_grad else None
-    return (grads[0], grads[1], grads[2], d_bias, None, None, None)
+        for name in wanted:
+            d_extras[name] = jnp.zeros(extras[name].shape, extras[name].dtype)
+        return tuple(jnp.zeros(x.shape, x.dtype) for x in (q, k, v)) + (d_extras,)
+    grads = _backward(q, k, v, o, lse, d_o.astype(o.dtype), extras, cfg, tuple(wanted))
+    for name, g in zip([n for n in _GRAD_BITS if n in wanted], grads[3:]):
+        d_extras[name] = g
+    return (grads[0], grads[1], grads[2], d_extras)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
@@ -313,44 +339,106 @@ def _ensure_4d(x):
     return x.reshape((1,) * (4 - x.ndim) + x.shape) if x.ndim < 4 else x
 
 
-def _check_config(dtype, B, N, K, T, S, H, Hv, cfg, has):
-    """Raises FmhaError now (at trace time) for a request the library refuses."""
-    scale, causal, window, strategy = cfg
+def _check_config(dtype, B, N, K, T, S, H, Hv, cfg, extras):
+    """Raises FmhaError now (at trace time) for a request the library refuses:
+    the problem with stand-in arrays of the extras' shapes (their values are
+    only known when the call runs)."""
     p = api.new_problem(dtype, (B, N, K, T, S, H, Hv), (T * N * H, N * H, H, 1), (S * K * H, K * H, H, 1),
-                        (S * K * Hv, K * Hv, Hv, 1), (T * N * Hv, N * Hv, Hv, 1), scale=scale, causal=causal,
-                        strategy=strategy, window=window)
+                        (S * K * Hv, K * Hv, Hv, 1), (T * N * Hv, N * Hv, Hv, 1), scale=cfg.scale,
+                        causal=cfg.causal, strategy=cfg.strategy, window=cfg.window)
+    p.precision = cfg.precision
+    p.biases.softcap = cfg.softcap
     keep = []
-    if has & _EXTRA_BIAS:
-        one = np.zeros(1, np.float32)
-        api.set_dense_bias(p, one.ctypes.data, [0, 0, 0, 0])
-        keep.append(one)
-    if has & _EXTRA_MASK:
-        one = np.ones(1, np.uint8)
-        api.set_dense_mask(p, one.ctypes.data, [0, 0, 0, 0])
-        keep.append(one)
-    for bit, field, n in ((_EXTRA_QLEN, "q_lengths", T), (_EXTRA_KVLEN, "kv_lengths", S)):
-        if has & bit:
-            lengths = np.full(B, n, np.int32)
-            setattr(p.masks, field, ctypes.cast(ctypes.c_void_p(lengths.ctypes.data),
-                                                ctypes.POINTER(ctypes.c_int32)))
-            keep.append(lengths)
+
+    def stand_in(shape, dtype, fill, ctype=None):
+        """An array kept alive for the check: its address, or a ctype pointer to it."""
+        a = np.full(shape, fill, dtype)
+        keep.append(a)
+        return a.ctypes.data if ctype is None else ctypes.cast(ctypes.c_void_p(a.ctypes.data),
+                                                                ctypes.POINTER(ctype))
+
+    if extras["bias"] is not None:
+        api.set_dense_bias(p, stand_in(1, np.float32, 0), [0, 0, 0, 0])
+    if extras["mask"] is not None:
+        api.set_dense_mask(p, stand_in(1, np.uint8, 1), [0, 0, 0, 0])
+    if extras["q_lens"] is not None:
+        p.masks.q_lengths = stand_in(B, np.int32, T, ctypes.c_int32)
+    if extras["kv_lens"] is not None:
+        p.masks.kv_lengths = stand_in(B, np.int32, S, ctypes.c_int32)
+    if extras["q_seg"] is not None:
+        p.masks.q_segment_ids = stand_in((B, T), np.int32, 0, ctypes.c_int32)
+        p.masks.kv_segment_ids = stand_in((B, S), np.int32, 0, ctypes.c_int32)
+    if extras["alibi"] is not None:
+        p.biases.alibi_slopes = stand_in(N, np.float32, 0, ctypes.c_float)
+    if extras["rel"] is not None:
+        p.biases.rel_table = stand_in(extras["rel"].shape, np.float32, 0, ctypes.c_float)
+        p.biases.rel_num_buckets = extras["rel"].shape[1]
+        p.biases.rel_max_distance = cfg.rel_max_distance
+        p.biases.rel_bidirectional = cfg.rel_bidirectional
+    if extras["sinks"] is not None:
+        p.sinks = stand_in(N, np.float32, 0, ctypes.c_float)
+    p.dropout_p = cfg.dropout_p
     _lib.check(_lib.load().fmha_problem_check(ctypes.byref(p)), "fmha.jax.dot_product_attention")
+
+
+def _checked_array(x, shape, kind, name):
+    """x as an array of `shape` whose dtype is of `kind` (jnp.integer: cast
+    to int32; jnp.floating: to float32, the gradient returning in x's own
+    dtype)."""
+    x = jnp.asarray(x)
+    if x.shape != shape:
+        raise ValueError(f"{name} shape should be {shape}: but got {x.shape}")
+    if not jnp.issubdtype(x.dtype, kind):
+        raise ValueError(f"{name} dtype should be {kind.__name__}, but got {x.dtype}")
+    return x.astype(jnp.int32 if kind is jnp.integer else jnp.float32)
 
 
 def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
                           query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
-                          implementation=None, return_residual=False):
+                          implementation=None, return_residual=False, causal_alignment="top_left",
+                          segment_ids=None, alibi_slopes=None, rel_table=None, rel_max_distance=128,
+                          rel_bidirectional=True, softcap=None, sinks=None, precision="fast", dropout_p=0.0,
+                          dropout_rng=None):
     """jax.nn.dot_product_attention computed by fmha's C kernels.
 
     Same arguments, shapes ([B, T, N, H] or [T, N, H]; GQA through fewer key
     heads) and results as jax.nn.dot_product_attention. implementation None
     (or 'fmha') runs fmha; 'xla' and 'cudnn' hand the call to
     jax.nn.dot_product_attention. dtypes: float32, bfloat16, float16.
-    Requests the C library refuses raise FmhaError while tracing; errors
-    found while running (e.g. a sequence length out of range) raise JAX's
-    runtime error carrying the C message.
+
+    fmha's own keywords, as in fmha.attention (no dense tensor is built):
+      causal_alignment  'top_left' (jax) or 'bottom_right' (per sequence:
+                        kv_len - q_len, from the length arrays when given)
+      segment_ids       [B, T] int (T == S) or a pair (q_ids [B, T], kv_ids
+                        [B, S]): a key is visible from a query of its segment
+      alibi_slopes      [N]: bias -slope[n] * |i - j| (differentiable)
+      rel_table         [N, buckets]: T5 relative-position bias with
+                        rel_max_distance, rel_bidirectional (differentiable)
+      softcap           > 0: scores become softcap * tanh(scores / softcap)
+      sinks             [N]: one logit per query head in every row's softmax
+                        denominator, without a value (differentiable)
+      precision         'fast' (default) or 'accurate': bf16 P V rounding
+      dropout_p, dropout_rng  dropout on the attention weights (fmha_problem
+                        .dropout_p): each dropped with probability dropout_p,
+                        the rest scaled by 1 / (1 - dropout_p); dropout_rng,
+                        a PRNG key, gives the seed: with
+                        b = jax.random.bits(dropout_rng, (2,), uint32),
+                        seed = b[0] << 32 | b[1], offset 0. The backward
+                        draws the same weights; nothing is stored. Under
+                        vmap, a key shared by the slices gives each the
+                        same draw; map over keys for independent ones.
+    Integer inputs (lengths, segment ids) get no gradient. Requests the C
+    library refuses raise FmhaError while tracing; errors found while
+    running (a length out of range, a non-finite sink) raise JAX's runtime
+    error carrying the C message.
     """
     if implementation in ("xla", "cudnn"):
+        given = dict(segment_ids=segment_ids, alibi_slopes=alibi_slopes, rel_table=rel_table, softcap=softcap,
+                     sinks=sinks)
+        native = [name for name, x in given.items() if x is not None] + (["dropout_p"] if dropout_p else [])
+        if native or causal_alignment != "top_left":
+            raise ValueError(f"implementation={implementation!r} takes none of fmha's own keywords, got "
+                             f"{native or ['causal_alignment']}")
         return jax.nn.dot_product_attention(
             query, key, value, bias, mask, scale=scale, is_causal=is_causal,
             query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
@@ -376,40 +464,70 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     if N % K != 0:
         raise ValueError(f"The number of query heads must be a multiple of key/value heads, but got {N} vs {K}")
     full = (B, N, T, S)
-    has = 0
+    extras = dict.fromkeys(_EXTRA_NAMES)
     if bias is not None:
         bias = _ensure_4d(bias)
         api.broadcast_strides(bias.shape, (1, 1, 1, 1), full, "bias")
-        has |= _EXTRA_BIAS
+        extras["bias"] = bias.astype(jnp.float32)  # its gradient returns in the bias's own dtype
     if mask is not None:
         mask = _ensure_4d(mask)
         if mask.dtype != np.bool_:
             raise ValueError(f"mask dtype should be bool, but got {mask.dtype}")
         api.broadcast_strides(mask.shape, (1, 1, 1, 1), full, "mask")
-        has |= _EXTRA_MASK
-    lengths = []
-    for name, x, bit in (("query_seq_lengths", query_seq_lengths, _EXTRA_QLEN),
-                         ("key_value_seq_lengths", key_value_seq_lengths, _EXTRA_KVLEN)):
+        extras["mask"] = mask
+    for name, x, slot in (("query_seq_lengths", query_seq_lengths, "q_lens"),
+                          ("key_value_seq_lengths", key_value_seq_lengths, "kv_lens")):
         if x is not None:
             x = jnp.asarray(x)
             if x.shape != (B,):
                 raise ValueError(f"{name} shape should be ({B},): but got {x.shape}")
             if x.dtype != np.int32:
                 raise ValueError(f"{name} dtype should be int32, but got {x.dtype}")
-            has |= bit
-        lengths.append(x)
-    scale_val = api.resolve_scale(scale, H)
-    cfg = (scale_val, _lib.CAUSAL_TOP_LEFT if is_causal else _lib.CAUSAL_NONE,
-           api.window_sides(local_window_size), _lib.STRATEGIES["auto"])
-    _check_config(code, B, N, K, T, S, H, Hv, cfg, has)
+            extras[slot] = x
+    if segment_ids is not None:
+        if isinstance(segment_ids, (tuple, list)):
+            if len(segment_ids) != 2:
+                raise ValueError("segment_ids must be one [B, T] array or a (q_ids, kv_ids) pair")
+            q_ids, kv_ids = segment_ids
+        else:
+            if T != S:
+                raise ValueError(f"one segment_ids array needs T == S (got {T}, {S}); pass (q_ids, kv_ids)")
+            q_ids = kv_ids = segment_ids
+        extras["q_seg"] = _checked_array(q_ids, (B, T), jnp.integer, "query segment_ids")
+        extras["kv_seg"] = _checked_array(kv_ids, (B, S), jnp.integer, "key_value segment_ids")
+    if alibi_slopes is not None:
+        extras["alibi"] = _checked_array(alibi_slopes, (N,), jnp.floating, "alibi_slopes")
+    if rel_table is not None:
+        rel_table = jnp.asarray(rel_table)
+        if rel_table.ndim != 2 or rel_table.shape[0] != N:
+            raise ValueError(f"rel_table shape should be ({N}, num_buckets): but got {rel_table.shape}")
+        extras["rel"] = _checked_array(rel_table, rel_table.shape, jnp.floating, "rel_table")
+    if sinks is not None:
+        extras["sinks"] = _checked_array(sinks, (N,), jnp.floating, "sinks")
+    if softcap is not None:
+        softcap = float(softcap)
+        if not (softcap > 0 and np.isfinite(softcap)):
+            raise ValueError(f"softcap must be > 0 and finite, got {softcap}")
+    dropout_p = float(dropout_p)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if dropout_p > 0.0:
+        if dropout_rng is None:
+            raise ValueError("dropout_p > 0 needs dropout_rng (a jax.random key)")
+        extras["dropout_seed"] = jax.random.bits(dropout_rng, (2,), jnp.uint32)
+    if precision not in api.PRECISIONS:
+        raise ValueError(f"precision must be one of {sorted(api.PRECISIONS)}, got {precision!r}")
+    cfg = _Config(scale=api.resolve_scale(scale, H), causal=api.causal_code(is_causal, causal_alignment),
+                  window=api.window_sides(local_window_size), strategy=_lib.STRATEGIES["auto"],
+                  softcap=softcap or 0.0, precision=api.PRECISIONS[precision],
+                  rel_max_distance=int(rel_max_distance), rel_bidirectional=int(bool(rel_bidirectional)),
+                  dropout_p=dropout_p)
+    _check_config(code, B, N, K, T, S, H, Hv, cfg, extras)
     _ensure_registered()
 
-    if bias is not None:
-        bias = bias.astype(jnp.float32)  # its gradient returns in the bias's own dtype
-    out, lse = _attention(q, k, v, bias, mask, lengths[0], lengths[1], cfg)
+    out, lse = _attention(q, k, v, extras, cfg)
     out = jnp.reshape(out, output_shape[:-1] + (Hv,))
     if return_residual:
         residual = jnp.transpose(lse, (0, 2, 1)).astype(k.dtype)  # [B, N, T] -> [B, T, N]
         return out, jnp.reshape(residual, output_shape[:-1])
     return out
-

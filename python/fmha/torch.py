@@ -6,17 +6,27 @@ call the C library through ctypes on the tensors' data pointers, with
 [B, H, L, E] strides passed as they are (no copies for permuted or
 broadcast inputs), through fmha plans cached per shapes, strides, dtype
 and options (_PLANS, bounded). register_autograd makes the pair
-differentiable (query, key, value and a float attn_mask); register_fake
-gives torch.compile the output shapes, so compiled graphs keep the op as
-one opaque call.
+differentiable (query, key, value, a float attn_mask, and the keywords
+alibi_slopes, rel_table and sinks); register_fake gives torch.compile the
+output shapes, so compiled graphs keep the op as one opaque call.
+
+After SDPA's own arguments, keyword-only, come the options of NumPy
+fmha.attention with the same names and meanings (segment_ids, alibi_slopes,
+rel_table, softcap, causal_alignment, local_window_size, sequence lengths,
+precision, sinks), validated by api.py's helpers. Under
+torch.autocast("cpu") the ops run q, k, v in the autocast dtype, as
+PyTorch's SDPA does (mixed float32 / bf16 inputs are accepted there).
 
 Rows that see no key at all (a boolean attn_mask that is all False on a
 row) give zeros here, where PyTorch gives NaN.
 """
 
+import collections
 import ctypes
 import math
 from typing import Optional
+
+import numpy as np
 
 try:
     import torch
@@ -48,25 +58,49 @@ def _mask_strides(t, full, name):
     return api.broadcast_strides(tuple(t.shape), t.stride(), full, name)
 
 
-def _problem(q, k, v, o_strides, bias, mask, is_causal, scale):
+# Everything of a call besides the tensors and their outputs, in the custom
+# ops' argument order: optional tensors (bias float32 and mask bool broadcast
+# to [B, H, L, S]; int32 q_lengths [B], kv_lengths [B], q_ids [B, L],
+# kv_ids [B, S]; float32 alibi [H], rel_table [H, buckets], sinks [H]) then
+# options (causal: an fmha_causal code; window: [left, right], -1 = open;
+# softcap: 0 = off; rel_options: [max_distance, bidirectional]; precision:
+# an fmha_precision code).
+_Spec = collections.namedtuple("_Spec", "bias mask q_lengths kv_lengths q_ids kv_ids alibi rel_table sinks "
+                                        "causal scale window softcap rel_options precision")
+_ARRAYS = ("q_lengths", "kv_lengths", "q_ids", "kv_ids", "alibi", "rel_table", "sinks")
+
+
+def _address(t):
+    return None if t is None else t.data_ptr()
+
+
+def _problem(q, k, v, o_strides, spec):
     B, H, L, E = q.shape
     _, Hkv, S, Ev = v.shape
     p = api.new_problem(_dtype_code(q), (B, H, Hkv, L, S, E, Ev), _seq_strides(q), _seq_strides(k),
-                        _seq_strides(v), o_strides, scale=scale,
-                        causal=_lib.CAUSAL_TOP_LEFT if is_causal else _lib.CAUSAL_NONE,
-                        strategy=_lib.STRATEGIES["auto"])
+                        _seq_strides(v), o_strides, scale=spec.scale, causal=spec.causal,
+                        strategy=_lib.STRATEGIES["auto"], window=tuple(spec.window))
+    p.precision = spec.precision
     full = (B, H, L, S)
-    if bias is not None:
-        api.set_dense_bias(p, bias.data_ptr(), _mask_strides(bias, full, "attn_mask"))
-    if mask is not None:
-        api.set_dense_mask(p, mask.data_ptr(), _mask_strides(mask, full, "attn_mask"))
+    if spec.bias is not None:
+        api.set_dense_bias(p, spec.bias.data_ptr(), _mask_strides(spec.bias, full, "attn_mask"))
+    if spec.mask is not None:
+        api.set_dense_mask(p, spec.mask.data_ptr(), _mask_strides(spec.mask, full, "attn_mask"))
+    rel = spec.rel_table
+    api.set_extras(p, q_lengths=_address(spec.q_lengths), kv_lengths=_address(spec.kv_lengths),
+                   q_ids=_address(spec.q_ids), kv_ids=_address(spec.kv_ids), alibi=_address(spec.alibi),
+                   rel_table=_address(rel), rel_num_buckets=rel.shape[1] if rel is not None else 0,
+                   rel_max_distance=spec.rel_options[0], rel_bidirectional=spec.rel_options[1],
+                   softcap=spec.softcap if spec.softcap > 0 else None, sinks=_address(spec.sinks))
     return p
 
 
 # Plans by everything the C problem holds: shapes, strides, dtype, options
 # and, for a mask or bias, its address. The address makes a call whose
 # mask moved miss (and plan anew); a plan is run only when the call's mask
-# sits where the plan reads it, so a stale address is never read.
+# sits where the plan reads it, so a stale address is never read. Calls
+# with lengths, segment ids, slopes, a table or sinks run one-shot
+# (fmha_forward / fmha_backward), planned on every call.
 _PLANS = _lib.PlanCache(32)
 
 
@@ -74,10 +108,14 @@ def _operand_key(t):
     return None if t is None else (t.data_ptr(), t.shape, t.stride())
 
 
-def _plan(q, k, v, o, bias, mask, is_causal, scale):
-    key = (q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), o.stride(), is_causal,
-           scale, _operand_key(bias), _operand_key(mask))
-    return _PLANS.get(key, lambda: _problem(q, k, v, _seq_strides(o), bias, mask, is_causal, scale))
+def _plan(q, k, v, o, spec):
+    """The cached plan of a call, or None for one that runs one-shot."""
+    if any(getattr(spec, name) is not None for name in _ARRAYS):
+        return None
+    key = (q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), o.stride(), spec.causal,
+           spec.scale, tuple(spec.window), spec.softcap, spec.precision, _operand_key(spec.bias),
+           _operand_key(spec.mask))
+    return _PLANS.get(key, lambda: _problem(q, k, v, _seq_strides(o), spec))
 
 
 def _with_layout(x, like):
@@ -87,28 +125,57 @@ def _with_layout(x, like):
     return y
 
 
+def _float_ptr(t):
+    return None if t is None else ctypes.cast(ctypes.c_void_p(t.data_ptr()), ctypes.POINTER(ctypes.c_float))
+
+
 @torch.library.custom_op("fmha::attention", mutates_args=(), device_types="cpu")
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor],
-                  mask: Optional[torch.Tensor], is_causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                  mask: Optional[torch.Tensor], q_lengths: Optional[torch.Tensor],
+                  kv_lengths: Optional[torch.Tensor], q_ids: Optional[torch.Tensor], kv_ids: Optional[torch.Tensor],
+                  alibi: Optional[torch.Tensor], rel_table: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
+                  causal: int, scale: float, window: list[int], softcap: float, rel_options: list[int],
+                  precision: int) -> tuple[torch.Tensor, torch.Tensor]:
+    spec = _Spec(bias, mask, q_lengths, kv_lengths, q_ids, kv_ids, alibi, rel_table, sinks, causal, scale, window,
+                 softcap, rel_options, precision)
     B, H, L, _ = q.shape
     out = q.new_empty((B, H, L, v.shape[3]))
     lse = q.new_empty((B, H, L), dtype=torch.float32)
-    plan = _plan(q, k, v, out, bias, mask, is_causal, scale)
-    plan.forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr())
+    plan = _plan(q, k, v, out, spec)
+    if plan is not None:
+        plan.forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr())
+    else:
+        p = _problem(q, k, v, _seq_strides(out), spec)
+        _lib.check(_lib.load().fmha_forward(ctypes.byref(p), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                            out.data_ptr(), _float_ptr(lse), None, 0), "fmha_forward")
     return out, lse
 
 
 @_attention_op.register_fake
-def _attention_fake(q, k, v, bias, mask, is_causal, scale):
+def _attention_fake(q, k, v, *spec):
     B, H, L, _ = q.shape
     return q.new_empty((B, H, L, v.shape[3])), q.new_empty((B, H, L), dtype=torch.float32)
+
+
+def _zeros_or_empty(t, wanted):
+    """float32 zeros shaped as t when its gradient is wanted, else an empty tensor."""
+    return torch.zeros(t.shape, dtype=torch.float32) if wanted and t is not None else torch.empty((0,))
 
 
 @torch.library.custom_op("fmha::attention_backward", mutates_args=(), device_types="cpu")
 def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                            lse: torch.Tensor, d_o: torch.Tensor, bias: Optional[torch.Tensor],
-                           mask: Optional[torch.Tensor], is_causal: bool, scale: float,
-                           bias_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                           mask: Optional[torch.Tensor], q_lengths: Optional[torch.Tensor],
+                           kv_lengths: Optional[torch.Tensor], q_ids: Optional[torch.Tensor],
+                           kv_ids: Optional[torch.Tensor], alibi: Optional[torch.Tensor],
+                           rel_table: Optional[torch.Tensor], sinks: Optional[torch.Tensor], causal: int,
+                           scale: float, window: list[int], softcap: float, rel_options: list[int], precision: int,
+                           wanted: list[bool]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                        torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv, then d_bias, d_alibi, d_rel_table, d_sinks (float32; empty
+    where `wanted`, one flag per parameter in that order, is False)."""
+    spec = _Spec(bias, mask, q_lengths, kv_lengths, q_ids, kv_ids, alibi, rel_table, sinks, causal, scale, window,
+                 softcap, rel_options, precision)
     # dQ, dK, dV take the strides of Q, K, V and dO those of O: arrange the
     # inputs so that fresh gradient tensors can share them.
     grads = []
@@ -126,55 +193,152 @@ def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o:
     if d_o.dtype != o.dtype or d_o.stride() != o.stride():
         d_o = _with_layout(d_o, o)
     lse = lse.contiguous()
-    plan = _plan(q, k, v, o, bias, mask, is_causal, scale)
+    d_bias, d_alibi, d_rel, d_sinks = (_zeros_or_empty(t, w) for t, w in zip((bias, alibi, rel_table, sinks), wanted))
     param_grads = None
-    d_bias = q.new_empty((0,), dtype=torch.float32)
-    if bias_grad and bias is not None:
-        d_bias = torch.zeros(bias.shape, dtype=torch.float32)
+    if d_bias.numel() or d_alibi.numel() or d_rel.numel():
         param_grads = _lib.fmha_param_grads()
-        param_grads.d_dense = ctypes.cast(ctypes.c_void_p(d_bias.data_ptr()), ctypes.POINTER(ctypes.c_float))
-        B, H, L, _ = q.shape
-        param_grads.d_dense_strides[:] = _mask_strides(d_bias, (B, H, L, k.shape[2]), "attn_mask")
-    plan.backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), d_o.data_ptr(), lse.data_ptr(),
-                  dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), param_grads)
-    return dq, dk, dv, d_bias
+        if d_bias.numel():
+            param_grads.d_dense = _float_ptr(d_bias)
+            B, H, L, _ = q.shape
+            param_grads.d_dense_strides[:] = _mask_strides(d_bias, (B, H, L, k.shape[2]), "attn_mask")
+        param_grads.d_alibi = _float_ptr(d_alibi) if d_alibi.numel() else None
+        param_grads.d_rel_table = _float_ptr(d_rel) if d_rel.numel() else None
+    plan = _plan(q, k, v, o, spec)
+    if plan is not None:
+        plan.backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), d_o.data_ptr(), lse.data_ptr(),
+                      dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), param_grads)
+    else:
+        p = _problem(q, k, v, _seq_strides(o), spec)
+        lib = _lib.load()
+        _lib.check(lib.fmha_backward(ctypes.byref(p), q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                                     d_o.data_ptr(), _float_ptr(lse), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                                     ctypes.byref(param_grads) if param_grads is not None else None, None, 0),
+                   "fmha_backward")
+        if d_sinks.numel():
+            _lib.check(lib.fmha_sinks_backward(ctypes.byref(p), o.data_ptr(), d_o.data_ptr(), _float_ptr(lse),
+                                               _float_ptr(d_sinks)), "fmha_sinks_backward")
+    return dq, dk, dv, d_bias, d_alibi, d_rel, d_sinks
 
 
 @_attention_backward_op.register_fake
-def _attention_backward_fake(q, k, v, o, lse, d_o, bias, mask, is_causal, scale, bias_grad):
-    d_bias = (q.new_empty(bias.shape, dtype=torch.float32) if bias_grad and bias is not None
-              else q.new_empty((0,), dtype=torch.float32))
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), d_bias
+def _attention_backward_fake(q, k, v, o, lse, d_o, bias, mask, q_lengths, kv_lengths, q_ids, kv_ids, alibi,
+                             rel_table, sinks, causal, scale, window, softcap, rel_options, precision, wanted):
+    params = (q.new_empty(t.shape if w and t is not None else (0,), dtype=torch.float32)
+              for t, w in zip((bias, alibi, rel_table, sinks), wanted))
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), *params)
+
+
+# Positions of the differentiable parameters among the forward op's inputs.
+_PARAM_INPUTS = (3, 9, 10, 11)  # bias, alibi, rel_table, sinks
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, bias, mask, is_causal, scale = inputs
+    q, k, v = inputs[:3]
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, bias, mask)
-    ctx.is_causal, ctx.scale = is_causal, scale
+    ctx.save_for_backward(q, k, v, o, lse, *inputs[3:12])
+    ctx.options = inputs[12:]
 
 
 def _backward(ctx, d_o, d_lse):
-    q, k, v, o, lse, bias, mask = ctx.saved_tensors
-    want_bias = bias is not None and ctx.needs_input_grad[3]
-    dq, dk, dv, d_bias = torch.ops.fmha.attention_backward(q, k, v, o, lse, d_o, bias, mask, ctx.is_causal,
-                                                           ctx.scale, want_bias)
-    return dq, dk, dv, d_bias if want_bias else None, None, None, None
+    q, k, v, o, lse, *tensors = ctx.saved_tensors
+    wanted = [ctx.needs_input_grad[i] and tensors[i - 3] is not None for i in _PARAM_INPUTS]
+    dq, dk, dv, *params = torch.ops.fmha.attention_backward(q, k, v, o, lse, d_o, *tensors, *ctx.options, wanted)
+    grads = [dq, dk, dv] + [None] * (len(ctx.needs_input_grad) - 3)
+    for i, w, g in zip(_PARAM_INPUTS, wanted, params):
+        grads[i] = g if w else None
+    return tuple(grads)
 
 
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+# Autocast on CPU: like PyTorch's SDPA (a lower-precision op), the fmha ops
+# run q, k, v (and in the backward o and d_o) in the autocast dtype; masks,
+# biases, parameters and lse stay as they are (float32).
+_AUTOCAST_KEY = torch._C.DispatchKey.AutocastCPU
+_AUTOCAST_LIB = torch.library.Library("fmha", "IMPL")
+
+
+def _autocast_kernel(op, cast_positions):
+    def kernel(keyset, *args):
+        dtype = torch.get_autocast_dtype("cpu")
+        args = [a.to(dtype) if i in cast_positions and a.is_floating_point() and a.dtype != dtype else a
+                for i, a in enumerate(args)]
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(_AUTOCAST_KEY)):
+            return op(*args)
+    return kernel
+
+
+_AUTOCAST_LIB.impl("attention", _autocast_kernel(torch.ops.fmha.attention.default, (0, 1, 2)), "AutocastCPU",
+                   with_keyset=True)
+_AUTOCAST_LIB.impl("attention_backward",
+                   _autocast_kernel(torch.ops.fmha.attention_backward.default, (0, 1, 2, 3, 5)), "AutocastCPU",
+                   with_keyset=True)
+
+
+def _int32_operand(x, lead, batch, check):
+    """An int32 tensor from `check` (an api helper on NumPy) of x, a tensor or
+    array whose leading dims `lead` (the inputs') are flattened into `batch`."""
+    a = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    if a.shape[:len(lead)] == lead:
+        a = a.reshape((batch,) + a.shape[len(lead):])
+    return torch.from_numpy(check(a))
+
+
+def _flat_mask(attn_mask, lead, batch, rest):
+    """attn_mask, broadcastable to lead + rest ([..., H, L, S]), as a 4-D
+    [B or 1, H or 1, L or 1, S or 1] tensor (a view unless leading dims
+    broadcast partly)."""
+    full = lead + rest
+    if attn_mask.dim() > len(full):
+        raise ValueError(f"fmha.torch: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
+                         f"{list(full)}")
+    m = attn_mask.reshape((1,) * (len(full) - attn_mask.dim()) + tuple(attn_mask.shape))
+    m_lead = tuple(m.shape[:len(lead)])
+    if any(n not in (1, f) for n, f in zip(m_lead, lead)):
+        raise ValueError(f"fmha.torch: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
+                         f"{list(full)}")
+    if all(n == 1 for n in m_lead):
+        return m.reshape((1,) + tuple(m.shape[len(lead):]))
+    if len(lead) > 1:
+        m = m.expand(lead + tuple(m.shape[len(lead):]))
+    return m.reshape((batch,) + tuple(m.shape[len(lead):]))
+
+
+def _float32_param(x, shape, name):
+    """x (a tensor keeps its autograd graph) as a contiguous float32 tensor of `shape`."""
+    t = x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
+    if t.is_complex() or t.dtype == torch.bool:
+        raise TypeError(f"fmha.torch: {name} must be real, got dtype {t.dtype}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"fmha.torch: {name} must have shape {shape}, got {tuple(t.shape)}")
+    return t.float().contiguous()
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False):
+                                 enable_gqa=False, *, segment_ids=None, alibi_slopes=None, rel_table=None,
+                                 rel_max_distance=128, rel_bidirectional=True, softcap=None,
+                                 causal_alignment="top_left", local_window_size=None, query_seq_lengths=None,
+                                 key_value_seq_lengths=None, precision="fast", sinks=None):
     """torch.nn.functional.scaled_dot_product_attention by fmha's C kernels.
 
-    query [B, H, L, E], key [B, Hkv, S, E], value [B, Hkv, S, Ev] (or 3-D
-    without B) on CPU, float32, bfloat16 or float16. attn_mask: boolean
-    (True = take part) or additive float, broadcastable to [B, H, L, S];
+    query [..., H, L, E], key [..., Hkv, S, E], value [..., Hkv, S, Ev] on
+    CPU, float32, bfloat16 or float16: any leading dims (shared by the
+    three, flattened into one batch dim B, a view where strides allow), or
+    [L, E] alone. attn_mask: boolean (True = take part) or additive float,
+    broadcastable to [..., H, L, S];
     its gradient is returned when it requires one. is_causal is top-left
     aligned and may be combined with attn_mask. enable_gqa allows
     H % Hkv == 0 with Hkv < H. dropout_p must be 0.
+
+    Keyword-only, with the meanings of fmha.attention (api.py):
+    segment_ids ([B, L] when L == S, or a (q_ids [B, L], kv_ids [B, S])
+    pair; B may be the leading dims), alibi_slopes [H], rel_table [H, buckets] (rel_max_distance,
+    rel_bidirectional), softcap, causal_alignment ('top_left' or
+    'bottom_right'), local_window_size (int or (left, right)),
+    query_seq_lengths / key_value_seq_lengths [B], precision ('fast' or
+    'accurate', bf16), sinks [H]. alibi_slopes, rel_table and sinks get
+    gradients when they require them.
     """
     if dropout_p != 0.0:
         raise ValueError(f"fmha.torch: dropout is not supported (dropout_p must be 0.0, got {dropout_p})")
@@ -184,16 +348,25 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if t.device.type != "cpu":
             raise ValueError(f"fmha.torch: {name} is on {t.device}; fmha runs on CPU tensors")
         _dtype_code(t)
-    if not (query.dtype == key.dtype == value.dtype):
+    if not (query.dtype == key.dtype == value.dtype) and not torch.is_autocast_enabled("cpu"):
         raise TypeError(f"fmha.torch: query, key and value must share a dtype, got {query.dtype}, {key.dtype}, "
                         f"{value.dtype}")
-    if not (query.dim() == key.dim() == value.dim()) or query.dim() not in (3, 4):
-        raise ValueError("fmha.torch: query, key and value must all be [B, H, L, E] (4-D) or [H, L, E] (3-D), got "
-                         f"shapes {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
-    batched = query.dim() == 4
-    q, k, v = (query, key, value) if batched else (query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0))
+    nd = query.dim()
+    if not (nd == key.dim() == value.dim()) or nd < 2:
+        raise ValueError("fmha.torch: query, key and value must be [..., H, L, E] with the same number of "
+                         f"dimensions (at least 2), got shapes {tuple(query.shape)}, {tuple(key.shape)}, "
+                         f"{tuple(value.shape)}")
+    # Leading dims (all but the last three) flatten into one batch dim:
+    # [..., H, L, E] -> [B, H, L, E], a view where the strides allow.
+    lead = tuple(query.shape[:-3])
+    batch = math.prod(lead)
+    if tuple(key.shape[:-3]) != lead or tuple(value.shape[:-3]) != lead:
+        raise ValueError(f"fmha.torch: query, key and value must share their leading dims, got shapes "
+                         f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
+    q, k, v = (t.reshape((batch,) + (1,) * max(0, 3 - nd) + tuple(t.shape[-min(nd, 3):]))
+               for t in (query, key, value))
     B, H, L, E = q.shape
-    if k.shape[0] != B or v.shape[0] != B or k.shape[3] != E or v.shape[1:3] != k.shape[1:3]:
+    if k.shape[3] != E or v.shape[1:3] != k.shape[1:3]:
         raise ValueError(f"fmha.torch: inconsistent shapes query {tuple(query.shape)}, key {tuple(key.shape)}, "
                          f"value {tuple(value.shape)}")
     Hkv, S = k.shape[1], k.shape[2]
@@ -202,17 +375,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                          "attention")
     if H % Hkv != 0:
         raise ValueError(f"fmha.torch: query heads ({H}) must be a multiple of key/value heads ({Hkv})")
-    if scale is None:
-        scale = 1.0 / math.sqrt(E)
     scale = api.resolve_scale(scale, E)
 
     bias = mask = None
     if attn_mask is not None:
         if not isinstance(attn_mask, torch.Tensor):
             raise TypeError(f"fmha.torch: attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}")
-        if attn_mask.dim() > 4:
-            raise ValueError(f"fmha.torch: attn_mask must broadcast to [B, H, L, S], got {tuple(attn_mask.shape)}")
-        m = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+        m = _flat_mask(attn_mask, lead, B, (H, L, S) if nd > 2 else (L, S))
+        m = m.reshape((m.shape[0],) + (1,) * (4 - m.dim()) + tuple(m.shape[1:]))
         api.broadcast_strides(tuple(m.shape), (1, 1, 1, 1), (B, H, L, S), "attn_mask")
         if m.dtype == torch.bool:
             mask = m if all(st >= 0 for st in m.stride()) else m.contiguous()
@@ -220,5 +390,42 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             bias = m.float()
         else:
             raise TypeError(f"fmha.torch: attn_mask must be boolean or floating point, got {attn_mask.dtype}")
-    out, _ = torch.ops.fmha.attention(q, k, v, bias, mask, bool(is_causal), float(scale))
-    return out if batched else out.squeeze(0)
+    causal = api.causal_code(bool(is_causal), causal_alignment)
+    if precision not in api.PRECISIONS:
+        raise ValueError(f"fmha.torch: unknown precision {precision!r}; use one of {sorted(api.PRECISIONS)}")
+    window = list(api.window_sides(local_window_size))
+    softcap = api.softcap_value(softcap)
+
+    ql = kl = q_ids = kv_ids = alibi = rel = sink = None
+    if query_seq_lengths is not None:
+        ql = _int32_operand(query_seq_lengths, lead, B,
+                            lambda a: api._int32_vector(a.reshape(-1), B, L, "query_seq_lengths"))
+    if key_value_seq_lengths is not None:
+        kl = _int32_operand(key_value_seq_lengths, lead, B,
+                            lambda a: api._int32_vector(a.reshape(-1), B, S, "key_value_seq_lengths"))
+    if segment_ids is not None:
+        if isinstance(segment_ids, (tuple, list)) and len(segment_ids) == 2:
+            q_seg, kv_seg = segment_ids
+        elif L != S:
+            raise ValueError("fmha.torch: one segment_ids tensor needs L == S; pass (q_segment_ids, "
+                             "kv_segment_ids) otherwise")
+        else:
+            q_seg = kv_seg = segment_ids
+        q_ids = _int32_operand(q_seg, lead, B, lambda a: api._int32_matrix(a, (B, L), "q_segment_ids"))
+        kv_ids = _int32_operand(kv_seg, lead, B, lambda a: api._int32_matrix(a, (B, S), "kv_segment_ids"))
+    if alibi_slopes is not None:
+        alibi = _float32_param(alibi_slopes, (H,), "alibi_slopes (one per query head)")
+    if rel_table is not None:
+        t = rel_table if isinstance(rel_table, torch.Tensor) else torch.as_tensor(rel_table)
+        if t.dim() != 2 or t.shape[1] < 1:
+            raise ValueError(f"fmha.torch: rel_table must have shape ({H}, num_buckets), got {tuple(t.shape)}")
+        rel = _float32_param(t, (H, t.shape[1]), "rel_table")
+    if sinks is not None:
+        sink = _float32_param(sinks, (H,), "sinks (one logit per query head)")
+        if not bool(torch.isfinite(sink).all()):
+            raise ValueError("fmha.torch: sinks must be finite")
+    out, _ = torch.ops.fmha.attention(q, k, v, bias, mask, ql, kl, q_ids, kv_ids, alibi, rel, sink, causal,
+                                      float(scale), window, softcap or 0.0,
+                                      [int(rel_max_distance), int(bool(rel_bidirectional))],
+                                      api.PRECISIONS[precision])
+    return out.reshape(tuple(query.shape[:-1]) + (v.shape[3],))

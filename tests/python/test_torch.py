@@ -130,7 +130,9 @@ def test_16_bit_dtypes(dtype):
 def test_compile_and_opcheck():
     gen = torch.Generator().manual_seed(4)
     q, k, v = (rnd(gen, 1, 2, 8, 8) for _ in range(3))
-    torch.library.opcheck(torch.ops.fmha.attention.default, (q, k, v, None, None, True, 0.25))
+    no_arrays = (None,) * 9  # bias, mask, lengths, segment ids, alibi, rel_table, sinks
+    torch.library.opcheck(torch.ops.fmha.attention.default,
+                          (q, k, v, *no_arrays, 1, 0.25, [-1, -1], 0.0, [128, 1], 1))  # causal top-left
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     f = torch.compile(lambda q, k, v: FT.scaled_dot_product_attention(q, k, v, is_causal=True).square().sum(),
                       backend="aot_eager", fullgraph=True)

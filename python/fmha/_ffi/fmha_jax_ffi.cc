@@ -7,10 +7,18 @@
 //   forward  args q [B,T,N,H], k [B,S,K,H], v [B,S,K,Hv], then the extras
 //            named by the `extras` bit set, in this order:
 //              bias [b,n,t,s] f32, mask [b,n,t,s] pred (each dim 1 or full),
-//              q_lengths [B] s32, kv_lengths [B] s32
+//              q_lengths [B] s32, kv_lengths [B] s32,
+//              q_segment_ids [B,T] s32, kv_segment_ids [B,S] s32,
+//              alibi_slopes [N] f32, rel_table [N,buckets] f32, sinks [N] f32,
+//              dropout_seed [2] u32 (seed = s[0] << 32 | s[1], offset 0)
 //            rets o [B,T,N,Hv] (q's dtype), lse [B,N,T] f32
-//   backward args q, k, v, o, lse, d_o, extras; rets dq, dk, dv and, when
-//            the attribute bias_grad is 1, d_bias (f32, the bias's shape).
+//   backward args q, k, v, o, lse, d_o, extras; rets dq, dk, dv, then one
+//            f32 result in the shape of each parameter named by the `grads`
+//            bit set (1 d_bias, 2 d_alibi, 4 d_rel_table, 8 d_sinks), in
+//            that order. d_sinks comes from fmha_sinks_backward.
+//   attributes scale, causal, window_left/right, strategy, extras, softcap,
+//            precision, rel_max_distance, rel_bidirectional, dropout_p
+//            (backward: grads).
 // Every operand may carry the same number of extra leading dimensions (vmap
 // with vmap_method="expand_dims"): size 1 broadcasts, the results have the
 // full size. Those dimensions fold into the batch when every operand allows
@@ -34,7 +42,11 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-enum ExtraBits : int64_t { kBias = 1, kMask = 2, kQLengths = 4, kKvLengths = 8 };
+enum ExtraBits : int64_t {
+  kBias = 1, kMask = 2, kQLengths = 4, kKvLengths = 8, kQSegments = 16, kKvSegments = 32,
+  kAlibi = 64, kRelTable = 128, kSinks = 256, kDropoutSeed = 512
+};
+enum GradBits : int64_t { kGradBias = 1, kGradAlibi = 2, kGradRelTable = 4, kGradSinks = 8 };
 
 const char *StatusName(fmha_status st) {
   static const char *const names[] = {
@@ -43,7 +55,7 @@ const char *StatusName(fmha_status st) {
       "FMHA_ERR_BAD_STRIDE", "FMHA_ERR_OVERLAP",    "FMHA_ERR_BAD_OPTION",
       "FMHA_ERR_UNSUPPORTED", "FMHA_ERR_WORKSPACE_TOO_SMALL",
       "FMHA_ERR_OUT_OF_MEMORY", "FMHA_ERR_BAD_THREAD_COUNT", "FMHA_ERR_BAD_MASK",
-      "FMHA_ERR_CALLBACK", "FMHA_ERR_STRUCT_SIZE"};
+      "FMHA_ERR_CALLBACK", "FMHA_ERR_STRUCT_SIZE", "FMHA_ERR_BAD_PAGE"};
   unsigned i = static_cast<unsigned>(st);
   return i < sizeof names / sizeof names[0] ? names[i] : "FMHA_ERR_?";
 }
@@ -187,10 +199,24 @@ bool DtypeCode(ffi::DataType dt, fmha_dtype *code) {
 struct Options {
   float scale;
   int64_t causal, window_left, window_right, strategy, extras;
+  float softcap;
+  int64_t precision, rel_max_distance, rel_bidirectional;
+  float dropout_p;
 };
 
 // Operand slots.
-enum Slot { Q, K, V, O, LSE, DO, DQ, DK, DV, BIAS, MASK, QLEN, KVLEN, DBIAS, NSLOTS };
+enum Slot {
+  Q, K, V, O, LSE, DO, DQ, DK, DV, BIAS, MASK, QLEN, KVLEN, QSEG, KVSEG, ALIBI, REL, SINKS,
+  DROPOUT_SEED, DBIAS, DALIBI, DREL, DSINKS, NSLOTS
+};
+
+// Operands that serve every batch entry at once (per-head [N] arrays, the
+// dropout seed, whose draw depends on the batch index): leading (vmap)
+// dimensions cannot fold into the batch.
+bool PerHead(int s) {
+  return s == ALIBI || s == REL || s == SINKS || s == DROPOUT_SEED || s == DALIBI || s == DREL ||
+         s == DSINKS;
+}
 
 struct Call {
   Operand op[NSLOTS];
@@ -215,6 +241,13 @@ void MakeProblem(const Call &c, const Options &o, fmha_dtype dtype, int64_t batc
   p->strategy = static_cast<fmha_strategy>(o.strategy);
   p->masks.window_left = o.window_left;
   p->masks.window_right = o.window_right;
+  p->biases.softcap = o.softcap;
+  p->precision = static_cast<fmha_precision>(o.precision);
+  if (c.op[DROPOUT_SEED].present()) p->dropout_p = o.dropout_p;
+  if (c.op[REL].present()) {
+    p->biases.rel_max_distance = static_cast<int32_t>(o.rel_max_distance);
+    p->biases.rel_bidirectional = static_cast<int32_t>(o.rel_bidirectional);
+  }
 }
 
 // Folds the leading dimensions into the batch when every present operand
@@ -223,6 +256,7 @@ bool CanFold(const Call &c, int64_t B) {
   for (int s = 0; s < NSLOTS; s++) {
     const Operand &op = c.op[s];
     if (!op.present()) continue;
+    if (PerHead(s)) return false;
     for (int i = 0; i < c.lead; i++)
       if (op.dims[i] != c.lead_dims[i]) return false;
     if ((s == BIAS || s == MASK || s == DBIAS) && op.core(0) != B && B != 1) return false;
@@ -270,21 +304,28 @@ ffi::Error ReadExtras(const ffi::RemainingArgs &extras, const Options &o, Call &
   size_t next = 0;
   const struct { int64_t bit; Slot slot; int rank; const char *name; } kinds[] = {
       {kBias, BIAS, 4, "bias"}, {kMask, MASK, 4, "mask"},
-      {kQLengths, QLEN, 1, "query_seq_lengths"}, {kKvLengths, KVLEN, 1, "key_value_seq_lengths"}};
+      {kQLengths, QLEN, 1, "query_seq_lengths"}, {kKvLengths, KVLEN, 1, "key_value_seq_lengths"},
+      {kQSegments, QSEG, 2, "query segment_ids"}, {kKvSegments, KVSEG, 2, "key_value segment_ids"},
+      {kAlibi, ALIBI, 1, "alibi_slopes"}, {kRelTable, REL, 2, "rel_table"}, {kSinks, SINKS, 1, "sinks"},
+      {kDropoutSeed, DROPOUT_SEED, 1, "dropout seed"}};
   for (const auto &kind : kinds) {
     if (!(o.extras & kind.bit)) continue;
     if (next >= extras.size()) return ArgError(std::string("missing operand ") + kind.name);
     auto buf = extras.get<ffi::AnyBuffer>(next++);
     if (buf.has_error()) return buf.error();
     ffi::DataType dt = buf->element_type();
-    bool ok = kind.slot == BIAS   ? dt == ffi::DataType::F32
-              : kind.slot == MASK ? (dt == ffi::DataType::PRED || dt == ffi::DataType::U8 ||
-                                     dt == ffi::DataType::S8)
-                                  : dt == ffi::DataType::S32;
+    bool is_float = kind.slot == BIAS || kind.slot == ALIBI || kind.slot == REL || kind.slot == SINKS;
+    bool ok = is_float                    ? dt == ffi::DataType::F32
+              : kind.slot == MASK         ? (dt == ffi::DataType::PRED || dt == ffi::DataType::U8 ||
+                                             dt == ffi::DataType::S8)
+              : kind.slot == DROPOUT_SEED ? dt == ffi::DataType::U32
+                                          : dt == ffi::DataType::S32;
     if (!ok) return ArgError(std::string("wrong element type for ") + kind.name);
     c.op[kind.slot] = Describe(*buf, kind.rank);
     if (c.op[kind.slot].lead != c.lead) return ArgError(std::string("wrong rank for ") + kind.name);
   }
+  if (c.op[DROPOUT_SEED].present() && c.op[DROPOUT_SEED].core(0) != 2)
+    return ArgError("the dropout seed must hold two uint32");
   if (next != extras.size()) return ArgError("unexpected extra operands");
   return ffi::Error::Success();
 }
@@ -301,6 +342,20 @@ void AttachExtras(const Call &c, char *const ptr[], fmha_problem *p) {
   }
   if (c.op[QLEN].present()) p->masks.q_lengths = reinterpret_cast<const int32_t *>(ptr[QLEN]);
   if (c.op[KVLEN].present()) p->masks.kv_lengths = reinterpret_cast<const int32_t *>(ptr[KVLEN]);
+  if (c.op[QSEG].present()) {
+    p->masks.q_segment_ids = reinterpret_cast<const int32_t *>(ptr[QSEG]);
+    p->masks.kv_segment_ids = reinterpret_cast<const int32_t *>(ptr[KVSEG]);
+  }
+  if (c.op[ALIBI].present()) p->biases.alibi_slopes = reinterpret_cast<const float *>(ptr[ALIBI]);
+  if (c.op[REL].present()) {
+    p->biases.rel_table = reinterpret_cast<const float *>(ptr[REL]);
+    p->biases.rel_num_buckets = static_cast<int32_t>(c.op[REL].core(1));
+  }
+  if (c.op[SINKS].present()) p->sinks = reinterpret_cast<const float *>(ptr[SINKS]);
+  if (c.op[DROPOUT_SEED].present()) {
+    const uint32_t *seed = reinterpret_cast<const uint32_t *>(ptr[DROPOUT_SEED]);
+    p->dropout_seed = static_cast<uint64_t>(seed[0]) << 32 | seed[1];
+  }
 }
 
 // When folded, a broadcast bias/mask with batch 1 and B == 1 steps by its
@@ -317,9 +372,11 @@ void FixFoldedBatchStrides(const Call &c, int64_t batch, int64_t B, fmha_problem
 // True when the problem names a buffer besides the tensors (mask, bias,
 // lengths): per slice, those addresses differ, so each slice would miss
 // the plan cache and push useful plans out; such runs take the one-shot calls.
+// So do runs with dropout, whose seed (a value in the problem) is new each step.
 bool HasExtras(const Call &c) {
-  return c.op[BIAS].present() || c.op[MASK].present() || c.op[QLEN].present() ||
-         c.op[KVLEN].present();
+  for (int s = BIAS; s <= DROPOUT_SEED; s++)
+    if (c.op[s].present()) return true;
+  return false;
 }
 
 ffi::Error CheckMain(const Call &c) {
@@ -334,8 +391,10 @@ ffi::Error CheckMain(const Call &c) {
 ffi::Error Forward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::RemainingArgs extras,
                    ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse, float scale,
                    int64_t causal, int64_t window_left, int64_t window_right, int64_t strategy,
-                   int64_t extra_bits) {
-  Options opt{scale, causal, window_left, window_right, strategy, extra_bits};
+                   int64_t extra_bits, float softcap, int64_t precision, int64_t rel_max_distance,
+                   int64_t rel_bidirectional, float dropout_p) {
+  Options opt{scale,   causal,    window_left,      window_right,      strategy, extra_bits,
+              softcap, precision, rel_max_distance, rel_bidirectional, dropout_p};
   fmha_dtype dtype;
   if (!DtypeCode(q.element_type(), &dtype) || k.element_type() != q.element_type() ||
       v.element_type() != q.element_type() || o->element_type() != q.element_type())
@@ -353,14 +412,14 @@ ffi::Error Forward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Re
   c.lead_dims.assign(c.op[O].dims.begin(), c.op[O].dims.begin() + c.lead);
   if (ffi::Error err = ReadExtras(extras, opt, c); !err.success()) return err;
   const int64_t B = c.op[Q].core(0);
-  const bool extras_present = HasExtras(c);
+  const bool one_shot = HasExtras(c), uncached = c.op[DROPOUT_SEED].present();
   return ForEachSlice(c, B, [&](int64_t batch, char *const ptr[], bool per_slice) -> ffi::Error {
     fmha_problem p;
     MakeProblem(c, opt, dtype, batch, &p);
     AttachExtras(c, ptr, &p);
     FixFoldedBatchStrides(c, batch, B, &p);
     float *lse_ptr = reinterpret_cast<float *>(ptr[LSE]);
-    if (per_slice && extras_present) {
+    if ((per_slice && one_shot) || uncached) {
       fmha_status st = fmha_forward(&p, ptr[Q], ptr[K], ptr[V], ptr[O], lse_ptr, nullptr, 0);
       return st == FMHA_OK ? ffi::Error::Success() : StatusError("fmha_forward", st);
     }
@@ -377,8 +436,10 @@ ffi::Error Backward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::A
                     ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                     ffi::Result<ffi::AnyBuffer> dv, ffi::RemainingRets more, float scale,
                     int64_t causal, int64_t window_left, int64_t window_right, int64_t strategy,
-                    int64_t extra_bits, int64_t bias_grad) {
-  Options opt{scale, causal, window_left, window_right, strategy, extra_bits};
+                    int64_t extra_bits, float softcap, int64_t precision, int64_t rel_max_distance,
+                    int64_t rel_bidirectional, float dropout_p, int64_t grad_bits) {
+  Options opt{scale,   causal,    window_left,      window_right,      strategy, extra_bits,
+              softcap, precision, rel_max_distance, rel_bidirectional, dropout_p};
   fmha_dtype dtype;
   ffi::DataType t = q.element_type();
   if (!DtypeCode(t, &dtype) || k.element_type() != t || v.element_type() != t ||
@@ -403,17 +464,24 @@ ffi::Error Backward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::A
   if (c.op[LSE].lead != c.lead) return ArgError("wrong rank of lse");
   c.lead_dims.assign(c.op[DQ].dims.begin(), c.op[DQ].dims.begin() + c.lead);
   if (ffi::Error err = ReadExtras(extras, opt, c); !err.success()) return err;
-  if (bias_grad) {
-    if (!c.op[BIAS].present()) return ArgError("bias_grad without a bias");
-    if (more.size() != 1) return ArgError("bias_grad needs one extra result");
-    auto db = more.get<ffi::AnyBuffer>(0);
+  // The parameter gradients asked for, in the order of their bits.
+  const struct { int64_t bit; Slot param, grad; int rank; const char *name; } wanted[] = {
+      {kGradBias, BIAS, DBIAS, 4, "d_bias"}, {kGradAlibi, ALIBI, DALIBI, 1, "d_alibi"},
+      {kGradRelTable, REL, DREL, 2, "d_rel_table"}, {kGradSinks, SINKS, DSINKS, 1, "d_sinks"}};
+  size_t next = 0;
+  for (const auto &w : wanted) {
+    if (!(grad_bits & w.bit)) continue;
+    if (!c.op[w.param].present()) return ArgError(std::string(w.name) + " without its parameter");
+    if (next >= more.size()) return ArgError(std::string("missing result ") + w.name);
+    auto db = more.get<ffi::AnyBuffer>(next++);
     if (db.has_error()) return db.error();
-    if ((*db)->element_type() != ffi::DataType::F32) return ArgError("d_bias must be float32");
-    c.op[DBIAS] = Describe(**db, 4);
-    if (c.op[DBIAS].lead != c.lead) return ArgError("wrong rank of d_bias");
+    if ((*db)->element_type() != ffi::DataType::F32) return ArgError(std::string(w.name) + " must be float32");
+    c.op[w.grad] = Describe(**db, w.rank);
+    if (c.op[w.grad].lead != c.lead) return ArgError(std::string("wrong rank of ") + w.name);
   }
+  if (next != more.size()) return ArgError("unexpected extra results");
   const int64_t B = c.op[Q].core(0);
-  const bool extras_present = HasExtras(c);
+  const bool one_shot = HasExtras(c), uncached = c.op[DROPOUT_SEED].present();
   return ForEachSlice(c, B, [&](int64_t batch, char *const ptr[], bool per_slice) -> ffi::Error {
     fmha_problem p;
     MakeProblem(c, opt, dtype, batch, &p);
@@ -427,19 +495,28 @@ ffi::Error Backward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::A
       if (batch != B && c.op[DBIAS].core(0) == 1)
         grads.d_dense_strides[0] = c.op[DBIAS].strides[c.lead - 1];
     }
+    if (c.op[DALIBI].present()) grads.d_alibi = reinterpret_cast<float *>(ptr[DALIBI]);
+    if (c.op[DREL].present()) grads.d_rel_table = reinterpret_cast<float *>(ptr[DREL]);
     const float *lse_ptr = reinterpret_cast<const float *>(ptr[LSE]);
-    const fmha_param_grads *g = c.op[DBIAS].present() ? &grads : nullptr;
-    if (per_slice && extras_present) {
-      fmha_status st = fmha_backward(&p, ptr[Q], ptr[K], ptr[V], ptr[O], ptr[DO], lse_ptr, ptr[DQ],
-                                     ptr[DK], ptr[DV], g, nullptr, 0);
-      return st == FMHA_OK ? ffi::Error::Success() : StatusError("fmha_backward", st);
+    const bool any_grad = grads.d_dense || grads.d_alibi || grads.d_rel_table;
+    const fmha_param_grads *g = any_grad ? &grads : nullptr;
+    fmha_status st;
+    if ((per_slice && one_shot) || uncached) {
+      st = fmha_backward(&p, ptr[Q], ptr[K], ptr[V], ptr[O], ptr[DO], lse_ptr, ptr[DQ], ptr[DK],
+                         ptr[DV], g, nullptr, 0);
+    } else {
+      PlanCache::PlanPtr plan;
+      st = Plans().Get(p, &plan);
+      if (st == FMHA_OK)
+        st = fmha_plan_backward(plan.get(), ptr[Q], ptr[K], ptr[V], ptr[O], ptr[DO], lse_ptr,
+                                ptr[DQ], ptr[DK], ptr[DV], g);
     }
-    PlanCache::PlanPtr plan;
-    fmha_status st = Plans().Get(p, &plan);
     if (st != FMHA_OK) return StatusError("fmha_backward", st);
-    st = fmha_plan_backward(plan.get(), ptr[Q], ptr[K], ptr[V], ptr[O], ptr[DO], lse_ptr, ptr[DQ],
-                            ptr[DK], ptr[DV], g);
-    return st == FMHA_OK ? ffi::Error::Success() : StatusError("fmha_backward", st);
+    if (c.op[DSINKS].present()) {
+      st = fmha_sinks_backward(&p, ptr[O], ptr[DO], lse_ptr, reinterpret_cast<float *>(ptr[DSINKS]));
+      if (st != FMHA_OK) return StatusError("fmha_sinks_backward", st);
+    }
+    return ffi::Error::Success();
   });
 }
 
@@ -467,7 +544,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fmha_ffi_forward, Forward,
                                   .Attr<int64_t>("window_left")
                                   .Attr<int64_t>("window_right")
                                   .Attr<int64_t>("strategy")
-                                  .Attr<int64_t>("extras"));
+                                  .Attr<int64_t>("extras")
+                                  .Attr<float>("softcap")
+                                  .Attr<int64_t>("precision")
+                                  .Attr<int64_t>("rel_max_distance")
+                                  .Attr<int64_t>("rel_bidirectional")
+                                  .Attr<float>("dropout_p"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fmha_ffi_backward, Backward,
                               ffi::Ffi::Bind()
@@ -488,4 +570,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fmha_ffi_backward, Backward,
                                   .Attr<int64_t>("window_right")
                                   .Attr<int64_t>("strategy")
                                   .Attr<int64_t>("extras")
-                                  .Attr<int64_t>("bias_grad"));
+                                  .Attr<float>("softcap")
+                                  .Attr<int64_t>("precision")
+                                  .Attr<int64_t>("rel_max_distance")
+                                  .Attr<int64_t>("rel_bidirectional")
+                                  .Attr<float>("dropout_p")
+                                  .Attr<int64_t>("grads"));
