@@ -9,7 +9,8 @@
  * inputs read through the global tensors' strides and outputs written in a
  * [B, H, S, D] layout. Errors: one rank disagreeing (head dim, causal), slices
  * of a wrong length, a NULL on one rank, bf16, MPI_COMM_NULL, zigzag with
- * odd or unequal slices, an unknown layout: the same
+ * odd or unequal slices, the layout differing on one rank, an unknown
+ * layout: the same
  * status on every rank, outputs untouched. Exit status agreed over ranks. */
 #include <math.h>
 #include <stdio.h>
@@ -235,6 +236,9 @@ static void test_errors(void) {
     const int64_t zlen = rank == last ? 8 : 16;
     fmha_problem_init(&p, 2, 4, 2, zlen, zlen, 32, 32, FMHA_LAYOUT_BSHD);
     expect_error("zigzag uneven slices", &p, MPI_COMM_WORLD, FMHA_RING_ZIGZAG, 0, FMHA_ERR_BAD_SIZE);
+    fmha_problem_init(&p, 2, 4, 2, 16, 16, 32, 32, FMHA_LAYOUT_BSHD);
+    expect_error("zigzag on rank 1 only", &p, MPI_COMM_WORLD, rank == 1 ? FMHA_RING_ZIGZAG : FMHA_RING_CONTIGUOUS, 0,
+                 FMHA_ERR_BAD_SIZE);
     fmha_problem_init(&p, 2, 4, 2, 16, 16, 32, 32, FMHA_LAYOUT_BSHD);
     expect_error("layout 7", &p, MPI_COMM_WORLD, (fmha_ring_layout)7, 0, FMHA_ERR_BAD_OPTION);
     fmha_problem_init(&p, 2, 4, 2, 16, 16, 32, 32, FMHA_LAYOUT_BSHD);
