@@ -10,8 +10,7 @@
  * [B, H, S, D] layout. Errors: one rank disagreeing (head dim, causal), slices
  * of a wrong length, a NULL on one rank, bf16, MPI_COMM_NULL, zigzag with
  * odd or unequal slices, the layout differing on one rank, an unknown
- * layout: the same
- * status on every rank, outputs untouched. Exit status agreed over ranks. */
+ * layout: the same status on every rank, outputs untouched. Exit status agreed over ranks. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
