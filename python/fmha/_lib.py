@@ -168,6 +168,7 @@ class fmha_problem(ctypes.Structure):
         ("block_table_stride", ctypes.c_int64),
         ("page_size", ctypes.c_int64),
         ("num_pages", ctypes.c_int64),
+        ("kv_dtype", ctypes.c_int),
     ]
 
 

@@ -57,7 +57,8 @@ STRUCT_FIELDS = {
     "fmha_param_grads": ["d_dense", "d_dense_strides", "d_alibi", "d_rel_table"],
     "fmha_problem": ["struct_size", "dtype", "batch", "heads_q", "heads_kv", "seq_q", "seq_kv", "head_dim", "head_dim_v", "scale",
                      "causal", "strategy", "precision", "q_strides", "k_strides", "v_strides", "o_strides", "masks",
-                     "biases", "sinks", "block_table", "block_table_stride", "page_size", "num_pages"],
+                     "biases", "sinks", "block_table", "block_table_stride", "page_size", "num_pages",
+                     "kv_dtype"],
 }
 
 
