@@ -143,6 +143,16 @@ typedef enum fmha_dtype {
     FMHA_DTYPE_F16            /* IEEE half (uint16_t storage), float32 accumulation */
 } fmha_dtype;
 
+/* Element type of K and V when it differs from Q and O (fmha_problem.kv_dtype,
+ * a KV cache in bf16 or f16 beside float32 queries). Zero means "the
+ * problem's dtype", so the encoding is fmha_dtype + 1. */
+typedef enum fmha_kv_dtype {
+    FMHA_KV_DTYPE_SAME = 0,   /* K and V have the problem's dtype */
+    FMHA_KV_DTYPE_F32,
+    FMHA_KV_DTYPE_BF16,
+    FMHA_KV_DTYPE_F16
+} fmha_kv_dtype;
+
 /* ---- masks and biases ------------------------------------------------------
  * Scores are s = softcap(scale * q.k) + bias, where bias is the sum of every
  * bias source present, then every mask present is applied (a key is visible
@@ -364,6 +374,14 @@ typedef struct fmha_problem {
     float dropout_p;
     uint64_t dropout_seed;
     uint64_t dropout_offset;
+    /* Element type of K and V (appended after dropout): FMHA_KV_DTYPE_SAME
+     * (0, fmha_problem_init's) for the problem's dtype; bf16 or f16 with a
+     * float32 problem keeps Q and O float32 and widens K and V as they are
+     * read (the decode driver, paged or not, and the tiled and dense
+     * forwards). A kv_dtype differing from a bf16 or f16 problem's dtype,
+     * and the backward of a problem whose K and V differ from Q, are
+     * FMHA_ERR_UNSUPPORTED; an unknown value is FMHA_ERR_BAD_OPTION. */
+    fmha_kv_dtype kv_dtype;
 } fmha_problem;
 
 /* Fills *p: struct_size, float32, the given sizes, contiguous strides for
