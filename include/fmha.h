@@ -143,6 +143,16 @@ typedef enum fmha_dtype {
     FMHA_DTYPE_F16            /* IEEE half (uint16_t storage), float32 accumulation */
 } fmha_dtype;
 
+/* Element type of K and V when it differs from Q and O (fmha_problem.kv_dtype,
+ * a KV cache in bf16 or f16 beside float32 queries). Zero means "the
+ * problem's dtype", so the encoding is fmha_dtype + 1. */
+typedef enum fmha_kv_dtype {
+    FMHA_KV_DTYPE_SAME = 0,   /* K and V have the problem's dtype */
+    FMHA_KV_DTYPE_F32,
+    FMHA_KV_DTYPE_BF16,
+    FMHA_KV_DTYPE_F16
+} fmha_kv_dtype;
+
 /* ---- masks and biases ------------------------------------------------------
  * Scores are s = softcap(scale * q.k) + bias, where bias is the sum of every
  * bias source present, then every mask present is applied (a key is visible
@@ -364,6 +374,14 @@ typedef struct fmha_problem {
     float dropout_p;
     uint64_t dropout_seed;
     uint64_t dropout_offset;
+    /* Element type of K and V (appended after dropout): FMHA_KV_DTYPE_SAME
+     * (0, fmha_problem_init's) for the problem's dtype; bf16 or f16 with a
+     * float32 problem keeps Q and O float32 and widens K and V as they are
+     * read (the decode driver, paged or not, and the tiled and dense
+     * forwards). A kv_dtype differing from a bf16 or f16 problem's dtype,
+     * and the backward of a problem whose K and V differ from Q, are
+     * FMHA_ERR_UNSUPPORTED; an unknown value is FMHA_ERR_BAD_OPTION. */
+    fmha_kv_dtype kv_dtype;
 } fmha_problem;
 
 /* Fills *p: struct_size, float32, the given sizes, contiguous strides for
@@ -435,6 +453,24 @@ FMHA_API fmha_status fmha_sinks_backward(const fmha_problem *p, const void *o, c
 FMHA_API fmha_status fmha_forward_backward(const fmha_problem *p, const void *q, const void *k,
                                   const void *v, const void *d_o, void *o, float *lse, void *dq,
                                   void *dk, void *dv, const fmha_param_grads *grads);
+
+/* ---- merging partial results ------------------------------------------------
+ * Attention over the union of two disjoint key sets from the results over
+ * each (ring attention, split-KV decoding):
+ *   lse = log(exp(lse_a) + exp(lse_b))
+ *   O   = exp(lse_a - lse) O_a + exp(lse_b - lse) O_b
+ *   o_a, o_b, o  float32 [B, Sq, Hq, Dv], element strides o_strides in the
+ *                order [batch, seq, head, dim] (>= 0), shared by all three
+ *   lse_a, lse_b, lse  float32 [B, Hq, Sq] contiguous
+ * A side with lse -inf (no key seen) contributes nothing (its O is not
+ * read); both -inf gives O = 0, lse = -inf. A NaN lse makes the row's O and
+ * lse NaN; a NaN in O_a or O_b reaches O. o may be the same pointer as o_a
+ * or o_b, and lse as lse_a or lse_b (merging in place); other overlaps are
+ * not allowed. Errors: a NULL pointer, sizes < 1 or overflowing, Dv outside
+ * 1..FMHA_MAX_HEAD_DIM, a negative stride; nothing is written then. */
+FMHA_API fmha_status fmha_merge(int64_t batch, int64_t heads_q, int64_t seq_q, int64_t head_dim_v,
+                                const int64_t o_strides[4], const float *o_a, const float *lse_a,
+                                const float *o_b, const float *lse_b, float *o, float *lse);
 
 /* ---- plans ----------------------------------------------------------------
  * A plan is a problem validated and resolved once (strategy, microkernels,

@@ -155,9 +155,9 @@ fmha_status fmha_problem_load(const fmha_problem *p, fmha_problem *out) {
     /* every struct_size this library has shipped: the first (up to biases)
      * is read as the prefix of this one, the rest zero (off) */
     size_t first = offsetof(fmha_problem, sinks), second = offsetof(fmha_problem, block_table),
-           third = offsetof(fmha_problem, dropout_p);
+           third = offsetof(fmha_problem, dropout_p), fourth = offsetof(fmha_problem, kv_dtype);
     if (p->struct_size != sizeof(fmha_problem) && p->struct_size != first && p->struct_size != second &&
-        p->struct_size != third)
+        p->struct_size != third && p->struct_size != fourth)
         return FMHA_ERR_STRUCT_SIZE;
     memset(out, 0, sizeof *out);
     memcpy(out, p, p->struct_size);
@@ -171,6 +171,7 @@ fmha_status fmha_problem_check(const fmha_problem *p_in) {
     if (st != FMHA_OK) return st;
     const fmha_problem *p = &copy;
     if ((unsigned)p->dtype >= FMHA_DTYPE_COUNT_) return FMHA_ERR_BAD_OPTION;
+    if ((unsigned)p->kv_dtype > FMHA_KV_DTYPE_F16) return FMHA_ERR_BAD_OPTION;
     if ((unsigned)p->strategy > FMHA_STRATEGY_PORTABLE) return FMHA_ERR_BAD_OPTION;
     if ((unsigned)p->causal > FMHA_CAUSAL_BOTTOM_RIGHT) return FMHA_ERR_BAD_OPTION;
     if ((unsigned)p->precision > FMHA_PRECISION_FAST) return FMHA_ERR_BAD_OPTION;
@@ -182,6 +183,8 @@ fmha_status fmha_problem_check(const fmha_problem *p_in) {
         return FMHA_ERR_BAD_HEAD_DIM;
     if (!isfinite(p->scale)) return FMHA_ERR_BAD_SCALE;
     if (!(p->dropout_p >= 0.0f && p->dropout_p < 1.0f)) return FMHA_ERR_BAD_OPTION;
+    /* a cache dtype of its own only beside float32 queries */
+    if (fmha_kv_dtype_of(p) != p->dtype && p->dtype != FMHA_DTYPE_F32) return FMHA_ERR_UNSUPPORTED;
     if (p->block_table) { /* the pool's shape before its strides are measured */
         if (p->page_size < 1 || p->num_pages < 1 || p->block_table_stride < 1 ||
             p->page_size > ((int64_t)1 << 40) || p->num_pages > ((int64_t)1 << 40) ||
@@ -253,12 +256,13 @@ static void add_array(tensor_list *l, const char *name, const void *ptr, int64_t
 
 static void tensor_ext(const fmha_problem *p, int which, int64_t ext[4]) { tensor_extents(p, which, ext); }
 
-/* Adds tensor `which` (0 q, 1 k, 2 v, 3 o) of the problem's dtype. */
+/* Adds tensor `which` (0 q, 1 k, 2 v, 3 o) of the problem's dtype (K and V: kv_dtype's). */
 static void add_qkvo(tensor_list *l, const fmha_problem *p, const char *name, int which,
                      const void *ptr, int output) {
     int64_t ext[4];
     tensor_ext(p, which, ext);
-    add_strided(l, name, ptr, ext, tensor_strides(p, which), fmha_dtype_size(p->dtype), output);
+    fmha_dtype t = which == 1 || which == 2 ? fmha_kv_dtype_of(p) : p->dtype;
+    add_strided(l, name, ptr, ext, tensor_strides(p, which), fmha_dtype_size(t), output);
 }
 
 /* The mask and bias arrays a run reads. */

@@ -43,6 +43,7 @@ struct fmha_plan {
     int dropout;
     float dropout_scale;
     uint64_t dropout_threshold, dropout_seed_mix;
+    fmha_dtype kv_dtype;       /* element type of K and V (fmha_kv_dtype_of) */
     fmha_ws_size fwd_ws, bwd_ws; /* workspace of each direction (bwd: any gradients) */
     /* Decode (driver/decode.c): set when planning gives the forward to the
      * decode driver. A unit serves dec_heads kv heads x dec_rows rows of
@@ -87,6 +88,11 @@ fmha_status fmha_plan_init(const fmha_problem *p, fmha_plan *plan);
 /* Strides above INT64_MAX / 8 on extent-1 dimensions become 0 (a plan's copy). */
 void fmha_problem_tame_unit_strides(fmha_problem *p);
 /* Copies a caller's problem of any known struct_size into *out. */
+/* The element type of K and V: p->kv_dtype, or p->dtype when it is SAME. */
+static inline fmha_dtype fmha_kv_dtype_of(const fmha_problem *p) {
+    return p->kv_dtype == FMHA_KV_DTYPE_SAME ? p->dtype : (fmha_dtype)(p->kv_dtype - 1);
+}
+
 fmha_status fmha_problem_load(const fmha_problem *p, fmha_problem *out);
 
 /* The tensors of a run, by name; NULL where the run has no such tensor. */

@@ -52,7 +52,9 @@ fmha_status fmha_plan_init(const fmha_problem *p_in, fmha_plan *plan) {
     plan->has_bias = fmha_biases_active(p);
     plan->scale = p->scale != 0.0f ? p->scale : (float)(1.0 / sqrt((double)p->head_dim));
     plan->uk = p->strategy == FMHA_STRATEGY_PORTABLE ? fmha_cpu_kernels_for("scalar") : fmha_cpu_kernels();
-    plan->path = fmha_operand_path_for(p->dtype, plan->uk);
+    plan->kv_dtype = fmha_kv_dtype_of(p);
+    /* a cache dtype of its own (float32 Q): K and V widened once per call */
+    plan->path = plan->kv_dtype == p->dtype ? fmha_operand_path_for(p->dtype, plan->uk) : &fmha_path_widened;
     plan->strategy = resolve_strategy(p);
     plan->threads = fmha_pool_threads();
     plan->o_dtype = p->dtype;
@@ -66,6 +68,11 @@ fmha_status fmha_plan_init(const fmha_problem *p_in, fmha_plan *plan) {
     plan->fwd_ws = fmha_fwd_workspace(plan);
     plan->bwd_ws = fmha_bwd_workspace(plan);
     return FMHA_OK;
+}
+
+/* Paged caches and K, V of another dtype than Q: forward only. */
+static int backward_supported(const fmha_plan *plan) {
+    return !plan->p.block_table && plan->kv_dtype == plan->p.dtype;
 }
 
 size_t fmha_ws_total(const fmha_plan *plan, fmha_ws_size ws) {
@@ -151,7 +158,7 @@ static fmha_status run_backward(const fmha_plan *plan, plan_box *box, const void
                                 void *dq, void *dk, void *dv, const fmha_param_grads *grads,
                                 void *user_ws, size_t user_bytes) {
     if (!q || !k || !v || !o || !d_o || !lse || !dq || !dk || !dv) return FMHA_ERR_NULL_POINTER;
-    if (plan->p.block_table) return FMHA_ERR_UNSUPPORTED; /* paged caches: forward only */
+    if (!backward_supported(plan)) return FMHA_ERR_UNSUPPORTED;
     fmha_status st = fmha_param_grads_check(&plan->p, grads);
     if (st != FMHA_OK) return st;
     fmha_tensors t = {.q = q, .k = k, .v = v, .o_in = o, .d_o = d_o, .lse_in = lse,
@@ -175,7 +182,7 @@ static fmha_status run_fused(const fmha_plan *plan, plan_box *box, const void *q
                              const void *v, const void *d_o, void *o, float *lse, void *dq, void *dk,
                              void *dv, const fmha_param_grads *grads) {
     if (!q || !k || !v || !d_o || !o || !lse || !dq || !dk || !dv) return FMHA_ERR_NULL_POINTER;
-    if (plan->p.block_table) return FMHA_ERR_UNSUPPORTED; /* paged caches: forward only */
+    if (!backward_supported(plan)) return FMHA_ERR_UNSUPPORTED;
     fmha_status st = fmha_param_grads_check(&plan->p, grads);
     if (st != FMHA_OK) return st;
     fmha_tensors t = {.q = q, .k = k, .v = v, .d_o = d_o, .o = o, .lse = lse,
@@ -213,7 +220,7 @@ fmha_status fmha_backward_workspace_size(const fmha_problem *p, size_t *bytes) {
     fmha_plan plan;
     fmha_status st = fmha_plan_init(p, &plan);
     if (st != FMHA_OK) return st;
-    if (plan.p.block_table) return FMHA_ERR_UNSUPPORTED; /* paged caches: forward only */
+    if (!backward_supported(&plan)) return FMHA_ERR_UNSUPPORTED;
     /* enough for any gradients the biases allow */
     fmha_param_grads all = {0};
     const fmha_biases *bs = &plan.p.biases;

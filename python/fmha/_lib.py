@@ -171,6 +171,7 @@ class fmha_problem(ctypes.Structure):
         ("dropout_p", ctypes.c_float),
         ("dropout_seed", ctypes.c_uint64),
         ("dropout_offset", ctypes.c_uint64),
+        ("kv_dtype", ctypes.c_int),
     ]
 
 

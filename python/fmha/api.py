@@ -373,7 +373,8 @@ def _install_bias_callback(p, call, cb):
 def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignment, local_window_size,
              query_seq_lengths, key_value_seq_lengths, segment_ids, alibi_slopes, rel_table,
              rel_max_distance, rel_bidirectional, softcap, strategy, mask_callback, bias_callback,
-             precision="fast", sinks=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0):
+             precision="fast", sinks=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0,
+             block_table=None):
     """Validates every argument (ValueError / TypeError) without calling the
     library; returns (call, q, k, v, batched) for _describe."""
     q = _as_array(query, "query")
@@ -383,20 +384,37 @@ def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignmen
         raise ValueError("fmha: query, key and value must all be [B, T, N, H] (4-D) or [T, N, H] (3-D), "
                          f"got shapes {q.shape}, {k.shape}, {v.shape}")
     code = dtype_code(q.dtype)
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"fmha: query, key and value must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    kv_code = 0  # fmha_kv_dtype: 0 = the query's dtype
+    if k.dtype != v.dtype or (k.dtype != q.dtype and q.dtype != np.float32):
+        raise TypeError(f"fmha: query, key and value must share a dtype (or key and value one of their own "
+                        f"beside float32 query), got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.dtype != q.dtype:
+        kv_code = dtype_code(k.dtype) + 1
     batched = q.ndim == 4
+    if block_table is not None and not batched:
+        raise ValueError("fmha: block_table needs 4-D query [B, T, N, H] and page pools [P, page, K, H]")
     if not batched:
         q, k, v = q[None], k[None], v[None]
     B, T, N, H = q.shape
     Bk, S, K, Hk = k.shape
     Hv = v.shape[3]
-    if Bk != B or v.shape[0] != B:
+    table = None
+    if block_table is not None:  # k, v: page pools [num_pages, page_size, K, H]
+        table = _as_array(block_table, "block_table")
+        if table.ndim != 2 or table.shape[0] != B or table.shape[1] < 1:
+            raise ValueError(f"fmha: block_table must be [B, max_pages] = [{B}, >= 1], got {table.shape}")
+        table = _int32_matrix(table, table.shape, "block_table")
+        if key_value_seq_lengths is None:
+            raise ValueError("fmha: block_table needs key_value_seq_lengths (the keys each sequence holds)")
+        if v.shape[0] != Bk:
+            raise ValueError(f"fmha: key and value pools must hold the same pages, got {k.shape}, {v.shape}")
+        Bk, S = B, table.shape[1] * k.shape[1]  # a sequence holds up to max_pages * page_size keys
+    if table is None and (Bk != B or v.shape[0] != B):
         raise ValueError(f"fmha: query, key and value must share the batch size, got {q.shape}, {k.shape}, "
                          f"{v.shape}")
     if Hk != H:
         raise ValueError(f"fmha: query and key must share the head dim, got {H} and {Hk}")
-    if v.shape[1] != S or v.shape[2] != K:
+    if v.shape[1] != k.shape[1] or v.shape[2] != K:
         raise ValueError(f"fmha: value must be [B, S, K, Hv] like key {k.shape}, got {v.shape}")
     if K == 0 or N % K != 0:
         raise ValueError(f"fmha: the number of query heads must be a multiple of key/value heads, got "
@@ -479,7 +497,7 @@ def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignmen
     if bias_callback is not None and not (isinstance(bias_callback, BiasCallback) or callable(bias_callback)):
         raise TypeError("fmha: bias_callback must be a BiasCallback or a fill function")
 
-    call.parts = dict(code=code, sizes=(B, N, K, T, S, H, Hv), scale=scale_value, causal=causal,
+    call.parts = dict(code=code, kv_code=kv_code, block_table=table, pool=k.shape[:2], sizes=(B, N, K, T, S, H, Hv), scale=scale_value, causal=causal,
                       strategy=strategy_value, precision=PRECISIONS[precision], window=window, mask=m,
                       bias=b, q_lengths=ql, kv_lengths=kl,
                       q_ids=q_ids, kv_ids=kv_ids, alibi=a, rel_table=r, sinks=z, softcap=softcap,
@@ -512,7 +530,13 @@ def _describe(call, q, k, v):
                rel_max_distance=d["rel_max_distance"], rel_bidirectional=d["rel_bidirectional"],
                softcap=d["softcap"], sinks=address(d["sinks"]))
     p.dropout_p, p.dropout_seed, p.dropout_offset = d["dropout"]
-    call.hold(m, b, ql, kl, q_ids, kv_ids, a, r, d["sinks"])
+    p.kv_dtype = d["kv_code"]
+    table = d["block_table"]
+    if table is not None:
+        p.block_table = _ptr(ctypes.c_int32, table.ctypes.data)
+        p.block_table_stride = table.shape[1]
+        p.num_pages, p.page_size = d["pool"]
+    call.hold(m, b, ql, kl, q_ids, kv_ids, a, r, d["sinks"], table)
     if d["mask_callback"] is not None:
         _install_mask_callback(p, call, d["mask_callback"])
     if d["bias_callback"] is not None:
@@ -525,7 +549,7 @@ def _describe(call, q, k, v):
 # every call, so such calls take the one-shot path instead.
 _PLANS = _lib.PlanCache(32)
 _PER_CALL_PARTS = ("mask", "bias", "q_lengths", "kv_lengths", "q_ids", "kv_ids", "alibi", "rel_table",
-                   "sinks", "mask_callback", "bias_callback")
+                   "sinks", "mask_callback", "bias_callback", "block_table")
 
 
 def _cached_plan(call, q, k, v, o_strides):
@@ -535,7 +559,7 @@ def _cached_plan(call, q, k, v, o_strides):
         if d[name] is not None:
             return None
     o_strides = tuple(o_strides)
-    key = (d["code"], d["sizes"], _bshd(q), _bshd(k), _bshd(v), o_strides, d["scale"], d["causal"],
+    key = (d["code"], d["kv_code"], d["sizes"], _bshd(q), _bshd(k), _bshd(v), o_strides, d["scale"], d["causal"],
            d["strategy"], d["precision"], d["window"], d["softcap"], d["dropout"])
 
     def make_problem():
@@ -563,7 +587,8 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
               key_value_seq_lengths=None, segment_ids=None, alibi_slopes=None, softcap=None,
               rel_table=None, rel_max_distance=128, rel_bidirectional=True, mask_callback=None,
               bias_callback=None, return_lse=False, strategy="auto", precision="fast", sinks=None,
-              dropout_p=0.0, dropout_seed=0, dropout_offset=0):
+              dropout_p=0.0, dropout_seed=0, dropout_offset=0,
+              block_table=None):
     """Scaled dot-product attention on NumPy arrays by the C library.
 
     query [B, T, N, H], key [B, S, K, H], value [B, S, K, Hv] (or 3-D without
@@ -592,6 +617,13 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
                         as accurate as PyTorch's fused CPU kernel) or
                         'accurate' (P as bf16 plus its residual); see
                         fmha_precision in fmha.h
+      key, value        bfloat16 or float16 beside float32 query: a KV cache
+                        dtype of its own (widened as read; out is float32)
+      block_table       int32 [B, max_pages]: key and value are page pools
+                        [num_pages, page_size, K, H] and key j of sequence b
+                        is row j % page_size of page block_table[b, j //
+                        page_size] (vLLM, FlashAttention); needs
+                        key_value_seq_lengths; forward only
     A query row that sees no key gets zeros (and lse = -inf, or its sink).
 
     Returns out [B, T, N, Hv] (query's dtype), or (out, lse) with lse float32
@@ -604,7 +636,7 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
         rel_table=rel_table, rel_max_distance=rel_max_distance, rel_bidirectional=rel_bidirectional,
         softcap=softcap, strategy=strategy, mask_callback=mask_callback, bias_callback=bias_callback,
         precision=precision, sinks=sinks, dropout_p=dropout_p, dropout_seed=dropout_seed,
-        dropout_offset=dropout_offset)
+        dropout_offset=dropout_offset, block_table=block_table)
     B, T, N, S, K, H, Hv = call.shape
     out = np.empty((B, T, N, Hv), dtype=q.dtype)
     lse = np.empty((B, N, T), dtype=np.float32) if return_lse else None

@@ -80,8 +80,8 @@ int fmha_decode_plan(fmha_plan *plan) {
     if (!p->block_table && p->strategy != FMHA_STRATEGY_AUTO) return 0;
     if (!p->block_table && (p->seq_q > DEC_MAX_SQ || p->seq_kv < DEC_MIN_KV_PER_Q * p->seq_q)) return 0;
     if (!uk->decode_scores_f32 || !uk->decode_softmax_f32 || !uk->decode_values_f32) return 0;
-    if (p->dtype == FMHA_DTYPE_BF16 && !uk->widen_bf16) return 0;
-    if (p->dtype == FMHA_DTYPE_F16 && !uk->widen_f16) return 0;
+    if (plan->kv_dtype == FMHA_DTYPE_BF16 && !uk->widen_bf16) return 0;
+    if (plan->kv_dtype == FMHA_DTYPE_F16 && !uk->widen_f16) return 0;
     if (p->k_strides[3] != 1 || p->v_strides[3] != 1) return 0;
     if (plan->has_bias || plan->dropout || m->q_segment_ids || m->dense || m->callback.fill) return 0;
 
@@ -128,7 +128,7 @@ typedef struct dec_partials {
 static void dec_carve(const fmha_plan *plan, fmha_carver *c, dec_scratch *s) {
     size_t rows = (size_t)plan->dec_rows, D = (size_t)plan->p.head_dim, Dv = (size_t)plan->p.head_dim_v;
     /* tiles staged in scratch: widened 2-byte caches, tiles that cross pages */
-    int wide = plan->p.dtype != FMHA_DTYPE_F32 || plan->p.block_table;
+    int wide = plan->kv_dtype != FMHA_DTYPE_F32 || plan->p.block_table;
     s->qf = fmha_carve(c, (size_t)plan->dec_heads * rows * D * sizeof(float));
     s->s = fmha_carve(c, rows * DEC_TILE * sizeof(float));
     size_t heads = (size_t)plan->dec_heads;
@@ -240,14 +240,15 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
         }
 
     const int64_t *ks = p->k_strides, *vs = p->v_strides;
-    const size_t esize = fmha_dtype_size(p->dtype);
-    fmha_widen_ukernel_fn widen = p->dtype == FMHA_DTYPE_BF16 ? uk->widen_bf16 : uk->widen_f16;
+    const fmha_dtype kvt = plan->kv_dtype;
+    const size_t esize = fmha_dtype_size(kvt);
+    fmha_widen_ukernel_fn widen = kvt == FMHA_DTYPE_BF16 ? uk->widen_bf16 : uk->widen_f16;
     long long computed = 0;
     for (int64_t k0 = kb; k0 < ke; k0 += DEC_TILE) {
         int64_t nk = ke - k0 < DEC_TILE ? ke - k0 : DEC_TILE;
         /* f32 tiles inside one page are read in place; the rest is staged */
-        int in_place = p->dtype == FMHA_DTYPE_F32 && dec_one_page(p, k0, nk);
-        if (p->dtype != FMHA_DTYPE_F32) /* widen the tile's heads in memory order */
+        int in_place = kvt == FMHA_DTYPE_F32 && dec_one_page(p, k0, nk);
+        if (kvt != FMHA_DTYPE_F32) /* widen the tile's heads in memory order */
             for (int64_t j = 0; j < nk; j++)
                 for (int64_t hh = 0; hh < heads; hh++) {
                     const int64_t hk = hk0 + hh;
@@ -324,7 +325,7 @@ static void dec_row_guarded(const dec_ctx *c, int64_t b, int64_t i, int64_t h, f
             float dot = 0.0f;
             for (int64_t d = 0; d < D; d++)
                 dot += fmha_load(c->q, p->dtype, b * qs[0] + i * qs[1] + h * qs[2] + d * qs[3]) *
-                       fmha_load(c->k, p->dtype, dec_key_at(p, ks, b, hk, k0 + r) + d * ks[3]);
+                       fmha_load(c->k, plan->kv_dtype, dec_key_at(p, ks, b, hk, k0 + r) + d * ks[3]);
             s[r] = plan->scale * dot;
         }
         fmha_mask_apply(plan, &t, s, 1, NULL, thread);
@@ -339,7 +340,7 @@ static void dec_row_guarded(const dec_ctx *c, int64_t b, int64_t i, int64_t h, f
             if (pr == 0.0f) continue;
             l += pr;
             for (int64_t e = 0; e < Dv; e++)
-                acc[e] += pr * fmha_load(c->v, p->dtype, dec_key_at(p, vs, b, hk, k0 + r) + e * vs[3]);
+                acc[e] += pr * fmha_load(c->v, plan->kv_dtype, dec_key_at(p, vs, b, hk, k0 + r) + e * vs[3]);
         }
         m = mx;
     }

@@ -182,7 +182,8 @@ static void fwd_values_guarded(const fwd_ctx *c, int64_t b, int64_t hk, int64_t 
             for (int64_t r = 0; r < nk; r++) {
                 float pr = pt[(size_t)r * nr + i];
                 if (pr != 0.0f)
-                    acc += pr * fmha_load(c->v, p->dtype, b * vs[0] + (k0 + r) * vs[1] + hk * vs[2] + col * vs[3]);
+                    acc += pr * fmha_load(c->v, c->plan->kv_dtype,
+                                          b * vs[0] + (k0 + r) * vs[1] + hk * vs[2] + col * vs[3]);
             }
             ot[(size_t)col * nr + i] = acc;
         }

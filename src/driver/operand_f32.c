@@ -72,8 +72,8 @@ static void widened_kv_pack(const fmha_plan *plan, const void *k, const void *v,
     float *kf = (float *)unit, *vf = (float *)(unit + floats_bytes((size_t)(p->seq_kv * D)));
     for (int64_t r = k0; r < k0 + nk; r++) {
         int64_t krow = b * ks[0] + r * ks[1] + hk * ks[2], vrow = b * vs[0] + r * vs[1] + hk * vs[2];
-        for (int64_t e = 0; e < D; e++) kf[r * D + e] = fmha_load(k, p->dtype, krow + e * ks[3]);
-        for (int64_t e = 0; e < Dv; e++) vf[r * Dv + e] = fmha_load(v, p->dtype, vrow + e * vs[3]);
+        for (int64_t e = 0; e < D; e++) kf[r * D + e] = fmha_load(k, plan->kv_dtype, krow + e * ks[3]);
+        for (int64_t e = 0; e < Dv; e++) vf[r * Dv + e] = fmha_load(v, plan->kv_dtype, vrow + e * vs[3]);
     }
 }
 

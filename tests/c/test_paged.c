@@ -80,7 +80,7 @@ static void run_case(const paged_case *pc) {
     if (pc->causal) p.causal = FMHA_CAUSAL_BOTTOM_RIGHT;
     if (pc->window) p.masks.window_left = 37;
     int32_t kv_len[4];
-    for (int64_t b = 0; b < B; b++) kv_len[b] = (int32_t)(b == 0 ? skv : tu_int(b == 2 ? 0 : 1, skv));
+    tu_ragged_kv_lengths(B, skv, kv_len);
     p.masks.kv_lengths = kv_len;
     float sinks[32];
     for (int h = 0; h < 32; h++) sinks[h] = (float)tu_uniform(-1, 1);
@@ -91,16 +91,8 @@ static void run_case(const paged_case *pc) {
     typed q = typed_new(pc->dtype, nq), k = typed_new(pc->dtype, nkv), v = typed_new(pc->dtype, nkv);
 
     /* table [B, stride]: a shuffled permutation of the pool's pages, one spare */
-    int64_t stride = (skv + ps - 1) / ps + 1, pages = B * (stride - 1) + 1;
-    int32_t *perm = malloc((size_t)pages * sizeof(int32_t)), *table = malloc((size_t)(B * stride) * sizeof(int32_t));
-    for (int64_t i = 0; i < pages; i++) perm[i] = (int32_t)i;
-    for (int64_t i = pages - 1; i > 0; i--) {
-        int64_t j = tu_int(0, i);
-        int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t;
-    }
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t pg = 0; pg < stride; pg++)
-            table[b * stride + pg] = pg * ps < kv_len[b] ? perm[b * (stride - 1) + pg] : -1;
+    int64_t stride, pages;
+    int32_t *table = tu_page_table(B, skv, ps, kv_len, &stride, &pages);
     void *kp = make_pool(pc, &k, table, stride, pages), *vp = make_pool(pc, &v, table, stride, pages);
 
     fmha_problem pp = p;
@@ -146,7 +138,7 @@ static void run_case(const paged_case *pc) {
                      !memcmp(lse_c, lse_p, nl * sizeof(float)),
                  "%s: the contiguous cache's bits", what);
     }
-    free(perm), free(table), free(kp), free(vp), free(o_c), free(o_p), free(lse_c), free(lse_p), free(of);
+    free(table), free(kp), free(vp), free(o_c), free(o_p), free(lse_c), free(lse_p), free(of);
     free(ro), free(rl);
     typed_free(&q), typed_free(&k), typed_free(&v);
 }

@@ -509,3 +509,27 @@ fmha_status tu_forward_backward(const fmha_problem *p, const void *q, const void
     tu_through_plan(p, TU_FUSED, &c, st);
     return st;
 }
+
+void tu_ragged_kv_lengths(int64_t B, int64_t skv, int32_t *kv_len) {
+    for (int64_t b = 0; b < B; b++) kv_len[b] = (int32_t)(b == 0 ? skv : tu_int(b == 2 ? 0 : 1, skv));
+}
+
+int32_t *tu_page_table(int64_t B, int64_t skv, int64_t page, const int32_t *kv_len, int64_t *stride,
+                       int64_t *pages) {
+    int64_t w = (skv + page - 1) / page + 1, n = B * (w - 1) + 1;
+    /* perm [n]: a shuffled order of the pool's pages */
+    int32_t *perm = malloc((size_t)n * sizeof(int32_t)), *table = malloc((size_t)(B * w) * sizeof(int32_t));
+    for (int64_t i = 0; i < n; i++) perm[i] = (int32_t)i;
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = tu_int(0, i);
+        int32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t pg = 0; pg < w; pg++) table[b * w + pg] = pg * page < kv_len[b] ? perm[b * (w - 1) + pg] : -1;
+    free(perm);
+    *stride = w;
+    *pages = n;
+    return table;
+}

@@ -101,4 +101,13 @@ fmha_status tu_forward_backward(const fmha_problem *p, const void *q, const void
 void tu_fill_argmax_logits(const fmha_problem *p, float *q, float *k, double target);
 void tu_fill_tied_logits(const fmha_problem *p, float *q, float *k);
 
+/* ---- paged caches ----------------------------------------------------------
+ * Ragged key lengths [B]: b = 0 holds skv keys, b = 2 from 0, the rest from 1. */
+void tu_ragged_kv_lengths(int64_t B, int64_t skv, int32_t *kv_len);
+/* A block table [B, *stride] (malloc'ed) over a pool of *pages pages of
+ * `page` keys, one spare: each sequence's pages in shuffled pool order,
+ * entries past its kv_len[b] keys -1 (never read). */
+int32_t *tu_page_table(int64_t B, int64_t skv, int64_t page, const int32_t *kv_len, int64_t *stride,
+                       int64_t *pages);
+
 #endif /* FMHA_TEST_UTIL_H */

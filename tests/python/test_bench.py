@@ -272,6 +272,26 @@ def test_paged_cache_rows(tmp_path):
         assert r["kv_gbs"] > 0
 
 
+def test_kv_dtype_rows(tmp_path):
+    """--kv-dtype: bf16 or f16 K and V beside float32 rows, contiguous or
+    paged; O is float32 against the float64 reference on the rounded K and V,
+    K+V bandwidth counts 2-byte elements; the backward is unsupported; peak
+    children get the option too."""
+    for kv, page in (("bfloat16", []), ("float16", ["--page-size", "16"])):
+        doc, _ = bench(tmp_path, "--seqs", "300", "--seq-q", "1", "--heads-kv", "1", "--kv-dtype", kv, *page,
+                       "--modes", "fwd,fwdbwd", "--impls", "fmha_auto", "--variants", "causal", "--peaks",
+                       "--peak-seqs", "200", "--peak-impls", "fmha_auto", "--peak-timeout", "120")
+        assert doc["config"]["kv_dtype"] == kv
+        for r in doc["results"]:
+            assert r["kv_dtype"] == kv and r["dtype"] == "float32", r
+            if r["mode"] == "fwdbwd":
+                assert r["status"] == "unsupported"
+                continue
+            assert r["status"] == "ok", r
+            if r.get("kind") != "peak":
+                assert r["rel_err"] < 1e-5 and r["kv_gbs"] > 0, r
+
+
 def test_no_ref_and_threads(tmp_path):
     doc, _ = bench(tmp_path, "--seqs", "64", "--modes", "fwd", "--impls", "fmha_tiled", "--no-ref",
                    "--threads", "1")

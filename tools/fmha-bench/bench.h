@@ -28,6 +28,7 @@ typedef struct bench_options {
     int64_t batch, heads, portable_max_seq;
     int64_t seq_q, heads_kv;   /* --seq-q, --heads-kv; 0: the seq, the heads */
     int64_t page_size;         /* --page-size: K and V in a paged cache; 0: contiguous */
+    const char *kv_dtype;      /* --kv-dtype: K and V in their own dtype; NULL: the row's */
     int threads;               /* 0: the library's default */
     const char *precision;     /* --precision: "accurate" or "fast" (bf16 rows) */
     int no_ref, peaks, max_fit, append;
@@ -46,6 +47,7 @@ typedef struct bench_case {
     const char *precision;     /* bf16 rows: "accurate" (NULL) or "fast" */
     int64_t seq_q, heads_kv;   /* queries and kv heads; 0: seq and heads */
     int64_t page_size;         /* keys per page of a paged cache; 0: contiguous */
+    const char *kv_dtype;      /* dtype of K and V; NULL: dtype */
 } bench_case;
 
 /* A case's query length and kv heads (seq and heads unless set). */
@@ -56,8 +58,8 @@ static inline int64_t bench_heads_kv(const bench_case *c) { return c->heads_kv ?
  * computed on first use and shared by every mode and impl. */
 typedef struct bench_inputs {
     fmha_problem ref_problem;  /* float32, correct scale, the variant's masks */
-    fmha_dtype dtype;
-    size_t elem_size;          /* bytes of one element in the dtype */
+    fmha_dtype dtype, kv_dtype; /* of Q, O (and dO); of K and V */
+    size_t elem_size, kv_elem_size; /* bytes of one element in each */
     size_t q_elems, kv_elems, o_elems;
     /* The inputs as float32, already rounded to the dtype (the reference's). */
     float *q, *k, *v, *d_o;

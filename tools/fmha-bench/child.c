@@ -161,7 +161,7 @@ json_value *bench_peak_row(const bench_options *o, const bench_case *c, const ch
     snprintf(page_size, sizeof page_size, "%lld", (long long)c->page_size);
     char *argv[] = {(char *)exe, "--child-row", spec, "--batch", batch, "--heads", heads,
                     "--min-samples", samples, "--min-sample-ms", sample_ms, NULL, NULL, NULL, NULL,
-                    NULL, NULL, NULL, NULL, NULL};
+                    NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     int argc = 11;
     if (c->seq_q) {
         argv[argc++] = "--seq-q";
@@ -174,6 +174,10 @@ json_value *bench_peak_row(const bench_options *o, const bench_case *c, const ch
     if (c->page_size) {
         argv[argc++] = "--page-size";
         argv[argc++] = page_size;
+    }
+    if (c->kv_dtype) {
+        argv[argc++] = "--kv-dtype";
+        argv[argc++] = (char *)c->kv_dtype;
     }
     if (o->threads > 0) {
         argv[argc++] = "--threads";

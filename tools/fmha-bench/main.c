@@ -52,6 +52,8 @@ static void usage(FILE *f)
             "  --heads-kv N            key/value heads (default: the heads; fewer for GQA)\n"
             "  --page-size N           K and V in a paged cache of N keys a page, pages in\n"
             "                          shuffled order (forward only; default: contiguous)\n"
+            "  --kv-dtype T            K and V in bfloat16 or float16 beside float32 rows\n"
+            "                          (fmha_problem.kv_dtype; forward only; default: the row's)\n"
             "  --impls LIST            fmha_auto,fmha_dense,fmha_tiled,fmha_portable (default),\n"
             "                          fmha_plan (auto through one reused plan: per-call cost)\n"
             "  --portable-max-seq N    fmha_portable only up to this seq (default 1024)\n"
@@ -296,7 +298,7 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
         }
         static const char *const valued[] = {
             "--seqs", "--dims", "--dtypes", "--variants", "--modes", "--batch", "--heads", "--impls",
-            "--seq-q", "--heads-kv", "--page-size",
+            "--seq-q", "--heads-kv", "--page-size", "--kv-dtype",
             "--portable-max-seq", "--threads", "--peak-seqs", "--peak-impls", "--peak-timeout", "--fit-seqs",
             "--fit-impls", "--mem-budget-mb", "--out", "--note", "--min-samples", "--min-sample-ms",
             "--child-row", "--precision"};
@@ -344,6 +346,13 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
             rc = parse_int_option(flag, value, 1, 1 << 20, &o->heads_kv);
         else if (strcmp(flag, "--page-size") == 0)
             rc = parse_int_option(flag, value, 1, 1 << 30, &o->page_size);
+        else if (strcmp(flag, "--kv-dtype") == 0) {
+            bench_name_list one;
+            rc = parse_name_list(flag, value, DTYPE_NAMES, COUNT_OF(DTYPE_NAMES), &one);
+            if (rc == 0 && one.count != 1)
+                return usage_error("--kv-dtype takes one dtype");
+            o->kv_dtype = rc == 0 ? one.names[0] : NULL;
+        }
         else if (strcmp(flag, "--portable-max-seq") == 0)
             rc = parse_int_option(flag, value, 0, 1 << 30, &o->portable_max_seq);
         else if (strcmp(flag, "--precision") == 0) {
@@ -387,6 +396,7 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
         child->seq_q = o->seq_q;
         child->heads_kv = o->heads_kv;
         child->page_size = o->page_size;
+        child->kv_dtype = o->kv_dtype;
         return parse_child_spec(child_spec, child);
     }
     return 0;
@@ -433,6 +443,8 @@ static json_value *config_json(const bench_options *o)
         json_set_number(c, "heads_kv", (double)o->heads_kv);
     if (o->page_size)
         json_set_number(c, "page_size", (double)o->page_size);
+    if (o->kv_dtype)
+        json_set_string(c, "kv_dtype", o->kv_dtype);
     json_object_set(c, "impls", name_list_json(&o->impls));
     json_set_number(c, "portable_max_seq", (double)o->portable_max_seq);
     json_set_bool(c, "no_ref", o->no_ref);
@@ -685,7 +697,7 @@ static void run_time_rows(const bench_options *o, json_value *results, progress 
                 for (int s = 0; s < o->seqs.count; s++) {
                     bench_case c = {NULL, NULL, o->variants.names[v], o->dtypes.names[t], o->batch,
                                     o->seqs.values[s], o->heads, o->dims.values[d], o->precision,
-                                    o->seq_q, o->heads_kv, o->page_size};
+                                    o->seq_q, o->heads_kv, o->page_size, o->kv_dtype};
                     c.impl = o->impls.names[0];
                     c.mode = o->modes.names[0];
                     /* One set of inputs (and reference) per (variant, seq, dim), every mode and impl. */
@@ -722,7 +734,7 @@ static void run_peak_rows(const bench_options *o, json_value *results, progress 
                             bench_case c = {o->peak_impls.names[i], o->modes.names[m], o->variants.names[v],
                                             o->dtypes.names[t], o->batch, o->peak_seqs.values[s], o->heads,
                                             o->dims.values[d], o->precision, o->seq_q, o->heads_kv,
-                                            o->page_size};
+                                            o->page_size, o->kv_dtype};
                             if (portable_skipped(o, c.impl, c.seq))
                                 continue;
                             report_progress(pr, &c, " (peak)");
@@ -742,7 +754,7 @@ static void run_fit_rows(const bench_options *o, json_value *results, progress *
                 for (int i = 0; i < o->fit_impls.count; i++) {
                     bench_case c = {o->fit_impls.names[i], o->modes.names[m], "plain", o->dtypes.names[t],
                                     o->batch, 0, o->heads, o->dims.values[d], o->precision, o->seq_q,
-                                    o->heads_kv, o->page_size};
+                                    o->heads_kv, o->page_size, o->kv_dtype};
                     pr->done++;
                     fprintf(stderr, "[row %d/%d] %s %s max-fit\n", pr->done, pr->total, c.impl, c.mode);
                     json_value *row = bench_fit_row(o, &c, budget);

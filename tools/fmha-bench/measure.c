@@ -65,6 +65,12 @@ static fmha_dtype dtype_of(const char *name)
 
 static size_t dtype_size(fmha_dtype dtype) { return dtype == FMHA_DTYPE_F32 ? 4 : 2; }
 
+/* The dtype of a problem's K and V. */
+static fmha_dtype kv_dtype_of(const fmha_problem *p)
+{
+    return p->kv_dtype == FMHA_KV_DTYPE_SAME ? p->dtype : (fmha_dtype)(p->kv_dtype - 1);
+}
+
 static int is_fwdbwd(const bench_case *c) { return strcmp(c->mode, "fwdbwd") == 0; }
 static int is_masked_bias(const bench_case *c) { return strcmp(c->variant, "masked_bias") == 0; }
 
@@ -92,6 +98,8 @@ void bench_case_problem(const bench_case *c, const bench_inputs *in, fmha_proble
     fmha_problem_init(p, c->batch, c->heads, bench_heads_kv(c), bench_seq_q(c), c->seq, c->head_dim,
                       c->head_dim, FMHA_LAYOUT_BSHD);
     p->dtype = dtype_of(c->dtype);
+    if (c->kv_dtype)
+        p->kv_dtype = (fmha_kv_dtype)(dtype_of(c->kv_dtype) + 1);
     p->precision = c->precision && strcmp(c->precision, "fast") == 0 ? FMHA_PRECISION_FAST
                                                                      : FMHA_PRECISION_ACCURATE;
     int strategy = bench_impl_strategy(c->impl, &wrong);
@@ -119,7 +127,7 @@ fmha_status bench_case_plan(const bench_case *c, const bench_inputs *in, size_t 
         return st;
     /* q, o, dq, dO: tensor bytes; k, v, dk, dv: kv_tensor bytes */
     size_t tensor = (size_t)(c->batch * bench_seq_q(c) * c->heads * c->head_dim) * dtype_size(p.dtype);
-    size_t kv_tensor = (size_t)(c->batch * c->seq * bench_heads_kv(c) * c->head_dim) * dtype_size(p.dtype);
+    size_t kv_tensor = (size_t)(c->batch * c->seq * bench_heads_kv(c) * c->head_dim) * dtype_size(kv_dtype_of(&p));
     size_t lse = (size_t)(c->batch * c->heads * bench_seq_q(c)) * sizeof(float);
     size_t extras = 0; /* masked_bias: key lengths and bias table */
     if (is_masked_bias(c))
@@ -236,7 +244,7 @@ static void fill_uniform(float *x, size_t n, uint64_t *state)
 static int make_pools(bench_inputs *in, const bench_case *c)
 {
     const int64_t ps = c->page_size, per_seq = (c->seq + ps - 1) / ps;
-    const size_t row = (size_t)(bench_heads_kv(c) * c->head_dim) * in->elem_size;
+    const size_t row = (size_t)(bench_heads_kv(c) * c->head_dim) * in->kv_elem_size;
     in->table_stride = per_seq;
     in->num_pages = c->batch * per_seq;
     in->table = malloc((size_t)in->num_pages * sizeof(int32_t));
@@ -270,6 +278,8 @@ int bench_inputs_init(bench_inputs *in, const bench_case *c, int with_d_o)
     memset(in, 0, sizeof *in);
     in->dtype = dtype_of(c->dtype);
     in->elem_size = dtype_size(in->dtype);
+    in->kv_dtype = c->kv_dtype ? dtype_of(c->kv_dtype) : in->dtype;
+    in->kv_elem_size = dtype_size(in->kv_dtype);
     in->q_elems = in->o_elems = (size_t)(c->batch * bench_seq_q(c) * c->heads * c->head_dim);
     in->kv_elems = (size_t)(c->batch * c->seq * bench_heads_kv(c) * c->head_dim);
     in->q = malloc(in->q_elems * sizeof(float));
@@ -284,10 +294,13 @@ int bench_inputs_init(bench_inputs *in, const bench_case *c, int with_d_o)
     }
     if (in->dtype != FMHA_DTYPE_F32 && !failed) {
         in->q_in = malloc(in->q_elems * in->elem_size);
-        in->k_in = malloc(in->kv_elems * in->elem_size);
-        in->v_in = malloc(in->kv_elems * in->elem_size);
         in->d_o_in = with_d_o ? malloc(in->o_elems * in->elem_size) : NULL;
-        failed |= !in->q_in || !in->k_in || !in->v_in || (with_d_o && !in->d_o_in);
+        failed |= !in->q_in || (with_d_o && !in->d_o_in);
+    }
+    if (in->kv_dtype != FMHA_DTYPE_F32 && !failed) {
+        in->k_in = malloc(in->kv_elems * in->kv_elem_size);
+        in->v_in = malloc(in->kv_elems * in->kv_elem_size);
+        failed |= !in->k_in || !in->v_in;
     }
     if (failed) {
         bench_inputs_free(in);
@@ -303,15 +316,18 @@ int bench_inputs_init(bench_inputs *in, const bench_case *c, int with_d_o)
         state += in->o_elems * 0x9e3779b97f4a7c15ULL; /* the table gets the same values either way */
     if (in->dtype == FMHA_DTYPE_F32) {
         in->q_in = in->q;
-        in->k_in = in->k;
-        in->v_in = in->v;
         in->d_o_in = in->d_o;
     } else {
         round_to_dtype(in->dtype, in->q, in->q_in, in->q_elems);
-        round_to_dtype(in->dtype, in->k, in->k_in, in->kv_elems);
-        round_to_dtype(in->dtype, in->v, in->v_in, in->kv_elems);
         if (in->d_o)
             round_to_dtype(in->dtype, in->d_o, in->d_o_in, in->o_elems);
+    }
+    if (in->kv_dtype == FMHA_DTYPE_F32) {
+        in->k_in = in->k;
+        in->v_in = in->v;
+    } else {
+        round_to_dtype(in->kv_dtype, in->k, in->k_in, in->kv_elems);
+        round_to_dtype(in->kv_dtype, in->v, in->v_in, in->kv_elems);
     }
     if (in->kv_lengths) {
         for (int64_t b = 0; b < c->batch; b++)
@@ -335,9 +351,11 @@ void bench_inputs_free(bench_inputs *in)
 {
     if (in->q_in != in->q) {
         free(in->q_in);
+        free(in->d_o_in);
+    }
+    if (in->k_in != in->k) {
         free(in->k_in);
         free(in->v_in);
-        free(in->d_o_in);
     }
     free(in->q);
     free(in->k);
@@ -444,6 +462,8 @@ json_value *bench_row_header(const bench_case *c)
     json_set_string(row, "mode", c->mode);
     json_set_string(row, "variant", c->variant);
     json_set_string(row, "dtype", c->dtype);
+    if (c->kv_dtype)
+        json_set_string(row, "kv_dtype", c->kv_dtype);
     if (strcmp(c->dtype, "bfloat16") == 0)
         json_set_string(row, "precision", c->precision ? c->precision : "accurate");
     json_set_number(row, "batch", (double)c->batch);
@@ -572,8 +592,8 @@ json_value *bench_measure(const bench_options *o, const bench_case *c, bench_inp
     if (r.fwdbwd) {
         r.lse = malloc((size_t)(c->batch * c->heads * bench_seq_q(c)) * sizeof(float));
         r.dq = malloc(in->q_elems * in->elem_size);
-        r.dk = malloc(in->kv_elems * in->elem_size);
-        r.dv = malloc(in->kv_elems * in->elem_size);
+        r.dk = malloc(in->kv_elems * in->kv_elem_size);
+        r.dv = malloc(in->kv_elems * in->kv_elem_size);
         alloc_failed |= !r.lse || !r.dq || !r.dk || !r.dv;
         if (r.p.biases.rel_table) {
             r.grads.d_rel_table = malloc((size_t)(c->heads * T5_BUCKETS) * sizeof(float));
@@ -647,7 +667,7 @@ json_value *bench_measure(const bench_options *o, const bench_case *c, bench_inp
     }
     double flops = 4.0 * (double)c->batch * (double)c->heads * pairs * (double)c->head_dim;
     /* K and V of every (batch, kv head), read once: the floor of any forward */
-    double kv_bytes = 2.0 * (double)in->kv_elems * (double)in->elem_size;
+    double kv_bytes = 2.0 * (double)in->kv_elems * (double)in->kv_elem_size;
     if (r.fwdbwd)
         flops *= 3.5;
 
@@ -667,8 +687,8 @@ json_value *bench_measure(const bench_options *o, const bench_case *c, bench_inp
             accumulate_error(in->dtype, r.o, in->o_ref, in->o_elems, &err2, &ref2);
         } else if (ref_state == 1) {
             accumulate_error(in->dtype, r.dq, in->dq_ref, in->q_elems, &err2, &ref2);
-            accumulate_error(in->dtype, r.dk, in->dk_ref, in->kv_elems, &err2, &ref2);
-            accumulate_error(in->dtype, r.dv, in->dv_ref, in->kv_elems, &err2, &ref2);
+            accumulate_error(in->kv_dtype, r.dk, in->dk_ref, in->kv_elems, &err2, &ref2);
+            accumulate_error(in->kv_dtype, r.dv, in->dv_ref, in->kv_elems, &err2, &ref2);
         }
         if (ref_state == 1) {
             json_set_number(row, "rel_err", relative_error(err2, ref2));

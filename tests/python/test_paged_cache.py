@@ -1,0 +1,108 @@
+"""Paged KV caches (block_table=) and a cache dtype of its own (bf16 or f16
+key and value beside float32 query) through NumPy fmha.attention, against
+the float64 reference on the rounded cache values. Bad tables and dtypes
+are clear errors."""
+import numpy as np
+import pytest
+
+import fmha
+from fmha import _lib
+from conftest import reference, rel_error, uniform
+
+ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 caches need ml_dtypes")
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def paged(rng, k, v, lengths, page):
+    """Page pools [P, page, K, H] of caches k, v [B, S, K, H] and their
+    shuffled table [B, max_pages] (-1 past each sequence's pages, whose
+    entries are never read); one spare page; unused rows NaN."""
+    B, S = k.shape[:2]
+    max_pages = -(-S // page)
+    order = rng.permutation(B * max_pages + 1)
+    pools = [np.full((order.size, page) + x.shape[2:], np.nan, x.dtype) for x in (k, v)]
+    table = np.full((B, max_pages), -1, np.int32)
+    for b in range(B):
+        for j in range(-(-int(lengths[b]) // page)):
+            table[b, j] = order[b * max_pages + j]
+            for pool, x in zip(pools, (k, v)):
+                rows = x[b, j * page:(j + 1) * page]
+                pool[table[b, j], :rows.shape[0]] = rows
+    return pools[0], pools[1], table
+
+
+@pytest.mark.parametrize("kv_dtype", [np.float32, BF16, np.float16], ids=["f32", "bf16", "f16"])
+@pytest.mark.parametrize("page", [1, 3, 16, 64])
+@pytest.mark.parametrize("T,N,K", [(1, 8, 1), (4, 32, 8), (16, 4, 2)])
+def test_paged_matches_reference(kv_dtype, page, T, N, K):
+    rng = np.random.default_rng(page * 100 + T)
+    B, S, H = 3, 200, 32
+    q = uniform(rng, (B, T, N, H))
+    k = uniform(rng, (B, S, K, H)).astype(kv_dtype)
+    v = uniform(rng, (B, S, K, H)).astype(kv_dtype)
+    lengths = np.array([S, rng.integers(1, S), 0], np.int32)
+    sinks = uniform(rng, (N,)) if T == 4 else None
+    kp, vp, table = paged(rng, k, v, lengths, page)
+    out, lse = fmha.attention(q, kp, vp, key_value_seq_lengths=lengths, block_table=table, is_causal=True,
+                              causal_alignment="bottom_right", sinks=sinks, return_lse=True)
+    assert out.dtype == np.float32
+    # the reference sees the cache padded to max_pages * page keys
+    S_all = table.shape[1] * page
+    kw, vw = np.zeros((B, S_all, K, H)), np.zeros((B, S_all, K, H))
+    kw[:, :S], vw[:, :S] = k.astype(np.float64), v.astype(np.float64)
+    ref = reference(q, kw, vw, is_causal=True, causal_alignment="bottom_right", kv_lengths=lengths,
+                    sinks=sinks)
+    assert rel_error(out, ref["o"]) < 2e-5
+    seen = np.isfinite(ref["lse"])
+    assert np.array_equal(seen, np.isfinite(lse))
+    assert np.max(np.abs(lse[seen] - ref["lse"][seen])) < 1e-4
+
+
+@pytest.mark.parametrize("kv_dtype", [BF16, np.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("T", [1, 70])
+def test_cache_dtype_contiguous(kv_dtype, T):
+    rng = np.random.default_rng(T)
+    B, S, N, K, H = 2, 150, 4, 2, 40
+    q = uniform(rng, (B, T, N, H))
+    k = uniform(rng, (B, S, K, H)).astype(kv_dtype)
+    v = uniform(rng, (B, S, K, H)).astype(kv_dtype)
+    lengths = np.array([S, 90], np.int32)
+    out = fmha.attention(q, k, v, key_value_seq_lengths=lengths, is_causal=True, causal_alignment="bottom_right")
+    ref = reference(q, k.astype(np.float64), v.astype(np.float64), is_causal=True,
+                    causal_alignment="bottom_right", kv_lengths=lengths)
+    assert out.dtype == np.float32
+    assert rel_error(out, ref["o"]) < 2e-5
+    # the float32 call on the widened values gives the same bits
+    same = fmha.attention(q, k.astype(np.float32), v.astype(np.float32), key_value_seq_lengths=lengths,
+                          is_causal=True, causal_alignment="bottom_right")
+    assert np.array_equal(out, same)
+
+
+def test_errors():
+    rng = np.random.default_rng(0)
+    B, N, K, H, page = 2, 4, 2, 16, 4
+    q = uniform(rng, (B, 1, N, H))
+    pool = uniform(rng, (6, page, K, H))
+    table = np.array([[0, 1, 2], [3, 4, 5]], np.int32)
+    lengths = np.array([12, 5], np.int32)
+    fmha.attention(q, pool, pool, key_value_seq_lengths=lengths, block_table=table)
+    with pytest.raises(ValueError, match="key_value_seq_lengths"):
+        fmha.attention(q, pool, pool, block_table=table)
+    with pytest.raises(ValueError, match="block_table"):
+        fmha.attention(q, pool, pool, key_value_seq_lengths=lengths, block_table=table[:1])
+    bad = table.copy()
+    bad[1, 1] = 6  # a page past the pool, inside sequence 1's length
+    with pytest.raises(_lib.FmhaError, match="block table"):
+        fmha.attention(q, pool, pool, key_value_seq_lengths=lengths, block_table=bad)
+    bad[1, 1], bad[1, 2] = 4, 99  # past sequence 1's pages: never read
+    fmha.attention(q, pool, pool, key_value_seq_lengths=lengths, block_table=bad)
+    with pytest.raises(ValueError):  # lengths past max_pages * page_size
+        fmha.attention(q, pool, pool, key_value_seq_lengths=np.array([13, 5], np.int32), block_table=table)
+    with pytest.raises(TypeError, match="dtype"):  # a cache dtype of its own needs float32 query
+        fmha.attention(q.astype(np.float16), pool.astype(BF16), pool.astype(BF16))
+    with pytest.raises(TypeError, match="dtype"):  # key and value share theirs
+        fmha.attention(q, pool.astype(BF16), pool.astype(np.float16))
+    with pytest.raises(_lib.FmhaError) as e:  # the backward of a mixed problem
+        k = pool.reshape(2, 12, K, H).astype(BF16)
+        fmha.attention_backward(q, k, k, q, np.zeros((B, N, 1), np.float32), q)
+    assert e.value.unsupported
