@@ -37,7 +37,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from . import _lib, api
 from ._lib import FmhaError
 
-__all__ = ["scaled_dot_product_attention", "FmhaError"]
+__all__ = ["scaled_dot_product_attention", "ring_attention", "FmhaError"]
 
 _DTYPES = {torch.float32: _lib.DTYPE_F32, torch.bfloat16: _lib.DTYPE_BF16, torch.float16: _lib.DTYPE_F16}
 
@@ -429,3 +429,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                       [int(rel_max_distance), int(bool(rel_bidirectional))],
                                       api.PRECISIONS[precision])
     return out.reshape(tuple(query.shape[:-1]) + (v.shape[3],))
+
+
+from ._torch_ring import ring_attention  # noqa: E402  (context parallelism over torch.distributed)
