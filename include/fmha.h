@@ -436,6 +436,24 @@ FMHA_API fmha_status fmha_forward_backward(const fmha_problem *p, const void *q,
                                   const void *v, const void *d_o, void *o, float *lse, void *dq,
                                   void *dk, void *dv, const fmha_param_grads *grads);
 
+/* ---- merging partial results ------------------------------------------------
+ * Attention over the union of two disjoint key sets from the results over
+ * each (ring attention, split-KV decoding):
+ *   lse = log(exp(lse_a) + exp(lse_b))
+ *   O   = exp(lse_a - lse) O_a + exp(lse_b - lse) O_b
+ *   o_a, o_b, o  float32 [B, Sq, Hq, Dv], element strides o_strides in the
+ *                order [batch, seq, head, dim] (>= 0), shared by all three
+ *   lse_a, lse_b, lse  float32 [B, Hq, Sq] contiguous
+ * A side with lse -inf (no key seen) contributes nothing (its O is not
+ * read); both -inf gives O = 0, lse = -inf. A NaN lse makes the row's O and
+ * lse NaN; a NaN in O_a or O_b reaches O. o may be the same pointer as o_a
+ * or o_b, and lse as lse_a or lse_b (merging in place); other overlaps are
+ * not allowed. Errors: a NULL pointer, sizes < 1 or overflowing, Dv outside
+ * 1..FMHA_MAX_HEAD_DIM, a negative stride; nothing is written then. */
+FMHA_API fmha_status fmha_merge(int64_t batch, int64_t heads_q, int64_t seq_q, int64_t head_dim_v,
+                                const int64_t o_strides[4], const float *o_a, const float *lse_a,
+                                const float *o_b, const float *lse_b, float *o, float *lse);
+
 /* ---- plans ----------------------------------------------------------------
  * A plan is a problem validated and resolved once (strategy, microkernels,
  * operand path, workspace sizes, mask callback answers checked), to run many
@@ -449,8 +467,9 @@ FMHA_API fmha_status fmha_forward_backward(const fmha_problem *p, const void *q,
  * The plan copies the problem; the arrays it names (lengths, segment ids,
  * dense mask and bias, slopes, table, callbacks and their contexts) are
  * read at every run, so they must stay valid for the plan's life, and their
- * contents may change between runs (lengths are re-checked). Calls on one
- * plan from several threads are safe and run one after another. */
+ * contents may change between runs (lengths, block table entries, slopes and
+ * sinks are re-checked at every run). Calls on one plan from several
+ * threads are safe and run one after another. */
 typedef struct fmha_plan fmha_plan;
 
 /* Validates *p (every check fmha_problem_check makes, plus a mask callback's

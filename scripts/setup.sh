@@ -15,6 +15,8 @@ command -v ninja >/dev/null || need+=(ninja-build)
 command -v git >/dev/null || need+=(git)
 command -v pkg-config >/dev/null || need+=(pkg-config)   # the test of fmha.pc
 command -v python3 >/dev/null || need+=(python3 python3-venv python3-pip)
+# ring attention (libfmha_mpi and its tests under mpirun)
+command -v mpicc >/dev/null || need+=(libopenmpi-dev openmpi-bin)
 # the fuzz target (scripts/fuzz.sh): clang and its libFuzzer/sanitizer runtimes
 command -v clang >/dev/null || need+=(clang)
 if ! compgen -G "/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a" >/dev/null; then

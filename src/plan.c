@@ -296,8 +296,12 @@ size_t fmha_plan_workspace_held(const fmha_plan *plan) {
     return bytes;
 }
 
-/* The O(B) contents a plan cannot have checked for good: lengths. */
-static fmha_status plan_recheck(const fmha_plan *plan) { return fmha_masks_check(&plan->p); }
+/* The contents a plan cannot have checked for good, O(B + Hq): lengths,
+ * block table entries, ALiBi slopes and sinks (finite). */
+static fmha_status plan_recheck(const fmha_plan *plan) {
+    fmha_status st = fmha_masks_check(&plan->p);
+    return st == FMHA_OK ? fmha_biases_check(&plan->p) : st;
+}
 
 fmha_status fmha_plan_forward(fmha_plan *plan, const void *q, const void *k, const void *v, void *o,
                               float *lse) {

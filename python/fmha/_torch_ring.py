@@ -183,7 +183,8 @@ def ring_attention(query, key, value, group=None, is_causal=False, scale=None):
                          f"{query.dtype}, {key.dtype}, {value.dtype}")
     if is_causal and L != S:
         raise ValueError(f"fmha.torch.ring_attention: is_causal needs equal query and key slices, got {L} and {S}")
+    # scale, window, softcap, rel_options, precision, dropout_p, dropout_seed, dropout_offset (the ops' order)
     options = (float(api.resolve_scale(scale, E)), list(api.window_sides(None)), 0.0, [128, 1],
-               api.PRECISIONS["fast"])
+               api.PRECISIONS["fast"], 0.0, 0, 0)
     return _RingAttentionFunction.apply(query, key.contiguous(), value.contiguous(), _Ring(group), bool(is_causal),
                                         options)

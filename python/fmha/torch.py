@@ -16,6 +16,10 @@ rel_table, softcap, causal_alignment, local_window_size, sequence lengths,
 precision, sinks), validated by api.py's helpers. Under
 torch.autocast("cpu") the ops run q, k, v in the autocast dtype, as
 PyTorch's SDPA does (mixed float32 / bf16 inputs are accepted there).
+dropout_p is served by the C library's dropout (seeded from torch's
+generator). register_transformers() makes attn_implementation="fmha"
+available to transformers models (AttentionInterface and
+AttentionMaskInterface).
 
 Rows that see no key at all (a boolean attn_mask that is all False on a
 row) give zeros here, where PyTorch gives NaN.
@@ -37,7 +41,8 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from . import _lib, api
 from ._lib import FmhaError
 
-__all__ = ["scaled_dot_product_attention", "ring_attention", "FmhaError"]
+__all__ = ["scaled_dot_product_attention", "ring_attention", "register_transformers", "transformers_attention",
+           "FmhaError"]
 
 _DTYPES = {torch.float32: _lib.DTYPE_F32, torch.bfloat16: _lib.DTYPE_BF16, torch.float16: _lib.DTYPE_F16}
 
@@ -64,9 +69,11 @@ def _mask_strides(t, full, name):
 # kv_ids [B, S]; float32 alibi [H], rel_table [H, buckets], sinks [H]) then
 # options (causal: an fmha_causal code; window: [left, right], -1 = open;
 # softcap: 0 = off; rel_options: [max_distance, bidirectional]; precision:
-# an fmha_precision code).
+# an fmha_precision code; dropout_p, dropout_seed, dropout_offset as in
+# fmha_problem, the backward given the forward's).
 _Spec = collections.namedtuple("_Spec", "bias mask q_lengths kv_lengths q_ids kv_ids alibi rel_table sinks "
-                                        "causal scale window softcap rel_options precision")
+                                        "causal scale window softcap rel_options precision dropout_p dropout_seed "
+                                        "dropout_offset")
 _ARRAYS = ("q_lengths", "kv_lengths", "q_ids", "kv_ids", "alibi", "rel_table", "sinks")
 
 
@@ -81,6 +88,7 @@ def _problem(q, k, v, o_strides, spec):
                         _seq_strides(v), o_strides, scale=spec.scale, causal=spec.causal,
                         strategy=_lib.STRATEGIES["auto"], window=tuple(spec.window))
     p.precision = spec.precision
+    p.dropout_p, p.dropout_seed, p.dropout_offset = spec.dropout_p, spec.dropout_seed, spec.dropout_offset
     full = (B, H, L, S)
     if spec.bias is not None:
         api.set_dense_bias(p, spec.bias.data_ptr(), _mask_strides(spec.bias, full, "attn_mask"))
@@ -99,8 +107,8 @@ def _problem(q, k, v, o_strides, spec):
 # and, for a mask or bias, its address. The address makes a call whose
 # mask moved miss (and plan anew); a plan is run only when the call's mask
 # sits where the plan reads it, so a stale address is never read. Calls
-# with lengths, segment ids, slopes, a table or sinks run one-shot
-# (fmha_forward / fmha_backward), planned on every call.
+# with lengths, segment ids, slopes, a table, sinks or dropout (a new seed
+# each call) run one-shot (fmha_forward / fmha_backward), planned each call.
 _PLANS = _lib.PlanCache(32)
 
 
@@ -110,7 +118,7 @@ def _operand_key(t):
 
 def _plan(q, k, v, o, spec):
     """The cached plan of a call, or None for one that runs one-shot."""
-    if any(getattr(spec, name) is not None for name in _ARRAYS):
+    if spec.dropout_p > 0 or any(getattr(spec, name) is not None for name in _ARRAYS):
         return None
     key = (q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), o.stride(), spec.causal,
            spec.scale, tuple(spec.window), spec.softcap, spec.precision, _operand_key(spec.bias),
@@ -135,9 +143,10 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optio
                   kv_lengths: Optional[torch.Tensor], q_ids: Optional[torch.Tensor], kv_ids: Optional[torch.Tensor],
                   alibi: Optional[torch.Tensor], rel_table: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
                   causal: int, scale: float, window: list[int], softcap: float, rel_options: list[int],
-                  precision: int) -> tuple[torch.Tensor, torch.Tensor]:
+                  precision: int, dropout_p: float, dropout_seed: int,
+                  dropout_offset: int) -> tuple[torch.Tensor, torch.Tensor]:
     spec = _Spec(bias, mask, q_lengths, kv_lengths, q_ids, kv_ids, alibi, rel_table, sinks, causal, scale, window,
-                 softcap, rel_options, precision)
+                 softcap, rel_options, precision, dropout_p, dropout_seed, dropout_offset)
     B, H, L, _ = q.shape
     out = q.new_empty((B, H, L, v.shape[3]))
     lse = q.new_empty((B, H, L), dtype=torch.float32)
@@ -170,12 +179,13 @@ def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o:
                            kv_ids: Optional[torch.Tensor], alibi: Optional[torch.Tensor],
                            rel_table: Optional[torch.Tensor], sinks: Optional[torch.Tensor], causal: int,
                            scale: float, window: list[int], softcap: float, rel_options: list[int], precision: int,
+                           dropout_p: float, dropout_seed: int, dropout_offset: int,
                            wanted: list[bool]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                                         torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv, then d_bias, d_alibi, d_rel_table, d_sinks (float32; empty
     where `wanted`, one flag per parameter in that order, is False)."""
     spec = _Spec(bias, mask, q_lengths, kv_lengths, q_ids, kv_ids, alibi, rel_table, sinks, causal, scale, window,
-                 softcap, rel_options, precision)
+                 softcap, rel_options, precision, dropout_p, dropout_seed, dropout_offset)
     # dQ, dK, dV take the strides of Q, K, V and dO those of O: arrange the
     # inputs so that fresh gradient tensors can share them.
     grads = []
@@ -222,7 +232,8 @@ def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o:
 
 @_attention_backward_op.register_fake
 def _attention_backward_fake(q, k, v, o, lse, d_o, bias, mask, q_lengths, kv_lengths, q_ids, kv_ids, alibi,
-                             rel_table, sinks, causal, scale, window, softcap, rel_options, precision, wanted):
+                             rel_table, sinks, causal, scale, window, softcap, rel_options, precision, dropout_p,
+                             dropout_seed, dropout_offset, wanted):
     params = (q.new_empty(t.shape if w and t is not None else (0,), dtype=torch.float32)
               for t, w in zip((bias, alibi, rel_table, sinks), wanted))
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), *params)
@@ -319,7 +330,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  enable_gqa=False, *, segment_ids=None, alibi_slopes=None, rel_table=None,
                                  rel_max_distance=128, rel_bidirectional=True, softcap=None,
                                  causal_alignment="top_left", local_window_size=None, query_seq_lengths=None,
-                                 key_value_seq_lengths=None, precision="fast", sinks=None):
+                                 key_value_seq_lengths=None, precision="fast", sinks=None, dropout_seed=None,
+                                 dropout_offset=0):
     """torch.nn.functional.scaled_dot_product_attention by fmha's C kernels.
 
     query [..., H, L, E], key [..., Hkv, S, E], value [..., Hkv, S, Ev] on
@@ -329,7 +341,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     broadcastable to [..., H, L, S];
     its gradient is returned when it requires one. is_causal is top-left
     aligned and may be combined with attn_mask. enable_gqa allows
-    H % Hkv == 0 with Hkv < H. dropout_p must be 0.
+    H % Hkv == 0 with Hkv < H. dropout_p in [0, 1) drops attention weights
+    by the C library's counter-based draw of (dropout_seed, dropout_offset),
+    keyword-only, the seed drawn from torch's default generator when None;
+    the backward redraws the same weights (the draw is not PyTorch's own).
 
     Keyword-only, with the meanings of fmha.attention (api.py):
     segment_ids ([B, L] when L == S, or a (q_ids [B, L], kv_ids [B, S])
@@ -340,8 +355,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     'accurate', bf16), sinks [H]. alibi_slopes, rel_table and sinks get
     gradients when they require them.
     """
-    if dropout_p != 0.0:
-        raise ValueError(f"fmha.torch: dropout is not supported (dropout_p must be 0.0, got {dropout_p})")
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"fmha.torch: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -395,6 +408,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         raise ValueError(f"fmha.torch: unknown precision {precision!r}; use one of {sorted(api.PRECISIONS)}")
     window = list(api.window_sides(local_window_size))
     softcap = api.softcap_value(softcap)
+    dropout_p = float(dropout_p)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"fmha.torch: dropout_p must be in [0, 1), got {dropout_p}")
+    if dropout_seed is None:  # drawn from torch's default generator, as SDPA's dropout is
+        dropout_seed = int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64)) if dropout_p > 0 else 0
+    for name, value in (("dropout_seed", dropout_seed), ("dropout_offset", dropout_offset)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+            raise ValueError(f"fmha.torch: {name} must be an integer in [0, 2**63), got {value!r}")
 
     ql = kl = q_ids = kv_ids = alibi = rel = sink = None
     if query_seq_lengths is not None:
@@ -427,8 +448,48 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     out, _ = torch.ops.fmha.attention(q, k, v, bias, mask, ql, kl, q_ids, kv_ids, alibi, rel, sink, causal,
                                       float(scale), window, softcap or 0.0,
                                       [int(rel_max_distance), int(bool(rel_bidirectional))],
-                                      api.PRECISIONS[precision])
+                                      api.PRECISIONS[precision], dropout_p, dropout_seed, dropout_offset)
     return out.reshape(tuple(query.shape[:-1]) + (v.shape[3],))
+
+
+# ---- transformers ---------------------------------------------------------------------------
+
+def transformers_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                           **kwargs):
+    """transformers' attention-function signature (that of its "sdpa"):
+    query [B, H, L, E], key / value [B, Hkv, S, E] (GQA served natively),
+    attention_mask a 4-D boolean or additive mask or None; returns
+    ([B, L, H, Ev], None). Causal without a mask follows the module's
+    is_causal, top-left as SDPA (L == 1, decode, sees every cached key).
+    softcap and s_aux (attention sinks, gpt-oss) are honoured."""
+    if kwargs.get("position_bias") is not None:
+        raise ValueError("fmha.torch: transformers' position_bias is not supported; pass it as attention_mask")
+    L = query.shape[2]
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", True)
+    is_causal = L > 1 and attention_mask is None and bool(is_causal)
+    if attention_mask is not None and attention_mask.dtype not in (torch.bool, torch.float32):
+        attention_mask = attention_mask.float()
+    sinks = kwargs.get("s_aux")
+    out = scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
+                                       is_causal=is_causal, scale=scaling, enable_gqa=key.shape[1] != query.shape[1],
+                                       softcap=kwargs.get("softcap"), sinks=sinks)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_transformers(name="fmha"):
+    """Registers fmha with transformers as attn_implementation=`name`: the
+    attention function above in AttentionInterface and transformers' own
+    SDPA mask builder (4-D boolean masks, None when causal alone) in
+    AttentionMaskInterface. Then AutoModel*.from_config(cfg,
+    attn_implementation="fmha") runs its attention through fmha."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError as e:
+        raise ImportError("fmha.torch.register_transformers needs transformers (pip install transformers)") from e
+    AttentionInterface.register(name, transformers_attention)
+    AttentionMaskInterface.register(name, sdpa_mask)
 
 
 from ._torch_ring import ring_attention  # noqa: E402  (context parallelism over torch.distributed)

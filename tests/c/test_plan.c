@@ -1,7 +1,7 @@
 /* test_plan.c: what the plan API promises beyond giving the one-shot
  * results (every forward/backward test runs through a reused plan as well,
  * see tu_forward in test_util.c): argument errors, the problem copied at
- * creation, length arrays re-read and re-checked at every run, workspace
+ * creation, length arrays, sinks and slopes re-read and re-checked at every run, workspace
  * allocated by the first run of each direction and never again, thread-count
  * changes between runs, and concurrent runs on one plan. */
 #include <math.h>
@@ -124,6 +124,22 @@ static void test_lengths_reread(void) {
     tu_check(fmha_plan_forward(plan, t.q, t.k, t.v, t.o, t.lse) == FMHA_ERR_BAD_MASK &&
                  tu_count_not(t.o, t.o_span, 7.0f) == 0,
              "a length past Skv at run time: FMHA_ERR_BAD_MASK, nothing written");
+    fmha_plan_destroy(plan);
+    /* sinks and slopes are re-read too: a NaN set after creation is refused */
+    kv_lengths[1] = 17;
+    float sinks[1] = {0.5f}, slopes[1] = {0.25f};
+    t.p.sinks = sinks;
+    t.p.biases.alibi_slopes = slopes;
+    if (!tu_check(fmha_plan_create(&t.p, &plan) == FMHA_OK, "plan_create with sinks")) return;
+    sinks[0] = NAN;
+    tu_check(fmha_plan_forward(plan, t.q, t.k, t.v, t.o, t.lse) == FMHA_ERR_BAD_MASK &&
+                 tu_count_not(t.o, t.o_span, 7.0f) == 0,
+             "a NaN sink set after plan_create: FMHA_ERR_BAD_MASK, nothing written");
+    sinks[0] = 0.5f;
+    slopes[0] = INFINITY;
+    tu_check(fmha_plan_forward(plan, t.q, t.k, t.v, t.o, t.lse) == FMHA_ERR_BAD_MASK &&
+                 tu_count_not(t.o, t.o_span, 7.0f) == 0,
+             "an infinite slope set after plan_create: FMHA_ERR_BAD_MASK, nothing written");
     free(ref);
     free(ref_lse);
     fmha_plan_destroy(plan);

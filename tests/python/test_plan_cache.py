@@ -319,7 +319,10 @@ def torch_one_shot(q, k, v, d_o, attn_mask=None, is_causal=False):
     mask = m if m is not None and not m.is_floating_point() else None
     o = torch.empty(q.shape[:3] + v.shape[3:])
     lse = torch.empty(q.shape[:3])
-    p = ft._problem(q, k, v, ft._seq_strides(o), bias, mask, is_causal, scale)
+    causal = _lib.CAUSAL_TOP_LEFT if is_causal else _lib.CAUSAL_NONE
+    no_arrays = (None,) * 7  # lengths, segment ids, alibi, rel_table, sinks
+    spec = ft._Spec(bias, mask, *no_arrays, causal, scale, [-1, -1], 0.0, [128, 1], 1, 0.0, 0, 0)
+    p = ft._problem(q, k, v, ft._seq_strides(o), spec)
     lib = _lib.load()
     ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
     fptr = lambda t: ctypes.cast(ptr(t), ctypes.POINTER(ctypes.c_float))  # noqa: E731

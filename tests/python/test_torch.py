@@ -132,7 +132,7 @@ def test_compile_and_opcheck():
     q, k, v = (rnd(gen, 1, 2, 8, 8) for _ in range(3))
     no_arrays = (None,) * 9  # bias, mask, lengths, segment ids, alibi, rel_table, sinks
     torch.library.opcheck(torch.ops.fmha.attention.default,
-                          (q, k, v, *no_arrays, 1, 0.25, [-1, -1], 0.0, [128, 1], 1))  # causal top-left
+                          (q, k, v, *no_arrays, 1, 0.25, [-1, -1], 0.0, [128, 1], 1, 0.0, 0, 0))
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     f = torch.compile(lambda q, k, v: FT.scaled_dot_product_attention(q, k, v, is_causal=True).square().sum(),
                       backend="aot_eager", fullgraph=True)
@@ -147,8 +147,8 @@ def test_compile_and_opcheck():
 def test_errors():
     gen = torch.Generator().manual_seed(5)
     q, k, v = rnd(gen, 1, 4, 8, 8), rnd(gen, 1, 2, 8, 8), rnd(gen, 1, 2, 8, 8)
-    with pytest.raises(ValueError, match="dropout"):
-        FT.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+    with pytest.raises(ValueError, match="dropout_p must be in"):
+        FT.scaled_dot_product_attention(q, q, q, dropout_p=1.0)
     with pytest.raises(ValueError, match="enable_gqa"):
         FT.scaled_dot_product_attention(q, k, v)
     with pytest.raises(TypeError):

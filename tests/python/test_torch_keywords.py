@@ -5,7 +5,8 @@ NumPy reference of conftest: outputs, the gradients of query, key, value
 and of the differentiable parameters (alibi_slopes, rel_table, sinks),
 opcheck of both custom ops, torch.compile of one case, the errors, and
 autocast on CPU with mixed float32 / 16-bit inputs, and [..., H, L, E]
-inputs with any leading dims against PyTorch's SDPA.
+inputs with any leading dims against PyTorch's SDPA; dropout_p against
+the reference given the C library's draw.
 Skipped when PyTorch is not installed."""
 
 import numpy as np
@@ -17,6 +18,7 @@ import fmha.torch as FT  # noqa: E402
 from fmha import _lib  # noqa: E402
 
 from conftest import reference, rel_error, require  # noqa: E402
+from test_numpy_api import dropout_factors  # noqa: E402  (the C library's draw, float64)
 
 TOL = 2e-5  # float32 against float64
 B, H, HKV, L, S, E = 2, 4, 2, 10, 12, 8
@@ -167,7 +169,7 @@ def test_opcheck_with_keywords():
     kl = torch.tensor([12, 9], dtype=torch.int32)
     ids = torch.zeros(B, L, dtype=torch.int32), torch.zeros(B, S, dtype=torch.int32)
     args = (q, k, v, None, None, None, kl, *ids, slopes.requires_grad_(), table.requires_grad_(),
-            sinks.requires_grad_(), _lib.CAUSAL_BOTTOM_RIGHT, 0.3, [4, -1], 5.0, [16, 1], 1)
+            sinks.requires_grad_(), _lib.CAUSAL_BOTTOM_RIGHT, 0.3, [4, -1], 5.0, [16, 1], 1, 0.2, 7, 3)
     torch.library.opcheck(torch.ops.fmha.attention.default, args)
     o, lse = torch.ops.fmha.attention(*args)
     detached = [a.detach() if isinstance(a, torch.Tensor) else a for a in args[3:]]
@@ -230,7 +232,7 @@ def test_autocast_mixed_inputs(dtype):
     with torch.autocast("cpu", dtype=dt):
         out = FT.scaled_dot_product_attention(*leaves, enable_gqa=True, is_causal=True)
         direct, _ = torch.ops.fmha.attention(*leaves, *(None,) * 9, _lib.CAUSAL_TOP_LEFT, 0.35, [-1, -1], 0.0,
-                                             [128, 1], 1)
+                                             [128, 1], 1, 0.0, 0, 0)
     assert out.dtype == dt and direct.dtype == dt
     (out.float() * d_o).sum().backward()
     low = [t.detach().to(dt) for t in (q, k, v)]  # the inputs as the kernels see them
@@ -310,3 +312,20 @@ def test_two_d_inputs():
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     assert out.shape == want.shape == (5, 4)
     assert rel_error(out.numpy(), want.numpy()) < TOL
+
+
+def test_dropout_matches_the_reference_with_the_same_draw():
+    gen, q, k, v, d_o = inputs(32)
+    p, seed, offset = 0.3, 2**62 + 9, 17
+    z = dropout_factors((B, H, L, S), p, seed, offset)
+    kw = dict(dropout_p=p, dropout_seed=seed, dropout_offset=offset, is_causal=True)
+    check(q, k, v, d_o, kw, dict(dropout=z, is_causal=True))
+    # without a seed, each call draws one from torch's default generator
+    torch.manual_seed(5)
+    a = FT.scaled_dot_product_attention(q, k, v, dropout_p=p, enable_gqa=True)
+    b = FT.scaled_dot_product_attention(q, k, v, dropout_p=p, enable_gqa=True)
+    torch.manual_seed(5)
+    assert torch.equal(a, FT.scaled_dot_product_attention(q, k, v, dropout_p=p, enable_gqa=True))
+    assert not torch.equal(a, b)
+    with pytest.raises(ValueError, match="dropout_seed"):
+        FT.scaled_dot_product_attention(q, k, v, dropout_p=p, enable_gqa=True, dropout_seed=-1)
