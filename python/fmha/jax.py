@@ -56,7 +56,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from . import _lib, api
 from ._lib import FmhaError
 
-__all__ = ["dot_product_attention", "ffi_library_path", "FmhaError"]
+__all__ = ["dot_product_attention", "ring_attention", "ffi_library_path", "FmhaError"]
 
 _FFI_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ffi")
 _FFI_SOURCE = os.path.join(_FFI_DIR, "fmha_jax_ffi.cc")
@@ -531,3 +531,6 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
         residual = jnp.transpose(lse, (0, 2, 1)).astype(k.dtype)  # [B, N, T] -> [B, T, N]
         return out, jnp.reshape(residual, output_shape[:-1])
     return out
+
+
+from ._jax_ring import ring_attention  # noqa: E402  (context parallelism; it uses the calls above)

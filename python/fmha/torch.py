@@ -44,7 +44,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from . import _lib, api
 from ._lib import FmhaError
 
-__all__ = ["scaled_dot_product_attention", "flex_attention", "register_transformers", "transformers_attention",
+__all__ = ["scaled_dot_product_attention", "flex_attention", "ring_attention", "register_transformers", "transformers_attention",
            "FmhaError"]
 
 _DTYPES = {torch.float32: _lib.DTYPE_F32, torch.bfloat16: _lib.DTYPE_BF16, torch.float16: _lib.DTYPE_F16}
@@ -496,3 +496,4 @@ def register_transformers(name="fmha"):
 
 
 from ._torch_flex import flex_attention  # noqa: E402  (it runs the ops above)
+from ._torch_ring import ring_attention  # noqa: E402  (context parallelism over torch.distributed)
