@@ -44,8 +44,8 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from . import _lib, api
 from ._lib import FmhaError
 
-__all__ = ["scaled_dot_product_attention", "flex_attention", "ring_attention", "register_transformers", "transformers_attention",
-           "FmhaError"]
+__all__ = ["scaled_dot_product_attention", "flex_attention", "ring_attention", "register_transformers",
+           "transformers_attention", "FmhaError"]
 
 _DTYPES = {torch.float32: _lib.DTYPE_F32, torch.bfloat16: _lib.DTYPE_BF16, torch.float16: _lib.DTYPE_F16}
 
