@@ -27,7 +27,7 @@ except ImportError:  # a source checkout: read CMakeLists.txt's project version
     __version__ = _source_version()
 
 _LAZY = {
-    "attention": "api", "attention_backward": "api", "MaskCallback": "api", "BiasCallback": "api",
+    "attention": "api", "attention_backward": "api", "merge": "api", "MaskCallback": "api", "BiasCallback": "api",
     "FmhaError": "_lib", "set_num_threads": "_lib", "get_num_threads": "_lib", "isa_name": "_lib",
     "version_string": "_lib",
 }

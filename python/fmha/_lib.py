@@ -253,6 +253,7 @@ def _declare(lib):
         "fmha_plan_destroy": (None, [c_void_p]),
         "fmha_sinks_backward": (c_int, [prob, c_void_p, c_void_p, P(ctypes.c_float), P(ctypes.c_float)]),
         "fmha_dropout_keep": (c_int, [prob] + [ctypes.c_int64] * 4),
+        "fmha_merge": (c_int, [ctypes.c_int64] * 4 + [P(ctypes.c_int64)] + [P(ctypes.c_float)] * 6),
         "fmha_set_num_threads": (c_int, [c_int]),
         "fmha_get_num_threads": (c_int, []),
         "fmha_isa_name": (ctypes.c_char_p, []),

@@ -761,3 +761,37 @@ def attention_backward(query, key, value, out, lse, d_out, bias=None, mask=None,
     if return_bias_grads:
         return dq, dk, dv, results
     return dq, dk, dv
+
+
+def merge(out_a, lse_a, out_b, lse_b):
+    """Attention over the union of two disjoint key sets, from the results
+    over each (fmha_merge): lse = logaddexp(lse_a, lse_b) and
+    out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b.
+
+    out_a, out_b [B, T, N, Hv] (or [T, N, Hv]) and lse_a, lse_b [B, N, T]
+    (or [N, T]) as attention(..., return_lse=True) returns them; float32
+    (other real dtypes are converted). A side whose lse is -inf (its rows saw
+    no key) contributes nothing; both -inf gives zeros and -inf. Returns
+    (out, lse), float32.
+    """
+    o_a, o_b = (np.ascontiguousarray(_as_array(x, n), dtype=np.float32) for x, n in ((out_a, "out_a"),
+                                                                                 (out_b, "out_b")))
+    l_a, l_b = (np.ascontiguousarray(_as_array(x, n), dtype=np.float32) for x, n in ((lse_a, "lse_a"),
+                                                                                 (lse_b, "lse_b")))
+    if o_a.shape != o_b.shape or o_a.ndim not in (3, 4):
+        raise ValueError(f"fmha: out_a and out_b must share a [B, T, N, Hv] or [T, N, Hv] shape, got {o_a.shape} "
+                         f"and {o_b.shape}")
+    batched = o_a.ndim == 4
+    shape4 = o_a.shape if batched else (1,) + o_a.shape
+    B, T, N, Hv = shape4
+    want = (B, N, T) if batched else (N, T)
+    if l_a.shape != want or l_b.shape != want:
+        raise ValueError(f"fmha: lse_a and lse_b must have shape {want}, got {l_a.shape} and {l_b.shape}")
+    out = np.empty(o_a.shape, np.float32)
+    lse = np.empty(want, np.float32)
+    strides = (ctypes.c_int64 * 4)(T * N * Hv, N * Hv, Hv, 1)
+    f = ctypes.POINTER(ctypes.c_float)
+    status = _lib.load().fmha_merge(B, N, T, Hv, strides, *(ctypes.cast(x.ctypes.data, f)
+                                                           for x in (o_a, l_a, o_b, l_b, out, lse)))
+    _lib.check(status, "fmha_merge")
+    return out, lse

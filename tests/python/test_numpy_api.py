@@ -219,6 +219,27 @@ def test_dropout_errors():
         fmha.attention(q, k, v, dropout_p=0.1, dropout_seed=-1)
 
 
+def test_merge_of_two_key_halves_is_attention_over_all():
+    """fmha.merge (fmha_merge): attention over keys [0, s) and [s, S) merged by
+    lse equals attention over all S keys; a side that saw no key adds nothing."""
+    rng = np.random.default_rng(81)
+    q, k, v, _ = inputs(rng, 2, 9, 30, 4, 2, 16)
+    whole, whole_lse = fmha.attention(q, k, v, return_lse=True)
+    a, a_lse = fmha.attention(q, k[:, :11], v[:, :11], return_lse=True)
+    b, b_lse = fmha.attention(q, k[:, 11:], v[:, 11:], return_lse=True)
+    out, lse = fmha.merge(a, a_lse, b, b_lse)
+    assert rel_error(out, whole) < F32_TOL
+    np.testing.assert_allclose(lse, whole_lse, rtol=1e-6, atol=1e-6)
+    empty_lse = np.full_like(b_lse, -np.inf)
+    out, lse = fmha.merge(a, a_lse, np.full_like(b, np.nan), empty_lse)   # its out is not read
+    np.testing.assert_array_equal(out, a)
+    np.testing.assert_array_equal(lse, a_lse)
+    out, lse = fmha.merge(a[0], a_lse[0], b[0], b_lse[0])                  # 3-D
+    assert rel_error(out, whole[0]) < F32_TOL
+    with pytest.raises(ValueError, match="lse_a and lse_b must have shape"):
+        fmha.merge(a, a_lse[:, :2], b, b_lse)
+
+
 def test_three_d_inputs_and_scale():
     rng = np.random.default_rng(7)
     q, k, v, d_o = (x[0] for x in inputs(rng, 1, 9, 11, 4, 2, 8))
