@@ -312,6 +312,8 @@ def test_peaks_in_child_processes(tmp_path):
         assert r["wall_s"] > 0 and r["median_ms"] > 0
     assert doc["config"]["peaks"] is True and doc["config"]["peak_seqs"] == "64,128"
     assert "peak_rss_mb=" in proc.stdout
+    # the ceiling of decoding's K/V GB/s: a plausible read bandwidth
+    assert 0.1 < doc["device"]["mem_read_gbs"] < 10000
 
 
 def test_peak_timeout_kills_the_child(tmp_path):

@@ -124,6 +124,9 @@ int bench_child_main(const bench_options *o, const bench_case *c);
 /* ---- sysinfo.c ---- */
 
 json_value *bench_device_info(void);
+/* Memory read bandwidth (GB/s) on `threads` threads, best of 3 passes over
+ * 512 MiB; 0 when the buffer cannot be allocated (peak.c). */
+double bench_peak_mem_read_gbs(int threads);
 /* MemAvailable from /proc/meminfo in bytes, or 0 when unknown. */
 double bench_mem_available_bytes(void);
 /* This executable's path (for exec of a child), or NULL. */

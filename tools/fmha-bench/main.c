@@ -61,6 +61,7 @@ static void usage(FILE *f)
             "  --no-ref                skip rel_err (the float64 reference)\n"
             "  --precision P           fast (default) or accurate: fmha_precision of bfloat16 rows\n"
             "  --peaks                 also run each (impl, seq) of --peak-seqs x --peak-impls\n"
+            "                          (and record the memory read bandwidth, mem_read_gbs)\n"
             "                          in a child process: peak_rss_mb and wall_s (no rel_err)\n"
             "  --peak-seqs LIST        default 4096,8192,16384\n"
             "  --peak-impls LIST       default fmha_auto,fmha_tiled,fmha_dense\n"
@@ -814,6 +815,10 @@ int main(int argc, char **argv)
     }
 
     json_value *device = bench_device_info();
+    if (o.peaks) { /* decoding's ceiling: bytes of K and V read per second */
+        double gbs = bench_peak_mem_read_gbs(fmha_get_num_threads());
+        if (gbs > 0) json_set_number(device, "mem_read_gbs", gbs);
+    }
     json_value *config = config_json(&o);
     json_object_set(config, "machine", json_clone(device));
     json_value *results = json_new_array();

@@ -2,9 +2,13 @@
  * every record carries the peak its GFLOP/s are judged against: float32
  * (AVX-512 or AVX2 FMA, by what the CPU has) and bf16 (vdpbf16ps) dot
  * products, on as many threads as the library uses, best of a few short
- * runs. One FMA counts as 2 flops per lane, one vdpbf16ps as 4. */
+ * runs. One FMA counts as 2 flops per lane, one vdpbf16ps as 4. With
+ * --peaks it also measures memory read bandwidth, the ceiling of decoding's
+ * K/V GB/s. */
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "bench.h"
@@ -111,4 +115,53 @@ void bench_peak_gflops(int threads, double *f32, double *bf16) {
 #else
     (void)threads;
 #endif
+}
+
+/* ---- memory read bandwidth ---- */
+
+#define MEM_BYTES ((size_t)512 << 20) /* well past any last-level cache */
+
+typedef struct mem_job {
+    const uint64_t *words;
+    size_t n;
+    volatile uint64_t sink;
+} mem_job;
+
+/* Sums n words with 8 independent chains: loads, not additions, bound it. */
+static void *mem_thread(void *arg) {
+    mem_job *job = arg;
+    uint64_t acc[8] = {0};
+    for (size_t i = 0; i + 8 <= job->n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += job->words[i + (size_t)j];
+    job->sink = acc[0] ^ acc[1] ^ acc[2] ^ acc[3] ^ acc[4] ^ acc[5] ^ acc[6] ^ acc[7];
+    return NULL;
+}
+
+double bench_peak_mem_read_gbs(int threads) {
+    enum { MAX_THREADS = 256 };
+    if (threads < 1) threads = 1;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    uint64_t *words = malloc(MEM_BYTES);
+    if (!words) return 0.0;
+    memset(words, 1, MEM_BYTES); /* touch every page before timing */
+    size_t per = MEM_BYTES / sizeof(uint64_t) / (size_t)threads / 8 * 8;
+    double best = 0.0;
+    for (int rep = 0; rep < 3; rep++) {
+        pthread_t th[MAX_THREADS];
+        mem_job jobs[MAX_THREADS];
+        int started = 0;
+        double t0 = peak_now();
+        for (int i = 0; i < threads; i++) {
+            jobs[i].words = words + (size_t)i * per;
+            jobs[i].n = per;
+            if (pthread_create(&th[i], NULL, mem_thread, &jobs[i]) == 0) started++;
+            else break;
+        }
+        for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+        double dt = peak_now() - t0;
+        double gbs = (double)started * (double)per * sizeof(uint64_t) / dt / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    free(words);
+    return best;
 }
