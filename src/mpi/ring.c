@@ -39,13 +39,11 @@ static void bshd_strides(int64_t st[4], int64_t s, int64_t h, int64_t d) {
 
 static fmha_status local_check(const fmha_problem *p, fmha_problem *out, int have_pointers) {
     if (!p || !have_pointers) return FMHA_ERR_NULL_POINTER;
-    if (p->struct_size < offsetof(fmha_problem, sinks) || p->struct_size > sizeof(fmha_problem))
-        return FMHA_ERR_STRUCT_SIZE;
-    memset(out, 0, sizeof *out);
+    fmha_status s = fmha_problem_check(p); /* struct_size among those the library knows */
+    if (s != FMHA_OK) return s;
+    memset(out, 0, sizeof *out); /* an older problem: its prefix, the rest off */
     memcpy(out, p, p->struct_size);
     out->struct_size = sizeof *out;
-    fmha_status s = fmha_problem_check(out);
-    if (s != FMHA_OK) return s;
     fmha_problem plain;
     fmha_problem_init(&plain, 1, 1, 1, 1, 1, 1, 1, FMHA_LAYOUT_BSHD);
     if (memcmp(&out->masks, &plain.masks, sizeof plain.masks) ||
@@ -56,8 +54,19 @@ static fmha_status local_check(const fmha_problem *p, fmha_problem *out, int hav
     return FMHA_OK;
 }
 
-/* The collective check: the same status on every rank. On success r->len
- * and r->start are set (freed by ring_free). */
+/* Elements of one travelling K|V (or dK|dV) block of `len` keys. */
+static int64_t block_elems(const ring *r, int64_t len) {
+    return r->p.batch * len * r->p.heads_kv * (r->p.head_dim + r->p.head_dim_v);
+}
+
+static void ring_free(ring *r) {
+    free(r->len), free(r->start);
+    r->len = r->start = NULL;
+}
+
+/* The collective check: the same status on every rank, blocks too large
+ * for one MPI message included. On success r->len and r->start are set
+ * (freed by ring_free); on failure nothing is left to free. */
 static fmha_status ring_setup(ring *r, const fmha_problem *p, MPI_Comm comm, fmha_ring_layout layout,
                               int have_pointers) {
     memset(r, 0, sizeof *r);
@@ -91,6 +100,7 @@ static fmha_status ring_setup(ring *r, const fmha_problem *p, MPI_Comm comm, fmh
     MPI_Allreduce(&oom, &any_oom, 1, MPI_INT64_T, MPI_MAX, comm);
     if (any_oom) {
         free(all);
+        ring_free(r);
         return FMHA_ERR_OUT_OF_MEMORY;
     }
     MPI_Allgather(mine, F_COUNT, MPI_INT64_T, all, F_COUNT, MPI_INT64_T, comm);
@@ -115,12 +125,10 @@ static fmha_status ring_setup(ring *r, const fmha_problem *p, MPI_Comm comm, fmh
         r->lmax = r->len[0];
     }
     free(all);
+    /* every rank has the same sizes now, so this answer is agreed too */
+    if (!status && block_elems(r, r->lmax) > INT32_MAX) status = FMHA_ERR_UNSUPPORTED;
+    if (status) ring_free(r);
     return (fmha_status)status;
-}
-
-static void ring_free(ring *r) {
-    free(r->len), free(r->start);
-    r->len = r->start = NULL;
 }
 
 /* Agrees on a status over the ring (the largest code). */
@@ -128,11 +136,6 @@ static fmha_status agree(const ring *r, fmha_status s) {
     int mine = (int)s, all = 0;
     MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MAX, r->comm);
     return (fmha_status)all;
-}
-
-/* Elements of one travelling K|V (or dK|dV) block of `len` keys. */
-static int64_t block_elems(const ring *r, int64_t len) {
-    return r->p.batch * len * r->p.heads_kv * (r->p.head_dim + r->p.head_dim_v);
 }
 
 /* Chunks: rank rk holds nchunk chunks of len[rk] / nchunk tokens; their
@@ -214,11 +217,7 @@ fmha_status fmha_ring_forward(const fmha_problem *p, MPI_Comm comm, fmha_ring_la
                               const void *q, const void *k, const void *v, void *o, float *lse) {
     ring r;
     fmha_status st = ring_setup(&r, p, comm, layout, q && k && v && o);
-    if (st == FMHA_OK && block_elems(&r, r.lmax) > INT32_MAX) st = FMHA_ERR_UNSUPPORTED;
-    if (st != FMHA_OK) {
-        ring_free(&r);
-        return st;
-    }
+    if (st != FMHA_OK) return st;
     const fmha_problem *lp = &r.p;
     const int64_t B = lp->batch, S = lp->seq_q, Hq = lp->heads_q, Hkv = lp->heads_kv, D = lp->head_dim,
                   Dv = lp->head_dim_v, C = chunk_len(&r, r.rank);
@@ -290,11 +289,7 @@ fmha_status fmha_ring_backward(const fmha_problem *p, MPI_Comm comm, fmha_ring_l
                                const void *d_o, const float *lse, void *dq, void *dk, void *dv) {
     ring r;
     fmha_status st = ring_setup(&r, p, comm, layout, q && k && v && o && d_o && lse && dq && dk && dv);
-    if (st == FMHA_OK && block_elems(&r, r.lmax) > INT32_MAX) st = FMHA_ERR_UNSUPPORTED;
-    if (st != FMHA_OK) {
-        ring_free(&r);
-        return st;
-    }
+    if (st != FMHA_OK) return st;
     const fmha_problem *lp = &r.p;
     const int64_t B = lp->batch, S = lp->seq_q, Hq = lp->heads_q, Hkv = lp->heads_kv, D = lp->head_dim,
                   Dv = lp->head_dim_v, C = chunk_len(&r, r.rank);
