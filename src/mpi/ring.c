@@ -48,7 +48,8 @@ static fmha_status local_check(const fmha_problem *p, fmha_problem *out, int hav
     fmha_problem_init(&plain, 1, 1, 1, 1, 1, 1, 1, FMHA_LAYOUT_BSHD);
     if (memcmp(&out->masks, &plain.masks, sizeof plain.masks) ||
         memcmp(&out->biases, &plain.biases, sizeof plain.biases) || out->sinks || out->block_table ||
-        out->dropout_p != 0 || out->dtype != FMHA_DTYPE_F32)
+        out->dropout_p != 0 || out->dtype != FMHA_DTYPE_F32 ||
+        (out->kv_dtype != FMHA_KV_DTYPE_SAME && out->kv_dtype != FMHA_KV_DTYPE_F32))
         return FMHA_ERR_UNSUPPORTED;
     if (out->seq_q != out->seq_kv) return FMHA_ERR_BAD_SIZE;
     return FMHA_OK;

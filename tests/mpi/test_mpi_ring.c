@@ -226,6 +226,11 @@ static void test_errors(void) {
     p.dtype = FMHA_DTYPE_BF16;
     expect_error("bf16", &p, MPI_COMM_WORLD, FMHA_RING_CONTIGUOUS, 0, FMHA_ERR_UNSUPPORTED);
 
+    fmha_problem_init(&p, 2, 4, 2, 16, 16, 32, 32, FMHA_LAYOUT_BSHD);
+    p.kv_dtype = FMHA_KV_DTYPE_BF16; /* the ring copies K and V as float32 */
+    expect_error("a bf16 cache beside float32 queries", &p, MPI_COMM_WORLD, FMHA_RING_CONTIGUOUS, 0,
+                 FMHA_ERR_UNSUPPORTED);
+
     fmha_problem_init(&p, 2, 4, 2, 16, 8, 32, 32, FMHA_LAYOUT_BSHD);
     expect_error("seq_q != seq_kv", &p, MPI_COMM_WORLD, FMHA_RING_CONTIGUOUS, 0, FMHA_ERR_BAD_SIZE);
 
