@@ -9,14 +9,8 @@
 
 #include "attn.h"
 
-static uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 /* The seed, mixed so that seed 0 is no weaker than any other. */
-static uint64_t seed_mix(uint64_t seed) { return mix64(seed + 0x9e3779b97f4a7c15ULL); }
+static uint64_t seed_mix(uint64_t seed) { return fmha_dropout_mix64(seed + 0x9e3779b97f4a7c15ULL); }
 
 static uint64_t threshold_of(float p) { return (uint64_t)floor((double)p * 4294967296.0); }
 
@@ -50,6 +44,6 @@ void fmha_dropout_tile(const fmha_plan *plan, const fmha_tile_pos *t, float *st,
 
 int fmha_dropout_keep(const fmha_problem *p, int64_t b, int64_t h, int64_t i, int64_t j) {
     if (!p || !(p->dropout_p > 0.0f)) return 1;
-    uint64_t z = mix64(score_counter(p, b, h, i, j) ^ seed_mix(p->dropout_seed));
+    uint64_t z = fmha_dropout_mix64(score_counter(p, b, h, i, j) ^ seed_mix(p->dropout_seed));
     return (z >> 32) >= threshold_of(p->dropout_p);
 }

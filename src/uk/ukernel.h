@@ -160,6 +160,14 @@ typedef void (*fmha_f32_dropout_ukernel_fn)(size_t rows, size_t lanes, float *s,
                                             const uint64_t *counter, uint64_t seed_mix,
                                             uint64_t threshold, float scale);
 
+/* splitmix64's finalizer, the hash above: a bijection of 64-bit words that
+ * mixes every bit (the scalar kernel, the seed's mix, fmha_dropout_keep). */
+static inline uint64_t fmha_dropout_mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
 /* The dropout kernels (uk/scalar/dropout.c, uk/avx512/dropout.c). */
 void fmha_f32_dropout_ukernel__scalar(size_t rows, size_t lanes, float *s, size_t lds, const uint64_t *counter,
                                       uint64_t seed_mix, uint64_t threshold, float scale);
