@@ -66,6 +66,14 @@ static inline int64_t dec_key_at(const fmha_problem *p, const int64_t *st, int64
     return page * st[0] + (j % p->page_size) * st[1] + hk * st[2];
 }
 
+/* dst [n] float32 = the n elements of K or V (dtype t) from element `at`:
+ * widened from a 2-byte cache, copied from a float32 one. */
+static void dec_stage_row(fmha_dtype t, fmha_widen_ukernel_fn widen, int64_t n, const void *src, int64_t at,
+                          float *dst) {
+    if (t == FMHA_DTYPE_F32) memcpy(dst, (const float *)src + at, (size_t)n * sizeof(float));
+    else widen((size_t)n, (const uint16_t *)src + at, dst);
+}
+
 /* 1 if keys [k0, k0 + nk) lie in one page (always without a block table). */
 static int dec_one_page(const fmha_problem *p, int64_t k0, int64_t nk) {
     return !p->block_table || k0 / p->page_size == (k0 + nk - 1) / p->page_size;
@@ -246,25 +254,17 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
     long long computed = 0;
     for (int64_t k0 = kb; k0 < ke; k0 += DEC_TILE) {
         int64_t nk = ke - k0 < DEC_TILE ? ke - k0 : DEC_TILE;
-        /* f32 tiles inside one page are read in place; the rest is staged */
+        /* f32 tiles inside one page are read in place; the rest is staged
+         * (widened, or gathered across pages), the tile's heads in memory order */
         int in_place = kvt == FMHA_DTYPE_F32 && dec_one_page(p, k0, nk);
-        if (kvt != FMHA_DTYPE_F32) /* widen the tile's heads in memory order */
+        if (!in_place)
             for (int64_t j = 0; j < nk; j++)
                 for (int64_t hh = 0; hh < heads; hh++) {
                     const int64_t hk = hk0 + hh;
-                    widen((size_t)D, (const uint16_t *)c->k + dec_key_at(p, ks, b, hk, k0 + j),
-                          s.kf + (hh * DEC_TILE + j) * D);
-                    widen((size_t)Dv, (const uint16_t *)c->v + dec_key_at(p, vs, b, hk, k0 + j),
-                          s.vf + (hh * DEC_TILE + j) * Dv);
-                }
-        else if (!in_place) /* gather a float32 tile that crosses pages */
-            for (int64_t j = 0; j < nk; j++)
-                for (int64_t hh = 0; hh < heads; hh++) {
-                    const int64_t hk = hk0 + hh;
-                    memcpy(s.kf + (hh * DEC_TILE + j) * D, (const float *)c->k + dec_key_at(p, ks, b, hk, k0 + j),
-                           (size_t)D * sizeof(float));
-                    memcpy(s.vf + (hh * DEC_TILE + j) * Dv,
-                           (const float *)c->v + dec_key_at(p, vs, b, hk, k0 + j), (size_t)Dv * sizeof(float));
+                    dec_stage_row(kvt, widen, D, c->k, dec_key_at(p, ks, b, hk, k0 + j),
+                                  s.kf + (hh * DEC_TILE + j) * D);
+                    dec_stage_row(kvt, widen, Dv, c->v, dec_key_at(p, vs, b, hk, k0 + j),
+                                  s.vf + (hh * DEC_TILE + j) * Dv);
                 }
         for (int64_t hh = 0; hh < heads; hh++) {
             const int64_t hk = hk0 + hh;
