@@ -1,16 +1,18 @@
 /* avx512/decode.c: the AVX-512 decode microkernels (keys in the lanes).
- * Scores: one query row against 16 keys keeps 16 accumulators over the head
- * dim (the query vector is loaded once per 16 keys), then one transposing
- * reduction turns the 16 accumulators into the 16 keys' scores. Values: up to
- * 6 rows x 64 value dims of accumulators, a row of V loaded once per key and
- * 6 broadcasts of P. Softmax: row-wise max, then the exported vector exp.
- * Contract in ../ukernel.h; the scalar kernels (../scalar/decode.c) are the
- * specification. */
+ * Scores: a block of R rows x 16/R keys keeps 16 accumulators, one per
+ * (row, key), over the head dim, so each K vector feeds R FMAs; one
+ * transposing reduction turns them into the block's 16 scores. Values: up to
+ * 6 rows x 64 value dims of accumulators, the last block of rows at its own
+ * size, a row of V loaded once per key and one broadcast of P per row.
+ * Softmax: row-wise max, then the inlined vector exp (exp.h) in the same
+ * pass as the sum. Contract in ../ukernel.h; the scalar kernels
+ * (../scalar/decode.c) are the specification. */
 #include <immintrin.h>
 #include <math.h>
 #include <stddef.h>
 
 #include "decode.h"
+#include "exp.h"
 
 #define FMHA_INLINE static inline __attribute__((always_inline))
 
@@ -35,115 +37,160 @@ FMHA_INLINE __m512 reduce16(__m512 a[16]) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
 }
 
+/* Scores of R rows x (16 / R) keys (R = 1, 2 or 4): 16 accumulators, one
+ * per (row, key), so that each K vector loaded feeds R FMAs and each query
+ * vector 16 / R. The reduction leaves row r's keys in lanes
+ * [r * 16 / R, (r + 1) * 16 / R). nr <= R rows and nj <= 16 / R keys are
+ * stored; the rest repeat the last row or key. */
+FMHA_INLINE void scores_block(const int R, size_t nr, size_t nj, size_t d, const float *q, size_t ldq,
+                              const float *k, size_t ldk, float *s, size_t lds, __m512 sv) {
+    const int J = 16 / R;
+    const float *qr[4], *kr[16];
+    for (int r = 0; r < R; r++) qr[r] = q + ((size_t)r < nr ? (size_t)r : nr - 1) * ldq;
+    for (int jj = 0; jj < J; jj++) kr[jj] = k + ((size_t)jj < nj ? (size_t)jj : nj - 1) * ldk;
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int x = 0; x < 16; x++) acc[x] = _mm512_setzero_ps();
+    const size_t d_full = d / 16 * 16;
+    size_t e = 0;
+    for (; e < d_full; e += 16) {
+        __m512 qv[4], kv[16];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) qv[r] = _mm512_loadu_ps(qr[r] + e);
+#pragma GCC unroll 16
+        for (int jj = 0; jj < J; jj++) kv[jj] = _mm512_loadu_ps(kr[jj] + e);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 16
+            for (int jj = 0; jj < J; jj++) acc[r * J + jj] = _mm512_fmadd_ps(qv[r], kv[jj], acc[r * J + jj]);
+    }
+    if (e < d) {
+        const __mmask16 tail = (__mmask16)((1u << (d - e)) - 1u);
+        __m512 qv[4], kv[16];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) qv[r] = _mm512_maskz_loadu_ps(tail, qr[r] + e);
+#pragma GCC unroll 16
+        for (int jj = 0; jj < J; jj++) kv[jj] = _mm512_maskz_loadu_ps(tail, kr[jj] + e);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 16
+            for (int jj = 0; jj < J; jj++) acc[r * J + jj] = _mm512_fmadd_ps(qv[r], kv[jj], acc[r * J + jj]);
+    }
+    const __m512 sum = _mm512_mul_ps(reduce16(acc), sv);
+    const __mmask16 keys = (__mmask16)((1u << nj) - 1u);
+    if (R == 1) {
+        _mm512_mask_storeu_ps(s, keys, sum);
+    } else if (R == 2) {
+        _mm256_mask_storeu_ps(s, (__mmask8)keys, _mm512_castps512_ps256(sum));
+        if (nr > 1) _mm256_mask_storeu_ps(s + lds, (__mmask8)keys, _mm512_extractf32x8_ps(sum, 1));
+    } else {
+        _mm_mask_storeu_ps(s, (__mmask8)keys, _mm512_castps512_ps128(sum));
+        if (nr > 1) _mm_mask_storeu_ps(s + lds, (__mmask8)keys, _mm512_extractf32x4_ps(sum, 1));
+        if (nr > 2) _mm_mask_storeu_ps(s + 2 * lds, (__mmask8)keys, _mm512_extractf32x4_ps(sum, 2));
+        if (nr > 3) _mm_mask_storeu_ps(s + 3 * lds, (__mmask8)keys, _mm512_extractf32x4_ps(sum, 3));
+    }
+}
+
+/* Keys in blocks of 4 (with all the rows in blocks of 4, a last block of 2
+ * or 3 rows as 4 x 4 with a repeated row), except for 2 rows (2 x 8) and 1
+ * (1 x 16). Measured on Zen 5 (D = 128, 32 keys, data in L1): 4 rows cost
+ * 2.7x 1 row. */
 void fmha_f32_decode_scores__avx512(size_t rows, size_t nk, size_t d, const float *q, size_t ldq,
                                     const float *k, size_t ldk, float *s, size_t lds, float scale) {
     const __m512 sv = _mm512_set1_ps(scale);
-    const size_t d_full = d / 16 * 16;
-    const __mmask16 d_tail = (__mmask16)((1u << (d % 16)) - 1u);
-    for (size_t j0 = 0; j0 < nk; j0 += 16) {
-        size_t nj = nk - j0 < 16 ? nk - j0 : 16;
-        /* keys past nk repeat the last one; their lanes are not stored */
-        const float *kr[16];
-        for (size_t jj = 0; jj < 16; jj++) kr[jj] = k + (j0 + (jj < nj ? jj : nj - 1)) * ldk;
-        /* the next 16 keys, for when rows are apart in memory (one row per
-         * page in [B, S, H, D] caches defeats the hardware prefetcher); a
-         * prefetch past the tensor's end is only a hint, never a read */
-        for (size_t jj = 0; jj < 16; jj++)
-            for (size_t e = 0; e < d; e += 16)
-                _mm_prefetch((const char *)(kr[jj] + 16 * ldk + e), _MM_HINT_T0);
-        for (size_t r = 0; r < rows; r++) {
-            const float *qr = q + r * ldq;
-            __m512 acc[16];
-#pragma GCC unroll 16
-            for (int jj = 0; jj < 16; jj++) acc[jj] = _mm512_setzero_ps();
-            size_t e = 0;
-            for (; e < d_full; e += 16) {
-                const __m512 qv = _mm512_loadu_ps(qr + e);
-#pragma GCC unroll 16
-                for (int jj = 0; jj < 16; jj++)
-                    acc[jj] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kr[jj] + e), acc[jj]);
+    if (rows >= 3) {
+        for (size_t j0 = 0; j0 < nk; j0 += 4) {
+            const size_t nj = nk - j0 < 4 ? nk - j0 : 4;
+            for (size_t r0 = 0; r0 < rows; r0 += 4) {
+                const size_t nr = rows - r0 < 4 ? rows - r0 : 4;
+                if (nr >= 3)
+                    scores_block(4, nr, nj, d, q + r0 * ldq, ldq, k + j0 * ldk, ldk, s + r0 * lds + j0, lds, sv);
+                else
+                    for (size_t r = r0; r < rows; r++)
+                        scores_block(1, 1, nj, d, q + r * ldq, ldq, k + j0 * ldk, ldk, s + r * lds + j0, lds, sv);
             }
-            if (d_tail) {
-                const __m512 qv = _mm512_maskz_loadu_ps(d_tail, qr + e);
-#pragma GCC unroll 16
-                for (int jj = 0; jj < 16; jj++)
-                    acc[jj] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(d_tail, kr[jj] + e), acc[jj]);
-            }
-            _mm512_mask_storeu_ps(s + r * lds + j0, (__mmask16)((1u << nj) - 1u),
-                                  _mm512_mul_ps(reduce16(acc), sv));
+        }
+    } else if (rows == 2) {
+        for (size_t j0 = 0; j0 < nk; j0 += 8) {
+            const size_t nj = nk - j0 < 8 ? nk - j0 : 8;
+            scores_block(2, 2, nj, d, q, ldq, k + j0 * ldk, ldk, s + j0, lds, sv);
+        }
+    } else if (rows == 1) {
+        for (size_t j0 = 0; j0 < nk; j0 += 16) {
+            const size_t nj = nk - j0 < 16 ? nk - j0 : 16;
+            scores_block(1, 1, nj, d, q, ldq, k + j0 * ldk, ldk, s + j0, lds, sv);
         }
     }
 }
 
 void fmha_f32_decode_softmax__avx512(size_t rows, size_t nk, float *s, size_t lds, float *m,
                                      float *l, float *alpha) {
+    const size_t full = nk / 16 * 16;
+    const __mmask16 tail = (__mmask16)((1u << (nk - full)) - 1u);
     for (size_t r = 0; r < rows; r++) {
         float *row = s + r * lds;
         __m512 mx = _mm512_set1_ps(m[r]);
         __mmask16 nan = 0; /* lanes that met a NaN score */
-        size_t j = 0;
-        for (; j + 16 <= nk; j += 16) {
+        for (size_t j = 0; j < full; j += 16) {
             const __m512 x = _mm512_loadu_ps(row + j);
             mx = _mm512_max_ps(mx, x);
             nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
         }
-        const __mmask16 tail = (__mmask16)((1u << (nk - j)) - 1u);
-        const __m512 xt = _mm512_mask_loadu_ps(mx, tail, row + j);
-        mx = _mm512_max_ps(mx, xt);
-        nan |= _mm512_cmp_ps_mask(xt, xt, _CMP_UNORD_Q);
+        if (tail) {
+            const __m512 xt = _mm512_mask_loadu_ps(mx, tail, row + full);
+            mx = _mm512_max_ps(mx, xt);
+            nan |= _mm512_cmp_ps_mask(xt, xt, _CMP_UNORD_Q);
+        }
         /* a NaN score (or a NaN running max) makes the row NaN */
         const float m_new = nan || isnan(m[r]) ? NAN : _mm512_reduce_max_ps(mx);
-        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-        const __m512 mu = _mm512_set1_ps(m_use);
-        /* s - m_use in place, then exp in place; -inf - m_use stays -inf -> 0 */
-        for (j = 0; j + 16 <= nk; j += 16)
-            _mm512_storeu_ps(row + j, _mm512_sub_ps(_mm512_loadu_ps(row + j), mu));
-        _mm512_mask_storeu_ps(row + j, tail, _mm512_sub_ps(_mm512_maskz_loadu_ps(tail, row + j), mu));
-        fmha_f32_exp__avx512(nk, row, row);
+        const __m512 mu = _mm512_set1_ps(m_new == -INFINITY ? 0.0f : m_new);
+        /* exp(s - m_use) in place; -inf - m_use stays -inf -> 0 */
         __m512 sum = _mm512_setzero_ps();
-        for (j = 0; j + 16 <= nk; j += 16) sum = _mm512_add_ps(sum, _mm512_loadu_ps(row + j));
-        sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(tail, row + j));
-        float a = m[r] - m_use;
-        fmha_f32_exp__avx512(1, &a, &a);
+        for (size_t j = 0; j < full; j += 16) {
+            const __m512 p = exp_f32(_mm512_sub_ps(_mm512_loadu_ps(row + j), mu));
+            _mm512_storeu_ps(row + j, p);
+            sum = _mm512_add_ps(sum, p);
+        }
+        if (tail) {
+            const __m512 p = exp_f32_keep(tail, _mm512_sub_ps(_mm512_maskz_loadu_ps(tail, row + full), mu));
+            _mm512_mask_storeu_ps(row + full, tail, p);
+            sum = _mm512_add_ps(sum, p);
+        }
+        /* alpha = exp(m_old - m_use), from lane 0 */
+        const float a = _mm512_cvtss_f32(exp_f32(_mm512_sub_ps(_mm512_set1_ps(m[r]), mu)));
         alpha[r] = a;
         l[r] = l[r] * a + _mm512_reduce_add_ps(sum);
         m[r] = m_new;
     }
 }
 
-enum { VAL_ROWS = 6, VAL_VECS = 4 };
+enum { VAL_VECS = 4 };
 
-/* Rows [0, n) (n <= 6) of o, value dims [c0, c0 + 64) with masks per vector. */
-FMHA_INLINE void values_block(size_t n, size_t nk, size_t c0, const __mmask16 cm[VAL_VECS],
+/* Rows [0, NR) of o (NR a compile-time 1..6), value dims [c0, c0 + 64) with
+ * masks per vector: NR x 4 accumulators, a row of V loaded once per key and
+ * NR broadcasts of P. */
+FMHA_INLINE void values_block(const size_t NR, size_t nk, size_t c0, const __mmask16 cm[VAL_VECS],
                               const float *p, size_t ldp, const float *v, size_t ldv, float *o,
-                              size_t ldo, const float *alpha, int prefetch) {
-    __m512 acc[VAL_ROWS][VAL_VECS];
-    const float *pr[VAL_ROWS];
+                              size_t ldo, const float *alpha) {
+    __m512 acc[6][VAL_VECS];
 #pragma GCC unroll 6
-    for (size_t r = 0; r < VAL_ROWS; r++) {
-        pr[r] = p + (r < n ? r : n - 1) * ldp;
+    for (size_t r = 0; r < NR; r++)
 #pragma GCC unroll 4
         for (int c = 0; c < VAL_VECS; c++) acc[r][c] = _mm512_setzero_ps();
-    }
     for (size_t j = 0; j < nk; j++) {
         const float *vr = v + j * ldv + c0;
-        /* 16 keys ahead (see the scores kernel) */
-        if (prefetch)
-#pragma GCC unroll 4
-            for (int c = 0; c < VAL_VECS; c++) _mm_prefetch((const char *)(vr + 16 * ldv + 16 * c), _MM_HINT_T0);
         __m512 vv[VAL_VECS];
 #pragma GCC unroll 4
         for (int c = 0; c < VAL_VECS; c++) vv[c] = _mm512_maskz_loadu_ps(cm[c], vr + 16 * c);
 #pragma GCC unroll 6
-        for (size_t r = 0; r < VAL_ROWS; r++) {
-            const __m512 pv = _mm512_set1_ps(pr[r][j]);
+        for (size_t r = 0; r < NR; r++) {
+            const __m512 pv = _mm512_set1_ps(p[r * ldp + j]);
 #pragma GCC unroll 4
             for (int c = 0; c < VAL_VECS; c++) acc[r][c] = _mm512_fmadd_ps(pv, vv[c], acc[r][c]);
         }
     }
 #pragma GCC unroll 6
-    for (size_t r = 0; r < VAL_ROWS; r++) {
-        if (r >= n) break;
+    for (size_t r = 0; r < NR; r++) {
         const __m512 a = _mm512_set1_ps(alpha[r]);
         float *orow = o + r * ldo + c0;
 #pragma GCC unroll 4
@@ -154,6 +201,7 @@ FMHA_INLINE void values_block(size_t n, size_t nk, size_t c0, const __mmask16 cm
     }
 }
 
+/* Rows in blocks of 6 (24 accumulators), the last block at its own size. */
 void fmha_f32_decode_values__avx512(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
                                     const float *v, size_t ldv, float *o, size_t ldo,
                                     const float *alpha) {
@@ -163,10 +211,17 @@ void fmha_f32_decode_values__avx512(size_t rows, size_t nk, size_t dv, const flo
             size_t lo = c0 + 16 * (size_t)c, left = dv > lo ? dv - lo : 0;
             cm[c] = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
         }
-        for (size_t r0 = 0; r0 < rows; r0 += VAL_ROWS) {
-            size_t n = rows - r0 < VAL_ROWS ? rows - r0 : VAL_ROWS;
-            values_block(n, nk, c0, cm, p + r0 * ldp, ldp, v, ldv, o + r0 * ldo, ldo, alpha + r0,
-                         r0 == 0);
+        for (size_t r0 = 0; r0 < rows; r0 += 6) {
+            const float *pb = p + r0 * ldp, *ab = alpha + r0;
+            float *ob = o + r0 * ldo;
+            switch (rows - r0 < 6 ? rows - r0 : 6) {
+            case 1: values_block(1, nk, c0, cm, pb, ldp, v, ldv, ob, ldo, ab); break;
+            case 2: values_block(2, nk, c0, cm, pb, ldp, v, ldv, ob, ldo, ab); break;
+            case 3: values_block(3, nk, c0, cm, pb, ldp, v, ldv, ob, ldo, ab); break;
+            case 4: values_block(4, nk, c0, cm, pb, ldp, v, ldv, ob, ldo, ab); break;
+            case 5: values_block(5, nk, c0, cm, pb, ldp, v, ldv, ob, ldo, ab); break;
+            default: values_block(6, nk, c0, cm, pb, ldp, v, ldv, ob, ldo, ab); break;
+            }
         }
     }
 }

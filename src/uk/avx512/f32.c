@@ -11,6 +11,7 @@
 
 #include "../ukernel.h"
 #include "decode.h"
+#include "exp.h"
 
 /* MR = 6: 24 accumulators + 4 B rows of the 32 zmm. Measured on Zen 5 at
  * k = 64: 6x64 runs at 94-98% of the FMA peak, 4x64 at 83-97%. */
@@ -125,33 +126,6 @@ void fmha_f32_gemm_ukernel_6x64__avx512(size_t m, size_t k, const float *a,
     }
 }
 
-/* exp(x) for x <= 89: n = round(x log2 e) (an fma against 1.5 * 2^23 rounds
- * to integer), r = x - n ln2 (two-part ln2), exp(r) by a degree-6 polynomial
- * (Chebyshev fit on [-ln2/2, ln2/2], max relative error 0.2 ulp before
- * rounding), then p 2^n with vscalefps, which rounds gracefully through
- * subnormals to 0. x is clamped below at -104 (exp(-104) < 2^-150), so -inf
- * gives 0 and never NaN; the clamp passes NaN through (vmaxps returns its
- * second operand when either is NaN), so NaN gives NaN. Lanes outside
- * `keep` give 0 (the zero-masking of vscalefps). Max error measured:
- * 1.05 ulp. */
-FMHA_INLINE __m512 exp_f32_keep(__mmask16 keep, __m512 x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
-    const __m512 round_bias = _mm512_set1_ps(0x1.8p23f);
-    const __m512 n = _mm512_sub_ps(
-        _mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), round_bias), round_bias);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e430p-1f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-0x1.05c610p-29f), r);
-    __m512 p = _mm512_set1_ps(0x1.6d7532p-10f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0x1.126fa6p-7f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0x1.5554acp-5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0x1.555404p-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_maskz_scalef_ps(keep, p, n);
-}
-
-FMHA_INLINE __m512 exp_f32(__m512 x) { return exp_f32_keep((__mmask16)0xFFFF, x); }
 
 /* y[i] = exp(x[i]) over any n; exp(+inf) = +inf, exp(NaN) = NaN. The test
  * checks the exp of this file through it. */
