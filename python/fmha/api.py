@@ -78,6 +78,19 @@ def dtype_code(dtype):
     return DTYPE_CODES[dtype]
 
 
+KV_DTYPE_RULE = ("query, key and value must share a dtype (or key and value one of their own, bfloat16 or float16, "
+                 "beside float32 query)")
+
+
+def kv_dtype_code(code, k_code, v_code):
+    """fmha_kv_dtype of key and value (fmha_dtype codes) beside a query of
+    code `code`: 0 when they share it, the cache's dtype + 1 for bf16 or f16
+    beside float32; None for a mix the library does not serve (KV_DTYPE_RULE)."""
+    if k_code != v_code or (k_code != code and code != _lib.DTYPE_F32):
+        return None
+    return 0 if k_code == code else k_code + 1
+
+
 def broadcast_strides(shape, strides, full, name):
     """Element strides of a 4-D operand broadcast to `full` ([B, N, T, S]):
     0 where the operand has size 1. ValueError when a size is neither 1 nor
@@ -255,6 +268,15 @@ def _int32_matrix(x, shape, name):
     return np.ascontiguousarray(x, dtype=np.int32)
 
 
+def block_table_array(x, batch):
+    """A block table as a contiguous int32 [batch, max_pages] array;
+    ValueError / TypeError for another shape or a non-integer dtype."""
+    table = _as_array(x, "block_table")
+    if table.ndim != 2 or table.shape[0] != batch or table.shape[1] < 1:
+        raise ValueError(f"fmha: block_table must be [B, max_pages] = [{batch}, >= 1], got {table.shape}")
+    return _int32_matrix(table, table.shape, "block_table")
+
+
 def _float32_tensor(x, name):
     x = _as_array(x, name)
     if x.dtype.kind not in "fiub" and x.dtype != BFLOAT16:
@@ -384,12 +406,9 @@ def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignmen
         raise ValueError("fmha: query, key and value must all be [B, T, N, H] (4-D) or [T, N, H] (3-D), "
                          f"got shapes {q.shape}, {k.shape}, {v.shape}")
     code = dtype_code(q.dtype)
-    kv_code = 0  # fmha_kv_dtype: 0 = the query's dtype
-    if k.dtype != v.dtype or (k.dtype != q.dtype and q.dtype != np.float32):
-        raise TypeError(f"fmha: query, key and value must share a dtype (or key and value one of their own "
-                        f"beside float32 query), got {q.dtype}, {k.dtype}, {v.dtype}")
-    if k.dtype != q.dtype:
-        kv_code = dtype_code(k.dtype) + 1
+    kv_code = kv_dtype_code(code, dtype_code(k.dtype), dtype_code(v.dtype))  # 0 = the query's dtype
+    if kv_code is None:
+        raise TypeError(f"fmha: {KV_DTYPE_RULE}, got {q.dtype}, {k.dtype}, {v.dtype}")
     batched = q.ndim == 4
     if block_table is not None and not batched:
         raise ValueError("fmha: block_table needs 4-D query [B, T, N, H] and page pools [P, page, K, H]")
@@ -400,10 +419,7 @@ def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignmen
     Hv = v.shape[3]
     table = None
     if block_table is not None:  # k, v: page pools [num_pages, page_size, K, H]
-        table = _as_array(block_table, "block_table")
-        if table.ndim != 2 or table.shape[0] != B or table.shape[1] < 1:
-            raise ValueError(f"fmha: block_table must be [B, max_pages] = [{B}, >= 1], got {table.shape}")
-        table = _int32_matrix(table, table.shape, "block_table")
+        table = block_table_array(block_table, B)
         if key_value_seq_lengths is None:
             raise ValueError("fmha: block_table needs key_value_seq_lengths (the keys each sequence holds)")
         if v.shape[0] != Bk:

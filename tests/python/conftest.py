@@ -145,6 +145,112 @@ def uniform(rng, shape, dtype=np.float32):
     return rng.uniform(-1, 1, shape).astype(dtype)
 
 
+# ---- paged KV caches ---------------------------------------------------------------------------
+
+
+def paged(rng, k, v, lengths, page):
+    """Page pools [P, page, K, H] of caches k, v [B, S, K, H] and their
+    shuffled table [B, max_pages] (-1 past each sequence's pages, whose
+    entries are never read); one spare page; unused rows NaN."""
+    B, S = k.shape[:2]
+    max_pages = -(-S // page)
+    order = rng.permutation(B * max_pages + 1)
+    pools = [np.full((order.size, page) + x.shape[2:], np.nan, x.dtype) for x in (k, v)]
+    table = np.full((B, max_pages), -1, np.int32)
+    for b in range(B):
+        for j in range(-(-int(lengths[b]) // page)):
+            table[b, j] = order[b * max_pages + j]
+            for pool, x in zip(pools, (k, v)):
+                rows = x[b, j * page:(j + 1) * page]
+                pool[table[b, j], :rows.shape[0]] = rows
+    return pools[0], pools[1], table
+
+
+def gather(pool, table, lengths):
+    """The contiguous float64 cache [B, max_pages * page, K, H] that pool
+    [P, page, K, H] and table [B, max_pages] describe: key j of sequence b
+    is row j % page of page table[b, j // page]; zeros past lengths[b]."""
+    page = pool.shape[1]
+    B, max_pages = table.shape
+    out = np.zeros((B, max_pages * page) + pool.shape[2:])
+    for b in range(B):
+        for j in range(int(lengths[b])):
+            out[b, j] = pool[table[b, j // page], j % page].astype(np.float64)
+    return out
+
+
+def paged_case(seed, T, N, K, page, kv_dtype=np.float32, *, B=3, H=16, S=None, sinks=False, is_causal=True):
+    """A paged decoding / chunked-prefill case: float32 query [B, T, N, H],
+    pools of kv_dtype from paged() (shuffled table, NaN in unused rows),
+    ragged key lengths (one full, one random, one of 0 or 1) and the float64
+    reference on the caches gathered back from the pools (bottom-right
+    causal when is_causal, each sequence aligned by its own length).
+    Returns a dict: q, k, v (pools), table, lengths, sinks (or None), ref."""
+    rng = np.random.default_rng(seed)
+    S = S or 2 * page + 5
+    q = uniform(rng, (B, T, N, H))
+    k, v = (uniform(rng, (B, S, K, H)).astype(kv_dtype) for _ in range(2))
+    lengths = np.array([S, rng.integers(1, S), seed % 2][:B], np.int32)
+    z = uniform(rng, (N,)) * 2 if sinks else None
+    kp, vp, table = paged(rng, k, v, lengths, page)
+    ref = reference(q, gather(kp, table, lengths), gather(vp, table, lengths), is_causal=is_causal,
+                    causal_alignment="bottom_right", kv_lengths=lengths, sinks=z)
+    return dict(q=q, k=kp, v=vp, table=table, lengths=lengths, sinks=z, ref=ref)
+
+
+def check_paged(out, lse, ref, tol=2e-5):
+    """out [B, T, N, Hv] and lse [B, N, T] (or None) against the reference:
+    relative error of out below tol, the same rows without keys (lse
+    -inf), lse within 1e-4 elsewhere."""
+    assert rel_error(out, ref["o"]) < tol
+    if lse is not None:
+        lse = np.asarray(lse)
+        seen = np.isfinite(ref["lse"])
+        assert np.array_equal(seen, np.isfinite(lse))
+        assert np.max(np.abs(lse[seen] - ref["lse"][seen]), initial=0.0) < 1e-4
+
+
+def prefill_then_decode(attend, rng, *, page, kv_dtype=np.float32, prompts=(9, 5), total=21, N=4, K=2, H=16):
+    """Serves len(prompts) sequences of `total` tokens as an inference
+    engine does, through attend(q, k_pool, v_pool, table, kv_lengths,
+    q_lengths) -> out [B, T, N, H] (a binding's paged call, bottom-right
+    causal): each token's key and value are written into its page (a
+    shuffled table), then one prefill chunk runs every prompt (ragged:
+    prompts[b] queries of a padded chunk, q_lengths), then one token at a
+    time (q_lengths 0 for sequences already done). Returns the outputs of
+    every token [B, total, N, H] and the contiguous q [B, total, N, H], k, v
+    [B, total, K, H] for the one causal forward they must equal."""
+    B = len(prompts)
+    q = uniform(rng, (B, total, N, H))
+    k, v = (uniform(rng, (B, total, K, H)).astype(kv_dtype) for _ in range(2))
+    max_pages = -(-total // page)
+    table = rng.permutation(B * max_pages).astype(np.int32).reshape(B, max_pages)
+    k_pool, v_pool = (np.full((B * max_pages, page, K, H), np.nan, kv_dtype) for _ in range(2))
+
+    def write(b, j):
+        k_pool[table[b, j // page], j % page] = k[b, j]
+        v_pool[table[b, j // page], j % page] = v[b, j]
+
+    out = np.zeros((B, total, N, H), np.float32)
+    pos = np.array(prompts, np.int32)
+    for b in range(B):
+        for j in range(pos[b]):
+            write(b, j)
+    o = np.asarray(attend(q[:, :pos.max()], k_pool, v_pool, table, pos, pos))
+    for b in range(B):
+        out[b, :pos[b]] = o[b, :pos[b]]
+    while (pos < total).any():
+        live = pos < total
+        for b in np.flatnonzero(live):
+            write(b, pos[b])
+        step = np.minimum(pos, total - 1)
+        o = np.asarray(attend(q[np.arange(B), step][:, None], k_pool, v_pool, table, np.minimum(pos + 1, total),
+                              live.astype(np.int32)))
+        out[live, pos[live]] = o[live, 0]
+        pos = pos + live
+    return out, q, k, v
+
+
 # ---- skipping what the C library does not serve yet ------------------------------------------
 
 _PROBES = {}

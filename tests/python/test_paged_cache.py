@@ -7,28 +7,10 @@ import pytest
 
 import fmha
 from fmha import _lib
-from conftest import reference, rel_error, uniform
+from conftest import paged, reference, rel_error, uniform
 
 ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 caches need ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
-
-
-def paged(rng, k, v, lengths, page):
-    """Page pools [P, page, K, H] of caches k, v [B, S, K, H] and their
-    shuffled table [B, max_pages] (-1 past each sequence's pages, whose
-    entries are never read); one spare page; unused rows NaN."""
-    B, S = k.shape[:2]
-    max_pages = -(-S // page)
-    order = rng.permutation(B * max_pages + 1)
-    pools = [np.full((order.size, page) + x.shape[2:], np.nan, x.dtype) for x in (k, v)]
-    table = np.full((B, max_pages), -1, np.int32)
-    for b in range(B):
-        for j in range(-(-int(lengths[b]) // page)):
-            table[b, j] = order[b * max_pages + j]
-            for pool, x in zip(pools, (k, v)):
-                rows = x[b, j * page:(j + 1) * page]
-                pool[table[b, j], :rows.shape[0]] = rows
-    return pools[0], pools[1], table
 
 
 @pytest.mark.parametrize("kv_dtype", [np.float32, BF16, np.float16], ids=["f32", "bf16", "f16"])
