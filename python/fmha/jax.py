@@ -64,7 +64,7 @@ _FFI_PREBUILT = os.path.join("_ffi", "fmha_jax_ffi.so")         # next to the pa
 _FFI_PREBUILT_INFO = os.path.join("_ffi", "fmha_jax_ffi.json")
 # The `extras` bit of each optional operand, in the handler's operand order.
 _EXTRA_BITS = dict(bias=1, mask=2, q_lens=4, kv_lens=8, q_seg=16, kv_seg=32, alibi=64, rel=128, sinks=256,
-                   dropout_seed=512)
+                   dropout_seed=512, block_table=1024)
 _EXTRA_NAMES = tuple(_EXTRA_BITS)
 # Differentiable float parameters and their `grads` bit (the d_* results come in this order).
 _GRAD_BITS = dict(bias=1, alibi=2, rel=4, sinks=8)
@@ -303,6 +303,16 @@ def _value(x):
     return getattr(x, "value", x)
 
 
+def _forward_only(q, k, v, extras):
+    """Why the C backward cannot serve this call (a paged cache, a cache
+    dtype of its own), or None."""
+    if extras["block_table"] is not None:
+        return "a paged KV cache (block_table)"
+    if k.dtype != q.dtype:
+        return f"a key/value cache dtype ({k.dtype}) other than the query's ({q.dtype})"
+    return None
+
+
 def _attention_fwd(q, k, v, extras, cfg):
     # symbolic_zeros=True: the primals arrive as CustomVJPPrimal(value, perturbed).
     # A float parameter's gradient is computed only when it is differentiated.
@@ -323,6 +333,11 @@ def _attention_bwd(cfg, res, cotangents):
         for name in wanted:
             d_extras[name] = jnp.zeros(extras[name].shape, extras[name].dtype)
         return tuple(jnp.zeros(x.shape, x.dtype) for x in (q, k, v)) + (d_extras,)
+    why = _forward_only(q, k, v, extras)
+    if why is not None:  # raised while jax.grad / vjp traces the backward
+        raise FmhaError(_lib.ERR_UNSUPPORTED, f"{why} is forward only: fmha has no backward for it, so it "
+                        "cannot be differentiated (apply jax.lax.stop_gradient to its inputs)",
+                        "fmha.jax.dot_product_attention")
     grads = _backward(q, k, v, o, lse, d_o.astype(o.dtype), extras, cfg, tuple(wanted))
     for name, g in zip([n for n in _GRAD_BITS if n in wanted], grads[3:]):
         d_extras[name] = g
@@ -339,14 +354,17 @@ def _ensure_4d(x):
     return x.reshape((1,) * (4 - x.ndim) + x.shape) if x.ndim < 4 else x
 
 
-def _check_config(dtype, B, N, K, T, S, H, Hv, cfg, extras):
+def _check_config(dtype, B, N, K, T, S, H, Hv, cfg, extras, kv_dtype=0, pool=None):
     """Raises FmhaError now (at trace time) for a request the library refuses:
     the problem with stand-in arrays of the extras' shapes (their values are
-    only known when the call runs)."""
-    p = api.new_problem(dtype, (B, N, K, T, S, H, Hv), (T * N * H, N * H, H, 1), (S * K * H, K * H, H, 1),
-                        (S * K * Hv, K * Hv, Hv, 1), (T * N * Hv, N * Hv, Hv, 1), scale=cfg.scale,
+    only known when the call runs). pool: (num_pages, page_size) of a paged
+    cache, whose stand-in table names page 0 only."""
+    rows = S if pool is None else pool[1]  # keys between one batch entry (or page) and the next
+    p = api.new_problem(dtype, (B, N, K, T, S, H, Hv), (T * N * H, N * H, H, 1), (rows * K * H, K * H, H, 1),
+                        (rows * K * Hv, K * Hv, Hv, 1), (T * N * Hv, N * Hv, Hv, 1), scale=cfg.scale,
                         causal=cfg.causal, strategy=cfg.strategy, window=cfg.window)
     p.precision = cfg.precision
+    p.kv_dtype = kv_dtype
     p.biases.softcap = cfg.softcap
     keep = []
 
@@ -377,8 +395,18 @@ def _check_config(dtype, B, N, K, T, S, H, Hv, cfg, extras):
         p.biases.rel_bidirectional = cfg.rel_bidirectional
     if extras["sinks"] is not None:
         p.sinks = stand_in(N, np.float32, 0, ctypes.c_float)
+    if pool is not None:
+        table_shape = extras["block_table"].shape
+        p.block_table = stand_in(table_shape, np.int32, 0, ctypes.c_int32)
+        p.block_table_stride = table_shape[1]
+        p.num_pages, p.page_size = pool
     p.dropout_p = cfg.dropout_p
-    _lib.check(_lib.load().fmha_problem_check(ctypes.byref(p)), "fmha.jax.dot_product_attention")
+    lib = _lib.load()
+    if pool is None and not kv_dtype:
+        _lib.check(lib.fmha_problem_check(ctypes.byref(p)), "fmha.jax.dot_product_attention")
+    else:  # what a paged cache or a cache dtype can be served with is known to the planner: ask it
+        _lib.check(lib.fmha_forward_workspace_size(ctypes.byref(p), ctypes.byref(ctypes.c_size_t())),
+                   "fmha.jax.dot_product_attention")
 
 
 def _checked_array(x, shape, kind, name):
@@ -393,18 +421,35 @@ def _checked_array(x, shape, kind, name):
     return x.astype(jnp.int32 if kind is jnp.integer else jnp.float32)
 
 
+def _paged_sizes(query, key, value, q, block_table, key_value_seq_lengths, page_size):
+    """(B, S, table) of a paged call: the batch, the most keys a sequence can
+    hold (max_pages * page_size) and the table as int32 [B, max_pages]."""
+    if jnp.ndim(query) != 4 or jnp.ndim(key) != 4 or jnp.ndim(value) != 4:
+        raise ValueError("block_table needs 4-D query [B, T, N, H] and page pools key and value [num_pages, "
+                         f"page_size, K, H], got {jnp.ndim(query)}, {jnp.ndim(key)} and {jnp.ndim(value)} dims")
+    table = jnp.asarray(block_table)
+    B = q.shape[0]
+    if table.ndim != 2 or table.shape[0] != B or table.shape[1] < 1:
+        raise ValueError(f"block_table shape should be ({B}, max_pages >= 1): but got {table.shape}")
+    if key_value_seq_lengths is None:
+        raise ValueError("block_table needs key_value_seq_lengths (the keys each sequence holds)")
+    return B, table.shape[1] * page_size, _checked_array(table, table.shape, jnp.integer, "block_table")
+
+
 def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
                           query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
                           implementation=None, return_residual=False, causal_alignment="top_left",
                           segment_ids=None, alibi_slopes=None, rel_table=None, rel_max_distance=128,
                           rel_bidirectional=True, softcap=None, sinks=None, precision="fast", dropout_p=0.0,
-                          dropout_rng=None):
+                          dropout_rng=None, block_table=None):
     """jax.nn.dot_product_attention computed by fmha's C kernels.
 
     Same arguments, shapes ([B, T, N, H] or [T, N, H]; GQA through fewer key
     heads) and results as jax.nn.dot_product_attention. implementation None
     (or 'fmha') runs fmha; 'xla' and 'cudnn' hand the call to
-    jax.nn.dot_product_attention. dtypes: float32, bfloat16, float16.
+    jax.nn.dot_product_attention. dtypes: float32, bfloat16, float16; key
+    and value may be bfloat16 or float16 beside a float32 query (a KV cache
+    dtype of its own, widened as read; out is float32; forward only).
 
     fmha's own keywords, as in fmha.attention (no dense tensor is built):
       causal_alignment  'top_left' (jax) or 'bottom_right' (per sequence:
@@ -427,6 +472,19 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
                         draws the same weights; nothing is stored. Under
                         vmap, a key shared by the slices gives each the
                         same draw; map over keys for independent ones.
+      block_table       int [B, max_pages]: a paged KV cache (vLLM,
+                        FlashAttention): key and value are page pools
+                        [num_pages, page_size, K, H] / [.., Hv] and key j of
+                        sequence b is row j % page_size of page
+                        block_table[b, j // page_size]. Needs 4-D query and
+                        key_value_seq_lengths [B] (the keys each sequence
+                        holds, at most max_pages * page_size; only the
+                        entries of its first ceil(len / page_size) pages are
+                        read, and must lie in [0, num_pages)). Causal,
+                        windows, lengths and sinks apply; masks, biases,
+                        segment ids and dropout do not. Forward only.
+    Paged caches and caches of their own dtype have no backward:
+    differentiating such a call raises FmhaError (FMHA_ERR_UNSUPPORTED).
     Integer inputs (lengths, segment ids) get no gradient. Requests the C
     library refuses raise FmhaError while tracing; errors found while
     running (a length out of range, a non-finite sink) raise JAX's runtime
@@ -434,7 +492,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     """
     if implementation in ("xla", "cudnn"):
         given = dict(segment_ids=segment_ids, alibi_slopes=alibi_slopes, rel_table=rel_table, softcap=softcap,
-                     sinks=sinks)
+                     sinks=sinks, block_table=block_table)
         native = [name for name, x in given.items() if x is not None] + (["dropout_p"] if dropout_p else [])
         if native or causal_alignment != "top_left":
             raise ValueError(f"implementation={implementation!r} takes none of fmha's own keywords, got "
@@ -451,20 +509,27 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     q, k, v = _ensure_4d(query), _ensure_4d(key), _ensure_4d(value)
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ValueError(f"query, key and value must be 3-D or 4-D, got {q.ndim}, {k.ndim}, {v.ndim} dims")
-    B, S, K, H = k.shape
+    B, S, K, H = k.shape  # with block_table: num_pages, page_size, K, H
     if v.shape[:3] != (B, S, K):
         raise ValueError(f"value shape should be [{B}, {S}, {K}, Hv]: but got {v.shape}")
+    pool = None
+    if block_table is not None:
+        pool = (B, S)
+        B, S, table = _paged_sizes(query, key, value, q, block_table, key_value_seq_lengths, pool[1])
     if q.shape[0] != B or q.shape[3] != H:
         raise ValueError(f"query shape should be [{B}, -1, -1, {H}]: but got {q.shape}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"query, key and value must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     code = api.dtype_code(q.dtype)
+    kv_code = api.kv_dtype_code(code, api.dtype_code(k.dtype), api.dtype_code(v.dtype))
+    if kv_code is None:
+        raise ValueError(f"{api.KV_DTYPE_RULE}, got {q.dtype}, {k.dtype}, {v.dtype}")
     T, N = q.shape[1], q.shape[2]
     Hv = v.shape[3]
     if N % K != 0:
         raise ValueError(f"The number of query heads must be a multiple of key/value heads, but got {N} vs {K}")
     full = (B, N, T, S)
     extras = dict.fromkeys(_EXTRA_NAMES)
+    if pool is not None:
+        extras["block_table"] = table
     if bias is not None:
         bias = _ensure_4d(bias)
         api.broadcast_strides(bias.shape, (1, 1, 1, 1), full, "bias")
@@ -522,13 +587,13 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
                   softcap=softcap or 0.0, precision=api.PRECISIONS[precision],
                   rel_max_distance=int(rel_max_distance), rel_bidirectional=int(bool(rel_bidirectional)),
                   dropout_p=dropout_p)
-    _check_config(code, B, N, K, T, S, H, Hv, cfg, extras)
+    _check_config(code, B, N, K, T, S, H, Hv, cfg, extras, kv_code, pool)
     _ensure_registered()
 
     out, lse = _attention(q, k, v, extras, cfg)
     out = jnp.reshape(out, output_shape[:-1] + (Hv,))
     if return_residual:
-        residual = jnp.transpose(lse, (0, 2, 1)).astype(k.dtype)  # [B, N, T] -> [B, T, N]
+        residual = jnp.transpose(lse, (0, 2, 1)).astype(q.dtype)  # [B, N, T] -> [B, T, N]
         return out, jnp.reshape(residual, output_shape[:-1])
     return out
 

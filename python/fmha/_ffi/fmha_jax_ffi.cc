@@ -10,8 +10,13 @@
 //              q_lengths [B] s32, kv_lengths [B] s32,
 //              q_segment_ids [B,T] s32, kv_segment_ids [B,S] s32,
 //              alibi_slopes [N] f32, rel_table [N,buckets] f32, sinks [N] f32,
-//              dropout_seed [2] u32 (seed = s[0] << 32 | s[1], offset 0)
+//              dropout_seed [2] u32 (seed = s[0] << 32 | s[1], offset 0),
+//              block_table [B,max_pages] s32 (a paged KV cache: k and v are
+//              page pools [P,page,K,H] / [P,page,K,Hv], fmha_problem's
+//              block_table; forward only)
 //            rets o [B,T,N,Hv] (q's dtype), lse [B,N,T] f32
+//            k and v may be bfloat16 or float16 beside float32 q and o (a
+//            cache dtype of their own, fmha_problem.kv_dtype; forward only).
 //   backward args q, k, v, o, lse, d_o, extras; rets dq, dk, dv, then one
 //            f32 result in the shape of each parameter named by the `grads`
 //            bit set (1 d_bias, 2 d_alibi, 4 d_rel_table, 8 d_sinks), in
@@ -44,7 +49,7 @@ namespace {
 
 enum ExtraBits : int64_t {
   kBias = 1, kMask = 2, kQLengths = 4, kKvLengths = 8, kQSegments = 16, kKvSegments = 32,
-  kAlibi = 64, kRelTable = 128, kSinks = 256, kDropoutSeed = 512
+  kAlibi = 64, kRelTable = 128, kSinks = 256, kDropoutSeed = 512, kBlockTable = 1024
 };
 enum GradBits : int64_t { kGradBias = 1, kGradAlibi = 2, kGradRelTable = 4, kGradSinks = 8 };
 
@@ -207,7 +212,7 @@ struct Options {
 // Operand slots.
 enum Slot {
   Q, K, V, O, LSE, DO, DQ, DK, DV, BIAS, MASK, QLEN, KVLEN, QSEG, KVSEG, ALIBI, REL, SINKS,
-  DROPOUT_SEED, DBIAS, DALIBI, DREL, DSINKS, NSLOTS
+  DROPOUT_SEED, BLOCK_TABLE, DBIAS, DALIBI, DREL, DSINKS, NSLOTS
 };
 
 // Operands that serve every batch entry at once (per-head [N] arrays, the
@@ -229,13 +234,26 @@ void BroadcastStrides(const Operand &op, int64_t out[4]) {
   for (int i = 0; i < 4; i++) out[i] = op.core(i) == 1 ? 0 : op.core_stride(i);
 }
 
-// Builds the problem for `batch` batch entries from the core shapes.
-void MakeProblem(const Call &c, const Options &o, fmha_dtype dtype, int64_t batch, fmha_problem *p) {
-  const Operand &q = c.op[Q], &k = c.op[K], &v = c.op[V];
+// Builds the problem for `batch` batch entries from the core shapes. With
+// a block table, k and v are page pools [P, page, K, H] and a sequence
+// holds up to max_pages * page keys.
+void MakeProblem(const Call &c, const Options &o, fmha_dtype dtype, fmha_kv_dtype kv_dtype, int64_t batch,
+                 fmha_problem *p) {
+  const Operand &q = c.op[Q], &k = c.op[K], &v = c.op[V], &table = c.op[BLOCK_TABLE];
+  const bool paged = table.present();
+  const int64_t seq_kv = paged ? table.core(1) * k.core(1) : k.core(1);
   std::memset(p, 0, sizeof *p);  // the plan cache compares every byte
-  fmha_problem_init(p, batch, q.core(2), k.core(2), q.core(1), k.core(1), q.core(3), v.core(3),
+  fmha_problem_init(p, batch, q.core(2), k.core(2), q.core(1), seq_kv, q.core(3), v.core(3),
                     FMHA_LAYOUT_BSHD);
   p->dtype = dtype;
+  p->kv_dtype = kv_dtype;
+  if (paged) {  // pool strides [page, row in page, head, dim]: only the page stride differs
+    p->k_strides[0] = k.core_stride(0);
+    p->v_strides[0] = v.core_stride(0);
+    p->block_table_stride = table.core(1);
+    p->page_size = k.core(1);
+    p->num_pages = k.core(0);
+  }
   p->scale = o.scale;
   p->causal = static_cast<fmha_causal>(o.causal);
   p->strategy = static_cast<fmha_strategy>(o.strategy);
@@ -251,12 +269,13 @@ void MakeProblem(const Call &c, const Options &o, fmha_dtype dtype, int64_t batc
 }
 
 // Folds the leading dimensions into the batch when every present operand
-// has them at full size and its batch dimension allows it.
+// has them at full size and its batch dimension allows it. A block table
+// never folds: its entries index the pages of its own slice's pools.
 bool CanFold(const Call &c, int64_t B) {
   for (int s = 0; s < NSLOTS; s++) {
     const Operand &op = c.op[s];
     if (!op.present()) continue;
-    if (PerHead(s)) return false;
+    if (PerHead(s) || s == BLOCK_TABLE) return false;
     for (int i = 0; i < c.lead; i++)
       if (op.dims[i] != c.lead_dims[i]) return false;
     if ((s == BIAS || s == MASK || s == DBIAS) && op.core(0) != B && B != 1) return false;
@@ -307,7 +326,7 @@ ffi::Error ReadExtras(const ffi::RemainingArgs &extras, const Options &o, Call &
       {kQLengths, QLEN, 1, "query_seq_lengths"}, {kKvLengths, KVLEN, 1, "key_value_seq_lengths"},
       {kQSegments, QSEG, 2, "query segment_ids"}, {kKvSegments, KVSEG, 2, "key_value segment_ids"},
       {kAlibi, ALIBI, 1, "alibi_slopes"}, {kRelTable, REL, 2, "rel_table"}, {kSinks, SINKS, 1, "sinks"},
-      {kDropoutSeed, DROPOUT_SEED, 1, "dropout seed"}};
+      {kDropoutSeed, DROPOUT_SEED, 1, "dropout seed"}, {kBlockTable, BLOCK_TABLE, 2, "block_table"}};
   for (const auto &kind : kinds) {
     if (!(o.extras & kind.bit)) continue;
     if (next >= extras.size()) return ArgError(std::string("missing operand ") + kind.name);
@@ -352,6 +371,7 @@ void AttachExtras(const Call &c, char *const ptr[], fmha_problem *p) {
     p->biases.rel_num_buckets = static_cast<int32_t>(c.op[REL].core(1));
   }
   if (c.op[SINKS].present()) p->sinks = reinterpret_cast<const float *>(ptr[SINKS]);
+  if (c.op[BLOCK_TABLE].present()) p->block_table = reinterpret_cast<const int32_t *>(ptr[BLOCK_TABLE]);
   if (c.op[DROPOUT_SEED].present()) {
     const uint32_t *seed = reinterpret_cast<const uint32_t *>(ptr[DROPOUT_SEED]);
     p->dropout_seed = static_cast<uint64_t>(seed[0]) << 32 | seed[1];
@@ -370,21 +390,23 @@ void FixFoldedBatchStrides(const Call &c, int64_t batch, int64_t B, fmha_problem
 }
 
 // True when the problem names a buffer besides the tensors (mask, bias,
-// lengths): per slice, those addresses differ, so each slice would miss
+// lengths, block table): per slice, those addresses differ, so each slice would miss
 // the plan cache and push useful plans out; such runs take the one-shot calls.
 // So do runs with dropout, whose seed (a value in the problem) is new each step.
 bool HasExtras(const Call &c) {
-  for (int s = BIAS; s <= DROPOUT_SEED; s++)
+  for (int s = BIAS; s <= BLOCK_TABLE; s++)
     if (c.op[s].present()) return true;
   return false;
 }
 
+// After ReadExtras: with a block table, k and v are pools [P, page, K, H].
 ffi::Error CheckMain(const Call &c) {
-  const Operand &q = c.op[Q], &k = c.op[K], &v = c.op[V];
+  const Operand &q = c.op[Q], &k = c.op[K], &v = c.op[V], &table = c.op[BLOCK_TABLE];
   if (q.lead < 0 || k.lead != q.lead || v.lead != q.lead) return ArgError("q, k, v must be [B, T, N, H]");
-  if (k.core(0) != q.core(0) || v.core(0) != q.core(0) || k.core(3) != q.core(3) ||
+  if ((!table.present() && k.core(0) != q.core(0)) || v.core(0) != k.core(0) || k.core(3) != q.core(3) ||
       v.core(1) != k.core(1) || v.core(2) != k.core(2))
     return ArgError("inconsistent q, k, v shapes");
+  if (table.present() && table.core(0) != q.core(0)) return ArgError("block_table must be [B, max_pages]");
   return ffi::Error::Success();
 }
 
@@ -395,10 +417,14 @@ ffi::Error Forward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Re
                    int64_t rel_bidirectional, float dropout_p) {
   Options opt{scale,   causal,    window_left,      window_right,      strategy, extra_bits,
               softcap, precision, rel_max_distance, rel_bidirectional, dropout_p};
-  fmha_dtype dtype;
-  if (!DtypeCode(q.element_type(), &dtype) || k.element_type() != q.element_type() ||
-      v.element_type() != q.element_type() || o->element_type() != q.element_type())
-    return ArgError("q, k, v and o must share a dtype of float32, bfloat16 or float16");
+  fmha_dtype dtype, kv_code;
+  if (!DtypeCode(q.element_type(), &dtype) || o->element_type() != q.element_type() ||
+      !DtypeCode(k.element_type(), &kv_code) || v.element_type() != k.element_type() ||
+      (kv_code != dtype && dtype != FMHA_DTYPE_F32))
+    return ArgError("q, k, v and o must share a dtype of float32, bfloat16 or float16 (or k and v one of "
+                    "bfloat16 or float16 beside float32 q and o)");
+  const fmha_kv_dtype kv_dtype =
+      kv_code == dtype ? FMHA_KV_DTYPE_SAME : static_cast<fmha_kv_dtype>(kv_code + 1);
   if (lse->element_type() != ffi::DataType::F32) return ArgError("lse must be float32");
   Call c;
   c.op[Q] = Describe(q, 4);
@@ -407,15 +433,15 @@ ffi::Error Forward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Re
   c.op[O] = Describe(*o, 4);
   c.op[LSE] = Describe(*lse, 3);
   c.lead = c.op[Q].lead;
+  if (ffi::Error err = ReadExtras(extras, opt, c); !err.success()) return err;
   if (ffi::Error err = CheckMain(c); !err.success()) return err;
   if (c.op[O].lead != c.lead || c.op[LSE].lead != c.lead) return ArgError("wrong rank of o or lse");
   c.lead_dims.assign(c.op[O].dims.begin(), c.op[O].dims.begin() + c.lead);
-  if (ffi::Error err = ReadExtras(extras, opt, c); !err.success()) return err;
   const int64_t B = c.op[Q].core(0);
   const bool one_shot = HasExtras(c), uncached = c.op[DROPOUT_SEED].present();
   return ForEachSlice(c, B, [&](int64_t batch, char *const ptr[], bool per_slice) -> ffi::Error {
     fmha_problem p;
-    MakeProblem(c, opt, dtype, batch, &p);
+    MakeProblem(c, opt, dtype, kv_dtype, batch, &p);
     AttachExtras(c, ptr, &p);
     FixFoldedBatchStrides(c, batch, B, &p);
     float *lse_ptr = reinterpret_cast<float *>(ptr[LSE]);
@@ -458,12 +484,12 @@ ffi::Error Backward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::A
   c.op[DK] = Describe(*dk, 4);
   c.op[DV] = Describe(*dv, 4);
   c.lead = c.op[Q].lead;
+  if (ffi::Error err = ReadExtras(extras, opt, c); !err.success()) return err;
   if (ffi::Error err = CheckMain(c); !err.success()) return err;
   for (Slot s : {O, DO, DQ, DK, DV})
     if (c.op[s].lead != c.lead) return ArgError("wrong rank of o, d_o or a gradient");
   if (c.op[LSE].lead != c.lead) return ArgError("wrong rank of lse");
   c.lead_dims.assign(c.op[DQ].dims.begin(), c.op[DQ].dims.begin() + c.lead);
-  if (ffi::Error err = ReadExtras(extras, opt, c); !err.success()) return err;
   // The parameter gradients asked for, in the order of their bits.
   const struct { int64_t bit; Slot param, grad; int rank; const char *name; } wanted[] = {
       {kGradBias, BIAS, DBIAS, 4, "d_bias"}, {kGradAlibi, ALIBI, DALIBI, 1, "d_alibi"},
@@ -484,7 +510,7 @@ ffi::Error Backward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::A
   const bool one_shot = HasExtras(c), uncached = c.op[DROPOUT_SEED].present();
   return ForEachSlice(c, B, [&](int64_t batch, char *const ptr[], bool per_slice) -> ffi::Error {
     fmha_problem p;
-    MakeProblem(c, opt, dtype, batch, &p);
+    MakeProblem(c, opt, dtype, FMHA_KV_DTYPE_SAME, batch, &p);
     AttachExtras(c, ptr, &p);
     FixFoldedBatchStrides(c, batch, B, &p);
     fmha_param_grads grads;
