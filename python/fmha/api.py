@@ -91,6 +91,20 @@ def kv_dtype_code(code, k_code, v_code):
     return 0 if k_code == code else k_code + 1
 
 
+def forward_only_error(paged, q_dtype, kv_dtype, context, remedy):
+    """The FmhaError (FMHA_ERR_UNSUPPORTED) for differentiating a call that
+    fmha serves forward only (a paged cache, a cache dtype other than the
+    query's); None for other calls."""
+    if paged:
+        why = "a paged KV cache (block_table)"
+    elif kv_dtype != q_dtype:
+        why = f"a key/value cache dtype ({kv_dtype}) other than the query's ({q_dtype})"
+    else:
+        return None
+    return FmhaError(_lib.ERR_UNSUPPORTED, f"{why} is forward only: fmha has no backward for it, so it cannot be "
+                     f"differentiated ({remedy})", context)
+
+
 def broadcast_strides(shape, strides, full, name):
     """Element strides of a 4-D operand broadcast to `full` ([B, N, T, S]):
     0 where the operand has size 1. ValueError when a size is neither 1 nor

@@ -303,16 +303,6 @@ def _value(x):
     return getattr(x, "value", x)
 
 
-def _forward_only(q, k, v, extras):
-    """Why the C backward cannot serve this call (a paged cache, a cache
-    dtype of its own), or None."""
-    if extras["block_table"] is not None:
-        return "a paged KV cache (block_table)"
-    if k.dtype != q.dtype:
-        return f"a key/value cache dtype ({k.dtype}) other than the query's ({q.dtype})"
-    return None
-
-
 def _attention_fwd(q, k, v, extras, cfg):
     # symbolic_zeros=True: the primals arrive as CustomVJPPrimal(value, perturbed).
     # A float parameter's gradient is computed only when it is differentiated.
@@ -333,11 +323,10 @@ def _attention_bwd(cfg, res, cotangents):
         for name in wanted:
             d_extras[name] = jnp.zeros(extras[name].shape, extras[name].dtype)
         return tuple(jnp.zeros(x.shape, x.dtype) for x in (q, k, v)) + (d_extras,)
-    why = _forward_only(q, k, v, extras)
-    if why is not None:  # raised while jax.grad / vjp traces the backward
-        raise FmhaError(_lib.ERR_UNSUPPORTED, f"{why} is forward only: fmha has no backward for it, so it "
-                        "cannot be differentiated (apply jax.lax.stop_gradient to its inputs)",
-                        "fmha.jax.dot_product_attention")
+    refused = api.forward_only_error(extras["block_table"] is not None, q.dtype, k.dtype,
+                                     "fmha.jax.dot_product_attention", "apply jax.lax.stop_gradient to its inputs")
+    if refused is not None:  # raised while jax.grad / vjp traces the backward
+        raise refused
     grads = _backward(q, k, v, o, lse, d_o.astype(o.dtype), extras, cfg, tuple(wanted))
     for name, g in zip([n for n in _GRAD_BITS if n in wanted], grads[3:]):
         d_extras[name] = g
