@@ -73,23 +73,41 @@ def _mask_strides(t, full, name):
 # options (causal: an fmha_causal code; window: [left, right], -1 = open;
 # softcap: 0 = off; rel_options: [max_distance, bidirectional]; precision:
 # an fmha_precision code; dropout_p, dropout_seed, dropout_offset as in
-# fmha_problem, the backward given the forward's).
+# fmha_problem, the backward given the forward's), last the forward's
+# block_table (int32 [B, max_pages], a paged KV cache; k and v are then
+# page pools [num_pages, Hkv, page_size, E]).
 _Spec = collections.namedtuple("_Spec", "bias mask q_lengths kv_lengths q_ids kv_ids alibi rel_table sinks "
                                         "causal scale window softcap rel_options precision dropout_p dropout_seed "
-                                        "dropout_offset")
-_ARRAYS = ("q_lengths", "kv_lengths", "q_ids", "kv_ids", "alibi", "rel_table", "sinks")
+                                        "dropout_offset block_table", defaults=(None,))
+_ARRAYS = ("q_lengths", "kv_lengths", "q_ids", "kv_ids", "alibi", "rel_table", "sinks", "block_table")
 
 
 def _address(t):
     return None if t is None else t.data_ptr()
 
 
+def _kv_dtype(q, k, v):
+    """fmha_kv_dtype of k and v beside q (0: q's dtype); TypeError for a mix fmha does not serve."""
+    code = api.kv_dtype_code(_dtype_code(q), _dtype_code(k), _dtype_code(v))
+    if code is None:
+        raise TypeError(f"fmha.torch: {api.KV_DTYPE_RULE}, got {q.dtype}, {k.dtype}, {v.dtype}")
+    return code
+
+
 def _problem(q, k, v, o_strides, spec):
     B, H, L, E = q.shape
     _, Hkv, S, Ev = v.shape
+    table = spec.block_table
+    if table is not None:  # k, v: pools [num_pages, Hkv, page_size, E]; _seq_strides gives [page, row, head, dim]
+        S = table.shape[1] * k.shape[2]
     p = api.new_problem(_dtype_code(q), (B, H, Hkv, L, S, E, Ev), _seq_strides(q), _seq_strides(k),
                         _seq_strides(v), o_strides, scale=spec.scale, causal=spec.causal,
                         strategy=_lib.STRATEGIES["auto"], window=tuple(spec.window))
+    p.kv_dtype = _kv_dtype(q, k, v)
+    if table is not None:
+        p.block_table = ctypes.cast(ctypes.c_void_p(table.data_ptr()), ctypes.POINTER(ctypes.c_int32))
+        p.block_table_stride = table.stride(0)
+        p.num_pages, p.page_size = k.shape[0], k.shape[2]
     p.precision = spec.precision
     p.dropout_p, p.dropout_seed, p.dropout_offset = spec.dropout_p, spec.dropout_seed, spec.dropout_offset
     full = (B, H, L, S)
@@ -123,7 +141,7 @@ def _plan(q, k, v, o, spec):
     """The cached plan of a call, or None for one that runs one-shot."""
     if spec.dropout_p > 0 or any(getattr(spec, name) is not None for name in _ARRAYS):
         return None
-    key = (q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), o.stride(), spec.causal,
+    key = (q.dtype, k.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), o.stride(), spec.causal,
            spec.scale, tuple(spec.window), spec.softcap, spec.precision, _operand_key(spec.bias),
            _operand_key(spec.mask))
     return _PLANS.get(key, lambda: _problem(q, k, v, _seq_strides(o), spec))
@@ -146,10 +164,15 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optio
                   kv_lengths: Optional[torch.Tensor], q_ids: Optional[torch.Tensor], kv_ids: Optional[torch.Tensor],
                   alibi: Optional[torch.Tensor], rel_table: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
                   causal: int, scale: float, window: list[int], softcap: float, rel_options: list[int],
-                  precision: int, dropout_p: float, dropout_seed: int,
-                  dropout_offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+                  precision: int, dropout_p: float, dropout_seed: int, dropout_offset: int,
+                  block_table: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    if block_table is not None:
+        if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != q.shape[0]:
+            raise ValueError(f"fmha.torch: block_table must be int32 [B, max_pages] with B = {q.shape[0]}, got "
+                             f"{block_table.dtype} {tuple(block_table.shape)}")
+        block_table = block_table.contiguous()
     spec = _Spec(bias, mask, q_lengths, kv_lengths, q_ids, kv_ids, alibi, rel_table, sinks, causal, scale, window,
-                 softcap, rel_options, precision, dropout_p, dropout_seed, dropout_offset)
+                 softcap, rel_options, precision, dropout_p, dropout_seed, dropout_offset, block_table)
     B, H, L, _ = q.shape
     out = q.new_empty((B, H, L, v.shape[3]))
     lse = q.new_empty((B, H, L), dtype=torch.float32)
@@ -246,14 +269,25 @@ def _attention_backward_fake(q, k, v, o, lse, d_o, bias, mask, q_lengths, kv_len
 _PARAM_INPUTS = (3, 9, 10, 11)  # bias, alibi, rel_table, sinks
 
 
+# The forward op's options (causal .. dropout_offset) and its block_table.
+_OPTIONS = slice(12, 21)
+_BLOCK_TABLE = 21
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v = inputs[:3]
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, *inputs[3:12])
-    ctx.options = inputs[12:]
+    ctx.options = inputs[_OPTIONS]
+    # the error a backward raises for a call the C backward cannot serve, if it cannot
+    ctx.refused = api.forward_only_error(len(inputs) > _BLOCK_TABLE and inputs[_BLOCK_TABLE] is not None, q.dtype,
+                                         k.dtype, "fmha.torch.scaled_dot_product_attention",
+                                         "run it under torch.no_grad() or detach its inputs")
 
 
 def _backward(ctx, d_o, d_lse):
+    if ctx.refused is not None:
+        raise ctx.refused
     q, k, v, o, lse, *tensors = ctx.saved_tensors
     wanted = [ctx.needs_input_grad[i] and tensors[i - 3] is not None for i in _PARAM_INPUTS]
     dq, dk, dv, *params = torch.ops.fmha.attention_backward(q, k, v, o, lse, d_o, *tensors, *ctx.options, wanted)
@@ -334,7 +368,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  rel_max_distance=128, rel_bidirectional=True, softcap=None,
                                  causal_alignment="top_left", local_window_size=None, query_seq_lengths=None,
                                  key_value_seq_lengths=None, precision="fast", sinks=None, dropout_seed=None,
-                                 dropout_offset=0):
+                                 dropout_offset=0, block_table=None):
     """torch.nn.functional.scaled_dot_product_attention by fmha's C kernels.
 
     query [..., H, L, E], key [..., Hkv, S, E], value [..., Hkv, S, Ev] on
@@ -357,6 +391,25 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     query_seq_lengths / key_value_seq_lengths [B], precision ('fast' or
     'accurate', bf16), sinks [H]. alibi_slopes, rel_table and sinks get
     gradients when they require them.
+
+    key and value may be bfloat16 or float16 beside a float32 query: a KV
+    cache dtype of their own, widened as read (out is float32; forward only).
+
+    block_table, int [B, max_pages]: a paged KV cache (vLLM, FlashAttention).
+    query is then [B, H, L, E] and key / value are page pools
+    [num_pages, Hkv, page_size, E] / [.., Ev] (SDPA's head-before-sequence
+    order; any strides, so a [num_pages, page_size, Hkv, E] pool passes as
+    pool.transpose(1, 2) without a copy); key j of sequence b is row
+    j % page_size of page block_table[b, j // page_size]. Needs
+    key_value_seq_lengths [B] (the keys each sequence holds, at most
+    max_pages * page_size); only the entries of a sequence's first
+    ceil(len / page_size) pages are read and must lie in [0, num_pages).
+    is_causal (with causal_alignment='bottom_right' for decoding),
+    local_window_size, the lengths and sinks apply; attn_mask, segment ids,
+    biases and dropout do not.
+
+    Paged caches and caches of their own dtype have no backward: a backward
+    through such a call raises FmhaError (FMHA_ERR_UNSUPPORTED).
     """
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
@@ -364,28 +417,38 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if t.device.type != "cpu":
             raise ValueError(f"fmha.torch: {name} is on {t.device}; fmha runs on CPU tensors")
         _dtype_code(t)
-    if not (query.dtype == key.dtype == value.dtype) and not torch.is_autocast_enabled("cpu"):
-        raise TypeError(f"fmha.torch: query, key and value must share a dtype, got {query.dtype}, {key.dtype}, "
-                        f"{value.dtype}")
+    if not torch.is_autocast_enabled("cpu"):
+        _kv_dtype(query, key, value)
     nd = query.dim()
     if not (nd == key.dim() == value.dim()) or nd < 2:
         raise ValueError("fmha.torch: query, key and value must be [..., H, L, E] with the same number of "
                          f"dimensions (at least 2), got shapes {tuple(query.shape)}, {tuple(key.shape)}, "
                          f"{tuple(value.shape)}")
+    if block_table is not None and nd != 4:
+        raise ValueError("fmha.torch: block_table needs query [B, H, L, E] and page pools key and value "
+                         f"[num_pages, Hkv, page_size, E], got shapes {tuple(query.shape)}, {tuple(key.shape)}, "
+                         f"{tuple(value.shape)}")
     # Leading dims (all but the last three) flatten into one batch dim:
-    # [..., H, L, E] -> [B, H, L, E], a view where the strides allow.
+    # [..., H, L, E] -> [B, H, L, E], a view where the strides allow. Page
+    # pools have their own first dim (num_pages).
     lead = tuple(query.shape[:-3])
-    batch = math.prod(lead)
-    if tuple(key.shape[:-3]) != lead or tuple(value.shape[:-3]) != lead:
+    if block_table is None and (tuple(key.shape[:-3]) != lead or tuple(value.shape[:-3]) != lead):
         raise ValueError(f"fmha.torch: query, key and value must share their leading dims, got shapes "
                          f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
-    q, k, v = (t.reshape((batch,) + (1,) * max(0, 3 - nd) + tuple(t.shape[-min(nd, 3):]))
+    q, k, v = (t.reshape((math.prod(t.shape[:-3]),) + (1,) * max(0, 3 - nd) + tuple(t.shape[-min(nd, 3):]))
                for t in (query, key, value))
     B, H, L, E = q.shape
-    if k.shape[3] != E or v.shape[1:3] != k.shape[1:3]:
+    if k.shape[3] != E or v.shape[:3] != k.shape[:3]:
         raise ValueError(f"fmha.torch: inconsistent shapes query {tuple(query.shape)}, key {tuple(key.shape)}, "
                          f"value {tuple(value.shape)}")
     Hkv, S = k.shape[1], k.shape[2]
+    table = None
+    if block_table is not None:
+        if key_value_seq_lengths is None:
+            raise ValueError("fmha.torch: block_table needs key_value_seq_lengths (the keys each sequence holds)")
+        table = torch.from_numpy(api.block_table_array(
+            block_table.detach().cpu().numpy() if isinstance(block_table, torch.Tensor) else block_table, B))
+        S = table.shape[1] * k.shape[2]  # the most keys a sequence can hold
     if Hkv != H and not enable_gqa:
         raise ValueError(f"fmha.torch: query has {H} heads and key {Hkv}; pass enable_gqa=True for grouped-query "
                          "attention")
@@ -451,7 +514,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     out, _ = torch.ops.fmha.attention(q, k, v, bias, mask, ql, kl, q_ids, kv_ids, alibi, rel, sink, causal,
                                       float(scale), window, softcap or 0.0,
                                       [int(rel_max_distance), int(bool(rel_bidirectional))],
-                                      api.PRECISIONS[precision], dropout_p, dropout_seed, dropout_offset)
+                                      api.PRECISIONS[precision], dropout_p, dropout_seed, dropout_offset, table)
     return out.reshape(tuple(query.shape[:-1]) + (v.shape[3],))
 
 
