@@ -19,7 +19,10 @@ Differentiation: a jax.custom_vjp whose backward is fmha_backward, fed the
 log-sum-exp saved by the forward. Gradients flow to query, key, value,
 bias, alibi_slopes and rel_table (fmha_param_grads) and sinks
 (fmha_sinks_backward); each parameter's gradient is computed only when it
-is differentiated. Integer inputs (lengths, segment ids) get none.
+is differentiated. Integer inputs (lengths, segment ids) get none. Paged
+caches (block_table=) and bf16 / f16 caches beside a float32 query are
+forward only: the backward rule raises FmhaError when a cotangent reaches
+them.
 
 vmap: ffi_call's vmap_method="expand_dims". Unbatched operands gain a
 size-1 leading dimension and the handlers accept any number of leading

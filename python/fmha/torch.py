@@ -13,7 +13,8 @@ output shapes, so compiled graphs keep the op as one opaque call.
 After SDPA's own arguments, keyword-only, come the options of NumPy
 fmha.attention with the same names and meanings (segment_ids, alibi_slopes,
 rel_table, softcap, causal_alignment, local_window_size, sequence lengths,
-precision, sinks), validated by api.py's helpers. Under
+precision, sinks, block_table for paged KV caches), validated by api.py's
+helpers; key and value may be bf16 or f16 beside a float32 query. Under
 torch.autocast("cpu") the ops run q, k, v in the autocast dtype, as
 PyTorch's SDPA does (mixed float32 / bf16 inputs are accepted there).
 dropout_p is served by the C library's dropout (seeded from torch's
