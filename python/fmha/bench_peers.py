@@ -24,7 +24,8 @@ fmha-bench: top-left's mask when Sq = S; when Sq differs every impl gets it
 as a boolean [Sq, S] mask, since the peers' is_causal is top-left), masked_bias: key
 lengths S - S/8 for every batch element and a learnable T5 relative-position
 table [H, 32] float32 (bidirectional, max distance 128; its values are the
-stream's next H*32 draws). Every impl receives masked_bias as dense tensors,
+stream's next H*32 draws), decode: one causal step of Sq (default 1) queries
+against a cache of S keys. Every impl receives masked_bias as dense tensors,
 a [B, 1, S, S] boolean mask and a [1, H, S, S] bias gathered from the table
 inside the timed function, so in fwdbwd the table's gradient is part of the
 work (torch gets one additive [B, H, S, S] mask: the bias with -inf where
@@ -56,7 +57,8 @@ import numpy as np
 
 IMPLS = ("jax_xla", "torch_sdpa", "fmha_jax", "fmha_torch", "fmha_jax_native", "fmha_torch_native")
 DTYPES = ("float32", "bfloat16", "float16")
-VARIANTS = ("plain", "causal", "masked_bias")
+VARIANTS = ("plain", "causal", "masked_bias", "decode")
+CAUSAL_VARIANTS = ("causal", "decode")  # decode: one causal step, Sq (default 1) against S cached keys
 MODES = ("fwd", "fwdbwd")
 INPUT_SEED = 0x5EED5EED
 MAX_INNER = 1 << 24
@@ -228,16 +230,17 @@ class Inputs:
 
     def __init__(self, B, S, H, D, variant, dtype, seq_q=None, heads_kv=None):
         stream = Stream(INPUT_SEED)
-        Sq, Hkv = seq_q or S, heads_kv or H
+        Sq, Hkv = seq_q or (1 if variant == "decode" else S), heads_kv or H
         # q [B, Sq, H, D], k and v [B, S, Hkv, D], dO [B, Sq, H, D], in fmha-bench's draw order
         self.q = stream.uniform(B * Sq * H * D).reshape(B, Sq, H, D)
         self.k, self.v = (stream.uniform(B * S * Hkv * D).reshape(B, S, Hkv, D) for _ in range(2))
         self.d_o = stream.uniform(B * Sq * H * D).reshape(B, Sq, H, D)
         self.B, self.S, self.H, self.D, self.variant, self.dtype = B, S, H, D, variant, dtype
-        self.Sq, self.Hkv, self.seq_q, self.heads_kv = Sq, Hkv, seq_q, heads_kv
-        self.causal = variant == "causal" and Sq == S   # top-left = bottom-right here
+        # decode rows always carry their query length
+        self.Sq, self.Hkv, self.seq_q, self.heads_kv = Sq, Hkv, Sq if variant == "decode" else seq_q, heads_kv
+        self.causal = variant in CAUSAL_VARIANTS and Sq == S   # top-left = bottom-right here
         self.table = self.mask = self.buckets = None
-        if variant == "causal" and Sq != S:
+        if variant in CAUSAL_VARIANTS and Sq != S:
             # bottom-right: query i sees key j iff j <= i + S - Sq
             visible = np.arange(S)[None, :] <= np.arange(Sq)[:, None] + (S - Sq)
             self.mask = np.broadcast_to(visible, (B, 1, Sq, S)).copy()
@@ -351,8 +354,8 @@ def _import_torch():
 
 def native_keywords(inp, kv_lengths, table):
     """fmha's own keywords for a case (the *_native impls): no dense tensor."""
-    kw = {"is_causal": inp.variant == "causal"}
-    if inp.variant == "causal" and inp.Sq != inp.S:
+    kw = {"is_causal": inp.variant in CAUSAL_VARIANTS}
+    if inp.variant in CAUSAL_VARIANTS and inp.Sq != inp.S:
         kw["causal_alignment"] = "bottom_right"
     if inp.variant == "masked_bias":
         kw.update(key_value_seq_lengths=kv_lengths, rel_table=table, rel_max_distance=REL_MAX_DISTANCE,
@@ -574,7 +577,7 @@ def row_header(impl, mode, variant, dtype, B, S, H, D, seq_q=None, heads_kv=None
 def scores_seen(inp):
     """Query-key pairs a call computes, as fmha-bench counts them: Sq x S,
     half when causal and square, else per query under bottom-right."""
-    if inp.variant != "causal":
+    if inp.variant not in CAUSAL_VARIANTS:
         return float(inp.Sq) * inp.S
     if inp.Sq == inp.S:
         return 0.5 * inp.S * inp.S

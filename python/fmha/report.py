@@ -138,14 +138,20 @@ def impl_order(labels) -> list:
 
 
 def flops(row: Row) -> float:
-    """4*B*H*S*S*D forward, half when causal, x3.5 for fwdbwd."""
+    """4*B*H*Sq*S*D forward (scores seen: half when causal and square,
+    per query under bottom-right), x3.5 for fwdbwd."""
     b = float(row.get("batch", 1) or 1)
     h = float(row.get("heads", 1) or 1)
     s = float(row.get("seq", 0) or 0)
     d = float(row.get("head_dim", 0) or 0)
-    f = 4.0 * b * h * s * s * d
-    if row.get("variant") == "causal":
-        f *= 0.5
+    sq = float(row.get("seq_q") or s)
+    if row.get("variant") in ("causal", "decode") and sq == s:
+        pairs = 0.5 * s * s
+    elif row.get("variant") in ("causal", "decode"):  # bottom-right: query i sees i + S - Sq + 1 keys
+        pairs = sum(min(s, max(0.0, i + s - sq + 1)) for i in range(int(sq)))
+    else:
+        pairs = sq * s
+    f = 4.0 * b * h * pairs * d
     if row.get("mode") == "fwdbwd":
         f *= 3.5
     return f
@@ -183,9 +189,9 @@ def fmt(x, digits=4) -> str:
 
 
 def group_order(group):
-    """plain, causal, masked_bias; float32 first; then head dim, fwd before fwdbwd."""
+    """plain, causal, masked_bias, decode; float32 first; then head dim, fwd before fwdbwd."""
     variant, dtype, dim, mode, batch, heads, seq_q, heads_kv = group
-    ranks = {"plain": 0, "causal": 1, "masked_bias": 2}
+    ranks = {"plain": 0, "causal": 1, "masked_bias": 2, "decode": 3}
     return (ranks.get(variant, 3), variant, dtype != "float32", dtype, dim, mode, batch, heads, seq_q, heads_kv)
 
 

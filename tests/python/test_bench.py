@@ -272,6 +272,28 @@ def test_paged_cache_rows(tmp_path):
         assert r["kv_gbs"] > 0
 
 
+def test_decode_rows(tmp_path):
+    """The decode variant: one causal step of --seq-q queries (default 1)
+    against a cache of seq keys with key_value_seq_lengths = seq; rows carry
+    seq_q, match the float64 reference, count the bottom-right scores in
+    GFLOP/s and report K+V GB/s; through a paged cache too."""
+    doc, _ = bench(tmp_path, "--seqs", "200", "--heads-kv", "1", "--modes", "fwd,fwdbwd",
+                   "--impls", "fmha_auto,fmha_tiled", "--variants", "decode")
+    rows = doc["results"]
+    assert len(rows) == 4
+    for r in rows:
+        assert r["variant"] == "decode" and r["seq_q"] == 1, r
+        assert r["status"] == "ok" and r["rel_err"] < 1e-5, r
+        # one query sees all 200 keys: 4 * heads * 200 * D flops (x3.5 fwdbwd)
+        flops = 4 * 2 * 200 * 32 * (3.5 if r["mode"] == "fwdbwd" else 1)
+        assert r["gflops"] == pytest.approx(flops / (r["median_ms"] * 1e6), rel=0.02), r
+        assert r["kv_gbs"] > 0
+    doc, _ = bench(tmp_path, "--seqs", "100", "--seq-q", "3", "--heads-kv", "1", "--page-size", "7",
+                   "--modes", "fwd", "--impls", "fmha_auto", "--variants", "decode")
+    (r,) = [r for r in doc["results"] if r["seq"] == 100 and r.get("page_size") == 7]
+    assert r["seq_q"] == 3 and r["status"] == "ok" and r["rel_err"] < 1e-5, r
+
+
 def test_kv_dtype_rows(tmp_path):
     """--kv-dtype: bf16 or f16 K and V beside float32 rows, contiguous or
     paged; O is float32 against the float64 reference on the rounded K and V,

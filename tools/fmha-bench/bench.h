@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "fmha.h"
 #include "json.h"
@@ -51,7 +52,11 @@ typedef struct bench_case {
 } bench_case;
 
 /* A case's query length and kv heads (seq and heads unless set). */
-static inline int64_t bench_seq_q(const bench_case *c) { return c->seq_q ? c->seq_q : c->seq; }
+/* 1 for a decode row (one step against the cache) */
+static inline int bench_is_decode(const bench_case *c) { return strcmp(c->variant, "decode") == 0; }
+static inline int64_t bench_seq_q(const bench_case *c) {
+    return c->seq_q ? c->seq_q : bench_is_decode(c) ? 1 : c->seq;
+}
 static inline int64_t bench_heads_kv(const bench_case *c) { return c->heads_kv ? c->heads_kv : c->heads; }
 
 /* Random inputs of one (variant, dtype, seq, head dim) and their reference,

@@ -27,7 +27,7 @@
 static const char *const IMPL_NAMES[] = {"fmha_auto", "fmha_dense", "fmha_tiled", "fmha_portable",
                                          "fmha_plan", "fmha_wrong_for_test"};
 static const char *const DTYPE_NAMES[] = {"float32", "bfloat16", "float16"};
-static const char *const VARIANT_NAMES[] = {"plain", "causal", "masked_bias"};
+static const char *const VARIANT_NAMES[] = {"plain", "causal", "masked_bias", "decode"};
 static const char *const MODE_NAMES[] = {"fwd", "fwdbwd"};
 
 static void usage(FILE *f)
@@ -40,15 +40,17 @@ static void usage(FILE *f)
             "  --seqs LIST             sequence lengths (default 128,256,512,1024,2048)\n"
             "  --dims LIST             head dims (default 64)\n"
             "  --dtypes LIST           float32,bfloat16,float16 (default float32)\n"
-            "  --variants LIST         plain,causal,masked_bias (default plain); causal is\n"
+            "  --variants LIST         plain,causal,masked_bias,decode (default plain); causal is\n"
             "                          bottom-right (top-left's mask when the query length is\n"
             "                          the seq, decoding's when shorter); masked_bias hides keys past S - S/8 and adds\n"
-            "                          a learnable T5 relative-position bias [heads, 32]\n"
+            "                          a learnable T5 relative-position bias [heads, 32]; decode is\n"
+            "                          one step against a KV cache of seq keys: --seq-q queries\n"
+            "                          (default 1), causal bottom-right, key_value_seq_lengths = seq\n"
             "                          Rows the library cannot serve get \"status\": \"unsupported\".\n"
             "  --modes LIST            fwd,fwdbwd (default fwd,fwdbwd)\n"
             "  --batch N               batch (default 1)\n"
             "  --heads N               heads (default 8)\n"
-            "  --seq-q N               query length (default: the seq; e.g. 1 for decoding)\n"
+            "  --seq-q N               query length (default: the seq, 1 for decode rows)\n"
             "  --heads-kv N            key/value heads (default: the heads; fewer for GQA)\n"
             "  --page-size N           K and V in a paged cache of N keys a page, pages in\n"
             "                          shuffled order (forward only; default: contiguous)\n"

@@ -82,7 +82,10 @@ static int is_masked_bias(const bench_case *c) { return strcmp(c->variant, "mask
 static void set_variant(const bench_case *c, const bench_inputs *in, fmha_problem *p)
 {
     /* bottom-right: the same mask as top-left when Sq = Skv, decoding's when Sq < Skv */
-    p->causal = strcmp(c->variant, "causal") == 0 ? FMHA_CAUSAL_BOTTOM_RIGHT : FMHA_CAUSAL_NONE;
+    p->causal = strcmp(c->variant, "causal") == 0 || bench_is_decode(c) ? FMHA_CAUSAL_BOTTOM_RIGHT
+                                                                        : FMHA_CAUSAL_NONE;
+    if (bench_is_decode(c) && in) /* the cache's lengths: full */
+        p->masks.kv_lengths = in->kv_lengths;
     if (is_masked_bias(c) && in) {
         p->masks.kv_lengths = in->kv_lengths;
         p->biases.rel_table = in->rel_table;
@@ -287,6 +290,10 @@ int bench_inputs_init(bench_inputs *in, const bench_case *c, int with_d_o)
     in->v = malloc(in->kv_elems * sizeof(float));
     in->d_o = with_d_o ? malloc(in->o_elems * sizeof(float)) : NULL;
     int failed = !in->q || !in->k || !in->v || (with_d_o && !in->d_o);
+    if (bench_is_decode(c)) {
+        in->kv_lengths = malloc((size_t)c->batch * sizeof(int32_t));
+        failed |= !in->kv_lengths;
+    }
     if (is_masked_bias(c)) {
         in->kv_lengths = malloc((size_t)c->batch * sizeof(int32_t));
         in->rel_table = malloc((size_t)(c->heads * T5_BUCKETS) * sizeof(float));
@@ -329,7 +336,10 @@ int bench_inputs_init(bench_inputs *in, const bench_case *c, int with_d_o)
         round_to_dtype(in->kv_dtype, in->k, in->k_in, in->kv_elems);
         round_to_dtype(in->kv_dtype, in->v, in->v_in, in->kv_elems);
     }
-    if (in->kv_lengths) {
+    if (bench_is_decode(c))
+        for (int64_t b = 0; b < c->batch; b++)
+            in->kv_lengths[b] = (int32_t)c->seq;
+    if (is_masked_bias(c)) {
         for (int64_t b = 0; b < c->batch; b++)
             in->kv_lengths[b] = (int32_t)(c->seq - c->seq / 8);
         fill_uniform(in->rel_table, (size_t)(c->heads * T5_BUCKETS), &state);
@@ -470,8 +480,8 @@ json_value *bench_row_header(const bench_case *c)
     json_set_number(row, "seq", (double)c->seq);
     json_set_number(row, "heads", (double)c->heads);
     json_set_number(row, "head_dim", (double)c->head_dim);
-    if (c->seq_q)
-        json_set_number(row, "seq_q", (double)c->seq_q);
+    if (c->seq_q || bench_is_decode(c))
+        json_set_number(row, "seq_q", (double)bench_seq_q(c));
     if (c->heads_kv)
         json_set_number(row, "heads_kv", (double)c->heads_kv);
     if (c->page_size)
