@@ -8,7 +8,11 @@ broadcast inputs), through fmha plans cached per shapes, strides, dtype
 and options (_PLANS, bounded). register_autograd makes the pair
 differentiable (query, key, value, a float attn_mask, and the keywords
 alibi_slopes, rel_table and sinks); register_fake gives torch.compile the
-output shapes, so compiled graphs keep the op as one opaque call.
+output shapes, so compiled graphs keep the op as one opaque call. Plain
+eager calls run the same kernel and autograd pair without the dispatcher
+(_attention, _EagerAttention), which would cost about as much as a small
+problem's forward; compile, autocast, functorch transforms, tensor
+subclasses and dispatch modes get the op.
 
 After SDPA's own arguments, keyword-only, come the options of NumPy
 fmha.attention with the same names and meanings (segment_ids, alibi_slopes,
@@ -159,8 +163,7 @@ def _float_ptr(t):
     return None if t is None else ctypes.cast(ctypes.c_void_p(t.data_ptr()), ctypes.POINTER(ctypes.c_float))
 
 
-@torch.library.custom_op("fmha::attention", mutates_args=(), device_types="cpu")
-def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor],
+def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor],
                   mask: Optional[torch.Tensor], q_lengths: Optional[torch.Tensor],
                   kv_lengths: Optional[torch.Tensor], q_ids: Optional[torch.Tensor], kv_ids: Optional[torch.Tensor],
                   alibi: Optional[torch.Tensor], rel_table: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
@@ -187,6 +190,9 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optio
     return out, lse
 
 
+_attention_op = torch.library.custom_op("fmha::attention", mutates_args=(), device_types="cpu")(_attention_impl)
+
+
 @_attention_op.register_fake
 def _attention_fake(q, k, v, *spec):
     B, H, L, _ = q.shape
@@ -198,8 +204,7 @@ def _zeros_or_empty(t, wanted):
     return torch.zeros(t.shape, dtype=torch.float32) if wanted and t is not None else torch.empty((0,))
 
 
-@torch.library.custom_op("fmha::attention_backward", mutates_args=(), device_types="cpu")
-def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+def _attention_backward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                            lse: torch.Tensor, d_o: torch.Tensor, bias: Optional[torch.Tensor],
                            mask: Optional[torch.Tensor], q_lengths: Optional[torch.Tensor],
                            kv_lengths: Optional[torch.Tensor], q_ids: Optional[torch.Tensor],
@@ -257,6 +262,10 @@ def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o:
     return dq, dk, dv, d_bias, d_alibi, d_rel, d_sinks
 
 
+_attention_backward_op = torch.library.custom_op("fmha::attention_backward", mutates_args=(),
+                                                 device_types="cpu")(_attention_backward_impl)
+
+
 @_attention_backward_op.register_fake
 def _attention_backward_fake(q, k, v, o, lse, d_o, bias, mask, q_lengths, kv_lengths, q_ids, kv_ids, alibi,
                              rel_table, sinks, causal, scale, window, softcap, rel_options, precision, dropout_p,
@@ -286,12 +295,15 @@ def _setup_context(ctx, inputs, output):
                                          "run it under torch.no_grad() or detach its inputs")
 
 
-def _backward(ctx, d_o, d_lse):
+def _backward(ctx, d_o, d_lse, run=None):
+    """The gradients of the forward op's inputs, by `run` (default: the
+    backward op, through the dispatcher)."""
     if ctx.refused is not None:
         raise ctx.refused
     q, k, v, o, lse, *tensors = ctx.saved_tensors
     wanted = [ctx.needs_input_grad[i] and tensors[i - 3] is not None for i in _PARAM_INPUTS]
-    dq, dk, dv, *params = torch.ops.fmha.attention_backward(q, k, v, o, lse, d_o, *tensors, *ctx.options, wanted)
+    run = run or torch.ops.fmha.attention_backward
+    dq, dk, dv, *params = run(q, k, v, o, lse, d_o, *tensors, *ctx.options, wanted)
     grads = [dq, dk, dv] + [None] * (len(ctx.needs_input_grad) - 3)
     for i, w, g in zip(_PARAM_INPUTS, wanted, params):
         grads[i] = g if w else None
@@ -299,6 +311,37 @@ def _backward(ctx, d_o, d_lse):
 
 
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# Eager calls skip the dispatcher: the op's Python kernel and its autograd
+# pair run directly (the dispatcher costs about as much as a small problem's
+# whole forward). Everything else (torch.compile, autocast, functorch
+# transforms, tensor subclasses, dispatch and function modes) goes through
+# the op, whose registrations serve it.
+class _EagerAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, *inputs):
+        out, lse = _attention_impl(*inputs)
+        ctx.mark_non_differentiable(lse)
+        _setup_context(ctx, inputs, (out, lse))
+        return out, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_o, d_lse):
+        return _backward(ctx, d_o, d_lse, _attention_backward_impl)
+
+
+def _attention(*args):
+    """out, lse of torch.ops.fmha.attention(*args), eager calls without the dispatcher."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if (torch.compiler.is_compiling() or torch.is_autocast_enabled("cpu")
+            or torch._C._are_functorch_transforms_active() or torch._C._len_torch_dispatch_stack()
+            or torch._C._is_torch_function_mode_enabled() or any(type(t) is not torch.Tensor for t in tensors)):
+        return torch.ops.fmha.attention(*args)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return _EagerAttention.apply(*args)
+    return _attention_impl(*args)
 
 
 # Autocast on CPU: like PyTorch's SDPA (a lower-precision op), the fmha ops
@@ -436,8 +479,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if block_table is None and (tuple(key.shape[:-3]) != lead or tuple(value.shape[:-3]) != lead):
         raise ValueError(f"fmha.torch: query, key and value must share their leading dims, got shapes "
                          f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
-    q, k, v = (t.reshape((math.prod(t.shape[:-3]),) + (1,) * max(0, 3 - nd) + tuple(t.shape[-min(nd, 3):]))
-               for t in (query, key, value))
+    if nd == 4:  # [B, H, L, E] as it is
+        q, k, v = query, key, value
+    else:
+        q, k, v = (t.reshape((math.prod(t.shape[:-3]),) + (1,) * max(0, 3 - nd) + tuple(t.shape[-min(nd, 3):]))
+                   for t in (query, key, value))
     B, H, L, E = q.shape
     if k.shape[3] != E or v.shape[:3] != k.shape[:3]:
         raise ValueError(f"fmha.torch: inconsistent shapes query {tuple(query.shape)}, key {tuple(key.shape)}, "
@@ -512,11 +558,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         sink = _float32_param(sinks, (H,), "sinks (one logit per query head)")
         if not bool(torch.isfinite(sink).all()):
             raise ValueError("fmha.torch: sinks must be finite")
-    out, _ = torch.ops.fmha.attention(q, k, v, bias, mask, ql, kl, q_ids, kv_ids, alibi, rel, sink, causal,
-                                      float(scale), window, softcap or 0.0,
-                                      [int(rel_max_distance), int(bool(rel_bidirectional))],
-                                      api.PRECISIONS[precision], dropout_p, dropout_seed, dropout_offset, table)
-    return out.reshape(tuple(query.shape[:-1]) + (v.shape[3],))
+    out, _ = _attention(q, k, v, bias, mask, ql, kl, q_ids, kv_ids, alibi, rel, sink, causal, float(scale), window,
+                        softcap or 0.0, [int(rel_max_distance), int(bool(rel_bidirectional))],
+                        api.PRECISIONS[precision], dropout_p, dropout_seed, dropout_offset, table)
+    return out if nd == 4 else out.reshape(tuple(query.shape[:-1]) + (v.shape[3],))
 
 
 # ---- transformers ---------------------------------------------------------------------------

@@ -144,6 +144,50 @@ def test_compile_and_opcheck():
 
 
 @needs_torch
+def test_eager_calls_match_the_op_and_modes_see_the_op():
+    """Eager calls run the op's kernel and autograd pair without the
+    dispatcher: the same bits as the op (forward and gradients, with a
+    float mask's gradient too); under a dispatch mode the call goes through
+    the op, which the mode sees; a second derivative is refused."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = rnd(gen, 2, 4, 9, 8), rnd(gen, 2, 2, 13, 8), rnd(gen, 2, 2, 13, 8)
+    bias = rnd(gen, 2, 1, 9, 13)
+    d_o = rnd(gen, 2, 4, 9, 8)
+    eager = run(FT.scaled_dot_product_attention, q, k, v, d_o, bias, is_causal=True, enable_gqa=True)
+    run_attention = FT._attention
+    FT._attention = torch.ops.fmha.attention  # every call through the dispatcher
+    try:
+        via_op = run(FT.scaled_dot_product_attention, q, k, v, d_o, bias, is_causal=True, enable_gqa=True)
+    finally:
+        FT._attention = run_attention
+    assert torch.equal(eager[0], via_op[0])
+    for a, b in zip(eager[1], via_op[1]):
+        assert torch.equal(a, b)
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Record() as mode, torch.no_grad():
+        out = FT.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    assert any("fmha.attention" in name for name in mode.ops), mode.ops
+    assert torch.equal(out, FT.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = FT.scaled_dot_product_attention(*leaves, enable_gqa=True)
+    (g,) = torch.autograd.grad(out.square().sum(), leaves[:1], create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(g.sum(), leaves[:1])
+
+
+@needs_torch
 def test_errors():
     gen = torch.Generator().manual_seed(5)
     q, k, v = rnd(gen, 1, 4, 8, 8), rnd(gen, 1, 2, 8, 8), rnd(gen, 1, 2, 8, 8)
