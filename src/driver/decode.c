@@ -5,11 +5,13 @@
  * task fills one lane of NR and reads K and V once per query head. Here the
  * rows of one kv head (its group of query heads x the Sq queries, row
  * rho = i * group + g) are served together from one pass over that head's K
- * and V, streamed from the caller's memory (2-byte caches are widened one
- * tile at a time, in cache), with keys in the vector lanes. When the cache
- * interleaves the kv heads within a key ([B, S, H, D]), a unit serves
- * several kv heads and runs each tile over all of them, so that it reads
- * whole pages in order.
+ * and V, streamed from the caller's memory (2-byte caches are widened a
+ * sub-block at a time, in cache), with keys in the vector lanes. When the
+ * cache interleaves the kv heads within a key ([B, S, H, D]), a unit serves
+ * several kv heads, and a tile's scores and values run in sub-blocks of
+ * DEC_SUB keys, every head of a sub-block in turn, so that memory is read
+ * in address order (head by head over a whole tile, each key row of 4 KiB
+ * was read 512 bytes at a time, 32 pages apart: half the stream's speed).
  *
  * Split-KV: the keys are cut into dec_splits chunks of dec_chunk keys, a
  * count fixed by the problem's shape (never by the thread count). A task
@@ -27,11 +29,11 @@
  * dims or no decode kernels run on the tiled forward (fmha_decode_plan).
  *
  * Paged caches (block_table): key j's row is found through the table
- * (dec_key_at). A tile inside one page is read in place as from a
- * contiguous cache; a tile that crosses pages (page sizes below or not a
- * multiple of the tile) is first gathered row by row into the scratch the
- * 2-byte caches widen into. Either way the kernels see the same values in
- * the same order, so a paged cache gives the contiguous cache's bits. */
+ * (dec_key_at). A sub-block inside one page is read in place as from a
+ * contiguous cache; one that crosses pages (page sizes not a multiple of
+ * DEC_SUB) is first gathered into the scratch the 2-byte caches widen into
+ * (dec_rows). Either way the kernels see the same values in the same order,
+ * so a paged cache gives the contiguous cache's bits. */
 #include <math.h>
 #include <string.h>
 
@@ -42,6 +44,12 @@
 /* Most rows of one kv head served from one pass over its K and V, keys per
  * tile, and most rows (all heads) of a unit. */
 enum { DEC_MAX_ROWS = 32, DEC_TILE = 32, DEC_MAX_UNIT_ROWS = 256 };
+
+/* Keys a sub-block: a tile's scores and values run sub-block by sub-block,
+ * every head of the unit in turn, so that a cache interleaving the kv heads
+ * is read in address order; pages of a multiple of DEC_SUB keys are read in
+ * place. The most heads of a unit. */
+enum { DEC_SUB = 16, DEC_MAX_HEADS = DEC_MAX_UNIT_ROWS };
 
 /* Crossover: queries at most DEC_MAX_SQ and keys at least DEC_MIN_KV_PER_Q
  * per query. Measured with fmha-bench (B = 1, Hq = 32, D = 128, float32,
@@ -118,12 +126,12 @@ int fmha_decode_plan(fmha_plan *plan) {
 }
 
 /* One thread's scratch:
- *   qf [heads][rows][D] float32 query rows, s [rows][TILE] scores / P,
- *   kf [heads][TILE][D], vf [heads][TILE][Dv] staged tiles (2-byte dtypes, paged caches),
- *   alpha [rows], lo/hi [rows] each row's visible keys [lo, hi),
- *   acc [Dv] the merge's sum */
+ *   qf [heads][rows][D] float32 query rows, s [heads][rows][TILE] scores / P,
+ *   kf [heads][SUB][D], vf [heads][SUB][Dv] staged sub-blocks (2-byte dtypes, paged caches),
+ *   alpha [heads][rows] the tile's rescale, ones [rows] 1s, lo/hi [rows] each
+ *   row's visible keys [lo, hi), acc [Dv] the merge's sum */
 typedef struct dec_scratch {
-    float *qf, *s, *kf, *vf, *alpha, *acc;
+    float *qf, *s, *kf, *vf, *alpha, *ones, *acc;
     int64_t *lo, *hi;
 } dec_scratch;
 
@@ -138,11 +146,12 @@ static void dec_carve(const fmha_plan *plan, fmha_carver *c, dec_scratch *s) {
     /* tiles staged in scratch: widened 2-byte caches, tiles that cross pages */
     int wide = plan->kv_dtype != FMHA_DTYPE_F32 || plan->p.block_table;
     s->qf = fmha_carve(c, (size_t)plan->dec_heads * rows * D * sizeof(float));
-    s->s = fmha_carve(c, rows * DEC_TILE * sizeof(float));
     size_t heads = (size_t)plan->dec_heads;
-    s->kf = fmha_carve(c, wide ? heads * DEC_TILE * D * sizeof(float) : 0);
-    s->vf = fmha_carve(c, wide ? heads * DEC_TILE * Dv * sizeof(float) : 0);
-    s->alpha = fmha_carve(c, rows * sizeof(float));
+    s->s = fmha_carve(c, heads * rows * DEC_TILE * sizeof(float));
+    s->kf = fmha_carve(c, wide ? heads * DEC_SUB * D * sizeof(float) : 0);
+    s->vf = fmha_carve(c, wide ? heads * DEC_SUB * Dv * sizeof(float) : 0);
+    s->alpha = fmha_carve(c, heads * rows * sizeof(float));
+    s->ones = fmha_carve(c, rows * sizeof(float));
     s->lo = fmha_carve(c, rows * sizeof(int64_t));
     s->hi = fmha_carve(c, rows * sizeof(int64_t));
     s->acc = fmha_carve(c, Dv * sizeof(float));
@@ -197,6 +206,38 @@ static void dec_row_range(const fmha_plan *plan, int64_t b, int64_t i, int64_t *
     *hi = end > first ? end : first;
 }
 
+/* The rows of keys [k0, k0 + nj) of K or V (x, strides st, rows of len
+ * elements), heads [hk0, hk0 + heads), as the kernels read them: rows[hh]
+ * for head hk0 + hh, rows ld floats apart (returned). float32 rows inside
+ * one page are read in place; the rest is staged into buf [nj][heads][len]
+ * (widened from a 2-byte cache, gathered across pages) in address order:
+ * the whole sub-block in one run when it is one in memory (the unit's heads
+ * and the keys adjacent, one page), else key by key, or row by row. */
+static size_t dec_rows(const dec_ctx *c, const int64_t *st, const void *x, int64_t len, int64_t b, int64_t hk0,
+                       int64_t heads, int64_t k0, int64_t nj, float *buf, const float **rows) {
+    const fmha_plan *plan = c->plan;
+    const fmha_problem *p = &plan->p;
+    const fmha_dtype t = plan->kv_dtype;
+    const int one_page = dec_one_page(p, k0, nj);
+    if (t == FMHA_DTYPE_F32 && one_page) {
+        for (int64_t hh = 0; hh < heads; hh++) rows[hh] = (const float *)x + dec_key_at(p, st, b, hk0 + hh, k0);
+        return (size_t)st[1];
+    }
+    fmha_widen_ukernel_fn widen = t == FMHA_DTYPE_BF16 ? plan->uk->widen_bf16 : plan->uk->widen_f16;
+    const int64_t w = heads * len; /* one staged key */
+    const int heads_adjacent = heads == 1 || st[2] == len;
+    if (heads_adjacent && st[1] == w && one_page)
+        dec_stage_row(t, widen, nj * w, x, dec_key_at(p, st, b, hk0, k0), buf);
+    else if (heads_adjacent)
+        for (int64_t j = 0; j < nj; j++) dec_stage_row(t, widen, w, x, dec_key_at(p, st, b, hk0, k0 + j), buf + j * w);
+    else
+        for (int64_t j = 0; j < nj; j++)
+            for (int64_t hh = 0; hh < heads; hh++)
+                dec_stage_row(t, widen, len, x, dec_key_at(p, st, b, hk0 + hh, k0 + j), buf + j * w + hh * len);
+    for (int64_t hh = 0; hh < heads; hh++) rows[hh] = buf + hh * len;
+    return (size_t)w;
+}
+
 static void dec_split_task(void *vctx, size_t task, int thread) {
     const dec_ctx *c = vctx;
     const fmha_plan *plan = c->plan;
@@ -248,55 +289,43 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
         }
 
     const int64_t *ks = p->k_strides, *vs = p->v_strides;
-    const fmha_dtype kvt = plan->kv_dtype;
-    const size_t esize = fmha_dtype_size(kvt);
-    fmha_widen_ukernel_fn widen = kvt == FMHA_DTYPE_BF16 ? uk->widen_bf16 : uk->widen_f16;
     long long computed = 0;
+    const int64_t sub = DEC_SUB;
+    for (int64_t r = 0; r < rows; r++) s.ones[r] = 1.0f;
     for (int64_t k0 = kb; k0 < ke; k0 += DEC_TILE) {
         int64_t nk = ke - k0 < DEC_TILE ? ke - k0 : DEC_TILE;
-        /* f32 tiles inside one page are read in place; the rest is staged
-         * (widened, or gathered across pages), the tile's heads in memory order */
-        int in_place = kvt == FMHA_DTYPE_F32 && dec_one_page(p, k0, nk);
-        if (!in_place)
-            for (int64_t j = 0; j < nk; j++)
-                for (int64_t hh = 0; hh < heads; hh++) {
-                    const int64_t hk = hk0 + hh;
-                    dec_stage_row(kvt, widen, D, c->k, dec_key_at(p, ks, b, hk, k0 + j),
-                                  s.kf + (hh * DEC_TILE + j) * D);
-                    dec_stage_row(kvt, widen, Dv, c->v, dec_key_at(p, vs, b, hk, k0 + j),
-                                  s.vf + (hh * DEC_TILE + j) * Dv);
-                }
+        /* K and V one sub-block at a time: in place, or staged (dec_rows) */
+        const float *rows_of[DEC_MAX_HEADS];
+        /* scores: keys in sub-blocks, every head of a sub-block in turn,
+         * so that a cache interleaving the heads is read in address order */
+        for (int64_t j0 = 0; j0 < nk; j0 += sub) {
+            const int64_t nj = nk - j0 < sub ? nk - j0 : sub;
+            size_t ld = dec_rows(c, ks, c->k, D, b, hk0, heads, k0 + j0, nj, s.kf, rows_of);
+            for (int64_t hh = 0; hh < heads; hh++)
+                uk->decode_scores_f32((size_t)n, (size_t)nj, (size_t)D, s.qf + hh * rows * D, (size_t)D,
+                                      rows_of[hh], ld, s.s + hh * rows * DEC_TILE + j0, DEC_TILE, plan->scale);
+        }
         for (int64_t hh = 0; hh < heads; hh++) {
-            const int64_t hk = hk0 + hh;
-            const float *kt, *vt;
-            size_t ldk, ldv;
-            if (in_place) {
-                const char *kbase = (const char *)c->k + (size_t)dec_key_at(p, ks, b, hk, k0) * esize;
-                const char *vbase = (const char *)c->v + (size_t)dec_key_at(p, vs, b, hk, k0) * esize;
-                kt = (const float *)kbase;
-                vt = (const float *)vbase;
-                ldk = (size_t)ks[1];
-                ldv = (size_t)vs[1];
-            } else {
-                kt = s.kf + hh * DEC_TILE * D;
-                vt = s.vf + hh * DEC_TILE * Dv;
-                ldk = (size_t)D;
-                ldv = (size_t)Dv;
-            }
-            float *hm = pm + hh * rows, *hl = pl + hh * rows, *ho = po + hh * rows * Dv;
-            uk->decode_scores_f32((size_t)n, (size_t)nk, (size_t)D, s.qf + hh * rows * D, (size_t)D, kt,
-                                  ldk, s.s, DEC_TILE, plan->scale);
+            float *sh = s.s + hh * rows * DEC_TILE;
             /* -inf outside each row's keys */
             for (int64_t r = 0; r < n; r++) {
-                float *row = s.s + r * DEC_TILE;
+                float *row = sh + r * DEC_TILE;
                 for (int64_t j = 0; j < nk && k0 + j < s.lo[r]; j++) row[j] = -INFINITY;
                 for (int64_t j = s.hi[r] - k0 > 0 ? s.hi[r] - k0 : 0; j < nk; j++) row[j] = -INFINITY;
             }
-            uk->decode_softmax_f32((size_t)n, (size_t)nk, s.s, DEC_TILE, hm, hl, s.alpha);
-            uk->decode_values_f32((size_t)n, (size_t)nk, (size_t)Dv, s.s, DEC_TILE, vt, ldv, ho,
-                                  (size_t)Dv, s.alpha);
-            computed++;
+            uk->decode_softmax_f32((size_t)n, (size_t)nk, sh, DEC_TILE, pm + hh * rows, pl + hh * rows,
+                                   s.alpha + hh * rows);
         }
+        /* values in the same order; the first sub-block rescales O by alpha */
+        for (int64_t j0 = 0; j0 < nk; j0 += sub) {
+            const int64_t nj = nk - j0 < sub ? nk - j0 : sub;
+            size_t ld = dec_rows(c, vs, c->v, Dv, b, hk0, heads, k0 + j0, nj, s.vf, rows_of);
+            for (int64_t hh = 0; hh < heads; hh++)
+                uk->decode_values_f32((size_t)n, (size_t)nj, (size_t)Dv, s.s + hh * rows * DEC_TILE + j0, DEC_TILE,
+                                      rows_of[hh], ld, po + hh * rows * Dv, (size_t)Dv,
+                                      j0 == 0 ? s.alpha + hh * rows : s.ones);
+        }
+        computed += heads;
     }
     fmha_tiles_count(computed);
 }
