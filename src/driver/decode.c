@@ -208,21 +208,28 @@ static void dec_row_range(const fmha_plan *plan, int64_t b, int64_t i, int64_t *
 
 /* The rows of keys [k0, k0 + nj) of K or V (x, strides st, rows of len
  * elements), heads [hk0, hk0 + heads), as the kernels read them: rows[hh]
- * for head hk0 + hh, rows ld floats apart (returned). float32 rows inside
- * one page are read in place; the rest is staged into buf [nj][heads][len]
- * (widened from a 2-byte cache, gathered across pages) in address order:
- * the whole sub-block in one run when it is one in memory (the unit's heads
- * and the keys adjacent, one page), else key by key, or row by row. */
+ * for head hk0 + hh, rows ld elements apart (returned). Rows inside one page
+ * are read in place: float32, or 2-byte rows where the ISA has kernels for
+ * them (*wide = 0; else 1). The rest is staged into buf [nj][heads][len]
+ * float32 (widened from a 2-byte cache, gathered across pages) in address
+ * order: the whole sub-block in one run when it is one in memory (the
+ * unit's heads and the keys adjacent, one page), else key by key, or row by
+ * row. */
 static size_t dec_rows(const dec_ctx *c, const int64_t *st, const void *x, int64_t len, int64_t b, int64_t hk0,
-                       int64_t heads, int64_t k0, int64_t nj, float *buf, const float **rows) {
+                       int64_t heads, int64_t k0, int64_t nj, int h16_kernels, float *buf, const void **rows,
+                       int *wide) {
     const fmha_plan *plan = c->plan;
     const fmha_problem *p = &plan->p;
     const fmha_dtype t = plan->kv_dtype;
     const int one_page = dec_one_page(p, k0, nj);
-    if (t == FMHA_DTYPE_F32 && one_page) {
-        for (int64_t hh = 0; hh < heads; hh++) rows[hh] = (const float *)x + dec_key_at(p, st, b, hk0 + hh, k0);
+    *wide = t != FMHA_DTYPE_F32;
+    if (one_page && (t == FMHA_DTYPE_F32 || h16_kernels)) {
+        const size_t esize = fmha_dtype_size(t);
+        for (int64_t hh = 0; hh < heads; hh++)
+            rows[hh] = (const char *)x + (size_t)dec_key_at(p, st, b, hk0 + hh, k0) * esize;
         return (size_t)st[1];
     }
+    *wide = 0;
     fmha_widen_ukernel_fn widen = t == FMHA_DTYPE_BF16 ? plan->uk->widen_bf16 : plan->uk->widen_f16;
     const int64_t w = heads * len; /* one staged key */
     const int heads_adjacent = heads == 1 || st[2] == len;
@@ -291,19 +298,36 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
     const int64_t *ks = p->k_strides, *vs = p->v_strides;
     long long computed = 0;
     const int64_t sub = DEC_SUB;
+    /* the ISA's kernels for a 2-byte cache read in place, if any */
+    const fmha_dtype kvt = plan->kv_dtype;
+    const fmha_h16_decode_scores_ukernel_fn scores16 = kvt == FMHA_DTYPE_BF16  ? uk->decode_scores_bf16kv
+                                                       : kvt == FMHA_DTYPE_F16 ? uk->decode_scores_f16kv
+                                                                               : NULL;
+    const fmha_h16_decode_values_ukernel_fn values16 = kvt == FMHA_DTYPE_BF16  ? uk->decode_values_bf16kv
+                                                       : kvt == FMHA_DTYPE_F16 ? uk->decode_values_f16kv
+                                                                               : NULL;
+    const int h16 = scores16 && values16;
     for (int64_t r = 0; r < rows; r++) s.ones[r] = 1.0f;
     for (int64_t k0 = kb; k0 < ke; k0 += DEC_TILE) {
         int64_t nk = ke - k0 < DEC_TILE ? ke - k0 : DEC_TILE;
         /* K and V one sub-block at a time: in place, or staged (dec_rows) */
-        const float *rows_of[DEC_MAX_HEADS];
+        const void *rows_of[DEC_MAX_HEADS];
+        int wide;
         /* scores: keys in sub-blocks, every head of a sub-block in turn,
          * so that a cache interleaving the heads is read in address order */
         for (int64_t j0 = 0; j0 < nk; j0 += sub) {
             const int64_t nj = nk - j0 < sub ? nk - j0 : sub;
-            size_t ld = dec_rows(c, ks, c->k, D, b, hk0, heads, k0 + j0, nj, s.kf, rows_of);
-            for (int64_t hh = 0; hh < heads; hh++)
-                uk->decode_scores_f32((size_t)n, (size_t)nj, (size_t)D, s.qf + hh * rows * D, (size_t)D,
-                                      rows_of[hh], ld, s.s + hh * rows * DEC_TILE + j0, DEC_TILE, plan->scale);
+            size_t ld = dec_rows(c, ks, c->k, D, b, hk0, heads, k0 + j0, nj, h16, s.kf, rows_of, &wide);
+            for (int64_t hh = 0; hh < heads; hh++) {
+                const float *qh = s.qf + hh * rows * D;
+                float *sh = s.s + hh * rows * DEC_TILE + j0;
+                if (wide)
+                    scores16((size_t)n, (size_t)nj, (size_t)D, qh, (size_t)D, rows_of[hh], ld, sh, DEC_TILE,
+                             plan->scale);
+                else
+                    uk->decode_scores_f32((size_t)n, (size_t)nj, (size_t)D, qh, (size_t)D, rows_of[hh], ld, sh,
+                                          DEC_TILE, plan->scale);
+            }
         }
         for (int64_t hh = 0; hh < heads; hh++) {
             float *sh = s.s + hh * rows * DEC_TILE;
@@ -319,11 +343,16 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
         /* values in the same order; the first sub-block rescales O by alpha */
         for (int64_t j0 = 0; j0 < nk; j0 += sub) {
             const int64_t nj = nk - j0 < sub ? nk - j0 : sub;
-            size_t ld = dec_rows(c, vs, c->v, Dv, b, hk0, heads, k0 + j0, nj, s.vf, rows_of);
-            for (int64_t hh = 0; hh < heads; hh++)
-                uk->decode_values_f32((size_t)n, (size_t)nj, (size_t)Dv, s.s + hh * rows * DEC_TILE + j0, DEC_TILE,
-                                      rows_of[hh], ld, po + hh * rows * Dv, (size_t)Dv,
-                                      j0 == 0 ? s.alpha + hh * rows : s.ones);
+            size_t ld = dec_rows(c, vs, c->v, Dv, b, hk0, heads, k0 + j0, nj, h16, s.vf, rows_of, &wide);
+            for (int64_t hh = 0; hh < heads; hh++) {
+                const float *ph = s.s + hh * rows * DEC_TILE + j0, *ah = j0 == 0 ? s.alpha + hh * rows : s.ones;
+                float *oh = po + hh * rows * Dv;
+                if (wide)
+                    values16((size_t)n, (size_t)nj, (size_t)Dv, ph, DEC_TILE, rows_of[hh], ld, oh, (size_t)Dv, ah);
+                else
+                    uk->decode_values_f32((size_t)n, (size_t)nj, (size_t)Dv, ph, DEC_TILE, rows_of[hh], ld, oh,
+                                          (size_t)Dv, ah);
+            }
         }
         computed += heads;
     }

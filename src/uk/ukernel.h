@@ -122,8 +122,9 @@ typedef void (*fmha_bf16_pair_rows_split_ukernel_fn)(const float *a, const float
  * A decode step serves a few query rows (the query heads of one key/value
  * head times the query positions) from one pass over K and V, so the lanes
  * run over keys (scores) and over the value dimension (the output), never
- * over queries. K and V rows are float32 with contiguous elements (2-byte
- * caches are widened tile by tile first, see fmha_widen_ukernel_fn). */
+ * over queries. K and V rows have contiguous elements: float32, or a
+ * 2-byte cache read in place by the h16 kernels below where the ISA has
+ * them (else widened first, see fmha_widen_ukernel_fn). */
 
 /* s[r][j] = scale * sum_e q[r * ldq + e] * k[j * ldk + e]
  * for r < rows, j < nk, e < d. scale multiplies the finished dot product. */
@@ -148,6 +149,17 @@ typedef void (*fmha_f32_decode_values_ukernel_fn)(size_t rows, size_t nk, size_t
 /* dst[i] = src[i] widened to float32 (bf16 or IEEE half), i < n; exact (a
  * NaN stays a NaN, possibly quieted). */
 typedef void (*fmha_widen_ukernel_fn)(size_t n, const uint16_t *src, float *dst);
+
+/* The scores and values kernels over K or V rows of a 2-byte cache (bf16 or
+ * IEEE half, one kernel each), read in place and widened in registers: the
+ * same bits as the ISA's float32 kernel on the widened rows (ldk, ldv count
+ * elements). */
+typedef void (*fmha_h16_decode_scores_ukernel_fn)(size_t rows, size_t nk, size_t d, const float *q,
+                                                  size_t ldq, const uint16_t *k, size_t ldk, float *s,
+                                                  size_t lds, float scale);
+typedef void (*fmha_h16_decode_values_ukernel_fn)(size_t rows, size_t nk, size_t dv, const float *p,
+                                                  size_t ldp, const uint16_t *v, size_t ldv, float *o,
+                                                  size_t ldo, const float *alpha);
 
 /* Dropout on a score tile S^T (rows = keys, lanes = queries), in place:
  *   s[r][i] *= keep(counter[i] + r) ? scale : 0   for r < rows, i < lanes
@@ -196,6 +208,10 @@ typedef struct fmha_ukernels {
     fmha_f32_decode_values_ukernel_fn decode_values_f32;
     fmha_widen_ukernel_fn widen_bf16;
     fmha_widen_ukernel_fn widen_f16;
+    /* 2-byte caches read in place (optional: without them, rows are widened
+     * into scratch first) */
+    fmha_h16_decode_scores_ukernel_fn decode_scores_bf16kv, decode_scores_f16kv;
+    fmha_h16_decode_values_ukernel_fn decode_values_bf16kv, decode_values_f16kv;
     /* Dropout (any lanes; an ISA without one uses the scalar kernel). */
     fmha_f32_dropout_ukernel_fn dropout_f32;
 } fmha_ukernels;

@@ -118,6 +118,46 @@ static void test_kernels(const fmha_ukernels *uk) {
     free(bits), free(w1), free(w2);
 }
 
+/* The kernels over 2-byte K and V rows read in place: the bits of the same
+ * ISA's float32 kernels on the widened rows (random finite values, every
+ * row count and tail). */
+static void test_h16_kernels(const fmha_ukernels *uk) {
+    for (int t = 0; t < 2; t++) {
+        fmha_h16_decode_scores_ukernel_fn scores = t ? uk->decode_scores_f16kv : uk->decode_scores_bf16kv;
+        fmha_h16_decode_values_ukernel_fn values = t ? uk->decode_values_f16kv : uk->decode_values_bf16kv;
+        fmha_widen_ukernel_fn widen = t ? fmha_widen_f16__scalar : fmha_widen_bf16__scalar;
+        if (!scores || !values) continue;
+        for (int c = 0; c < 24; c++) {
+            size_t rows = (size_t)tu_int(1, 32), nk = (size_t)tu_int(1, 40), d = (size_t)tu_int(1, 200);
+            size_t ld = d + (size_t)tu_int(0, 5), lds = nk + 1;
+            /* q, o [rows][d]; k16 [nk][ld] 2-byte rows and kw their float32 widening; s, p [rows][lds] */
+            float *q = malloc(rows * d * sizeof(float)), *kw = malloc(nk * ld * sizeof(float));
+            float *s1 = malloc(rows * lds * sizeof(float)), *s2 = malloc(rows * lds * sizeof(float));
+            float *o1 = malloc(rows * d * sizeof(float)), *o2 = malloc(rows * d * sizeof(float));
+            float alpha[32];
+            uint16_t *k16 = malloc(nk * ld * sizeof(uint16_t));
+            tu_fill(q, rows * d, -1, 1);
+            tu_fill(kw, nk * ld, -1, 1);
+            for (size_t i = 0; i < nk * ld; i++) k16[i] = t ? fmha_f32_to_f16(kw[i]) : fmha_f32_to_bf16(kw[i]);
+            widen(nk * ld, k16, kw);
+            tu_fill(s1, rows * lds, 0, 1);
+            memcpy(s2, s1, rows * lds * sizeof(float));
+            tu_fill(o1, rows * d, -1, 1);
+            memcpy(o2, o1, rows * d * sizeof(float));
+            tu_fill(alpha, rows, 0, 1);
+            uk->decode_scores_f32(rows, nk, d, q, d, kw, ld, s1, lds, 0.3f);
+            scores(rows, nk, d, q, d, k16, ld, s2, lds, 0.3f);
+            tu_check(!memcmp(s1, s2, rows * lds * sizeof(float)), "%s %s decode scores: not the float32 bits",
+                     uk->isa, t ? "f16" : "bf16");
+            uk->decode_values_f32(rows, nk, d, s1, lds, kw, ld, o1, d, alpha);
+            values(rows, nk, d, s1, lds, k16, ld, o2, d, alpha);
+            tu_check(!memcmp(o1, o2, rows * d * sizeof(float)), "%s %s decode values: not the float32 bits",
+                     uk->isa, t ? "f16" : "bf16");
+            free(q), free(kw), free(s1), free(s2), free(o1), free(o2), free(k16);
+        }
+    }
+}
+
 /* ---- shapes against the reference ---- */
 
 typedef struct dec_case {
@@ -611,6 +651,7 @@ int main(void) {
     for (size_t ii = 0; ii < sizeof isa_names / sizeof *isa_names; ii++) {
         const fmha_ukernels *uk = fmha_cpu_kernels_for(isa_names[ii]);
         if (uk) test_kernels(uk);
+        if (uk) test_h16_kernels(uk);
     }
     test_fallbacks();
     fmha_cpu_force_isa(isa_default);

@@ -37,17 +37,45 @@ FMHA_INLINE __m512 reduce16(__m512 a[16]) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
 }
 
+/* The element type of K or V rows: float32, or a 2-byte cache widened in
+ * registers (bf16: the bits shifted up; half: vcvtph2ps). Widening is exact,
+ * so every kind runs the float32 arithmetic on the same values. */
+enum { KV_F32, KV_BF16, KV_F16 };
+
+FMHA_INLINE __m512 widen_kv(const int kind, __m256i h) {
+    if (kind == KV_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+/* 16 elements of a row (x, element e on). */
+FMHA_INLINE __m512 load_kv(const int kind, const void *x, size_t e) {
+    if (kind == KV_F32) return _mm512_loadu_ps((const float *)x + e);
+    return widen_kv(kind, _mm256_loadu_si256((const __m256i *)((const uint16_t *)x + e)));
+}
+
+/* The same, only the lanes of m (the others 0). */
+FMHA_INLINE __m512 maskz_load_kv(const int kind, __mmask16 m, const void *x, size_t e) {
+    if (kind == KV_F32) return _mm512_maskz_loadu_ps(m, (const float *)x + e);
+    return widen_kv(kind, _mm256_maskz_loadu_epi16(m, (const uint16_t *)x + e));
+}
+
+/* Row r of x (rows ld elements apart). */
+FMHA_INLINE const void *row_at(const int kind, const void *x, size_t r, size_t ld) {
+    return (const char *)x + r * ld * (kind == KV_F32 ? sizeof(float) : sizeof(uint16_t));
+}
+
 /* Scores of R rows x (16 / R) keys (R = 1, 2 or 4): 16 accumulators, one
  * per (row, key), so that each K vector loaded feeds R FMAs and each query
  * vector 16 / R. The reduction leaves row r's keys in lanes
  * [r * 16 / R, (r + 1) * 16 / R). nr <= R rows and nj <= 16 / R keys are
  * stored; the rest repeat the last row or key. */
-FMHA_INLINE void scores_block(const int R, size_t nr, size_t nj, size_t d, const float *q, size_t ldq,
-                              const float *k, size_t ldk, float *s, size_t lds, __m512 sv) {
+FMHA_INLINE void scores_block(const int kind, const int R, size_t nr, size_t nj, size_t d, const float *q,
+                              size_t ldq, const void *k, size_t ldk, float *s, size_t lds, __m512 sv) {
     const int J = 16 / R;
-    const float *qr[4], *kr[16];
+    const float *qr[4];
+    const void *kr[16];
     for (int r = 0; r < R; r++) qr[r] = q + ((size_t)r < nr ? (size_t)r : nr - 1) * ldq;
-    for (int jj = 0; jj < J; jj++) kr[jj] = k + ((size_t)jj < nj ? (size_t)jj : nj - 1) * ldk;
+    for (int jj = 0; jj < J; jj++) kr[jj] = row_at(kind, k, (size_t)jj < nj ? (size_t)jj : nj - 1, ldk);
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int x = 0; x < 16; x++) acc[x] = _mm512_setzero_ps();
@@ -58,7 +86,7 @@ FMHA_INLINE void scores_block(const int R, size_t nr, size_t nj, size_t d, const
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) qv[r] = _mm512_loadu_ps(qr[r] + e);
 #pragma GCC unroll 16
-        for (int jj = 0; jj < J; jj++) kv[jj] = _mm512_loadu_ps(kr[jj] + e);
+        for (int jj = 0; jj < J; jj++) kv[jj] = load_kv(kind, kr[jj], e);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++)
 #pragma GCC unroll 16
@@ -70,7 +98,7 @@ FMHA_INLINE void scores_block(const int R, size_t nr, size_t nj, size_t d, const
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) qv[r] = _mm512_maskz_loadu_ps(tail, qr[r] + e);
 #pragma GCC unroll 16
-        for (int jj = 0; jj < J; jj++) kv[jj] = _mm512_maskz_loadu_ps(tail, kr[jj] + e);
+        for (int jj = 0; jj < J; jj++) kv[jj] = maskz_load_kv(kind, tail, kr[jj], e);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++)
 #pragma GCC unroll 16
@@ -95,32 +123,46 @@ FMHA_INLINE void scores_block(const int R, size_t nr, size_t nj, size_t d, const
  * or 3 rows as 4 x 4 with a repeated row), except for 2 rows (2 x 8) and 1
  * (1 x 16). Measured on Zen 5 (D = 128, 32 keys, data in L1): 4 rows cost
  * 2.7x 1 row. */
-void fmha_f32_decode_scores__avx512(size_t rows, size_t nk, size_t d, const float *q, size_t ldq,
-                                    const float *k, size_t ldk, float *s, size_t lds, float scale) {
+FMHA_INLINE void decode_scores(const int kind, size_t rows, size_t nk, size_t d, const float *q, size_t ldq,
+                               const void *k, size_t ldk, float *s, size_t lds, float scale) {
     const __m512 sv = _mm512_set1_ps(scale);
     if (rows >= 3) {
         for (size_t j0 = 0; j0 < nk; j0 += 4) {
             const size_t nj = nk - j0 < 4 ? nk - j0 : 4;
+            const void *kb = row_at(kind, k, j0, ldk);
             for (size_t r0 = 0; r0 < rows; r0 += 4) {
                 const size_t nr = rows - r0 < 4 ? rows - r0 : 4;
                 if (nr >= 3)
-                    scores_block(4, nr, nj, d, q + r0 * ldq, ldq, k + j0 * ldk, ldk, s + r0 * lds + j0, lds, sv);
+                    scores_block(kind, 4, nr, nj, d, q + r0 * ldq, ldq, kb, ldk, s + r0 * lds + j0, lds, sv);
                 else
                     for (size_t r = r0; r < rows; r++)
-                        scores_block(1, 1, nj, d, q + r * ldq, ldq, k + j0 * ldk, ldk, s + r * lds + j0, lds, sv);
+                        scores_block(kind, 1, 1, nj, d, q + r * ldq, ldq, kb, ldk, s + r * lds + j0, lds, sv);
             }
         }
     } else if (rows == 2) {
-        for (size_t j0 = 0; j0 < nk; j0 += 8) {
-            const size_t nj = nk - j0 < 8 ? nk - j0 : 8;
-            scores_block(2, 2, nj, d, q, ldq, k + j0 * ldk, ldk, s + j0, lds, sv);
-        }
+        for (size_t j0 = 0; j0 < nk; j0 += 8)
+            scores_block(kind, 2, 2, nk - j0 < 8 ? nk - j0 : 8, d, q, ldq, row_at(kind, k, j0, ldk), ldk, s + j0,
+                         lds, sv);
     } else if (rows == 1) {
-        for (size_t j0 = 0; j0 < nk; j0 += 16) {
-            const size_t nj = nk - j0 < 16 ? nk - j0 : 16;
-            scores_block(1, 1, nj, d, q, ldq, k + j0 * ldk, ldk, s + j0, lds, sv);
-        }
+        for (size_t j0 = 0; j0 < nk; j0 += 16)
+            scores_block(kind, 1, 1, nk - j0 < 16 ? nk - j0 : 16, d, q, ldq, row_at(kind, k, j0, ldk), ldk, s + j0,
+                         lds, sv);
     }
+}
+
+void fmha_f32_decode_scores__avx512(size_t rows, size_t nk, size_t d, const float *q, size_t ldq,
+                                    const float *k, size_t ldk, float *s, size_t lds, float scale) {
+    decode_scores(KV_F32, rows, nk, d, q, ldq, k, ldk, s, lds, scale);
+}
+
+void fmha_bf16kv_decode_scores__avx512(size_t rows, size_t nk, size_t d, const float *q, size_t ldq,
+                                       const uint16_t *k, size_t ldk, float *s, size_t lds, float scale) {
+    decode_scores(KV_BF16, rows, nk, d, q, ldq, k, ldk, s, lds, scale);
+}
+
+void fmha_f16kv_decode_scores__avx512(size_t rows, size_t nk, size_t d, const float *q, size_t ldq,
+                                      const uint16_t *k, size_t ldk, float *s, size_t lds, float scale) {
+    decode_scores(KV_F16, rows, nk, d, q, ldq, k, ldk, s, lds, scale);
 }
 
 void fmha_f32_decode_softmax__avx512(size_t rows, size_t nk, float *s, size_t lds, float *m,
@@ -169,8 +211,8 @@ enum { VAL_VECS = 4 };
 /* Rows [0, NR) of o (NR a compile-time 1..6), value dims [c0, c0 + 64) with
  * masks per vector: NR x 4 accumulators, a row of V loaded once per key and
  * NR broadcasts of P. */
-FMHA_INLINE void values_block(const size_t NR, size_t nk, size_t c0, const __mmask16 cm[VAL_VECS],
-                              const float *p, size_t ldp, const float *v, size_t ldv, float *o,
+FMHA_INLINE void values_block(const int kind, const size_t NR, size_t nk, size_t c0, const __mmask16 cm[VAL_VECS],
+                              const float *p, size_t ldp, const void *v, size_t ldv, float *o,
                               size_t ldo, const float *alpha) {
     __m512 acc[6][VAL_VECS];
 #pragma GCC unroll 6
@@ -178,10 +220,10 @@ FMHA_INLINE void values_block(const size_t NR, size_t nk, size_t c0, const __mma
 #pragma GCC unroll 4
         for (int c = 0; c < VAL_VECS; c++) acc[r][c] = _mm512_setzero_ps();
     for (size_t j = 0; j < nk; j++) {
-        const float *vr = v + j * ldv + c0;
+        const void *vr = row_at(kind, v, j, ldv);
         __m512 vv[VAL_VECS];
 #pragma GCC unroll 4
-        for (int c = 0; c < VAL_VECS; c++) vv[c] = _mm512_maskz_loadu_ps(cm[c], vr + 16 * c);
+        for (int c = 0; c < VAL_VECS; c++) vv[c] = maskz_load_kv(kind, cm[c], vr, c0 + 16 * (size_t)c);
 #pragma GCC unroll 6
         for (size_t r = 0; r < NR; r++) {
             const __m512 pv = _mm512_set1_ps(p[r * ldp + j]);
@@ -202,9 +244,8 @@ FMHA_INLINE void values_block(const size_t NR, size_t nk, size_t c0, const __mma
 }
 
 /* Rows in blocks of 6 (24 accumulators), the last block at its own size. */
-void fmha_f32_decode_values__avx512(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
-                                    const float *v, size_t ldv, float *o, size_t ldo,
-                                    const float *alpha) {
+FMHA_INLINE void decode_values(const int kind, size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                               const void *v, size_t ldv, float *o, size_t ldo, const float *alpha) {
     for (size_t c0 = 0; c0 < dv; c0 += 16 * VAL_VECS) {
         __mmask16 cm[VAL_VECS];
         for (int c = 0; c < VAL_VECS; c++) {
@@ -215,15 +256,31 @@ void fmha_f32_decode_values__avx512(size_t rows, size_t nk, size_t dv, const flo
             const float *pb = p + r0 * ldp, *ab = alpha + r0;
             float *ob = o + r0 * ldo;
             switch (rows - r0 < 6 ? rows - r0 : 6) {
-            case 1: values_block(1, nk, c0, cm, pb, ldp, v, ldv, ob, ldo, ab); break;
-            case 2: values_block(2, nk, c0, cm, pb, ldp, v, ldv, ob, ldo, ab); break;
-            case 3: values_block(3, nk, c0, cm, pb, ldp, v, ldv, ob, ldo, ab); break;
-            case 4: values_block(4, nk, c0, cm, pb, ldp, v, ldv, ob, ldo, ab); break;
-            case 5: values_block(5, nk, c0, cm, pb, ldp, v, ldv, ob, ldo, ab); break;
-            default: values_block(6, nk, c0, cm, pb, ldp, v, ldv, ob, ldo, ab); break;
+            case 1: values_block(kind, 1, nk, c0, cm, pb, ldp, v, ldv, ob, ldo, ab); break;
+            case 2: values_block(kind, 2, nk, c0, cm, pb, ldp, v, ldv, ob, ldo, ab); break;
+            case 3: values_block(kind, 3, nk, c0, cm, pb, ldp, v, ldv, ob, ldo, ab); break;
+            case 4: values_block(kind, 4, nk, c0, cm, pb, ldp, v, ldv, ob, ldo, ab); break;
+            case 5: values_block(kind, 5, nk, c0, cm, pb, ldp, v, ldv, ob, ldo, ab); break;
+            default: values_block(kind, 6, nk, c0, cm, pb, ldp, v, ldv, ob, ldo, ab); break;
             }
         }
     }
+}
+
+void fmha_f32_decode_values__avx512(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                    const float *v, size_t ldv, float *o, size_t ldo,
+                                    const float *alpha) {
+    decode_values(KV_F32, rows, nk, dv, p, ldp, v, ldv, o, ldo, alpha);
+}
+
+void fmha_bf16kv_decode_values__avx512(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                       const uint16_t *v, size_t ldv, float *o, size_t ldo, const float *alpha) {
+    decode_values(KV_BF16, rows, nk, dv, p, ldp, v, ldv, o, ldo, alpha);
+}
+
+void fmha_f16kv_decode_values__avx512(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                      const uint16_t *v, size_t ldv, float *o, size_t ldo, const float *alpha) {
+    decode_values(KV_F16, rows, nk, dv, p, ldp, v, ldv, o, ldo, alpha);
 }
 
 void fmha_widen_bf16__avx512(size_t n, const uint16_t *src, float *dst) {

@@ -352,5 +352,9 @@ const fmha_ukernels fmha_ukernels_avx512 = {
     .decode_values_f32 = fmha_f32_decode_values__avx512,
     .widen_bf16 = fmha_widen_bf16__avx512,
     .widen_f16 = fmha_widen_f16__avx512,
+    .decode_scores_bf16kv = fmha_bf16kv_decode_scores__avx512,
+    .decode_scores_f16kv = fmha_f16kv_decode_scores__avx512,
+    .decode_values_bf16kv = fmha_bf16kv_decode_values__avx512,
+    .decode_values_f16kv = fmha_f16kv_decode_values__avx512,
     .dropout_f32 = fmha_f32_dropout_ukernel__avx512,
 };
