@@ -104,6 +104,21 @@ static size_t fwd_finish(const fmha_plan *plan, int64_t b, int64_t h, int64_t q0
     int64_t Dv = plan->p.head_dim_v;
     const float *ot = s->ot;
     float *of = plan->o_dtype == FMHA_DTYPE_F32 ? o : NULL; /* float32: no conversion */
+    if (of && os[3] == 1 && !only && plan->uk->finish_f32) { /* float32 rows: the kernel */
+        float scale[FMHA_MAX_NR];
+        for (int64_t i = 0; i < nq; i++) {
+            float row_lse;
+            fmha_row_finish(plan, h, s->m[i], s->l[i], &scale[i], &row_lse);
+            if (lse) lse[(b * plan->p.heads_q + h) * plan->p.seq_q + q0 + i] = row_lse;
+        }
+        uint64_t nonfinite = plan->uk->finish_f32((size_t)nq, (size_t)Dv, ot, nr, scale,
+                                                  of + b * os[0] + q0 * os[1] + h * os[2], (size_t)os[1]);
+        for (int64_t i = 0; bad && i < nq; i++) {
+            bad[i] = (nonfinite >> i & 1) && isfinite(s->l[i]);
+            n_bad += bad[i];
+        }
+        return n_bad;
+    }
     for (int64_t i = 0; i < nq; i++) {
         if (bad) bad[i] = 0;
         if (only && !only[i]) continue;

@@ -85,6 +85,18 @@ typedef void (*fmha_f32_ds_ukernel_fn)(size_t rows, const float *p, float *dp, s
 typedef void (*fmha_f32_add_transposed_ukernel_fn)(size_t nk, size_t nq, const float *src,
                                                    ptrdiff_t q_stride, float *st, size_t lds);
 
+/* Forward epilogue: the transposed accumulator ot [cols][ldt] (lanes run
+ * over rows) written out as rows, each scaled:
+ *   o[i * ldo + c] = ot[c * ldt + i] * scale[i]   for i < rows (<= 64), c < cols
+ * (one IEEE multiplication each). Returns the rows with a NaN or an infinity
+ * among their outputs, bit i for row i. May be NULL in a table: the driver
+ * then runs its plain loop. */
+typedef uint64_t (*fmha_f32_finish_ukernel_fn)(size_t rows, size_t cols, const float *ot, size_t ldt,
+                                               const float *scale, float *o, size_t ldo);
+/* Its specification (uk/scalar/f32.c). */
+uint64_t fmha_f32_finish_ukernel__scalar(size_t rows, size_t cols, const float *ot, size_t ldt,
+                                         const float *scale, float *o, size_t ldo);
+
 /* ---- bfloat16 (AVX-512 BF16 machines) ----
  * bf16 GEMMs take both operands in pairs along k, the layout of vdpbf16ps:
  * one 32-bit word holds (X[2p], X[2p+1]) for k-steps 2p, 2p+1 (element 2p in
@@ -196,6 +208,7 @@ typedef struct fmha_ukernels {
     fmha_f32_exp_sub_ukernel_fn exp_sub_f32;
     fmha_f32_ds_ukernel_fn ds_f32;
     fmha_f32_add_transposed_ukernel_fn add_transposed_f32; /* optional */
+    fmha_f32_finish_ukernel_fn finish_f32;                 /* optional */
     /* bf16 fast path; NULL where the ISA lacks it (bf16 then runs through
      * the float32 kernels on widened tiles). Same MR and NR as above. */
     fmha_bf16_gemm_ukernel_fn gemm_bf16;

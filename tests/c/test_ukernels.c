@@ -833,6 +833,38 @@ static void test_add_transposed(const fmha_ukernels *u) {
         }
 }
 
+/* The optional forward epilogue against its specification: the same bits
+ * (one multiplication each), nothing written past rows x cols, and the
+ * rows holding a NaN or an infinity (one planted in some rows) reported. */
+static void test_finish(const fmha_ukernels *u) {
+    if (!u->finish_f32) return;
+    const size_t rowss[] = {1, 7, 16, 17, 40, 64}, colss[] = {1, 15, 16, 33, 64, 100};
+    for (size_t a = 0; a < sizeof rowss / sizeof *rowss; a++)
+        for (size_t c = 0; c < sizeof colss / sizeof *colss; c++) {
+            size_t rows = rowss[a], cols = colss[c];
+            if (rows > u->nr) continue;
+            size_t ldt = u->nr, ldo = cols + (size_t)tu_int(0, 5), o_n = (rows + 1) * ldo;
+            /* ot [cols][ldt], scale [rows], o [rows + 1][ldo] (one spare row) */
+            float *ot = malloc(cols * ldt * sizeof(float)), scale[64];
+            float *got = malloc(o_n * sizeof(float)), *want = malloc(o_n * sizeof(float));
+            tu_fill(ot, cols * ldt, -4, 4);
+            tu_fill(scale, rows, 0, 2);
+            for (size_t i = 0; i < rows; i += 5) /* a non-finite output in some rows */
+                ot[(size_t)tu_int(0, (int)cols - 1) * ldt + i] = i % 10 ? NAN : INFINITY;
+            if (rows > 3) scale[3] = INFINITY;
+            for (size_t e = 0; e < o_n; e++) got[e] = want[e] = -7.0f;
+            uint64_t bad_want = fmha_f32_finish_ukernel__scalar(rows, cols, ot, ldt, scale, want, ldo);
+            uint64_t bad_got = u->finish_f32(rows, cols, ot, ldt, scale, got, ldo);
+            int same = 1;
+            for (size_t e = 0; e < o_n; e++) same &= !memcmp(&got[e], &want[e], sizeof(float)) ||
+                                                     (isnan(got[e]) && isnan(want[e]));
+            tu_check(same && bad_got == bad_want && bad_want != 0, "%s: finish rows=%zu cols=%zu differs from its "
+                     "specification (rows flagged %llx, want %llx)", u->isa, rows, cols,
+                     (unsigned long long)bad_got, (unsigned long long)bad_want);
+            free(ot), free(got), free(want);
+        }
+}
+
 int main(void) {
     tu_seed();
     const fmha_ukernels *spec = &fmha_ukernels_scalar;
@@ -854,6 +886,7 @@ int main(void) {
         test_backward_kernels(u, spec);
         test_special_values(u, spec);
         test_add_transposed(u);
+        test_finish(u);
 #if defined(__x86_64__)
         if (u == &fmha_ukernels_avx2) test_exp("avx2", fmha_f32_exp__avx2);
         if (u == &fmha_ukernels_avx512) test_exp("avx512", fmha_f32_exp__avx512);

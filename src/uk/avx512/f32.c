@@ -337,6 +337,33 @@ void fmha_f32_add_transposed_ukernel__avx512(size_t nk, size_t nq, const float *
     }
 }
 
+/* The forward's epilogue: 16 rows x 16 columns at a time, scaled in the
+ * lanes (rows), checked with vfpclassps, transposed and stored as rows. */
+uint64_t fmha_f32_finish_ukernel__avx512(size_t rows, size_t cols, const float *ot, size_t ldt,
+                                         const float *scale, float *o, size_t ldo) {
+    uint64_t bad = 0;
+    for (size_t i0 = 0; i0 < rows; i0 += 16) {
+        const size_t nr = rows - i0 < 16 ? rows - i0 : 16;
+        const __mmask16 rmask = (__mmask16)((1u << nr) - 1u);
+        const __m512 sc = _mm512_maskz_loadu_ps(rmask, scale + i0);
+        __mmask16 nonfinite = 0;
+        for (size_t c0 = 0; c0 < cols; c0 += 16) {
+            const size_t nc = cols - c0 < 16 ? cols - c0 : 16;
+            const __mmask16 cmask = (__mmask16)((1u << nc) - 1u);
+            __m512 x[16];
+            for (size_t c = 0; c < 16; c++) {
+                x[c] = c < nc ? _mm512_mul_ps(_mm512_maskz_loadu_ps(rmask, ot + (c0 + c) * ldt + i0), sc)
+                              : _mm512_setzero_ps();
+                nonfinite |= _mm512_fpclass_ps_mask(x[c], 0x99); /* NaN, +inf, -inf */
+            }
+            transpose_16x16(x);
+            for (size_t i = 0; i < nr; i++) _mm512_mask_storeu_ps(o + (i0 + i) * ldo + c0, cmask, x[i]);
+        }
+        bad |= (uint64_t)(nonfinite & rmask) << i0;
+    }
+    return bad;
+}
+
 const fmha_ukernels fmha_ukernels_avx512 = {
     .isa = "avx512",
     .mr = AVX512_MR,
@@ -347,6 +374,7 @@ const fmha_ukernels fmha_ukernels_avx512 = {
     .exp_sub_f32 = fmha_f32_exp_sub_ukernel_64__avx512,
     .ds_f32 = fmha_f32_ds_ukernel_64__avx512,
     .add_transposed_f32 = fmha_f32_add_transposed_ukernel__avx512,
+    .finish_f32 = fmha_f32_finish_ukernel__avx512,
     .decode_scores_f32 = fmha_f32_decode_scores__avx512,
     .decode_softmax_f32 = fmha_f32_decode_softmax__avx512,
     .decode_values_f32 = fmha_f32_decode_values__avx512,

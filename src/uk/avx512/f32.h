@@ -6,6 +6,7 @@
 #define FMHA_UK_AVX512_F32_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Tile of the GEMM: MR rows, NR lanes; keys per tile of the tiled forward. */
 enum { FMHA_AVX512_MR = 6, FMHA_AVX512_NR = 64, FMHA_AVX512_BLOCK_KV = 128 };
@@ -27,6 +28,9 @@ void fmha_f32_exp_sub_ukernel_64__avx512(size_t rows, float *s, size_t lds, cons
 void fmha_f32_ds_ukernel_64__avx512(size_t rows, const float *p, float *dp, size_t lds,
                                     const float *dsum);
 
+/* o[i][c] = ot[c][i] scale[i] (fmha_f32_finish_ukernel_fn). */
+uint64_t fmha_f32_finish_ukernel__avx512(size_t rows, size_t cols, const float *ot, size_t ldt,
+                                         const float *scale, float *o, size_t ldo);
 /* st[r][i] += src[i * q_stride + r] (fmha_f32_add_transposed_ukernel_fn). */
 void fmha_f32_add_transposed_ukernel__avx512(size_t nk, size_t nq, const float *src,
                                              ptrdiff_t q_stride, float *st, size_t lds);

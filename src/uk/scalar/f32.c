@@ -86,6 +86,19 @@ static void fmha_f32_add_transposed_ukernel__scalar(size_t nk, size_t nq, const 
     }
 }
 
+/* The forward's epilogue (fmha_f32_finish_ukernel_fn): the specification. */
+uint64_t fmha_f32_finish_ukernel__scalar(size_t rows, size_t cols, const float *ot, size_t ldt,
+                                         const float *scale, float *o, size_t ldo) {
+    uint64_t bad = 0;
+    for (size_t i = 0; i < rows; i++)
+        for (size_t c = 0; c < cols; c++) {
+            float x = ot[c * ldt + i] * scale[i];
+            o[i * ldo + c] = x;
+            if (!isfinite(x)) bad |= (uint64_t)1 << i;
+        }
+    return bad;
+}
+
 const fmha_ukernels fmha_ukernels_scalar = {
     .isa = "scalar",
     .mr = SCALAR_MR,
@@ -96,6 +109,7 @@ const fmha_ukernels fmha_ukernels_scalar = {
     .exp_sub_f32 = fmha_f32_exp_sub_ukernel_16__scalar,
     .ds_f32 = fmha_f32_ds_ukernel_16__scalar,
     .add_transposed_f32 = fmha_f32_add_transposed_ukernel__scalar,
+    .finish_f32 = fmha_f32_finish_ukernel__scalar,
     .decode_scores_f32 = fmha_f32_decode_scores__scalar,
     .decode_softmax_f32 = fmha_f32_decode_softmax__scalar,
     .decode_values_f32 = fmha_f32_decode_values__scalar,
