@@ -32,10 +32,14 @@ void fmha_pack_rows_f32(const void *src, fmha_dtype t, int64_t first, int64_t rs
 }
 
 /* tr[e][i] = X[i][e] widened, [cols][NR], zero lanes past n. */
-static void pack_transposed_f32(const void *src, fmha_dtype t, int64_t first, int64_t rs, int64_t cs,
-                                int64_t n, int64_t cols, size_t nr, float *tr) {
+static void pack_transposed_f32(const fmha_ukernels *uk, const void *src, fmha_dtype t, int64_t first, int64_t rs,
+                                int64_t cs, int64_t n, int64_t cols, size_t nr, float *tr) {
     if (n < (int64_t)nr)
         for (int64_t e = 0; e < cols; e++) memset(tr + (size_t)e * nr + n, 0, (nr - (size_t)n) * sizeof(float));
+    if (t == FMHA_DTYPE_F32 && cs == 1 && rs > 0 && uk->transpose_f32) { /* rows of unit stride: the kernel */
+        uk->transpose_f32((size_t)n, (size_t)cols, (const float *)src + first, (size_t)rs, tr, nr);
+        return;
+    }
     if (t == FMHA_DTYPE_F32) { /* no conversion: plain loads */
         const float *x = src;
         for (int64_t i = 0; i < n; i++)
@@ -93,7 +97,7 @@ static size_t f32_q_bytes(const fmha_plan *plan) {
 static void f32_q_pack(const fmha_plan *plan, const void *q, int64_t b, int64_t h, int64_t q0,
                        int64_t nq, void *qt) {
     const int64_t *qs = plan->p.q_strides;
-    pack_transposed_f32(q, plan->p.dtype, b * qs[0] + q0 * qs[1] + h * qs[2], qs[1], qs[3], nq,
+    pack_transposed_f32(plan->uk, q, plan->p.dtype, b * qs[0] + q0 * qs[1] + h * qs[2], qs[1], qs[3], nq,
                         plan->p.head_dim, plan->uk->nr, qt);
 }
 
@@ -175,8 +179,8 @@ static void f32_qblock_pack(const fmha_plan *plan, const void *q, const void *d_
     const int64_t *qs = p->q_strides, *os = p->o_strides;
     size_t nr = plan->uk->nr;
     int64_t qfirst = b * qs[0] + q0 * qs[1] + h * qs[2], ofirst = b * os[0] + q0 * os[1] + h * os[2];
-    pack_transposed_f32(q, p->dtype, qfirst, qs[1], qs[3], nq, p->head_dim, nr, (float *)blk->qt);
-    pack_transposed_f32(d_o, p->dtype, ofirst, os[1], os[3], nq, p->head_dim_v, nr, (float *)blk->dot);
+    pack_transposed_f32(plan->uk, q, p->dtype, qfirst, qs[1], qs[3], nq, p->head_dim, nr, (float *)blk->qt);
+    pack_transposed_f32(plan->uk, d_o, p->dtype, ofirst, os[1], os[3], nq, p->head_dim_v, nr, (float *)blk->dot);
     if (!blk->rows_in_place) {
         fmha_pack_rows_f32(q, p->dtype, qfirst, qs[1], qs[3], nq, p->head_dim, nr,
                            (float *)blk->qrows, blk->qrows_ld);

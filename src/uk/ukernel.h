@@ -93,6 +93,12 @@ typedef void (*fmha_f32_add_transposed_ukernel_fn)(size_t nk, size_t nq, const f
  * then runs its plain loop. */
 typedef uint64_t (*fmha_f32_finish_ukernel_fn)(size_t rows, size_t cols, const float *ot, size_t ldt,
                                                const float *scale, float *o, size_t ldo);
+/* Packing: dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols (a
+ * copy). May be NULL in a table: the driver then runs its plain loop. */
+typedef void (*fmha_f32_transpose_ukernel_fn)(size_t rows, size_t cols, const float *src, size_t lds, float *dst,
+                                              size_t ldd);
+void fmha_f32_transpose_ukernel__scalar(size_t rows, size_t cols, const float *src, size_t lds, float *dst,
+                                        size_t ldd);
 /* Its specification (uk/scalar/f32.c). */
 uint64_t fmha_f32_finish_ukernel__scalar(size_t rows, size_t cols, const float *ot, size_t ldt,
                                          const float *scale, float *o, size_t ldo);
@@ -209,6 +215,7 @@ typedef struct fmha_ukernels {
     fmha_f32_ds_ukernel_fn ds_f32;
     fmha_f32_add_transposed_ukernel_fn add_transposed_f32; /* optional */
     fmha_f32_finish_ukernel_fn finish_f32;                 /* optional */
+    fmha_f32_transpose_ukernel_fn transpose_f32;           /* optional */
     /* bf16 fast path; NULL where the ISA lacks it (bf16 then runs through
      * the float32 kernels on widened tiles). Same MR and NR as above. */
     fmha_bf16_gemm_ukernel_fn gemm_bf16;

@@ -865,6 +865,28 @@ static void test_finish(const fmha_ukernels *u) {
         }
 }
 
+/* The optional transposing copy against its specification: exact, and
+ * nothing written outside rows x cols of dst. */
+static void test_transpose(const fmha_ukernels *u) {
+    if (!u->transpose_f32) return;
+    const size_t rowss[] = {1, 7, 16, 17, 64}, colss[] = {1, 15, 16, 33, 128};
+    for (size_t a = 0; a < sizeof rowss / sizeof *rowss; a++)
+        for (size_t c = 0; c < sizeof colss / sizeof *colss; c++) {
+            size_t rows = rowss[a], cols = colss[c], lds = cols + (size_t)tu_int(0, 5), ldd = rows + 3;
+            size_t dst_n = (cols + 1) * ldd;
+            /* src [rows][lds], dst [cols + 1][ldd] (one spare row) */
+            float *src = malloc(rows * lds * sizeof(float));
+            float *got = malloc(dst_n * sizeof(float)), *want = malloc(dst_n * sizeof(float));
+            tu_fill(src, rows * lds, -4, 4);
+            for (size_t e = 0; e < dst_n; e++) got[e] = want[e] = -7.0f;
+            fmha_f32_transpose_ukernel__scalar(rows, cols, src, lds, want, ldd);
+            u->transpose_f32(rows, cols, src, lds, got, ldd);
+            tu_check(!memcmp(got, want, dst_n * sizeof(float)), "%s: transpose rows=%zu cols=%zu differs from its "
+                     "specification", u->isa, rows, cols);
+            free(src), free(got), free(want);
+        }
+}
+
 int main(void) {
     tu_seed();
     const fmha_ukernels *spec = &fmha_ukernels_scalar;
@@ -887,6 +909,7 @@ int main(void) {
         test_special_values(u, spec);
         test_add_transposed(u);
         test_finish(u);
+        test_transpose(u);
 #if defined(__x86_64__)
         if (u == &fmha_ukernels_avx2) test_exp("avx2", fmha_f32_exp__avx2);
         if (u == &fmha_ukernels_avx512) test_exp("avx512", fmha_f32_exp__avx512);

@@ -337,6 +337,24 @@ void fmha_f32_add_transposed_ukernel__avx512(size_t nk, size_t nq, const float *
     }
 }
 
+/* A transposing copy, 16 x 16 blocks in registers. */
+void fmha_f32_transpose_ukernel__avx512(size_t rows, size_t cols, const float *src, size_t lds, float *dst,
+                                        size_t ldd) {
+    for (size_t r0 = 0; r0 < rows; r0 += 16) {
+        const size_t nr = rows - r0 < 16 ? rows - r0 : 16;
+        const __mmask16 rmask = (__mmask16)((1u << nr) - 1u);
+        for (size_t c0 = 0; c0 < cols; c0 += 16) {
+            const size_t nc = cols - c0 < 16 ? cols - c0 : 16;
+            const __mmask16 cmask = (__mmask16)((1u << nc) - 1u);
+            __m512 x[16];
+            for (size_t r = 0; r < 16; r++)
+                x[r] = r < nr ? _mm512_maskz_loadu_ps(cmask, src + (r0 + r) * lds + c0) : _mm512_setzero_ps();
+            transpose_16x16(x);
+            for (size_t c = 0; c < nc; c++) _mm512_mask_storeu_ps(dst + (c0 + c) * ldd + r0, rmask, x[c]);
+        }
+    }
+}
+
 /* The forward's epilogue: 16 rows x 16 columns at a time, scaled in the
  * lanes (rows), checked with vfpclassps, transposed and stored as rows. */
 uint64_t fmha_f32_finish_ukernel__avx512(size_t rows, size_t cols, const float *ot, size_t ldt,
@@ -375,6 +393,7 @@ const fmha_ukernels fmha_ukernels_avx512 = {
     .ds_f32 = fmha_f32_ds_ukernel_64__avx512,
     .add_transposed_f32 = fmha_f32_add_transposed_ukernel__avx512,
     .finish_f32 = fmha_f32_finish_ukernel__avx512,
+    .transpose_f32 = fmha_f32_transpose_ukernel__avx512,
     .decode_scores_f32 = fmha_f32_decode_scores__avx512,
     .decode_softmax_f32 = fmha_f32_decode_softmax__avx512,
     .decode_values_f32 = fmha_f32_decode_values__avx512,

@@ -86,6 +86,13 @@ static void fmha_f32_add_transposed_ukernel__scalar(size_t nk, size_t nq, const 
     }
 }
 
+/* A transposing copy (fmha_f32_transpose_ukernel_fn): the specification. */
+void fmha_f32_transpose_ukernel__scalar(size_t rows, size_t cols, const float *src, size_t lds, float *dst,
+                                        size_t ldd) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < cols; c++) dst[c * ldd + r] = src[r * lds + c];
+}
+
 /* The forward's epilogue (fmha_f32_finish_ukernel_fn): the specification. */
 uint64_t fmha_f32_finish_ukernel__scalar(size_t rows, size_t cols, const float *ot, size_t ldt,
                                          const float *scale, float *o, size_t ldo) {
@@ -110,6 +117,7 @@ const fmha_ukernels fmha_ukernels_scalar = {
     .ds_f32 = fmha_f32_ds_ukernel_16__scalar,
     .add_transposed_f32 = fmha_f32_add_transposed_ukernel__scalar,
     .finish_f32 = fmha_f32_finish_ukernel__scalar,
+    .transpose_f32 = fmha_f32_transpose_ukernel__scalar,
     .decode_scores_f32 = fmha_f32_decode_scores__scalar,
     .decode_softmax_f32 = fmha_f32_decode_softmax__scalar,
     .decode_values_f32 = fmha_f32_decode_values__scalar,
