@@ -1,9 +1,10 @@
 /* avx512/decode.c: the AVX-512 decode microkernels (keys in the lanes).
- * Scores: a block of R rows x 16/R keys keeps 16 accumulators, one per
- * (row, key), over the head dim, so each K vector feeds R FMAs; one
- * transposing reduction turns them into the block's 16 scores. Values: up to
- * 6 rows x 64 value dims of accumulators, the last block of rows at its own
- * size, a row of V loaded once per key and one broadcast of P per row.
+ * Scores: a block of R rows x 16/R keys (R = 4 or 1) keeps 16 accumulators,
+ * one per (row, key), over the head dim, so each K vector feeds R FMAs; one
+ * transposing reduction turns them into the block's 16 scores. Values: 4
+ * rows x 64 value dims of accumulators (rows left over one at a time), a row
+ * of V loaded once per key and one broadcast of P per row. K and V rows are
+ * float32, or bf16 / f16 widened in registers (one body per kind).
  * Softmax: row-wise max, then the inlined vector exp (exp.h) in the same
  * pass as the sum. Contract in ../ukernel.h; the scalar kernels
  * (../scalar/decode.c) are the specification. */
@@ -119,35 +120,25 @@ FMHA_INLINE void scores_block(const int kind, const int R, size_t nr, size_t nj,
     }
 }
 
-/* Keys in blocks of 4 (with all the rows in blocks of 4, a last block of 2
- * or 3 rows as 4 x 4 with a repeated row), except for 2 rows (2 x 8) and 1
- * (1 x 16). Measured on Zen 5 (D = 128, 32 keys, data in L1): 4 rows cost
- * 2.7x 1 row. */
+/* Rows in blocks of 4 (a last block of 3 as 4 x 4 with a repeated row)
+ * against keys in blocks of 4, then the rows left (1 or 2) one at a time
+ * against keys in blocks of 16: two block shapes, each inlined once per
+ * element kind (compile time under the sanitizers grows fast with more).
+ * Measured on Zen 5 (D = 128, 32 keys, data in L1): 4 rows cost 2.7x 1 row. */
 FMHA_INLINE void decode_scores(const int kind, size_t rows, size_t nk, size_t d, const float *q, size_t ldq,
                                const void *k, size_t ldk, float *s, size_t lds, float scale) {
     const __m512 sv = _mm512_set1_ps(scale);
-    if (rows >= 3) {
-        for (size_t j0 = 0; j0 < nk; j0 += 4) {
-            const size_t nj = nk - j0 < 4 ? nk - j0 : 4;
-            const void *kb = row_at(kind, k, j0, ldk);
-            for (size_t r0 = 0; r0 < rows; r0 += 4) {
-                const size_t nr = rows - r0 < 4 ? rows - r0 : 4;
-                if (nr >= 3)
-                    scores_block(kind, 4, nr, nj, d, q + r0 * ldq, ldq, kb, ldk, s + r0 * lds + j0, lds, sv);
-                else
-                    for (size_t r = r0; r < rows; r++)
-                        scores_block(kind, 1, 1, nj, d, q + r * ldq, ldq, kb, ldk, s + r * lds + j0, lds, sv);
-            }
-        }
-    } else if (rows == 2) {
-        for (size_t j0 = 0; j0 < nk; j0 += 8)
-            scores_block(kind, 2, 2, nk - j0 < 8 ? nk - j0 : 8, d, q, ldq, row_at(kind, k, j0, ldk), ldk, s + j0,
-                         lds, sv);
-    } else if (rows == 1) {
-        for (size_t j0 = 0; j0 < nk; j0 += 16)
-            scores_block(kind, 1, 1, nk - j0 < 16 ? nk - j0 : 16, d, q, ldq, row_at(kind, k, j0, ldk), ldk, s + j0,
-                         lds, sv);
+    const size_t blocked = rows >= 3 ? (rows + 1) / 4 * 4 : 0; /* rows in 4-row blocks */
+    for (size_t r0 = 0; r0 < blocked; r0 += 4) {
+        const size_t nr = rows - r0 < 4 ? rows - r0 : 4;
+        for (size_t j0 = 0; j0 < nk; j0 += 4)
+            scores_block(kind, 4, nr, nk - j0 < 4 ? nk - j0 : 4, d, q + r0 * ldq, ldq, row_at(kind, k, j0, ldk), ldk,
+                         s + r0 * lds + j0, lds, sv);
     }
+    for (size_t r = blocked; r < rows; r++)
+        for (size_t j0 = 0; j0 < nk; j0 += 16)
+            scores_block(kind, 1, 1, nk - j0 < 16 ? nk - j0 : 16, d, q + r * ldq, ldq, row_at(kind, k, j0, ldk), ldk,
+                         s + r * lds + j0, lds, sv);
 }
 
 void fmha_f32_decode_scores__avx512(size_t rows, size_t nk, size_t d, const float *q, size_t ldq,
@@ -208,31 +199,36 @@ void fmha_f32_decode_softmax__avx512(size_t rows, size_t nk, float *s, size_t ld
 
 enum { VAL_VECS = 4 };
 
-/* Rows [0, NR) of o (NR a compile-time 1..6), value dims [c0, c0 + 64) with
- * masks per vector: NR x 4 accumulators, a row of V loaded once per key and
- * NR broadcasts of P. */
-FMHA_INLINE void values_block(const int kind, const size_t NR, size_t nk, size_t c0, const __mmask16 cm[VAL_VECS],
-                              const float *p, size_t ldp, const void *v, size_t ldv, float *o,
-                              size_t ldo, const float *alpha) {
-    __m512 acc[6][VAL_VECS];
-#pragma GCC unroll 6
-    for (size_t r = 0; r < NR; r++)
+/* Rows [0, n) of o (n <= NR, NR = 4 or 1 at compile time; rows past n
+ * repeat the last and are not stored), value dims [c0, c0 + 64) with masks
+ * per vector: NR x 4 accumulators, a row of V loaded once per key and NR
+ * broadcasts of P. */
+FMHA_INLINE void values_block(const int kind, const size_t NR, size_t n, size_t nk, size_t c0,
+                              const __mmask16 cm[VAL_VECS], const float *p, size_t ldp, const void *v, size_t ldv,
+                              float *o, size_t ldo, const float *alpha) {
+    __m512 acc[4][VAL_VECS];
+    const float *pr[4];
+#pragma GCC unroll 4
+    for (size_t r = 0; r < NR; r++) {
+        pr[r] = p + (r < n ? r : n - 1) * ldp;
 #pragma GCC unroll 4
         for (int c = 0; c < VAL_VECS; c++) acc[r][c] = _mm512_setzero_ps();
+    }
     for (size_t j = 0; j < nk; j++) {
         const void *vr = row_at(kind, v, j, ldv);
         __m512 vv[VAL_VECS];
 #pragma GCC unroll 4
         for (int c = 0; c < VAL_VECS; c++) vv[c] = maskz_load_kv(kind, cm[c], vr, c0 + 16 * (size_t)c);
-#pragma GCC unroll 6
+#pragma GCC unroll 4
         for (size_t r = 0; r < NR; r++) {
-            const __m512 pv = _mm512_set1_ps(p[r * ldp + j]);
+            const __m512 pv = _mm512_set1_ps(pr[r][j]);
 #pragma GCC unroll 4
             for (int c = 0; c < VAL_VECS; c++) acc[r][c] = _mm512_fmadd_ps(pv, vv[c], acc[r][c]);
         }
     }
-#pragma GCC unroll 6
+#pragma GCC unroll 4
     for (size_t r = 0; r < NR; r++) {
+        if (r >= n) break;
         const __m512 a = _mm512_set1_ps(alpha[r]);
         float *orow = o + r * ldo + c0;
 #pragma GCC unroll 4
@@ -243,27 +239,22 @@ FMHA_INLINE void values_block(const int kind, const size_t NR, size_t nk, size_t
     }
 }
 
-/* Rows in blocks of 6 (24 accumulators), the last block at its own size. */
+/* Rows in blocks of 4 (16 accumulators; a last block of 3 with a repeated
+ * row), then the rows left one at a time: two block shapes a kind. */
 FMHA_INLINE void decode_values(const int kind, size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
                                const void *v, size_t ldv, float *o, size_t ldo, const float *alpha) {
+    const size_t blocked = rows >= 3 ? (rows + 1) / 4 * 4 : 0;
     for (size_t c0 = 0; c0 < dv; c0 += 16 * VAL_VECS) {
         __mmask16 cm[VAL_VECS];
         for (int c = 0; c < VAL_VECS; c++) {
             size_t lo = c0 + 16 * (size_t)c, left = dv > lo ? dv - lo : 0;
             cm[c] = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
         }
-        for (size_t r0 = 0; r0 < rows; r0 += 6) {
-            const float *pb = p + r0 * ldp, *ab = alpha + r0;
-            float *ob = o + r0 * ldo;
-            switch (rows - r0 < 6 ? rows - r0 : 6) {
-            case 1: values_block(kind, 1, nk, c0, cm, pb, ldp, v, ldv, ob, ldo, ab); break;
-            case 2: values_block(kind, 2, nk, c0, cm, pb, ldp, v, ldv, ob, ldo, ab); break;
-            case 3: values_block(kind, 3, nk, c0, cm, pb, ldp, v, ldv, ob, ldo, ab); break;
-            case 4: values_block(kind, 4, nk, c0, cm, pb, ldp, v, ldv, ob, ldo, ab); break;
-            case 5: values_block(kind, 5, nk, c0, cm, pb, ldp, v, ldv, ob, ldo, ab); break;
-            default: values_block(kind, 6, nk, c0, cm, pb, ldp, v, ldv, ob, ldo, ab); break;
-            }
-        }
+        for (size_t r0 = 0; r0 < blocked; r0 += 4)
+            values_block(kind, 4, rows - r0 < 4 ? rows - r0 : 4, nk, c0, cm, p + r0 * ldp, ldp, v, ldv, o + r0 * ldo,
+                         ldo, alpha + r0);
+        for (size_t r = blocked; r < rows; r++)
+            values_block(kind, 1, 1, nk, c0, cm, p + r * ldp, ldp, v, ldv, o + r * ldo, ldo, alpha + r);
     }
 }
 
