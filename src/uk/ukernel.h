@@ -130,6 +130,13 @@ typedef void (*fmha_bf16_gemm_ukernel_fn)(size_t m, size_t kp, const uint32_t *a
  * zero of its sign (vcvtne2ps2bf16 does). */
 typedef void (*fmha_bf16_pair_rows_ukernel_fn)(const float *lo, const float *hi, uint32_t *dst);
 
+/* Rounds float32 rows to pairs of adjacent elements, rounding as pair_rows:
+ *   dst[r * ldd + p] = (bf16(src[r * lds + 2p]), bf16(src[r * lds + 2p + 1]))
+ * for r < rows, p < (n + 1) / 2; an odd n pairs its last element with 0
+ * (src[r * lds + n] is not read). Words past (n + 1) / 2 are not written. */
+typedef void (*fmha_bf16_pack_rows_ukernel_fn)(size_t rows, size_t n, const float *src, size_t lds,
+                                               uint32_t *dst, size_t ldd);
+
 /* Pairs two float32 rows a, b (b NULL: zeros) as pair_rows does into hi,
  * and the pairs of the rounding residuals a - bf16(a), b - bf16(b) into lo:
  * a GEMM over hi and then lo sees the rows to about 16 significant bits. */
@@ -221,6 +228,7 @@ typedef struct fmha_ukernels {
     fmha_bf16_gemm_ukernel_fn gemm_bf16;
     fmha_bf16_pair_rows_ukernel_fn pair_rows_bf16;
     fmha_bf16_pair_rows_split_ukernel_fn pair_rows_split_bf16;
+    fmha_bf16_pack_rows_ukernel_fn pack_rows_bf16;
     /* Decoding (few query rows, many keys; driver/decode.c). NULL where the
      * ISA has none: such problems then run on the tiled forward. */
     fmha_f32_decode_scores_ukernel_fn decode_scores_f32;

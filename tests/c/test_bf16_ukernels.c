@@ -7,7 +7,9 @@
  * against the scalar round-to-nearest-even (ties, carries into the next
  * binade, overflow, infinities, NaN, signed zeros, subnormals), with and
  * without a high row; the split pair-row kernel against its specification;
- * the scalar rounding against hand-worked values. */
+ * the row-packing kernel half for half against the same rounding, at every
+ * length up to NR + 3, with sentinels past each row's pairs; the scalar
+ * rounding against hand-worked values. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +35,7 @@ static const fmha_ukernels bf16_spec = {
     .gemm_bf16 = fmha_bf16_gemm_ukernel_4x16__scalar,
     .pair_rows_bf16 = fmha_bf16_pair_rows_ukernel_16__scalar,
     .pair_rows_split_bf16 = fmha_bf16_pair_rows_split_ukernel_16__scalar,
+    .pack_rows_bf16 = fmha_bf16_pack_rows_ukernel__scalar,
 };
 
 static void *alloc(size_t bytes) {
@@ -482,10 +485,51 @@ static void test_pair_rows_split(const fmha_ukernels *u) {
     free(lo_spec);
 }
 
+/* ------------------------------------------------------------ pack rows */
+
+/* u's row-packing kernel on 3 rows of every length n <= NR + 3 (strides
+ * past the row, specials and random bits): each half as pair_rows rounds
+ * it, the odd tail's high half 0, the words past (n + 1) / 2 untouched. */
+static void test_pack_rows(const fmha_ukernels *u) {
+    enum { ROWS = 3 };
+    const size_t max_n = u->nr + 3, lds = max_n + 5, ldd = max_n / 2 + 7;
+    float *src = alloc(ROWS * lds * sizeof *src);
+    uint32_t *bits = alloc(ROWS * lds * sizeof *bits), *dst = alloc(ROWS * ldd * sizeof *dst);
+    size_t wrong = 0, clobbered = 0;
+    for (size_t n = 1; n <= max_n; n++) {
+        for (size_t i = 0; i < ROWS * lds; i++) {
+            bits[i] = i % 3 == 0 ? special_cases[(i + n) % N_SPECIAL].in : (uint32_t)tu_next();
+            src[i] = bits_float(bits[i]);
+        }
+        for (size_t i = 0; i < ROWS * ldd; i++) dst[i] = SENTINEL_WORD;
+        u->pack_rows_bf16(ROWS, n, src, lds, dst, ldd);
+        for (size_t r = 0; r < ROWS; r++)
+            for (size_t p = 0; p < ldd; p++) {
+                uint32_t w = dst[r * ldd + p];
+                if (2 * p >= n) {
+                    clobbered += w != SENTINEL_WORD;
+                    continue;
+                }
+                const uint32_t *x = bits + r * lds + 2 * p;
+                int ok = half_ok(x[0], (uint16_t)w) &&
+                         (2 * p + 1 < n ? half_ok(x[1], (uint16_t)(w >> 16)) : (w >> 16) == 0);
+                if (!ok && wrong++ < 4)
+                    printf("  %s pack rows n %zu row %zu word %zu: 0x%08X 0x%08X -> 0x%08X\n", u->isa, n,
+                           r, p, (unsigned)x[0], 2 * p + 1 < n ? (unsigned)x[1] : 0u, (unsigned)w);
+            }
+    }
+    tu_check(wrong == 0 && clobbered == 0, "%s bf16 pack rows: %zu wrong words, %zu sentinels overwritten",
+             u->isa, wrong, clobbered);
+    free(src);
+    free(bits);
+    free(dst);
+}
+
 /* Every bf16 kernel of u. */
 static void test_table(const fmha_ukernels *u) {
     test_pair_rows(u);
     test_pair_rows_split(u);
+    test_pack_rows(u);
     test_gemm(u);
     test_pair_then_gemm(u);
 }
@@ -497,14 +541,15 @@ int main(void) {
     for (size_t i = 0; i < fmha_isa_count(); i++) {
         const fmha_isa *isa = fmha_isa_at(i);
         const fmha_ukernels *u = isa->table;
-        if (!u->gemm_bf16 && !u->pair_rows_bf16 && !u->pair_rows_split_bf16) continue;
+        if (!u->gemm_bf16 && !u->pair_rows_bf16 && !u->pair_rows_split_bf16 && !u->pack_rows_bf16)
+            continue;
         if (!fmha_isa_supported(isa)) {
             printf("%s: not supported by this CPU, skipped\n", isa->name);
             continue;
         }
-        tu_check(u->gemm_bf16 && u->pair_rows_bf16 && u->pair_rows_split_bf16 &&
+        tu_check(u->gemm_bf16 && u->pair_rows_bf16 && u->pair_rows_split_bf16 && u->pack_rows_bf16 &&
                      u->nr % SPEC_NR == 0,
-                 "%s: a table has all three bf16 kernels or none, NR a multiple of 16",
+                 "%s: a table has all four bf16 kernels or none, NR a multiple of 16",
                  isa->name);
         subnormals_flushed = 0;
         test_table(u);

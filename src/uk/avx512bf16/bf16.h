@@ -23,6 +23,10 @@ void fmha_bf16_gemm_ukernel_6x64__avx512bf16(size_t m, size_t kp, const uint32_t
  * inputs become a signed zero (the instruction's fixed DAZ). */
 void fmha_bf16_pair_rows_ukernel_64__avx512bf16(const float *lo, const float *hi, uint32_t *dst);
 
+/* Rows of n float32 rounded and paired in place order (cvt.c). */
+void fmha_bf16_pack_rows_ukernel__avx512bf16(size_t rows, size_t n, const float *src, size_t lds,
+                                             uint32_t *dst, size_t ldd);
+
 /* hi = pairs of bf16(a), bf16(b); lo = pairs of the rounding residuals (cvt.c). */
 void fmha_bf16_pair_rows_split_ukernel_64__avx512bf16(const float *a, const float *b, uint32_t *hi,
                                                       uint32_t *lo);

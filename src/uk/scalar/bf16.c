@@ -67,6 +67,18 @@ void fmha_bf16_pair_rows_ukernel_16__scalar(const float *lo, const float *hi, ui
                  (hi ? (uint32_t)fmha_bf16_round__scalar(hi[i]) << 16 : 0u);
 }
 
+/* dst[r][p] = (bf16(src[r][2p]), bf16(src[r][2p + 1])), 0 past n; contract
+ * in ukernel.h. */
+void fmha_bf16_pack_rows_ukernel__scalar(size_t rows, size_t n, const float *src, size_t lds,
+                                         uint32_t *dst, size_t ldd) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t p = 0; 2 * p < n; p++) {
+            const float *x = src + r * lds + 2 * p;
+            dst[r * ldd + p] = (uint32_t)fmha_bf16_round__scalar(x[0]) |
+                               (2 * p + 1 < n ? (uint32_t)fmha_bf16_round__scalar(x[1]) << 16 : 0u);
+        }
+}
+
 /* hi: pairs of bf16(a), bf16(b); lo: pairs of bf16(a - bf16(a)),
  * bf16(b - bf16(b)); b NULL reads as zeros. Contract in ukernel.h. */
 void fmha_bf16_pair_rows_split_ukernel_16__scalar(const float *a, const float *b, uint32_t *hi,

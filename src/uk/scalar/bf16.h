@@ -1,5 +1,5 @@
 /* scalar/bf16.h: plain-C specifications of the bf16 microkernels (the
- * pair-packed GEMM and the two pair-row kernels), in the tile of the scalar
+ * pair-packed GEMM, the two pair-row kernels and the row packing), in the tile of the scalar
  * table (MR = 4, NR = 16). The SIMD bf16 kernels are tested against them.
  * They are not in fmha_ukernels_scalar: the portable strategy runs bf16
  * through widened float32 tiles. Contracts in ../ukernel.h. */
@@ -28,6 +28,10 @@ void fmha_bf16_gemm_ukernel_4x16__scalar(size_t m, size_t kp, const uint32_t *a,
 
 /* dst[i] = (bf16(lo[i]), bf16(hi[i])) for i < 16 (fmha_bf16_pair_rows_ukernel_fn). */
 void fmha_bf16_pair_rows_ukernel_16__scalar(const float *lo, const float *hi, uint32_t *dst);
+
+/* Rows of n float32 as pairs of adjacent elements (fmha_bf16_pack_rows_ukernel_fn). */
+void fmha_bf16_pack_rows_ukernel__scalar(size_t rows, size_t n, const float *src, size_t lds,
+                                         uint32_t *dst, size_t ldd);
 
 /* hi = pairs of bf16(a), bf16(b); lo = pairs of the rounding residuals, for
  * i < 16 (fmha_bf16_pair_rows_split_ukernel_fn). */
