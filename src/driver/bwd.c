@@ -30,8 +30,10 @@
  *   dQ_i [nq][D]  += dS K_j                     gemm, A = dS (= dS^T read
  *                                               transposed), B = K_j rows
  * and dK, dQ are scaled by `scale` once, when stored. S^T and dP^T run in
- * the plan's operand path (operand.h: float32, or bf16 pairs on vdpbf16ps);
- * dV, dK and dQ are float32 GEMMs on float32 P, dS and rows in every path.
+ * the plan's operand path (operand.h: float32, or bf16 pairs on vdpbf16ps),
+ * and so do dV, dK and dQ (float32 GEMMs on float32 P, dS and rows, or with
+ * bf16 precision FAST pairs of P, dS rounded per tile); the guarded dQ of a
+ * tile with non-finite keys stays float32.
  *
  * Packing. Each query block's operands (the path's Q^T and dO^T, float32 Q
  * and dO rows, lse, Dsum) are packed once, in a pre-pass, into the shared
@@ -256,19 +258,6 @@ static void bwd_prepare_task(void *vctx, size_t task, int thread) {
     }
 }
 
-/* C[rows][ncols_pad] (op)= A B over column panels of NR, MR rows at a time. */
-static void gemm_panels_f32(const fmha_ukernels *uk, size_t rows, size_t k, const float *a,
-                            ptrdiff_t a_rs, ptrdiff_t a_cs, const float *b, size_t ldb, float *c,
-                            size_t ldc, size_t ncols_pad) {
-    for (size_t c0 = 0; c0 < ncols_pad; c0 += uk->nr)
-        for (size_t r = 0; r < rows; r += uk->mr) {
-            size_t m = rows - r < uk->mr ? rows - r : uk->mr;
-            uk->gemm_f32(m, k, a + (ptrdiff_t)r * a_rs, a_rs, a_cs, b + c0, ldb, c + r * ldc + c0,
-                         ldc, FMHA_UK_ACCUMULATE, NULL, 1.0f);
-        }
-}
-
-/* One (query head, query block) against one key block: tile tp. */
 /* 1 when an element (i, e) at x[first + i*rs + e*cs], i < n, e < cols,
  * is a NaN or inf: its exponent bits are all ones. */
 static int rows_nonfinite(const void *x, fmha_dtype t, int64_t first, int64_t rs, int64_t cs, int64_t n,
@@ -326,7 +315,8 @@ static void bwd_dq_guarded(const bwd_dims *d, size_t nq, size_t nk, const float 
         }
 }
 
-/* guard: the key block holds a NaN or inf, and the tile hides some keys
+/* One (query head, query block) against one key block: tile tp.
+ * guard: the key block holds a NaN or inf, and the tile hides some keys
  * from some rows: hidden entries are kept out of every gradient. */
 static void bwd_pair(const bwd_ctx *c, bwd_tiles *t, const fmha_tile_pos *tp, const fmha_bwd_qblock *q,
                      fmha_tile_class cls, float *dq_g, double *bias_acc, int guard, int thread) {
@@ -356,19 +346,12 @@ static void bwd_pair(const bwd_ctx *c, bwd_tiles *t, const fmha_tile_pos *tp, co
     if (softcap) fmha_softcap_grad(plan, tp, t->dpt, nr, t->raw);
     if (guard && softcap) bwd_zero_hidden(nk, t->pt, t->dpt, nr);
 
-    /* dV_j += (P Z)^T dO_i (P alone without dropout) */
+    /* dV_j += (P Z)^T dO_i (P alone without dropout), dK_j += dS^T Q_i,
+     * dQ_i += dS K_j */
     if (plan->dropout) fmha_dropout_tile(plan, tp, t->pt, nr);
-    gemm_panels_f32(uk, nk, nq, t->pt, (ptrdiff_t)nr, 1, q->dorows, q->dorows_ld, t->dv, d->dv_pad,
-                    d->dv_pad);
-
-    /* dK_j += dS^T Q_i;  dQ_i += dS K_j  (A element (i, r) = dS^T[r][i]) */
-    gemm_panels_f32(uk, nk, nq, t->dpt, (ptrdiff_t)nr, 1, q->qrows, q->qrows_ld, t->dk, d->d_pad,
-                    d->d_pad);
-    if (guard)
-        bwd_dq_guarded(d, nq, nk, t->dpt, t->keys.krows, dq_g + row0 * d->d_pad);
-    else
-        gemm_panels_f32(uk, nq, nk, t->dpt, 1, (ptrdiff_t)nr, t->keys.krows, d->d_pad,
-                        dq_g + row0 * d->d_pad, d->d_pad, d->d_pad);
+    float *dq = dq_g + row0 * d->d_pad;
+    c->path->bwd_grads(plan, &t->keys, q, nq, nk, t->pt, t->dpt, t->dv, t->dk, guard ? NULL : dq);
+    if (guard) bwd_dq_guarded(d, nq, nk, t->dpt, t->keys.krows, dq);
 }
 
 /* Key block j of (b, hk): every query head of the group, every query block

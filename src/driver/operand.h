@@ -1,11 +1,12 @@
 /* operand.h: operand paths, how the products of the drivers read their
  * operands for one (dtype, ISA). A path packs Q (and dO), packs or views K
- * and V, and runs the score and value products; it is chosen once when a
- * call is planned, and the drivers make one indirect call per step without
+ * and V, and runs the score and value products (and the backward's
+ * gradient products); it is chosen once when a call is planned, and the drivers make one indirect call per step without
  * ever testing the dtype. The tables:
  *   fmha_path_f32      float32, K and V read in place from the caller
  *   fmha_path_widened  bf16 or f16 widened to float32 copies (any ISA)
- *   fmha_path_bf16     bf16 pairs on vdpbf16ps (tables with gemm_bf16)
+ *   fmha_path_bf16     bf16 pairs on vdpbf16ps (tables with gemm_bf16); the
+ *                      gradient products too with precision FAST
  * A new dtype or operand format (fp8, int8 caches) is a new table here plus
  * the switch sites -Wswitch names. */
 #ifndef FMHA_OPERAND_H
@@ -29,8 +30,10 @@ typedef struct fmha_kv_view {
 typedef struct fmha_bwd_qblock {
     const void *qt;          /* Q^T as the score product reads it */
     const void *dot;         /* dO^T as the dP product reads it */
-    const float *qrows;      /* Q rows [NR][qrows_ld] float32, for dK */
-    const float *dorows;     /* dO rows [NR][dorows_ld] float32, for dV */
+    /* Q and dO rows as the dK and dV products read them: float32 [NR][ld],
+     * or bf16 query-row pairs [NR/2][ld] words (word (p, e) holds rows 2p
+     * and 2p + 1 of column e) */
+    const void *qrows, *dorows;
     size_t qrows_ld, dorows_ld;
     int rows_in_place;       /* qrows, dorows are the caller's: nothing to pack */
     const float *lse, *dsum; /* [NR]; padding lanes -inf and 0 */
@@ -40,7 +43,9 @@ typedef struct fmha_bwd_qblock {
 typedef struct fmha_bwd_keys {
     void *k_op;     /* K as the score product reads it */
     void *v_op;     /* V as the dP product reads it */
-    float *krows;   /* [Bc][D_pad] float32 K rows, for dQ (may alias k_op) */
+    float *krows;   /* [Bc][D_pad] float32 K rows (may alias k_op) */
+    void *k_grad;   /* K as the dQ product reads it (krows, or key-row pairs) */
+    void *a_op;     /* scratch of the gradient products' A operands, or NULL */
 } fmha_bwd_keys;
 
 struct fmha_operand_path {
@@ -84,6 +89,12 @@ struct fmha_operand_path {
     /* pt = scale K Q^T and dpt = V dO^T, [nk][NR] each. */
     void (*bwd_scores)(const fmha_plan *plan, const fmha_bwd_keys *keys, const fmha_bwd_qblock *blk,
                        int64_t nk, float *pt, float *dpt);
+    /* From pt = P^T and dpt = dS^T ([nk][NR]) of nq queries and nk keys:
+     * dv [nk][Dv_pad] += P^T dO, dk [nk][D_pad] += dS^T Q and, unless dq is
+     * NULL, dq [nq][D_pad] += dS K; float32 accumulation, fixed order. */
+    void (*bwd_grads)(const fmha_plan *plan, const fmha_bwd_keys *keys, const fmha_bwd_qblock *blk,
+                      size_t nq, size_t nk, const float *pt, const float *dpt, float *dv, float *dk,
+                      float *dq);
 };
 
 extern const fmha_operand_path fmha_path_f32;
@@ -97,6 +108,18 @@ const fmha_operand_path *fmha_operand_path_for(fmha_dtype dtype, const fmha_uker
 static inline size_t fmha_pad_nr(const fmha_plan *plan, int64_t n) {
     return fmha_round_up((size_t)n, plan->uk->nr);
 }
+
+/* C[rows][ncols_pad] += A B over column panels of NR, MR rows at a time,
+ * on uk->gemm_f32, or with `pairs` on uk->gemm_bf16 (k then counts pairs);
+ * A and B are in 4-byte words (float or pair), strides as the kernels'. */
+void fmha_gemm_panels(const fmha_ukernels *uk, int pairs, size_t rows, size_t k, const void *a,
+                      ptrdiff_t a_rs, ptrdiff_t a_cs, const void *b, size_t ldb, float *c, size_t ldc,
+                      size_t ncols_pad);
+
+/* bwd_grads as float32 GEMMs on float32 rows. */
+void fmha_bwd_grads_f32(const fmha_plan *plan, const fmha_bwd_keys *keys, const fmha_bwd_qblock *blk,
+                        size_t nq, size_t nk, const float *pt, const float *dpt, float *dv, float *dk,
+                        float *dq);
 
 /* Float32 rows of a strided block: rows[i][e] = X[i][e] widened, [NR][ld],
  * zero past n rows and cols columns; X element (i, e) at src[first + i*rs + e*cs]. */

@@ -3,11 +3,13 @@
  * dimension (uk->gemm_bf16's layout):
  *   forward   Q^T pairs [D2][NR] per block; K pairs [Skv][D2] and V^T pairs
  *             [Dv][Skv2] of each (batch, kv head), packed once per call
- *   backward  Q^T, dO^T pairs per query block, K and V pairs per key block
+ *   backward  Q^T, dO^T pairs per query block, K and V pairs per key block;
+ *             FAST also Q, dO query-row pairs and K key-row pairs
  * S^T and dP^T run on pairs; the P V product takes P^T as pairs plus (precision
- * ACCURATE) the pairs of its rounding residual. dV, dK and dQ stay float32
- * GEMMs on float32 rows: rounding P or dS to bf16 as a GEMM input leaves the
- * gradients up to ~1.57x the error of rounding the exact result (measured). */
+ * ACCURATE) the pairs of its rounding residual. With precision FAST dV, dK
+ * and dQ run on pairs of P and dS rounded per tile (each gradient about 1.45x
+ * the error of rounding its exact value to bf16, measured); ACCURATE keeps
+ * them float32 GEMMs on float32 rows. */
 #include <string.h>
 
 #include "../convert.h"
@@ -26,6 +28,18 @@ static void pack_pairs_transposed(const uint16_t *src, int64_t first, int64_t rs
         for (int64_t e = 0; e < cols2; e++)
             tr2[(size_t)e * nr + (size_t)i] =
                 fmha_bf16_pair(src, row + 2 * e * cs, row + (2 * e + 1) * cs, 2 * e + 1 < cols);
+    }
+}
+
+/* dst[p][e] = (X[2p][e], X[2p+1][e]) for 2p < n, e < cols (an odd n pairs
+ * its last row with 0), zero elsewhere: pairs across rows, [rows2][ld]. */
+static void pack_pairs_across_rows(const uint16_t *src, int64_t first, int64_t rs, int64_t cs, int64_t n,
+                                   int64_t cols, size_t rows2, uint32_t *dst, size_t ld) {
+    memset(dst, 0, rows2 * ld * sizeof(uint32_t));
+    for (int64_t p = 0; 2 * p < n; p++) {
+        int64_t row = first + 2 * p * rs;
+        for (int64_t e = 0; e < cols; e++)
+            dst[(size_t)p * ld + (size_t)e] = fmha_bf16_pair(src, row + e * cs, row + rs + e * cs, 2 * p + 1 < n);
     }
 }
 
@@ -142,17 +156,21 @@ static void values(const fmha_plan *plan, fmha_kv_view vv, int64_t nk, const flo
 
 /* ---- backward ---- */
 
-/* Q^T pairs [D2][NR], dO^T pairs [Dv2][NR], float32 Q rows [NR][D_pad] and
- * dO rows [NR][Dv_pad]. */
+/* Precision FAST: the gradient products run on pairs too. */
+static int pair_grads(const fmha_plan *plan) { return plan->p.precision == FMHA_PRECISION_FAST; }
+
+/* Q^T pairs [D2][NR], dO^T pairs [Dv2][NR], then Q rows [NR][D_pad] and dO
+ * rows [NR][Dv_pad]: query-row pairs [NR/2][*_pad] (FAST), or float32. */
 static void qblock_carve(const fmha_plan *plan, fmha_carver *c, const void *q, const void *d_o,
                          int64_t b, int64_t h, int64_t q0, fmha_bwd_qblock *blk) {
     const fmha_problem *p = &plan->p;
     size_t nr = plan->uk->nr, d_pad = fmha_pad_nr(plan, p->head_dim),
            dv_pad = fmha_pad_nr(plan, p->head_dim_v);
+    size_t rows = pair_grads(plan) ? nr / 2 : nr; /* 4-byte words: pairs or floats */
     blk->qt = fmha_carve(c, pairs(p->head_dim) * nr * sizeof(uint32_t));
     blk->dot = fmha_carve(c, pairs(p->head_dim_v) * nr * sizeof(uint32_t));
-    blk->qrows = fmha_carve(c, nr * d_pad * sizeof(float));
-    blk->dorows = fmha_carve(c, nr * dv_pad * sizeof(float));
+    blk->qrows = fmha_carve(c, rows * d_pad * sizeof(uint32_t));
+    blk->dorows = fmha_carve(c, rows * dv_pad * sizeof(uint32_t));
     blk->qrows_ld = d_pad;
     blk->dorows_ld = dv_pad;
     blk->rows_in_place = 0;
@@ -165,19 +183,34 @@ static void qblock_pack(const fmha_plan *plan, const void *q, const void *d_o, i
     size_t nr = plan->uk->nr;
     int64_t qfirst = b * qs[0] + q0 * qs[1] + h * qs[2], ofirst = b * os[0] + q0 * os[1] + h * os[2];
     pack_pairs_transposed(q, qfirst, qs[1], qs[3], nq, p->head_dim, nr, (uint32_t *)blk->qt);
+    pack_pairs_transposed(d_o, ofirst, os[1], os[3], nq, p->head_dim_v, nr, (uint32_t *)blk->dot);
+    if (pair_grads(plan)) {
+        pack_pairs_across_rows(q, qfirst, qs[1], qs[3], nq, p->head_dim, nr / 2, (uint32_t *)blk->qrows,
+                               blk->qrows_ld);
+        pack_pairs_across_rows(d_o, ofirst, os[1], os[3], nq, p->head_dim_v, nr / 2,
+                               (uint32_t *)blk->dorows, blk->dorows_ld);
+        return;
+    }
     fmha_pack_rows_f32(q, p->dtype, qfirst, qs[1], qs[3], nq, p->head_dim, nr, (float *)blk->qrows,
                        blk->qrows_ld);
-    pack_pairs_transposed(d_o, ofirst, os[1], os[3], nq, p->head_dim_v, nr, (uint32_t *)blk->dot);
     fmha_pack_rows_f32(d_o, p->dtype, ofirst, os[1], os[3], nq, p->head_dim_v, nr,
                        (float *)blk->dorows, blk->dorows_ld);
 }
 
-/* K pairs [Bc][D2], V pairs [Bc][Dv2] (along dv), float32 K rows [Bc][D_pad]. */
+/* K pairs [Bc][D2], V pairs [Bc][Dv2] (along dv), float32 K rows [Bc][D_pad]
+ * (dQ's operand, or FAST the guarded dQ's); FAST also K key-row pairs
+ * [Bc/2][D_pad] and the A operands' scratch, [Bc][NR/2] or [Bc/2][NR]. */
 static void keys_carve(const fmha_plan *plan, fmha_carver *c, fmha_bwd_keys *keys) {
-    size_t bc = plan->uk->block_kv;
+    size_t bc = plan->uk->block_kv, nr = plan->uk->nr, d_pad = fmha_pad_nr(plan, plan->p.head_dim);
     keys->k_op = fmha_carve(c, bc * pairs(plan->p.head_dim) * sizeof(uint32_t));
     keys->v_op = fmha_carve(c, bc * pairs(plan->p.head_dim_v) * sizeof(uint32_t));
-    keys->krows = fmha_carve(c, bc * fmha_pad_nr(plan, plan->p.head_dim) * sizeof(float));
+    keys->krows = fmha_carve(c, bc * d_pad * sizeof(float));
+    keys->k_grad = keys->krows;
+    keys->a_op = NULL;
+    if (pair_grads(plan)) {
+        keys->k_grad = fmha_carve(c, pairs((int64_t)bc) * d_pad * sizeof(uint32_t));
+        keys->a_op = fmha_carve(c, pairs((int64_t)bc) * nr * sizeof(uint32_t));
+    }
 }
 
 static void keys_pack(const fmha_plan *plan, const void *k, const void *v, int64_t b, int64_t hk,
@@ -189,6 +222,9 @@ static void keys_pack(const fmha_plan *plan, const void *k, const void *v, int64
     pack_pairs_rows(v, vfirst, vs[1], vs[3], nk, p->head_dim_v, keys->v_op);
     fmha_pack_rows_f32(k, p->dtype, kfirst, ks[1], ks[3], nk, p->head_dim, plan->uk->block_kv,
                        keys->krows, fmha_pad_nr(plan, p->head_dim));
+    if (pair_grads(plan))
+        pack_pairs_across_rows(k, kfirst, ks[1], ks[3], nk, p->head_dim, pairs(nk), keys->k_grad,
+                               fmha_pad_nr(plan, p->head_dim));
 }
 
 static void bwd_scores(const fmha_plan *plan, const fmha_bwd_keys *keys, const fmha_bwd_qblock *blk,
@@ -205,8 +241,33 @@ static void bwd_scores(const fmha_plan *plan, const fmha_bwd_keys *keys, const f
     }
 }
 
+/* FAST: dV += P^T dO and dK += dS^T Q with P^T, dS^T rounded row by row
+ * (adjacent queries paired) against query-row pairs of dO and Q; dQ += dS K
+ * with dS^T's rows paired two keys at a time against key-row pairs of K. */
+static void bwd_grads(const fmha_plan *plan, const fmha_bwd_keys *keys, const fmha_bwd_qblock *blk,
+                      size_t nq, size_t nk, const float *pt, const float *dpt, float *dv, float *dk,
+                      float *dq) {
+    if (!pair_grads(plan)) {
+        fmha_bwd_grads_f32(plan, keys, blk, nq, nk, pt, dpt, dv, dk, dq);
+        return;
+    }
+    const fmha_ukernels *uk = plan->uk;
+    size_t nr = uk->nr, half = nr / 2, d_pad = fmha_pad_nr(plan, plan->p.head_dim),
+           dv_pad = fmha_pad_nr(plan, plan->p.head_dim_v), qp = pairs((int64_t)nq);
+    uint32_t *a = keys->a_op;
+    uk->pack_rows_bf16(nk, nq, pt, nr, a, half);
+    fmha_gemm_panels(uk, 1, nk, qp, a, (ptrdiff_t)half, 1, blk->dorows, blk->dorows_ld, dv, dv_pad, dv_pad);
+    uk->pack_rows_bf16(nk, nq, dpt, nr, a, half);
+    fmha_gemm_panels(uk, 1, nk, qp, a, (ptrdiff_t)half, 1, blk->qrows, blk->qrows_ld, dk, d_pad, d_pad);
+    if (!dq) return;
+    for (size_t pr = 0; 2 * pr < nk; pr++)
+        uk->pair_rows_bf16(dpt + 2 * pr * nr, 2 * pr + 1 < nk ? dpt + (2 * pr + 1) * nr : NULL, a + pr * nr);
+    fmha_gemm_panels(uk, 1, nq, pairs((int64_t)nk), a, 1, (ptrdiff_t)nr, keys->k_grad, d_pad, dq, d_pad,
+                     d_pad);
+}
+
 const fmha_operand_path fmha_path_bf16 = {
     "bf16",
     unit_bytes, kv_pack, kv_views, q_bytes, q_pack, scores, p_bytes, values,
-    qblock_carve, qblock_pack, keys_carve, keys_pack, bwd_scores,
+    qblock_carve, qblock_pack, keys_carve, keys_pack, bwd_scores, bwd_grads,
 };

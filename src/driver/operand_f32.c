@@ -5,8 +5,9 @@
  *   fmha_path_widened  bf16 and f16 on kernels without bf16 products: K and V
  *                      of each (batch, kv head) are widened to float32 once per
  *                      call, then everything runs as float32.
- * Both run the products on the float32 GEMM microkernel; scale enters as its
- * ab_scale, so Q is packed unscaled and a large scale cannot overflow Q. */
+ * Both run the products on the float32 GEMM microkernel (the gradient
+ * products in fmha_bwd_grads_f32, shared with the bf16 path's precision
+ * ACCURATE); scale enters as its ab_scale, so Q is packed unscaled and a large scale cannot overflow Q. */
 #include <string.h>
 
 #include "../convert.h"
@@ -194,6 +195,8 @@ static void f32_keys_carve(const fmha_plan *plan, fmha_carver *c, fmha_bwd_keys 
     size_t bc = plan->uk->block_kv;
     keys->krows = fmha_carve(c, bc * fmha_pad_nr(plan, plan->p.head_dim) * sizeof(float));
     keys->k_op = keys->krows;
+    keys->k_grad = keys->krows;
+    keys->a_op = NULL;
     keys->v_op = fmha_carve(c, bc * fmha_pad_nr(plan, plan->p.head_dim_v) * sizeof(float));
 }
 
@@ -223,10 +226,41 @@ static void f32_bwd_scores(const fmha_plan *plan, const fmha_bwd_keys *keys,
     }
 }
 
+void fmha_gemm_panels(const fmha_ukernels *uk, int pairs, size_t rows, size_t k, const void *a,
+                      ptrdiff_t a_rs, ptrdiff_t a_cs, const void *b, size_t ldb, float *c, size_t ldc,
+                      size_t ncols_pad) {
+    const float *af = a, *bf = b;
+    const uint32_t *a2 = a, *b2 = b;
+    for (size_t c0 = 0; c0 < ncols_pad; c0 += uk->nr)
+        for (size_t r = 0; r < rows; r += uk->mr) {
+            size_t m = rows - r < uk->mr ? rows - r : uk->mr;
+            ptrdiff_t at = (ptrdiff_t)r * a_rs;
+            float *cr = c + r * ldc + c0;
+            if (pairs)
+                uk->gemm_bf16(m, k, a2 + at, a_rs, a_cs, b2 + c0, ldb, cr, ldc, FMHA_UK_ACCUMULATE, NULL, 1.0f);
+            else
+                uk->gemm_f32(m, k, af + at, a_rs, a_cs, bf + c0, ldb, cr, ldc, FMHA_UK_ACCUMULATE, NULL, 1.0f);
+        }
+}
+
+/* dV_j += P^T dO_i, dK_j += dS^T Q_i, dQ_i += dS K_j (A element (i, r) =
+ * dS^T[r][i]). */
+void fmha_bwd_grads_f32(const fmha_plan *plan, const fmha_bwd_keys *keys, const fmha_bwd_qblock *blk,
+                        size_t nq, size_t nk, const float *pt, const float *dpt, float *dv, float *dk,
+                        float *dq) {
+    const fmha_ukernels *uk = plan->uk;
+    size_t nr = uk->nr, d_pad = fmha_pad_nr(plan, plan->p.head_dim),
+           dv_pad = fmha_pad_nr(plan, plan->p.head_dim_v);
+    fmha_gemm_panels(uk, 0, nk, nq, pt, (ptrdiff_t)nr, 1, blk->dorows, blk->dorows_ld, dv, dv_pad, dv_pad);
+    fmha_gemm_panels(uk, 0, nk, nq, dpt, (ptrdiff_t)nr, 1, blk->qrows, blk->qrows_ld, dk, d_pad, d_pad);
+    if (dq) fmha_gemm_panels(uk, 0, nq, nk, dpt, 1, (ptrdiff_t)nr, keys->k_grad, d_pad, dq, d_pad, d_pad);
+}
+
 const fmha_operand_path fmha_path_f32 = {
     "f32",
     no_unit_bytes, NULL, in_place_views, f32_q_bytes, f32_q_pack, f32_scores, no_p_bytes, f32_values,
     f32_qblock_carve, f32_qblock_pack, f32_keys_carve, f32_keys_pack, f32_bwd_scores,
+    fmha_bwd_grads_f32,
 };
 
 const fmha_operand_path fmha_path_widened = {
@@ -234,4 +268,5 @@ const fmha_operand_path fmha_path_widened = {
     widened_unit_bytes, widened_kv_pack, widened_views, f32_q_bytes, f32_q_pack, f32_scores,
     no_p_bytes, f32_values,
     widened_qblock_carve, f32_qblock_pack, f32_keys_carve, f32_keys_pack, f32_bwd_scores,
+    fmha_bwd_grads_f32,
 };
