@@ -143,13 +143,13 @@ typedef struct dec_partials {
 
 static void dec_carve(const fmha_plan *plan, fmha_carver *c, dec_scratch *s) {
     size_t rows = (size_t)plan->dec_rows, D = (size_t)plan->p.head_dim, Dv = (size_t)plan->p.head_dim_v;
-    /* tiles staged in scratch: widened 2-byte caches, tiles that cross pages */
-    int wide = plan->kv_dtype != FMHA_DTYPE_F32 || plan->p.block_table;
+    /* sub-blocks staged in scratch: widened 2-byte caches, sub-blocks that cross pages */
+    int staged = plan->kv_dtype != FMHA_DTYPE_F32 || plan->p.block_table;
     s->qf = fmha_carve(c, (size_t)plan->dec_heads * rows * D * sizeof(float));
     size_t heads = (size_t)plan->dec_heads;
     s->s = fmha_carve(c, heads * rows * DEC_TILE * sizeof(float));
-    s->kf = fmha_carve(c, wide ? heads * DEC_SUB * D * sizeof(float) : 0);
-    s->vf = fmha_carve(c, wide ? heads * DEC_SUB * Dv * sizeof(float) : 0);
+    s->kf = fmha_carve(c, staged ? heads * DEC_SUB * D * sizeof(float) : 0);
+    s->vf = fmha_carve(c, staged ? heads * DEC_SUB * Dv * sizeof(float) : 0);
     s->alpha = fmha_carve(c, heads * rows * sizeof(float));
     s->ones = fmha_carve(c, rows * sizeof(float));
     s->lo = fmha_carve(c, rows * sizeof(int64_t));
@@ -210,26 +210,26 @@ static void dec_row_range(const fmha_plan *plan, int64_t b, int64_t i, int64_t *
  * elements), heads [hk0, hk0 + heads), as the kernels read them: rows[hh]
  * for head hk0 + hh, rows ld elements apart (returned). Rows inside one page
  * are read in place: float32, or 2-byte rows where the ISA has kernels for
- * them (*wide = 0; else 1). The rest is staged into buf [nj][heads][len]
+ * them (*h16_rows = 1: the caller runs those kernels). The rest is staged into buf [nj][heads][len]
  * float32 (widened from a 2-byte cache, gathered across pages) in address
  * order: the whole sub-block in one run when it is one in memory (the
  * unit's heads and the keys adjacent, one page), else key by key, or row by
  * row. */
 static size_t dec_rows(const dec_ctx *c, const int64_t *st, const void *x, int64_t len, int64_t b, int64_t hk0,
                        int64_t heads, int64_t k0, int64_t nj, int h16_kernels, float *buf, const void **rows,
-                       int *wide) {
+                       int *h16_rows) {
     const fmha_plan *plan = c->plan;
     const fmha_problem *p = &plan->p;
     const fmha_dtype t = plan->kv_dtype;
     const int one_page = dec_one_page(p, k0, nj);
-    *wide = t != FMHA_DTYPE_F32;
+    *h16_rows = 0;
     if (one_page && (t == FMHA_DTYPE_F32 || h16_kernels)) {
+        *h16_rows = t != FMHA_DTYPE_F32;
         const size_t esize = fmha_dtype_size(t);
         for (int64_t hh = 0; hh < heads; hh++)
             rows[hh] = (const char *)x + (size_t)dec_key_at(p, st, b, hk0 + hh, k0) * esize;
         return (size_t)st[1];
     }
-    *wide = 0;
     fmha_widen_ukernel_fn widen = t == FMHA_DTYPE_BF16 ? plan->uk->widen_bf16 : plan->uk->widen_f16;
     const int64_t w = heads * len; /* one staged key */
     const int heads_adjacent = heads == 1 || st[2] == len;
@@ -297,7 +297,6 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
 
     const int64_t *ks = p->k_strides, *vs = p->v_strides;
     long long computed = 0;
-    const int64_t sub = DEC_SUB;
     /* the ISA's kernels for a 2-byte cache read in place, if any */
     const fmha_dtype kvt = plan->kv_dtype;
     const fmha_h16_decode_scores_ukernel_fn scores16 = kvt == FMHA_DTYPE_BF16  ? uk->decode_scores_bf16kv
@@ -312,16 +311,16 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
         int64_t nk = ke - k0 < DEC_TILE ? ke - k0 : DEC_TILE;
         /* K and V one sub-block at a time: in place, or staged (dec_rows) */
         const void *rows_of[DEC_MAX_HEADS];
-        int wide;
+        int h16_rows;
         /* scores: keys in sub-blocks, every head of a sub-block in turn,
          * so that a cache interleaving the heads is read in address order */
-        for (int64_t j0 = 0; j0 < nk; j0 += sub) {
-            const int64_t nj = nk - j0 < sub ? nk - j0 : sub;
-            size_t ld = dec_rows(c, ks, c->k, D, b, hk0, heads, k0 + j0, nj, h16, s.kf, rows_of, &wide);
+        for (int64_t j0 = 0; j0 < nk; j0 += DEC_SUB) {
+            const int64_t nj = nk - j0 < DEC_SUB ? nk - j0 : DEC_SUB;
+            size_t ld = dec_rows(c, ks, c->k, D, b, hk0, heads, k0 + j0, nj, h16, s.kf, rows_of, &h16_rows);
             for (int64_t hh = 0; hh < heads; hh++) {
                 const float *qh = s.qf + hh * rows * D;
                 float *sh = s.s + hh * rows * DEC_TILE + j0;
-                if (wide)
+                if (h16_rows)
                     scores16((size_t)n, (size_t)nj, (size_t)D, qh, (size_t)D, rows_of[hh], ld, sh, DEC_TILE,
                              plan->scale);
                 else
@@ -341,13 +340,13 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
                                    s.alpha + hh * rows);
         }
         /* values in the same order; the first sub-block rescales O by alpha */
-        for (int64_t j0 = 0; j0 < nk; j0 += sub) {
-            const int64_t nj = nk - j0 < sub ? nk - j0 : sub;
-            size_t ld = dec_rows(c, vs, c->v, Dv, b, hk0, heads, k0 + j0, nj, h16, s.vf, rows_of, &wide);
+        for (int64_t j0 = 0; j0 < nk; j0 += DEC_SUB) {
+            const int64_t nj = nk - j0 < DEC_SUB ? nk - j0 : DEC_SUB;
+            size_t ld = dec_rows(c, vs, c->v, Dv, b, hk0, heads, k0 + j0, nj, h16, s.vf, rows_of, &h16_rows);
             for (int64_t hh = 0; hh < heads; hh++) {
                 const float *ph = s.s + hh * rows * DEC_TILE + j0, *ah = j0 == 0 ? s.alpha + hh * rows : s.ones;
                 float *oh = po + hh * rows * Dv;
-                if (wide)
+                if (h16_rows)
                     values16((size_t)n, (size_t)nj, (size_t)Dv, ph, DEC_TILE, rows_of[hh], ld, oh, (size_t)Dv, ah);
                 else
                     uk->decode_values_f32((size_t)n, (size_t)nj, (size_t)Dv, ph, DEC_TILE, rows_of[hh], ld, oh,
