@@ -65,8 +65,16 @@ FMHA_INLINE const void *row_at(const int kind, const void *x, size_t r, size_t l
     return (const char *)x + r * ld * (kind == KV_F32 ? sizeof(float) : sizeof(uint16_t));
 }
 
-/* Scores of R rows x (16 / R) keys (R = 1, 2 or 4): 16 accumulators, one
- * per (row, key), so that each K vector loaded feeds R FMAs and each query
+/* acc[r * J + jj] += qv[r] kv[jj], the R x J products of one head-dim step. */
+FMHA_INLINE void scores_step(const int R, const int J, const __m512 qv[4], const __m512 kv[16], __m512 acc[16]) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 16
+        for (int jj = 0; jj < J; jj++) acc[r * J + jj] = _mm512_fmadd_ps(qv[r], kv[jj], acc[r * J + jj]);
+}
+
+/* Scores of R rows x (16 / R) keys (R = 4 or 1): 16 accumulators, one per
+ * (row, key), so that each K vector loaded feeds R FMAs and each query
  * vector 16 / R. The reduction leaves row r's keys in lanes
  * [r * 16 / R, (r + 1) * 16 / R). nr <= R rows and nj <= 16 / R keys are
  * stored; the rest repeat the last row or key. */
@@ -88,10 +96,7 @@ FMHA_INLINE void scores_block(const int kind, const int R, size_t nr, size_t nj,
         for (int r = 0; r < R; r++) qv[r] = _mm512_loadu_ps(qr[r] + e);
 #pragma GCC unroll 16
         for (int jj = 0; jj < J; jj++) kv[jj] = load_kv(kind, kr[jj], e);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++)
-#pragma GCC unroll 16
-            for (int jj = 0; jj < J; jj++) acc[r * J + jj] = _mm512_fmadd_ps(qv[r], kv[jj], acc[r * J + jj]);
+        scores_step(R, J, qv, kv, acc);
     }
     if (e < d) {
         const __mmask16 tail = (__mmask16)((1u << (d - e)) - 1u);
@@ -100,18 +105,12 @@ FMHA_INLINE void scores_block(const int kind, const int R, size_t nr, size_t nj,
         for (int r = 0; r < R; r++) qv[r] = _mm512_maskz_loadu_ps(tail, qr[r] + e);
 #pragma GCC unroll 16
         for (int jj = 0; jj < J; jj++) kv[jj] = maskz_load_kv(kind, tail, kr[jj], e);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++)
-#pragma GCC unroll 16
-            for (int jj = 0; jj < J; jj++) acc[r * J + jj] = _mm512_fmadd_ps(qv[r], kv[jj], acc[r * J + jj]);
+        scores_step(R, J, qv, kv, acc);
     }
     const __m512 sum = _mm512_mul_ps(reduce16(acc), sv);
     const __mmask16 keys = (__mmask16)((1u << nj) - 1u);
     if (R == 1) {
         _mm512_mask_storeu_ps(s, keys, sum);
-    } else if (R == 2) {
-        _mm256_mask_storeu_ps(s, (__mmask8)keys, _mm512_castps512_ps256(sum));
-        if (nr > 1) _mm256_mask_storeu_ps(s + lds, (__mmask8)keys, _mm512_extractf32x8_ps(sum, 1));
     } else {
         _mm_mask_storeu_ps(s, (__mmask8)keys, _mm512_castps512_ps128(sum));
         if (nr > 1) _mm_mask_storeu_ps(s + lds, (__mmask8)keys, _mm512_extractf32x4_ps(sum, 1));
