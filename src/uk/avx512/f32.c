@@ -314,6 +314,12 @@ FMHA_INLINE void transpose_16x16(__m512 x[16]) {
     }
 }
 
+/* x[l] = the lanes of m of row l of src (rows ld apart) for l < n, zero
+ * for l >= n: a 16 x 16 block ready for transpose_16x16. */
+FMHA_INLINE void load_block_16(const float *src, ptrdiff_t ld, size_t n, __mmask16 m, __m512 x[16]) {
+    for (size_t l = 0; l < 16; l++) x[l] = l < n ? _mm512_maskz_loadu_ps(m, src + (ptrdiff_t)l * ld) : _mm512_setzero_ps();
+}
+
 /* st[r][i] += src[i * q_stride + r]; contract in ukernel.h. 16 x 16 blocks:
  * 16 query rows loaded (keys past nk masked, queries past nq zero),
  * transposed, added to 16 score rows. */
@@ -325,9 +331,7 @@ void fmha_f32_add_transposed_ukernel__avx512(size_t nk, size_t nq, const float *
             size_t keys = nk - r0 < 16 ? nk - r0 : 16;
             const __mmask16 kmask = (__mmask16)((1u << keys) - 1u);
             __m512 x[16];
-            for (size_t l = 0; l < 16; l++)
-                x[l] = l < rows ? _mm512_maskz_loadu_ps(kmask, src + (ptrdiff_t)(i0 + l) * q_stride + (ptrdiff_t)r0)
-                                : _mm512_setzero_ps();
+            load_block_16(src + (ptrdiff_t)i0 * q_stride + (ptrdiff_t)r0, q_stride, rows, kmask, x);
             transpose_16x16(x);
             for (size_t c = 0; c < keys; c++) {
                 float *row = st + (r0 + c) * lds + i0;
@@ -347,8 +351,7 @@ void fmha_f32_transpose_ukernel__avx512(size_t rows, size_t cols, const float *s
             const size_t nc = cols - c0 < 16 ? cols - c0 : 16;
             const __mmask16 cmask = (__mmask16)((1u << nc) - 1u);
             __m512 x[16];
-            for (size_t r = 0; r < 16; r++)
-                x[r] = r < nr ? _mm512_maskz_loadu_ps(cmask, src + (r0 + r) * lds + c0) : _mm512_setzero_ps();
+            load_block_16(src + r0 * lds + c0, (ptrdiff_t)lds, nr, cmask, x);
             transpose_16x16(x);
             for (size_t c = 0; c < nc; c++) _mm512_mask_storeu_ps(dst + (c0 + c) * ldd + r0, rmask, x[c]);
         }
@@ -369,9 +372,9 @@ uint64_t fmha_f32_finish_ukernel__avx512(size_t rows, size_t cols, const float *
             const size_t nc = cols - c0 < 16 ? cols - c0 : 16;
             const __mmask16 cmask = (__mmask16)((1u << nc) - 1u);
             __m512 x[16];
-            for (size_t c = 0; c < 16; c++) {
-                x[c] = c < nc ? _mm512_mul_ps(_mm512_maskz_loadu_ps(rmask, ot + (c0 + c) * ldt + i0), sc)
-                              : _mm512_setzero_ps();
+            load_block_16(ot + c0 * ldt + i0, (ptrdiff_t)ldt, nc, rmask, x);
+            for (size_t c = 0; c < nc; c++) {
+                x[c] = _mm512_mul_ps(x[c], sc);
                 nonfinite |= _mm512_fpclass_ps_mask(x[c], 0x99); /* NaN, +inf, -inf */
             }
             transpose_16x16(x);
