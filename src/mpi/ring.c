@@ -204,13 +204,16 @@ static void exchange(const ring *r, int tag, float *recv_buf, int64_t recv_len, 
 }
 
 /* Allocates n float buffers of the given element counts, all or none;
- * the answer is agreed over the ring. */
-static fmha_status alloc_all(const ring *r, int n, float **buf, const int64_t *elems) {
+ * the answer is agreed over the ring. On failure the ring is freed too
+ * (ring_free), so the caller only returns the status. */
+static fmha_status alloc_all(ring *r, int n, float **buf, const int64_t *elems) {
     int ok = 1;
     for (int i = 0; i < n; i++) ok &= (buf[i] = malloc((size_t)elems[i] * sizeof(float) + 1)) != NULL;
     fmha_status s = agree(r, ok ? FMHA_OK : FMHA_ERR_OUT_OF_MEMORY);
-    if (s != FMHA_OK)
+    if (s != FMHA_OK) {
         for (int i = 0; i < n; i++) free(buf[i]), buf[i] = NULL;
+        ring_free(r);
+    }
     return s;
 }
 
@@ -231,10 +234,7 @@ fmha_status fmha_ring_forward(const fmha_problem *p, MPI_Comm comm, fmha_ring_la
                                  B * C * Hq * Dv, B * C * Hq * Dv, B * Hq * C, B * Hq * C,
                                  B * C * Hq * Dv, B * Hq * C};
     st = alloc_all(&r, NBUF, buf, elems);
-    if (st != FMHA_OK) {
-        ring_free(&r);
-        return st;
-    }
+    if (st != FMHA_OK) return st;
     int64_t cst[4], ost[4];
     bshd_strides(cst, S, Hq, D);
     bshd_strides(ost, C, Hq, Dv);
@@ -304,10 +304,7 @@ fmha_status fmha_ring_backward(const fmha_problem *p, MPI_Comm comm, fmha_ring_l
     const int64_t elems[NBUF] = {B * S * Hq * D, B * S * Hq * Dv, B * S * Hq * Dv, B * S * Hq * D,
                                  B * S * Hq * D, B * Hq * C, B * Hq * C, blk, blk, blk, blk, blk, blk};
     st = alloc_all(&r, NBUF, buf, elems);
-    if (st != FMHA_OK) {
-        ring_free(&r);
-        return st;
-    }
+    if (st != FMHA_OK) return st;
     int64_t qst[4], ost[4];
     bshd_strides(qst, S, Hq, D);
     bshd_strides(ost, S, Hq, Dv);
