@@ -124,7 +124,9 @@ typedef enum fmha_strategy {
                                  src/plan.c); the forward of few queries against many keys
                                  (Sq <= 16, Skv >= 8 Sq: decoding) runs the decode driver,
                                  split over the keys (docs/design.md, "Decode") */
-    FMHA_STRATEGY_TILED,      /* online softmax over query x key tiles; workspace O(threads x tile) */
+    FMHA_STRATEGY_TILED,      /* online softmax over query x key tiles; workspace O(threads x tile),
+                                 plus K and V in the kernels' layout per call where the dtype's
+                                 path copies them (float32: V only, at most 64 MiB) */
     FMHA_STRATEGY_DENSE,      /* scores of one head materialised: workspace O(threads x Sq x Skv) */
     FMHA_STRATEGY_PORTABLE    /* tiled with the plain-C scalar microkernels only (the reference kernels) */
 } fmha_strategy;

@@ -3,8 +3,8 @@
  * in the microkernels (uk/ukernel.h), and how operands are packed and
  * multiplied in the plan's operand path (operand.h): no dtype test here.
  * Scores are kept transposed, S^T [keys][NR queries], so the softmax runs
- * lane-wise and K and V are the GEMMs' broadcast operand (float32: read from
- * the caller's memory, unpacked).
+ * lane-wise and K and V are the GEMMs' broadcast operand (float32: K read
+ * from the caller's memory, V too unless the path copies it).
  *
  * Tiled, per task (batch b, query head h, block of NR queries):
  *   Q^T = pack(Q_blk); m = -inf; l = 0; O^T = 0

@@ -3,7 +3,8 @@
  * and V, and runs the score and value products (and the backward's
  * gradient products); it is chosen once when a call is planned, and the drivers make one indirect call per step without
  * ever testing the dtype. The tables:
- *   fmha_path_f32      float32, K and V read in place from the caller
+ *   fmha_path_f32      float32, K read in place from the caller, V in place
+ *                      or from rows copied an odd number of cache lines apart
  *   fmha_path_widened  bf16 or f16 widened to float32 copies (any ISA)
  *   fmha_path_bf16     bf16 pairs on vdpbf16ps (tables with gemm_bf16); the
  *                      gradient products too with precision FAST

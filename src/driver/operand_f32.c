@@ -1,7 +1,9 @@
 /* operand_f32.c: the float32 operand paths and the choice of a path.
- *   fmha_path_f32      float32 tensors: K and V are read in place from the
- *                      caller's memory with any strides; only Q^T (and in the
- *                      backward dO^T, plus rows when not unit-stride) is packed.
+ *   fmha_path_f32      float32 tensors: K is read in place from the caller's
+ *                      memory with any strides, V in place when its rows suit
+ *                      the value product and else from a copy (f32_values);
+ *                      Q^T (and in the backward dO^T, plus rows when not
+ *                      unit-stride) is packed.
  *   fmha_path_widened  bf16 and f16 on kernels without bf16 products: K and V
  *                      of each (batch, kv head) are widened to float32 once per
  *                      call, then everything runs as float32.
@@ -54,7 +56,13 @@ static void pack_transposed_f32(const fmha_ukernels *uk, const void *src, fmha_d
 
 /* ---- forward ---- */
 
-static size_t no_unit_bytes(const fmha_plan *plan) { return 0; }
+/* V rows in the forward's own copy: [Skv][ld] per (batch, kv head), or
+ * [Bc][ld] per tile in the value product's scratch. ld is Dv rounded to
+ * whole cache lines, then made an odd number of lines. */
+static size_t v_copy_ld(const fmha_plan *plan) {
+    size_t ld = fmha_round_up((size_t)plan->p.head_dim_v, 16);
+    return (ld / 16) % 2 ? ld : ld + 16;
+}
 
 static void in_place_views(const fmha_plan *plan, const void *k, const void *v, const char *unit,
                            int64_t b, int64_t hk, int64_t k0, fmha_kv_view *kv, fmha_kv_view *vv) {
@@ -63,10 +71,10 @@ static void in_place_views(const fmha_plan *plan, const void *k, const void *v, 
     *vv = (fmha_kv_view){(const float *)v + b * vs[0] + k0 * vs[1] + hk * vs[2], vs[1], vs[3]};
 }
 
-/* Widened unit: kf [Skv][D] then vf [Skv][Dv], float32. */
+/* Widened unit: kf [Skv][D] then vf [Skv][v_copy_ld], float32. */
 static size_t widened_unit_bytes(const fmha_plan *plan) {
     size_t skv = (size_t)plan->p.seq_kv;
-    return floats_bytes(skv * (size_t)plan->p.head_dim) + floats_bytes(skv * (size_t)plan->p.head_dim_v);
+    return floats_bytes(skv * (size_t)plan->p.head_dim) + floats_bytes(skv * v_copy_ld(plan));
 }
 
 static void widened_kv_pack(const fmha_plan *plan, const void *k, const void *v, int64_t b,
@@ -74,20 +82,22 @@ static void widened_kv_pack(const fmha_plan *plan, const void *k, const void *v,
     const fmha_problem *p = &plan->p;
     const int64_t *ks = p->k_strides, *vs = p->v_strides;
     int64_t D = p->head_dim, Dv = p->head_dim_v;
+    size_t ld = v_copy_ld(plan);
     float *kf = (float *)unit, *vf = (float *)(unit + floats_bytes((size_t)(p->seq_kv * D)));
     for (int64_t r = k0; r < k0 + nk; r++) {
         int64_t krow = b * ks[0] + r * ks[1] + hk * ks[2], vrow = b * vs[0] + r * vs[1] + hk * vs[2];
         for (int64_t e = 0; e < D; e++) kf[r * D + e] = fmha_load(k, plan->kv_dtype, krow + e * ks[3]);
-        for (int64_t e = 0; e < Dv; e++) vf[r * Dv + e] = fmha_load(v, plan->kv_dtype, vrow + e * vs[3]);
+        for (int64_t e = 0; e < Dv; e++) vf[(size_t)r * ld + (size_t)e] = fmha_load(v, plan->kv_dtype, vrow + e * vs[3]);
     }
 }
 
 static void widened_views(const fmha_plan *plan, const void *k, const void *v, const char *unit,
                           int64_t b, int64_t hk, int64_t k0, fmha_kv_view *kv, fmha_kv_view *vv) {
-    int64_t D = plan->p.head_dim, Dv = plan->p.head_dim_v;
+    int64_t D = plan->p.head_dim;
     const float *vf = (const float *)(unit + floats_bytes((size_t)(plan->p.seq_kv * D)));
     *kv = (fmha_kv_view){(const float *)unit + k0 * D, D, 1};
-    *vv = (fmha_kv_view){vf + k0 * Dv, Dv, 1};
+    size_t ld = v_copy_ld(plan);
+    *vv = (fmha_kv_view){vf + (size_t)k0 * ld, (int64_t)ld, 1};
 }
 
 static size_t f32_q_bytes(const fmha_plan *plan) {
@@ -115,8 +125,8 @@ static void f32_scores(const fmha_plan *plan, fmha_kv_view kv, int64_t nk, const
 static size_t no_p_bytes(const fmha_plan *plan, size_t rows) { return 0; }
 
 /* ot = ot * alpha + V^T P^T: A element (c, r) = V[r][c]. */
-static void f32_values(const fmha_plan *plan, fmha_kv_view vv, int64_t nk, const float *pt,
-                       void *scratch, float *ot, int mode, const float *alpha) {
+static void values_product(const fmha_plan *plan, fmha_kv_view vv, int64_t nk, const float *pt,
+                           float *ot, int mode, const float *alpha) {
     const fmha_ukernels *uk = plan->uk;
     const float *v = vv.p;
     int64_t Dv = plan->p.head_dim_v;
@@ -125,6 +135,101 @@ static void f32_values(const fmha_plan *plan, fmha_kv_view vv, int64_t nk, const
         uk->gemm_f32(m, (size_t)nk, v + c * vv.cs, vv.cs, vv.rs, pt, uk->nr, ot + (size_t)c * uk->nr,
                      uk->nr, mode, alpha, 1.0f);
     }
+}
+
+/* V is read from a copy when the tiled forward reads V rows whose stride
+ * is a whole even number of cache lines (or not unit-stride) and one head's
+ * V is at least F32_VCOPY_MIN_HEAD_BYTES: below that it stays in L2 and in
+ * place costs less than copying (measured, S <= 512 at D = 128: in place
+ * 1-3% faster; S = 1024: the copy 25% faster). The copy of every (batch, kv
+ * head) is made once per call when it serves at least F32_VCOPY_MIN_USES
+ * query blocks and stays within F32_VCOPY_MAX_BYTES; otherwise each tile is
+ * copied as the product needs it. */
+enum { F32_VCOPY_MIN_USES = 4 };
+#define F32_VCOPY_MIN_HEAD_BYTES ((size_t)256 << 10)
+#define F32_VCOPY_MAX_BYTES ((size_t)64 << 20)
+
+static int v_copy_pays(const fmha_plan *plan) {
+    const fmha_problem *p = &plan->p;
+    int64_t rs = p->v_strides[1];
+    int rows_fit = p->v_strides[3] == 1 && (rs % 16 != 0 || (rs / 16) % 2 == 1);
+    return plan->strategy != FMHA_STRATEGY_DENSE && !rows_fit &&
+           (size_t)(p->seq_kv * p->head_dim_v) * sizeof(float) >= F32_VCOPY_MIN_HEAD_BYTES;
+}
+
+static size_t f32_unit_bytes(const fmha_plan *plan) {
+    const fmha_problem *p = &plan->p;
+    size_t q_blocks = ((size_t)p->seq_q + plan->uk->nr - 1) / plan->uk->nr;
+    size_t unit = floats_bytes((size_t)p->seq_kv * v_copy_ld(plan));
+    if (!v_copy_pays(plan) || q_blocks * (size_t)plan->group < F32_VCOPY_MIN_USES ||
+        unit * (size_t)(p->batch * p->heads_kv) > F32_VCOPY_MAX_BYTES)
+        return 0;
+    return unit;
+}
+
+/* Copies rows [k0, k0 + nk) of V[b, :, hk, :] to vf + r * ld. */
+static void copy_v_rows(const fmha_plan *plan, const float *v, int64_t b, int64_t hk, int64_t k0,
+                        int64_t nk, float *vf, size_t ld) {
+    const int64_t *vs = plan->p.v_strides;
+    int64_t Dv = plan->p.head_dim_v;
+    const float *src = v + b * vs[0] + k0 * vs[1] + hk * vs[2];
+    for (int64_t r = 0; r < nk; r++) {
+        if (vs[3] == 1)
+            memcpy(vf + (size_t)r * ld, src + r * vs[1], (size_t)Dv * sizeof(float));
+        else
+            for (int64_t e = 0; e < Dv; e++) vf[(size_t)r * ld + (size_t)e] = src[r * vs[1] + e * vs[3]];
+    }
+}
+
+static void f32_kv_pack(const fmha_plan *plan, const void *k, const void *v, int64_t b, int64_t hk,
+                        int64_t k0, int64_t nk, char *unit) {
+    size_t ld = v_copy_ld(plan);
+    copy_v_rows(plan, v, b, hk, k0, nk, (float *)unit + (size_t)k0 * ld, ld);
+}
+
+/* K in place; V from the copy when there is one. */
+static void f32_views(const fmha_plan *plan, const void *k, const void *v, const char *unit, int64_t b,
+                      int64_t hk, int64_t k0, fmha_kv_view *kv, fmha_kv_view *vv) {
+    in_place_views(plan, k, v, unit, b, hk, k0, kv, vv);
+    if (unit) {
+        size_t ld = v_copy_ld(plan);
+        *vv = (fmha_kv_view){(const float *)unit + (size_t)k0 * ld, (int64_t)ld, 1};
+    }
+}
+
+/* Per-tile copies: V worth copying, without the per-call copy. */
+static size_t f32_p_bytes(const fmha_plan *plan, size_t rows) {
+    if (!v_copy_pays(plan) || f32_unit_bytes(plan)) return 0;
+    return floats_bytes(rows * v_copy_ld(plan));
+}
+
+/* The value product of the caller's V (or the path's copy). It walks one
+ * V row per key; in a [B, S, H, D] tensor rows are H D floats apart (4 KiB
+ * at H = 8, D = 128), each in its own page and, with an even number of
+ * lines between them, in the same few L1 sets. Once a head's V outgrows L2
+ * every k-step waited on it: at S = 1024, D = 128 the product ran at 55-60%
+ * of the FMA peak against the score product's ~100%. Rows copied an odd
+ * number of lines apart (the per-call copy, else this tile's) restore it. */
+static void f32_values(const fmha_plan *plan, fmha_kv_view vv, int64_t nk, const float *pt,
+                       void *scratch, float *ot, int mode, const float *alpha) {
+    if (scratch && f32_p_bytes(plan, 1)) {
+        size_t ld = v_copy_ld(plan);
+        float *vf = scratch;
+        for (int64_t r = 0; r < nk; r++) {
+            const float *row = (const float *)vv.p + r * vv.rs;
+            if (vv.cs == 1)
+                memcpy(vf + (size_t)r * ld, row, (size_t)plan->p.head_dim_v * sizeof(float));
+            else
+                for (int64_t e = 0; e < plan->p.head_dim_v; e++) vf[(size_t)r * ld + (size_t)e] = row[e * vv.cs];
+        }
+        vv = (fmha_kv_view){vf, (int64_t)ld, 1};
+    }
+    values_product(plan, vv, nk, pt, ot, mode, alpha);
+}
+
+static void widened_values(const fmha_plan *plan, fmha_kv_view vv, int64_t nk, const float *pt,
+                           void *scratch, float *ot, int mode, const float *alpha) {
+    values_product(plan, vv, nk, pt, ot, mode, alpha);
 }
 
 /* ---- backward ---- */
@@ -258,7 +363,7 @@ void fmha_bwd_grads_f32(const fmha_plan *plan, const fmha_bwd_keys *keys, const 
 
 const fmha_operand_path fmha_path_f32 = {
     "f32",
-    no_unit_bytes, NULL, in_place_views, f32_q_bytes, f32_q_pack, f32_scores, no_p_bytes, f32_values,
+    f32_unit_bytes, f32_kv_pack, f32_views, f32_q_bytes, f32_q_pack, f32_scores, f32_p_bytes, f32_values,
     f32_qblock_carve, f32_qblock_pack, f32_keys_carve, f32_keys_pack, f32_bwd_scores,
     fmha_bwd_grads_f32,
 };
@@ -266,7 +371,7 @@ const fmha_operand_path fmha_path_f32 = {
 const fmha_operand_path fmha_path_widened = {
     "widened",
     widened_unit_bytes, widened_kv_pack, widened_views, f32_q_bytes, f32_q_pack, f32_scores,
-    no_p_bytes, f32_values,
+    no_p_bytes, widened_values,
     widened_qblock_carve, f32_qblock_pack, f32_keys_carve, f32_keys_pack, f32_bwd_scores,
     fmha_bwd_grads_f32,
 };

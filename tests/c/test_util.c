@@ -54,6 +54,20 @@ double tu_worst_ratio(const float *x, const double *r, size_t n, double atol, do
     return worst;
 }
 
+double tu_err_l2(const float *x, const double *r, size_t n) {
+    double num = 0.0;
+    for (size_t i = 0; i < n; i++)
+        if (isfinite(r[i])) num += ((double)x[i] - r[i]) * ((double)x[i] - r[i]);
+    return sqrt(num);
+}
+
+double tu_norm_l2(const double *r, size_t n) {
+    double den = 0.0;
+    for (size_t i = 0; i < n; i++)
+        if (isfinite(r[i])) den += r[i] * r[i];
+    return sqrt(den);
+}
+
 double tu_rel_l2(const float *x, const double *r, size_t n) {
     double num = 0.0, den = 0.0;
     for (size_t i = 0; i < n; i++) {

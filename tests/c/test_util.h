@@ -22,6 +22,9 @@ void tu_fill(float *x, size_t n, double lo, double hi);
 double tu_worst_ratio(const float *x, const double *r, size_t n, double atol, double rtol);
 /* Relative L2 error ||x - r|| / ||r|| (0 when both are zero). */
 double tu_rel_l2(const float *x, const double *r, size_t n);
+/* ||x - r|| and ||r|| over the finite r. */
+double tu_err_l2(const float *x, const double *r, size_t n);
+double tu_norm_l2(const double *r, size_t n);
 
 /* Records one check; prints the message on failure. Returns cond. */
 int tu_check(int cond, const char *fmt, ...);
