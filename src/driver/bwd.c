@@ -38,7 +38,8 @@
  * Packing. Each query block's operands (the path's Q^T and dO^T, float32 Q
  * and dO rows, lse, Dsum) are packed once, in a pre-pass, into the shared
  * workspace; each key block's once per task. The float32 path reads Q and
- * dO rows in place when their head dims fill whole panels at unit stride.
+ * dO rows in place when their head dims fill whole panels at unit stride and
+ * rows are not a whole even number of cache lines apart.
  *
  * Workspace (linear in S): the packed query blocks (about the size of Q and
  * dO; twice that for bf16 and padded or strided float32 layouts), dQ_g
