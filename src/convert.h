@@ -95,6 +95,40 @@ static inline void fmha_store(void *base, fmha_dtype t, int64_t idx, float x) {
     }
 }
 
+/* dst[e] = element first + e * stride of a tensor of dtype t, widened, e < n:
+ * one dtype test per row instead of one per element. */
+static inline void fmha_load_row(const void *base, fmha_dtype t, int64_t first, int64_t stride,
+                                 int64_t n, float *dst) {
+    switch (t) {
+    case FMHA_DTYPE_F32: {
+        const float *x = (const float *)base + first;
+        for (int64_t e = 0; e < n; e++) dst[e] = x[e * stride];
+        return;
+    }
+    case FMHA_DTYPE_BF16:
+    case FMHA_DTYPE_F16:
+        for (int64_t e = 0; e < n; e++) dst[e] = fmha_load(base, t, first + e * stride);
+        return;
+    }
+}
+
+/* Element first + e * stride of a tensor of dtype t = scale * src[e] (0 when
+ * src is NULL), rounded to nearest even, e < n. */
+static inline void fmha_store_row(void *base, fmha_dtype t, int64_t first, int64_t stride, int64_t n,
+                                  const float *src, float scale) {
+    switch (t) {
+    case FMHA_DTYPE_F32: {
+        float *x = (float *)base + first;
+        for (int64_t e = 0; e < n; e++) x[e * stride] = src ? scale * src[e] : 0.0f;
+        return;
+    }
+    case FMHA_DTYPE_BF16:
+    case FMHA_DTYPE_F16:
+        for (int64_t e = 0; e < n; e++) fmha_store(base, t, first + e * stride, src ? scale * src[e] : 0.0f);
+        return;
+    }
+}
+
 /* The 32-bit word (base[lo], base[hi]) of two bf16 elements (lo in the low
  * half), the pair layout of vdpbf16ps; hi is replaced by 0 when !has_hi. */
 static inline uint32_t fmha_bf16_pair(const uint16_t *base, int64_t lo, int64_t hi, int has_hi) {

@@ -248,11 +248,19 @@ static void bwd_prepare_task(void *vctx, size_t task, int thread) {
             }
             lse[i] = c->lse[(b * p->heads_q + h) * p->seq_q + qi];
             int64_t row = b * os[0] + qi * os[1] + h * os[2];
+            if (qi + 8 < p->seq_q && os[3] == 1) /* rows a stride apart: ask for them early */
+                for (int64_t e = 0; e < p->head_dim_v; e += 16) {
+                    int64_t ahead = row + 8 * os[1] + e;
+                    __builtin_prefetch(plan->dsum_o ? (const void *)(plan->dsum_o + ahead)
+                                                    : (const char *)c->o + ahead * (int64_t)fmha_dtype_size(p->dtype));
+                    __builtin_prefetch((const char *)c->d_o + ahead * (int64_t)fmha_dtype_size(p->dtype));
+                }
+            float o_row[FMHA_MAX_HEAD_DIM], do_row[FMHA_MAX_HEAD_DIM];
+            fmha_load_row(plan->dsum_o ? (const void *)plan->dsum_o : c->o,
+                          plan->dsum_o ? FMHA_DTYPE_F32 : p->dtype, row, os[3], p->head_dim_v, o_row);
+            fmha_load_row(c->d_o, p->dtype, row, os[3], p->head_dim_v, do_row);
             double acc = 0.0;
-            for (int64_t e = 0; e < p->head_dim_v; e++)
-                acc += (double)(plan->dsum_o ? plan->dsum_o[row + e * os[3]]
-                                             : fmha_load(c->o, p->dtype, row + e * os[3])) *
-                       fmha_load(c->d_o, p->dtype, row + e * os[3]);
+            for (int64_t e = 0; e < p->head_dim_v; e++) acc += (double)o_row[e] * do_row[e];
             dsum[i] = (float)acc;
         }
         c->path->bwd_qblock_pack(plan, c->q, c->d_o, b, h, q0, nq, &blk);
@@ -407,12 +415,10 @@ static void bwd_key_block(const bwd_ctx *c, bwd_tiles *t, int64_t b, int64_t hk,
         int keep = packed && r < nk;
         int64_t dkrow = b * ks[0] + (k0 + r) * ks[1] + hk * ks[2];
         int64_t dvrow = b * vs[0] + (k0 + r) * vs[1] + hk * vs[2];
-        for (size_t e = 0; e < d->D; e++)
-            fmha_store(c->dk, p->dtype, dkrow + (int64_t)e * ks[3],
-                       keep ? c->store_scale * t->dk[(size_t)r * d->d_pad + e] : 0.0f);
-        for (size_t e = 0; e < d->Dv; e++)
-            fmha_store(c->dv, p->dtype, dvrow + (int64_t)e * vs[3],
-                       keep ? t->dv[(size_t)r * d->dv_pad + e] : 0.0f);
+        fmha_store_row(c->dk, p->dtype, dkrow, ks[3], (int64_t)d->D,
+                       keep ? t->dk + (size_t)r * d->d_pad : NULL, c->store_scale);
+        fmha_store_row(c->dv, p->dtype, dvrow, vs[3], (int64_t)d->Dv,
+                       keep ? t->dv + (size_t)r * d->dv_pad : NULL, 1.0f);
     }
 }
 
@@ -454,11 +460,13 @@ static void bwd_reduce_dq_task(void *vctx, size_t task, int thread) {
     for (int64_t i = 0; i < p->seq_q; i++) {
         const float *src = c->dq_part + ((size_t)task * (size_t)p->seq_q + (size_t)i) * c->dm.d_pad;
         int64_t row = b * qs[0] + i * qs[1] + h * qs[2];
+        float sum[FMHA_MAX_HEAD_DIM];
         for (int64_t e = 0; e < p->head_dim; e++) {
             float acc = src[e];
             for (size_t g = 1; g < c->split.groups; g++) acc += src[g * c->dq_group_floats + (size_t)e];
-            fmha_store(c->dq, p->dtype, row + e * qs[3], c->store_scale * acc);
+            sum[e] = acc;
         }
+        fmha_store_row(c->dq, p->dtype, row, qs[3], p->head_dim, sum, c->store_scale);
     }
 }
 
