@@ -403,6 +403,14 @@ FMHA_API fmha_status fmha_problem_check(const fmha_problem *p);
 
 /* ---- forward ------------------------------------------------------------ */
 
+/* Library workspace. A call given no workspace (NULL here, and always for
+ * fmha_forward_backward) uses one block the library keeps between calls, so
+ * repeated calls do not fault in fresh pages: it grows to the largest size
+ * such a call has needed, up to 64 MiB, and is held until the process exits.
+ * Larger needs are allocated and freed within the call, as is the block of
+ * a call made while another thread's call holds the kept one. Plans keep
+ * their own (fmha_plan_create). */
+
 /* Bytes of workspace fmha_forward needs for this problem with the current
  * thread count and instruction set. *bytes is written only on success. */
 FMHA_API fmha_status fmha_forward_workspace_size(const fmha_problem *p, size_t *bytes);
@@ -412,9 +420,9 @@ FMHA_API fmha_status fmha_forward_workspace_size(const fmha_problem *p, size_t *
  *   o         output [B, Sq, Hq, Dv] with p->o_strides; must not overlap q, k, v
  *   lse       optional output [B, Hq, Sq] float32 contiguous, the natural log of
  *             the row sum of exp(scores); -inf for a fully masked row. NULL skips it.
- *   workspace optional; NULL lets the library allocate (once per call, outside
- *             the hot loop); otherwise at least fmha_forward_workspace_size bytes,
- *             any alignment. */
+ *   workspace optional; NULL lets the library provide it (outside the hot
+ *             loop; see "Library workspace" below); otherwise at least
+ *             fmha_forward_workspace_size bytes, any alignment. */
 FMHA_API fmha_status fmha_forward(const fmha_problem *p, const void *q, const void *k, const void *v,
                          void *o, float *lse, void *workspace, size_t workspace_bytes);
 
@@ -453,7 +461,7 @@ FMHA_API fmha_status fmha_sinks_backward(const fmha_problem *p, const void *o, c
                                          const float *lse, float *d_sinks);
 
 /* Forward then backward in one call (o and lse are written, as by fmha_forward;
- * lse is required). Workspace is allocated by the library. */
+ * lse is required). Workspace is the library's ("Library workspace" above). */
 FMHA_API fmha_status fmha_forward_backward(const fmha_problem *p, const void *q, const void *k,
                                   const void *v, const void *d_o, void *o, float *lse, void *dq,
                                   void *dk, void *dv, const fmha_param_grads *grads);

@@ -109,8 +109,22 @@ typedef struct plan_box {
     size_t bytes;          /* its size */
 } plan_box;
 
+/* The one-shot calls' own workspace, kept between calls: a fresh
+ * allocation of megabytes comes back from the system as untouched pages,
+ * and faulting them in cost 5-7% of a forward+backward at S = 1024 (every
+ * call, as glibc returns large blocks on free). One call at a time holds it
+ * (try-lock; a concurrent call, or a child forked while it was held,
+ * allocates its own); blocks over ONESHOT_KEEP_MAX are freed after their
+ * call. */
+#define ONESHOT_KEEP_MAX ((size_t)64 << 20)
+static pthread_mutex_t oneshot_lock = PTHREAD_MUTEX_INITIALIZER;
+static void *oneshot_block;  /* guarded by oneshot_lock */
+static size_t oneshot_bytes;
+static char oneshot_marker;  /* *owned of a run on oneshot_block */
+
 /* Where a run's workspace comes from: a plan's (grown to need), the caller's,
- * or a fresh allocation (*owned, freed after the run). */
+ * the kept one-shot block (*owned = &oneshot_marker), or a fresh allocation
+ * (*owned, freed after the run); ws_give gives it back. */
 static fmha_status ws_take(plan_box *box, void *user, size_t user_bytes, size_t need, char **aligned,
                            void **owned) {
     void *ws;
@@ -127,12 +141,31 @@ static fmha_status ws_take(plan_box *box, void *user, size_t user_bytes, size_t 
     } else if (user) {
         if (user_bytes < need) return FMHA_ERR_WORKSPACE_TOO_SMALL;
         ws = user;
+    } else if (need <= ONESHOT_KEEP_MAX && pthread_mutex_trylock(&oneshot_lock) == 0) {
+        if (oneshot_bytes < need) {
+            free(oneshot_block);
+            oneshot_block = malloc(need);
+            oneshot_bytes = oneshot_block ? need : 0;
+            if (!oneshot_block) {
+                pthread_mutex_unlock(&oneshot_lock);
+                return FMHA_ERR_OUT_OF_MEMORY;
+            }
+        }
+        ws = oneshot_block;
+        *owned = &oneshot_marker;
     } else {
         ws = *owned = malloc(need);
         if (!ws) return FMHA_ERR_OUT_OF_MEMORY;
     }
     *aligned = (char *)ws + (FMHA_ALIGN - (uintptr_t)ws % FMHA_ALIGN) % FMHA_ALIGN;
     return FMHA_OK;
+}
+
+static void ws_give(void *owned) {
+    if (owned == &oneshot_marker)
+        pthread_mutex_unlock(&oneshot_lock);
+    else
+        free(owned);
 }
 
 /* ---- runs (plan checked; box NULL for the one-shot calls) ---- */
@@ -149,7 +182,7 @@ static fmha_status run_forward(const fmha_plan *plan, plan_box *box, const void 
     st = ws_take(box, user_ws, user_bytes, fmha_ws_total(&run, plan->fwd_ws), &ws, &owned);
     if (st != FMHA_OK) return st;
     fmha_fwd_run(&run, q, k, v, o, lse, ws);
-    free(owned);
+    ws_give(owned);
     return FMHA_OK;
 }
 
@@ -172,7 +205,7 @@ static fmha_status run_backward(const fmha_plan *plan, plan_box *box, const void
     st = ws_take(box, user_ws, user_bytes, fmha_ws_total(&run, wss), &ws, &owned);
     if (st != FMHA_OK) return st;
     fmha_bwd_run(&run, q, k, v, o, d_o, lse, dq, dk, dv, ws);
-    free(owned);
+    ws_give(owned);
     return FMHA_OK;
 }
 
@@ -200,7 +233,7 @@ static fmha_status run_fused(const fmha_plan *plan, plan_box *box, const void *q
     if (st != FMHA_OK) return st;
     fmha_fused_run(&run, q, k, v, d_o, o, lse, dq, dk, dv, o32_bytes ? (float *)ws : NULL,
                    ws + o32_bytes);
-    free(owned);
+    ws_give(owned);
     return FMHA_OK;
 }
 
