@@ -28,10 +28,11 @@
 
 /* Scratch of one query block (each piece FMHA_ALIGN aligned):
  *   qt [panels] packed Q^T blocks (the path's format), st [panels][st_rows][NR],
- *   ot [Dv][NR], m/l/alpha [NR], pscratch (the value product's), mask [Bc][NR] */
+ *   ot [Dv][NR], m/l/alpha [NR], pscratch (the value product's), mask [Bc][NR],
+ *   orows [NR][Dv] (float32 rows of a bf16 or f16 output before narrowing) */
 typedef struct fwd_block_scratch {
     char *qt;
-    float *st, *ot, *m, *l, *alpha;
+    float *st, *ot, *m, *l, *alpha, *orows;
     void *pscratch;
     unsigned char *mask;
     size_t qt_bytes; /* bytes between panels of qt */
@@ -73,6 +74,7 @@ static void fwd_carve(const fmha_plan *plan, fmha_carver *c, fwd_block_scratch *
     s->alpha = fmha_carve(c, nr * sizeof(float));
     s->pscratch = fmha_carve(c, plan->path->p_bytes(plan, st_rows));
     s->mask = fmha_carve(c, fmha_mask_scratch_bytes(plan));
+    s->orows = fmha_carve(c, plan->o_dtype == FMHA_DTYPE_F32 ? 0 : nr * (size_t)plan->p.head_dim_v * sizeof(float));
 }
 
 /* Shared: [Toeplitz bias vectors][packed K and V of every (b, kv head)]. */
@@ -104,15 +106,24 @@ static size_t fwd_finish(const fmha_plan *plan, int64_t b, int64_t h, int64_t q0
     int64_t Dv = plan->p.head_dim_v;
     const float *ot = s->ot;
     float *of = plan->o_dtype == FMHA_DTYPE_F32 ? o : NULL; /* float32: no conversion */
-    if (of && os[3] == 1 && !only && plan->uk->finish_f32) { /* float32 rows: the kernel */
+    if (((of && os[3] == 1) || !of) && !only && plan->uk->finish_f32) { /* the kernel */
         float scale[FMHA_MAX_NR];
         for (int64_t i = 0; i < nq; i++) {
             float row_lse;
             fmha_row_finish(plan, h, s->m[i], s->l[i], &scale[i], &row_lse);
             if (lse) lse[(b * plan->p.heads_q + h) * plan->p.seq_q + q0 + i] = row_lse;
         }
+        int64_t first = b * os[0] + q0 * os[1] + h * os[2];
+        /* float32: straight into O; else float32 rows, then narrowed */
         uint64_t nonfinite = plan->uk->finish_f32((size_t)nq, (size_t)Dv, ot, nr, scale,
-                                                  of + b * os[0] + q0 * os[1] + h * os[2], (size_t)os[1]);
+                                                  of ? of + first : s->orows, of ? (size_t)os[1] : (size_t)Dv);
+        for (int64_t i = 0; !of && i < nq; i++) {
+            const float *row = s->orows + (size_t)i * (size_t)Dv;
+            if (plan->o_dtype == FMHA_DTYPE_BF16 && os[3] == 1 && plan->uk->to_bf16)
+                plan->uk->to_bf16((size_t)Dv, row, (uint16_t *)o + first + i * os[1]);
+            else
+                fmha_store_row(o, plan->o_dtype, first + i * os[1], os[3], Dv, row, 1.0f);
+        }
         for (int64_t i = 0; bad && i < nq; i++) {
             bad[i] = (nonfinite >> i & 1) && isfinite(s->l[i]);
             n_bad += bad[i];

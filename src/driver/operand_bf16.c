@@ -18,10 +18,20 @@
 static size_t words_bytes(size_t n) { return fmha_round_up(n * sizeof(uint32_t), FMHA_ALIGN); }
 static size_t pairs(int64_t n) { return (size_t)(n + 1) / 2; }
 
-/* tr2[p][i] = (X[i][2p], X[i][2p+1]) for i < n, zero elsewhere: [cols2][NR]. */
-static void pack_pairs_transposed(const uint16_t *src, int64_t first, int64_t rs, int64_t cs, int64_t n,
-                                  int64_t cols, size_t nr, uint32_t *tr2) {
+/* tr2[p][i] = (X[i][2p], X[i][2p+1]) for i < n, zero elsewhere: [cols2][NR].
+ * Rows of unit stride and even length, 4-byte aligned, already are their
+ * pairs: then it is a transposing copy of 32-bit words, the table's
+ * transpose kernel (moves only, so the bits are the loop's). */
+static void pack_pairs_transposed(const fmha_ukernels *uk, const uint16_t *src, int64_t first, int64_t rs,
+                                  int64_t cs, int64_t n, int64_t cols, size_t nr, uint32_t *tr2) {
     int64_t cols2 = (cols + 1) / 2;
+    if (uk->transpose_f32 && cs == 1 && cols % 2 == 0 && rs % 2 == 0 && ((uintptr_t)(src + first) & 3u) == 0) {
+        if (n < (int64_t)nr)
+            for (int64_t e = 0; e < cols2; e++) memset(tr2 + (size_t)e * nr + n, 0, (nr - (size_t)n) * sizeof(uint32_t));
+        uk->transpose_f32((size_t)n, (size_t)cols2, (const float *)(const void *)(src + first), (size_t)(rs / 2),
+                          (float *)(void *)tr2, nr);
+        return;
+    }
     memset(tr2, 0, (size_t)cols2 * nr * sizeof(uint32_t));
     for (int64_t i = 0; i < n; i++) {
         int64_t row = first + i * rs;
@@ -109,7 +119,7 @@ static size_t q_bytes(const fmha_plan *plan) {
 static void q_pack(const fmha_plan *plan, const void *q, int64_t b, int64_t h, int64_t q0, int64_t nq,
                    void *qt) {
     const int64_t *qs = plan->p.q_strides;
-    pack_pairs_transposed(q, b * qs[0] + q0 * qs[1] + h * qs[2], qs[1], qs[3], nq, plan->p.head_dim,
+    pack_pairs_transposed(plan->uk, q, b * qs[0] + q0 * qs[1] + h * qs[2], qs[1], qs[3], nq, plan->p.head_dim,
                           plan->uk->nr, qt);
 }
 
@@ -182,8 +192,8 @@ static void qblock_pack(const fmha_plan *plan, const void *q, const void *d_o, i
     const int64_t *qs = p->q_strides, *os = p->o_strides;
     size_t nr = plan->uk->nr;
     int64_t qfirst = b * qs[0] + q0 * qs[1] + h * qs[2], ofirst = b * os[0] + q0 * os[1] + h * os[2];
-    pack_pairs_transposed(q, qfirst, qs[1], qs[3], nq, p->head_dim, nr, (uint32_t *)blk->qt);
-    pack_pairs_transposed(d_o, ofirst, os[1], os[3], nq, p->head_dim_v, nr, (uint32_t *)blk->dot);
+    pack_pairs_transposed(plan->uk, q, qfirst, qs[1], qs[3], nq, p->head_dim, nr, (uint32_t *)blk->qt);
+    pack_pairs_transposed(plan->uk, d_o, ofirst, os[1], os[3], nq, p->head_dim_v, nr, (uint32_t *)blk->dot);
     if (pair_grads(plan)) {
         pack_pairs_across_rows(q, qfirst, qs[1], qs[3], nq, p->head_dim, nr / 2, (uint32_t *)blk->qrows,
                                blk->qrows_ld);

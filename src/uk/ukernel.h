@@ -93,8 +93,10 @@ typedef void (*fmha_f32_add_transposed_ukernel_fn)(size_t nk, size_t nq, const f
  * then runs its plain loop. */
 typedef uint64_t (*fmha_f32_finish_ukernel_fn)(size_t rows, size_t cols, const float *ot, size_t ldt,
                                                const float *scale, float *o, size_t ldo);
-/* Packing: dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols (a
- * copy). May be NULL in a table: the driver then runs its plain loop. */
+/* Packing: dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols, a
+ * copy of the 32-bit words' bits (the bf16 path moves pairs of bf16 with
+ * it; a NaN keeps its payload). May be NULL in a table: the driver then
+ * runs its plain loop. */
 typedef void (*fmha_f32_transpose_ukernel_fn)(size_t rows, size_t cols, const float *src, size_t lds, float *dst,
                                               size_t ldd);
 void fmha_f32_transpose_ukernel__scalar(size_t rows, size_t cols, const float *src, size_t lds, float *dst,
@@ -102,6 +104,12 @@ void fmha_f32_transpose_ukernel__scalar(size_t rows, size_t cols, const float *s
 /* Its specification (uk/scalar/f32.c). */
 uint64_t fmha_f32_finish_ukernel__scalar(size_t rows, size_t cols, const float *ot, size_t ldt,
                                          const float *scale, float *o, size_t ldo);
+/* Narrowing: dst[i] = the bf16 nearest src[i] (ties to even; a NaN keeps
+ * its sign and top payload bits and is made quiet; no flush of subnormals:
+ * fmha_f32_to_bf16's bits), i < n. May be NULL in a table: the driver then
+ * converts element by element. */
+typedef void (*fmha_f32_to_bf16_ukernel_fn)(size_t n, const float *src, uint16_t *dst);
+void fmha_f32_to_bf16_ukernel__scalar(size_t n, const float *src, uint16_t *dst);
 
 /* ---- bfloat16 (AVX-512 BF16 machines) ----
  * bf16 GEMMs take both operands in pairs along k, the layout of vdpbf16ps:
@@ -223,6 +231,7 @@ typedef struct fmha_ukernels {
     fmha_f32_add_transposed_ukernel_fn add_transposed_f32; /* optional */
     fmha_f32_finish_ukernel_fn finish_f32;                 /* optional */
     fmha_f32_transpose_ukernel_fn transpose_f32;           /* optional */
+    fmha_f32_to_bf16_ukernel_fn to_bf16;                   /* optional */
     /* bf16 fast path; NULL where the ISA lacks it (bf16 then runs through
      * the float32 kernels on widened tiles). Same MR and NR as above. */
     fmha_bf16_gemm_ukernel_fn gemm_bf16;

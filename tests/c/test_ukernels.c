@@ -887,6 +887,33 @@ static void test_transpose(const fmha_ukernels *u) {
         }
 }
 
+/* The optional float32 -> bf16 kernel against its specification, bit for
+ * bit: ties both ways, the largest finite values (rounding to inf),
+ * subnormals, infinities and NaNs with payloads; nothing written past n. */
+static void test_to_bf16(const fmha_ukernels *u) {
+    if (!u->to_bf16) return;
+    static const uint32_t special[] = {0x00000000u, 0x80000000u, 0x3f808000u, 0x3f818000u, 0x3f80ffffu,
+                                       0x7f7fffffu, 0xff7f8000u, 0x7f7f7fffu, 0x00000001u, 0x807fffffu,
+                                       0x00008000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u,
+                                       0x7f800001u, 0x7fbfffffu, 0xff80ffffu};
+    const size_t ns[] = {0, 1, 15, 16, 17, 33, 100};
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++) {
+        size_t n = ns[a];
+        float src[100];
+        uint16_t got[104], want[104];
+        tu_fill(src, 100, -3, 3);
+        for (size_t i = 0; i < n; i++)
+            if (tu_int(0, 2) == 0) {
+                uint32_t w = special[tu_int(0, (int64_t)(sizeof special / sizeof *special) - 1)];
+                memcpy(&src[i], &w, sizeof w);
+            }
+        for (size_t i = 0; i < 104; i++) got[i] = want[i] = 0xabcd;
+        fmha_f32_to_bf16_ukernel__scalar(n, src, want);
+        u->to_bf16(n, src, got);
+        tu_check(!memcmp(got, want, sizeof got), "%s: to_bf16 n=%zu differs from its specification", u->isa, n);
+    }
+}
+
 int main(void) {
     tu_seed();
     const fmha_ukernels *spec = &fmha_ukernels_scalar;
@@ -910,6 +937,7 @@ int main(void) {
         test_add_transposed(u);
         test_finish(u);
         test_transpose(u);
+        test_to_bf16(u);
 #if defined(__x86_64__)
         if (u == &fmha_ukernels_avx2) test_exp("avx2", fmha_f32_exp__avx2);
         if (u == &fmha_ukernels_avx512) test_exp("avx512", fmha_f32_exp__avx512);

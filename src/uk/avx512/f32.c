@@ -358,6 +358,24 @@ void fmha_f32_transpose_ukernel__avx512(size_t rows, size_t cols, const float *s
     }
 }
 
+/* float32 to bf16 in integer arithmetic, 16 at a time (the scalar
+ * specification's steps; vcvtneps2bf16 would flush subnormals and is not
+ * in AVX-512 F). */
+void fmha_f32_to_bf16_ukernel__avx512(size_t n, const float *src, uint16_t *dst) {
+    const __m512i magnitude = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i half_ulp = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1),
+                  quiet = _mm512_set1_epi32(0x40);
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        const __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, src + i));
+        const __m512i top = _mm512_srli_epi32(u, 16);
+        const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, magnitude), inf);
+        __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(half_ulp, _mm512_and_si512(top, one)));
+        r = _mm512_mask_mov_epi32(_mm512_srli_epi32(r, 16), nan, _mm512_or_si512(top, quiet));
+        _mm512_mask_cvtepi32_storeu_epi16(dst + i, m, r);
+    }
+}
+
 /* The forward's epilogue: 16 rows x 16 columns at a time, scaled in the
  * lanes (rows), checked with vfpclassps, transposed and stored as rows. */
 uint64_t fmha_f32_finish_ukernel__avx512(size_t rows, size_t cols, const float *ot, size_t ldt,
@@ -397,6 +415,7 @@ const fmha_ukernels fmha_ukernels_avx512 = {
     .add_transposed_f32 = fmha_f32_add_transposed_ukernel__avx512,
     .finish_f32 = fmha_f32_finish_ukernel__avx512,
     .transpose_f32 = fmha_f32_transpose_ukernel__avx512,
+    .to_bf16 = fmha_f32_to_bf16_ukernel__avx512,
     .decode_scores_f32 = fmha_f32_decode_scores__avx512,
     .decode_softmax_f32 = fmha_f32_decode_softmax__avx512,
     .decode_values_f32 = fmha_f32_decode_values__avx512,

@@ -31,6 +31,8 @@ void fmha_f32_ds_ukernel_64__avx512(size_t rows, const float *p, float *dp, size
 /* dst[c][r] = src[r][c] (fmha_f32_transpose_ukernel_fn). */
 void fmha_f32_transpose_ukernel__avx512(size_t rows, size_t cols, const float *src, size_t lds, float *dst,
                                         size_t ldd);
+/* dst[i] = bf16(src[i]) (fmha_f32_to_bf16_ukernel_fn). */
+void fmha_f32_to_bf16_ukernel__avx512(size_t n, const float *src, uint16_t *dst);
 /* o[i][c] = ot[c][i] scale[i] (fmha_f32_finish_ukernel_fn). */
 uint64_t fmha_f32_finish_ukernel__avx512(size_t rows, size_t cols, const float *ot, size_t ldt,
                                          const float *scale, float *o, size_t ldo);

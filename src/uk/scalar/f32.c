@@ -2,7 +2,9 @@
  * every SIMD kernel is tested against, and the kernels of the `portable`
  * strategy. Compiled with no ISA flags: runs on any CPU. */
 #include <math.h>
+#include <string.h>
 
+#include "../../convert.h"
 #include "../ukernel.h"
 #include "decode.h"
 
@@ -90,7 +92,12 @@ static void fmha_f32_add_transposed_ukernel__scalar(size_t nk, size_t nq, const 
 void fmha_f32_transpose_ukernel__scalar(size_t rows, size_t cols, const float *src, size_t lds, float *dst,
                                         size_t ldd) {
     for (size_t r = 0; r < rows; r++)
-        for (size_t c = 0; c < cols; c++) dst[c * ldd + r] = src[r * lds + c];
+        for (size_t c = 0; c < cols; c++) memcpy(dst + c * ldd + r, src + r * lds + c, sizeof(float)); /* bits */
+}
+
+/* float32 to bf16 (fmha_f32_to_bf16_ukernel_fn): the specification. */
+void fmha_f32_to_bf16_ukernel__scalar(size_t n, const float *src, uint16_t *dst) {
+    for (size_t i = 0; i < n; i++) dst[i] = fmha_f32_to_bf16(src[i]);
 }
 
 /* The forward's epilogue (fmha_f32_finish_ukernel_fn): the specification. */
@@ -118,6 +125,7 @@ const fmha_ukernels fmha_ukernels_scalar = {
     .add_transposed_f32 = fmha_f32_add_transposed_ukernel__scalar,
     .finish_f32 = fmha_f32_finish_ukernel__scalar,
     .transpose_f32 = fmha_f32_transpose_ukernel__scalar,
+    .to_bf16 = fmha_f32_to_bf16_ukernel__scalar,
     .decode_scores_f32 = fmha_f32_decode_scores__scalar,
     .decode_softmax_f32 = fmha_f32_decode_softmax__scalar,
     .decode_values_f32 = fmha_f32_decode_values__scalar,
