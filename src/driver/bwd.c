@@ -256,9 +256,9 @@ static void bwd_prepare_task(void *vctx, size_t task, int thread) {
                     __builtin_prefetch((const char *)c->d_o + ahead * (int64_t)fmha_dtype_size(p->dtype));
                 }
             float o_row[FMHA_MAX_HEAD_DIM], do_row[FMHA_MAX_HEAD_DIM];
-            fmha_load_row(plan->dsum_o ? (const void *)plan->dsum_o : c->o,
-                          plan->dsum_o ? FMHA_DTYPE_F32 : p->dtype, row, os[3], p->head_dim_v, o_row);
-            fmha_load_row(c->d_o, p->dtype, row, os[3], p->head_dim_v, do_row);
+            fmha_load_row_uk(plan->uk, plan->dsum_o ? (const void *)plan->dsum_o : c->o,
+                             plan->dsum_o ? FMHA_DTYPE_F32 : p->dtype, row, os[3], p->head_dim_v, o_row);
+            fmha_load_row_uk(plan->uk, c->d_o, p->dtype, row, os[3], p->head_dim_v, do_row);
             double acc = 0.0;
             for (int64_t e = 0; e < p->head_dim_v; e++) acc += (double)o_row[e] * do_row[e];
             dsum[i] = (float)acc;
@@ -415,10 +415,10 @@ static void bwd_key_block(const bwd_ctx *c, bwd_tiles *t, int64_t b, int64_t hk,
         int keep = packed && r < nk;
         int64_t dkrow = b * ks[0] + (k0 + r) * ks[1] + hk * ks[2];
         int64_t dvrow = b * vs[0] + (k0 + r) * vs[1] + hk * vs[2];
-        fmha_store_row(c->dk, p->dtype, dkrow, ks[3], (int64_t)d->D,
-                       keep ? t->dk + (size_t)r * d->d_pad : NULL, c->store_scale);
-        fmha_store_row(c->dv, p->dtype, dvrow, vs[3], (int64_t)d->Dv,
-                       keep ? t->dv + (size_t)r * d->dv_pad : NULL, 1.0f);
+        fmha_store_row_uk(plan->uk, c->dk, p->dtype, dkrow, ks[3], (int64_t)d->D,
+                          keep ? t->dk + (size_t)r * d->d_pad : NULL, c->store_scale);
+        fmha_store_row_uk(plan->uk, c->dv, p->dtype, dvrow, vs[3], (int64_t)d->Dv,
+                          keep ? t->dv + (size_t)r * d->dv_pad : NULL, 1.0f);
     }
 }
 
@@ -466,7 +466,7 @@ static void bwd_reduce_dq_task(void *vctx, size_t task, int thread) {
             for (size_t g = 1; g < c->split.groups; g++) acc += src[g * c->dq_group_floats + (size_t)e];
             sum[e] = acc;
         }
-        fmha_store_row(c->dq, p->dtype, row, qs[3], p->head_dim, sum, c->store_scale);
+        fmha_store_row_uk(c->plan->uk, c->dq, p->dtype, row, qs[3], p->head_dim, sum, c->store_scale);
     }
 }
 

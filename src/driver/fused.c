@@ -24,17 +24,18 @@ size_t fmha_fused_o32_bytes(const fmha_plan *plan) {
     return 0;
 }
 
-/* o = o32 rounded, element by element. */
+/* o = o32 rounded, row by row. */
 static void store_o(const fmha_plan *plan, const float *o32, void *o) {
     const fmha_problem *p = &plan->p;
     const int64_t *os = p->o_strides;
+    float row[FMHA_MAX_HEAD_DIM];
     for (int64_t b = 0; b < p->batch; b++)
         for (int64_t i = 0; i < p->seq_q; i++)
-            for (int64_t h = 0; h < p->heads_q; h++)
-                for (int64_t e = 0; e < p->head_dim_v; e++) {
-                    int64_t at = b * os[0] + i * os[1] + h * os[2] + e * os[3];
-                    fmha_store(o, p->dtype, at, o32[at]);
-                }
+            for (int64_t h = 0; h < p->heads_q; h++) {
+                int64_t at = b * os[0] + i * os[1] + h * os[2];
+                fmha_load_row(o32, FMHA_DTYPE_F32, at, os[3], p->head_dim_v, row);
+                fmha_store_row_uk(plan->uk, o, p->dtype, at, os[3], p->head_dim_v, row, 1.0f);
+            }
 }
 
 void fmha_fused_run(fmha_plan *run, const void *q, const void *k, const void *v, const void *d_o,

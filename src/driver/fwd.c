@@ -118,11 +118,8 @@ static size_t fwd_finish(const fmha_plan *plan, int64_t b, int64_t h, int64_t q0
         uint64_t nonfinite = plan->uk->finish_f32((size_t)nq, (size_t)Dv, ot, nr, scale,
                                                   of ? of + first : s->orows, of ? (size_t)os[1] : (size_t)Dv);
         for (int64_t i = 0; !of && i < nq; i++) {
-            const float *row = s->orows + (size_t)i * (size_t)Dv;
-            if (plan->o_dtype == FMHA_DTYPE_BF16 && os[3] == 1 && plan->uk->to_bf16)
-                plan->uk->to_bf16((size_t)Dv, row, (uint16_t *)o + first + i * os[1]);
-            else
-                fmha_store_row(o, plan->o_dtype, first + i * os[1], os[3], Dv, row, 1.0f);
+            fmha_store_row_uk(plan->uk, o, plan->o_dtype, first + i * os[1], os[3], Dv,
+                              s->orows + (size_t)i * (size_t)Dv, 1.0f);
         }
         for (int64_t i = 0; bad && i < nq; i++) {
             bad[i] = (nonfinite >> i & 1) && isfinite(s->l[i]);

@@ -1,0 +1,32 @@
+/* rows.c: a tensor row in or out of float32 through the kernel table's
+ * conversion kernels (fmha_load_row_uk, fmha_store_row_uk in attn.h): the
+ * drivers' per-row loads and stores of bf16 and f16 tensors (Dsum's dO, the
+ * gradients, the fused call's O) without a conversion per element in C. */
+#include "attn.h"
+#include "convert.h"
+
+void fmha_load_row_uk(const fmha_ukernels *uk, const void *base, fmha_dtype t, int64_t first,
+                      int64_t stride, int64_t n, float *dst) {
+    fmha_widen_ukernel_fn widen = t == FMHA_DTYPE_BF16 ? uk->widen_bf16
+                                  : t == FMHA_DTYPE_F16 ? uk->widen_f16
+                                                        : NULL;
+    if (widen && stride == 1) {
+        widen((size_t)n, (const uint16_t *)base + first, dst);
+        return;
+    }
+    fmha_load_row(base, t, first, stride, n, dst);
+}
+
+void fmha_store_row_uk(const fmha_ukernels *uk, void *base, fmha_dtype t, int64_t first, int64_t stride,
+                       int64_t n, const float *src, float scale) {
+    if (t == FMHA_DTYPE_BF16 && stride == 1 && src && uk->to_bf16) {
+        float scaled[FMHA_MAX_HEAD_DIM];
+        if (scale != 1.0f) {
+            for (int64_t e = 0; e < n; e++) scaled[e] = scale * src[e];
+            src = scaled;
+        }
+        uk->to_bf16((size_t)n, src, (uint16_t *)base + first);
+        return;
+    }
+    fmha_store_row(base, t, first, stride, n, src, scale);
+}
