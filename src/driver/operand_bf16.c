@@ -92,6 +92,28 @@ static void kv_pack(const fmha_plan *plan, const void *k, const void *v, int64_t
      * length pairs as 0, so that 0 * NaN never meets a value no row sees. */
     int64_t limit = p->masks.kv_lengths && p->masks.kv_lengths[b] < skv ? p->masks.kv_lengths[b] : skv;
     int64_t pr_end = (k0 + nk + 1) / 2;
+    if (vs[3] == 1 && plan->uk->transpose_f32) {
+        /* rows paired in place order (pair[r][e] = (V[2r][e], V[2r+1][e]),
+         * 16 pair rows at a time), then moved by the transpose kernel */
+        uint32_t pair[16 * FMHA_MAX_HEAD_DIM];
+        for (int64_t pr0 = k0 / 2; pr0 < pr_end; pr0 += 16) {
+            int64_t n = pr_end - pr0 < 16 ? pr_end - pr0 : 16;
+            for (int64_t r = 0; r < n; r++) {
+                int64_t key = 2 * (pr0 + r);
+                const uint16_t *lo = vb + b * vs[0] + key * vs[1] + hk * vs[2], *hi = lo + vs[1];
+                uint32_t *w = pair + r * Dv;
+                if (key + 1 < limit)
+                    for (int64_t e = 0; e < Dv; e++) w[e] = (uint32_t)lo[e] | (uint32_t)hi[e] << 16;
+                else if (key < limit)
+                    for (int64_t e = 0; e < Dv; e++) w[e] = lo[e];
+                else
+                    memset(w, 0, (size_t)Dv * sizeof(uint32_t));
+            }
+            plan->uk->transpose_f32((size_t)n, (size_t)Dv, (const float *)(const void *)pair, (size_t)Dv,
+                                    (float *)(void *)(v2 + pr0), (size_t)skv2);
+        }
+        return;
+    }
     for (int64_t pr0 = k0 / 2; pr0 < pr_end; pr0 += 16) {
         int64_t pr1 = pr0 + 16 < pr_end ? pr0 + 16 : pr_end;
         for (int64_t e = 0; e < Dv; e++)
