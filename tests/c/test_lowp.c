@@ -10,6 +10,7 @@
  *         at most 2x that rounding error (the header promises about 1.6x);
  *   f16:  below 2e-3.
  * Also: fully masked rows (O = 0, lse = -inf, zero gradients, no NaN),
+ * NaN in K and V rows past kv_lengths leaving O's bits as they were,
  * logits near 1e30 in bf16 (float32's range: no overflow), tails, GQA. */
 #include <math.h>
 #include <stdio.h>
@@ -188,6 +189,36 @@ static void check_large_logits(const char *isa) {
     free(q); free(k); free(v); free(o); free(qf); free(kf); free(vf); free(ro);
 }
 
+/* Keys past a batch element's kv length are never seen: a bf16 or f16
+ * forward with NaN in those K and V rows gives the bits it gives with finite
+ * ones (an odd length and an even one, so that a pair of V^T holds one key
+ * inside and one past the length). */
+static void check_lengths_hide_nan(fmha_dtype t, const char *isa, int strategy) {
+    fmha_problem p;
+    const int64_t B = 2, H = 2, Sq = 40, Skv = 75, D = 32;
+    fmha_problem_init(&p, B, H, H, Sq, Skv, D, D, FMHA_LAYOUT_BSHD);
+    p.dtype = t;
+    p.strategy = (fmha_strategy)strategy;
+    const int32_t kv_len[2] = {37, 50};
+    p.masks.kv_lengths = kv_len;
+    size_t nq = (size_t)(B * Sq * H * D), nk = (size_t)(B * Skv * H * D);
+    low_tensor q = low_new(t, nq, -1, 1), k = low_new(t, nk, -1, 1), v = low_new(t, nk, -1, 1);
+    uint16_t *k_nan = malloc(nk * 2), *v_nan = malloc(nk * 2), *o = malloc(nq * 2), *o_nan = malloc(nq * 2);
+    memcpy(k_nan, k.bits, nk * 2);
+    memcpy(v_nan, v.bits, nk * 2);
+    const uint16_t nan = t == FMHA_DTYPE_BF16 ? 0x7fc1 : 0x7e01;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t j = kv_len[b]; j < Skv; j++)
+            for (int64_t e = 0; e < H * D; e++) k_nan[(b * Skv + j) * H * D + e] = v_nan[(b * Skv + j) * H * D + e] = nan;
+    fmha_status s1 = fmha_forward(&p, q.bits, k.bits, v.bits, o, NULL, NULL, 0);
+    fmha_status s2 = fmha_forward(&p, q.bits, k_nan, v_nan, o_nan, NULL, NULL, 0);
+    tu_check(s1 == FMHA_OK && s2 == FMHA_OK && all_finite(t, o_nan, nq) && !memcmp(o, o_nan, nq * 2),
+             "%s %s/%s: NaN in K, V rows past kv_lengths changed O", t == FMHA_DTYPE_BF16 ? "bf16" : "f16", isa,
+             strategy_names[strategy]);
+    low_free(&q); low_free(&k); low_free(&v);
+    free(k_nan); free(v_nan); free(o); free(o_nan);
+}
+
 int main(void) {
     tu_seed();
     /* every ISA of the registry that this CPU runs */
@@ -208,6 +239,8 @@ int main(void) {
                     check_problem((fmha_dtype)t, 1, 2, 1, 1, 300, 128, 128, FMHA_CAUSAL_BOTTOM_RIGHT, 1.0, isa, s, prec);
                 }
             }
+        for (int t = FMHA_DTYPE_BF16; t <= FMHA_DTYPE_F16; t++)
+            for (int s = 0; s < 4; s++) check_lengths_hide_nan((fmha_dtype)t, isa, s);
         check_large_logits(isa);
     }
     return tu_finish();
