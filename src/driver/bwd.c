@@ -393,6 +393,15 @@ static void bwd_key_block(const bwd_ctx *c, bwd_tiles *t, int64_t b, int64_t hk,
             int64_t q0 = (int64_t)(qb * d->nr);
             fmha_tile_pos tp = {b, h, q0, p->seq_q - q0 < (int64_t)d->nr ? p->seq_q - q0 : (int64_t)d->nr,
                                 k0, nk};
+            /* the pair's keys end where this query block's view ends (the
+             * block's first query block on a causal diagonal sees half),
+             * rounded up to whole key pairs: the bf16 products pair keys,
+             * and a key past the view stays inside a PARTIAL tile */
+            int64_t pair_begin, pair_end;
+            fmha_mask_kv_range(plan, &tp, &pair_begin, &pair_end);
+            int64_t pair_nk = pair_end - k0 + ((pair_end - k0) & 1);
+            if (pair_nk < tp.nk) tp.nk = pair_nk;
+            if (tp.nk <= 0) continue;
             int cls = fmha_mask_classify(plan, &tp, thread);
             if (cls == FMHA_TILE_EMPTY) continue;
             if (cls < 0) cls = FMHA_TILE_PARTIAL;
