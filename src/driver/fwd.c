@@ -106,7 +106,7 @@ static size_t fwd_finish(const fmha_plan *plan, int64_t b, int64_t h, int64_t q0
     int64_t Dv = plan->p.head_dim_v;
     const float *ot = s->ot;
     float *of = plan->o_dtype == FMHA_DTYPE_F32 ? o : NULL; /* float32: no conversion */
-    if (((of && os[3] == 1) || !of) && !only && plan->uk->finish_f32) { /* the kernel */
+    if ((!of || os[3] == 1) && !only && plan->uk->finish_f32) { /* the kernel */
         float scale[FMHA_MAX_NR];
         for (int64_t i = 0; i < nq; i++) {
             float row_lse;
@@ -117,10 +117,9 @@ static size_t fwd_finish(const fmha_plan *plan, int64_t b, int64_t h, int64_t q0
         /* float32: straight into O; else float32 rows, then narrowed */
         uint64_t nonfinite = plan->uk->finish_f32((size_t)nq, (size_t)Dv, ot, nr, scale,
                                                   of ? of + first : s->orows, of ? (size_t)os[1] : (size_t)Dv);
-        for (int64_t i = 0; !of && i < nq; i++) {
+        for (int64_t i = 0; !of && i < nq; i++)
             fmha_store_row_uk(plan->uk, o, plan->o_dtype, first + i * os[1], os[3], Dv,
                               s->orows + (size_t)i * (size_t)Dv, 1.0f);
-        }
         for (int64_t i = 0; bad && i < nq; i++) {
             bad[i] = (nonfinite >> i & 1) && isfinite(s->l[i]);
             n_bad += bad[i];

@@ -180,24 +180,13 @@ static size_t f32_unit_bytes(const fmha_plan *plan) {
     return unit;
 }
 
-/* Copies rows [k0, k0 + nk) of V[b, :, hk, :] to vf + r * ld. */
-static void copy_v_rows(const fmha_plan *plan, const float *v, int64_t b, int64_t hk, int64_t k0,
-                        int64_t nk, float *vf, size_t ld) {
-    const int64_t *vs = plan->p.v_strides;
-    int64_t Dv = plan->p.head_dim_v;
-    const float *src = v + b * vs[0] + k0 * vs[1] + hk * vs[2];
-    for (int64_t r = 0; r < nk; r++) {
-        if (vs[3] == 1)
-            memcpy(vf + (size_t)r * ld, src + r * vs[1], (size_t)Dv * sizeof(float));
-        else
-            for (int64_t e = 0; e < Dv; e++) vf[(size_t)r * ld + (size_t)e] = src[r * vs[1] + e * vs[3]];
-    }
-}
-
+/* Rows [k0, k0 + nk) of V[b, :, hk, :] into the unit's rows k0.. */
 static void f32_kv_pack(const fmha_plan *plan, const void *k, const void *v, int64_t b, int64_t hk,
                         int64_t k0, int64_t nk, char *unit) {
+    const int64_t *vs = plan->p.v_strides;
     size_t ld = v_copy_ld(plan);
-    copy_v_rows(plan, v, b, hk, k0, nk, (float *)unit + (size_t)k0 * ld, ld);
+    fmha_pack_rows_f32(v, FMHA_DTYPE_F32, b * vs[0] + k0 * vs[1] + hk * vs[2], vs[1], vs[3], nk,
+                       plan->p.head_dim_v, (size_t)nk, (float *)unit + (size_t)k0 * ld, ld);
 }
 
 /* K in place; V from the copy when there is one. */
@@ -227,15 +216,8 @@ static void f32_values(const fmha_plan *plan, fmha_kv_view vv, int64_t nk, const
                        void *scratch, float *ot, int mode, const float *alpha) {
     if (scratch && f32_p_bytes(plan, 1)) {
         size_t ld = v_copy_ld(plan);
-        float *vf = scratch;
-        for (int64_t r = 0; r < nk; r++) {
-            const float *row = (const float *)vv.p + r * vv.rs;
-            if (vv.cs == 1)
-                memcpy(vf + (size_t)r * ld, row, (size_t)plan->p.head_dim_v * sizeof(float));
-            else
-                for (int64_t e = 0; e < plan->p.head_dim_v; e++) vf[(size_t)r * ld + (size_t)e] = row[e * vv.cs];
-        }
-        vv = (fmha_kv_view){vf, (int64_t)ld, 1};
+        fmha_pack_rows_f32(vv.p, FMHA_DTYPE_F32, 0, vv.rs, vv.cs, nk, plan->p.head_dim_v, (size_t)nk, scratch, ld);
+        vv = (fmha_kv_view){scratch, (int64_t)ld, 1};
     }
     values_product(plan, vv, nk, pt, ot, mode, alpha);
 }

@@ -69,14 +69,8 @@ double tu_norm_l2(const double *r, size_t n) {
 }
 
 double tu_rel_l2(const float *x, const double *r, size_t n) {
-    double num = 0.0, den = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(r[i])) continue;
-        double d = (double)x[i] - r[i];
-        num += d * d;
-        den += r[i] * r[i];
-    }
-    return den == 0.0 ? sqrt(num) : sqrt(num / den);
+    double err = tu_err_l2(x, r, n), norm = tu_norm_l2(r, n);
+    return norm == 0.0 ? err : err / norm;
 }
 
 int tu_check(int cond, const char *fmt, ...) {
