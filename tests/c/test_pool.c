@@ -1,0 +1,81 @@
+/* test_pool.c: the thread pool (src/pool.c) hands every task to exactly one
+ * thread, with thread < max_threads, across many back-to-back jobs of mixed
+ * thread counts (the pool grows mid-run and workers sit out jobs that need
+ * fewer threads), with jobs separated by pauses longer than the spin window
+ * (workers asleep) and by none (workers spinning), and with two user threads
+ * calling at once. ctest also runs it with FMHA_SPIN_US=0 (never spin). */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "pool.h"
+#include "test_util.h"
+
+enum { MAX_TASKS = 257 };
+
+typedef struct {
+    atomic_int runs[MAX_TASKS]; /* times each task ran */
+    int max_threads;
+    atomic_int bad_thread;      /* a thread index >= max_threads was seen */
+} job_record;
+
+static void count_task(void *ctx, size_t task, int thread) {
+    job_record *r = ctx;
+    atomic_fetch_add(&r->runs[task], 1);
+    if (thread < 0 || thread >= r->max_threads) atomic_store(&r->bad_thread, 1);
+}
+
+/* Runs `jobs` jobs of 1..top threads; returns the number whose record was wrong. */
+static int run_jobs(unsigned seed, int jobs, int top, int pause_every) {
+    int wrong = 0;
+    for (int j = 0; j < jobs; j++) {
+        seed = seed * 1103515245u + 12345u;
+        size_t n_tasks = 1 + (seed >> 8) % MAX_TASKS;
+        int max_threads = 1 + (int)((seed >> 20) % (unsigned)top);
+        job_record rec = {.max_threads = max_threads};
+        for (size_t t = 0; t < MAX_TASKS; t++) atomic_init(&rec.runs[t], 0);
+        atomic_init(&rec.bad_thread, 0);
+        int rc = fmha_parallel_for(n_tasks, max_threads, count_task, &rec);
+        int ok = rc == 0 && !atomic_load(&rec.bad_thread);
+        for (size_t t = 0; t < MAX_TASKS; t++)
+            ok &= atomic_load(&rec.runs[t]) == (t < n_tasks ? 1 : 0);
+        wrong += !ok;
+        if (pause_every && j % pause_every == 0) {
+            struct timespec ts = {0, 2 * 1000 * 1000}; /* 2 ms: past the spin window */
+            nanosleep(&ts, NULL);
+        }
+    }
+    return wrong;
+}
+
+static void *second_caller(void *arg) {
+    *(int *)arg = run_jobs(99, 2000, 6, 0);
+    return NULL;
+}
+
+int main(void) {
+    /* first with no more threads than CPUs (workers spin between jobs), then
+     * with up to 6 (the pool grows; past the CPU count it stops spinning) */
+    cpu_set_t set;
+    int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    int top = cpus < 6 ? cpus : 6;
+    for (int pass = 0; pass < 2; pass++) {
+        tu_check(run_jobs(1, 3000, top, 0) == 0, "back-to-back jobs (1..%d threads): a task ran 0 or 2+ times", top);
+        tu_check(run_jobs(2, 300, top, 1) == 0, "jobs with workers asleep between them (1..%d threads)", top);
+        tu_check(run_jobs(3, 2000, top, 7) == 0, "mixed pauses (1..%d threads)", top);
+        top = 6;
+    }
+    int other = -1;
+    pthread_t th;
+    tu_check(pthread_create(&th, NULL, second_caller, &other) == 0, "pthread_create");
+    int mine = run_jobs(4, 2000, 6, 0);
+    pthread_join(th, NULL);
+    tu_check(mine == 0 && other == 0, "two user threads calling at once: %d and %d wrong jobs",
+             mine, other);
+    size_t zero_tasks_ran = 0;
+    tu_check(fmha_parallel_for(0, 4, count_task, &zero_tasks_ran) == 0, "zero tasks");
+    return tu_finish();
+}
