@@ -61,8 +61,9 @@
  * setting it. Between jobs the pool's threads spin for FMHA_SPIN_US
  * microseconds (environment, read once; default 200, 0 never spins) before
  * they sleep, so a call's phases and calls made back to back start without a
- * wake-up; there is no spinning while the pool has more threads than the CPUs
- * this process may use. After fork() the child gets a new pool on its next call (the
+ * wake-up; a spinning thread yields its CPU every microsecond (another
+ * runtime's threads that want it get it), and there is no spinning while the
+ * pool has more threads than the CPUs this process may use. After fork() the child gets a new pool on its next call (the
  * parent's workers do not exist there) and keeps the thread count setting.
  * A call that another thread is running at the fork does not continue in the
  * child (only the forking thread does): the child's copy of its outputs is

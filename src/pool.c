@@ -7,7 +7,9 @@
  * Waiting spins before it sleeps: a worker that finished a job watches the
  * job word for FMHA_SPIN_US microseconds (default 200) before it sleeps on
  * a condition variable, and the caller watches the busy count as long before
- * it sleeps; no spinning while the pool has more threads than CPUs. A call's phases (pre-pass, tasks, reduction) and calls made
+ * it sleeps; the spin yields the CPU every microsecond, so other runtimes'
+ * threads (an OpenMP team between regions) are not starved; no spinning
+ * while the pool has more threads than CPUs. A call's phases (pre-pass, tasks, reduction) and calls made
  * back to back then start without a futex wake-up (10-30 us each in a VM).
  * A child of fork() gets a fresh, empty pool (pthread_atfork). */
 #include "pool.h"
@@ -106,7 +108,10 @@ static inline void pool_cpu_relax(void) {
 #endif
 }
 
-/* Spins up to spin_ns until *word differs from seen (returns 1) or time is up (0). */
+/* Spins up to spin_ns until *word differs from seen (returns 1) or time is up
+ * (0). Every 64 pauses (about a microsecond) it yields the CPU, so a thread
+ * of another runtime (an OpenMP team between its regions, say) that wants
+ * this core gets it, and checks the clock. */
 static int pool_spin_until_changed(atomic_uint_least64_t *word, uint64_t seen, long spin_ns) {
     if (spin_ns <= 0) return 0;
     int64_t deadline = pool_now_ns() + spin_ns;
@@ -116,6 +121,7 @@ static int pool_spin_until_changed(atomic_uint_least64_t *word, uint64_t seen, l
             pool_cpu_relax();
         }
         if (pool_now_ns() >= deadline) return 0;
+        sched_yield();
     }
 }
 
@@ -128,6 +134,7 @@ static int pool_spin_until_idle(long spin_ns) {
             pool_cpu_relax();
         }
         if (pool_now_ns() >= deadline) return 0;
+        sched_yield();
     }
 }
 
