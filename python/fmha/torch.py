@@ -11,7 +11,7 @@ alibi_slopes, rel_table and sinks); register_fake gives torch.compile the
 output shapes, so compiled graphs keep the op as one opaque call. Plain
 eager calls run the same kernel and autograd pair without the dispatcher
 (_attention, _EagerAttention), which would cost about as much as a small
-problem's forward; compile, autocast, functorch transforms, tensor
+problem's forward, and their backward reuses the forward's plan; compile, autocast, functorch transforms, tensor
 subclasses and dispatch modes get the op.
 
 After SDPA's own arguments, keyword-only, come the options of NumPy
@@ -144,7 +144,9 @@ def _operand_key(t):
 
 def _plan(q, k, v, o, spec):
     """The cached plan of a call, or None for one that runs one-shot."""
-    if spec.dropout_p > 0 or any(getattr(spec, name) is not None for name in _ARRAYS):
+    if (spec.dropout_p > 0 or spec.q_lengths is not None or spec.kv_lengths is not None or spec.q_ids is not None
+            or spec.kv_ids is not None or spec.alibi is not None or spec.rel_table is not None
+            or spec.sinks is not None or spec.block_table is not None):
         return None
     key = (q.dtype, k.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), o.stride(), spec.causal,
            spec.scale, tuple(spec.window), spec.softcap, spec.precision, _operand_key(spec.bias),
@@ -177,6 +179,12 @@ def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Opt
         block_table = block_table.contiguous()
     spec = _Spec(bias, mask, q_lengths, kv_lengths, q_ids, kv_ids, alibi, rel_table, sinks, causal, scale, window,
                  softcap, rel_options, precision, dropout_p, dropout_seed, dropout_offset, block_table)
+    out, lse, _ = _forward_run(q, k, v, spec)
+    return out, lse
+
+
+def _forward_run(q, k, v, spec):
+    """out, lse and the plan that served the call (None: one-shot)."""
     B, H, L, _ = q.shape
     out = q.new_empty((B, H, L, v.shape[3]))
     lse = q.new_empty((B, H, L), dtype=torch.float32)
@@ -187,7 +195,7 @@ def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Opt
         p = _problem(q, k, v, _seq_strides(out), spec)
         _lib.check(_lib.load().fmha_forward(ctypes.byref(p), q.data_ptr(), k.data_ptr(), v.data_ptr(),
                                             out.data_ptr(), _float_ptr(lse), None, 0), "fmha_forward")
-    return out, lse
+    return out, lse, plan
 
 
 _attention_op = torch.library.custom_op("fmha::attention", mutates_args=(), device_types="cpu")(_attention_impl)
@@ -321,20 +329,39 @@ _attention_op.register_autograd(_backward, setup_context=_setup_context)
 class _EagerAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, *inputs):
-        out, lse = _attention_impl(*inputs)
+        if len(inputs) != _BLOCK_TABLE + 1 or inputs[_BLOCK_TABLE] is not None:  # paged: checked by the impl
+            out, lse = _attention_impl(*inputs)
+            plan = None
+        else:
+            out, lse, plan = _forward_run(inputs[0], inputs[1], inputs[2], _Spec(*inputs[3:]))
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # lse's gradient is never read
         _setup_context(ctx, inputs, (out, lse))
+        # the forward's plan serves the backward when nothing else is asked of it
+        ctx.plan = plan if not any(ctx.needs_input_grad[i] for i in _PARAM_INPUTS) else None
         return out, lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, d_o, d_lse):
+        q, k, v, o, lse = ctx.saved_tensors[:5]
+        if d_o is None:
+            d_o = torch.zeros_like(o)
+        plan = ctx.plan
+        if plan is not None and ctx.refused is None and d_o.dtype == o.dtype and d_o.stride() == o.stride():
+            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            if dq.stride() == q.stride() and dk.stride() == k.stride() and dv.stride() == v.stride():
+                plan.backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), d_o.data_ptr(),
+                              lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr())
+                return (dq, dk, dv) + (None,) * (len(ctx.needs_input_grad) - 3)
         return _backward(ctx, d_o, d_lse, _attention_backward_impl)
 
 
 def _attention(*args):
     """out, lse of torch.ops.fmha.attention(*args), eager calls without the dispatcher."""
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    tensors = [a for a in args[:12] if a is not None]  # q, k, v and the optional tensors
+    if len(args) > _BLOCK_TABLE and args[_BLOCK_TABLE] is not None:
+        tensors.append(args[_BLOCK_TABLE])
     if (torch.compiler.is_compiling() or torch.is_autocast_enabled("cpu")
             or torch._C._are_functorch_transforms_active() or torch._C._len_torch_dispatch_stack()
             or torch._C._is_torch_function_mode_enabled() or any(type(t) is not torch.Tensor for t in tensors)):

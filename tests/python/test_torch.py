@@ -188,6 +188,48 @@ def test_eager_calls_match_the_op_and_modes_see_the_op():
 
 
 @needs_torch
+@pytest.mark.parametrize("case", ["plain", "bool_mask", "permuted", "strided_grad", "broadcast_kv", "q_only"])
+def test_eager_backward_through_the_forward_plan(case):
+    """The eager backward runs on the forward's plan when its operands share
+    the forward's layouts (else the general backward): gradients bitwise
+    equal to the op's through the dispatcher, for contiguous, permuted
+    ([B, L, H, E] viewed as [B, H, L, E]) and broadcast inputs, a d_o of
+    other strides, a boolean mask and a gradient wanted for q alone."""
+    gen = torch.Generator().manual_seed(5)
+    B, H, L, S, E = 2, 4, 11, 19, 8
+    q, k, v = rnd(gen, B, H, L, E), rnd(gen, B, H, S, E), rnd(gen, B, H, S, E)
+    d_o = rnd(gen, B, H, L, E)
+    kw = {}
+    if case == "permuted":
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    if case == "strided_grad":
+        d_o = rnd(gen, B, L, H, E).transpose(1, 2)
+    if case == "broadcast_kv":
+        k, v = k[:, :1].expand(B, H, S, E), v[:, :1].expand(B, H, S, E)
+    if case == "bool_mask":
+        kw["attn_mask"] = torch.rand(B, 1, L, S, generator=gen) > 0.3
+
+    def grads(attention):
+        wanted = (True, case != "q_only", case != "q_only")
+        leaves = [t.detach().requires_grad_(w) for t, w in zip((q, k, v), wanted)]
+        out = FT.scaled_dot_product_attention(*leaves, is_causal=case == "plain", **kw)
+        inputs = [t for t in leaves if t.requires_grad]
+        return out.detach(), torch.autograd.grad(out, inputs, d_o)
+
+    eager = grads(FT._attention)
+    run_attention = FT._attention
+    FT._attention = torch.ops.fmha.attention
+    try:
+        via_op = grads(torch.ops.fmha.attention)
+    finally:
+        FT._attention = run_attention
+    assert torch.equal(eager[0], via_op[0])
+    assert len(eager[1]) == len(via_op[1])
+    for a, b in zip(eager[1], via_op[1]):
+        assert a.shape == b.shape and torch.equal(a, b)
+
+
+@needs_torch
 def test_errors():
     gen = torch.Generator().manual_seed(5)
     q, k, v = rnd(gen, 1, 4, 8, 8), rnd(gen, 1, 2, 8, 8), rnd(gen, 1, 2, 8, 8)
