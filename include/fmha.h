@@ -279,7 +279,9 @@ typedef struct fmha_param_grads {
 /* How bf16 products round (float32 and f16 problems ignore it).
  * FAST (fmha_problem_init's default): P enters the P V product as bf16
  *   alone (half the P V work on AVX-512 BF16), which leaves O up to about
- *   1.6x the error of rounding the exact O to bf16; the backward's dV, dK
+ *   1.6x the error of rounding the exact O to bf16 (on AVX-512 BF16 the
+ *   forward's exp for P is good to 3e-6, not to float32's last bit, since
+ *   P is rounded to bf16 right after); the backward's dV, dK
  *   and dQ products take P and dS as bf16 too (each gradient about 1.45x
  *   the error of rounding it to bf16).
  * ACCURATE: P enters as bf16 plus its bf16 rounding residual, so O stays

@@ -29,6 +29,7 @@ struct fmha_plan {
     float scale;               /* resolved: p.scale or 1/sqrt(D) */
     const fmha_ukernels *uk;   /* microkernels */
     const fmha_operand_path *path; /* how the products read Q, K, V, dO */
+    fmha_f32_softmax_ukernel_fn softmax; /* the forward's softmax step (uk's, or its lowp one) */
     fmha_strategy strategy;    /* FMHA_STRATEGY_TILED or _DENSE after resolution */
     int threads;               /* most threads a run uses (workspace is sized for it) */
     int64_t group;             /* Hq / Hkv */

@@ -55,6 +55,11 @@ fmha_status fmha_plan_init(const fmha_problem *p_in, fmha_plan *plan) {
     plan->kv_dtype = fmha_kv_dtype_of(p);
     /* a cache dtype of its own (float32 Q): K and V widened once per call */
     plan->path = plan->kv_dtype == p->dtype ? fmha_operand_path_for(p->dtype, plan->uk) : &fmha_path_widened;
+    /* P rounded to bf16 right after the softmax (pairs, FAST): exp to 1e-4 suffices */
+    plan->softmax = plan->uk->softmax_lowp_f32 && plan->path == &fmha_path_bf16 &&
+                            p->precision == FMHA_PRECISION_FAST
+                        ? plan->uk->softmax_lowp_f32
+                        : plan->uk->softmax_f32;
     plan->strategy = resolve_strategy(p);
     plan->threads = fmha_pool_threads();
     plan->o_dtype = p->dtype;

@@ -243,7 +243,7 @@ static long long fwd_block_pass(const fwd_ctx *c, fwd_block_scratch *s, int64_t 
         path->scores(plan, kv, t.nk, s->qt, s->st);
         if (cls == FMHA_TILE_PARTIAL || plan->has_bias)
             fmha_score_epilogue(plan, &t, (fmha_tile_class)cls, s->st, nr, NULL, s->mask, thread);
-        uk->softmax_f32((size_t)t.nk, s->st, nr, s->m, s->l, s->alpha);
+        plan->softmax((size_t)t.nk, s->st, nr, s->m, s->l, s->alpha);
         if (plan->dropout) fmha_dropout_tile(plan, &t, s->st, nr); /* after l has summed P */
         if (lanes)
             fwd_values_guarded(c, b, hk, k0, t.nk, s->st, s->alpha, lanes, s->ot);
@@ -331,7 +331,7 @@ static void fwd_dense_task(void *vctx, size_t task, int thread) {
         int64_t q0 = (int64_t)(pi * nr);
         int64_t nq = plan->p.seq_q - q0 < (int64_t)nr ? plan->p.seq_q - q0 : (int64_t)nr;
         fwd_reset(nr, 0, &s);
-        uk->softmax_f32((size_t)ke, s.st + pi * st_panel, nr, s.m, s.l, s.alpha);
+        plan->softmax((size_t)ke, s.st + pi * st_panel, nr, s.m, s.l, s.alpha);
         path->values(plan, vv, ke, s.st + pi * st_panel, s.pscratch, s.ot, FMHA_UK_STORE, NULL);
         unsigned char lanes[FMHA_MAX_NR] = {0};
         if (fwd_finish(plan, b, h, q0, nq, &s, c->o, c->lse, NULL, lanes)) { /* rare: see fwd_tiled_task */

@@ -238,6 +238,10 @@ typedef struct fmha_ukernels {
     fmha_bf16_pair_rows_ukernel_fn pair_rows_bf16;
     fmha_bf16_pair_rows_split_ukernel_fn pair_rows_split_bf16;
     fmha_bf16_pack_rows_ukernel_fn pack_rows_bf16;
+    /* optional: softmax_f32 whose P carries up to 5e-6 relative error (m,
+     * alpha and the special values as softmax_f32; l sums that P), for the
+     * bf16 FAST forward, which rounds P to bf16 (2e-3) right after */
+    fmha_f32_softmax_ukernel_fn softmax_lowp_f32;
     /* Decoding (few query rows, many keys; driver/decode.c). NULL where the
      * ISA has none: such problems then run on the tiled forward. */
     fmha_f32_decode_scores_ukernel_fn decode_scores_f32;

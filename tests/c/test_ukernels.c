@@ -3,7 +3,8 @@
  * against the scalar specification: GEMM at every m, several k, every mode,
  * both stride patterns and several ab_scale, with sentinels around C; the
  * online softmax over several tiles with masked (-inf) entries and lanes
- * and extreme scores; the backward's exp(s - lse) and dS kernels; NaN and
+ * and extreme scores (and the low-precision one where a table has it, with
+ * 5e-6 more on P and l); the backward's exp(s - lse) and dS kernels; NaN and
  * infinities through the softmax, exp(s - lse) and dS kernels as IEEE has
  * them; the vectorised exp across the float range. */
 #include <float.h>
@@ -227,7 +228,7 @@ static float make_score(int scenario, size_t j, int tile) {
  * kernel uses, including the underflow below -87.3 (0 or within FLT_MIN of
  * the true value). */
 static void softmax_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t rows,
-                         int scenario) {
+                         int scenario, fmha_f32_softmax_ukernel_fn softmax, double p_rtol) {
     const size_t nr = u->nr, lds = nr + 5, s_len = (rows - 1) * lds + nr;
     const int tiles = scenario == SCORES_EXP_RANGE ? 1 : 3;
     const int with_spec = spec && spec != u;
@@ -273,7 +274,7 @@ static void softmax_case(const fmha_ukernels *u, const fmha_ukernels *spec, size
         float *m_old = floats(nr);
         memcpy(m_old, m, nr * sizeof(float));
 
-        u->softmax_f32(rows, s, lds, m, l, alpha);
+        softmax(rows, s, lds, m, l, alpha);
         if (with_spec)
             for (size_t j0 = 0; j0 < nr; j0 += spec->nr)
                 spec->softmax_f32(rows, s_spec + j0, lds, m_spec + j0, l_spec + j0,
@@ -293,7 +294,7 @@ static void softmax_case(const fmha_ukernels *u, const fmha_ukernels *spec, size
                 double x = (double)sv - m_use[j];
                 double p_ref = sv == -INFINITY ? 0.0 : exp(x);
                 /* With m = 0 the argument is exact: 2 ulp of exp alone. */
-                double rtol = scenario == SCORES_EXP_RANGE ? 2.0 * EPS32 : exp_rtol(x);
+                double rtol = p_rtol + (scenario == SCORES_EXP_RANGE ? 2.0 * EPS32 : exp_rtol(x));
                 double ep = fabs((double)p - p_ref) / (FLT_MIN + p_ref * rtol);
                 if (!isfinite(p)) {
                     ep = INFINITY;
@@ -306,7 +307,7 @@ static void softmax_case(const fmha_ukernels *u, const fmha_ukernels *spec, size
             /* l: positive terms, so a relative bound: the P and alpha errors
              * plus one rounding per row and per tile of the float sums. */
             l_ref[j] = l_ref[j] * alpha_ref[j] + sum;
-            l_rtol[j] += exp_rtol(x_max) + (double)(rows + 4) * EPS32;
+            l_rtol[j] += p_rtol + exp_rtol(x_max) + (double)(rows + 4) * EPS32;
             double el = fabs((double)l[j] - l_ref[j]) /
                         ((double)total_rows * FLT_MIN + 2.0 * l_ref[j] * l_rtol[j]);
             if (!isfinite(l[j])) {
@@ -321,9 +322,9 @@ static void softmax_case(const fmha_ukernels *u, const fmha_ukernels *spec, size
                 clobbered += !same_bits(s[r * lds + j], SENTINEL);
         tu_check(worst_p <= 1.0 && worst_alpha <= 1.0 && worst_l <= 1.0 && bad_m == 0 &&
                      nonfinite == 0 && clobbered == 0,
-                 "%s softmax rows=%zu %s tile %d: P %.3g, alpha %.3g, l %.3g (error/tolerance), "
+                 "%s softmax%s rows=%zu %s tile %d: P %.3g, alpha %.3g, l %.3g (error/tolerance), "
                  "%zu wrong m, %zu non-finite, %zu padding overwritten",
-                 u->isa, rows, scores_names[scenario], tile, worst_p, worst_alpha, worst_l, bad_m,
+                 u->isa, p_rtol > 0 ? " lowp" : "", rows, scores_names[scenario], tile, worst_p, worst_alpha, worst_l, bad_m,
                  nonfinite, clobbered);
 
         if (with_spec) {
@@ -334,22 +335,22 @@ static void softmax_case(const fmha_ukernels *u, const fmha_ukernels *spec, size
             for (size_t j = 0; j < nr; j++) {
                 for (size_t r = 0; r < rows; r++) {
                     double p = s[r * lds + j], q = s_spec[r * lds + j];
-                    double d = fabs(p - q) / (FLT_MIN + fabs(q) * 6.0 * EPS32);
+                    double d = fabs(p - q) / (FLT_MIN + fabs(q) * (p_rtol + 6.0 * EPS32));
                     if (!(d <= worst)) worst = isnan(d) ? INFINITY : d;
                 }
                 double da = fabs((double)alpha[j] - (double)alpha_spec[j]) /
                             (FLT_MIN + fabs((double)alpha_spec[j]) * 6.0 * EPS32);
                 double dl = fabs((double)l[j] - (double)l_spec[j]) /
                             ((double)total_rows * FLT_MIN +
-                             fabs((double)l_spec[j]) * (double)(total_rows + 8) * 6.0 * EPS32);
+                             fabs((double)l_spec[j]) * (p_rtol + (double)(total_rows + 8) * 6.0 * EPS32));
                 if (!(da <= worst)) worst = isnan(da) ? INFINITY : da;
                 if (!(dl <= worst)) worst = isnan(dl) ? INFINITY : dl;
                 bad += !same_bits(m[j], m_spec[j]);
             }
             tu_check(worst <= 1.0 && bad == 0,
-                     "%s softmax rows=%zu %s tile %d vs scalar: worst difference/tolerance %.3g, "
+                     "%s softmax%s rows=%zu %s tile %d vs scalar: worst difference/tolerance %.3g, "
                      "%zu m differ",
-                     u->isa, rows, scores_names[scenario], tile, worst, bad);
+                     u->isa, p_rtol > 0 ? " lowp" : "", rows, scores_names[scenario], tile, worst, bad);
         }
         free(m_new);
         free(m_use);
@@ -369,11 +370,17 @@ static void softmax_case(const fmha_ukernels *u, const fmha_ukernels *spec, size
     free(l_rtol);
 }
 
+/* The relative error of P that softmax_lowp_f32 may add (ukernel.h). */
+#define LOWP_P_RTOL 5e-6
+
 static void test_softmax(const fmha_ukernels *u, const fmha_ukernels *spec) {
     static const size_t row_counts[] = {1, 2, 3, 17, 64, 128, 131};
     for (size_t i = 0; i < sizeof row_counts / sizeof row_counts[0]; i++)
-        for (int scenario = 0; scenario < 4; scenario++)
-            softmax_case(u, spec, row_counts[i], scenario);
+        for (int scenario = 0; scenario < 4; scenario++) {
+            softmax_case(u, spec, row_counts[i], scenario, u->softmax_f32, 0.0);
+            if (u->softmax_lowp_f32)
+                softmax_case(u, spec, row_counts[i], scenario, u->softmax_lowp_f32, LOWP_P_RTOL);
+        }
 }
 
 /* ------------------------------------------------------ backward kernels */
@@ -569,7 +576,8 @@ static float special_score(int kind, int tile, size_t r, size_t rows, size_t mar
  * kernel: every P, alpha, l and m in the same IEEE class, finite values
  * within 1e-5, m bit for bit unless NaN. Rows with a NaN or +inf of one
  * kind put it at a random row. */
-static void softmax_special_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t rows) {
+static void softmax_special_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t rows,
+                                  fmha_f32_softmax_ukernel_fn softmax, double rtol) {
     const size_t nr = u->nr, lds = nr + 3, s_len = (rows - 1) * lds + nr;
     const int with_spec = spec && spec != u;
     float *s = floats(s_len), *s_in = floats(s_len), *s_spec = floats(s_len);
@@ -591,7 +599,7 @@ static void softmax_special_case(const fmha_ukernels *u, const fmha_ukernels *sp
                 s_in[r * lds + j] = special_score((int)(j % N_LANE_KINDS), tile, r, rows, mark[j]);
         memcpy(s, s_in, s_len * sizeof(float));
         memcpy(s_spec, s_in, s_len * sizeof(float));
-        u->softmax_f32(rows, s, lds, m, l, alpha);
+        softmax(rows, s, lds, m, l, alpha);
         if (with_spec)
             for (size_t j0 = 0; j0 < nr; j0 += spec->nr)
                 spec->softmax_f32(rows, s_spec + j0, lds, m_spec + j0, l_spec + j0,
@@ -606,16 +614,16 @@ static void softmax_special_case(const fmha_ukernels *u, const fmha_ukernels *sp
             for (size_t r = 0; r < rows; r++) {
                 const double p_ref = exp((double)s_in[r * lds + j] - m_use);
                 sum += p_ref;
-                int ok = ieee_match(s[r * lds + j], p_ref, 1e-5);
+                int ok = ieee_match(s[r * lds + j], p_ref, rtol);
                 if (!ok && bad_ref < 4)
                     printf("  %s lane %zu (kind %zu) row %zu: P %g, want %g\n", u->isa, j,
                            j % N_LANE_KINDS, r, (double)s[r * lds + j], p_ref);
                 bad_ref += !ok;
-                if (with_spec) bad_spec += !ieee_match(s[r * lds + j], s_spec[r * lds + j], 1e-5);
+                if (with_spec) bad_spec += !ieee_match(s[r * lds + j], s_spec[r * lds + j], rtol);
             }
             l_ref[j] = l_ref[j] * a_ref + sum;
             m_ref[j] = mx;
-            int ok = ieee_match(alpha[j], a_ref, 1e-5) && ieee_match(l[j], l_ref[j], 1e-5) &&
+            int ok = ieee_match(alpha[j], a_ref, 1e-5) && ieee_match(l[j], l_ref[j], rtol) &&
                      (isnan(mx) ? isnan(m[j]) : same_bits(m[j], (float)mx));
             if (!ok && bad_ref < 4)
                 printf("  %s lane %zu (kind %zu): m %g alpha %g l %g, want %g %g %g (%s l)\n",
@@ -624,13 +632,13 @@ static void softmax_special_case(const fmha_ukernels *u, const fmha_ukernels *sp
             bad_ref += !ok;
             if (with_spec)
                 bad_spec += !(ieee_match(alpha[j], alpha_spec[j], 1e-5) &&
-                              ieee_match(l[j], l_spec[j], 1e-5) &&
+                              ieee_match(l[j], l_spec[j], rtol) &&
                               (isnan(m_spec[j]) ? isnan(m[j]) : same_bits(m[j], m_spec[j])));
         }
         tu_check(bad_ref == 0 && bad_spec == 0,
-                 "%s softmax NaN/inf rows=%zu tile %d: %zu values off IEEE, %zu differ from "
+                 "%s softmax%s NaN/inf rows=%zu tile %d: %zu values off IEEE, %zu differ from "
                  "scalar",
-                 u->isa, rows, tile, bad_ref, bad_spec);
+                 u->isa, rtol > 1e-5 ? " lowp" : "", rows, tile, bad_ref, bad_spec);
     }
     free(s);
     free(s_in);
@@ -731,7 +739,9 @@ static void ds_special_case(const fmha_ukernels *u, const fmha_ukernels *spec, s
 static void test_special_values(const fmha_ukernels *u, const fmha_ukernels *spec) {
     static const size_t row_counts[] = {1, 2, 3, 17, 64, 131};
     for (size_t i = 0; i < sizeof row_counts / sizeof row_counts[0]; i++) {
-        softmax_special_case(u, spec, row_counts[i]);
+        softmax_special_case(u, spec, row_counts[i], u->softmax_f32, 1e-5);
+        if (u->softmax_lowp_f32)
+            softmax_special_case(u, spec, row_counts[i], u->softmax_lowp_f32, 1e-5 + LOWP_P_RTOL);
         exp_sub_special_case(u, spec, row_counts[i]);
         ds_special_case(u, spec, row_counts[i]);
     }

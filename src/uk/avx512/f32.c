@@ -161,8 +161,8 @@ nan_score_lanes(size_t rows, const float *s, size_t lds, __mmask16 lanes) {
  * those lanes (rare) then get a NaN max and NaN P, as the scalar kernel
  * computes them. Where the max is +inf the sum is NaN anyway (inf - inf), so
  * those lanes (rare) are searched for NaN scores before pass 2. */
-void fmha_f32_softmax_ukernel_64__avx512(size_t rows, float *s, size_t lds, float *m, float *l,
-                                         float *alpha) {
+static inline __attribute__((always_inline)) void
+softmax_64(size_t rows, float *s, size_t lds, float *m, float *l, float *alpha, int lowp) {
     const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
     const __m512 pos_inf = _mm512_set1_ps(__builtin_inff());
     const __m512 nan = _mm512_set1_ps(__builtin_nanf(""));
@@ -215,7 +215,8 @@ void fmha_f32_softmax_ukernel_64__avx512(size_t rows, float *s, size_t lds, floa
         float *srow = s + r * lds;
 #pragma GCC unroll 4
         for (int v = 0; v < AVX512_VECS; v++) {
-            const __m512 p = exp_f32(_mm512_sub_ps(_mm512_loadu_ps(srow + 16 * v), m_use[v]));
+            const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(srow + 16 * v), m_use[v]);
+            const __m512 p = lowp ? exp_f32_lowp(x) : exp_f32(x);
             _mm512_storeu_ps(srow + 16 * v, p);
             sum[v] = _mm512_add_ps(sum[v], p);
         }
@@ -245,6 +246,18 @@ void fmha_f32_softmax_ukernel_64__avx512(size_t rows, float *s, size_t lds, floa
         _mm512_storeu_ps(l + 16 * v, _mm512_fmadd_ps(_mm512_loadu_ps(l + 16 * v), a, sum[v]));
         _mm512_storeu_ps(m + 16 * v, mx[v]);
     }
+}
+
+void fmha_f32_softmax_ukernel_64__avx512(size_t rows, float *s, size_t lds, float *m, float *l,
+                                         float *alpha) {
+    softmax_64(rows, s, lds, m, l, alpha, 0);
+}
+
+/* The same step with P by exp_f32_lowp (alpha stays exact): for P rounded
+ * to bf16 next (fmha_f32_softmax_ukernel_fn, softmax_lowp_f32). */
+void fmha_f32_softmax_lowp_ukernel_64__avx512(size_t rows, float *s, size_t lds, float *m, float *l,
+                                              float *alpha) {
+    softmax_64(rows, s, lds, m, l, alpha, 1);
 }
 
 /* Backward: s = exp(s - sub) lane-wise, in place; contract in ukernel.h.

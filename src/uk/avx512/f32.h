@@ -20,6 +20,9 @@ void fmha_f32_gemm_ukernel_6x64__avx512(size_t m, size_t k, const float *a, ptrd
 /* Online-softmax step over S^T [rows][64] (fmha_f32_softmax_ukernel_fn). */
 void fmha_f32_softmax_ukernel_64__avx512(size_t rows, float *s, size_t lds, float *m, float *l,
                                          float *alpha);
+/* The same with P to 3e-6 relative (softmax_lowp_f32 of the bf16 table). */
+void fmha_f32_softmax_lowp_ukernel_64__avx512(size_t rows, float *s, size_t lds, float *m, float *l,
+                                              float *alpha);
 
 /* s = exp(s - sub) lane-wise (fmha_f32_exp_sub_ukernel_fn). */
 void fmha_f32_exp_sub_ukernel_64__avx512(size_t rows, float *s, size_t lds, const float *sub);
