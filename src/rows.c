@@ -22,7 +22,10 @@ void fmha_store_row_uk(const fmha_ukernels *uk, void *base, fmha_dtype t, int64_
     if (t == FMHA_DTYPE_BF16 && stride == 1 && src && uk->to_bf16) {
         float scaled[FMHA_MAX_HEAD_DIM];
         if (scale != 1.0f) {
-            for (int64_t e = 0; e < n; e++) scaled[e] = scale * src[e];
+            int64_t e = 0;
+            for (; e + 16 <= n; e += 16) /* a fixed trip count: vectorised at -O2 */
+                for (int j = 0; j < 16; j++) scaled[e + j] = scale * src[e + j];
+            for (; e < n; e++) scaled[e] = scale * src[e];
             src = scaled;
         }
         uk->to_bf16((size_t)n, src, (uint16_t *)base + first);
