@@ -1,7 +1,10 @@
 /* rows.c: a tensor row in or out of float32 through the kernel table's
  * conversion kernels (fmha_load_row_uk, fmha_store_row_uk in attn.h): the
  * drivers' per-row loads and stores of bf16 and f16 tensors (Dsum's dO, the
- * gradients, the fused call's O) without a conversion per element in C. */
+ * gradients, the fused call's O) without a conversion per element in C, and
+ * of float32 rows with unit stride by memcpy (a scaled store vectorised). */
+#include <string.h>
+
 #include "attn.h"
 #include "convert.h"
 
@@ -14,18 +17,38 @@ void fmha_load_row_uk(const fmha_ukernels *uk, const void *base, fmha_dtype t, i
         widen((size_t)n, (const uint16_t *)base + first, dst);
         return;
     }
+    if (t == FMHA_DTYPE_F32 && stride == 1) {
+        memcpy(dst, (const float *)base + first, (size_t)n * sizeof(float));
+        return;
+    }
     fmha_load_row(base, t, first, stride, n, dst);
+}
+
+/* dst[e] = scale * src[e], e < n: blocks of a fixed trip count, which -O2
+ * vectorises, then the tail. */
+static void scale_row(int64_t n, const float *src, float scale, float *dst) {
+    int64_t e = 0;
+    for (; e + 16 <= n; e += 16)
+        for (int j = 0; j < 16; j++) dst[e + j] = scale * src[e + j];
+    for (; e < n; e++) dst[e] = scale * src[e];
 }
 
 void fmha_store_row_uk(const fmha_ukernels *uk, void *base, fmha_dtype t, int64_t first, int64_t stride,
                        int64_t n, const float *src, float scale) {
+    if (t == FMHA_DTYPE_F32 && stride == 1) {
+        float *x = (float *)base + first;
+        if (!src)
+            memset(x, 0, (size_t)n * sizeof(float));
+        else if (scale == 1.0f)
+            memcpy(x, src, (size_t)n * sizeof(float));
+        else
+            scale_row(n, src, scale, x);
+        return;
+    }
     if (t == FMHA_DTYPE_BF16 && stride == 1 && src && uk->to_bf16) {
         float scaled[FMHA_MAX_HEAD_DIM];
         if (scale != 1.0f) {
-            int64_t e = 0;
-            for (; e + 16 <= n; e += 16) /* a fixed trip count: vectorised at -O2 */
-                for (int j = 0; j < 16; j++) scaled[e + j] = scale * src[e + j];
-            for (; e < n; e++) scaled[e] = scale * src[e];
+            scale_row(n, src, scale, scaled);
             src = scaled;
         }
         uk->to_bf16((size_t)n, src, (uint16_t *)base + first);
