@@ -220,6 +220,23 @@ static fmha_bwd_qblock bwd_qblock_at(const bwd_ctx *c, int64_t b, int64_t h, siz
     return blk;
 }
 
+/* sum_e x[e] y[e] in float64, e < n: four running sums (four add chains
+ * instead of one) over blocks of four, added pairwise, then the tail; a
+ * fixed order. */
+static double dot_f64(int64_t n, const float *x, const float *y) {
+    double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
+    int64_t e = 0;
+    for (; e + 4 <= n; e += 4) {
+        a0 += (double)x[e] * (double)y[e];
+        a1 += (double)x[e + 1] * (double)y[e + 1];
+        a2 += (double)x[e + 2] * (double)y[e + 2];
+        a3 += (double)x[e + 3] * (double)y[e + 3];
+    }
+    double acc = (a0 + a1) + (a2 + a3);
+    for (; e < n; e++) acc += (double)x[e] * (double)y[e];
+    return acc;
+}
+
 /* Pre-pass, per (b, h): Dsum = rowsum(dO * O), this head's rows of every
  * dQ_g zeroed, and every query block packed. */
 static void bwd_prepare_task(void *vctx, size_t task, int thread) {
@@ -259,9 +276,7 @@ static void bwd_prepare_task(void *vctx, size_t task, int thread) {
             fmha_load_row_uk(plan->uk, plan->dsum_o ? (const void *)plan->dsum_o : c->o,
                              plan->dsum_o ? FMHA_DTYPE_F32 : p->dtype, row, os[3], p->head_dim_v, o_row);
             fmha_load_row_uk(plan->uk, c->d_o, p->dtype, row, os[3], p->head_dim_v, do_row);
-            double acc = 0.0;
-            for (int64_t e = 0; e < p->head_dim_v; e++) acc += (double)o_row[e] * do_row[e];
-            dsum[i] = (float)acc;
+            dsum[i] = (float)dot_f64(p->head_dim_v, o_row, do_row);
         }
         c->path->bwd_qblock_pack(plan, c->q, c->d_o, b, h, q0, nq, &blk);
     }
