@@ -304,17 +304,21 @@ void fmha_f32_ds_ukernel_64__avx512(size_t rows, const float *p, float *dp, size
  * 128-bit lanes across the four row groups. */
 FMHA_INLINE void transpose_16x16(__m512 x[16]) {
     __m512 t[16], u[16];
+    /* fully unrolled, so x, t and u live in registers (-O2 does not unroll) */
+#pragma GCC unroll 8
     for (int i = 0; i < 8; i++) {
         t[2 * i] = _mm512_unpacklo_ps(x[2 * i], x[2 * i + 1]);
         t[2 * i + 1] = _mm512_unpackhi_ps(x[2 * i], x[2 * i + 1]);
     }
     /* u[4g + k], 128-bit lane L: column 4L + k of rows 4g .. 4g + 3 */
+#pragma GCC unroll 4
     for (int g = 0; g < 4; g++) {
         u[4 * g + 0] = _mm512_shuffle_ps(t[4 * g + 0], t[4 * g + 2], _MM_SHUFFLE(1, 0, 1, 0));
         u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g + 0], t[4 * g + 2], _MM_SHUFFLE(3, 2, 3, 2));
         u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(1, 0, 1, 0));
         u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(3, 2, 3, 2));
     }
+#pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         __m512 s0 = _mm512_shuffle_f32x4(u[k], u[4 + k], _MM_SHUFFLE(2, 0, 2, 0));
         __m512 s1 = _mm512_shuffle_f32x4(u[k], u[4 + k], _MM_SHUFFLE(3, 1, 3, 1));
@@ -364,6 +368,14 @@ void fmha_f32_transpose_ukernel__avx512(size_t rows, size_t cols, const float *s
             const size_t nc = cols - c0 < 16 ? cols - c0 : 16;
             const __mmask16 cmask = (__mmask16)((1u << nc) - 1u);
             __m512 x[16];
+            if (nr == 16 && nc == 16) { /* a full block: unmasked, in registers */
+#pragma GCC unroll 16
+                for (int l = 0; l < 16; l++) x[l] = _mm512_loadu_ps(src + (r0 + (size_t)l) * lds + c0);
+                transpose_16x16(x);
+#pragma GCC unroll 16
+                for (int c = 0; c < 16; c++) _mm512_storeu_ps(dst + (c0 + (size_t)c) * ldd + r0, x[c]);
+                continue;
+            }
             load_block_16(src + r0 * lds + c0, (ptrdiff_t)lds, nr, cmask, x);
             transpose_16x16(x);
             for (size_t c = 0; c < nc; c++) _mm512_mask_storeu_ps(dst + (c0 + c) * ldd + r0, rmask, x[c]);
@@ -403,6 +415,17 @@ uint64_t fmha_f32_finish_ukernel__avx512(size_t rows, size_t cols, const float *
             const size_t nc = cols - c0 < 16 ? cols - c0 : 16;
             const __mmask16 cmask = (__mmask16)((1u << nc) - 1u);
             __m512 x[16];
+            if (nr == 16 && nc == 16) { /* a full block: unmasked, in registers */
+#pragma GCC unroll 16
+                for (int c = 0; c < 16; c++) {
+                    x[c] = _mm512_mul_ps(_mm512_loadu_ps(ot + (c0 + (size_t)c) * ldt + i0), sc);
+                    nonfinite |= _mm512_fpclass_ps_mask(x[c], 0x99); /* NaN, +inf, -inf */
+                }
+                transpose_16x16(x);
+#pragma GCC unroll 16
+                for (int i = 0; i < 16; i++) _mm512_storeu_ps(o + (i0 + (size_t)i) * ldo + c0, x[i]);
+                continue;
+            }
             load_block_16(ot + c0 * ldt + i0, (ptrdiff_t)ldt, nc, rmask, x);
             for (size_t c = 0; c < nc; c++) {
                 x[c] = _mm512_mul_ps(x[c], sc);
