@@ -21,10 +21,12 @@
 FMHA_INLINE __m512 reduce16(__m512 a[16]) {
     __m512 s2[8], s4[4];
     /* pairs: per 128-bit lane [x0+x2, y0+y2, x1+x3, y1+y3] */
+#pragma GCC unroll 8
     for (int i = 0; i < 8; i++)
         s2[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
                               _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
     /* quads: per 128-bit lane the partial sums of 4 consecutive vectors */
+#pragma GCC unroll 4
     for (int i = 0; i < 4; i++) {
         __m512d x = _mm512_castps_pd(s2[2 * i]), y = _mm512_castps_pd(s2[2 * i + 1]);
         s4[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
