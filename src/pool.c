@@ -40,6 +40,10 @@ static atomic_long pool_spin_ns;
 
 /* generation << POOL_THREAD_BITS | threads of the job; a worker reads both at once */
 static atomic_uint_least64_t job_word;
+/* job_word when pool_grow last started workers, before the job that grew the
+ * pool was published: a new worker's "seen", so it joins that job and never
+ * one published earlier (say, in a parent before fork) */
+static uint64_t pool_grow_word;
 static atomic_int pool_busy_workers; /* workers still inside the current job */
 
 static fmha_task_fn job_fn;
@@ -148,8 +152,9 @@ static void pool_run_tasks(int thread) {
 
 static void *pool_worker(void *arg) {
     int id = (int)(size_t)arg;
-    /* generations start at 1: a worker joins the job that created it */
-    uint64_t seen = 0;
+    /* written before pthread_create; the next grow waits for this worker's
+     * part in the job that created it */
+    uint64_t seen = pool_grow_word;
     for (;;) {
         long spin_ns = atomic_load_explicit(&pool_spin_ns, memory_order_relaxed);
         if (!pool_spin_until_changed(&job_word, seen, spin_ns)) {
@@ -206,6 +211,7 @@ static int pool_grow(int want) {
         atomic_store_explicit(&pool_spin_ns, pool_spin_setting, memory_order_relaxed);
     }
     if (pool_started >= want - 1) return pool_started + 1;
+    pool_grow_word = atomic_load_explicit(&job_word, memory_order_relaxed);
     while (pool_started < want - 1) {
         pthread_t th;
         pthread_attr_t attr;

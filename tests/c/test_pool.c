@@ -3,13 +3,18 @@
  * thread counts (the pool grows mid-run and workers sit out jobs that need
  * fewer threads), with jobs separated by pauses longer than the spin window
  * (workers asleep) and by none (workers spinning), and with two user threads
- * calling at once. ctest also runs it with FMHA_SPIN_US=0 (never spin). */
+ * calling at once, and in children forked right after a job (a child's new
+ * workers must join its own jobs, never the parent's last one). ctest also
+ * runs it with FMHA_SPIN_US=0 (never spin). */
 #include <pthread.h>
+#include <signal.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "pool.h"
 #include "test_util.h"
@@ -75,6 +80,28 @@ int main(void) {
     pthread_join(th, NULL);
     tu_check(mine == 0 && other == 0, "two user threads calling at once: %d and %d wrong jobs",
              mine, other);
+    /* fork right after a multithreaded job: the child's first job grows a
+     * fresh pool; its jobs must run every task once (status 0) */
+    int bad_children = 0;
+    for (int i = 0; i < 20; i++) {
+        run_jobs(5 + (unsigned)i, 3, 6, 0);
+        pid_t pid = fork();
+        if (pid == 0) _exit(run_jobs(7, 200, 6, 0) == 0 ? 0 : 1);
+        int status = -1, waited = 0;
+        for (; waited < 6000; waited++) { /* 60 s */
+            pid_t r = waitpid(pid, &status, WNOHANG);
+            if (r == pid || r < 0) break;
+            nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+        }
+        if (waited == 6000) {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+            status = -1;
+        }
+        bad_children += !(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    tu_check(bad_children == 0, "jobs in forked children: %d of 20 children hung or ran a task 0 or 2+ times",
+             bad_children);
     size_t zero_tasks_ran = 0;
     tu_check(fmha_parallel_for(0, 4, count_task, &zero_tasks_ran) == 0, "zero tasks");
     return tu_finish();
