@@ -44,7 +44,7 @@ static atomic_uint_least64_t job_word;
  * pool was published: a new worker's "seen", so it joins that job and never
  * one published earlier (say, in a parent before fork) */
 static uint64_t pool_grow_word;
-static atomic_int pool_busy_workers; /* workers still inside the current job */
+static atomic_uint_least64_t pool_busy_workers; /* workers still inside the current job */
 
 static fmha_task_fn job_fn;
 static void *job_ctx;
@@ -112,29 +112,17 @@ static inline void pool_cpu_relax(void) {
 #endif
 }
 
-/* Spins up to spin_ns until *word differs from seen (returns 1) or time is up
- * (0). Every 64 pauses (about a microsecond) it yields the CPU, so a thread
- * of another runtime (an OpenMP team between its regions, say) that wants
- * this core gets it, and checks the clock. */
-static int pool_spin_until_changed(atomic_uint_least64_t *word, uint64_t seen, long spin_ns) {
+/* Spins up to spin_ns until *word equals value (equal = 1) or differs from
+ * it (equal = 0): returns 1, or 0 when time is up. Every 64 pauses (about a
+ * microsecond) it yields the CPU, so a thread of another runtime (an OpenMP
+ * team between its regions, say) that wants this core gets it, and checks
+ * the clock. */
+static int pool_spin_until(atomic_uint_least64_t *word, uint64_t value, int equal, long spin_ns) {
     if (spin_ns <= 0) return 0;
     int64_t deadline = pool_now_ns() + spin_ns;
     for (;;) {
         for (int i = 0; i < 64; i++) {
-            if (atomic_load_explicit(word, memory_order_acquire) != seen) return 1;
-            pool_cpu_relax();
-        }
-        if (pool_now_ns() >= deadline) return 0;
-        sched_yield();
-    }
-}
-
-static int pool_spin_until_idle(long spin_ns) {
-    if (spin_ns <= 0) return 0;
-    int64_t deadline = pool_now_ns() + spin_ns;
-    for (;;) {
-        for (int i = 0; i < 64; i++) {
-            if (atomic_load_explicit(&pool_busy_workers, memory_order_acquire) == 0) return 1;
+            if ((atomic_load_explicit(word, memory_order_acquire) == value) == equal) return 1;
             pool_cpu_relax();
         }
         if (pool_now_ns() >= deadline) return 0;
@@ -157,7 +145,7 @@ static void *pool_worker(void *arg) {
     uint64_t seen = pool_grow_word;
     for (;;) {
         long spin_ns = atomic_load_explicit(&pool_spin_ns, memory_order_relaxed);
-        if (!pool_spin_until_changed(&job_word, seen, spin_ns)) {
+        if (!pool_spin_until(&job_word, seen, 0, spin_ns)) {
             pthread_mutex_lock(&pool_lock);
             pool_sleepers++;
             while (atomic_load_explicit(&job_word, memory_order_acquire) == seen)
@@ -241,7 +229,7 @@ int fmha_parallel_for(size_t n_tasks, int max_threads, fmha_task_fn fn, void *ct
     job_tasks = n_tasks;
     atomic_store_explicit(&job_next, 0, memory_order_relaxed);
     if (threads > 1) {
-        atomic_store_explicit(&pool_busy_workers, threads - 1, memory_order_relaxed);
+        atomic_store_explicit(&pool_busy_workers, (uint64_t)(threads - 1), memory_order_relaxed);
         uint64_t gen = (atomic_load_explicit(&job_word, memory_order_relaxed) >> POOL_THREAD_BITS) + 1;
         /* release: a worker that sees the new word sees the job above */
         atomic_store_explicit(&job_word, gen << POOL_THREAD_BITS | (uint64_t)threads,
@@ -252,7 +240,7 @@ int fmha_parallel_for(size_t n_tasks, int max_threads, fmha_task_fn fn, void *ct
 
     pool_run_tasks(0);
 
-    if (threads > 1 && !pool_spin_until_idle(spin_ns)) {
+    if (threads > 1 && !pool_spin_until(&pool_busy_workers, 0, 1, spin_ns)) {
         pthread_mutex_lock(&pool_lock);
         while (atomic_load_explicit(&pool_busy_workers, memory_order_acquire) > 0)
             pthread_cond_wait(&pool_done, &pool_lock);
