@@ -59,12 +59,15 @@
  * and run one after another; a mask or bias callback must not call fmha or
  * fork. The workspace size depends on the thread count: query it after
  * setting it. Between jobs the pool's threads spin for FMHA_SPIN_US
- * microseconds (environment, read once; default 200, 0 never spins) before
- * they sleep, so a call's phases and calls made back to back start without a
- * wake-up; a spinning thread yields its CPU every microsecond (another
- * runtime's threads that want it get it), and there is no spinning while the
- * pool has more threads than the CPUs this process may use. After fork() the child gets a new pool on its next call (the
- * parent's workers do not exist there) and keeps the thread count setting.
+ * microseconds (environment, read once; default 200, 0 never spins; a value
+ * that is not an integer in 0..1000000 means 200) before they sleep, so a
+ * call's phases and calls made back to back start without a wake-up; a
+ * spinning thread yields its CPU every microsecond (another runtime's threads
+ * that want it get it), there is no spinning while the pool has more threads
+ * than the CPUs this process may use (counted when the pool first grows), and
+ * a thread the last call did not need sleeps at once. After fork() the child
+ * gets a new pool on its next call (the parent's workers do not exist there,
+ * and locks another thread held are reset) and keeps the thread count setting.
  * A call that another thread is running at the fork does not continue in the
  * child (only the forking thread does): the child's copy of its outputs is
  * incomplete.

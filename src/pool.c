@@ -143,8 +143,9 @@ static void *pool_worker(void *arg) {
     /* written before pthread_create; the next grow waits for this worker's
      * part in the job that created it */
     uint64_t seen = pool_grow_word;
+    int left_out = 0; /* the last job did not need this worker: sleep at once */
     for (;;) {
-        long spin_ns = atomic_load_explicit(&pool_spin_ns, memory_order_relaxed);
+        long spin_ns = left_out ? 0 : atomic_load_explicit(&pool_spin_ns, memory_order_relaxed);
         if (!pool_spin_until(&job_word, seen, 0, spin_ns)) {
             pthread_mutex_lock(&pool_lock);
             pool_sleepers++;
@@ -155,7 +156,8 @@ static void *pool_worker(void *arg) {
         }
         seen = atomic_load_explicit(&job_word, memory_order_acquire);
         int threads = (int)(seen & ((1u << POOL_THREAD_BITS) - 1));
-        if (id >= threads) continue; /* not needed for this job */
+        left_out = id >= threads;
+        if (left_out) continue; /* not needed for this job */
         /* job_fn, job_ctx, job_tasks stay fixed until this worker reports */
         pool_run_tasks(id);
         if (atomic_fetch_sub_explicit(&pool_busy_workers, 1, memory_order_acq_rel) == 1) {
@@ -183,15 +185,17 @@ static void pool_after_fork_child(void) {
     atomic_store(&pool_busy_workers, 0);
 }
 
-static int pool_fork_handler; /* pthread_atfork done (under pool_lock) */
+static pthread_once_t pool_fork_once = PTHREAD_ONCE_INIT;
+static int pool_fork_handler; /* pthread_atfork succeeded (set once) */
+
+static void pool_register_fork_handler(void) {
+    pool_fork_handler = pthread_atfork(NULL, NULL, pool_after_fork_child) == 0;
+}
 
 /* Starts workers up to want - 1 of them; returns how many threads can run. */
 static int pool_grow(int want) {
     /* no workers unless a forked child can forget them */
-    if (!pool_fork_handler && want > 1) {
-        if (pthread_atfork(NULL, NULL, pool_after_fork_child) != 0) return 1;
-        pool_fork_handler = 1;
-    }
+    if (!pool_fork_handler) return 1;
     static int cpus;
     if (pool_spin_setting < 0) {
         pool_spin_setting = pool_read_spin_ns();
@@ -219,6 +223,9 @@ int fmha_parallel_for(size_t n_tasks, int max_threads, fmha_task_fn fn, void *ct
     if (n_tasks == 0) return 0;
     int want = max_threads < 1 ? 1 : max_threads;
     if ((size_t)want > n_tasks) want = (int)n_tasks;
+    /* before the first lock: a child forked while another thread holds the
+     * locks, even in a single-thread call, must find them reset */
+    pthread_once(&pool_fork_once, pool_register_fork_handler);
     pthread_mutex_lock(&pool_call_lock);
     pthread_mutex_lock(&pool_lock);
     int have = want > 1 ? pool_grow(want) : 1;

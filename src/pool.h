@@ -13,9 +13,10 @@ typedef void (*fmha_task_fn)(void *ctx, size_t task, int thread);
 int fmha_pool_threads(void);
 
 /* Runs fn(ctx, task, thread) for every task with up to max_threads threads
- * (thread < max_threads always holds, so callers size scratch by it). Returns 0, or -1 if the pool's threads could not be created (then
- * every task ran on the calling thread, still correctly). Calls from
- * different user threads are serialised. */
+ * (thread < max_threads always holds, so callers size scratch by it).
+ * Returns 0, or -1 if fewer threads than asked could be created (every task
+ * still ran, on the threads there were). Calls from different user threads
+ * are serialised. */
 int fmha_parallel_for(size_t n_tasks, int max_threads, fmha_task_fn fn, void *ctx);
 
 /* n > 0 fixes the count, 0 restores the default; -1 for an invalid n. */

@@ -3,14 +3,16 @@
  * call must get a fresh pool rather than wait for workers it lacks (servers
  * that pre-fork, Python multiprocessing and data-loader workers do this).
  *
- * Cases, each with 4 threads:
+ * Cases (4 threads unless said):
  *   - fork after a forward and a backward: the child and the parent both
  *     compute them again; every result is bitwise equal to the one before
  *     the fork (results do not depend on the thread count or the pool) and
  *     O matches the float64 reference (|x - r| <= 1e-5 + 1e-4 |r|);
  *   - a grandchild (fork in the child after its own call);
  *   - fork while another thread of the parent is inside calls: the child's
- *     own calls still complete and match.
+ *     own calls still complete and match; run first with one thread in a
+ *     process that has never made a multithreaded call (the pool's locks
+ *     must be reset in the child even then), then with 4 threads.
  * A child that has not exited after 120 s counts as hung: it is killed and
  * the case fails (instead of the test waiting forever). */
 #include <pthread.h>
@@ -100,6 +102,19 @@ static void *busy_caller(void *arg) {
     return NULL;
 }
 
+/* Forks three times while a second thread of the parent runs calls. */
+static void fork_while_busy(const char *what) {
+    pthread_t th;
+    busy_stop = 0;
+    if (!tu_check(pthread_create(&th, NULL, busy_caller, NULL) == 0, "%s: no thread", what)) return;
+    for (int i = 0; i < 3; i++) {
+        nanosleep(&(struct timespec){0, 3 * 1000 * 1000}, NULL);
+        fork_case(what, 0);
+    }
+    busy_stop = 1;
+    pthread_join(th, NULL);
+}
+
 int main(void) {
     tu_seed();
     fmha_problem_init(&prob, 2, 4, 2, 130, 150, 32, 24, FMHA_LAYOUT_BSHD);
@@ -115,7 +130,8 @@ int main(void) {
     o0 = xmalloc_f(n_o), l0 = xmalloc_f(n_l), dq0 = xmalloc_f(n_q);
     dk0 = xmalloc_f(n_k), dv0 = xmalloc_f(n_k);
 
-    fmha_set_num_threads(4);
+    /* one thread until the single-thread case below has run */
+    fmha_set_num_threads(1);
     int ok = fmha_forward(&prob, q, k, v, o0, l0, NULL, 0) == FMHA_OK &&
              fmha_backward(&prob, q, k, v, o0, d_o, l0, dq0, dk0, dv0, NULL, NULL, 0) == FMHA_OK;
     if (!tu_check(ok, "the calls before the fork failed")) return tu_finish();
@@ -124,20 +140,11 @@ int main(void) {
     tu_check(tu_worst_ratio(o0, ro, n_o, 1e-5, 1e-4) <= 1.0, "O differs from the reference");
     free(ro);
 
+    fork_while_busy("fork while another thread calls fmha, one thread");
+    fmha_set_num_threads(4);
     fork_case("fork after a call", 0);
     fork_case("fork after a call, then a grandchild", 1);
-
-    /* fork while another thread is inside calls */
-    pthread_t th;
-    busy_stop = 0;
-    if (pthread_create(&th, NULL, busy_caller, NULL) == 0) {
-        for (int i = 0; i < 3; i++) {
-            nanosleep(&(struct timespec){0, 3 * 1000 * 1000}, NULL);
-            fork_case("fork while another thread calls fmha", 0);
-        }
-        busy_stop = 1;
-        pthread_join(th, NULL);
-    }
+    fork_while_busy("fork while another thread calls fmha");
     fmha_set_num_threads(0);
     free(q), free(k), free(v), free(d_o);
     free(o0), free(l0), free(dq0), free(dk0), free(dv0);
