@@ -260,7 +260,7 @@ static void softmax_case(const fmha_ukernels *u, const fmha_ukernels *spec, size
 
         /* The float64 recurrence: m_new, m_use, alpha, P and l. */
         double worst_p = 0.0, worst_alpha = 0.0, worst_l = 0.0;
-        size_t bad_m = 0, nonfinite = 0, clobbered = 0;
+        size_t bad_m = 0, nonfinite = 0, clobbered = 0, max_not_one = 0;
         float *m_new = floats(nr);
         double *m_use = doubles(nr), *alpha_ref = doubles(nr);
         for (size_t j = 0; j < nr; j++) {
@@ -301,6 +301,8 @@ static void softmax_case(const fmha_ukernels *u, const fmha_ukernels *spec, size
                     nonfinite++;
                 }
                 if (ep > worst_p) worst_p = ep;
+                /* exp(0) is exact: the row's largest score gets P = 1 */
+                max_not_one += sv == m_new[j] && isfinite(sv) && p != 1.0f;
                 if (p_ref > 1e-30 && fabs(x) > x_max) x_max = fabs(x);
                 sum += p_ref;
             }
@@ -321,11 +323,11 @@ static void softmax_case(const fmha_ukernels *u, const fmha_ukernels *spec, size
             for (size_t j = nr; j < lds && r + 1 < rows; j++)
                 clobbered += !same_bits(s[r * lds + j], SENTINEL);
         tu_check(worst_p <= 1.0 && worst_alpha <= 1.0 && worst_l <= 1.0 && bad_m == 0 &&
-                     nonfinite == 0 && clobbered == 0,
+                     nonfinite == 0 && clobbered == 0 && max_not_one == 0,
                  "%s softmax%s rows=%zu %s tile %d: P %.3g, alpha %.3g, l %.3g (error/tolerance), "
-                 "%zu wrong m, %zu non-finite, %zu padding overwritten",
+                 "%zu wrong m, %zu non-finite, %zu padding overwritten, %zu maxima with P != 1",
                  u->isa, p_rtol > 0 ? " lowp" : "", rows, scores_names[scenario], tile, worst_p, worst_alpha, worst_l, bad_m,
-                 nonfinite, clobbered);
+                 nonfinite, clobbered, max_not_one);
 
         if (with_spec) {
             /* Same inputs, same float m: P and alpha within the exp errors of
