@@ -53,6 +53,16 @@ static void pack_pairs_across_rows(const uint16_t *src, int64_t first, int64_t r
     }
 }
 
+/* dst[e] = (lo[e], hi[e]) for e < n, hi NULL pairing with 0: the table's
+ * kernel, else a plain loop (the same bits). */
+static void interleave(const fmha_ukernels *uk, size_t n, const uint16_t *lo, const uint16_t *hi, uint32_t *dst) {
+    if (uk->interleave_u16) {
+        uk->interleave_u16(n, lo, hi, dst);
+        return;
+    }
+    for (size_t e = 0; e < n; e++) dst[e] = (uint32_t)lo[e] | (hi ? (uint32_t)hi[e] << 16 : 0u);
+}
+
 /* dst[r][p] = (X[r][2p], X[r][2p+1]) for r < n: rows of pairs [n][cols2]. */
 static void pack_pairs_rows(const uint16_t *src, int64_t first, int64_t rs, int64_t cs, int64_t n,
                             int64_t cols, uint32_t *dst) {
@@ -70,7 +80,16 @@ static void pack_pairs_rows(const uint16_t *src, int64_t first, int64_t rs, int6
 
 /* ---- forward ---- */
 
-/* Unit: K pairs [Skv][D2], then V^T pairs [Dv][Skv2]. */
+/* K's rows already are its pairs (unit stride, even D, every row 4-byte
+ * aligned): the products read K where it is, and the unit's K part is idle. */
+static int k_in_place(const fmha_plan *plan, const void *k) {
+    const int64_t *ks = plan->p.k_strides;
+    return ks[3] == 1 && plan->p.head_dim % 2 == 0 && ks[0] % 2 == 0 && ks[1] % 2 == 0 && ks[2] % 2 == 0 &&
+           ((uintptr_t)k & 3u) == 0;
+}
+
+/* Unit: K pairs [Skv][D2] (unused when K is read in place), then V^T
+ * pairs [Dv][Skv2]. */
 static size_t unit_bytes(const fmha_plan *plan) {
     const fmha_problem *p = &plan->p;
     return words_bytes((size_t)p->seq_kv * pairs(p->head_dim)) +
@@ -86,7 +105,8 @@ static void kv_pack(const fmha_plan *plan, const void *k, const void *v, int64_t
     uint32_t *k2 = (uint32_t *)unit;
     uint32_t *v2 = (uint32_t *)(unit + words_bytes((size_t)(skv * D2)));
     const uint16_t *vb = v;
-    pack_pairs_rows(k, b * ks[0] + k0 * ks[1] + hk * ks[2], ks[1], ks[3], nk, p->head_dim, k2 + k0 * D2);
+    if (!k_in_place(plan, k))
+        pack_pairs_rows(k, b * ks[0] + k0 * ks[1] + hk * ks[2], ks[1], ks[3], nk, p->head_dim, k2 + k0 * D2);
     /* V^T pairs in blocks of 16 pairs: 32 source rows stay in L1 while each
      * destination row gets 16 consecutive words. A key past the sequence's
      * length pairs as 0, so that 0 * NaN never meets a value no row sees. */
@@ -102,10 +122,8 @@ static void kv_pack(const fmha_plan *plan, const void *k, const void *v, int64_t
                 int64_t key = 2 * (pr0 + r);
                 const uint16_t *lo = vb + b * vs[0] + key * vs[1] + hk * vs[2], *hi = lo + vs[1];
                 uint32_t *w = pair + r * Dv;
-                if (key + 1 < limit)
-                    for (int64_t e = 0; e < Dv; e++) w[e] = (uint32_t)lo[e] | (uint32_t)hi[e] << 16;
-                else if (key < limit)
-                    for (int64_t e = 0; e < Dv; e++) w[e] = lo[e];
+                if (key < limit)
+                    interleave(plan->uk, (size_t)Dv, lo, key + 1 < limit ? hi : NULL, w);
                 else
                     memset(w, 0, (size_t)Dv * sizeof(uint32_t));
             }
@@ -124,13 +142,20 @@ static void kv_pack(const fmha_plan *plan, const void *k, const void *v, int64_t
     }
 }
 
-/* K: (key r, pair e) at k2 + r * D2 + e; V^T: (key pair r, column c) at v2 + r + c * Skv2. */
+/* K: (key r, pair e) at k2 + r * D2 + e (in place: the caller's row r);
+ * V^T: (key pair r, column c) at v2 + r + c * Skv2. */
 static void kv_views(const fmha_plan *plan, const void *k, const void *v, const char *unit, int64_t b,
                      int64_t hk, int64_t k0, fmha_kv_view *kv, fmha_kv_view *vv) {
     int64_t D2 = (int64_t)pairs(plan->p.head_dim), skv2 = (int64_t)pairs(plan->p.seq_kv);
     const uint32_t *k2 = (const uint32_t *)unit;
     const uint32_t *v2 = (const uint32_t *)(unit + words_bytes((size_t)(plan->p.seq_kv * D2)));
-    *kv = (fmha_kv_view){k2 + k0 * D2, D2, 1};
+    if (k_in_place(plan, k)) {
+        const int64_t *ks = plan->p.k_strides;
+        const uint32_t *rows = (const uint32_t *)k + (b * ks[0] + hk * ks[2]) / 2;
+        *kv = (fmha_kv_view){rows + k0 * (ks[1] / 2), ks[1] / 2, 1};
+    } else {
+        *kv = (fmha_kv_view){k2 + k0 * D2, D2, 1};
+    }
     *vv = (fmha_kv_view){v2 + k0 / 2, 1, skv2};
 }
 

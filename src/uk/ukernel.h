@@ -110,6 +110,12 @@ uint64_t fmha_f32_finish_ukernel__scalar(size_t rows, size_t cols, const float *
  * converts element by element. */
 typedef void (*fmha_f32_to_bf16_ukernel_fn)(size_t n, const float *src, uint16_t *dst);
 void fmha_f32_to_bf16_ukernel__scalar(size_t n, const float *src, uint16_t *dst);
+/* Pairing two rows of 16-bit values (bf16 rows of V into the pairs of the
+ * value product): dst[i] = lo[i] | hi[i] << 16 for i < n, hi NULL pairing
+ * with 0. Moves bits only. May be NULL in a table: the driver then runs
+ * its plain loop. */
+typedef void (*fmha_u16_interleave_ukernel_fn)(size_t n, const uint16_t *lo, const uint16_t *hi, uint32_t *dst);
+void fmha_u16_interleave_ukernel__scalar(size_t n, const uint16_t *lo, const uint16_t *hi, uint32_t *dst);
 
 /* ---- bfloat16 (AVX-512 BF16 machines) ----
  * bf16 GEMMs take both operands in pairs along k, the layout of vdpbf16ps:
@@ -232,6 +238,7 @@ typedef struct fmha_ukernels {
     fmha_f32_finish_ukernel_fn finish_f32;                 /* optional */
     fmha_f32_transpose_ukernel_fn transpose_f32;           /* optional */
     fmha_f32_to_bf16_ukernel_fn to_bf16;                   /* optional */
+    fmha_u16_interleave_ukernel_fn interleave_u16;         /* optional */
     /* bf16 fast path; NULL where the ISA lacks it (bf16 then runs through
      * the float32 kernels on widened tiles). Same MR and NR as above. */
     fmha_bf16_gemm_ukernel_fn gemm_bf16;

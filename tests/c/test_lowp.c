@@ -11,7 +11,8 @@
  *   f16:  below 2e-3.
  * Also: fully masked rows (O = 0, lse = -inf, zero gradients, no NaN),
  * NaN in K and V rows past kv_lengths leaving O's bits as they were,
- * logits near 1e30 in bf16 (float32's range: no overflow), tails, GQA. */
+ * logits near 1e30 in bf16 (float32's range: no overflow), tails, GQA,
+ * K in strided and misaligned layouts giving the same bits. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -219,6 +220,43 @@ static void check_lengths_hide_nan(fmha_dtype t, const char *isa, int strategy) 
     free(k_nan); free(v_nan); free(o); free(o_nan);
 }
 
+/* K read where it is (unit stride, even strides, 4-byte aligned) or packed
+ * first (any other layout) carries the same bits: O is bitwise the same for
+ * K contiguous, with padded rows of even and odd stride, and one element off
+ * its alignment (B 2, GQA 2/1, causal, D 64). */
+static void check_k_layouts(fmha_dtype t, const char *isa, int strategy) {
+    const int64_t B = 2, H = 2, Sq = 70, Skv = 150, D = 64;
+    fmha_problem p;
+    fmha_problem_init(&p, B, H, 1, Sq, Skv, D, D, FMHA_LAYOUT_BSHD);
+    p.dtype = t;
+    p.strategy = (fmha_strategy)strategy;
+    p.causal = FMHA_CAUSAL_BOTTOM_RIGHT;
+    size_t nq = (size_t)(B * Sq * H * D), nk = (size_t)(B * Skv * D);
+    low_tensor q = low_new(t, nq, -1, 1), k = low_new(t, nk, -1, 1), v = low_new(t, nk, -1, 1);
+    uint16_t *o_ref = malloc(nq * 2), *o = malloc(nq * 2);
+    fmha_status st = fmha_forward(&p, q.bits, k.bits, v.bits, o_ref, NULL, NULL, 0);
+    tu_check(st == FMHA_OK, "%s: K layouts: status %d", isa, st);
+    const int64_t row_strides[3] = {D, D + 2, D + 1};
+    for (int c = 0; c < 4 && st == FMHA_OK; c++) {
+        int64_t rs = row_strides[c < 3 ? c : 0], off = c == 3; /* case 3: one element off */
+        uint16_t *buf = malloc((size_t)(B * Skv * rs + 1) * 2);
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t j = 0; j < Skv; j++)
+                for (int64_t e = 0; e < rs; e++)
+                    buf[off + (b * Skv + j) * rs + e] = e < D ? k.bits[(b * Skv + j) * D + e] : 0x7fc1;
+        fmha_problem pk = p;
+        pk.k_strides[0] = Skv * rs, pk.k_strides[1] = rs, pk.k_strides[2] = rs, pk.k_strides[3] = 1;
+        memset(o, 0, nq * 2);
+        fmha_status s2 = fmha_forward(&pk, q.bits, buf + off, v.bits, o, NULL, NULL, 0);
+        tu_check(s2 == FMHA_OK && !memcmp(o, o_ref, nq * 2),
+                 "%s %s/%s: O differs with K rows of stride %lld%s (status %d)", t == FMHA_DTYPE_BF16 ? "bf16" : "f16",
+                 isa, strategy_names[strategy], (long long)rs, off ? ", one element off" : "", s2);
+        free(buf);
+    }
+    low_free(&q); low_free(&k); low_free(&v);
+    free(o_ref); free(o);
+}
+
 int main(void) {
     tu_seed();
     /* every ISA of the registry that this CPU runs */
@@ -240,7 +278,10 @@ int main(void) {
                 }
             }
         for (int t = FMHA_DTYPE_BF16; t <= FMHA_DTYPE_F16; t++)
-            for (int s = 0; s < 4; s++) check_lengths_hide_nan((fmha_dtype)t, isa, s);
+            for (int s = 0; s < 4; s++) {
+                check_lengths_hide_nan((fmha_dtype)t, isa, s);
+                check_k_layouts((fmha_dtype)t, isa, s);
+            }
         check_large_logits(isa);
     }
     return tu_finish();

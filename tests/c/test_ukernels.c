@@ -899,6 +899,29 @@ static void test_transpose(const fmha_ukernels *u) {
         }
 }
 
+/* The optional 16-bit pairing kernel against its specification, bit for
+ * bit (random bit patterns, NaN payloads included), with and without the
+ * high row; nothing written past n. */
+static void test_interleave(const fmha_ukernels *u) {
+    if (!u->interleave_u16) return;
+    const size_t ns[] = {0, 1, 15, 16, 17, 64, 100, 256};
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+        for (int with_hi = 0; with_hi < 2; with_hi++) {
+            size_t n = ns[a];
+            uint16_t lo[256], hi[256];
+            uint32_t got[260], want[260];
+            for (size_t i = 0; i < 256; i++) {
+                lo[i] = (uint16_t)tu_int(0, 0xffff);
+                hi[i] = (uint16_t)tu_int(0, 0xffff);
+            }
+            for (size_t i = 0; i < 260; i++) got[i] = want[i] = 0xdeadbeefu;
+            fmha_u16_interleave_ukernel__scalar(n, lo, with_hi ? hi : NULL, want);
+            u->interleave_u16(n, lo, with_hi ? hi : NULL, got);
+            tu_check(!memcmp(got, want, sizeof got), "%s: interleave_u16 n=%zu%s differs from its specification",
+                     u->isa, n, with_hi ? "" : " (no high row)");
+        }
+}
+
 /* The optional float32 -> bf16 kernel against its specification, bit for
  * bit: ties both ways, the largest finite values (rounding to inf),
  * subnormals, infinities and NaNs with payloads; nothing written past n. */
@@ -950,6 +973,7 @@ int main(void) {
         test_finish(u);
         test_transpose(u);
         test_to_bf16(u);
+        test_interleave(u);
 #if defined(__x86_64__)
         if (u == &fmha_ukernels_avx2) test_exp("avx2", fmha_f32_exp__avx2);
         if (u == &fmha_ukernels_avx512) test_exp("avx512", fmha_f32_exp__avx512);

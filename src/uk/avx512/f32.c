@@ -401,6 +401,17 @@ void fmha_f32_to_bf16_ukernel__avx512(size_t n, const float *src, uint16_t *dst)
     }
 }
 
+/* 16 pairs at a time: both rows widened to 32 bits (vpmovzxwd), the high
+ * one shifted up; masked loads and stores for the tail. */
+void fmha_u16_interleave_ukernel__avx512(size_t n, const uint16_t *lo, const uint16_t *hi, uint32_t *dst) {
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, lo + i));
+        if (hi) w = _mm512_or_si512(w, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, hi + i)), 16));
+        _mm512_mask_storeu_epi32(dst + i, m, w);
+    }
+}
+
 /* The forward's epilogue: 16 rows x 16 columns at a time, scaled in the
  * lanes (rows), checked with vfpclassps, transposed and stored as rows. */
 uint64_t fmha_f32_finish_ukernel__avx512(size_t rows, size_t cols, const float *ot, size_t ldt,
@@ -452,6 +463,7 @@ const fmha_ukernels fmha_ukernels_avx512 = {
     .finish_f32 = fmha_f32_finish_ukernel__avx512,
     .transpose_f32 = fmha_f32_transpose_ukernel__avx512,
     .to_bf16 = fmha_f32_to_bf16_ukernel__avx512,
+    .interleave_u16 = fmha_u16_interleave_ukernel__avx512,
     .decode_scores_f32 = fmha_f32_decode_scores__avx512,
     .decode_softmax_f32 = fmha_f32_decode_softmax__avx512,
     .decode_values_f32 = fmha_f32_decode_values__avx512,

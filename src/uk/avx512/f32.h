@@ -36,6 +36,8 @@ void fmha_f32_transpose_ukernel__avx512(size_t rows, size_t cols, const float *s
                                         size_t ldd);
 /* dst[i] = bf16(src[i]) (fmha_f32_to_bf16_ukernel_fn). */
 void fmha_f32_to_bf16_ukernel__avx512(size_t n, const float *src, uint16_t *dst);
+/* dst[i] = lo[i] | hi[i] << 16 (fmha_u16_interleave_ukernel_fn). */
+void fmha_u16_interleave_ukernel__avx512(size_t n, const uint16_t *lo, const uint16_t *hi, uint32_t *dst);
 /* o[i][c] = ot[c][i] scale[i] (fmha_f32_finish_ukernel_fn). */
 uint64_t fmha_f32_finish_ukernel__avx512(size_t rows, size_t cols, const float *ot, size_t ldt,
                                          const float *scale, float *o, size_t ldo);

@@ -24,6 +24,7 @@ const fmha_ukernels fmha_ukernels_avx512bf16 = {
     .finish_f32 = fmha_f32_finish_ukernel__avx512,
     .transpose_f32 = fmha_f32_transpose_ukernel__avx512,
     .to_bf16 = fmha_f32_to_bf16_ukernel__avx512,
+    .interleave_u16 = fmha_u16_interleave_ukernel__avx512,
     .gemm_bf16 = fmha_bf16_gemm_ukernel_6x64__avx512bf16,
     .pair_rows_bf16 = fmha_bf16_pair_rows_ukernel_64__avx512bf16,
     .pair_rows_split_bf16 = fmha_bf16_pair_rows_split_ukernel_64__avx512bf16,

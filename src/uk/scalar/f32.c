@@ -100,6 +100,11 @@ void fmha_f32_to_bf16_ukernel__scalar(size_t n, const float *src, uint16_t *dst)
     for (size_t i = 0; i < n; i++) dst[i] = fmha_f32_to_bf16(src[i]);
 }
 
+/* Two 16-bit rows into 32-bit pairs (fmha_u16_interleave_ukernel_fn): the specification. */
+void fmha_u16_interleave_ukernel__scalar(size_t n, const uint16_t *lo, const uint16_t *hi, uint32_t *dst) {
+    for (size_t i = 0; i < n; i++) dst[i] = (uint32_t)lo[i] | (hi ? (uint32_t)hi[i] << 16 : 0u);
+}
+
 /* The forward's epilogue (fmha_f32_finish_ukernel_fn): the specification. */
 uint64_t fmha_f32_finish_ukernel__scalar(size_t rows, size_t cols, const float *ot, size_t ldt,
                                          const float *scale, float *o, size_t ldo) {
@@ -126,6 +131,7 @@ const fmha_ukernels fmha_ukernels_scalar = {
     .finish_f32 = fmha_f32_finish_ukernel__scalar,
     .transpose_f32 = fmha_f32_transpose_ukernel__scalar,
     .to_bf16 = fmha_f32_to_bf16_ukernel__scalar,
+    .interleave_u16 = fmha_u16_interleave_ukernel__scalar,
     .decode_scores_f32 = fmha_f32_decode_scores__scalar,
     .decode_softmax_f32 = fmha_f32_decode_softmax__scalar,
     .decode_values_f32 = fmha_f32_decode_values__scalar,
