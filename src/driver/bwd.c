@@ -437,8 +437,8 @@ static void bwd_key_block(const bwd_ctx *c, bwd_tiles *t, int64_t b, int64_t hk,
             if (cls == FMHA_TILE_EMPTY) continue;
             if (cls < 0) cls = FMHA_TILE_PARTIAL;
             if (!packed) {
-                c->path->bwd_keys_pack(plan, c->k, c->v, b, hk, k0, nk, &t->keys);
                 nonfinite = bwd_keys_nonfinite(c, b, hk, k0, nk);
+                c->path->bwd_keys_pack(plan, c->k, c->v, b, hk, k0, nk, nonfinite, &t->keys);
                 memset(t->dk, 0, (size_t)nk * d->d_pad * sizeof(float));
                 memset(t->dv, 0, (size_t)nk * d->dv_pad * sizeof(float));
                 packed = 1;
@@ -500,11 +500,13 @@ static void bwd_reduce_dq_task(void *vctx, size_t task, int thread) {
     for (int64_t i = 0; i < p->seq_q; i++) {
         const float *src = c->dq_part + ((size_t)task * (size_t)p->seq_q + (size_t)i) * c->dm.d_pad;
         int64_t row = b * qs[0] + i * qs[1] + h * qs[2];
+        /* sum[e] = src_0[e] + src_1[e] + ... in group order, a row at a time
+         * (the inner loop over e vectorises) */
         float sum[FMHA_MAX_HEAD_DIM];
-        for (int64_t e = 0; e < p->head_dim; e++) {
-            float acc = src[e];
-            for (size_t g = 1; g < c->split.groups; g++) acc += src[g * c->dq_group_floats + (size_t)e];
-            sum[e] = acc;
+        memcpy(sum, src, (size_t)p->head_dim * sizeof(float));
+        for (size_t g = 1; g < c->split.groups; g++) {
+            const float *part = src + g * c->dq_group_floats;
+            for (int64_t e = 0; e < p->head_dim; e++) sum[e] += part[e];
         }
         fmha_store_row_uk(c->plan->uk, c->dq, p->dtype, row, qs[3], p->head_dim, sum, c->store_scale);
     }

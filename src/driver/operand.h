@@ -84,9 +84,11 @@ struct fmha_operand_path {
                             int64_t h, int64_t q0, int64_t nq, const fmha_bwd_qblock *blk);
     /* Carves the per-thread key operands. */
     void (*bwd_keys_carve)(const fmha_plan *plan, fmha_carver *c, fmha_bwd_keys *keys);
-    /* Packs keys [k0, k0 + nk) of (b, hk). */
+    /* Packs keys [k0, k0 + nk) of (b, hk); krows only when the products
+     * read them or `guarded` (the block holds a NaN or inf: the guarded dQ
+     * reads them). */
     void (*bwd_keys_pack)(const fmha_plan *plan, const void *k, const void *v, int64_t b, int64_t hk,
-                          int64_t k0, int64_t nk, const fmha_bwd_keys *keys);
+                          int64_t k0, int64_t nk, int guarded, const fmha_bwd_keys *keys);
     /* pt = scale K Q^T and dpt = V dO^T, [nk][NR] each. */
     void (*bwd_scores)(const fmha_plan *plan, const fmha_bwd_keys *keys, const fmha_bwd_qblock *blk,
                        int64_t nk, float *pt, float *dpt);

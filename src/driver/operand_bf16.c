@@ -41,18 +41,6 @@ static void pack_pairs_transposed(const fmha_ukernels *uk, const uint16_t *src, 
     }
 }
 
-/* dst[p][e] = (X[2p][e], X[2p+1][e]) for 2p < n, e < cols (an odd n pairs
- * its last row with 0), zero elsewhere: pairs across rows, [rows2][ld]. */
-static void pack_pairs_across_rows(const uint16_t *src, int64_t first, int64_t rs, int64_t cs, int64_t n,
-                                   int64_t cols, size_t rows2, uint32_t *dst, size_t ld) {
-    memset(dst, 0, rows2 * ld * sizeof(uint32_t));
-    for (int64_t p = 0; 2 * p < n; p++) {
-        int64_t row = first + 2 * p * rs;
-        for (int64_t e = 0; e < cols; e++)
-            dst[(size_t)p * ld + (size_t)e] = fmha_bf16_pair(src, row + e * cs, row + rs + e * cs, 2 * p + 1 < n);
-    }
-}
-
 /* dst[e] = (lo[e], hi[e]) for e < n, hi NULL pairing with 0: the table's
  * kernel, else a plain loop (the same bits). */
 static void interleave(const fmha_ukernels *uk, size_t n, const uint16_t *lo, const uint16_t *hi, uint32_t *dst) {
@@ -61,6 +49,26 @@ static void interleave(const fmha_ukernels *uk, size_t n, const uint16_t *lo, co
         return;
     }
     for (size_t e = 0; e < n; e++) dst[e] = (uint32_t)lo[e] | (hi ? (uint32_t)hi[e] << 16 : 0u);
+}
+
+/* dst[p][e] = (X[2p][e], X[2p+1][e]) for 2p < n, e < cols (an odd n pairs
+ * its last row with 0), zero elsewhere: pairs across rows, [rows2][ld]. */
+static void pack_pairs_across_rows(const fmha_ukernels *uk, const uint16_t *src, int64_t first, int64_t rs,
+                                   int64_t cs, int64_t n, int64_t cols, size_t rows2, uint32_t *dst, size_t ld) {
+    if (cs != 1) memset(dst, 0, rows2 * ld * sizeof(uint32_t));
+    for (int64_t p = 0; 2 * p < n; p++) {
+        int64_t row = first + 2 * p * rs;
+        uint32_t *out = dst + (size_t)p * ld;
+        if (cs == 1) { /* unit-stride rows: the interleave kernel, then the padding */
+            interleave(uk, (size_t)cols, src + row, 2 * p + 1 < n ? src + row + rs : NULL, out);
+            memset(out + cols, 0, (ld - (size_t)cols) * sizeof(uint32_t));
+            continue;
+        }
+        for (int64_t e = 0; e < cols; e++)
+            out[e] = fmha_bf16_pair(src, row + e * cs, row + rs + e * cs, 2 * p + 1 < n);
+    }
+    if (cs == 1 && (size_t)pairs(n) < rows2)
+        memset(dst + pairs(n) * ld, 0, (rows2 - pairs(n)) * ld * sizeof(uint32_t));
 }
 
 /* dst[r][p] = (X[r][2p], X[r][2p+1]) for r < n: rows of pairs [n][cols2]. */
@@ -242,9 +250,9 @@ static void qblock_pack(const fmha_plan *plan, const void *q, const void *d_o, i
     pack_pairs_transposed(plan->uk, q, qfirst, qs[1], qs[3], nq, p->head_dim, nr, (uint32_t *)blk->qt);
     pack_pairs_transposed(plan->uk, d_o, ofirst, os[1], os[3], nq, p->head_dim_v, nr, (uint32_t *)blk->dot);
     if (pair_grads(plan)) {
-        pack_pairs_across_rows(q, qfirst, qs[1], qs[3], nq, p->head_dim, nr / 2, (uint32_t *)blk->qrows,
+        pack_pairs_across_rows(plan->uk, q, qfirst, qs[1], qs[3], nq, p->head_dim, nr / 2, (uint32_t *)blk->qrows,
                                blk->qrows_ld);
-        pack_pairs_across_rows(d_o, ofirst, os[1], os[3], nq, p->head_dim_v, nr / 2,
+        pack_pairs_across_rows(plan->uk, d_o, ofirst, os[1], os[3], nq, p->head_dim_v, nr / 2,
                                (uint32_t *)blk->dorows, blk->dorows_ld);
         return;
     }
@@ -271,16 +279,18 @@ static void keys_carve(const fmha_plan *plan, fmha_carver *c, fmha_bwd_keys *key
 }
 
 static void keys_pack(const fmha_plan *plan, const void *k, const void *v, int64_t b, int64_t hk,
-                      int64_t k0, int64_t nk, const fmha_bwd_keys *keys) {
+                      int64_t k0, int64_t nk, int guarded, const fmha_bwd_keys *keys) {
     const fmha_problem *p = &plan->p;
     const int64_t *ks = p->k_strides, *vs = p->v_strides;
     int64_t kfirst = b * ks[0] + k0 * ks[1] + hk * ks[2], vfirst = b * vs[0] + k0 * vs[1] + hk * vs[2];
     pack_pairs_rows(k, kfirst, ks[1], ks[3], nk, p->head_dim, keys->k_op);
     pack_pairs_rows(v, vfirst, vs[1], vs[3], nk, p->head_dim_v, keys->v_op);
-    fmha_pack_rows_f32(k, p->dtype, kfirst, ks[1], ks[3], nk, p->head_dim, plan->uk->block_kv,
-                       keys->krows, fmha_pad_nr(plan, p->head_dim));
+    /* FAST: float32 K rows only for the guarded dQ */
+    if (!pair_grads(plan) || guarded)
+        fmha_pack_rows_f32(k, p->dtype, kfirst, ks[1], ks[3], nk, p->head_dim, plan->uk->block_kv,
+                           keys->krows, fmha_pad_nr(plan, p->head_dim));
     if (pair_grads(plan))
-        pack_pairs_across_rows(k, kfirst, ks[1], ks[3], nk, p->head_dim, pairs(nk), keys->k_grad,
+        pack_pairs_across_rows(plan->uk, k, kfirst, ks[1], ks[3], nk, p->head_dim, pairs(nk), keys->k_grad,
                                fmha_pad_nr(plan, p->head_dim));
 }
 

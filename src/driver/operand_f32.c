@@ -306,7 +306,8 @@ static void f32_keys_carve(const fmha_plan *plan, fmha_carver *c, fmha_bwd_keys 
 }
 
 static void f32_keys_pack(const fmha_plan *plan, const void *k, const void *v, int64_t b, int64_t hk,
-                          int64_t k0, int64_t nk, const fmha_bwd_keys *keys) {
+                          int64_t k0, int64_t nk, int guarded, const fmha_bwd_keys *keys) {
+    (void)guarded; /* krows are the scores' operand: always packed */
     const fmha_problem *p = &plan->p;
     const int64_t *ks = p->k_strides, *vs = p->v_strides;
     size_t bc = plan->uk->block_kv;

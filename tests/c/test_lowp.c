@@ -12,7 +12,8 @@
  * Also: fully masked rows (O = 0, lse = -inf, zero gradients, no NaN),
  * NaN in K and V rows past kv_lengths leaving O's bits as they were,
  * logits near 1e30 in bf16 (float32's range: no overflow), tails, GQA,
- * K in strided and misaligned layouts giving the same bits. */
+ * K in strided and misaligned layouts giving the same bits, a NaN key kept
+ * out of the dQ of rows it is hidden from. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -220,6 +221,46 @@ static void check_lengths_hide_nan(fmha_dtype t, const char *isa, int strategy) 
     free(k_nan); free(v_nan); free(o); free(o_nan);
 }
 
+/* A NaN in K at key 100 of a causal (top-left) problem: the rows it is
+ * hidden from (i < 100) keep finite dQ within the bf16 bars of the
+ * reference run on K with that key zeroed (their dQ does not depend on it),
+ * the rows that see it get NaN. The key block holding it runs the guarded
+ * dQ (float32 K rows). */
+static void check_guarded_dq(fmha_dtype t, const char *isa, int strategy, fmha_precision precision) {
+    const int64_t S = 150, D = 32, nan_key = 100;
+    fmha_problem p;
+    fmha_problem_init(&p, 1, 2, 1, S, S, D, D, FMHA_LAYOUT_BSHD);
+    p.dtype = t;
+    p.strategy = (fmha_strategy)strategy;
+    p.precision = precision;
+    p.causal = FMHA_CAUSAL_TOP_LEFT;
+    size_t nq = (size_t)(S * 2 * D), nk = (size_t)(S * D);
+    low_tensor q = low_new(t, nq, -1, 1), k = low_new(t, nk, -1, 1), v = low_new(t, nk, -1, 1);
+    low_tensor d_o = low_new(t, nq, -1, 1);
+    for (int64_t e = 0; e < D; e++) {
+        k.bits[nan_key * D + e] = t == FMHA_DTYPE_BF16 ? 0x7fc1 : 0x7e01;
+        k.value[nan_key * D + e] = 0.0f;
+    }
+    uint16_t *o = malloc(nq * 2), *dq = malloc(nq * 2), *dk = malloc(nk * 2), *dv = malloc(nk * 2);
+    float *lse = malloc((size_t)(2 * S) * sizeof(float));
+    double *rq = malloc(nq * 8), *rk = malloc(nk * 8), *rv = malloc(nk * 8);
+    fmha_status st = tu_forward_backward(&p, q.bits, k.bits, v.bits, d_o.bits, o, lse, dq, dk, dv, NULL);
+    fmha_ref_backward(&p, q.value, k.value, v.value, d_o.value, rq, rk, rv);
+    size_t hidden = (size_t)(nan_key * 2 * D); /* dQ rows 0..99 of both heads, [S][H][D] */
+    double err, rounding;
+    low_errors(t, dq, rq, hidden, &err, &rounding);
+    int nan_seen = 1;
+    for (size_t i = hidden; i < nq; i++) nan_seen &= isnan(from_low(t, dq[i]));
+    double bar = t == FMHA_DTYPE_BF16 ? BF16_MAX_REL : F16_MAX_REL;
+    tu_check(st == FMHA_OK && all_finite(t, dq, hidden) && err < bar && nan_seen,
+             "%s%s %s/%s: NaN key hidden from rows < %lld: their dQ error %.3g (bar %g), finite %d, rows that "
+             "see it NaN %d (status %d)", t == FMHA_DTYPE_BF16 ? "bf16" : "f16",
+             precision == FMHA_PRECISION_FAST ? " fast" : "", isa, strategy_names[strategy], (long long)nan_key,
+             err, bar, all_finite(t, dq, hidden), nan_seen, st);
+    low_free(&q); low_free(&k); low_free(&v); low_free(&d_o);
+    free(o); free(dq); free(dk); free(dv); free(lse); free(rq); free(rk); free(rv);
+}
+
 /* K read where it is (unit stride, even strides, 4-byte aligned) or packed
  * first (any other layout) carries the same bits: O is bitwise the same for
  * K contiguous, with padded rows of even and odd stride, and one element off
@@ -281,6 +322,8 @@ int main(void) {
             for (int s = 0; s < 4; s++) {
                 check_lengths_hide_nan((fmha_dtype)t, isa, s);
                 check_k_layouts((fmha_dtype)t, isa, s);
+                for (int pr = FMHA_PRECISION_ACCURATE; pr <= FMHA_PRECISION_FAST; pr++)
+                    check_guarded_dq((fmha_dtype)t, isa, s, (fmha_precision)pr);
             }
         check_large_logits(isa);
     }
