@@ -8,6 +8,9 @@ each in turn:
   c+alloc  the same with outputs allocated per call (np.empty), as a
          framework's are: what fresh, cold output memory costs
   jax    jax.jit of fmha.jax.dot_product_attention (fwdbwd: its jax.vjp)
+  c-bhsd   the C call on the same inputs as [B, H, S, D] (what fmha.torch
+         passes the library: torch's SDPA takes [B, H, S, D]); torch-c is
+         measured against it
   torch  fmha.torch.scaled_dot_product_attention (fwdbwd: autograd.grad)
 and prints a low quantile (default 0.2) of each caller's per-call times in
 us, which a busy machine disturbs least, and the bindings' overhead
@@ -28,10 +31,12 @@ import weakref
 import numpy as np
 
 
-def c_runner(lib_mod, q, k, v, d_o, fwdbwd, fresh=False):
+def c_runner(lib_mod, q, k, v, d_o, fwdbwd, fresh=False, bhsd=False):
     lib = lib_mod.load()
     B, S, H, D = q.shape
-    p = lib_mod.problem_init(B, H, H, S, S, D, D)
+    if bhsd:  # the inputs as [B, H, S, D], the layout of torch's SDPA convention
+        q, k, v, d_o = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in (q, k, v, d_o))
+    p = lib_mod.problem_init(B, H, H, S, S, D, D, lib_mod.LAYOUT_BHSD if bhsd else lib_mod.LAYOUT_BSHD)
     plan = ctypes.c_void_p()
     # Own function objects (lib[name]), so the prototypes of fmha._lib stay as they are.
     create = lib["fmha_plan_create"]
@@ -172,7 +177,7 @@ def main():
     rng = np.random.default_rng(0)
     print(f"B={args.batch} H={args.heads} D={args.dim} float32 threads={_lib.get_num_threads()}; "
           f"us per call, quantile {args.quantile} of each caller's calls")
-    print(f"{'mode':7s} {'seq':>5s} {'c':>10s} {'c+alloc':>10s}" +
+    print(f"{'mode':7s} {'seq':>5s} {'c':>10s} {'c+alloc':>10s}" + (f" {'c-bhsd':>10s}" if "torch" in bindings else "") +
           "".join(f" {b:>10s} {b + '-c':>9s}" for b in bindings))
     for mode in args.modes.split(","):
         for S in (int(s) for s in args.seqs.split(",")):
@@ -181,14 +186,18 @@ def main():
             fwdbwd = mode == "fwdbwd"
             runners = {"c": c_runner(_lib, q, k, v, d_o, fwdbwd),
                        "c+alloc": c_runner(_lib, q, k, v, d_o, fwdbwd, fresh=True)}
+            if "torch" in bindings:
+                runners["c-bhsd"] = c_runner(_lib, q, k, v, d_o, fwdbwd, bhsd=True)
             for b in bindings:
                 runners[b] = makers[b](q, k, v, d_o, fwdbwd)
             sample(runners, 0.2)  # warm up
             times = sample(runners, args.seconds)
             med = {name: quantile(ts, args.quantile) for name, ts in times.items()}
             line = f"{mode:7s} {S:5d} {med['c']:10.1f} {med['c+alloc']:10.1f}"
+            if "torch" in bindings:
+                line += f" {med['c-bhsd']:10.1f}"
             for b in bindings:
-                line += f" {med[b]:10.1f} {med[b] - med['c']:9.1f}"
+                line += f" {med[b]:10.1f} {med[b] - med['c-bhsd' if b == 'torch' else 'c']:9.1f}"
             print(line, flush=True)
 
 
