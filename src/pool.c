@@ -83,7 +83,12 @@ static long pool_read_spin_ns(void) {
     return us * 1000;
 }
 
+static void pool_register_fork_handler(void);
+static pthread_once_t pool_fork_once = PTHREAD_ONCE_INIT;
+
 int fmha_pool_threads(void) {
+    /* every entry point registers the fork handler before its first lock */
+    pthread_once(&pool_fork_once, pool_register_fork_handler);
     pthread_mutex_lock(&pool_lock);
     int n = pool_requested > 0 ? pool_requested : pool_default_threads();
     pthread_mutex_unlock(&pool_lock);
@@ -92,6 +97,7 @@ int fmha_pool_threads(void) {
 
 int fmha_pool_set_threads(int n) {
     if (n < 0 || n > POOL_MAX_THREADS) return -1;
+    pthread_once(&pool_fork_once, pool_register_fork_handler);
     pthread_mutex_lock(&pool_lock);
     pool_requested = n;
     pthread_mutex_unlock(&pool_lock);
@@ -185,7 +191,6 @@ static void pool_after_fork_child(void) {
     atomic_store(&pool_busy_workers, 0);
 }
 
-static pthread_once_t pool_fork_once = PTHREAD_ONCE_INIT;
 static int pool_fork_handler; /* pthread_atfork succeeded (set once) */
 
 static void pool_register_fork_handler(void) {
@@ -224,7 +229,8 @@ int fmha_parallel_for(size_t n_tasks, int max_threads, fmha_task_fn fn, void *ct
     int want = max_threads < 1 ? 1 : max_threads;
     if ((size_t)want > n_tasks) want = (int)n_tasks;
     /* before the first lock: a child forked while another thread holds the
-     * locks, even in a single-thread call, must find them reset */
+     * locks, even in a single-thread call, must find them reset (so also
+     * in fmha_pool_threads and fmha_pool_set_threads) */
     pthread_once(&pool_fork_once, pool_register_fork_handler);
     pthread_mutex_lock(&pool_call_lock);
     pthread_mutex_lock(&pool_lock);

@@ -9,12 +9,15 @@
  *     the fork (results do not depend on the thread count or the pool) and
  *     O matches the float64 reference (|x - r| <= 1e-5 + 1e-4 |r|);
  *   - a grandchild (fork in the child after its own call);
+ *   - forks while another thread only reads the thread count, before the
+ *     process made any call (the pool's lock must be reset in the child);
  *   - fork while another thread of the parent is inside calls: the child's
  *     own calls still complete and match; run first with one thread in a
  *     process that has never made a multithreaded call (the pool's locks
  *     must be reset in the child even then), then with 4 threads.
- * A child that has not exited after 120 s counts as hung: it is killed and
- * the case fails (instead of the test waiting forever). */
+ * A child that has not exited after 120 s (a grandchild: 30 s) counts as
+ * hung: it is killed and the case fails (instead of the test waiting
+ * forever). */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -52,9 +55,9 @@ static int compute_and_compare(void) {
     return ok;
 }
 
-/* Waits for pid up to 120 s; its exit status, or -1 if it hung (killed) or died. */
-static int wait_child(pid_t pid) {
-    for (int i = 0; i < 12000; i++) {
+/* Waits for pid up to `seconds`; its exit status, or -1 if it hung (killed) or died. */
+static int wait_child_for(pid_t pid, int seconds) {
+    for (int i = 0; i < 100 * seconds; i++) {
         int status;
         pid_t r = waitpid(pid, &status, WNOHANG);
         if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -65,6 +68,8 @@ static int wait_child(pid_t pid) {
     waitpid(pid, NULL, 0);
     return -1;
 }
+
+static int wait_child(pid_t pid) { return wait_child_for(pid, 120); }
 
 /* Child body: compute, optionally fork a grandchild that computes too. */
 static int child_main(int grandchild) {
@@ -102,6 +107,33 @@ static void *busy_caller(void *arg) {
     return NULL;
 }
 
+static void *count_reader(void *arg) {
+    (void)arg;
+    while (!busy_stop) (void)fmha_get_num_threads();
+    return NULL;
+}
+
+/* Child body of the first case: 20 forks while a second thread reads the
+ * thread count (the pool's lock), before this process made any call;
+ * every grandchild must complete a forward. */
+static int fork_while_reading_count(void) {
+    pthread_t th;
+    busy_stop = 0;
+    if (pthread_create(&th, NULL, count_reader, NULL) != 0) return 3;
+    int failed = 0;
+    float *o = xmalloc_f(n_o);
+    for (int i = 0; i < 20 && !failed; i++) {
+        pid_t pid = fork();
+        if (pid < 0) failed = 3;
+        else if (pid == 0) _exit(fmha_forward(&prob, q, k, v, o, NULL, NULL, 0) == FMHA_OK ? 0 : 1);
+        else if (wait_child_for(pid, 30) != 0) failed = 1; /* killed well before the parent gives up */
+    }
+    busy_stop = 1;
+    pthread_join(th, NULL);
+    free(o);
+    return failed;
+}
+
 /* Forks three times while a second thread of the parent runs calls. */
 static void fork_while_busy(const char *what) {
     pthread_t th;
@@ -129,6 +161,15 @@ int main(void) {
     n_l = (size_t)(prob.batch * prob.heads_q * prob.seq_q);
     o0 = xmalloc_f(n_o), l0 = xmalloc_f(n_l), dq0 = xmalloc_f(n_q);
     dk0 = xmalloc_f(n_k), dv0 = xmalloc_f(n_k);
+
+    /* before any call of this process: forks while a thread holds the
+     * pool's lock only to read the thread count */
+    fflush(stdout);
+    pid_t first = fork();
+    if (first == 0) _exit(fork_while_reading_count());
+    int first_rc = first < 0 ? -1 : wait_child(first);
+    tu_check(first_rc == 0, "fork while another thread reads the thread count, before any call: %s",
+             first_rc == 1 ? "a grandchild hung or failed" : "the child failed or hung");
 
     /* one thread until the single-thread case below has run */
     fmha_set_num_threads(1);
