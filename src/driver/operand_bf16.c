@@ -41,34 +41,20 @@ static void pack_pairs_transposed(const fmha_ukernels *uk, const uint16_t *src, 
     }
 }
 
-/* dst[e] = (lo[e], hi[e]) for e < n, hi NULL pairing with 0: the table's
- * kernel, else a plain loop (the same bits). */
-static void interleave(const fmha_ukernels *uk, size_t n, const uint16_t *lo, const uint16_t *hi, uint32_t *dst) {
-    if (uk->interleave_u16) {
-        uk->interleave_u16(n, lo, hi, dst);
-        return;
-    }
-    for (size_t e = 0; e < n; e++) dst[e] = (uint32_t)lo[e] | (hi ? (uint32_t)hi[e] << 16 : 0u);
-}
-
 /* dst[p][e] = (X[2p][e], X[2p+1][e]) for 2p < n, e < cols (an odd n pairs
  * its last row with 0), zero elsewhere: pairs across rows, [rows2][ld]. */
 static void pack_pairs_across_rows(const fmha_ukernels *uk, const uint16_t *src, int64_t first, int64_t rs,
                                    int64_t cs, int64_t n, int64_t cols, size_t rows2, uint32_t *dst, size_t ld) {
-    if (cs != 1) memset(dst, 0, rows2 * ld * sizeof(uint32_t));
+    memset(dst, 0, rows2 * ld * sizeof(uint32_t));
     for (int64_t p = 0; 2 * p < n; p++) {
         int64_t row = first + 2 * p * rs;
         uint32_t *out = dst + (size_t)p * ld;
-        if (cs == 1) { /* unit-stride rows: the interleave kernel, then the padding */
-            interleave(uk, (size_t)cols, src + row, 2 * p + 1 < n ? src + row + rs : NULL, out);
-            memset(out + cols, 0, (ld - (size_t)cols) * sizeof(uint32_t));
-            continue;
-        }
-        for (int64_t e = 0; e < cols; e++)
-            out[e] = fmha_bf16_pair(src, row + e * cs, row + rs + e * cs, 2 * p + 1 < n);
+        if (cs == 1) /* unit-stride rows: the table's interleave kernel */
+            uk->interleave_u16((size_t)cols, src + row, 2 * p + 1 < n ? src + row + rs : NULL, out);
+        else
+            for (int64_t e = 0; e < cols; e++)
+                out[e] = fmha_bf16_pair(src, row + e * cs, row + rs + e * cs, 2 * p + 1 < n);
     }
-    if (cs == 1 && (size_t)pairs(n) < rows2)
-        memset(dst + pairs(n) * ld, 0, (rows2 - pairs(n)) * ld * sizeof(uint32_t));
 }
 
 /* dst[r][p] = (X[r][2p], X[r][2p+1]) for r < n: rows of pairs [n][cols2]. */
@@ -131,7 +117,7 @@ static void kv_pack(const fmha_plan *plan, const void *k, const void *v, int64_t
                 const uint16_t *lo = vb + b * vs[0] + key * vs[1] + hk * vs[2], *hi = lo + vs[1];
                 uint32_t *w = pair + r * Dv;
                 if (key < limit)
-                    interleave(plan->uk, (size_t)Dv, lo, key + 1 < limit ? hi : NULL, w);
+                    plan->uk->interleave_u16((size_t)Dv, lo, key + 1 < limit ? hi : NULL, w);
                 else
                     memset(w, 0, (size_t)Dv * sizeof(uint32_t));
             }

@@ -112,8 +112,8 @@ typedef void (*fmha_f32_to_bf16_ukernel_fn)(size_t n, const float *src, uint16_t
 void fmha_f32_to_bf16_ukernel__scalar(size_t n, const float *src, uint16_t *dst);
 /* Pairing two rows of 16-bit values (bf16 rows of V into the pairs of the
  * value product): dst[i] = lo[i] | hi[i] << 16 for i < n, hi NULL pairing
- * with 0. Moves bits only. May be NULL in a table: the driver then runs
- * its plain loop. */
+ * with 0. Moves bits only. Required in a table with the bf16 kernels (the
+ * bf16 operand path calls it), optional elsewhere. */
 typedef void (*fmha_u16_interleave_ukernel_fn)(size_t n, const uint16_t *lo, const uint16_t *hi, uint32_t *dst);
 void fmha_u16_interleave_ukernel__scalar(size_t n, const uint16_t *lo, const uint16_t *hi, uint32_t *dst);
 
@@ -238,7 +238,7 @@ typedef struct fmha_ukernels {
     fmha_f32_finish_ukernel_fn finish_f32;                 /* optional */
     fmha_f32_transpose_ukernel_fn transpose_f32;           /* optional */
     fmha_f32_to_bf16_ukernel_fn to_bf16;                   /* optional */
-    fmha_u16_interleave_ukernel_fn interleave_u16;         /* optional */
+    fmha_u16_interleave_ukernel_fn interleave_u16;         /* required with gemm_bf16 */
     /* bf16 fast path; NULL where the ISA lacks it (bf16 then runs through
      * the float32 kernels on widened tiles). Same MR and NR as above. */
     fmha_bf16_gemm_ukernel_fn gemm_bf16;

@@ -548,8 +548,9 @@ int main(void) {
             continue;
         }
         tu_check(u->gemm_bf16 && u->pair_rows_bf16 && u->pair_rows_split_bf16 && u->pack_rows_bf16 &&
-                     u->nr % SPEC_NR == 0,
-                 "%s: a table has all four bf16 kernels or none, NR a multiple of 16",
+                     u->interleave_u16 && u->nr % SPEC_NR == 0,
+                 "%s: a table has all four bf16 kernels or none (and with them interleave_u16), NR a "
+                 "multiple of 16",
                  isa->name);
         subnormals_flushed = 0;
         test_table(u);
