@@ -11,8 +11,9 @@ alibi_slopes, rel_table and sinks); register_fake gives torch.compile the
 output shapes, so compiled graphs keep the op as one opaque call. Plain
 eager calls run the same kernel and autograd pair without the dispatcher
 (_attention, _EagerAttention), which would cost about as much as a small
-problem's forward, and their backward reuses the forward's plan; compile, autocast, functorch transforms, tensor
-subclasses and dispatch modes get the op.
+problem's forward, and their backward reuses the forward's plan; compile,
+autocast, functorch transforms, tensor subclasses and dispatch modes get the
+op.
 
 After SDPA's own arguments, keyword-only, come the options of NumPy
 fmha.attention with the same names and meanings (segment_ids, alibi_slopes,
