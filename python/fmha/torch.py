@@ -37,6 +37,7 @@ in _torch_flex.py, on the fmha::attention op here.
 import collections
 import ctypes
 import math
+import operator
 from typing import Optional
 
 import numpy as np
@@ -288,9 +289,18 @@ def _attention_backward_fake(q, k, v, o, lse, d_o, bias, mask, q_lengths, kv_len
 _PARAM_INPUTS = (3, 9, 10, 11)  # bias, alibi, rel_table, sinks
 
 
+_param_flags = operator.itemgetter(*_PARAM_INPUTS)  # their needs_input_grad flags
+
 # The forward op's options (causal .. dropout_offset) and its block_table.
 _OPTIONS = slice(12, 21)
 _BLOCK_TABLE = 21
+
+
+def _refusal(inputs, q, k):
+    """The error a backward raises for a call the C backward cannot serve, or None."""
+    return api.forward_only_error(len(inputs) > _BLOCK_TABLE and inputs[_BLOCK_TABLE] is not None, q.dtype,
+                                  k.dtype, "fmha.torch.scaled_dot_product_attention",
+                                  "run it under torch.no_grad() or detach its inputs")
 
 
 def _setup_context(ctx, inputs, output):
@@ -298,25 +308,26 @@ def _setup_context(ctx, inputs, output):
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, *inputs[3:12])
     ctx.options = inputs[_OPTIONS]
-    # the error a backward raises for a call the C backward cannot serve, if it cannot
-    ctx.refused = api.forward_only_error(len(inputs) > _BLOCK_TABLE and inputs[_BLOCK_TABLE] is not None, q.dtype,
-                                         k.dtype, "fmha.torch.scaled_dot_product_attention",
-                                         "run it under torch.no_grad() or detach its inputs")
+    ctx.refused = _refusal(inputs, q, k)
 
 
-def _backward(ctx, d_o, d_lse, run=None):
-    """The gradients of the forward op's inputs, by `run` (default: the
-    backward op, through the dispatcher)."""
+def _param_grads(ctx, q, k, v, o, lse, tensors, d_o, run):
+    """The gradients of the forward op's inputs, by `run` (the backward op
+    through the dispatcher, or its kernel); tensors: the optional tensors
+    (inputs 3..11)."""
     if ctx.refused is not None:
         raise ctx.refused
-    q, k, v, o, lse, *tensors = ctx.saved_tensors
     wanted = [ctx.needs_input_grad[i] and tensors[i - 3] is not None for i in _PARAM_INPUTS]
-    run = run or torch.ops.fmha.attention_backward
     dq, dk, dv, *params = run(q, k, v, o, lse, d_o, *tensors, *ctx.options, wanted)
     grads = [dq, dk, dv] + [None] * (len(ctx.needs_input_grad) - 3)
     for i, w, g in zip(_PARAM_INPUTS, wanted, params):
         grads[i] = g if w else None
     return tuple(grads)
+
+
+def _backward(ctx, d_o, d_lse):
+    q, k, v, o, lse, *tensors = ctx.saved_tensors
+    return _param_grads(ctx, q, k, v, o, lse, tensors, d_o, torch.ops.fmha.attention_backward)
 
 
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
@@ -326,28 +337,36 @@ _attention_op.register_autograd(_backward, setup_context=_setup_context)
 # pair run directly (the dispatcher costs about as much as a small problem's
 # whole forward). Everything else (torch.compile, autocast, functorch
 # transforms, tensor subclasses, dispatch and function modes) goes through
-# the op, whose registrations serve it.
+# the op, whose registrations serve it. The pair returns out alone and keeps
+# lse (internal, never handed out) on ctx; the optional tensors are saved
+# only when one is given. Each saved tensor and each extra output costs the
+# autograd round trip a few us, as much as a small problem's kernel gains.
+_NO_TENSORS = (None,) * 9
+
+
 class _EagerAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, *inputs):
+        q, k, v = inputs[:3]
         if len(inputs) != _BLOCK_TABLE + 1 or inputs[_BLOCK_TABLE] is not None:  # paged: checked by the impl
             out, lse = _attention_impl(*inputs)
             plan = None
         else:
-            out, lse, plan = _forward_run(inputs[0], inputs[1], inputs[2], _Spec(*inputs[3:]))
-        ctx.mark_non_differentiable(lse)
-        ctx.set_materialize_grads(False)  # lse's gradient is never read
-        _setup_context(ctx, inputs, (out, lse))
+            out, lse, plan = _forward_run(q, k, v, _Spec(*inputs[3:]))
+        tensors = inputs[3:12]
+        ctx.save_for_backward(q, k, v, out, *(tensors if any(t is not None for t in tensors) else ()))
+        ctx.lse = lse
+        ctx.options = inputs[_OPTIONS]
+        ctx.refused = _refusal(inputs, q, k)
         # the forward's plan serves the backward when nothing else is asked of it
-        ctx.plan = plan if not any(ctx.needs_input_grad[i] for i in _PARAM_INPUTS) else None
-        return out, lse
+        ctx.plan = plan if not any(_param_flags(ctx.needs_input_grad)) else None
+        return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, d_o, d_lse):
-        q, k, v, o, lse = ctx.saved_tensors[:5]
-        if d_o is None:
-            d_o = torch.zeros_like(o)
+    def backward(ctx, d_o):
+        q, k, v, o, *tensors = ctx.saved_tensors
+        lse = ctx.lse
         plan = ctx.plan
         if plan is not None and ctx.refused is None and d_o.dtype == o.dtype and d_o.stride() == o.stride():
             dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -355,21 +374,21 @@ class _EagerAttention(torch.autograd.Function):
                 plan.backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), d_o.data_ptr(),
                               lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr())
                 return (dq, dk, dv) + (None,) * (len(ctx.needs_input_grad) - 3)
-        return _backward(ctx, d_o, d_lse, _attention_backward_impl)
+        return _param_grads(ctx, q, k, v, o, lse, tensors or _NO_TENSORS, d_o, _attention_backward_impl)
 
 
 def _attention(*args):
-    """out, lse of torch.ops.fmha.attention(*args), eager calls without the dispatcher."""
+    """out of torch.ops.fmha.attention(*args); eager calls without the dispatcher."""
     tensors = [a for a in args[:12] if a is not None]  # q, k, v and the optional tensors
     if len(args) > _BLOCK_TABLE and args[_BLOCK_TABLE] is not None:
         tensors.append(args[_BLOCK_TABLE])
     if (torch.compiler.is_compiling() or torch.is_autocast_enabled("cpu")
             or torch._C._are_functorch_transforms_active() or torch._C._len_torch_dispatch_stack()
             or torch._C._is_torch_function_mode_enabled() or any(type(t) is not torch.Tensor for t in tensors)):
-        return torch.ops.fmha.attention(*args)
+        return torch.ops.fmha.attention(*args)[0]
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return _EagerAttention.apply(*args)
-    return _attention_impl(*args)
+    return _attention_impl(*args)[0]
 
 
 # Autocast on CPU: like PyTorch's SDPA (a lower-precision op), the fmha ops
@@ -486,10 +505,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"fmha.torch: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.device.type != "cpu":
+        if not t.is_cpu:
             raise ValueError(f"fmha.torch: {name} is on {t.device}; fmha runs on CPU tensors")
-        _dtype_code(t)
-    if not torch.is_autocast_enabled("cpu"):
+    if torch.is_autocast_enabled("cpu"):
+        _dtype_code(query), _dtype_code(key), _dtype_code(value)
+    else:
         _kv_dtype(query, key, value)
     nd = query.dim()
     if not (nd == key.dim() == value.dim()) or nd < 2:
@@ -586,7 +606,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         sink = _float32_param(sinks, (H,), "sinks (one logit per query head)")
         if not bool(torch.isfinite(sink).all()):
             raise ValueError("fmha.torch: sinks must be finite")
-    out, _ = _attention(q, k, v, bias, mask, ql, kl, q_ids, kv_ids, alibi, rel, sink, causal, float(scale), window,
+    out = _attention(q, k, v, bias, mask, ql, kl, q_ids, kv_ids, alibi, rel, sink, causal, float(scale), window,
                         softcap or 0.0, [int(rel_max_distance), int(bool(rel_bidirectional))],
                         api.PRECISIONS[precision], dropout_p, dropout_seed, dropout_offset, table)
     return out if nd == 4 else out.reshape(tuple(query.shape[:-1]) + (v.shape[3],))
