@@ -177,11 +177,14 @@ static void fwd_reset(size_t nr, int64_t Dv, fwd_block_scratch *s) {
     memset(s->ot, 0, (size_t)Dv * nr * sizeof(float));
 }
 
-/* Task -> (b, h, query block); causal problems start with the longest rows. */
+/* Task -> (b, h, query block), head-major: the query blocks of one head run
+ * back to back (on every thread at once), so its K and V stay in cache
+ * between them; block-major order streamed every head's K and V from memory
+ * once per block (S = 2048 fwd 7-9% slower, S = 4096 12-17%). Causal heads
+ * start with their longest rows. */
 static void fwd_task_coords(const fwd_ctx *c, size_t task, int64_t *b, int64_t *h, int64_t *qb) {
     const fmha_problem *p = &c->plan->p;
-    size_t heads = (size_t)(p->batch * p->heads_q);
-    size_t blk = task / heads, bh = task % heads;
+    size_t blk = task % c->q_blocks, bh = task / c->q_blocks;
     if (p->causal != FMHA_CAUSAL_NONE) blk = c->q_blocks - 1 - blk;
     *b = (int64_t)(bh / (size_t)p->heads_q);
     *h = (int64_t)(bh % (size_t)p->heads_q);
