@@ -30,6 +30,9 @@ struct fmha_plan {
     const fmha_ukernels *uk;   /* microkernels */
     const fmha_operand_path *path; /* how the products read Q, K, V, dO */
     fmha_f32_softmax_ukernel_fn softmax; /* the forward's softmax step (uk's, or its lowp one) */
+    /* the forward's softmax step with P written as bf16 pair-rows for the
+     * path's values_paired (bf16 FAST without dropout), else NULL */
+    fmha_bf16_softmax_pairs_ukernel_fn softmax_pairs;
     fmha_strategy strategy;    /* FMHA_STRATEGY_TILED or _DENSE after resolution */
     int threads;               /* most threads a run uses (workspace is sized for it) */
     int64_t group;             /* Hq / Hkv */

@@ -246,6 +246,11 @@ static long long fwd_block_pass(const fwd_ctx *c, fwd_block_scratch *s, int64_t 
         path->scores(plan, kv, t.nk, s->qt, s->st);
         if (cls == FMHA_TILE_PARTIAL || plan->has_bias)
             fmha_score_epilogue(plan, &t, (fmha_tile_class)cls, s->st, nr, NULL, s->mask, thread);
+        if (plan->softmax_pairs && !lanes) { /* P straight into the value product's pairs */
+            plan->softmax_pairs((size_t)t.nk, s->st, nr, s->m, s->l, s->alpha, s->pscratch);
+            path->values_paired(plan, vv, t.nk, s->pscratch, s->ot, FMHA_UK_RESCALE, s->alpha);
+            continue;
+        }
         plan->softmax((size_t)t.nk, s->st, nr, s->m, s->l, s->alpha);
         if (plan->dropout) fmha_dropout_tile(plan, &t, s->st, nr); /* after l has summed P */
         if (lanes)

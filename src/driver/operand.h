@@ -98,6 +98,12 @@ struct fmha_operand_path {
     void (*bwd_grads)(const fmha_plan *plan, const fmha_bwd_keys *keys, const fmha_bwd_qblock *blk,
                       size_t nq, size_t nk, const float *pt, const float *dpt, float *dv, float *dk,
                       float *dq);
+
+    /* ---- optional (NULL where a path has no such form) ---- */
+    /* values with P^T already rounded to bf16 pair-rows [(nk + 1) / 2][NR]
+     * (the table's softmax_pairs_bf16, written into the values scratch). */
+    void (*values_paired)(const fmha_plan *plan, fmha_kv_view vv, int64_t nk, const void *pairs, float *ot,
+                          int mode, const float *alpha);
 };
 
 extern const fmha_operand_path fmha_path_f32;

@@ -179,6 +179,24 @@ static size_t p_bytes(const fmha_plan *plan, size_t rows) {
     return 2 * pairs((int64_t)rows) * plan->uk->nr * sizeof(uint32_t);
 }
 
+/* ot = ot * alpha + V^T P^T from P^T's pair-rows hi and, unless NULL,
+ * those of its rounding residual lo. */
+static void values_from_pairs(const fmha_plan *plan, fmha_kv_view vv, int64_t nk, const uint32_t *hi,
+                              const uint32_t *lo, float *ot, int mode, const float *alpha) {
+    const fmha_ukernels *uk = plan->uk;
+    size_t nr = uk->nr, kp = pairs(nk);
+    const uint32_t *v2 = vv.p;
+    int64_t Dv = plan->p.head_dim_v;
+    for (int64_t c = 0; c < Dv; c += (int64_t)uk->mr) {
+        size_t m = (size_t)(Dv - c) < uk->mr ? (size_t)(Dv - c) : uk->mr;
+        const uint32_t *a = v2 + c * vv.cs;
+        uk->gemm_bf16(m, kp, a, vv.cs, vv.rs, hi, nr, ot + (size_t)c * nr, nr, mode, alpha, 1.0f);
+        if (lo)
+            uk->gemm_bf16(m, kp, a, vv.cs, vv.rs, lo, nr, ot + (size_t)c * nr, nr, FMHA_UK_ACCUMULATE,
+                          NULL, 1.0f);
+    }
+}
+
 /* ot = ot * alpha + V^T P^T, P^T as bf16 pairs plus (precision ACCURATE)
  * the pairs of its rounding residual: rounding P alone adds an error as
  * large as rounding O itself. */
@@ -193,16 +211,13 @@ static void values(const fmha_plan *plan, fmha_kv_view vv, int64_t nk, const flo
         if (split) uk->pair_rows_split_bf16(a, b, hi + pr * nr, lo + pr * nr);
         else uk->pair_rows_bf16(a, b, hi + pr * nr);
     }
-    const uint32_t *v2 = vv.p;
-    int64_t Dv = plan->p.head_dim_v;
-    for (int64_t c = 0; c < Dv; c += (int64_t)uk->mr) {
-        size_t m = (size_t)(Dv - c) < uk->mr ? (size_t)(Dv - c) : uk->mr;
-        const uint32_t *a = v2 + c * vv.cs;
-        uk->gemm_bf16(m, kp, a, vv.cs, vv.rs, hi, nr, ot + (size_t)c * nr, nr, mode, alpha, 1.0f);
-        if (split)
-            uk->gemm_bf16(m, kp, a, vv.cs, vv.rs, lo, nr, ot + (size_t)c * nr, nr, FMHA_UK_ACCUMULATE,
-                          NULL, 1.0f);
-    }
+    values_from_pairs(plan, vv, nk, hi, split ? lo : NULL, ot, mode, alpha);
+}
+
+/* values, P^T's pair-rows given (precision FAST). */
+static void values_paired(const fmha_plan *plan, fmha_kv_view vv, int64_t nk, const void *pairs, float *ot,
+                          int mode, const float *alpha) {
+    values_from_pairs(plan, vv, nk, pairs, NULL, ot, mode, alpha);
 }
 
 /* ---- backward ---- */
@@ -322,5 +337,5 @@ static void bwd_grads(const fmha_plan *plan, const fmha_bwd_keys *keys, const fm
 const fmha_operand_path fmha_path_bf16 = {
     "bf16",
     unit_bytes, kv_pack, kv_views, q_bytes, q_pack, scores, p_bytes, values,
-    qblock_carve, qblock_pack, keys_carve, keys_pack, bwd_scores, bwd_grads,
+    qblock_carve, qblock_pack, keys_carve, keys_pack, bwd_scores, bwd_grads, values_paired,
 };

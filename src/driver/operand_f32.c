@@ -366,7 +366,7 @@ const fmha_operand_path fmha_path_f32 = {
     "f32",
     f32_unit_bytes, f32_kv_pack, f32_views, f32_q_bytes, f32_q_pack, f32_scores, f32_p_bytes, f32_values,
     f32_qblock_carve, f32_qblock_pack, f32_keys_carve, f32_keys_pack, f32_bwd_scores,
-    fmha_bwd_grads_f32,
+    fmha_bwd_grads_f32, NULL,
 };
 
 const fmha_operand_path fmha_path_widened = {
@@ -374,5 +374,5 @@ const fmha_operand_path fmha_path_widened = {
     widened_unit_bytes, widened_kv_pack, widened_views, f32_q_bytes, f32_q_pack, f32_scores,
     no_p_bytes, widened_values,
     widened_qblock_carve, f32_qblock_pack, f32_keys_carve, f32_keys_pack, f32_bwd_scores,
-    fmha_bwd_grads_f32,
+    fmha_bwd_grads_f32, NULL,
 };

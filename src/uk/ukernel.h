@@ -151,6 +151,15 @@ typedef void (*fmha_bf16_pair_rows_ukernel_fn)(const float *lo, const float *hi,
 typedef void (*fmha_bf16_pack_rows_ukernel_fn)(size_t rows, size_t n, const float *src, size_t lds,
                                                uint32_t *dst, size_t ldd);
 
+/* Online-softmax step with P delivered as bf16 pair-rows (the bf16 FAST
+ * forward): m, l and alpha bitwise as the table's softmax_lowp_f32 leaves
+ * them on the same s, and pairs[p * NR + i] bitwise as its pair_rows_bf16
+ * makes of that softmax's P rows 2p and 2p + 1 (an odd rows' last row paired
+ * with 0), p < (rows + 1) / 2. s is only read: P never exists as float32 in
+ * memory. */
+typedef void (*fmha_bf16_softmax_pairs_ukernel_fn)(size_t rows, const float *s, size_t lds, float *m, float *l,
+                                                   float *alpha, uint32_t *pairs);
+
 /* Pairs two float32 rows a, b (b NULL: zeros) as pair_rows does into hi,
  * and the pairs of the rounding residuals a - bf16(a), b - bf16(b) into lo:
  * a GEMM over hi and then lo sees the rows to about 16 significant bits. */
@@ -249,6 +258,9 @@ typedef struct fmha_ukernels {
      * alpha and the special values as softmax_f32; l sums that P), for the
      * bf16 FAST forward, which rounds P to bf16 (2e-3) right after */
     fmha_f32_softmax_ukernel_fn softmax_lowp_f32;
+    /* optional, with softmax_lowp_f32 and pair_rows_bf16: the two in one
+     * pass, for the bf16 FAST forward without dropout */
+    fmha_bf16_softmax_pairs_ukernel_fn softmax_pairs_bf16;
     /* Decoding (few query rows, many keys; driver/decode.c). NULL where the
      * ISA has none: such problems then run on the tiled forward. */
     fmha_f32_decode_scores_ukernel_fn decode_scores_f32;

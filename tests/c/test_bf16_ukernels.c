@@ -9,7 +9,8 @@
  * without a high row; the split pair-row kernel against its specification;
  * the row-packing kernel half for half against the same rounding, at every
  * length up to NR + 3, with sentinels past each row's pairs; the scalar
- * rounding against hand-worked values. */
+ * rounding against hand-worked values; the fused softmax step bit for bit
+ * against the softmax and pair-row kernels it fuses. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -525,6 +526,82 @@ static void test_pack_rows(const fmha_ukernels *u) {
     free(dst);
 }
 
+/* ------------------------------------------------------ softmax pairs */
+
+/* u's fused softmax step against its definition: the table's own
+ * softmax_lowp_f32 then pair_rows_bf16, bit for bit in m, l, alpha and every
+ * pair word (sentinels past the last pair-row stay), s untouched. Rows 1 to
+ * 2 Bc + 1 (odd counts pair their last row with 0), a fresh and a running
+ * state, and lanes of every kind: finite scores, all -inf (masked), a NaN
+ * score (the NaN lanes the kernel mends after its pass), a +inf score with
+ * and without a NaN beside it, and a NaN running max. */
+static void test_softmax_pairs(const fmha_ukernels *u) {
+    if (!u->softmax_pairs_bf16) return;
+    tu_check(u->softmax_lowp_f32 && u->pair_rows_bf16, "%s: softmax_pairs_bf16 comes with its two parts",
+             u->isa);
+    const size_t nr = u->nr, max_rows = 2 * u->block_kv + 1, lds = nr + 16;
+    if (!tu_check(nr <= 64, "%s: NR %zu fits the softmax pairs test's state arrays", u->isa, nr)) return;
+    float *s = alloc(max_rows * lds * sizeof *s), *s_ref = alloc(max_rows * lds * sizeof *s_ref);
+    float *s_copy = alloc(max_rows * lds * sizeof *s_copy);
+    uint32_t *pairs = alloc((max_rows / 2 + 2) * nr * sizeof *pairs);
+    uint32_t *pairs_ref = alloc((max_rows / 2 + 2) * nr * sizeof *pairs_ref);
+    float m[3][64], l[3][64], alpha[3][64];
+    size_t wrong = 0, cases = 0;
+    static const size_t row_counts[] = {1, 2, 3, 6, 7, 64, 127, 128, 129, 256, 257};
+    for (size_t ri = 0; ri < sizeof row_counts / sizeof row_counts[0]; ri++) {
+        size_t rows = row_counts[ri];
+        if (rows > max_rows) continue;
+        for (int scenario = 0; scenario < 6; scenario++) {
+            for (size_t r = 0; r < rows; r++)
+                for (size_t i = 0; i < lds; i++) s[r * lds + i] = (float)tu_uniform(-12.0, 12.0);
+            for (size_t i = 0; i < nr; i++) {
+                int kind = scenario == 0 ? 0 : (int)(i % 6);
+                size_t r = (size_t)tu_int(0, (long)rows - 1);
+                if (kind == 1)
+                    for (size_t k = 0; k < rows; k++) s[k * lds + i] = -INFINITY;
+                if (kind == 2) s[r * lds + i] = NAN;
+                if (kind == 3) s[r * lds + i] = INFINITY;
+                if (kind == 4) {
+                    s[r * lds + i] = INFINITY;
+                    s[(r + 1) % rows * lds + i] = NAN;
+                }
+                /* running state: fresh (scenario 1), else a finite one, a NaN m in kind 5 */
+                m[0][i] = scenario == 1 ? -INFINITY : kind == 5 ? NAN : (float)tu_uniform(-4.0, 4.0);
+                l[0][i] = scenario == 1 ? 0.0f : (float)tu_uniform(0.5, 30.0);
+            }
+            memcpy(s_ref, s, rows * lds * sizeof *s);
+            memcpy(s_copy, s, rows * lds * sizeof *s);
+            memcpy(m[1], m[0], sizeof m[0]);
+            memcpy(l[1], l[0], sizeof l[0]);
+            memcpy(m[2], m[0], sizeof m[0]);
+            memcpy(l[2], l[0], sizeof l[0]);
+            size_t words = (rows + 1) / 2 * nr;
+            for (size_t w = 0; w < words + nr; w++) pairs[w] = pairs_ref[w] = SENTINEL_WORD;
+            u->softmax_pairs_bf16(rows, s, lds, m[1], l[1], alpha[1], pairs);
+            u->softmax_lowp_f32(rows, s_ref, lds, m[2], l[2], alpha[2]);
+            for (size_t r = 0; r < rows; r += 2)
+                u->pair_rows_bf16(s_ref + r * lds, r + 1 < rows ? s_ref + (r + 1) * lds : NULL,
+                                  pairs_ref + r / 2 * nr);
+            cases++;
+            size_t bad = 0;
+            for (size_t i = 0; i < nr; i++)
+                bad += !same_bits(m[1][i], m[2][i]) || !same_bits(l[1][i], l[2][i]) ||
+                       !same_bits(alpha[1][i], alpha[2][i]);
+            for (size_t w = 0; w < words + nr; w++) bad += pairs[w] != pairs_ref[w];
+            bad += memcmp(s, s_copy, rows * lds * sizeof *s) != 0;
+            if (bad && wrong++ < 4)
+                printf("  %s softmax pairs: rows %zu scenario %d: %zu differences\n", u->isa, rows, scenario, bad);
+        }
+    }
+    tu_check(wrong == 0, "%s softmax_pairs_bf16 vs softmax_lowp_f32 + pair_rows_bf16: %zu of %zu cases differ",
+             u->isa, wrong, cases);
+    free(s);
+    free(s_ref);
+    free(s_copy);
+    free(pairs);
+    free(pairs_ref);
+}
+
 /* Every bf16 kernel of u. */
 static void test_table(const fmha_ukernels *u) {
     test_pair_rows(u);
@@ -532,6 +609,7 @@ static void test_table(const fmha_ukernels *u) {
     test_pack_rows(u);
     test_gemm(u);
     test_pair_then_gemm(u);
+    test_softmax_pairs(u);
 }
 
 int main(void) {

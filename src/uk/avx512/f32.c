@@ -12,6 +12,7 @@
 #include "../ukernel.h"
 #include "decode.h"
 #include "exp.h"
+#include "softmax.h"
 
 /* MR = 6: 24 accumulators + 4 B rows of the 32 zmm. Measured on Zen 5 at
  * k = 64: 6x64 runs at 94-98% of the FMA peak, 4x64 at 83-97%. */
@@ -141,123 +142,16 @@ void fmha_f32_exp__avx512(size_t n, const float *x, float *y) {
     }
 }
 
-/* The lanes of `lanes` in which a column of 16 scores holds a NaN: the
- * rare search of the softmax below (out of line, so that its loop stays out
- * of the hot code). */
-static __mmask16 __attribute__((noinline, cold))
-nan_score_lanes(size_t rows, const float *s, size_t lds, __mmask16 lanes) {
-    __mmask16 nan = 0;
-    for (size_t r = 0; r < rows; r++) {
-        const __m512 sv = _mm512_loadu_ps(s + r * lds);
-        nan |= _mm512_mask_cmp_ps_mask(lanes, sv, sv, _CMP_UNORD_Q);
-    }
-    return nan;
-}
-
-/* Online-softmax step over S^T [rows][64]; contract in ukernel.h.
- * NaN: the max of pass 1 keeps a NaN m (vmaxps returns its second operand,
- * the accumulator, when either is NaN) but passes over a NaN score. Such a
- * score shows after pass 2 as a NaN sum in a lane whose max is below +inf;
- * those lanes (rare) then get a NaN max and NaN P, as the scalar kernel
- * computes them. Where the max is +inf the sum is NaN anyway (inf - inf), so
- * those lanes (rare) are searched for NaN scores before pass 2. */
-static inline __attribute__((always_inline)) void
-softmax_64(size_t rows, float *s, size_t lds, float *m, float *l, float *alpha, int lowp) {
-    const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
-    const __m512 pos_inf = _mm512_set1_ps(__builtin_inff());
-    const __m512 nan = _mm512_set1_ps(__builtin_nanf(""));
-    __m512 mx[AVX512_VECS], mx2[AVX512_VECS];
-#pragma GCC unroll 4
-    for (int v = 0; v < AVX512_VECS; v++) {
-        mx[v] = _mm512_loadu_ps(m + 16 * v);
-        mx2[v] = neg_inf;
-    }
-    /* Pass 1: lane-wise max over the keys, two rows per step. */
-    size_t r = 0;
-    for (; r + 2 <= rows; r += 2) {
-        const float *s0 = s + r * lds, *s1 = s0 + lds;
-#pragma GCC unroll 4
-        for (int v = 0; v < AVX512_VECS; v++) {
-            mx[v] = _mm512_max_ps(_mm512_loadu_ps(s0 + 16 * v), mx[v]);
-            mx2[v] = _mm512_max_ps(_mm512_loadu_ps(s1 + 16 * v), mx2[v]);
-        }
-    }
-    if (r < rows) {
-#pragma GCC unroll 4
-        for (int v = 0; v < AVX512_VECS; v++)
-            mx[v] = _mm512_max_ps(_mm512_loadu_ps(s + r * lds + 16 * v), mx[v]);
-    }
-    __mmask16 inf_lanes[AVX512_VECS];
-    unsigned any_inf = 0;
-#pragma GCC unroll 4
-    for (int v = 0; v < AVX512_VECS; v++) {
-        mx[v] = _mm512_max_ps(mx2[v], mx[v]);
-        inf_lanes[v] = _mm512_cmp_ps_mask(mx[v], pos_inf, _CMP_EQ_OQ);
-        any_inf |= inf_lanes[v];
-    }
-    if (__builtin_expect(any_inf != 0, 0)) {
-        /* a +inf lane that also holds a NaN score: NaN max */
-        for (int v = 0; v < AVX512_VECS; v++)
-            if (inf_lanes[v])
-                mx[v] = _mm512_mask_mov_ps(
-                    mx[v], nan_score_lanes(rows, s + 16 * v, lds, inf_lanes[v]), nan);
-    }
-    /* m_use: the new maximum, or 0 in lanes where it is -inf. */
-    __m512 m_use[AVX512_VECS], sum[AVX512_VECS];
-#pragma GCC unroll 4
-    for (int v = 0; v < AVX512_VECS; v++) {
-        const __mmask16 all_masked = _mm512_cmp_ps_mask(mx[v], neg_inf, _CMP_EQ_OQ);
-        m_use[v] = _mm512_mask_mov_ps(mx[v], all_masked, _mm512_setzero_ps());
-        sum[v] = _mm512_setzero_ps();
-    }
-    /* Pass 2: P = exp(S - m_use) in place, and its lane-wise sum. */
-    for (r = 0; r < rows; r++) {
-        float *srow = s + r * lds;
-#pragma GCC unroll 4
-        for (int v = 0; v < AVX512_VECS; v++) {
-            const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(srow + 16 * v), m_use[v]);
-            const __m512 p = lowp ? exp_f32_lowp(x) : exp_f32(x);
-            _mm512_storeu_ps(srow + 16 * v, p);
-            sum[v] = _mm512_add_ps(sum[v], p);
-        }
-    }
-    /* A NaN sum under a max below +inf: a NaN score that pass 1 passed over. */
-    __mmask16 nan_lanes[AVX512_VECS];
-    unsigned any_nan = 0;
-#pragma GCC unroll 4
-    for (int v = 0; v < AVX512_VECS; v++) {
-        const __mmask16 below_inf = _mm512_cmp_ps_mask(mx[v], pos_inf, _CMP_LT_OQ);
-        nan_lanes[v] = _mm512_mask_cmp_ps_mask(below_inf, sum[v], sum[v], _CMP_UNORD_Q);
-        any_nan |= nan_lanes[v];
-    }
-    if (__builtin_expect(any_nan != 0, 0)) {
-        for (r = 0; r < rows; r++)
-            for (int v = 0; v < AVX512_VECS; v++)
-                _mm512_mask_storeu_ps(s + r * lds + 16 * v, nan_lanes[v], nan);
-        for (int v = 0; v < AVX512_VECS; v++) {
-            mx[v] = _mm512_mask_mov_ps(mx[v], nan_lanes[v], nan);
-            m_use[v] = _mm512_mask_mov_ps(m_use[v], nan_lanes[v], nan);
-        }
-    }
-#pragma GCC unroll 4
-    for (int v = 0; v < AVX512_VECS; v++) {
-        const __m512 a = exp_f32(_mm512_sub_ps(_mm512_loadu_ps(m + 16 * v), m_use[v]));
-        _mm512_storeu_ps(alpha + 16 * v, a);
-        _mm512_storeu_ps(l + 16 * v, _mm512_fmadd_ps(_mm512_loadu_ps(l + 16 * v), a, sum[v]));
-        _mm512_storeu_ps(m + 16 * v, mx[v]);
-    }
-}
-
 void fmha_f32_softmax_ukernel_64__avx512(size_t rows, float *s, size_t lds, float *m, float *l,
                                          float *alpha) {
-    softmax_64(rows, s, lds, m, l, alpha, 0);
+    softmax_64(rows, s, lds, m, l, alpha, 0, s, NULL, NULL);
 }
 
 /* The same step with P by exp_f32_lowp (alpha stays exact): for P rounded
  * to bf16 next (fmha_f32_softmax_ukernel_fn, softmax_lowp_f32). */
 void fmha_f32_softmax_lowp_ukernel_64__avx512(size_t rows, float *s, size_t lds, float *m, float *l,
                                               float *alpha) {
-    softmax_64(rows, s, lds, m, l, alpha, 1);
+    softmax_64(rows, s, lds, m, l, alpha, 1, s, NULL, NULL);
 }
 
 /* Backward: s = exp(s - sub) lane-wise, in place; contract in ukernel.h.

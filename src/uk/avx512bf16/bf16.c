@@ -3,13 +3,15 @@
  * in registers and broadcasts one 32-bit A pair per row and pair-step into
  * vdpbf16ps; tiles of 1-3 rows split the pair-steps over 2-3 accumulator
  * sets to cover the instruction's latency. The pair-row kernel rounds two
- * float32 rows with vcvtne2ps2bf16 and interleaves them with one vpermw.
+ * float32 rows with vcvtne2ps2bf16 and interleaves them with one vpermw;
+ * the fused softmax step (avx512/softmax.h) does the same on registers.
  * Contract in ../ukernel.h; the scalar specifications are in
  * ../scalar/bf16.c. */
 #include "bf16.h"
 
 #include <immintrin.h>
 
+#include "../avx512/softmax.h"
 #include "../ukernel.h"
 
 enum { MR = FMHA_AVX512BF16_MR, NR = FMHA_AVX512BF16_NR, VECS = NR / 16 };
@@ -143,4 +145,20 @@ void fmha_bf16_pair_rows_ukernel_64__avx512bf16(const float *lo, const float *hi
         const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi_v, lo_v);
         _mm512_storeu_si512(dst + 16 * v, _mm512_permutexvar_epi16(idx, both));
     }
+}
+
+/* The pair-store of the fused softmax step: pair_rows on registers. */
+static void store_pair_row(const __m512 lo[4], const __m512 hi[4], uint32_t *dst) {
+    const __m512i idx = _mm512_load_si512(interleave_rows);
+#pragma GCC unroll 4
+    for (int v = 0; v < VECS; v++) {
+        const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi[v], lo[v]);
+        _mm512_storeu_si512(dst + 16 * v, _mm512_permutexvar_epi16(idx, both));
+    }
+}
+
+/* softmax_lowp_f32 then pair_rows_bf16 in one pass; contract in ukernel.h. */
+void fmha_bf16_softmax_pairs_ukernel_64__avx512bf16(size_t rows, const float *s, size_t lds, float *m, float *l,
+                                                    float *alpha, uint32_t *pairs) {
+    softmax_64(rows, s, lds, m, l, alpha, 1, NULL, store_pair_row, pairs);
 }

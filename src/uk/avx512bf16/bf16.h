@@ -31,4 +31,9 @@ void fmha_bf16_pack_rows_ukernel__avx512bf16(size_t rows, size_t n, const float 
 void fmha_bf16_pair_rows_split_ukernel_64__avx512bf16(const float *a, const float *b, uint32_t *hi,
                                                       uint32_t *lo);
 
+/* The online-softmax step of softmax_lowp_f32 (avx512/f32.c) with P written
+ * as bf16 pair-rows of pair_rows_bf16 instead of in place (bf16.c). */
+void fmha_bf16_softmax_pairs_ukernel_64__avx512bf16(size_t rows, const float *s, size_t lds, float *m, float *l,
+                                                    float *alpha, uint32_t *pairs);
+
 #endif /* FMHA_UK_AVX512BF16_BF16_H */

@@ -30,6 +30,7 @@ const fmha_ukernels fmha_ukernels_avx512bf16 = {
     .pair_rows_split_bf16 = fmha_bf16_pair_rows_split_ukernel_64__avx512bf16,
     .pack_rows_bf16 = fmha_bf16_pack_rows_ukernel__avx512bf16,
     .softmax_lowp_f32 = fmha_f32_softmax_lowp_ukernel_64__avx512,
+    .softmax_pairs_bf16 = fmha_bf16_softmax_pairs_ukernel_64__avx512bf16,
     .decode_scores_f32 = fmha_f32_decode_scores__avx512,
     .decode_softmax_f32 = fmha_f32_decode_softmax__avx512,
     .decode_values_f32 = fmha_f32_decode_values__avx512,
