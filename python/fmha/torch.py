@@ -523,8 +523,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     # Leading dims (all but the last three) flatten into one batch dim:
     # [..., H, L, E] -> [B, H, L, E], a view where the strides allow. Page
     # pools have their own first dim (num_pages).
-    lead = tuple(query.shape[:-3])
-    if block_table is None and (tuple(key.shape[:-3]) != lead or tuple(value.shape[:-3]) != lead):
+    lead = (query.shape[0],) if nd == 4 else tuple(query.shape[:-3])
+    if block_table is None and (key.shape[:-3] != lead or value.shape[:-3] != lead):
         raise ValueError(f"fmha.torch: query, key and value must share their leading dims, got shapes "
                          f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
     if nd == 4:  # [B, H, L, E] as it is
@@ -567,8 +567,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     causal = api.causal_code(bool(is_causal), causal_alignment)
     if precision not in api.PRECISIONS:
         raise ValueError(f"fmha.torch: unknown precision {precision!r}; use one of {sorted(api.PRECISIONS)}")
-    window = list(api.window_sides(local_window_size))
-    softcap = api.softcap_value(softcap)
+    window = [-1, -1] if local_window_size is None else list(api.window_sides(local_window_size))
+    softcap = api.softcap_value(softcap) if softcap is not None else None
     dropout_p = float(dropout_p)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"fmha.torch: dropout_p must be in [0, 1), got {dropout_p}")
