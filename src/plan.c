@@ -66,8 +66,9 @@ fmha_status fmha_plan_init(const fmha_problem *p_in, fmha_plan *plan) {
     plan->group = p->heads_q / p->heads_kv;
     plan->causal_offset = p->causal == FMHA_CAUSAL_BOTTOM_RIGHT ? p->seq_kv - p->seq_q : 0;
     fmha_dropout_plan(plan);
-    plan->softmax_pairs = plan->softmax == plan->uk->softmax_lowp_f32 && plan->path->values_paired &&
-                                  !plan->dropout
+    /* and without dropout, P's pairs straight from the softmax step (tiled strategy) */
+    plan->softmax_pairs = plan->path == &fmha_path_bf16 && p->precision == FMHA_PRECISION_FAST &&
+                                  plan->uk->softmax_lowp_f32 && plan->path->values_paired && !plan->dropout
                               ? plan->uk->softmax_pairs_bf16
                               : NULL;
     st = fmha_mask_precheck(plan);

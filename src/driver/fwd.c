@@ -180,7 +180,7 @@ static void fwd_reset(size_t nr, int64_t Dv, fwd_block_scratch *s) {
 /* Task -> (b, h, query block), head-major: the query blocks of one head run
  * back to back (on every thread at once), so its K and V stay in cache
  * between them; block-major order streamed every head's K and V from memory
- * once per block (S = 2048 fwd 7-9% slower, S = 4096 12-17%). Causal heads
+ * once per block (S = 2048 fwd 7-10% slower, S = 4096 13-17%). Causal heads
  * start with their longest rows. */
 static void fwd_task_coords(const fwd_ctx *c, size_t task, int64_t *b, int64_t *h, int64_t *qb) {
     const fmha_problem *p = &c->plan->p;
