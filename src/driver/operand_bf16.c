@@ -265,7 +265,8 @@ static void qblock_pack(const fmha_plan *plan, const void *q, const void *d_o, i
 
 /* K pairs [Bc][D2], V pairs [Bc][Dv2] (along dv), float32 K rows [Bc][D_pad]
  * (dQ's operand, or FAST the guarded dQ's); FAST also K key-row pairs
- * [Bc/2][D_pad] and the A operands' scratch, [Bc][NR/2] or [Bc/2][NR]. */
+ * [Bc/2][D_pad] and the A operands' scratch: query pairs [Bc][NR/2], then
+ * key pairs [Bc/2][NR]. */
 static void keys_carve(const fmha_plan *plan, fmha_carver *c, fmha_bwd_keys *keys) {
     size_t bc = plan->uk->block_kv, nr = plan->uk->nr, d_pad = fmha_pad_nr(plan, plan->p.head_dim);
     keys->k_op = fmha_carve(c, bc * pairs(plan->p.head_dim) * sizeof(uint32_t));
@@ -275,7 +276,7 @@ static void keys_carve(const fmha_plan *plan, fmha_carver *c, fmha_bwd_keys *key
     keys->a_op = NULL;
     if (pair_grads(plan)) {
         keys->k_grad = fmha_carve(c, pairs((int64_t)bc) * d_pad * sizeof(uint32_t));
-        keys->a_op = fmha_carve(c, pairs((int64_t)bc) * nr * sizeof(uint32_t));
+        keys->a_op = fmha_carve(c, 2 * pairs((int64_t)bc) * nr * sizeof(uint32_t));
     }
 }
 
@@ -311,7 +312,8 @@ static void bwd_scores(const fmha_plan *plan, const fmha_bwd_keys *keys, const f
 
 /* FAST: dV += P^T dO and dK += dS^T Q with P^T, dS^T rounded row by row
  * (adjacent queries paired) against query-row pairs of dO and Q; dQ += dS K
- * with dS^T's rows paired two keys at a time against key-row pairs of K. */
+ * with those bf16 rows of dS^T interleaved two keys at a time (dS rounded
+ * once) against key-row pairs of K. */
 static void bwd_grads(const fmha_plan *plan, const fmha_bwd_keys *keys, const fmha_bwd_qblock *blk,
                       size_t nq, size_t nk, const float *pt, const float *dpt, float *dv, float *dk,
                       float *dq) {
@@ -322,15 +324,19 @@ static void bwd_grads(const fmha_plan *plan, const fmha_bwd_keys *keys, const fm
     const fmha_ukernels *uk = plan->uk;
     size_t nr = uk->nr, half = nr / 2, d_pad = fmha_pad_nr(plan, plan->p.head_dim),
            dv_pad = fmha_pad_nr(plan, plan->p.head_dim_v), qp = pairs((int64_t)nq);
-    uint32_t *a = keys->a_op;
+    /* a [nk][NR/2] query pairs; a_keys [nk/2][NR] key pairs */
+    uint32_t *a = keys->a_op, *a_keys = a + pairs((int64_t)uk->block_kv) * nr;
     uk->pack_rows_bf16(nk, nq, pt, nr, a, half);
     fmha_gemm_panels(uk, 1, nk, qp, a, (ptrdiff_t)half, 1, blk->dorows, blk->dorows_ld, dv, dv_pad, dv_pad);
     uk->pack_rows_bf16(nk, nq, dpt, nr, a, half);
     fmha_gemm_panels(uk, 1, nk, qp, a, (ptrdiff_t)half, 1, blk->qrows, blk->qrows_ld, dk, d_pad, d_pad);
     if (!dq) return;
+    /* row r of a as bf16: dS^T[r][0 .. nq) at ds16 + r * NR */
+    const uint16_t *ds16 = (const uint16_t *)a;
     for (size_t pr = 0; 2 * pr < nk; pr++)
-        uk->pair_rows_bf16(dpt + 2 * pr * nr, 2 * pr + 1 < nk ? dpt + (2 * pr + 1) * nr : NULL, a + pr * nr);
-    fmha_gemm_panels(uk, 1, nq, pairs((int64_t)nk), a, 1, (ptrdiff_t)nr, keys->k_grad, d_pad, dq, d_pad,
+        uk->interleave_u16(nq, ds16 + 2 * pr * nr, 2 * pr + 1 < nk ? ds16 + (2 * pr + 1) * nr : NULL,
+                           a_keys + pr * nr);
+    fmha_gemm_panels(uk, 1, nq, pairs((int64_t)nk), a_keys, 1, (ptrdiff_t)nr, keys->k_grad, d_pad, dq, d_pad,
                      d_pad);
 }
 
