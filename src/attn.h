@@ -33,6 +33,8 @@ struct fmha_plan {
     /* the forward's softmax step with P written as bf16 pair-rows for the
      * path's values_paired (bf16 FAST without dropout), else NULL */
     fmha_bf16_softmax_pairs_ukernel_fn softmax_pairs;
+    /* the backward's P = exp(S - lse) (uk's exp_sub, or its lowp one for bf16 FAST) */
+    fmha_f32_exp_sub_ukernel_fn exp_sub;
     fmha_strategy strategy;    /* FMHA_STRATEGY_TILED or _DENSE after resolution */
     int threads;               /* most threads a run uses (workspace is sized for it) */
     int64_t group;             /* Hq / Hkv */

@@ -60,6 +60,10 @@ fmha_status fmha_plan_init(const fmha_problem *p_in, fmha_plan *plan) {
                             p->precision == FMHA_PRECISION_FAST
                         ? plan->uk->softmax_lowp_f32
                         : plan->uk->softmax_f32;
+    plan->exp_sub = plan->uk->exp_sub_lowp_f32 && plan->path == &fmha_path_bf16 &&
+                            p->precision == FMHA_PRECISION_FAST
+                        ? plan->uk->exp_sub_lowp_f32
+                        : plan->uk->exp_sub_f32;
     plan->strategy = resolve_strategy(p);
     plan->threads = fmha_pool_threads();
     plan->o_dtype = p->dtype;

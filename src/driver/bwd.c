@@ -372,7 +372,7 @@ static void bwd_pair(const bwd_ctx *c, bwd_tiles *t, const fmha_tile_pos *tp, co
     int softcap = p->biases.softcap != 0.0f;
     if (cls == FMHA_TILE_PARTIAL || plan->has_bias)
         fmha_score_epilogue(plan, tp, cls, t->pt, nr, softcap ? t->raw : NULL, t->mask, thread);
-    uk->exp_sub_f32(nk, t->pt, nr, q->lse);
+    plan->exp_sub(nk, t->pt, nr, q->lse);
 
     /* Dropout, O = (P * Z) V with Z = mask / (1 - p) (dropout.c): the
      * product above is dO V^T = dL/d(P * Z), so dP = (dO V^T) * Z, and

@@ -261,6 +261,10 @@ typedef struct fmha_ukernels {
     /* optional, with softmax_lowp_f32 and pair_rows_bf16: the two in one
      * pass, for the bf16 FAST forward without dropout */
     fmha_bf16_softmax_pairs_ukernel_fn softmax_pairs_bf16;
+    /* optional: exp_sub_f32 whose values carry up to 5e-6 relative error
+     * (special values as exp_sub_f32), for the bf16 FAST backward, which
+     * rounds P and dS to bf16 (2e-3) right after */
+    fmha_f32_exp_sub_ukernel_fn exp_sub_lowp_f32;
     /* Decoding (few query rows, many keys; driver/decode.c). NULL where the
      * ISA has none: such problems then run on the tiled forward. */
     fmha_f32_decode_scores_ukernel_fn decode_scores_f32;

@@ -392,7 +392,7 @@ static void test_softmax(const fmha_ukernels *u, const fmha_ukernels *spec) {
  * puts sub near 1e30 and scores at sub (1), just below it or at -1e30 (0):
  * no NaN, no inf. Tolerance as for the softmax. */
 static void exp_sub_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t rows,
-                         int huge) {
+                         int huge, fmha_f32_exp_sub_ukernel_fn exp_sub, double extra_rtol) {
     const size_t nr = u->nr, lds = nr + 5, s_len = (rows - 1) * lds + nr;
     float *s = floats(s_len), *s_in = floats(s_len), *s_spec = floats(s_len), *sub = floats(nr);
     for (size_t j = 0; j < nr; j++)
@@ -413,7 +413,7 @@ static void exp_sub_case(const fmha_ukernels *u, const fmha_ukernels *spec, size
         }
     memcpy(s, s_in, s_len * sizeof(float));
     memcpy(s_spec, s_in, s_len * sizeof(float));
-    u->exp_sub_f32(rows, s, lds, sub);
+    exp_sub(rows, s, lds, sub);
 
     double worst = 0.0;
     size_t clobbered = 0;
@@ -426,12 +426,13 @@ static void exp_sub_case(const fmha_ukernels *u, const fmha_ukernels *spec, size
             }
             double x = sub[j] == -INFINITY ? -INFINITY : (double)sv - (double)sub[j];
             double e = x == -INFINITY ? 0.0 : exp(x);
-            double tol = FLT_MIN + (e > 0.0 ? e * exp_rtol(x) : 0.0);
+            double tol = FLT_MIN + (e > 0.0 ? e * (exp_rtol(x) + extra_rtol) : 0.0);
             double ratio = isfinite(y) ? fabs((double)y - e) / tol : INFINITY;
             if (!(ratio <= worst)) worst = isnan(ratio) ? INFINITY : ratio;
         }
+    const char *name = extra_rtol > 0.0 ? "exp_sub_lowp" : "exp_sub";
     tu_check(worst <= 1.0 && clobbered == 0,
-             "%s exp_sub rows=%zu%s: worst error/tolerance %.3g, %zu padding overwritten", u->isa,
+             "%s %s rows=%zu%s: worst error/tolerance %.3g, %zu padding overwritten", u->isa, name,
              rows, huge ? " +-1e30" : "", worst, clobbered);
 
     if (spec && spec != u) {
@@ -441,10 +442,10 @@ static void exp_sub_case(const fmha_ukernels *u, const fmha_ukernels *spec, size
         for (size_t r = 0; r < rows; r++)
             for (size_t j = 0; j < nr; j++) {
                 double y = s[r * lds + j], q = s_spec[r * lds + j];
-                double d = fabs(y - q) / (FLT_MIN + fabs(q) * 6.0 * EPS32);
+                double d = fabs(y - q) / (FLT_MIN + fabs(q) * (6.0 * EPS32 + extra_rtol));
                 if (!(d <= worst_vs_spec)) worst_vs_spec = isnan(d) ? INFINITY : d;
             }
-        tu_check(worst_vs_spec <= 1.0, "%s exp_sub rows=%zu%s vs scalar: worst %.3g", u->isa,
+        tu_check(worst_vs_spec <= 1.0, "%s %s rows=%zu%s vs scalar: worst %.3g", u->isa, name,
                  rows, huge ? " +-1e30" : "", worst_vs_spec);
     }
     free(s);
@@ -508,8 +509,12 @@ static void ds_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t ro
 static void test_backward_kernels(const fmha_ukernels *u, const fmha_ukernels *spec) {
     static const size_t row_counts[] = {1, 2, 3, 17, 64, 128, 131};
     for (size_t i = 0; i < sizeof row_counts / sizeof row_counts[0]; i++) {
-        exp_sub_case(u, spec, row_counts[i], 0);
-        exp_sub_case(u, spec, row_counts[i], 1);
+        exp_sub_case(u, spec, row_counts[i], 0, u->exp_sub_f32, 0.0);
+        exp_sub_case(u, spec, row_counts[i], 1, u->exp_sub_f32, 0.0);
+        if (u->exp_sub_lowp_f32) {
+            exp_sub_case(u, spec, row_counts[i], 0, u->exp_sub_lowp_f32, LOWP_P_RTOL);
+            exp_sub_case(u, spec, row_counts[i], 1, u->exp_sub_lowp_f32, LOWP_P_RTOL);
+        }
         ds_case(u, spec, row_counts[i]);
     }
 }
@@ -660,7 +665,8 @@ static void softmax_special_case(const fmha_ukernels *u, const fmha_ukernels *sp
  * gives 0 whatever the score; otherwise exp(s - sub) as IEEE has it (NaN in,
  * NaN out; exp(+inf) = +inf; exp(-inf) = 0; overflow +inf), each value in
  * its class and within 1e-5, against float64 and the scalar kernel. */
-static void exp_sub_special_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t rows) {
+static void exp_sub_special_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t rows,
+                                 fmha_f32_exp_sub_ukernel_fn exp_sub, double rtol) {
     static const float subs[] = {-INFINITY, NAN, 0.5f, INFINITY, -3.0f};
     static const float scores[] = {NAN, INFINITY, -INFINITY, 100.0f, -100.0f, 2.0f, -7.5f};
     enum { N_SUBS = sizeof subs / sizeof subs[0], N_SCORES = sizeof scores / sizeof scores[0] };
@@ -672,7 +678,7 @@ static void exp_sub_special_case(const fmha_ukernels *u, const fmha_ukernels *sp
         for (size_t j = 0; j < nr; j++) s_in[r * lds + j] = scores[(r + j / N_SUBS) % N_SCORES];
     memcpy(s, s_in, s_len * sizeof(float));
     memcpy(s_spec, s_in, s_len * sizeof(float));
-    u->exp_sub_f32(rows, s, lds, sub);
+    exp_sub(rows, s, lds, sub);
     const int with_spec = spec && spec != u;
     if (with_spec)
         for (size_t j0 = 0; j0 < nr; j0 += spec->nr)
@@ -683,16 +689,16 @@ static void exp_sub_special_case(const fmha_ukernels *u, const fmha_ukernels *sp
             const float x = s_in[r * lds + j];
             const double want =
                 sub[j] == -INFINITY ? 0.0 : (double)(float)exp((double)x - (double)sub[j]);
-            int ok = ieee_match(s[r * lds + j], want, 1e-5);
+            int ok = ieee_match(s[r * lds + j], want, rtol);
             if (!ok && bad_ref < 4)
                 printf("  %s exp_sub(%g - %g) = %g, want %g\n", u->isa, (double)x, (double)sub[j],
                        (double)s[r * lds + j], want);
             bad_ref += !ok;
-            if (with_spec) bad_spec += !ieee_match(s[r * lds + j], s_spec[r * lds + j], 1e-5);
+            if (with_spec) bad_spec += !ieee_match(s[r * lds + j], s_spec[r * lds + j], rtol);
         }
     tu_check(bad_ref == 0 && bad_spec == 0,
-             "%s exp_sub NaN/inf rows=%zu: %zu values off IEEE, %zu differ from scalar", u->isa,
-             rows, bad_ref, bad_spec);
+             "%s %s NaN/inf rows=%zu: %zu values off IEEE, %zu differ from scalar", u->isa,
+             exp_sub == u->exp_sub_f32 ? "exp_sub" : "exp_sub_lowp", rows, bad_ref, bad_spec);
     free(s);
     free(s_in);
     free(s_spec);
@@ -744,7 +750,9 @@ static void test_special_values(const fmha_ukernels *u, const fmha_ukernels *spe
         softmax_special_case(u, spec, row_counts[i], u->softmax_f32, 1e-5);
         if (u->softmax_lowp_f32)
             softmax_special_case(u, spec, row_counts[i], u->softmax_lowp_f32, 1e-5 + LOWP_P_RTOL);
-        exp_sub_special_case(u, spec, row_counts[i]);
+        exp_sub_special_case(u, spec, row_counts[i], u->exp_sub_f32, 1e-5);
+        if (u->exp_sub_lowp_f32)
+            exp_sub_special_case(u, spec, row_counts[i], u->exp_sub_lowp_f32, 1e-5 + LOWP_P_RTOL);
         ds_special_case(u, spec, row_counts[i]);
     }
 }

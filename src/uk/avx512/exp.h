@@ -37,8 +37,9 @@ static inline __attribute__((always_inline)) __m512 exp_f32(__m512 x) { return e
  * ulp is 2e-3): as exp_f32 with ln2 in one part and a degree-4 polynomial
  * (relative minimax on [-ln2/2, ln2/2] with the constant term 1, so
  * exp(0) = 1 exactly; 2.9e-6 evaluated in float32); 10 vector operations
- * against 13. Same clamp, so -inf gives 0 and NaN gives NaN. */
-static inline __attribute__((always_inline)) __m512 exp_f32_lowp(__m512 x) {
+ * against 13. Same clamp, so -inf gives 0 and NaN gives NaN; lanes outside
+ * `keep` give 0. */
+static inline __attribute__((always_inline)) __m512 exp_f32_lowp_keep(__mmask16 keep, __m512 x) {
     x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
     const __m512 round_bias = _mm512_set1_ps(0x1.8p23f);
     const __m512 n = _mm512_sub_ps(
@@ -49,7 +50,11 @@ static inline __attribute__((always_inline)) __m512 exp_f32_lowp(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0x1.0003f4p-1f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0x1.fffba8p-1f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
+    return _mm512_maskz_scalef_ps(keep, p, n);
+}
+
+static inline __attribute__((always_inline)) __m512 exp_f32_lowp(__m512 x) {
+    return exp_f32_lowp_keep((__mmask16)0xFFFF, x);
 }
 
 #endif /* FMHA_UK_AVX512_EXP_H */

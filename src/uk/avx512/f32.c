@@ -156,8 +156,8 @@ void fmha_f32_softmax_lowp_ukernel_64__avx512(size_t rows, float *s, size_t lds,
 
 /* Backward: s = exp(s - sub) lane-wise, in place; contract in ukernel.h.
  * A lane whose sub is -inf gives 0 (zero-masked in the exp), whatever s is;
- * NaN in s or sub gives NaN. */
-void fmha_f32_exp_sub_ukernel_64__avx512(size_t rows, float *s, size_t lds, const float *sub) {
+ * NaN in s or sub gives NaN. lowp: exp_f32_lowp. */
+FMHA_INLINE void exp_sub_64(size_t rows, float *s, size_t lds, const float *sub, int lowp) {
     const __m512 x_max = _mm512_set1_ps(89.0f);
     __m512 sub_v[AVX512_VECS];
     __mmask16 keep[AVX512_VECS];
@@ -170,10 +170,19 @@ void fmha_f32_exp_sub_ukernel_64__avx512(size_t rows, float *s, size_t lds, cons
         float *srow = s + r * lds;
 #pragma GCC unroll 4
         for (int v = 0; v < AVX512_VECS; v++) {
-            const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(srow + 16 * v), sub_v[v]);
-            _mm512_storeu_ps(srow + 16 * v, exp_f32_keep(keep[v], _mm512_min_ps(x_max, x)));
+            const __m512 x = _mm512_min_ps(x_max, _mm512_sub_ps(_mm512_loadu_ps(srow + 16 * v), sub_v[v]));
+            _mm512_storeu_ps(srow + 16 * v, lowp ? exp_f32_lowp_keep(keep[v], x) : exp_f32_keep(keep[v], x));
         }
     }
+}
+
+void fmha_f32_exp_sub_ukernel_64__avx512(size_t rows, float *s, size_t lds, const float *sub) {
+    exp_sub_64(rows, s, lds, sub, 0);
+}
+
+/* The same with exp_f32_lowp, for P rounded to bf16 next (exp_sub_lowp_f32). */
+void fmha_f32_exp_sub_lowp_ukernel_64__avx512(size_t rows, float *s, size_t lds, const float *sub) {
+    exp_sub_64(rows, s, lds, sub, 1);
 }
 
 /* Backward: dp = p * (dp - dsum) lane-wise, in place; contract in ukernel.h. */
@@ -352,6 +361,7 @@ const fmha_ukernels fmha_ukernels_avx512 = {
     .gemm_f32 = fmha_f32_gemm_ukernel_6x64__avx512,
     .softmax_f32 = fmha_f32_softmax_ukernel_64__avx512,
     .exp_sub_f32 = fmha_f32_exp_sub_ukernel_64__avx512,
+    .exp_sub_lowp_f32 = fmha_f32_exp_sub_lowp_ukernel_64__avx512,
     .ds_f32 = fmha_f32_ds_ukernel_64__avx512,
     .add_transposed_f32 = fmha_f32_add_transposed_ukernel__avx512,
     .finish_f32 = fmha_f32_finish_ukernel__avx512,

@@ -26,6 +26,8 @@ void fmha_f32_softmax_lowp_ukernel_64__avx512(size_t rows, float *s, size_t lds,
 
 /* s = exp(s - sub) lane-wise (fmha_f32_exp_sub_ukernel_fn). */
 void fmha_f32_exp_sub_ukernel_64__avx512(size_t rows, float *s, size_t lds, const float *sub);
+/* The same with P to 3e-6 relative (exp_sub_lowp_f32). */
+void fmha_f32_exp_sub_lowp_ukernel_64__avx512(size_t rows, float *s, size_t lds, const float *sub);
 
 /* dp = p (dp - dsum) lane-wise (fmha_f32_ds_ukernel_fn). */
 void fmha_f32_ds_ukernel_64__avx512(size_t rows, const float *p, float *dp, size_t lds,

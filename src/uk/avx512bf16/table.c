@@ -19,6 +19,7 @@ const fmha_ukernels fmha_ukernels_avx512bf16 = {
     .gemm_f32 = fmha_f32_gemm_ukernel_6x64__avx512,
     .softmax_f32 = fmha_f32_softmax_ukernel_64__avx512,
     .exp_sub_f32 = fmha_f32_exp_sub_ukernel_64__avx512,
+    .exp_sub_lowp_f32 = fmha_f32_exp_sub_lowp_ukernel_64__avx512,
     .ds_f32 = fmha_f32_ds_ukernel_64__avx512,
     .add_transposed_f32 = fmha_f32_add_transposed_ukernel__avx512,
     .finish_f32 = fmha_f32_finish_ukernel__avx512,
