@@ -55,15 +55,11 @@ fmha_status fmha_plan_init(const fmha_problem *p_in, fmha_plan *plan) {
     plan->kv_dtype = fmha_kv_dtype_of(p);
     /* a cache dtype of its own (float32 Q): K and V widened once per call */
     plan->path = plan->kv_dtype == p->dtype ? fmha_operand_path_for(p->dtype, plan->uk) : &fmha_path_widened;
-    /* P rounded to bf16 right after the softmax (pairs, FAST): exp to a few 1e-6 suffices (lse stays within 1e-5) */
-    plan->softmax = plan->uk->softmax_lowp_f32 && plan->path == &fmha_path_bf16 &&
-                            p->precision == FMHA_PRECISION_FAST
-                        ? plan->uk->softmax_lowp_f32
-                        : plan->uk->softmax_f32;
-    plan->exp_sub = plan->uk->exp_sub_lowp_f32 && plan->path == &fmha_path_bf16 &&
-                            p->precision == FMHA_PRECISION_FAST
-                        ? plan->uk->exp_sub_lowp_f32
-                        : plan->uk->exp_sub_f32;
+    /* bf16 pairs, precision FAST: P (and in the backward dS) rounded to bf16
+     * right after the exp, so exp to a few 1e-6 suffices (lse stays within 1e-5) */
+    const int bf16_fast = plan->path == &fmha_path_bf16 && p->precision == FMHA_PRECISION_FAST;
+    plan->softmax = bf16_fast && plan->uk->softmax_lowp_f32 ? plan->uk->softmax_lowp_f32 : plan->uk->softmax_f32;
+    plan->exp_sub = bf16_fast && plan->uk->exp_sub_lowp_f32 ? plan->uk->exp_sub_lowp_f32 : plan->uk->exp_sub_f32;
     plan->strategy = resolve_strategy(p);
     plan->threads = fmha_pool_threads();
     plan->o_dtype = p->dtype;
@@ -71,10 +67,8 @@ fmha_status fmha_plan_init(const fmha_problem *p_in, fmha_plan *plan) {
     plan->causal_offset = p->causal == FMHA_CAUSAL_BOTTOM_RIGHT ? p->seq_kv - p->seq_q : 0;
     fmha_dropout_plan(plan);
     /* and without dropout, P's pairs straight from the softmax step (tiled strategy) */
-    plan->softmax_pairs = plan->path == &fmha_path_bf16 && p->precision == FMHA_PRECISION_FAST &&
-                                  plan->uk->softmax_lowp_f32 && plan->path->values_paired && !plan->dropout
-                              ? plan->uk->softmax_pairs_bf16
-                              : NULL;
+    plan->softmax_pairs = bf16_fast && plan->uk->softmax_lowp_f32 && !plan->dropout ? plan->uk->softmax_pairs_bf16
+                                                                                     : NULL;
     st = fmha_mask_precheck(plan);
     if (st != FMHA_OK) return st;
     /* a paged cache has only the decode driver's addressing */

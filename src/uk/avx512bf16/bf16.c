@@ -135,19 +135,9 @@ static const uint16_t interleave_rows[32] __attribute__((aligned(64))) = {
     0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
     8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
 
-/* dst[i] = (bf16(lo[i]), bf16(hi[i])) for i < 64; contract in ukernel.h. */
-void fmha_bf16_pair_rows_ukernel_64__avx512bf16(const float *lo, const float *hi, uint32_t *dst) {
-    const __m512i idx = _mm512_load_si512(interleave_rows);
-#pragma GCC unroll 4
-    for (int v = 0; v < VECS; v++) {
-        const __m512 lo_v = _mm512_loadu_ps(lo + 16 * v);
-        const __m512 hi_v = hi ? _mm512_loadu_ps(hi + 16 * v) : _mm512_setzero_ps();
-        const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi_v, lo_v);
-        _mm512_storeu_si512(dst + 16 * v, _mm512_permutexvar_epi16(idx, both));
-    }
-}
-
-/* The pair-store of the fused softmax step: pair_rows on registers. */
+/* dst[i] = (bf16(lo[v][i % 16]), bf16(hi[v][i % 16])), v = i / 16: two rows
+ * in registers as one pair-row. The pair-row kernel below and the fused
+ * softmax step's pair-store (avx512/softmax.h). */
 static void store_pair_row(const __m512 lo[4], const __m512 hi[4], uint32_t *dst) {
     const __m512i idx = _mm512_load_si512(interleave_rows);
 #pragma GCC unroll 4
@@ -155,6 +145,17 @@ static void store_pair_row(const __m512 lo[4], const __m512 hi[4], uint32_t *dst
         const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi[v], lo[v]);
         _mm512_storeu_si512(dst + 16 * v, _mm512_permutexvar_epi16(idx, both));
     }
+}
+
+/* dst[i] = (bf16(lo[i]), bf16(hi[i])) for i < 64; contract in ukernel.h. */
+void fmha_bf16_pair_rows_ukernel_64__avx512bf16(const float *lo, const float *hi, uint32_t *dst) {
+    __m512 lo_v[VECS], hi_v[VECS];
+#pragma GCC unroll 4
+    for (int v = 0; v < VECS; v++) {
+        lo_v[v] = _mm512_loadu_ps(lo + 16 * v);
+        hi_v[v] = hi ? _mm512_loadu_ps(hi + 16 * v) : _mm512_setzero_ps();
+    }
+    store_pair_row(lo_v, hi_v, dst);
 }
 
 /* softmax_lowp_f32 then pair_rows_bf16 in one pass; contract in ukernel.h. */
