@@ -231,9 +231,9 @@ static void test_nan_backward(void) {
     case_free(&c);
 }
 
-/* Causal: NaN in V at key 40 and in K at key 41. Rows 0..39 see neither, so
- * their dQ must equal (1e-5 + 1e-4 |r|) that of the clean inputs, on every
- * ISA: hidden entries stay out of the gradients. */
+/* Causal: NaN in V at key 40 and in K at key 41 (then -inf in V, +inf in K).
+ * Rows 0..39 see neither, so their dQ must equal (1e-5 + 1e-4 |r|) that of the
+ * clean inputs, on every ISA: hidden entries stay out of the gradients. */
 static void test_nan_hidden_backward(void) {
     ieee_case c;
     case_new(&c, 1, 1, 1);
@@ -242,13 +242,15 @@ static void test_nan_hidden_backward(void) {
     float *d_o = tu_new_input(p, 'o', -1, 1), *o = malloc(no * sizeof(float));
     float *lse = malloc((size_t)(2 * 70) * sizeof(float)), *clean = malloc(nq * sizeof(float));
     float *dq = malloc(nq * sizeof(float)), *dk = malloc(nk * sizeof(float)), *dv = malloc(nk * sizeof(float));
-    for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
+    const float poison[][2] = {{NAN, NAN}, {-INFINITY, INFINITY}};
+    for (size_t run = 0; run < 2 * (sizeof isas / sizeof isas[0]); run++) {
+        size_t ii = run / 2, pi = run % 2; /* ISA, poison */
         if (fmha_cpu_force_isa(isas[ii]) != 0) continue;
         float *v40 = tu_elem(c.v, p->v_strides, 0, 40, 0, 5), *k41 = tu_elem(c.k, p->k_strides, 0, 41, 0, 2);
         float v_keep = *v40, k_keep = *k41;
         tu_check(tu_forward_backward(p, c.q, c.k, c.v, d_o, o, lse, clean, dk, dv, NULL) == FMHA_OK, "clean");
-        *v40 = NAN;
-        *k41 = NAN;
+        *v40 = poison[pi][0];
+        *k41 = poison[pi][1];
         tu_check(tu_forward_backward(p, c.q, c.k, c.v, d_o, o, lse, dq, dk, dv, NULL) == FMHA_OK, "with NaN");
         *v40 = v_keep;
         *k41 = k_keep;
@@ -261,8 +263,8 @@ static void test_nan_hidden_backward(void) {
                     else nan_seen += isnan(a);
                 }
         tu_check(wrong == 0 && nan_seen > 0,
-                 "%s: NaN K/V at keys 40, 41 hidden from rows 0..39: %zu of their dQ differ, %zu NaN after", isas[ii],
-                 wrong, nan_seen);
+                 "%s: %s K/V at keys 40, 41 hidden from rows 0..39: %zu of their dQ differ, %zu NaN after", isas[ii],
+                 pi ? "inf" : "NaN", wrong, nan_seen);
     }
     fmha_cpu_force_isa(fmha_cpu_kernels_for("avx512bf16") ? "avx512bf16"
                        : fmha_cpu_kernels_for("avx512") ? "avx512"
