@@ -330,8 +330,9 @@ typedef struct fmha_problem {
     int64_t head_dim;         /* D,  1..FMHA_MAX_HEAD_DIM */
     int64_t head_dim_v;       /* Dv, 1..FMHA_MAX_HEAD_DIM */
     float scale;              /* multiplies Q K^T once the dot products are summed (so a large
-                                 scale cannot overflow Q); 0 selects 1/sqrt(head_dim); NaN/inf is
-                                 an error */
+                                 scale cannot overflow Q); +0.0 selects 1/sqrt(head_dim); any
+                                 other finite value is used as given: -0.0 is a zero scale
+                                 (equal weights over the visible keys); NaN/inf is an error */
     fmha_causal causal;
     fmha_strategy strategy;
     fmha_precision precision;

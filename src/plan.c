@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "attn.h"
 #include "cpu.h"
@@ -50,7 +51,11 @@ fmha_status fmha_plan_init(const fmha_problem *p_in, fmha_plan *plan) {
     if (p->causal != FMHA_CAUSAL_NONE && plan->band_hi > 0) plan->band_hi = 0;
     plan->has_mask = fmha_masks_active(p);
     plan->has_bias = fmha_biases_active(p);
-    plan->scale = p->scale != 0.0f ? p->scale : (float)(1.0 / sqrt((double)p->head_dim));
+    /* +0.0 by its bits: a compare would also take -0.0 and, on a thread
+     * that treats subnormals as zero (XLA's), the subnormals for it */
+    uint32_t scale_bits;
+    memcpy(&scale_bits, &p->scale, sizeof scale_bits);
+    plan->scale = scale_bits != 0 ? p->scale : (float)(1.0 / sqrt((double)p->head_dim));
     plan->uk = p->strategy == FMHA_STRATEGY_PORTABLE ? fmha_cpu_kernels_for("scalar") : fmha_cpu_kernels();
     plan->kv_dtype = fmha_kv_dtype_of(p);
     /* a cache dtype of its own (float32 Q): K and V widened once per call */

@@ -39,9 +39,10 @@ if BFLOAT16 is not None:
 
 CAUSAL_ALIGNMENTS = {"top_left": _lib.CAUSAL_TOP_LEFT, "bottom_right": _lib.CAUSAL_BOTTOM_RIGHT}
 
-# scale = 0 means "1/sqrt(head_dim)" to the C library; an explicit zero scale
-# is passed as the smallest positive float32, which gives the same scores.
-_TINY_SCALE = float(np.nextafter(np.float32(0), np.float32(1)))
+# scale +0.0 means "1/sqrt(head_dim)" to the C library; an explicit zero
+# scale is passed as -0.0, which the library takes as given (a subnormal
+# would read as 0 on threads that treat subnormals as zero, as XLA's do).
+_ZERO_SCALE = -0.0
 
 Tile = namedtuple("Tile", "batch head_q q0 nq k0 nk thread")
 
@@ -148,11 +149,13 @@ def window_sides(local_window_size):
 
 def resolve_scale(scale, head_dim):
     if scale is None:
+        if head_dim < 1:
+            raise ValueError(f"fmha: the head dim must be at least 1, got {head_dim}")
         return 1.0 / math.sqrt(head_dim)
     scale = float(scale)
     if not math.isfinite(scale):
         raise ValueError(f"fmha: scale must be finite, got {scale}")
-    return _TINY_SCALE if scale == 0.0 else scale
+    return _ZERO_SCALE if scale == 0.0 else scale
 
 
 def strategy_code(strategy):

@@ -477,7 +477,11 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
                         segment ids and dropout do not. Forward only.
     Paged caches and caches of their own dtype have no backward:
     differentiating such a call raises FmhaError (FMHA_ERR_UNSUPPORTED).
-    Integer inputs (lengths, segment ids) get no gradient. Requests the C
+    scale may be traced (a learned temperature): Q is then multiplied by it
+    before the call (in float32, rounded back to Q's dtype) and scale gets
+    its gradient. An explicit scale 0 gives equal weights over the visible
+    keys. An empty dim gives an empty output; S = 0 gives zeros (rows that
+    see no key). Integer inputs (lengths, segment ids) get no gradient. Requests the C
     library refuses raise FmhaError while tracing; errors found while
     running (a length out of range, a non-finite sink) raise JAX's runtime
     error carrying the C message.
@@ -516,7 +520,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
         raise ValueError(f"{api.KV_DTYPE_RULE}, got {q.dtype}, {k.dtype}, {v.dtype}")
     T, N = q.shape[1], q.shape[2]
     Hv = v.shape[3]
-    if N % K != 0:
+    if (N % K if K else N) != 0:
         raise ValueError(f"The number of query heads must be a multiple of key/value heads, but got {N} vs {K}")
     full = (B, N, T, S)
     extras = dict.fromkeys(_EXTRA_NAMES)
@@ -574,6 +578,12 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
         extras["dropout_seed"] = jax.random.bits(dropout_rng, (2,), jnp.uint32)
     if precision not in api.PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(api.PRECISIONS)}, got {precision!r}")
+    if B * N * T * Hv == 0 or S == 0:  # an empty output, or rows that see no key: zeros
+        out = jnp.zeros(output_shape[:-1] + (Hv,), q.dtype)
+        return (out, jnp.full(output_shape[:-1], -jnp.inf, q.dtype)) if return_residual else out
+    if isinstance(scale, jax.core.Tracer):  # traced (a learned temperature): Q scaled here, differentiably
+        q = (q.astype(jnp.float32) * scale).astype(q.dtype)
+        scale = 1.0
     cfg = _Config(scale=api.resolve_scale(scale, H), causal=api.causal_code(is_causal, causal_alignment),
                   window=api.window_sides(local_window_size), strategy=_lib.STRATEGIES["auto"],
                   softcap=softcap or 0.0, precision=api.PRECISIONS[precision],

@@ -362,6 +362,40 @@ static void large_logit_cases(void) {
     free(q), free(k), free(v);
 }
 
+/* scale -0.0 is a zero scale: every visible key gets the same weight (O is
+ * the mean of the visible V rows), where +0.0 selects 1/sqrt(D); the
+ * smallest subnormal scale gives the same equal weights. */
+static void zero_scale_cases(void) {
+    const float scales[] = {-0.0f, 1.4e-45f};
+    for (int c = 0; c < 2; c++)
+        for (int causal = 0; causal < 2; causal++) {
+            fmha_problem p;
+            make(&p, 1, 2, 1, 37, 70, 32, 16, causal ? FMHA_CAUSAL_BOTTOM_RIGHT : FMHA_CAUSAL_NONE, scales[c],
+                 TU_LAYOUT_BSHD);
+            float *q = tu_new_input(&p, 'q', -4, 4), *k = tu_new_input(&p, 'k', -4, 4);
+            float *v = tu_new_input(&p, 'v', -1, 1);
+            char name[96];
+            snprintf(name, sizeof name, "scale %s (%s)", c ? "1.4e-45" : "-0.0", tu_causal_name(p.causal));
+            run_case(name, &p, q, k, v);
+            /* not the default scale's output: row 0 of head 0 is the mean of
+             * the V rows it sees */
+            float *o = tu_new_output(&p, 'o', 0.0f);
+            tu_check(tu_forward(&p, q, k, v, o, NULL, NULL, 0) == FMHA_OK, "%s runs", name);
+            int64_t seen = causal ? 70 - 37 + 1 : 70;
+            double worst = 0.0;
+            for (int64_t d = 0; d < 16; d++) {
+                double mean = 0.0;
+                for (int64_t j = 0; j < seen; j++) mean += *tu_elem(v, p.v_strides, 0, j, 0, d);
+                mean /= (double)seen;
+                double err = fabs(*tu_elem(o, p.o_strides, 0, 0, 0, d) - mean);
+                worst = err > worst ? err : worst;
+            }
+            tu_check(worst < 1e-5, "%s: row 0 is the mean of its %lld visible V rows (worst error %.3g)", name,
+                     (long long)seen, worst);
+            free(q), free(k), free(v), free(o);
+        }
+}
+
 int main(void) {
     tu_seed();
     verbose = getenv("FMHA_TEST_VERBOSE") != NULL;
@@ -378,6 +412,7 @@ int main(void) {
     check_problem_init();
     fixed_cases();
     large_logit_cases();
+    zero_scale_cases();
     random_cases(40);
     printf("worst per strategy and ISA: O ratio (<= 1), O rel L2 (<= %.0e), lse ratio (<= 1)\n",
            O_REL_L2);

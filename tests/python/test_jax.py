@@ -350,3 +350,50 @@ def test_bench_peers_inputs_follow_fmha_bench():
     # fmha-bench's first draws from seed 0x5eed5eed (splitmix64, 24-bit uniform in [-1, 1))
     first = bench_peers.Stream(bench_peers.INPUT_SEED).uniform(3)
     np.testing.assert_array_equal(first, np.array([0.200319767, 0.969508171, -0.108368039], np.float32))
+
+
+def test_zero_scale_gives_equal_weights():
+    """scale=0.0 is a zero scale under jit too (XLA's threads treat
+    subnormals as zero, so no tiny stand-in would do): O averages the
+    visible values, and dQ is exactly zero."""
+    rng = np.random.default_rng(21)
+    q, k, v = qkv(rng, 1, 4, 6, 2, 2, 16)
+    q, k = 4 * q, 4 * k
+    for run in (fj.dot_product_attention, jax.jit(fj.dot_product_attention, static_argnames=("scale", "is_causal"))):
+        out = np.asarray(run(q, k, v, scale=0.0))
+        assert rel_error(out, np.broadcast_to(v.astype(np.float64).mean(1, keepdims=True), out.shape)) < TOL
+        ref = reference(q, k, v, scale=0.0, is_causal=True)
+        assert rel_error(np.asarray(run(q, k, v, scale=0.0, is_causal=True)), ref["o"]) < TOL
+    dq = jax.jit(jax.grad(lambda q: (fj.dot_product_attention(q, k, v, scale=0.0) ** 2).sum()))(q)
+    assert not np.asarray(dq).any()
+
+
+def test_traced_scale_and_its_gradient():
+    """A scale traced under jit (a learned temperature) runs, and gets the
+    gradient jax.nn gives it."""
+    rng = np.random.default_rng(22)
+    q, k, v = qkv(rng, 2, 5, 7, 4, 2, 16)
+
+    def loss(fn):
+        return jax.jit(jax.value_and_grad(lambda s, q: (fn(q, k, v, scale=s, is_causal=True) ** 2).sum(),
+                                          argnums=(0, 1)))
+
+    (val, (d_s, d_q)) = loss(fj.dot_product_attention)(0.7, q)
+    (val_x, (d_s_x, d_q_x)) = loss(jax.nn.dot_product_attention)(0.7, q)
+    ref = reference(q, k, v, scale=0.7, is_causal=True)
+    assert abs(float(val) - float((ref["o"] ** 2).sum())) < TOL * float(val)
+    assert abs(float(d_s) - float(d_s_x)) < 1e-4 * abs(float(d_s_x))
+    assert rel_error(np.asarray(d_q), np.asarray(d_q_x)) < TOL
+
+
+@pytest.mark.parametrize("q_shape, kv_shape", [((0, 4, 2, 8), (0, 6, 2, 8)), ((1, 0, 2, 8), (1, 6, 2, 8)),
+                                               ((1, 4, 2, 8), (1, 0, 2, 8)), ((4, 0, 8), (6, 0, 8))])
+def test_empty_dims(q_shape, kv_shape):
+    """An empty dim gives an empty output, S = 0 zeros (rows that see no
+    key), with zero gradients."""
+    q, kv = jnp.ones(q_shape), jnp.ones(kv_shape)
+    out = fj.dot_product_attention(q, kv, kv)
+    assert out.shape == q_shape[:-1] + kv_shape[-1:]
+    assert not np.asarray(out).any()
+    dq = jax.grad(lambda q: fj.dot_product_attention(q, kv, kv).sum())(q)
+    assert dq.shape == q.shape and not np.asarray(dq).any()

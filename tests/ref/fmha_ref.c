@@ -11,7 +11,8 @@
 #include <string.h>
 
 double fmha_ref_scale(const fmha_problem *p) {
-    return p->scale != 0.0f ? (double)p->scale : 1.0 / sqrt((double)p->head_dim);
+    /* +0.0 (by its bits) selects the default; -0.0 and subnormals are scales */
+    return p->scale != 0.0f || signbit(p->scale) ? (double)p->scale : 1.0 / sqrt((double)p->head_dim);
 }
 
 int fmha_ref_visible(const fmha_problem *p, int64_t i, int64_t j) {
