@@ -12,8 +12,9 @@ output shapes, so compiled graphs keep the op as one opaque call. Plain
 eager calls run the same kernel and autograd pair without the dispatcher
 (_attention, _EagerAttention), which would cost about as much as a small
 problem's forward, and their backward reuses the forward's plan; compile,
-autocast, functorch transforms, tensor subclasses and dispatch modes get the
-op.
+torch.jit.trace, autocast, tensor subclasses and dispatch modes get the op;
+torch.func transforms (grad, vjp, jacrev, vmap) get it through an
+autograd.Function of the form they need (vmap of grad is refused).
 
 After SDPA's own arguments, keyword-only, come the options of NumPy
 fmha.attention with the same names and meanings (segment_ids, alibi_slopes,
@@ -28,7 +29,10 @@ available to transformers models (AttentionInterface and
 AttentionMaskInterface).
 
 Rows that see no key at all (a boolean attn_mask that is all False on a
-row) give zeros here, where PyTorch gives NaN.
+row, or S = 0) give zeros, as PyTorch's CPU kernels do. Inputs with an
+empty dim give an empty (or, for S = 0, a zero) output and zero gradients.
+A torch.nn.attention.bias.CausalBias as attn_mask is served as is_causal
+with its alignment (upper left: top_left; lower right: bottom_right).
 
 flex_attention (PyTorch's BlockMask; ALiBi and softcap as fmha_bias) lives
 in _torch_flex.py, on the fmha::attention op here.
@@ -53,6 +57,11 @@ from ._lib import FmhaError
 
 __all__ = ["scaled_dot_product_attention", "flex_attention", "ring_attention", "register_transformers",
            "transformers_attention", "FmhaError"]
+
+try:  # PyTorch >= 2.2
+    from torch.nn.attention.bias import CausalBias as _CausalBias, CausalVariant as _CausalVariant
+except ImportError:  # pragma: no cover - depends on the environment
+    _CausalBias = _CausalVariant = None
 
 _DTYPES = {torch.float32: _lib.DTYPE_F32, torch.bfloat16: _lib.DTYPE_BF16, torch.float16: _lib.DTYPE_F16}
 
@@ -335,7 +344,7 @@ _attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 # Eager calls skip the dispatcher: the op's Python kernel and its autograd
 # pair run directly (the dispatcher costs about as much as a small problem's
-# whole forward). Everything else (torch.compile, autocast, functorch
+# whole forward). Everything else (torch.compile, tracing, autocast, torch.func
 # transforms, tensor subclasses, dispatch and function modes) goes through
 # the op, whose registrations serve it. The pair returns out alone and keeps
 # lse (internal, never handed out) on ctx; the optional tensors are saved
@@ -378,13 +387,60 @@ class _EagerAttention(torch.autograd.Function):
         return _param_grads(ctx, q, k, v, o, lse, tensors or _NO_TENSORS, d_o, _attention_backward_impl)
 
 
+def _functorch_plain(t):
+    """t without its grad-transform wrappers (the values are the same), or
+    False when a vmap level holds it; None stays None."""
+    while t is not None and torch._C._functorch.is_functorch_wrapped_tensor(t):
+        if torch._C._functorch.is_batchedtensor(t):
+            return False
+        t = torch._C._functorch.get_unwrapped(t)
+    return t
+
+
+class _FunctorchAttention(torch.autograd.Function):
+    """The op under functorch transforms (torch.func.grad, vjp, jacrev,
+    vmap): an autograd.Function in the setup_context form they need (the
+    op's own autograd registration is not). The forward's vmap is the op's
+    batching fallback; the backward runs the kernel on the tensors
+    unwrapped from grad transforms, or the backward op's batching fallback
+    under vmap (vmap of grad is refused)."""
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(*args):
+        return torch.ops.fmha.attention(*args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _setup_context(ctx, inputs, output)
+        ctx.mark_non_differentiable(output[1])
+
+    @staticmethod
+    def backward(ctx, d_o, d_lse):
+        saved = [_functorch_plain(t) for t in ctx.saved_tensors + (d_o,)]
+        if any(t is False for t in saved):  # vmapped: the backward op's batching fallback (jacrev)
+            try:
+                with torch._C._AutoDispatchBelowAutograd():
+                    return _backward(ctx, d_o, d_lse)
+            except RuntimeError as e:  # the op's autograd under vmap of grad
+                if "setup_context" not in str(e):
+                    raise
+                raise NotImplementedError("fmha.torch: vmap of torch.func.grad over this call is not supported; "
+                                          "loop over the batch, or use torch.func.jacrev / vjp") from e
+        q, k, v, o, lse, *tensors, d_o = saved
+        with torch._C._DisableFuncTorch():  # plain tensors in and out
+            return _param_grads(ctx, q, k, v, o, lse, tensors, d_o, _attention_backward_impl)
+
+
 def _attention(*args):
     """out of torch.ops.fmha.attention(*args); eager calls without the dispatcher."""
     tensors = [a for a in args[:12] if a is not None]  # q, k, v and the optional tensors
     if len(args) > _BLOCK_TABLE and args[_BLOCK_TABLE] is not None:
         tensors.append(args[_BLOCK_TABLE])
-    if (torch.compiler.is_compiling() or torch.is_autocast_enabled("cpu")
-            or torch._C._are_functorch_transforms_active() or torch._C._len_torch_dispatch_stack()
+    if torch._C._are_functorch_transforms_active() and not torch.compiler.is_compiling():
+        return _FunctorchAttention.apply(*args)[0]
+    if (torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.is_autocast_enabled("cpu")
+            or torch._C._len_torch_dispatch_stack()
             or torch._C._is_torch_function_mode_enabled() or any(type(t) is not torch.Tensor for t in tensors)):
         return torch.ops.fmha.attention(*args)[0]
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
@@ -445,9 +501,27 @@ def _flat_mask(attn_mask, lead, batch, rest):
     return m.reshape((batch,) + tuple(m.shape[len(lead):]))
 
 
+class _EmptyAttention(torch.autograd.Function):
+    """A call with an empty dim or no keys (S = 0): out [B, H, L, Ev] zeros
+    (empty when a dim is 0, else rows that see no key) and zero gradients
+    for the tensors given."""
+
+    @staticmethod
+    def forward(ctx, shape, *tensors):
+        ctx.tensors = [(t.shape, t.dtype) if isinstance(t, torch.Tensor) else None for t in tensors]
+        return tensors[0].new_zeros(shape)
+
+    @staticmethod
+    def backward(ctx, d_o):
+        return (None,) + tuple(torch.zeros(t[0], dtype=t[1]) if t is not None and need else None
+                               for t, need in zip(ctx.tensors, ctx.needs_input_grad[1:]))
+
+
 def _float32_param(x, shape, name):
     """x (a tensor keeps its autograd graph) as a contiguous float32 tensor of `shape`."""
     t = x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
+    if not t.is_cpu:
+        raise ValueError(f"fmha.torch: {name} is on {t.device}; fmha runs on CPU tensors")
     if t.is_complex() or t.dtype == torch.bool:
         raise TypeError(f"fmha.torch: {name} must be real, got dtype {t.dtype}")
     if tuple(t.shape) != shape:
@@ -538,6 +612,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         raise ValueError(f"fmha.torch: inconsistent shapes query {tuple(query.shape)}, key {tuple(key.shape)}, "
                          f"value {tuple(value.shape)}")
     Hkv, S = k.shape[1], k.shape[2]
+    if _CausalBias is not None and isinstance(attn_mask, _CausalBias):  # SDPA's own causal masks
+        if is_causal:
+            raise ValueError("fmha.torch: a CausalBias attn_mask should not be used with is_causal=True")
+        if (attn_mask.seq_len_q, attn_mask.seq_len_kv) != (L, S):
+            raise ValueError(f"fmha.torch: CausalBias for {attn_mask.seq_len_q} queries and {attn_mask.seq_len_kv} "
+                             f"keys, got L {L} and S {S}")
+        lower_right = attn_mask.variant == _CausalVariant.LOWER_RIGHT
+        is_causal, causal_alignment, attn_mask = True, "bottom_right" if lower_right else "top_left", None
     table = None
     if block_table is not None:
         if key_value_seq_lengths is None:
@@ -545,10 +627,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         table = torch.from_numpy(api.block_table_array(
             block_table.detach().cpu().numpy() if isinstance(block_table, torch.Tensor) else block_table, B))
         S = table.shape[1] * k.shape[2]  # the most keys a sequence can hold
-    if Hkv != H and not enable_gqa:
+    if H == 0 or Hkv == 0:
+        if H != Hkv:
+            raise ValueError(f"fmha.torch: query has {H} heads and key {Hkv}")
+    elif Hkv != H and not enable_gqa:
         raise ValueError(f"fmha.torch: query has {H} heads and key {Hkv}; pass enable_gqa=True for grouped-query "
                          "attention")
-    if H % Hkv != 0:
+    if Hkv and H % Hkv != 0:
         raise ValueError(f"fmha.torch: query heads ({H}) must be a multiple of key/value heads ({Hkv})")
     scale = api.resolve_scale(scale, E)
 
@@ -556,6 +641,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if attn_mask is not None:
         if not isinstance(attn_mask, torch.Tensor):
             raise TypeError(f"fmha.torch: attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}")
+        if not attn_mask.is_cpu:
+            raise ValueError(f"fmha.torch: attn_mask is on {attn_mask.device}; fmha runs on CPU tensors")
         m = _flat_mask(attn_mask, lead, B, (H, L, S) if nd > 2 else (L, S))
         m = m.reshape((m.shape[0],) + (1,) * (4 - m.dim()) + tuple(m.shape[1:]))
         api.broadcast_strides(tuple(m.shape), (1, 1, 1, 1), (B, H, L, S), "attn_mask")
@@ -563,6 +650,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             mask = m if all(st >= 0 for st in m.stride()) else m.contiguous()
         elif m.is_floating_point():
             bias = m.float()
+            if bias.requires_grad and any(st == 0 and n > 1 for st, n in zip(bias.stride(), bias.shape)):
+                # an expanded view: its gradient has an element per position
+                # (the library sums over broadcast dims only where the mask
+                # has size 1), so the view is materialised
+                bias = bias.contiguous()
         else:
             raise TypeError(f"fmha.torch: attn_mask must be boolean or floating point, got {attn_mask.dtype}")
     causal = api.causal_code(bool(is_causal), causal_alignment)
@@ -607,6 +699,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         sink = _float32_param(sinks, (H,), "sinks (one logit per query head)")
         if not bool(torch.isfinite(sink).all()):
             raise ValueError("fmha.torch: sinks must be finite")
+    if B * H * L * v.shape[3] == 0 or S == 0:
+        out = _EmptyAttention.apply((B, H, L, v.shape[3]), q, k, v, bias, alibi, rel, sink)
+        return out if nd == 4 else out.reshape(tuple(query.shape[:-1]) + (v.shape[3],))
     out = _attention(q, k, v, bias, mask, ql, kl, q_ids, kv_ids, alibi, rel, sink, causal, float(scale), window,
                         softcap or 0.0, [int(rel_max_distance), int(bool(rel_bidirectional))],
                         api.PRECISIONS[precision], dropout_p, dropout_seed, dropout_offset, table)
