@@ -194,10 +194,20 @@ def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Opt
     return out, lse
 
 
+def _new_out(q, Ev):
+    """O [B, H, L, Ev] in q's memory order, as PyTorch's SDPA returns it:
+    [B, L, H, Ev] memory when q's heads lie within its rows (transformers'
+    q = x.transpose(1, 2)), so that out.transpose(1, 2) is contiguous."""
+    B, H, L, _ = q.shape
+    if H > 1 and L > 1 and q.stride(1) < q.stride(2):
+        return q.new_empty((B, L, H, Ev)).transpose(1, 2)
+    return q.new_empty((B, H, L, Ev))
+
+
 def _forward_run(q, k, v, spec):
     """out, lse and the plan that served the call (None: one-shot)."""
     B, H, L, _ = q.shape
-    out = q.new_empty((B, H, L, v.shape[3]))
+    out = _new_out(q, v.shape[3])
     lse = q.new_empty((B, H, L), dtype=torch.float32)
     plan = _plan(q, k, v, out, spec)
     if plan is not None:
@@ -215,7 +225,7 @@ _attention_op = torch.library.custom_op("fmha::attention", mutates_args=(), devi
 @_attention_op.register_fake
 def _attention_fake(q, k, v, *spec):
     B, H, L, _ = q.shape
-    return q.new_empty((B, H, L, v.shape[3])), q.new_empty((B, H, L), dtype=torch.float32)
+    return _new_out(q, v.shape[3]), q.new_empty((B, H, L), dtype=torch.float32)
 
 
 def _zeros_or_empty(t, wanted):
@@ -540,7 +550,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     query [..., H, L, E], key [..., Hkv, S, E], value [..., Hkv, S, Ev] on
     CPU, float32, bfloat16 or float16: any leading dims (shared by the
     three, flattened into one batch dim B, a view where strides allow), or
-    [L, E] alone. attn_mask: boolean (True = take part) or additive float,
+    [L, E] alone. out [..., H, L, Ev] follows query's memory order as
+    PyTorch's does ([B, L, H, Ev] memory for a query viewed from
+    [B, L, H, E]). attn_mask: boolean (True = take part) or additive float,
     broadcastable to [..., H, L, S];
     its gradient is returned when it requires one. is_causal is top-left
     aligned and may be combined with attn_mask. enable_gqa allows

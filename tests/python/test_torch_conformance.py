@@ -153,3 +153,23 @@ def test_functorch_transforms():
     per_row = torch.func.vmap(torch.func.grad(lambda a: FT.scaled_dot_product_attention(a[None], k[:1], v[:1]).sum()))
     with pytest.raises(NotImplementedError, match="vmap of torch.func.grad"):
         per_row(q)
+
+
+def test_output_follows_the_query_layout():
+    """As PyTorch's SDPA: a query viewed from [B, L, H, E] memory (the
+    transformers layout) gives O in [B, L, H, Ev] memory, so
+    O.transpose(1, 2) is contiguous; a contiguous query, a contiguous O."""
+    gen = torch.Generator().manual_seed(9)
+    q = rnd(gen, 2, 5, 4, 16).transpose(1, 2)
+    k, v = rnd(gen, 2, 7, 4, 16).transpose(1, 2), rnd(gen, 2, 7, 4, 16).transpose(1, 2)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = FT.scaled_dot_product_attention(*leaves)
+    assert out.stride() == F.scaled_dot_product_attention(q, k, v).stride()
+    assert out.transpose(1, 2).is_contiguous()
+    assert close(out, ref(q, k, v))
+    out.transpose(1, 2).reshape(2, 5, 64).sum().backward()
+    q64 = q.double().requires_grad_()
+    F.scaled_dot_product_attention(q64, k.double(), v.double()).sum().backward()
+    assert close(leaves[0].grad, q64.grad.float())
+    contiguous = FT.scaled_dot_product_attention(q.contiguous(), k.contiguous(), v.contiguous())
+    assert contiguous.is_contiguous()
