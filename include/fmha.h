@@ -145,6 +145,14 @@ typedef enum fmha_causal {
     FMHA_CAUSAL_BOTTOM_RIGHT
 } fmha_causal;
 
+/* fmha_problem.alignment: where queries and keys meet for windows, ALiBi
+ * and the relative-position table when no causal mask sets it. */
+typedef enum fmha_alignment {
+    FMHA_ALIGN_CAUSAL = 0,      /* causal's (top-left without causal masking) */
+    FMHA_ALIGN_TOP_LEFT,        /* off = 0 */
+    FMHA_ALIGN_BOTTOM_RIGHT     /* off = kv_len[b] - q_len[b] (FlashAttention) */
+} fmha_alignment;
+
 /* Element type of Q, K, V, O, dO and dQ, dK, dV. Softmax statistics, lse,
  * accumulators, biases and bias gradients are always float32. */
 typedef enum fmha_dtype {
@@ -173,8 +181,8 @@ typedef enum fmha_kv_dtype {
  * alignment's coordinates: a = i + off - j, off = kv_len[b] - q_len[b] for
  * FMHA_CAUSAL_BOTTOM_RIGHT (each sequence's own lengths, as defined in the
  * header comment: Skv - Sq when no length array is given), else 0 (also
- * when causal is NONE). Windows, ALiBi and the relative-position table
- * measure a. */
+ * when causal is NONE, unless fmha_problem.alignment asks for bottom-right).
+ * Windows, ALiBi and the relative-position table measure a. */
 
 /* What a tile callback is asked about: queries [q0, q0 + nq) x keys
  * [k0, k0 + nk) of (batch, head_q). Element (query q0 + i, key k0 + r) of a
@@ -397,6 +405,17 @@ typedef struct fmha_problem {
      * and the backward of a problem whose K and V differ from Q, are
      * FMHA_ERR_UNSUPPORTED; an unknown value is FMHA_ERR_BAD_OPTION. */
     fmha_kv_dtype kv_dtype;
+    /* Alignment of windows, ALiBi and the relative-position table
+     * (appended after kv_dtype; an fmha_alignment value, int64 so that it
+     * lies past the earlier struct's end): where query i and key j meet,
+     * a = i + off - j (see "masks and biases"). FMHA_ALIGN_CAUSAL (0) takes
+     * causal's alignment: off = kv_len[b] - q_len[b] with
+     * FMHA_CAUSAL_BOTTOM_RIGHT, else 0. FMHA_ALIGN_BOTTOM_RIGHT gives
+     * bottom-right's off without causal masking, as FlashAttention measures
+     * windows and ALiBi on every call (a decode step with a sliding window
+     * and no causal mask); FMHA_ALIGN_TOP_LEFT off = 0. An alignment that
+     * contradicts causal's, or an unknown value, is FMHA_ERR_BAD_OPTION. */
+    int64_t alignment;
 } fmha_problem;
 
 /* Fills *p: struct_size, float32, the given sizes, contiguous strides for

@@ -155,9 +155,10 @@ fmha_status fmha_problem_load(const fmha_problem *p, fmha_problem *out) {
     /* every struct_size this library has shipped: the first (up to biases)
      * is read as the prefix of this one, the rest zero (off) */
     size_t first = offsetof(fmha_problem, sinks), second = offsetof(fmha_problem, block_table),
-           third = offsetof(fmha_problem, dropout_p), fourth = offsetof(fmha_problem, kv_dtype);
+           third = offsetof(fmha_problem, dropout_p), fourth = offsetof(fmha_problem, kv_dtype),
+           fifth = offsetof(fmha_problem, alignment);
     if (p->struct_size != sizeof(fmha_problem) && p->struct_size != first && p->struct_size != second &&
-        p->struct_size != third && p->struct_size != fourth)
+        p->struct_size != third && p->struct_size != fourth && p->struct_size != fifth)
         return FMHA_ERR_STRUCT_SIZE;
     memset(out, 0, sizeof *out);
     memcpy(out, p, p->struct_size);
@@ -174,6 +175,10 @@ fmha_status fmha_problem_check(const fmha_problem *p_in) {
     if ((unsigned)p->kv_dtype > FMHA_KV_DTYPE_F16) return FMHA_ERR_BAD_OPTION;
     if ((unsigned)p->strategy > FMHA_STRATEGY_PORTABLE) return FMHA_ERR_BAD_OPTION;
     if ((unsigned)p->causal > FMHA_CAUSAL_BOTTOM_RIGHT) return FMHA_ERR_BAD_OPTION;
+    if (p->alignment < FMHA_ALIGN_CAUSAL || p->alignment > FMHA_ALIGN_BOTTOM_RIGHT ||
+        (p->causal == FMHA_CAUSAL_TOP_LEFT && p->alignment == FMHA_ALIGN_BOTTOM_RIGHT) ||
+        (p->causal == FMHA_CAUSAL_BOTTOM_RIGHT && p->alignment == FMHA_ALIGN_TOP_LEFT))
+        return FMHA_ERR_BAD_OPTION;
     if ((unsigned)p->precision > FMHA_PRECISION_FAST) return FMHA_ERR_BAD_OPTION;
     if (p->batch < 1 || p->heads_q < 1 || p->heads_kv < 1 || p->seq_q < 1 || p->seq_kv < 1)
         return FMHA_ERR_BAD_SIZE;

@@ -38,6 +38,7 @@ struct fmha_plan {
     fmha_strategy strategy;    /* FMHA_STRATEGY_TILED or _DENSE after resolution */
     int threads;               /* most threads a run uses (workspace is sized for it) */
     int64_t group;             /* Hq / Hkv */
+    int bottom_right;          /* off = kv_len[b] - q_len[b]: causal's or fmha_problem.alignment's */
     int64_t causal_offset;     /* off: queries and keys meet at a = i + off - j (see fmha.h) */
     /* Band (causal and sliding window): key j visible from query i iff
      * band_lo <= j - (i + off) <= band_hi (INT64_MIN / INT64_MAX: unbounded). */

@@ -85,7 +85,7 @@ void fmha_row_finish(const fmha_plan *plan, int64_t h, float m, float l, float *
 static void toeplitz_extent(const fmha_plan *plan, int64_t *a_min, int64_t *len) {
     const fmha_problem *p = &plan->p;
     int64_t off_lo = plan->causal_offset, off_hi = plan->causal_offset;
-    if (p->causal == FMHA_CAUSAL_BOTTOM_RIGHT) {
+    if (plan->bottom_right) {
         off_lo = (p->masks.kv_lengths ? 0 : p->seq_kv) - p->seq_q;
         off_hi = p->seq_kv - (p->masks.q_lengths ? 0 : p->seq_q);
     }

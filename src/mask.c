@@ -70,7 +70,7 @@ size_t fmha_mask_scratch_bytes(const fmha_plan *plan) {
 
 int64_t fmha_causal_off(const fmha_plan *plan, int64_t b) {
     const fmha_masks *m = &plan->p.masks;
-    if (plan->p.causal != FMHA_CAUSAL_BOTTOM_RIGHT || (!m->kv_lengths && !m->q_lengths))
+    if (!plan->bottom_right || (!m->kv_lengths && !m->q_lengths))
         return plan->causal_offset;
     /* each sequence's own lengths: its last query meets its last key */
     int64_t kv = m->kv_lengths ? m->kv_lengths[b] : plan->p.seq_kv;

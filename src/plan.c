@@ -69,7 +69,8 @@ fmha_status fmha_plan_init(const fmha_problem *p_in, fmha_plan *plan) {
     plan->threads = fmha_pool_threads();
     plan->o_dtype = p->dtype;
     plan->group = p->heads_q / p->heads_kv;
-    plan->causal_offset = p->causal == FMHA_CAUSAL_BOTTOM_RIGHT ? p->seq_kv - p->seq_q : 0;
+    plan->bottom_right = p->causal == FMHA_CAUSAL_BOTTOM_RIGHT || p->alignment == FMHA_ALIGN_BOTTOM_RIGHT;
+    plan->causal_offset = plan->bottom_right ? p->seq_kv - p->seq_q : 0;
     fmha_dropout_plan(plan);
     /* and without dropout, P's pairs straight from the softmax step (tiled strategy) */
     plan->softmax_pairs = bf16_fast && plan->uk->softmax_lowp_f32 && !plan->dropout ? plan->uk->softmax_pairs_bf16

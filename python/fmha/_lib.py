@@ -39,6 +39,10 @@ STATUS_NAMES = (
 DTYPE_F32, DTYPE_BF16, DTYPE_F16 = 0, 1, 2
 STRATEGIES = {"auto": 0, "tiled": 1, "dense": 2, "portable": 3}
 CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT = 0, 1, 2
+ALIGN_CAUSAL, ALIGN_TOP_LEFT, ALIGN_BOTTOM_RIGHT = 0, 1, 2
+# The bindings' causal codes: fmha_causal's, and this one for no causal mask
+# with bottom-right alignment (fmha_problem.alignment) for windows and biases.
+CAUSAL_NONE_BOTTOM_RIGHT = 3
 LAYOUT_BSHD, LAYOUT_BHSD = 0, 1
 TILE_EMPTY, TILE_FULL, TILE_PARTIAL = 0, 1, 2
 MAX_HEAD_DIM = 256
@@ -172,6 +176,7 @@ class fmha_problem(ctypes.Structure):
         ("dropout_seed", ctypes.c_uint64),
         ("dropout_offset", ctypes.c_uint64),
         ("kv_dtype", ctypes.c_int),
+        ("alignment", ctypes.c_int64),
     ]
 
 

@@ -165,10 +165,22 @@ def strategy_code(strategy):
 
 
 def causal_code(is_causal, causal_alignment):
+    """The bindings' causal code: an fmha_causal value, or
+    CAUSAL_NONE_BOTTOM_RIGHT (no causal mask; windows, ALiBi and the
+    relative table still measured bottom-right, as FlashAttention does)."""
     if causal_alignment not in CAUSAL_ALIGNMENTS:
         raise ValueError(f"fmha: causal_alignment must be 'top_left' or 'bottom_right', got "
                          f"{causal_alignment!r}")
-    return CAUSAL_ALIGNMENTS[causal_alignment] if is_causal else _lib.CAUSAL_NONE
+    if is_causal:
+        return CAUSAL_ALIGNMENTS[causal_alignment]
+    return _lib.CAUSAL_NONE if causal_alignment == "top_left" else _lib.CAUSAL_NONE_BOTTOM_RIGHT
+
+
+def causal_fields(code):
+    """(fmha_problem.causal, fmha_problem.alignment) of a causal code."""
+    if code == _lib.CAUSAL_NONE_BOTTOM_RIGHT:
+        return _lib.CAUSAL_NONE, _lib.ALIGN_BOTTOM_RIGHT
+    return code, _lib.ALIGN_CAUSAL
 
 
 # fmha_precision values (fmha.h)
@@ -181,7 +193,7 @@ def new_problem(dtype, sizes, q_strides, k_strides, v_strides, o_strides, *, sca
     p = _lib.problem_init(*sizes)
     p.dtype = dtype
     p.scale = scale
-    p.causal = causal
+    p.causal, p.alignment = causal_fields(causal)
     p.strategy = strategy
     for field, st in (("q_strides", q_strides), ("k_strides", k_strides), ("v_strides", v_strides),
                       ("o_strides", o_strides)):
@@ -630,6 +642,10 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
     True = attend) broadcast to [B, N, T, S]. Semantics follow
     jax.nn.dot_product_attention, plus:
       causal_alignment  'top_left' (jax, PyTorch) or 'bottom_right'
+                        (FlashAttention): where query i and key j meet,
+                        for the causal mask and, with is_causal or not, for
+                        windows, ALiBi and rel_table (bottom-right: i +
+                        kv_len - q_len against j, per sequence)
       segment_ids       [B, T] (T == S) or (q_ids [B, T], kv_ids [B, S])
       alibi_slopes      [N]; rel_table [N, buckets] (T5 bucketing,
                         rel_max_distance, rel_bidirectional); softcap > 0

@@ -445,7 +445,9 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
 
     fmha's own keywords, as in fmha.attention (no dense tensor is built):
       causal_alignment  'top_left' (jax) or 'bottom_right' (per sequence:
-                        kv_len - q_len, from the length arrays when given)
+                        kv_len - q_len, from the length arrays when given);
+                        it places windows, ALiBi and rel_table too, with
+                        is_causal or without (FlashAttention's rule)
       segment_ids       [B, T] int (T == S) or a pair (q_ids [B, T], kv_ids
                         [B, S]): a key is visible from a query of its segment
       alibi_slopes      [N]: bias -slope[n] * |i - j| (differentiable)

@@ -565,7 +565,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     segment_ids ([B, L] when L == S, or a (q_ids [B, L], kv_ids [B, S])
     pair; B may be the leading dims), alibi_slopes [H], rel_table [H, buckets] (rel_max_distance,
     rel_bidirectional), softcap, causal_alignment ('top_left' or
-    'bottom_right'), local_window_size (int or (left, right)),
+    'bottom_right': it places the causal mask and, with is_causal or not,
+    windows, ALiBi and rel_table), local_window_size (int or (left, right)),
     query_seq_lengths / key_value_seq_lengths [B], precision ('fast' or
     'accurate', bf16), sinks [H]. alibi_slopes, rel_table and sinks get
     gradients when they require them.

@@ -52,6 +52,7 @@ static fmha_status local_check(const fmha_problem *p, fmha_problem *out, int hav
         (out->kv_dtype != FMHA_KV_DTYPE_SAME && out->kv_dtype != FMHA_KV_DTYPE_F32))
         return FMHA_ERR_UNSUPPORTED;
     if (out->seq_q != out->seq_kv) return FMHA_ERR_BAD_SIZE;
+    out->alignment = FMHA_ALIGN_CAUSAL; /* Sq = Skv and no window or bias: every alignment is the same */
     return FMHA_OK;
 }
 

@@ -26,7 +26,7 @@ static void test_layout(void) {
         return;
     }
     const frozen table[] = {
-        SIZE(fmha_problem, 496), SIZE(fmha_masks, 112), SIZE(fmha_biases, 96),
+        SIZE(fmha_problem, 504), SIZE(fmha_masks, 112), SIZE(fmha_biases, 96),
         SIZE(fmha_param_grads, 56), SIZE(fmha_tile, 72), SIZE(fmha_mask_callback, 24),
         SIZE(fmha_bias_callback, 24),
         AT(fmha_problem, struct_size, 0), AT(fmha_problem, dtype, 8), AT(fmha_problem, batch, 16),
@@ -39,6 +39,7 @@ static void test_layout(void) {
         AT(fmha_problem, block_table_stride, 440), AT(fmha_problem, page_size, 448),
         AT(fmha_problem, num_pages, 456), AT(fmha_problem, dropout_p, 464),
         AT(fmha_problem, dropout_seed, 472), AT(fmha_problem, dropout_offset, 480), AT(fmha_problem, kv_dtype, 488),
+        AT(fmha_problem, alignment, 496),
         AT(fmha_masks, window_left, 0), AT(fmha_masks, window_right, 8), AT(fmha_masks, kv_lengths, 16),
         AT(fmha_masks, q_lengths, 24), AT(fmha_masks, q_segment_ids, 32), AT(fmha_masks, kv_segment_ids, 40),
         AT(fmha_masks, dense, 48), AT(fmha_masks, dense_strides, 56), AT(fmha_masks, callback, 88),
@@ -70,6 +71,8 @@ static void test_enums(void) {
              "ABI: option numbers");
     tu_check(FMHA_KV_DTYPE_SAME == 0 && FMHA_KV_DTYPE_F32 == 1 && FMHA_KV_DTYPE_BF16 == 2 && FMHA_KV_DTYPE_F16 == 3,
              "ABI: kv dtype numbers (fmha_dtype + 1, 0 = the problem's)");
+    tu_check(FMHA_ALIGN_CAUSAL == 0 && FMHA_ALIGN_TOP_LEFT == 1 && FMHA_ALIGN_BOTTOM_RIGHT == 2,
+             "ABI: alignment numbers (0 = causal's)");
 }
 
 /* Every entry point refuses a problem whose struct_size it does not know,
@@ -84,7 +87,7 @@ static void test_struct_size(void) {
           *dk = tu_new_output(&p, 'k', 7.0f), *dv = tu_new_output(&p, 'v', 7.0f);
     float lse[10];
     for (int i = 0; i < 10; i++) lse[i] = 7.0f;
-    /* 424, 432, 464 and 488: earlier releases' sizes, still known (see test_earlier_releases) */
+    /* 424, 432, 464, 488 and 496: earlier releases' sizes, still known (see test_earlier_releases) */
     size_t sizes[] = {0, 8, 416, sizeof(fmha_problem) - 4, sizeof(fmha_problem) + 8};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         fmha_problem bad = p;
@@ -115,8 +118,8 @@ static void test_struct_size(void) {
 }
 
 /* A problem built against an earlier release (struct_size 424, no sinks;
- * 432, sinks but no block table; 464, no dropout; 488, no kv_dtype) runs as its prefix: what lies past it in
- * memory is never read. */
+ * 432, sinks but no block table; 464, no dropout; 488, no kv_dtype; 496, no
+ * alignment) runs as its prefix: what lies past it in memory is never read. */
 static void test_earlier_releases(void) {
     fmha_problem p;
     fmha_problem_init(&p, 1, 2, 1, 5, 7, 8, 8, FMHA_LAYOUT_BSHD);
@@ -157,6 +160,12 @@ static void test_earlier_releases(void) {
     tu_check(fmha_problem_check(&old) == FMHA_OK && fmha_forward(&old, q, k, v, o_old, NULL, NULL, 0) == FMHA_OK &&
                  !memcmp(o_new, o_old, tu_span(p.o_strides, n) * sizeof(float)),
              "struct_size 488 runs without kv_dtype");
+    old = p;
+    old.struct_size = 496;
+    old.alignment = 77; /* not an alignment: must not be read */
+    tu_check(fmha_problem_check(&old) == FMHA_OK && fmha_forward(&old, q, k, v, o_old, NULL, NULL, 0) == FMHA_OK &&
+                 !memcmp(o_new, o_old, tu_span(p.o_strides, n) * sizeof(float)),
+             "struct_size 496 runs without alignment");
     free(q); free(k); free(v); free(o_new); free(o_old);
 }
 

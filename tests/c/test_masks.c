@@ -204,7 +204,8 @@ enum {
     S_REL_UNI = 1 << 10,
     S_SOFTCAP = 1 << 11,
     S_CBBIAS = 1 << 12,
-    S_ALL = (1 << 13) - 1
+    S_ALL = (1 << 13) - 1,
+    S_ALIGN_BR = 1 << 13 /* fmha_problem.alignment bottom-right (causal NONE or BOTTOM_RIGHT) */
 };
 
 /* Broadcast shapes of a dense mask or bias: full (permuted strides), [1, Hq,
@@ -281,6 +282,7 @@ static void mcase_build(mcase *c, int64_t B, int64_t hq, int64_t hkv, int64_t sq
     fmha_problem_init(p, B, hq, hkv, sq, skv, d, dv, FMHA_LAYOUT_BSHD);
     tu_set_layout(p, layout);
     p->causal = causal;
+    if (flags & S_ALIGN_BR) p->alignment = FMHA_ALIGN_BOTTOM_RIGHT;
     c->q = tu_new_input(p, 'q', -1.5, 1.5), c->k = tu_new_input(p, 'k', -1.5, 1.5);
     c->v = tu_new_input(p, 'v', -1, 1), c->d_o = tu_new_input(p, 'o', -1, 1);
     if (tu_int(0, 3) == 0) p->scale = (float)tu_uniform(0.05, 0.6);
@@ -510,7 +512,10 @@ static void run_case(const char *label, const char *name, mcase *c) {
                         /* bottom-right aligns each sequence's own lengths */
                         const int64_t kv_len = p->masks.kv_lengths ? p->masks.kv_lengths[b] : skv;
                         const int64_t q_len = p->masks.q_lengths ? p->masks.q_lengths[b] : sq;
-                        const int64_t off = p->causal == FMHA_CAUSAL_BOTTOM_RIGHT ? kv_len - q_len : 0;
+                        const int64_t off = p->causal == FMHA_CAUSAL_BOTTOM_RIGHT ||
+                                                    p->alignment == FMHA_ALIGN_BOTTOM_RIGHT
+                                                ? kv_len - q_len
+                                                : 0;
                         const double x = dsc[u];
                         const int64_t a = i + off - j;
                         if (mal) mal[h] += x * (double)(a < 0 ? -a : a);
@@ -818,6 +823,13 @@ static void fixed_cases(void) {
     run_sources("bias callback", N, S_CBBIAS, 0, 0);
     run_sources("callbacks + window + segments", N, S_CBMASK | S_CBBIAS | S_WINDOW | S_SEG, 0, 0);
     run_sources("everything", BR, S_ALL & ~S_CBMASK_NC, SH_B11K, SH_B11K);
+    /* bottom-right alignment without causal masking (FlashAttention's windows and ALiBi) */
+    run_sources("window, bottom-right alignment", N, S_WINDOW | S_ALIGN_BR, 0, 0);
+    run_sources("alibi, bottom-right alignment", N, S_ALIBI | S_ALIGN_BR, 0, 0);
+    run_sources("window + alibi + lengths, bottom-right alignment", N,
+                S_WINDOW | S_ALIBI | S_KVLEN | S_QLEN | S_ALIGN_BR, 0, 0);
+    run_sources("rel table + softcap, bottom-right alignment", N, S_REL | S_SOFTCAP | S_ALIGN_BR, 0, 0);
+    run_sources("window + causal bottom-right, alignment bottom-right", BR, S_WINDOW | S_ALIGN_BR, 0, 0);
 }
 
 /* Fully masked rows from q_lengths 0, kv_lengths 0 and a window. */
@@ -866,6 +878,7 @@ static void random_cases(int n) {
         if ((flags & S_CBMASK) && (flags & S_CBMASK_NC)) flags &= ~S_CBMASK_NC;
         if ((flags & S_REL) && (flags & S_REL_UNI)) flags &= ~S_REL_UNI;
         int causal = (int)tu_int(0, 2);
+        if (causal != FMHA_CAUSAL_TOP_LEFT && tu_int(0, 2) == 0) flags |= S_ALIGN_BR;
         char label[64];
         snprintf(label, sizeof label, "random combination");
         run_sources(label, (fmha_causal)causal, flags, (int)tu_int(0, 3), (int)tu_int(0, 2));
@@ -1124,6 +1137,14 @@ static void check_bad_inputs(void) {
     float bias[2 * 7], table[8] = {0};
     fmha_problem p;
 
+    p = e.p, p.alignment = 3;
+    expect_bad(&e, "alignment 3", &p, NULL, FMHA_ERR_BAD_OPTION, 1);
+    p = e.p, p.alignment = -1;
+    expect_bad(&e, "alignment -1", &p, NULL, FMHA_ERR_BAD_OPTION, 1);
+    p = e.p, p.causal = FMHA_CAUSAL_TOP_LEFT, p.alignment = FMHA_ALIGN_BOTTOM_RIGHT;
+    expect_bad(&e, "causal top-left with alignment bottom-right", &p, NULL, FMHA_ERR_BAD_OPTION, 1);
+    p = e.p, p.causal = FMHA_CAUSAL_BOTTOM_RIGHT, p.alignment = FMHA_ALIGN_TOP_LEFT;
+    expect_bad(&e, "causal bottom-right with alignment top-left", &p, NULL, FMHA_ERR_BAD_OPTION, 1);
     p = e.p, kvl[1] = -1, p.masks.kv_lengths = kvl;
     expect_bad(&e, "kv_lengths -1", &p, NULL, FMHA_ERR_BAD_MASK, 1);
     p = e.p, kvl[1] = 8, p.masks.kv_lengths = kvl;

@@ -397,3 +397,21 @@ def test_empty_dims(q_shape, kv_shape):
     assert not np.asarray(out).any()
     dq = jax.grad(lambda q: fj.dot_product_attention(q, kv, kv).sum())(q)
     assert dq.shape == q.shape and not np.asarray(dq).any()
+
+
+@pytest.mark.parametrize("T, S", [(4, 13), (13, 5)])
+def test_bottom_right_window_and_alibi_without_causal(T, S):
+    """causal_alignment='bottom_right' without is_causal places the window
+    and ALiBi at i + S - T against j (FlashAttention's rule), under jit and
+    grad."""
+    require("window")
+    rng = np.random.default_rng(T + S)
+    q, k, v = qkv(rng, 2, T, S, 4, 2, 16)
+    d_o = uniform(rng, (2, T, 4, 16))
+    slopes = np.array([0.2, 0.5, 0.05, 1.0], np.float32)
+    kw = dict(causal_alignment="bottom_right", local_window_size=(3, 1), alibi_slopes=slopes)
+    out, grads = output_and_grads(fj.dot_product_attention, q, k, v, None, d_o, **kw)
+    ref = reference(q, k, v, d_out=d_o, causal_alignment="bottom_right", window=(3, 1), alibi=slopes)
+    assert rel_error(out, ref["o"]) < TOL
+    for got, name in zip(grads, ("dq", "dk", "dv")):
+        assert rel_error(got, ref[name]) < TOL, name

@@ -58,7 +58,7 @@ STRUCT_FIELDS = {
     "fmha_problem": ["struct_size", "dtype", "batch", "heads_q", "heads_kv", "seq_q", "seq_kv", "head_dim", "head_dim_v", "scale",
                      "causal", "strategy", "precision", "q_strides", "k_strides", "v_strides", "o_strides", "masks",
                      "biases", "sinks", "block_table", "block_table_stride", "page_size", "num_pages",
-                     "dropout_p", "dropout_seed", "dropout_offset", "kv_dtype"],
+                     "dropout_p", "dropout_seed", "dropout_offset", "kv_dtype", "alignment"],
 }
 
 
@@ -151,6 +151,32 @@ def test_bottom_right_follows_each_sequences_lengths():
     o = fmha.attention(q, k, v, is_causal=True, causal_alignment="bottom_right", **lengths)
     alone = fmha.attention(q[1:2, :1], k[1:2, :15], v[1:2, :15])
     np.testing.assert_allclose(o[1, 0], alone[0, 0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("T, S, window, alibi, lengths", [
+    (1, 200, (16, None), False, True),   # a decode step with a sliding window, no causal mask
+    (2, 6, (1, 0), False, False),
+    (2, 6, None, True, False),
+    (9, 5, (2, 1), True, False),         # T > S
+    (13, 70, (5, 3), True, True),
+])
+def test_bottom_right_windows_and_alibi_without_causal(T, S, window, alibi, lengths):
+    """FlashAttention's rule: windows and ALiBi measure i + kv_len - q_len
+    against j on every call, causal or not; causal_alignment='bottom_right'
+    without is_causal gives it (fmha_problem.alignment)."""
+    rng = np.random.default_rng(T * S)
+    q, k, v, d_o = inputs(rng, 2, T, S, 4, 2, 16)
+    opts, ref_opts = dict(causal_alignment="bottom_right"), dict(causal_alignment="bottom_right")
+    if window is not None:
+        opts["local_window_size"] = ref_opts["window"] = window
+    if alibi:
+        opts["alibi_slopes"] = ref_opts["alibi"] = np.array([0.3, 0.05, 0.7, 1.1], np.float32)
+    if lengths:
+        opts["query_seq_lengths"] = ref_opts["q_lengths"] = np.array([T, max(T - 1, 1)], np.int32)
+        opts["key_value_seq_lengths"] = ref_opts["kv_lengths"] = np.array([S, S // 2], np.int32)
+    check_grads(opts, ref_opts, q, k, v, d_o)
+    top_left = fmha.attention(q, k, v, **dict(opts, causal_alignment="top_left"))
+    assert rel_error(fmha.attention(q, k, v, **opts), top_left) > 1e-3  # the alignment matters here
 
 
 @pytest.mark.parametrize("case", ["plain", "causal_lengths", "decode", "gqa_8_1"])

@@ -40,6 +40,26 @@ def test_paged_matches_reference(kv_dtype, page, T, N, K):
     assert np.max(np.abs(lse[seen] - ref["lse"][seen])) < 1e-4
 
 
+@pytest.mark.parametrize("T", [1, 5])
+def test_paged_sliding_window_without_causal(T):
+    """flash_attn_with_kvcache(window_size=(16, -1), causal=False): the
+    window is measured bottom-right (i + kv_len - q_len against j) though
+    no causal mask is asked for; T > 1 queries see the keys past them."""
+    rng = np.random.default_rng(17 + T)
+    B, S, N, K, H = 3, 120, 4, 2, 32
+    q = uniform(rng, (B, T, N, H))
+    k, v = uniform(rng, (B, S, K, H)), uniform(rng, (B, S, K, H))
+    lengths = np.array([S, 57, 9], np.int32)
+    kp, vp, table = paged(rng, k, v, lengths, 16)
+    out = fmha.attention(q, kp, vp, key_value_seq_lengths=lengths, block_table=table, local_window_size=(16, None),
+                         causal_alignment="bottom_right")
+    S_all = table.shape[1] * 16
+    kw, vw = np.zeros((B, S_all, K, H)), np.zeros((B, S_all, K, H))
+    kw[:, :S], vw[:, :S] = k, v
+    ref = reference(q, kw, vw, window=(16, None), causal_alignment="bottom_right", kv_lengths=lengths)
+    assert rel_error(out, ref["o"]) < 2e-5
+
+
 @pytest.mark.parametrize("kv_dtype", [BF16, np.float16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("T", [1, 70])
 def test_cache_dtype_contiguous(kv_dtype, T):

@@ -112,6 +112,16 @@ def test_local_window(window):
     check(q, k, v, d_o, dict(local_window_size=window), dict(window=window))
 
 
+@pytest.mark.parametrize("seq_q", [4, 15])
+def test_bottom_right_window_and_alibi_without_causal(seq_q):
+    """causal_alignment='bottom_right' without is_causal places the window
+    and ALiBi at i + S - L against j (FlashAttention's rule)."""
+    gen, q, k, v, d_o = inputs(8, seq_q=seq_q)
+    slopes = rnd(gen, H).abs()
+    check(q, k, v, d_o, dict(causal_alignment="bottom_right", local_window_size=(3, 1), alibi_slopes=slopes),
+          dict(causal_alignment="bottom_right", window=(3, 1), alibi=slopes.double().numpy()), params=("alibi_slopes",))
+
+
 def test_sequence_lengths():
     require("q_lengths", "kv_lengths")
     gen, q, k, v, d_o = inputs(8)

@@ -11,14 +11,15 @@
 #include <string.h>
 
 double fmha_ref_full_scale(const fmha_problem *p) {
-    return p->scale != 0.0f ? (double)p->scale : 1.0 / sqrt((double)p->head_dim);
+    /* +0.0 (by its bits) selects the default; -0.0 and subnormals are scales */
+    return p->scale != 0.0f || signbit(p->scale) ? (double)p->scale : 1.0 / sqrt((double)p->head_dim);
 }
 
 /* Causal-alignment offset of batch element b: a = i + off - j. Bottom-right
  * aligns each sequence's last query with its last key: off = kv_len[b] -
  * q_len[b], the padded lengths standing in for absent length arrays. */
 static int64_t align_off(const fmha_problem *p, int64_t b) {
-    if (p->causal != FMHA_CAUSAL_BOTTOM_RIGHT) return 0;
+    if (p->causal != FMHA_CAUSAL_BOTTOM_RIGHT && p->alignment != FMHA_ALIGN_BOTTOM_RIGHT) return 0;
     int64_t kv = p->masks.kv_lengths ? p->masks.kv_lengths[b] : p->seq_kv;
     int64_t q = p->masks.q_lengths ? p->masks.q_lengths[b] : p->seq_q;
     return kv - q;

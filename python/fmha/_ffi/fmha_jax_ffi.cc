@@ -21,7 +21,8 @@
 //            f32 result in the shape of each parameter named by the `grads`
 //            bit set (1 d_bias, 2 d_alibi, 4 d_rel_table, 8 d_sinks), in
 //            that order. d_sinks comes from fmha_sinks_backward.
-//   attributes scale, causal, window_left/right, strategy, extras, softcap,
+//   attributes scale, causal (an fmha_causal, or 3: none with bottom-right
+//            alignment), window_left/right, strategy, extras, softcap,
 //            precision, rel_max_distance, rel_bidirectional, dropout_p
 //            (backward: grads).
 // Every operand may carry the same number of extra leading dimensions (vmap
@@ -255,7 +256,9 @@ void MakeProblem(const Call &c, const Options &o, fmha_dtype dtype, fmha_kv_dtyp
     p->num_pages = k.core(0);
   }
   p->scale = o.scale;
-  p->causal = static_cast<fmha_causal>(o.causal);
+  // the bindings' causal code 3: no causal mask, bottom-right alignment
+  p->causal = static_cast<fmha_causal>(o.causal == 3 ? FMHA_CAUSAL_NONE : o.causal);
+  p->alignment = o.causal == 3 ? FMHA_ALIGN_BOTTOM_RIGHT : FMHA_ALIGN_CAUSAL;
   p->strategy = static_cast<fmha_strategy>(o.strategy);
   p->masks.window_left = o.window_left;
   p->masks.window_right = o.window_right;
