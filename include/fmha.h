@@ -375,7 +375,8 @@ typedef struct fmha_problem {
      * Pages may be shared and in any order. Forward only (the backward
      * answers FMHA_ERR_UNSUPPORTED), served by the decode driver for every
      * strategy and query length; masks other than causal, windows and
-     * lengths, and biases, are FMHA_ERR_UNSUPPORTED with a block table.
+     * lengths, and biases other than softcap and ALiBi, are
+     * FMHA_ERR_UNSUPPORTED with a block table.
      * NULL = off (K and V as above). */
     const int32_t *block_table;   /* [B, block_table_stride] int32 page indices */
     int64_t block_table_stride;   /* entries per batch element, >= ceil(seq_kv / page_size) */

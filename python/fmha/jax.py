@@ -475,8 +475,9 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
                         holds, at most max_pages * page_size; only the
                         entries of its first ceil(len / page_size) pages are
                         read, and must lie in [0, num_pages)). Causal,
-                        windows, lengths and sinks apply; masks, biases,
-                        segment ids and dropout do not. Forward only.
+                        windows, lengths, sinks, softcap and alibi_slopes
+                        apply; masks, other biases, segment ids and
+                        dropout do not. Forward only.
     Paged caches and caches of their own dtype have no backward:
     differentiating such a call raises FmhaError (FMHA_ERR_UNSUPPORTED).
     scale may be traced (a learned temperature): Q is then multiplied by it

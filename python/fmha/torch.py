@@ -584,8 +584,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     max_pages * page_size); only the entries of a sequence's first
     ceil(len / page_size) pages are read and must lie in [0, num_pages).
     is_causal (with causal_alignment='bottom_right' for decoding),
-    local_window_size, the lengths and sinks apply; attn_mask, segment ids,
-    biases and dropout do not.
+    local_window_size, the lengths, sinks, softcap and alibi_slopes apply;
+    attn_mask, segment ids, rel_table and dropout do not.
 
     Paged caches and caches of their own dtype have no backward: a backward
     through such a call raises FmhaError (FMHA_ERR_UNSUPPORTED).

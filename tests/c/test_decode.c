@@ -376,8 +376,13 @@ static void test_fallbacks(void) {
     x.seq_kv = 7;
     tu_check(planned_decode(&x) == 0, "Skv < 8 Sq is not decode");
     x = p;
+    float slopes[8] = {0.5f, 0.25f, 0.125f, 0.0625f, 0.5f, 0.25f, 0.125f, 0.0625f}, table[8 * 4] = {0};
     x.biases.softcap = 30.0f;
-    tu_check(planned_decode(&x) == 0, "a bias falls back");
+    x.biases.alibi_slopes = slopes;
+    tu_check(planned_decode(&x) == 1, "softcap and ALiBi decode");
+    x = p;
+    x.biases.rel_table = table, x.biases.rel_num_buckets = 4, x.biases.rel_max_distance = 8;
+    tu_check(planned_decode(&x) == 0, "a relative-position table falls back");
     x = p;
     x.masks.callback.classify = dummy_classify;
     x.masks.callback.fill = dummy_fill;

@@ -52,7 +52,7 @@ static int planned_decode(const fmha_problem *p) {
 typedef struct paged_case {
     int64_t B, hq, hkv, sq, skv, D, page;
     fmha_dtype dtype;
-    int causal, window, sinks;
+    int causal, window, sinks, biases; /* biases: softcap 20 and ALiBi */
 } paged_case;
 
 /* The pool of a contiguous cache c [B, Skv, Hkv, D]: pool [pages, page, Hkv, D]
@@ -85,6 +85,9 @@ static void run_case(const paged_case *pc) {
     float sinks[32];
     for (int h = 0; h < 32; h++) sinks[h] = (float)tu_uniform(-1, 1);
     if (pc->sinks) p.sinks = sinks;
+    float slopes[32];
+    for (int h = 0; h < 32; h++) slopes[h] = (float)tu_uniform(0.01, 0.5);
+    if (pc->biases) p.biases.softcap = 20.0f, p.biases.alibi_slopes = slopes;
 
     size_t nq = (size_t)(B * pc->sq * pc->hq * D), nkv = (size_t)(B * skv * pc->hkv * D);
     size_t nl = (size_t)(B * pc->hq * pc->sq);
@@ -111,10 +114,11 @@ static void run_case(const paged_case *pc) {
     fmha_ref_forward_full(&pf, q.value, k.value, v.value, ro, rl);
 
     char what[160];
-    snprintf(what, sizeof what, "paged %s B %lld Hq %lld Hkv %lld Sq %lld Skv %lld page %lld%s%s%s",
+    snprintf(what, sizeof what, "paged %s B %lld Hq %lld Hkv %lld Sq %lld Skv %lld page %lld%s%s%s%s",
              pc->dtype == FMHA_DTYPE_F32 ? "f32" : pc->dtype == FMHA_DTYPE_BF16 ? "bf16" : "f16", (long long)B,
              (long long)pc->hq, (long long)pc->hkv, (long long)pc->sq, (long long)skv, (long long)ps,
-             pc->causal ? " causal" : "", pc->window ? " window" : "", pc->sinks ? " sinks" : "");
+             pc->causal ? " causal" : "", pc->window ? " window" : "", pc->sinks ? " sinks" : "",
+             pc->biases ? " softcap + alibi" : "");
     static const fmha_strategy strategies[] = {FMHA_STRATEGY_AUTO, FMHA_STRATEGY_TILED};
     for (int si = 0; si < 2; si++) {
         pp.strategy = strategies[si];
@@ -148,19 +152,26 @@ static void test_cases(void) {
     static const fmha_dtype dtypes[] = {FMHA_DTYPE_F32, FMHA_DTYPE_BF16, FMHA_DTYPE_F16};
     for (int di = 0; di < 3; di++)
         for (int pi = 0; pi < 6; pi++) {
-            paged_case pc = {3, 8, 1, 1, 300, 64, pages[pi], dtypes[di], 1, 0, 0}; /* GQA 8/1, decode */
+            paged_case pc = {3, 8, 1, 1, 300, 64, pages[pi], dtypes[di], 1, 0, 0, 0}; /* GQA 8/1, decode */
             run_case(&pc);
-            pc = (paged_case){2, 32, 8, 4, 200, 32, pages[pi], dtypes[di], 1, 0, 1}; /* 32/8, sinks */
+            pc = (paged_case){2, 32, 8, 4, 200, 32, pages[pi], dtypes[di], 1, 0, 1, 0}; /* 32/8, sinks */
             run_case(&pc);
         }
     for (int64_t sq = 1; sq <= 16; sq += 5) { /* speculative decoding, chunked prefill */
-        paged_case pc = {2, 4, 2, sq, 150, 16, 16, FMHA_DTYPE_F32, 1, sq == 6, sq == 11};
+        paged_case pc = {2, 4, 2, sq, 150, 16, 16, FMHA_DTYPE_F32, 1, sq == 6, sq == 11, 0};
         run_case(&pc);
     }
-    paged_case pc = {2, 4, 4, 40, 90, 8, 5, FMHA_DTYPE_F32, 1, 0, 0}; /* Sq beyond decode's: still decode */
+    paged_case pc = {2, 4, 4, 40, 90, 8, 5, FMHA_DTYPE_F32, 1, 0, 0, 0}; /* Sq beyond decode's: still decode */
     run_case(&pc);
-    pc = (paged_case){4, 2, 1, 1, 500, 128, 16, FMHA_DTYPE_BF16, 0, 1, 0}; /* no causal, window */
+    pc = (paged_case){4, 2, 1, 1, 500, 128, 16, FMHA_DTYPE_BF16, 0, 1, 0, 0}; /* no causal, window */
     run_case(&pc);
+    /* softcap and ALiBi (Gemma 2, BLOOM): on the decode driver too */
+    for (int di = 0; di < 3; di++) {
+        pc = (paged_case){3, 8, 2, 1, 300, 64, 16, dtypes[di], 1, 1, 0, 1};
+        run_case(&pc);
+        pc = (paged_case){2, 4, 2, 6, 150, 32, 5, dtypes[di], 1, 0, 1, 1};
+        run_case(&pc);
+    }
 }
 
 /* Bad tables and requests: clear errors, nothing written. */
@@ -227,11 +238,11 @@ static void test_errors(void) {
                  fmha_backward_workspace_size(&p, &bytes) == FMHA_ERR_UNSUPPORTED && bytes == 5 &&
                  tu_count_not(dq, nq, 7.0f) == 0,
              "paged: the backward is FMHA_ERR_UNSUPPORTED");
-    float slopes[2] = {0.5f, 0.25f};
+    float table_bias[2 * 4] = {0};
     b = p;
-    b.biases.alibi_slopes = slopes;
+    b.biases.rel_table = table_bias, b.biases.rel_num_buckets = 4, b.biases.rel_max_distance = 8;
     tu_check(fmha_forward(&b, q, kp, vp, o, lse, NULL, 0) == FMHA_ERR_UNSUPPORTED,
-             "paged: biases are FMHA_ERR_UNSUPPORTED");
+             "paged: biases besides softcap and ALiBi are FMHA_ERR_UNSUPPORTED");
     /* the pool is an input: an output inside it is an overlap */
     tu_check(fmha_forward(&p, q, kp, vp, kp + 8, lse, NULL, 0) == FMHA_ERR_OVERLAP &&
                  fmha_forward(&p, q, kp, vp, o, (float *)table, NULL, 0) == FMHA_ERR_OVERLAP,

@@ -108,3 +108,24 @@ def test_errors():
         k = pool.reshape(2, 12, K, H).astype(BF16)
         fmha.attention_backward(q, k, k, q, np.zeros((B, N, 1), np.float32), q)
     assert e.value.unsupported
+
+
+@pytest.mark.parametrize("T, causal", [(1, True), (4, True), (3, False)])
+def test_paged_softcap_and_alibi(T, causal):
+    """Softcap and ALiBi on a paged cache (Gemma 2's softcap, BLOOM's
+    slopes; flash_attn_with_kvcache takes both), bottom-right aligned."""
+    rng = np.random.default_rng(40 + T)
+    B, S, N, K, H = 2, 90, 4, 2, 16
+    q = uniform(rng, (B, T, N, H)) * 3
+    k, v = uniform(rng, (B, S, K, H)) * 3, uniform(rng, (B, S, K, H))
+    lengths = np.array([S, 41], np.int32)
+    slopes = np.array([0.5, 0.25, 0.125, 0.0625], np.float32)
+    kp, vp, table = paged(rng, k, v, lengths, 7)
+    out = fmha.attention(q, kp, vp, key_value_seq_lengths=lengths, block_table=table, is_causal=causal,
+                         causal_alignment="bottom_right", softcap=2.0, alibi_slopes=slopes)
+    S_all = table.shape[1] * 7
+    kw, vw = np.zeros((B, S_all, K, H)), np.zeros((B, S_all, K, H))
+    kw[:, :S], vw[:, :S] = k, v
+    ref = reference(q, kw, vw, is_causal=causal, causal_alignment="bottom_right", kv_lengths=lengths, softcap=2.0,
+                    alibi=slopes)
+    assert rel_error(out, ref["o"]) < 2e-5
