@@ -126,15 +126,17 @@ def broadcast_strides(shape, strides, full, name):
 
 def window_sides(local_window_size):
     """(left, right) for the C struct, -1 leaving a side unbounded. Takes an
-    int (both sides) or a (left, right) tuple whose sides are ints or None."""
+    int (both sides) or a (left, right) tuple whose sides are ints >= 0, or
+    None or -1 for an unbounded side (FlashAttention's window_size spelling)."""
     def side(x):
         if x is None:
             return -1
         if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
             raise TypeError(f"fmha: local_window_size must be an int or a (left, right) tuple of ints, got "
                             f"{local_window_size!r}")
-        if x < 0:
-            raise ValueError(f"fmha: local_window_size must be >= 0, got {local_window_size!r}")
+        if x < -1:
+            raise ValueError(f"fmha: local_window_size sides must be >= 0 (or -1 / None: unbounded), got "
+                             f"{local_window_size!r}")
         return int(x)
 
     if local_window_size is None:

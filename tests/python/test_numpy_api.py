@@ -175,6 +175,10 @@ def test_bottom_right_windows_and_alibi_without_causal(T, S, window, alibi, leng
         opts["query_seq_lengths"] = ref_opts["q_lengths"] = np.array([T, max(T - 1, 1)], np.int32)
         opts["key_value_seq_lengths"] = ref_opts["kv_lengths"] = np.array([S, S // 2], np.int32)
     check_grads(opts, ref_opts, q, k, v, d_o)
+    if window is not None:  # FlashAttention's spelling of an unbounded side, -1, is None's
+        spelled = tuple(-1 if w is None else w for w in window)
+        np.testing.assert_array_equal(fmha.attention(q, k, v, **dict(opts, local_window_size=spelled)),
+                                      fmha.attention(q, k, v, **opts))
     top_left = fmha.attention(q, k, v, **dict(opts, causal_alignment="top_left"))
     assert rel_error(fmha.attention(q, k, v, **opts), top_left) > 1e-3  # the alignment matters here
 
