@@ -22,7 +22,9 @@ bias, alibi_slopes and rel_table (fmha_param_grads) and sinks
 is differentiated. Integer inputs (lengths, segment ids) get none. Paged
 caches (block_table=) and bf16 / f16 caches beside a float32 query are
 forward only: the backward rule raises FmhaError when a cotangent reaches
-them.
+them. Reverse mode only: forward mode (jax.jvp, jacfwd, hessian) and a
+second derivative are refused by JAX (a custom_vjp has no JVP rule, and
+the backward is an FFI call of its own).
 
 vmap: ffi_call's vmap_method="expand_dims". Unbatched operands gain a
 size-1 leading dimension and the handlers accept any number of leading
