@@ -180,6 +180,10 @@ void fmha_bias_prepare(fmha_plan *plan, char *shared);
  * PARTIAL tile, every mask. */
 void fmha_score_epilogue(const fmha_plan *plan, const fmha_tile_pos *t, fmha_tile_class cls,
                          float *st, size_t lds, float *raw, unsigned char *scratch, int thread);
+/* Softcap, then ALiBi, on the scores row[0, nk) of query i, head h of batch
+ * element b against keys k0..: the epilogue's definitions on one contiguous
+ * row (the decode driver's; other biases are not applied here). */
+void fmha_bias_row(const fmha_plan *plan, int64_t b, int64_t i, int64_t h, int64_t k0, int64_t nk, float *row);
 
 /* ---- drivers ----
  * A run gets its own copy of the plan with the per-run fields set, and a

@@ -2,7 +2,9 @@
  * a computed S^T tile: softcap, then the dense bias, ALiBi and the relative-
  * position table, then a bias callback. ALiBi and the table depend only on
  * a = i + off - j, so per call they are folded into one vector per head (a
- * Toeplitz row) and a tile row is a contiguous slice of it. The backward
+ * Toeplitz row) and a tile row is a contiguous slice of it; the decode
+ * driver's rows take softcap and ALiBi from the same definitions
+ * (fmha_bias_row). The backward
  * turns dS tiles into the gradients of these parameters with fixed-order
  * sums: float32 within a tile, float64 across tiles. */
 #include <math.h>
@@ -100,6 +102,15 @@ size_t fmha_bias_shared_bytes(const fmha_plan *plan) {
     return fmha_round_up((size_t)(plan->p.heads_q * len) * sizeof(float), FMHA_ALIGN);
 }
 
+/* x = cap * tanh(x / cap), x < n: the softcap of every path. */
+static void softcap_row(float cap, size_t n, float *x) {
+    float inv = 1.0f / cap;
+    for (size_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] * inv);
+}
+
+/* ALiBi's bias at a = i + off - j: -slope |a|. */
+static inline float alibi_at(float slope, int64_t a) { return -slope * (float)(a < 0 ? -a : a); }
+
 void fmha_bias_prepare(fmha_plan *plan, char *shared) {
     const fmha_biases *bs = &plan->p.biases;
     plan->toeplitz = NULL;
@@ -114,7 +125,7 @@ void fmha_bias_prepare(fmha_plan *plan, char *shared) {
         for (int64_t x = 0; x < len; x++) {
             int64_t a = a_min + x;
             float v = 0.0f;
-            if (bs->alibi_slopes) v += -bs->alibi_slopes[h] * (float)(a < 0 ? -a : a);
+            if (bs->alibi_slopes) v += alibi_at(bs->alibi_slopes[h], a);
             if (bs->rel_table)
                 v += bs->rel_table[h * bs->rel_num_buckets +
                                    fmha_rel_bucket(-a, bs->rel_num_buckets, bs->rel_max_distance,
@@ -156,14 +167,12 @@ void fmha_score_epilogue(const fmha_plan *plan, const fmha_tile_pos *t, fmha_til
     const fmha_biases *bs = &plan->p.biases;
     if (plan->has_bias) {
         size_t nq = (size_t)t->nq;
-        if (bs->softcap != 0.0f) {
-            float cap = bs->softcap, inv = 1.0f / bs->softcap;
+        if (bs->softcap != 0.0f)
             for (int64_t r = 0; r < t->nk; r++) {
                 float *row = st + (size_t)r * lds;
                 if (raw) memcpy(raw + (size_t)r * lds, row, nq * sizeof(float));
-                for (size_t i = 0; i < nq; i++) row[i] = cap * tanhf(row[i] * inv);
+                softcap_row(bs->softcap, nq, row);
             }
-        }
         if (bs->dense) {
             const int64_t *s = bs->dense_strides;
             const float *base = bs->dense + t->b * s[0] + t->h * s[1] + t->q0 * s[2] + t->k0 * s[3];
@@ -233,6 +242,15 @@ void fmha_bias_grad_tile(const fmha_plan *plan, const fmha_tile_pos *t, const fl
     if (bs->callback.accumulate_grad) {
         fmha_tile pt = bias_tile(t, lds, thread);
         bs->callback.accumulate_grad(bs->callback.ctx, &pt, ds);
+    }
+}
+
+void fmha_bias_row(const fmha_plan *plan, int64_t b, int64_t i, int64_t h, int64_t k0, int64_t nk, float *row) {
+    const fmha_biases *bs = &plan->p.biases;
+    if (bs->softcap != 0.0f) softcap_row(bs->softcap, (size_t)nk, row);
+    if (bs->alibi_slopes) {
+        int64_t a0 = i + fmha_causal_off(plan, b) - k0; /* a of key k0 */
+        for (int64_t j = 0; j < nk; j++) row[j] += alibi_at(bs->alibi_slopes[h], a0 - j);
     }
 }
 

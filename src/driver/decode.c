@@ -26,7 +26,7 @@
  * its batch element's alignment, key lengths, query lengths), so a tile's
  * scores outside a row's range are set to -inf and tiles outside every
  * row's range are skipped. Softcap and ALiBi are applied to the score tile
- * (dec_biases, as the tiled epilogue defines them). Problems with other
+ * row by row (fmha_bias_row, the tiled epilogue's definitions). Problems with other
  * masks or biases, strided head dims or no decode kernels run on the tiled
  * forward (fmha_decode_plan).
  *
@@ -102,7 +102,7 @@ int fmha_decode_plan(fmha_plan *plan) {
     if (plan->kv_dtype == FMHA_DTYPE_F16 && !uk->widen_f16) return 0;
     if (p->k_strides[3] != 1 || p->v_strides[3] != 1) return 0;
     const fmha_biases *bs = &p->biases;
-    if (bs->dense || bs->rel_table || bs->callback.fill) return 0; /* softcap and ALiBi: dec_biases */
+    if (bs->dense || bs->rel_table || bs->callback.fill) return 0; /* softcap and ALiBi: fmha_bias_row */
     if (plan->dropout || m->q_segment_ids || m->dense || m->callback.fill) return 0;
 
     int64_t rows = plan->group * p->seq_q;
@@ -196,26 +196,6 @@ static void dec_unit(const fmha_plan *plan, int64_t u, int64_t *b, int64_t *hk, 
     *rho0 = u % plan->dec_units * plan->dec_rows;
     int64_t left = plan->group * plan->p.seq_q - *rho0;
     *n = left < plan->dec_rows ? left : plan->dec_rows;
-}
-
-/* Softcap, then ALiBi, on scores row[0, nk) of query i, head h against keys
- * k0..: cap * tanh(x / cap), then - slope[h] |i + off - j| (bias.c's
- * definitions, in the same order). */
-static void dec_biases(const fmha_plan *plan, int64_t b, int64_t i, int64_t h, int64_t k0, int64_t nk,
-                       float *row) {
-    const fmha_biases *bs = &plan->p.biases;
-    if (bs->softcap != 0.0f) {
-        float cap = bs->softcap, inv = 1.0f / bs->softcap;
-        for (int64_t j = 0; j < nk; j++) row[j] = cap * tanhf(row[j] * inv);
-    }
-    if (bs->alibi_slopes) {
-        float slope = bs->alibi_slopes[h];
-        int64_t a0 = i + fmha_causal_off(plan, b) - k0; /* a of key k0 */
-        for (int64_t j = 0; j < nk; j++) {
-            int64_t a = a0 - j;
-            row[j] += -slope * (float)(a < 0 ? -a : a);
-        }
-    }
 }
 
 /* Keys [lo, hi) query i of batch b sees under the band, key and query lengths. */
@@ -358,7 +338,8 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
             for (int64_t r = 0; r < n; r++) {
                 float *row = sh + r * DEC_TILE;
                 if (plan->has_bias)
-                    dec_biases(plan, b, (rho0 + r) / group, (hk0 + hh) * group + (rho0 + r) % group, k0, nk, row);
+                    fmha_bias_row(plan, b, (rho0 + r) / group, (hk0 + hh) * group + (rho0 + r) % group, k0, nk,
+                                  row);
                 for (int64_t j = 0; j < nk && k0 + j < s.lo[r]; j++) row[j] = -INFINITY;
                 for (int64_t j = s.hi[r] - k0 > 0 ? s.hi[r] - k0 : 0; j < nk; j++) row[j] = -INFINITY;
             }
@@ -411,7 +392,7 @@ static void dec_row_guarded(const dec_ctx *c, int64_t b, int64_t i, int64_t h, f
                        fmha_load(c->k, plan->kv_dtype, dec_key_at(p, ks, b, hk, k0 + r) + d * ks[3]);
             s[r] = plan->scale * dot;
         }
-        if (plan->has_bias) dec_biases(plan, b, i, h, k0, t.nk, s);
+        if (plan->has_bias) fmha_bias_row(plan, b, i, h, k0, t.nk, s);
         fmha_mask_apply(plan, &t, s, 1, NULL, thread);
         float mx = m;
         for (int64_t r = 0; r < t.nk; r++) mx = fmaxf(mx, s[r]);
