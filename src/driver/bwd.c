@@ -334,12 +334,13 @@ static int bwd_keys_nonfinite(const bwd_ctx *c, int64_t b, int64_t hk, int64_t k
            rows_nonfinite(c->v, p->dtype, b * vs[0] + k0 * vs[1] + hk * vs[2], vs[1], vs[3], nk, p->head_dim_v);
 }
 
-/* Asks for K and V rows [k0, k0 + nk) of (b, hk) ahead of their key block:
- * rows a stride apart, first read by the non-finite check, otherwise wait
- * on the cache misses there (2% of a causal fwd+bwd). */
-static void bwd_keys_prefetch(const bwd_ctx *c, int64_t b, int64_t hk, int64_t k0, int64_t nk) {
+/* Asks for the K and V rows of key block j of (b, hk) ahead of it: rows a
+ * stride apart, first read by the non-finite check, otherwise wait on the
+ * cache misses there (2% of a causal fwd+bwd). */
+static void bwd_keys_prefetch(const bwd_ctx *c, int64_t b, int64_t hk, int64_t j) {
     const fmha_problem *p = &c->plan->p;
     const int64_t *ks = p->k_strides, *vs = p->v_strides;
+    const int64_t bc = (int64_t)c->dm.bc, k0 = j * bc, nk = p->seq_kv - k0 < bc ? p->seq_kv - k0 : bc;
     int64_t es = (int64_t)fmha_dtype_size(p->dtype), line = 64 / es;
     if (ks[3] != 1 || vs[3] != 1) return;
     for (int64_t r = 0; r < nk; r++) {
@@ -461,12 +462,9 @@ static void bwd_key_block(const bwd_ctx *c, bwd_tiles *t, int64_t b, int64_t hk,
                 packed = 1;
             }
             computed++;
-            if (next && h == (hk + 1) * plan->group - 1 && qb + 1 == qb_end) {
-                /* the task's next key block: its rows arrive during this last pair */
-                int64_t nk0 = next[2] * (int64_t)d->bc;
-                bwd_keys_prefetch(c, next[0], next[1], nk0,
-                                  p->seq_kv - nk0 < (int64_t)d->bc ? p->seq_kv - nk0 : (int64_t)d->bc);
-            }
+            /* the task's next key block: its rows arrive during this last pair */
+            if (next && h == (hk + 1) * plan->group - 1 && qb + 1 == qb_end)
+                bwd_keys_prefetch(c, next[0], next[1], next[2]);
             double *acc = task_acc ? task_acc + (size_t)(h - task_head0) * (size_t)plan->toeplitz_len : NULL;
             fmha_bwd_qblock q = bwd_qblock_at(c, b, h, qb);
             bwd_pair(c, t, &tp, &q, (fmha_tile_class)cls, dq_g, acc,
