@@ -18,7 +18,7 @@ int fmha_ref_forward(const fmha_problem *p, const float *q, const float *k, cons
 int fmha_ref_backward(const fmha_problem *p, const float *q, const float *k, const float *v,
                       const float *d_o, double *dq, double *dk, double *dv);
 
-/* The scale the library uses for p: p->scale, or 1/sqrt(D) when it is 0. */
+/* The scale the library uses for p: p->scale, or 1/sqrt(D) when it is +0.0. */
 double fmha_ref_scale(const fmha_problem *p);
 
 /* 1 if query i may see key j under p's causal option, else 0. */

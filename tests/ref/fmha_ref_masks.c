@@ -6,14 +6,13 @@
  * bucket function is the library's, since it is the definition. */
 #include "fmha_ref_masks.h"
 
+#include "fmha_ref.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-double fmha_ref_full_scale(const fmha_problem *p) {
-    /* +0.0 (by its bits) selects the default; -0.0 and subnormals are scales */
-    return p->scale != 0.0f || signbit(p->scale) ? (double)p->scale : 1.0 / sqrt((double)p->head_dim);
-}
+double fmha_ref_full_scale(const fmha_problem *p) { return fmha_ref_scale(p); }
 
 /* Causal-alignment offset of batch element b: a = i + off - j. Bottom-right
  * aligns each sequence's last query with its last key: off = kv_len[b] -

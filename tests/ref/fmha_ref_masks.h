@@ -8,7 +8,7 @@
 
 #include "fmha.h"
 
-/* The scale the library uses for p: p->scale, or 1/sqrt(D) when it is 0. */
+/* The scale the library uses for p: p->scale, or 1/sqrt(D) when it is +0.0. */
 double fmha_ref_full_scale(const fmha_problem *p);
 
 /* 1 if query i of (batch b, query head h) may see key j under every mask of
