@@ -51,6 +51,7 @@ struct fmha_plan {
     float dropout_scale;
     uint64_t dropout_threshold, dropout_seed_mix;
     fmha_dtype kv_dtype;       /* element type of K and V (fmha_kv_dtype_of) */
+    fmha_cache_format_id k_format, v_format; /* K's and V's rows as cache formats (format.h) */
     fmha_ws_size fwd_ws, bwd_ws; /* workspace of each direction (bwd: any gradients) */
     /* Decode (driver/decode.c): set when planning gives the forward to the
      * decode driver. A unit serves dec_heads kv heads x dec_rows rows of

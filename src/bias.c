@@ -92,7 +92,7 @@ static void toeplitz_extent(const fmha_plan *plan, int64_t *a_min, int64_t *len)
         off_hi = p->seq_kv - (p->masks.q_lengths ? 0 : p->seq_q);
     }
     *a_min = off_lo - (p->seq_kv - 1);
-    *len = (p->seq_q - 1 + off_hi) - *a_min + 1 + (int64_t)plan->uk->nr;
+    *len = (p->seq_q - 1 + off_hi) - *a_min + 1 + (int64_t)plan->uk->tile.nr;
 }
 
 size_t fmha_bias_shared_bytes(const fmha_plan *plan) {
@@ -176,8 +176,8 @@ void fmha_score_epilogue(const fmha_plan *plan, const fmha_tile_pos *t, fmha_til
         if (bs->dense) {
             const int64_t *s = bs->dense_strides;
             const float *base = bs->dense + t->b * s[0] + t->h * s[1] + t->q0 * s[2] + t->k0 * s[3];
-            if (s[3] == 1 && plan->uk->add_transposed_f32)
-                plan->uk->add_transposed_f32((size_t)t->nk, nq, base, (ptrdiff_t)s[2], st, lds);
+            if (s[3] == 1)
+                plan->uk->rows.add_transposed((size_t)t->nk, nq, base, (ptrdiff_t)s[2], st, lds);
             else
                 add_transposed(st, lds, base, s[2], s[3], nq, (size_t)t->nk);
         }
@@ -186,7 +186,7 @@ void fmha_score_epilogue(const fmha_plan *plan, const fmha_tile_pos *t, fmha_til
              * (the vector is padded by NR), so the loop is whole vectors */
             const float *tz = plan->toeplitz + t->h * plan->toeplitz_len +
                               (t->q0 + fmha_causal_off(plan, t->b) - t->k0 - plan->a_min);
-            for (int64_t r = 0; r < t->nk; r++) add_lanes(st + (size_t)r * lds, tz - r, plan->uk->nr);
+            for (int64_t r = 0; r < t->nk; r++) add_lanes(st + (size_t)r * lds, tz - r, plan->uk->tile.nr);
         }
         if (bs->callback.fill) {
             fmha_tile pt = bias_tile(t, lds, thread);

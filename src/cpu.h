@@ -1,6 +1,8 @@
-/* cpu.h: the ISA registry (every microkernel table the build has, with its
- * CPU check), which table this CPU runs, and the FMHA_ISA override.
- * Internal to the library and its tests. */
+/* cpu.h: the ISA registry (every ISA the build has, with its CPU check and
+ * its composed kernel table), which table this CPU runs, and the FMHA_ISA
+ * override. The checks live per architecture (cpu_x86.c, cpu_arm.c); this
+ * registry (cpu.c) adds the scalar ISA, which runs anywhere. Internal to
+ * the library and its tests. */
 #ifndef FMHA_CPU_H
 #define FMHA_CPU_H
 
@@ -8,17 +10,32 @@
 
 #include "uk/ukernel.h"
 
-/* One registered ISA: its name (also table->isa), a check that this CPU and
- * OS can run it, and its kernel table. */
+/* An ISA of an architecture: its name, a check that this CPU and OS can run
+ * it (1 or 0; it may ask the OS for a permission, once), and its parts. */
+typedef struct fmha_arch_isa {
+    const char *name;
+    int (*detect)(void);
+    const fmha_isa_parts *parts;
+} fmha_arch_isa;
+
+/* The architecture's ISAs, most preferred first (cpu_x86.c, cpu_arm.c;
+ * none elsewhere), and a line naming the CPU and its features for
+ * fmha_plan_describe ("AuthenticAMD family 25 model 17: avx2 avx512f ..."). */
+size_t fmha_arch_isa_count(void);
+const fmha_arch_isa *fmha_arch_isa_at(size_t i);
+void fmha_arch_describe(char *buf, size_t n);
+
+/* One registered ISA: its name (also table->isa), its check and its
+ * composed kernel table. */
 typedef struct fmha_isa {
     const char *name;
-    int (*detect)(void); /* 1 if this CPU and OS support the ISA, else 0 */
+    int (*detect)(void);
     const fmha_ukernels *table;
 } fmha_isa;
 
-/* The registry, most preferred first (avx512bf16, avx512, avx2, scalar on
- * x86-64; scalar alone elsewhere). Lists every ISA the build has, supported
- * here or not; fmha_isa_at returns NULL for i >= fmha_isa_count(). */
+/* The registry, most preferred first: the architecture's ISAs, then scalar.
+ * Lists every ISA the build has, supported here or not; fmha_isa_at returns
+ * NULL for i >= fmha_isa_count(). */
 size_t fmha_isa_count(void);
 const fmha_isa *fmha_isa_at(size_t i);
 

@@ -33,12 +33,12 @@ static uint64_t score_counter(const fmha_problem *p, int64_t b, int64_t h, int64
 void fmha_dropout_tile(const fmha_plan *plan, const fmha_tile_pos *t, float *st, size_t lds) {
     /* counter [NR]: each query lane's counter at key k0 (padding lanes repeat the last) */
     uint64_t counter[FMHA_MAX_NR];
-    size_t nr = plan->uk->nr;
+    size_t nr = plan->uk->tile.nr;
     for (size_t i = 0; i < nr; i++) {
         int64_t q = t->q0 + ((int64_t)i < t->nq ? (int64_t)i : t->nq - 1);
         counter[i] = score_counter(&plan->p, t->b, t->h, q, t->k0);
     }
-    plan->uk->dropout_f32((size_t)t->nk, nr, st, lds, counter, plan->dropout_seed_mix,
+    plan->uk->rows.dropout((size_t)t->nk, nr, st, lds, counter, plan->dropout_seed_mix,
                           plan->dropout_threshold, plan->dropout_scale);
 }
 

@@ -65,7 +65,7 @@ int fmha_masks_active(const fmha_problem *p) {
 size_t fmha_mask_scratch_bytes(const fmha_plan *plan) {
     if (!plan->p.masks.callback.fill) return 0;
     /* every strategy applies masks on the tiled grid: block_kv keys a tile */
-    return fmha_round_up(plan->uk->block_kv * plan->uk->nr, FMHA_ALIGN);
+    return fmha_round_up(plan->uk->tile.block_kv * plan->uk->tile.nr, FMHA_ALIGN);
 }
 
 int64_t fmha_causal_off(const fmha_plan *plan, int64_t b) {
@@ -149,7 +149,7 @@ static fmha_tile public_tile(const fmha_tile_pos *t, size_t lds, int thread) {
 static int classify_callback(const fmha_plan *plan, const fmha_tile_pos *t, int thread) {
     const fmha_mask_callback *cb = &plan->p.masks.callback;
     if (!cb->classify) return FMHA_TILE_PARTIAL;
-    fmha_tile pt = public_tile(t, plan->uk->nr, thread);
+    fmha_tile pt = public_tile(t, plan->uk->tile.nr, thread);
     int c = cb->classify(cb->ctx, &pt);
     if (c == FMHA_TILE_CLASS_EMPTY) return FMHA_TILE_EMPTY;
     if (c == FMHA_TILE_CLASS_FULL) return FMHA_TILE_FULL;
@@ -244,7 +244,7 @@ void fmha_mask_apply(const fmha_plan *plan, const fmha_tile_pos *t, float *st, s
                 if (!*dense_at(plan, t, i, r)) row[i] = -INFINITY;
     }
     if (m->callback.fill) {
-        size_t nr = plan->uk->nr;
+        size_t nr = plan->uk->tile.nr;
         memset(scratch, 1, (size_t)t->nk * nr);
         fmha_tile pt = public_tile(t, nr, thread);
         m->callback.fill(m->callback.ctx, &pt, scratch);
@@ -257,7 +257,7 @@ void fmha_mask_apply(const fmha_plan *plan, const fmha_tile_pos *t, float *st, s
 fmha_status fmha_mask_precheck(const fmha_plan *plan) {
     if (!plan->p.masks.callback.classify) return FMHA_OK;
     const fmha_problem *p = &plan->p;
-    int64_t nr = (int64_t)plan->uk->nr, bc = (int64_t)plan->uk->block_kv;
+    int64_t nr = (int64_t)plan->uk->tile.nr, bc = (int64_t)plan->uk->tile.block_kv;
     for (int64_t b = 0; b < p->batch; b++)
         for (int64_t h = 0; h < p->heads_q; h++)
             for (int64_t q0 = 0; q0 < p->seq_q; q0 += nr)

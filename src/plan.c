@@ -14,6 +14,7 @@
 #include "attn.h"
 #include "cpu.h"
 #include "driver/operand.h"
+#include "format.h"
 #include "pool.h"
 
 /* Dense materialises the scores of one head per thread. Measured with
@@ -58,13 +59,14 @@ fmha_status fmha_plan_init(const fmha_problem *p_in, fmha_plan *plan) {
     plan->scale = scale_bits != 0 ? p->scale : (float)(1.0 / sqrt((double)p->head_dim));
     plan->uk = p->strategy == FMHA_STRATEGY_PORTABLE ? fmha_cpu_kernels_for("scalar") : fmha_cpu_kernels();
     plan->kv_dtype = fmha_kv_dtype_of(p);
+    plan->k_format = plan->v_format = fmha_cache_format_of_dtype(plan->kv_dtype);
     /* a cache dtype of its own (float32 Q): K and V widened once per call */
     plan->path = plan->kv_dtype == p->dtype ? fmha_operand_path_for(p->dtype, plan->uk) : &fmha_path_widened;
     /* bf16 pairs, precision FAST: P (and in the backward dS) rounded to bf16
      * right after the exp, so exp to a few 1e-6 suffices (lse stays within 1e-5) */
     const int bf16_fast = plan->path == &fmha_path_bf16 && p->precision == FMHA_PRECISION_FAST;
-    plan->softmax = bf16_fast && plan->uk->softmax_lowp_f32 ? plan->uk->softmax_lowp_f32 : plan->uk->softmax_f32;
-    plan->exp_sub = bf16_fast && plan->uk->exp_sub_lowp_f32 ? plan->uk->exp_sub_lowp_f32 : plan->uk->exp_sub_f32;
+    plan->softmax = bf16_fast ? plan->uk->tile.softmax_lowp : plan->uk->tile.softmax;
+    plan->exp_sub = bf16_fast ? plan->uk->tile.exp_sub_lowp : plan->uk->tile.exp_sub;
     plan->strategy = resolve_strategy(p);
     plan->threads = fmha_pool_threads();
     plan->o_dtype = p->dtype;
@@ -73,7 +75,7 @@ fmha_status fmha_plan_init(const fmha_problem *p_in, fmha_plan *plan) {
     plan->causal_offset = plan->bottom_right ? p->seq_kv - p->seq_q : 0;
     fmha_dropout_plan(plan);
     /* and without dropout, P's pairs straight from the softmax step (tiled strategy) */
-    plan->softmax_pairs = bf16_fast && plan->uk->softmax_lowp_f32 && !plan->dropout ? plan->uk->softmax_pairs_bf16
+    plan->softmax_pairs = bf16_fast && !plan->dropout ? plan->uk->bf16.softmax_pairs
                                                                                      : NULL;
     st = fmha_mask_precheck(plan);
     if (st != FMHA_OK) return st;

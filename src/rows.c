@@ -7,18 +7,13 @@
 
 #include "attn.h"
 #include "convert.h"
+#include "format.h"
 
 void fmha_load_row_uk(const fmha_ukernels *uk, const void *base, fmha_dtype t, int64_t first,
                       int64_t stride, int64_t n, float *dst) {
-    fmha_widen_ukernel_fn widen = t == FMHA_DTYPE_BF16 ? uk->widen_bf16
-                                  : t == FMHA_DTYPE_F16 ? uk->widen_f16
-                                                        : NULL;
-    if (widen && stride == 1) {
-        widen((size_t)n, (const uint16_t *)base + first, dst);
-        return;
-    }
-    if (t == FMHA_DTYPE_F32 && stride == 1) {
-        memcpy(dst, (const float *)base + first, (size_t)n * sizeof(float));
+    if (stride == 1) { /* the format's load kernel (float32: a copy) */
+        uk->cache[fmha_cache_format_of_dtype(t)].load((size_t)n, (const char *)base + (size_t)first * fmha_dtype_size(t),
+                                                      dst);
         return;
     }
     fmha_load_row(base, t, first, stride, n, dst);
@@ -46,13 +41,13 @@ void fmha_store_row_uk(const fmha_ukernels *uk, void *base, fmha_dtype t, int64_
             scale_row(n, src, scale, x);
         return;
     }
-    if (t == FMHA_DTYPE_BF16 && stride == 1 && src && uk->to_bf16) {
+    if (t == FMHA_DTYPE_BF16 && stride == 1 && src) {
         float scaled[FMHA_MAX_HEAD_DIM];
         if (scale != 1.0f) {
             scale_row(n, src, scale, scaled);
             src = scaled;
         }
-        uk->to_bf16((size_t)n, src, (uint16_t *)base + first);
+        uk->rows.to_bf16((size_t)n, src, (uint16_t *)base + first);
         return;
     }
     fmha_store_row(base, t, first, stride, n, src, scale);

@@ -106,8 +106,8 @@ static size_t dbytes(size_t n) { return fmha_round_up(n * sizeof(double), FMHA_A
 static bwd_dims bwd_dims_of(const fmha_plan *plan) {
     const fmha_problem *p = &plan->p;
     bwd_dims d;
-    d.nr = plan->uk->nr;
-    d.bc = plan->uk->block_kv;
+    d.nr = plan->uk->tile.nr;
+    d.bc = plan->uk->tile.block_kv;
     d.D = (size_t)p->head_dim;
     d.Dv = (size_t)p->head_dim_v;
     d.d_pad = fmha_pad_nr(plan, p->head_dim);
@@ -117,7 +117,7 @@ static bwd_dims bwd_dims_of(const fmha_plan *plan) {
 
 static bwd_split bwd_split_of(const fmha_plan *plan) {
     const fmha_problem *p = &plan->p;
-    size_t bc = plan->uk->block_kv;
+    size_t bc = plan->uk->tile.block_kv;
     size_t kv_blocks = ((size_t)p->seq_kv + bc - 1) / bc;
     bwd_split s = {(size_t)(p->batch * p->heads_kv), 0, 0};
     const fmha_param_grads *g = plan->grads;
@@ -396,7 +396,7 @@ static void bwd_pair(const bwd_ctx *c, bwd_tiles *t, const fmha_tile_pos *tp, co
      * Dsum_i = sum_j P_ij dP_ij = dO_i . O_i still; dV = (P * Z)^T dO. */
     if (plan->dropout) fmha_dropout_tile(plan, tp, t->dpt, nr);
     /* dS^T = P^T (dP^T - Dsum): the gradient of the biased score */
-    uk->ds_f32(nk, t->pt, t->dpt, nr, q->dsum);
+    uk->tile.ds(nk, t->pt, t->dpt, nr, q->dsum);
     if (guard) bwd_zero_hidden(nk, t->pt, t->dpt, nr);
     if (plan->grads || p->biases.callback.accumulate_grad)
         fmha_bias_grad_tile(plan, tp, t->dpt, nr, t->diag, bias_acc, thread);

@@ -41,6 +41,7 @@
 
 #include "../attn.h"
 #include "../convert.h"
+#include "../format.h"
 #include "../pool.h"
 
 /* Most rows of one kv head served from one pass over its K and V, keys per
@@ -76,12 +77,11 @@ static inline int64_t dec_key_at(const fmha_problem *p, const int64_t *st, int64
     return page * st[0] + (j % p->page_size) * st[1] + hk * st[2];
 }
 
-/* dst [n] float32 = the n elements of K or V (dtype t) from element `at`:
- * widened from a 2-byte cache, copied from a float32 one. */
-static void dec_stage_row(fmha_dtype t, fmha_widen_ukernel_fn widen, int64_t n, const void *src, int64_t at,
-                          float *dst) {
-    if (t == FMHA_DTYPE_F32) memcpy(dst, (const float *)src + at, (size_t)n * sizeof(float));
-    else widen((size_t)n, (const uint16_t *)src + at, dst);
+/* dst [n] float32 = the n elements of K or V (format f) from element `at`:
+ * the format's load kernel (a copy for float32, a widening for 2 bytes). */
+static void dec_stage_row(const fmha_cache_format *f, const fmha_uk_cache *kern, int64_t n, const void *src,
+                          int64_t at, float *dst) {
+    kern->load((size_t)n, (const char *)src + (size_t)at * (f->element_bits / 8), dst);
 }
 
 /* 1 if keys [k0, k0 + nk) lie in one page (always without a block table). */
@@ -97,9 +97,7 @@ int fmha_decode_plan(fmha_plan *plan) {
     /* a paged cache takes this driver whatever the strategy and shape */
     if (!p->block_table && p->strategy != FMHA_STRATEGY_AUTO) return 0;
     if (!p->block_table && (p->seq_q > DEC_MAX_SQ || p->seq_kv < DEC_MIN_KV_PER_Q * p->seq_q)) return 0;
-    if (!uk->decode_scores_f32 || !uk->decode_softmax_f32 || !uk->decode_values_f32) return 0;
-    if (plan->kv_dtype == FMHA_DTYPE_BF16 && !uk->widen_bf16) return 0;
-    if (plan->kv_dtype == FMHA_DTYPE_F16 && !uk->widen_f16) return 0;
+    if (!uk->decode.softmax) return 0; /* with it, the float32 format's scores and values */
     if (p->k_strides[3] != 1 || p->v_strides[3] != 1) return 0;
     const fmha_biases *bs = &p->biases;
     if (bs->dense || bs->rel_table || bs->callback.fill) return 0; /* softcap and ALiBi: fmha_bias_row */
@@ -147,8 +145,10 @@ typedef struct dec_partials {
 
 static void dec_carve(const fmha_plan *plan, fmha_carver *c, dec_scratch *s) {
     size_t rows = (size_t)plan->dec_rows, D = (size_t)plan->p.head_dim, Dv = (size_t)plan->p.head_dim_v;
-    /* sub-blocks staged in scratch: widened 2-byte caches, sub-blocks that cross pages */
-    int staged = plan->kv_dtype != FMHA_DTYPE_F32 || plan->p.block_table;
+    /* sub-blocks staged in scratch: formats without in-place kernels,
+     * sub-blocks that cross pages */
+    const fmha_ukernels *uk = plan->uk;
+    int staged = !uk->cache[plan->k_format].scores || !uk->cache[plan->v_format].values || plan->p.block_table;
     s->qf = fmha_carve(c, (size_t)plan->dec_heads * rows * D * sizeof(float));
     size_t heads = (size_t)plan->dec_heads;
     s->s = fmha_carve(c, heads * rows * DEC_TILE * sizeof(float));
@@ -210,41 +210,40 @@ static void dec_row_range(const fmha_plan *plan, int64_t b, int64_t i, int64_t *
     *hi = end > first ? end : first;
 }
 
-/* The rows of keys [k0, k0 + nj) of K or V (x, strides st, rows of len
- * elements), heads [hk0, hk0 + heads), as the kernels read them: rows[hh]
- * for head hk0 + hh, rows ld elements apart (returned). Rows inside one page
- * are read in place: float32, or 2-byte rows where the ISA has kernels for
- * them (*h16_rows = 1: the caller runs those kernels). The rest is staged into buf [nj][heads][len]
- * float32 (widened from a 2-byte cache, gathered across pages) in address
- * order: the whole sub-block in one run when it is one in memory (the
- * unit's heads and the keys adjacent, one page), else key by key, or row by
- * row. */
-static size_t dec_rows(const dec_ctx *c, const int64_t *st, const void *x, int64_t len, int64_t b, int64_t hk0,
-                       int64_t heads, int64_t k0, int64_t nj, int h16_kernels, float *buf, const void **rows,
-                       int *h16_rows) {
+/* The rows of keys [k0, k0 + nj) of K or V (x in format fmt, strides st,
+ * rows of len elements), heads [hk0, hk0 + heads), as the kernels read
+ * them: rows[hh] for head hk0 + hh, rows ld elements apart (returned).
+ * Rows inside one page of a format with scores/values kernels are read in
+ * place (*in_place = 1: the caller runs the format's kernels). The rest is
+ * loaded into buf [nj][heads][len] float32 (the format's load kernel,
+ * gathered across pages) in address order: the whole sub-block in one run
+ * when it is one in memory (the unit's heads and the keys adjacent, one
+ * page), else key by key, or row by row; the caller then runs the float32
+ * format's kernels. */
+static size_t dec_rows(const dec_ctx *c, fmha_cache_format_id fmt, const int64_t *st, const void *x, int64_t len,
+                       int64_t b, int64_t hk0, int64_t heads, int64_t k0, int64_t nj, float *buf, const void **rows,
+                       int *in_place) {
     const fmha_plan *plan = c->plan;
     const fmha_problem *p = &plan->p;
-    const fmha_dtype t = plan->kv_dtype;
+    const fmha_cache_format *f = fmha_cache_format_at(fmt);
+    const fmha_uk_cache *kern = &plan->uk->cache[fmt];
     const int one_page = dec_one_page(p, k0, nj);
-    *h16_rows = 0;
-    if (one_page && (t == FMHA_DTYPE_F32 || h16_kernels)) {
-        *h16_rows = t != FMHA_DTYPE_F32;
-        const size_t esize = fmha_dtype_size(t);
+    *in_place = one_page && kern->scores;
+    if (*in_place) {
         for (int64_t hh = 0; hh < heads; hh++)
-            rows[hh] = (const char *)x + (size_t)dec_key_at(p, st, b, hk0 + hh, k0) * esize;
+            rows[hh] = (const char *)x + (size_t)dec_key_at(p, st, b, hk0 + hh, k0) * (f->element_bits / 8);
         return (size_t)st[1];
     }
-    fmha_widen_ukernel_fn widen = t == FMHA_DTYPE_BF16 ? plan->uk->widen_bf16 : plan->uk->widen_f16;
     const int64_t w = heads * len; /* one staged key */
     const int heads_adjacent = heads == 1 || st[2] == len;
     if (heads_adjacent && st[1] == w && one_page)
-        dec_stage_row(t, widen, nj * w, x, dec_key_at(p, st, b, hk0, k0), buf);
+        dec_stage_row(f, kern, nj * w, x, dec_key_at(p, st, b, hk0, k0), buf);
     else if (heads_adjacent)
-        for (int64_t j = 0; j < nj; j++) dec_stage_row(t, widen, w, x, dec_key_at(p, st, b, hk0, k0 + j), buf + j * w);
+        for (int64_t j = 0; j < nj; j++) dec_stage_row(f, kern, w, x, dec_key_at(p, st, b, hk0, k0 + j), buf + j * w);
     else
         for (int64_t j = 0; j < nj; j++)
             for (int64_t hh = 0; hh < heads; hh++)
-                dec_stage_row(t, widen, len, x, dec_key_at(p, st, b, hk0 + hh, k0 + j), buf + j * w + hh * len);
+                dec_stage_row(f, kern, len, x, dec_key_at(p, st, b, hk0 + hh, k0 + j), buf + j * w + hh * len);
     for (int64_t hh = 0; hh < heads; hh++) rows[hh] = buf + hh * len;
     return (size_t)w;
 }
@@ -301,35 +300,25 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
 
     const int64_t *ks = p->k_strides, *vs = p->v_strides;
     long long computed = 0;
-    /* the ISA's kernels for a 2-byte cache read in place, if any */
-    const fmha_dtype kvt = plan->kv_dtype;
-    const fmha_h16_decode_scores_ukernel_fn scores16 = kvt == FMHA_DTYPE_BF16  ? uk->decode_scores_bf16kv
-                                                       : kvt == FMHA_DTYPE_F16 ? uk->decode_scores_f16kv
-                                                                               : NULL;
-    const fmha_h16_decode_values_ukernel_fn values16 = kvt == FMHA_DTYPE_BF16  ? uk->decode_values_bf16kv
-                                                       : kvt == FMHA_DTYPE_F16 ? uk->decode_values_f16kv
-                                                                               : NULL;
-    const int h16 = scores16 && values16;
+    /* the formats' kernels for rows read in place, the float32 format's for staged rows */
+    const fmha_uk_cache *k_kern = &uk->cache[plan->k_format], *v_kern = &uk->cache[plan->v_format];
+    const fmha_uk_cache *staged = &uk->cache[FMHA_FORMAT_F32];
     for (int64_t r = 0; r < rows; r++) s.ones[r] = 1.0f;
     for (int64_t k0 = kb; k0 < ke; k0 += DEC_TILE) {
         int64_t nk = ke - k0 < DEC_TILE ? ke - k0 : DEC_TILE;
         /* K and V one sub-block at a time: in place, or staged (dec_rows) */
         const void *rows_of[DEC_MAX_HEADS];
-        int h16_rows;
+        int in_place;
         /* scores: keys in sub-blocks, every head of a sub-block in turn,
          * so that a cache interleaving the heads is read in address order */
         for (int64_t j0 = 0; j0 < nk; j0 += DEC_SUB) {
             const int64_t nj = nk - j0 < DEC_SUB ? nk - j0 : DEC_SUB;
-            size_t ld = dec_rows(c, ks, c->k, D, b, hk0, heads, k0 + j0, nj, h16, s.kf, rows_of, &h16_rows);
+            size_t ld = dec_rows(c, plan->k_format, ks, c->k, D, b, hk0, heads, k0 + j0, nj, s.kf, rows_of, &in_place);
+            const fmha_cache_scores_ukernel_fn scores = in_place ? k_kern->scores : staged->scores;
             for (int64_t hh = 0; hh < heads; hh++) {
                 const float *qh = s.qf + hh * rows * D;
                 float *sh = s.s + hh * rows * DEC_TILE + j0;
-                if (h16_rows)
-                    scores16((size_t)n, (size_t)nj, (size_t)D, qh, (size_t)D, rows_of[hh], ld, sh, DEC_TILE,
-                             plan->scale);
-                else
-                    uk->decode_scores_f32((size_t)n, (size_t)nj, (size_t)D, qh, (size_t)D, rows_of[hh], ld, sh,
-                                          DEC_TILE, plan->scale);
+                scores((size_t)n, (size_t)nj, (size_t)D, qh, (size_t)D, rows_of[hh], ld, sh, DEC_TILE, plan->scale);
             }
         }
         for (int64_t hh = 0; hh < heads; hh++) {
@@ -343,21 +332,18 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
                 for (int64_t j = 0; j < nk && k0 + j < s.lo[r]; j++) row[j] = -INFINITY;
                 for (int64_t j = s.hi[r] - k0 > 0 ? s.hi[r] - k0 : 0; j < nk; j++) row[j] = -INFINITY;
             }
-            uk->decode_softmax_f32((size_t)n, (size_t)nk, sh, DEC_TILE, pm + hh * rows, pl + hh * rows,
-                                   s.alpha + hh * rows);
+            uk->decode.softmax((size_t)n, (size_t)nk, sh, DEC_TILE, pm + hh * rows, pl + hh * rows,
+                               s.alpha + hh * rows);
         }
         /* values in the same order; the first sub-block rescales O by alpha */
         for (int64_t j0 = 0; j0 < nk; j0 += DEC_SUB) {
             const int64_t nj = nk - j0 < DEC_SUB ? nk - j0 : DEC_SUB;
-            size_t ld = dec_rows(c, vs, c->v, Dv, b, hk0, heads, k0 + j0, nj, h16, s.vf, rows_of, &h16_rows);
+            size_t ld = dec_rows(c, plan->v_format, vs, c->v, Dv, b, hk0, heads, k0 + j0, nj, s.vf, rows_of, &in_place);
+            const fmha_cache_values_ukernel_fn values = in_place ? v_kern->values : staged->values;
             for (int64_t hh = 0; hh < heads; hh++) {
                 const float *ph = s.s + hh * rows * DEC_TILE + j0, *ah = j0 == 0 ? s.alpha + hh * rows : s.ones;
                 float *oh = po + hh * rows * Dv;
-                if (h16_rows)
-                    values16((size_t)n, (size_t)nj, (size_t)Dv, ph, DEC_TILE, rows_of[hh], ld, oh, (size_t)Dv, ah);
-                else
-                    uk->decode_values_f32((size_t)n, (size_t)nj, (size_t)Dv, ph, DEC_TILE, rows_of[hh], ld, oh,
-                                          (size_t)Dv, ah);
+                values((size_t)n, (size_t)nj, (size_t)Dv, ph, DEC_TILE, rows_of[hh], ld, oh, (size_t)Dv, ah);
             }
         }
         computed += heads;
@@ -377,6 +363,8 @@ static void dec_row_guarded(const dec_ctx *c, int64_t b, int64_t i, int64_t h, f
     const fmha_problem *p = &plan->p;
     const int64_t *qs = p->q_strides, *ks = p->k_strides, *vs = p->v_strides;
     const int64_t hk = h / plan->group, D = p->head_dim, Dv = p->head_dim_v;
+    const fmha_cache_format *kf = fmha_cache_format_at(plan->k_format), *vf = fmha_cache_format_at(plan->v_format);
+    const size_t k_esize = kf->element_bits / 8, v_esize = vf->element_bits / 8;
     float m = -INFINITY, l = 0.0f, s[DEC_TILE];
     for (int64_t e = 0; e < Dv; e++) acc[e] = 0.0f;
     fmha_tile_pos t = {b, h, i, 1, 0, 0};
@@ -387,9 +375,9 @@ static void dec_row_guarded(const dec_ctx *c, int64_t b, int64_t i, int64_t h, f
         t.nk = ke - k0 < DEC_TILE ? ke - k0 : DEC_TILE;
         for (int64_t r = 0; r < t.nk; r++) {
             float dot = 0.0f;
+            const char *krow = (const char *)c->k + (size_t)dec_key_at(p, ks, b, hk, k0 + r) * k_esize;
             for (int64_t d = 0; d < D; d++)
-                dot += fmha_load(c->q, p->dtype, b * qs[0] + i * qs[1] + h * qs[2] + d * qs[3]) *
-                       fmha_load(c->k, plan->kv_dtype, dec_key_at(p, ks, b, hk, k0 + r) + d * ks[3]);
+                dot += fmha_load(c->q, p->dtype, b * qs[0] + i * qs[1] + h * qs[2] + d * qs[3]) * kf->dequant(krow, d);
             s[r] = plan->scale * dot;
         }
         if (plan->has_bias) fmha_bias_row(plan, b, i, h, k0, t.nk, s);
@@ -404,8 +392,8 @@ static void dec_row_guarded(const dec_ctx *c, int64_t b, int64_t i, int64_t h, f
             float pr = expf(s[r] - mx);
             if (pr == 0.0f) continue;
             l += pr;
-            for (int64_t e = 0; e < Dv; e++)
-                acc[e] += pr * fmha_load(c->v, plan->kv_dtype, dec_key_at(p, vs, b, hk, k0 + r) + e * vs[3]);
+            const char *vrow = (const char *)c->v + (size_t)dec_key_at(p, vs, b, hk, k0 + r) * v_esize;
+            for (int64_t e = 0; e < Dv; e++) acc[e] += pr * vf->dequant(vrow, e);
         }
         m = mx;
     }

@@ -53,18 +53,18 @@ typedef struct fwd_ctx {
 } fwd_ctx;
 
 static size_t fwd_panels(const fmha_plan *plan) {
-    size_t nr = plan->uk->nr;
+    size_t nr = plan->uk->tile.nr;
     return plan->strategy == FMHA_STRATEGY_DENSE ? ((size_t)plan->p.seq_q + nr - 1) / nr : 1;
 }
 
 /* Rows of st: block_kv (tiled) or Skv (dense: the whole head's scores). */
 static size_t fwd_st_rows(const fmha_plan *plan) {
-    return plan->strategy == FMHA_STRATEGY_DENSE ? (size_t)plan->p.seq_kv : plan->uk->block_kv;
+    return plan->strategy == FMHA_STRATEGY_DENSE ? (size_t)plan->p.seq_kv : plan->uk->tile.block_kv;
 }
 
 /* Carves (or measures, c->base NULL) one thread's scratch. */
 static void fwd_carve(const fmha_plan *plan, fmha_carver *c, fwd_block_scratch *s) {
-    size_t nr = plan->uk->nr, panels = fwd_panels(plan), st_rows = fwd_st_rows(plan);
+    size_t nr = plan->uk->tile.nr, panels = fwd_panels(plan), st_rows = fwd_st_rows(plan);
     s->qt_bytes = fmha_round_up(plan->path->q_bytes(plan), FMHA_ALIGN);
     s->qt = fmha_carve(c, s->qt_bytes * panels);
     s->st = fmha_carve(c, st_rows * nr * panels * sizeof(float));
@@ -102,11 +102,11 @@ static size_t fwd_finish(const fmha_plan *plan, int64_t b, int64_t h, int64_t q0
                          const fwd_block_scratch *s, void *o, float *lse, const unsigned char *only,
                          unsigned char *bad) {
     const int64_t *os = plan->p.o_strides;
-    size_t nr = plan->uk->nr, n_bad = 0;
+    size_t nr = plan->uk->tile.nr, n_bad = 0;
     int64_t Dv = plan->p.head_dim_v;
     const float *ot = s->ot;
     float *of = plan->o_dtype == FMHA_DTYPE_F32 ? o : NULL; /* float32: no conversion */
-    if ((!of || os[3] == 1) && !only && plan->uk->finish_f32) { /* the kernel */
+    if ((!of || os[3] == 1) && !only) { /* the kernel */
         float scale[FMHA_MAX_NR];
         for (int64_t i = 0; i < nq; i++) {
             float row_lse;
@@ -115,7 +115,7 @@ static size_t fwd_finish(const fmha_plan *plan, int64_t b, int64_t h, int64_t q0
         }
         int64_t first = b * os[0] + q0 * os[1] + h * os[2];
         /* float32: straight into O; else float32 rows, then narrowed */
-        uint64_t nonfinite = plan->uk->finish_f32((size_t)nq, (size_t)Dv, ot, nr, scale,
+        uint64_t nonfinite = plan->uk->rows.finish((size_t)nq, (size_t)Dv, ot, nr, scale,
                                                   of ? of + first : s->orows, of ? (size_t)os[1] : (size_t)Dv);
         for (int64_t i = 0; !of && i < nq; i++)
             fmha_store_row_uk(plan->uk, o, plan->o_dtype, first + i * os[1], os[3], Dv,
@@ -153,7 +153,7 @@ static void fwd_kv_pack_task(void *vctx, size_t task, int thread) {
     const fwd_ctx *c = vctx;
     const fmha_plan *plan = c->plan;
     const fmha_problem *p = &plan->p;
-    size_t bc = plan->uk->block_kv, tiles = ((size_t)p->seq_kv + bc - 1) / bc;
+    size_t bc = plan->uk->tile.block_kv, tiles = ((size_t)p->seq_kv + bc - 1) / bc;
     size_t unit = task / tiles;
     int64_t k0 = (int64_t)((task % tiles) * bc);
     int64_t nk = p->seq_kv - k0 < (int64_t)bc ? p->seq_kv - k0 : (int64_t)bc;
@@ -199,7 +199,7 @@ static void fwd_values_guarded(const fwd_ctx *c, int64_t b, int64_t hk, int64_t 
                                float *ot) {
     const fmha_problem *p = &c->plan->p;
     const int64_t *vs = p->v_strides;
-    size_t nr = c->plan->uk->nr;
+    size_t nr = c->plan->uk->tile.nr;
     for (size_t i = 0; i < nr; i++) {
         if (!lanes[i]) continue;
         for (int64_t col = 0; col < p->head_dim_v; col++) {
@@ -223,8 +223,8 @@ static long long fwd_block_pass(const fwd_ctx *c, fwd_block_scratch *s, int64_t 
     const fmha_plan *plan = c->plan;
     const fmha_operand_path *path = c->path;
     const fmha_ukernels *uk = plan->uk;
-    size_t nr = uk->nr;
-    int64_t bc = (int64_t)uk->block_kv, hk = h / plan->group;
+    size_t nr = uk->tile.nr;
+    int64_t bc = (int64_t)uk->tile.block_kv, hk = h / plan->group;
     fwd_reset(nr, plan->p.head_dim_v, s);
     /* Key tiles sit on the grid k0 = multiple of Bc, so every strategy and
      * pass shows a mask the same tiles. */
@@ -264,7 +264,7 @@ static long long fwd_block_pass(const fwd_ctx *c, fwd_block_scratch *s, int64_t 
 static void fwd_tiled_task(void *vctx, size_t task, int thread) {
     const fwd_ctx *c = vctx;
     const fmha_plan *plan = c->plan;
-    size_t nr = plan->uk->nr;
+    size_t nr = plan->uk->tile.nr;
     int64_t b, h, qb;
     fwd_task_coords(c, task, &b, &h, &qb);
     int64_t q0 = qb * (int64_t)nr;
@@ -290,8 +290,8 @@ static void fwd_dense_task(void *vctx, size_t task, int thread) {
     const fmha_plan *plan = c->plan;
     const fmha_operand_path *path = c->path;
     const fmha_ukernels *uk = plan->uk;
-    size_t nr = uk->nr, panels = c->q_blocks;
-    int64_t skv = plan->p.seq_kv, bc = (int64_t)uk->block_kv;
+    size_t nr = uk->tile.nr, panels = c->q_blocks;
+    int64_t skv = plan->p.seq_kv, bc = (int64_t)uk->tile.block_kv;
     int64_t b = (int64_t)task / plan->p.heads_q, h = (int64_t)task % plan->p.heads_q;
     int64_t hk = h / plan->group;
 
@@ -362,13 +362,13 @@ void fmha_fwd_run(fmha_plan *run, const void *q, const void *k, const void *v, v
     char *bias, *kv;
     fwd_carve_shared(run, &sh, &bias, &kv);
     fmha_bias_prepare(run, bias);
-    size_t nr = run->uk->nr;
+    size_t nr = run->uk->tile.nr;
     fwd_ctx c = {run, run->path, q, k, v, o, lse, ws, NULL, run->path->kv_unit_bytes(run),
                  ((size_t)p->seq_q + nr - 1) / nr};
     size_t heads = (size_t)(p->batch * p->heads_q);
     if (c.kv_unit) {
         c.kv_packed = kv;
-        size_t bc = run->uk->block_kv, tiles = ((size_t)p->seq_kv + bc - 1) / bc;
+        size_t bc = run->uk->tile.block_kv, tiles = ((size_t)p->seq_kv + bc - 1) / bc;
         fmha_parallel_for((size_t)(p->batch * p->heads_kv) * tiles, run->threads, fwd_kv_pack_task, &c);
     }
     if (run->strategy == FMHA_STRATEGY_DENSE)

@@ -115,11 +115,11 @@ const fmha_operand_path *fmha_operand_path_for(fmha_dtype dtype, const fmha_uker
 
 /* Head dims padded to whole NR panels (the backward's row buffers). */
 static inline size_t fmha_pad_nr(const fmha_plan *plan, int64_t n) {
-    return fmha_round_up((size_t)n, plan->uk->nr);
+    return fmha_round_up((size_t)n, plan->uk->tile.nr);
 }
 
 /* C[rows][ncols_pad] += A B over column panels of NR, MR rows at a time,
- * on uk->gemm_f32, or with `pairs` on uk->gemm_bf16 (k then counts pairs);
+ * on uk->tile.gemm, or with `pairs` on uk->bf16.gemm (k then counts pairs);
  * A and B are in 4-byte words (float or pair), strides as the kernels'. */
 void fmha_gemm_panels(const fmha_ukernels *uk, int pairs, size_t rows, size_t k, const void *a,
                       ptrdiff_t a_rs, ptrdiff_t a_cs, const void *b, size_t ldb, float *c, size_t ldc,

@@ -1,6 +1,6 @@
 /* operand_bf16.c: the bf16 operand path for kernel tables with bf16 pair
  * products (vdpbf16ps). Operands are packed as pairs along the reduced
- * dimension (uk->gemm_bf16's layout):
+ * dimension (uk->bf16.gemm's layout):
  *   forward   Q^T pairs [D2][NR] per block; K pairs [Skv][D2] and V^T pairs
  *             [Dv][Skv2] of each (batch, kv head), packed once per call
  *   backward  Q^T, dO^T pairs per query block, K and V pairs per key block;
@@ -25,10 +25,10 @@ static size_t pairs(int64_t n) { return (size_t)(n + 1) / 2; }
 static void pack_pairs_transposed(const fmha_ukernels *uk, const uint16_t *src, int64_t first, int64_t rs,
                                   int64_t cs, int64_t n, int64_t cols, size_t nr, uint32_t *tr2) {
     int64_t cols2 = (cols + 1) / 2;
-    if (uk->transpose_f32 && cs == 1 && cols % 2 == 0 && rs % 2 == 0 && ((uintptr_t)(src + first) & 3u) == 0) {
+    if (cs == 1 && cols % 2 == 0 && rs % 2 == 0 && ((uintptr_t)(src + first) & 3u) == 0) {
         if (n < (int64_t)nr)
             for (int64_t e = 0; e < cols2; e++) memset(tr2 + (size_t)e * nr + n, 0, (nr - (size_t)n) * sizeof(uint32_t));
-        uk->transpose_f32((size_t)n, (size_t)cols2, (const float *)(const void *)(src + first), (size_t)(rs / 2),
+        uk->rows.transpose((size_t)n, (size_t)cols2, (const float *)(const void *)(src + first), (size_t)(rs / 2),
                           (float *)(void *)tr2, nr);
         return;
     }
@@ -50,7 +50,7 @@ static void pack_pairs_across_rows(const fmha_ukernels *uk, const uint16_t *src,
         int64_t row = first + 2 * p * rs;
         uint32_t *out = dst + (size_t)p * ld;
         if (cs == 1) /* unit-stride rows: the table's interleave kernel */
-            uk->interleave_u16((size_t)cols, src + row, 2 * p + 1 < n ? src + row + rs : NULL, out);
+            uk->rows.interleave_u16((size_t)cols, src + row, 2 * p + 1 < n ? src + row + rs : NULL, out);
         else
             for (int64_t e = 0; e < cols; e++)
                 out[e] = fmha_bf16_pair(src, row + e * cs, row + rs + e * cs, 2 * p + 1 < n);
@@ -106,7 +106,7 @@ static void kv_pack(const fmha_plan *plan, const void *k, const void *v, int64_t
      * length pairs as 0, so that 0 * NaN never meets a value no row sees. */
     int64_t limit = p->masks.kv_lengths && p->masks.kv_lengths[b] < skv ? p->masks.kv_lengths[b] : skv;
     int64_t pr_end = (k0 + nk + 1) / 2;
-    if (vs[3] == 1 && plan->uk->transpose_f32) {
+    if (vs[3] == 1) {
         /* rows paired in place order (pair[r][e] = (V[2r][e], V[2r+1][e]),
          * 16 pair rows at a time), then moved by the transpose kernel */
         uint32_t pair[16 * FMHA_MAX_HEAD_DIM];
@@ -117,11 +117,11 @@ static void kv_pack(const fmha_plan *plan, const void *k, const void *v, int64_t
                 const uint16_t *lo = vb + b * vs[0] + key * vs[1] + hk * vs[2], *hi = lo + vs[1];
                 uint32_t *w = pair + r * Dv;
                 if (key < limit)
-                    plan->uk->interleave_u16((size_t)Dv, lo, key + 1 < limit ? hi : NULL, w);
+                    plan->uk->rows.interleave_u16((size_t)Dv, lo, key + 1 < limit ? hi : NULL, w);
                 else
                     memset(w, 0, (size_t)Dv * sizeof(uint32_t));
             }
-            plan->uk->transpose_f32((size_t)n, (size_t)Dv, (const float *)(const void *)pair, (size_t)Dv,
+            plan->uk->rows.transpose((size_t)n, (size_t)Dv, (const float *)(const void *)pair, (size_t)Dv,
                                     (float *)(void *)(v2 + pr0), (size_t)skv2);
         }
         return;
@@ -154,29 +154,29 @@ static void kv_views(const fmha_plan *plan, const void *k, const void *v, const 
 }
 
 static size_t q_bytes(const fmha_plan *plan) {
-    return pairs(plan->p.head_dim) * plan->uk->nr * sizeof(uint32_t);
+    return pairs(plan->p.head_dim) * plan->uk->tile.nr * sizeof(uint32_t);
 }
 
 static void q_pack(const fmha_plan *plan, const void *q, int64_t b, int64_t h, int64_t q0, int64_t nq,
                    void *qt) {
     const int64_t *qs = plan->p.q_strides;
     pack_pairs_transposed(plan->uk, q, b * qs[0] + q0 * qs[1] + h * qs[2], qs[1], qs[3], nq, plan->p.head_dim,
-                          plan->uk->nr, qt);
+                          plan->uk->tile.nr, qt);
 }
 
 static void scores(const fmha_plan *plan, fmha_kv_view kv, int64_t nk, const void *qt, float *st) {
     const fmha_ukernels *uk = plan->uk;
     const uint32_t *k2 = kv.p;
-    for (int64_t r = 0; r < nk; r += (int64_t)uk->mr) {
-        size_t m = (size_t)(nk - r) < uk->mr ? (size_t)(nk - r) : uk->mr;
-        uk->gemm_bf16(m, pairs(plan->p.head_dim), k2 + r * kv.rs, kv.rs, kv.cs, qt, uk->nr,
-                      st + (size_t)r * uk->nr, uk->nr, FMHA_UK_STORE, NULL, plan->scale);
+    for (int64_t r = 0; r < nk; r += (int64_t)uk->tile.mr) {
+        size_t m = (size_t)(nk - r) < uk->tile.mr ? (size_t)(nk - r) : uk->tile.mr;
+        uk->bf16.gemm(m, pairs(plan->p.head_dim), k2 + r * kv.rs, kv.rs, kv.cs, qt, uk->tile.nr,
+                      st + (size_t)r * uk->tile.nr, uk->tile.nr, FMHA_UK_STORE, NULL, plan->scale);
     }
 }
 
 /* P^T pairs [2][rows2][NR]: rounded, then the rounding residual. */
 static size_t p_bytes(const fmha_plan *plan, size_t rows) {
-    return 2 * pairs((int64_t)rows) * plan->uk->nr * sizeof(uint32_t);
+    return 2 * pairs((int64_t)rows) * plan->uk->tile.nr * sizeof(uint32_t);
 }
 
 /* ot = ot * alpha + V^T P^T from P^T's pair-rows hi and, unless NULL,
@@ -184,15 +184,15 @@ static size_t p_bytes(const fmha_plan *plan, size_t rows) {
 static void values_from_pairs(const fmha_plan *plan, fmha_kv_view vv, int64_t nk, const uint32_t *hi,
                               const uint32_t *lo, float *ot, int mode, const float *alpha) {
     const fmha_ukernels *uk = plan->uk;
-    size_t nr = uk->nr, kp = pairs(nk);
+    size_t nr = uk->tile.nr, kp = pairs(nk);
     const uint32_t *v2 = vv.p;
     int64_t Dv = plan->p.head_dim_v;
-    for (int64_t c = 0; c < Dv; c += (int64_t)uk->mr) {
-        size_t m = (size_t)(Dv - c) < uk->mr ? (size_t)(Dv - c) : uk->mr;
+    for (int64_t c = 0; c < Dv; c += (int64_t)uk->tile.mr) {
+        size_t m = (size_t)(Dv - c) < uk->tile.mr ? (size_t)(Dv - c) : uk->tile.mr;
         const uint32_t *a = v2 + c * vv.cs;
-        uk->gemm_bf16(m, kp, a, vv.cs, vv.rs, hi, nr, ot + (size_t)c * nr, nr, mode, alpha, 1.0f);
+        uk->bf16.gemm(m, kp, a, vv.cs, vv.rs, hi, nr, ot + (size_t)c * nr, nr, mode, alpha, 1.0f);
         if (lo)
-            uk->gemm_bf16(m, kp, a, vv.cs, vv.rs, lo, nr, ot + (size_t)c * nr, nr, FMHA_UK_ACCUMULATE,
+            uk->bf16.gemm(m, kp, a, vv.cs, vv.rs, lo, nr, ot + (size_t)c * nr, nr, FMHA_UK_ACCUMULATE,
                           NULL, 1.0f);
     }
 }
@@ -203,13 +203,13 @@ static void values_from_pairs(const fmha_plan *plan, fmha_kv_view vv, int64_t nk
 static void values(const fmha_plan *plan, fmha_kv_view vv, int64_t nk, const float *pt, void *scratch,
                    float *ot, int mode, const float *alpha) {
     const fmha_ukernels *uk = plan->uk;
-    size_t nr = uk->nr, kp = pairs(nk);
+    size_t nr = uk->tile.nr, kp = pairs(nk);
     uint32_t *hi = scratch, *lo = hi + kp * nr;
     int split = plan->p.precision == FMHA_PRECISION_ACCURATE;
     for (size_t pr = 0; pr < kp; pr++) {
         const float *a = pt + 2 * pr * nr, *b = 2 * pr + 1 < (size_t)nk ? pt + (2 * pr + 1) * nr : NULL;
-        if (split) uk->pair_rows_split_bf16(a, b, hi + pr * nr, lo + pr * nr);
-        else uk->pair_rows_bf16(a, b, hi + pr * nr);
+        if (split) uk->bf16.pair_rows_split(a, b, hi + pr * nr, lo + pr * nr);
+        else uk->bf16.pair_rows(a, b, hi + pr * nr);
     }
     values_from_pairs(plan, vv, nk, hi, split ? lo : NULL, ot, mode, alpha);
 }
@@ -230,7 +230,7 @@ static int pair_grads(const fmha_plan *plan) { return plan->p.precision == FMHA_
 static void qblock_carve(const fmha_plan *plan, fmha_carver *c, const void *q, const void *d_o,
                          int64_t b, int64_t h, int64_t q0, fmha_bwd_qblock *blk) {
     const fmha_problem *p = &plan->p;
-    size_t nr = plan->uk->nr, d_pad = fmha_pad_nr(plan, p->head_dim),
+    size_t nr = plan->uk->tile.nr, d_pad = fmha_pad_nr(plan, p->head_dim),
            dv_pad = fmha_pad_nr(plan, p->head_dim_v);
     size_t rows = pair_grads(plan) ? nr / 2 : nr; /* 4-byte words: pairs or floats */
     blk->qt = fmha_carve(c, pairs(p->head_dim) * nr * sizeof(uint32_t));
@@ -246,7 +246,7 @@ static void qblock_pack(const fmha_plan *plan, const void *q, const void *d_o, i
                         int64_t q0, int64_t nq, const fmha_bwd_qblock *blk) {
     const fmha_problem *p = &plan->p;
     const int64_t *qs = p->q_strides, *os = p->o_strides;
-    size_t nr = plan->uk->nr;
+    size_t nr = plan->uk->tile.nr;
     int64_t qfirst = b * qs[0] + q0 * qs[1] + h * qs[2], ofirst = b * os[0] + q0 * os[1] + h * os[2];
     pack_pairs_transposed(plan->uk, q, qfirst, qs[1], qs[3], nq, p->head_dim, nr, (uint32_t *)blk->qt);
     pack_pairs_transposed(plan->uk, d_o, ofirst, os[1], os[3], nq, p->head_dim_v, nr, (uint32_t *)blk->dot);
@@ -268,7 +268,7 @@ static void qblock_pack(const fmha_plan *plan, const void *q, const void *d_o, i
  * [Bc/2][D_pad] and the A operands' scratch: query pairs [Bc][NR/2], then
  * key pairs [Bc/2][NR]. */
 static void keys_carve(const fmha_plan *plan, fmha_carver *c, fmha_bwd_keys *keys) {
-    size_t bc = plan->uk->block_kv, nr = plan->uk->nr, d_pad = fmha_pad_nr(plan, plan->p.head_dim);
+    size_t bc = plan->uk->tile.block_kv, nr = plan->uk->tile.nr, d_pad = fmha_pad_nr(plan, plan->p.head_dim);
     keys->k_op = fmha_carve(c, bc * pairs(plan->p.head_dim) * sizeof(uint32_t));
     keys->v_op = fmha_carve(c, bc * pairs(plan->p.head_dim_v) * sizeof(uint32_t));
     keys->krows = fmha_carve(c, bc * d_pad * sizeof(float));
@@ -289,7 +289,7 @@ static void keys_pack(const fmha_plan *plan, const void *k, const void *v, int64
     pack_pairs_rows(v, vfirst, vs[1], vs[3], nk, p->head_dim_v, keys->v_op);
     /* FAST: float32 K rows only for the guarded dQ */
     if (!pair_grads(plan) || guarded)
-        fmha_pack_rows_f32(k, p->dtype, kfirst, ks[1], ks[3], nk, p->head_dim, plan->uk->block_kv,
+        fmha_pack_rows_f32(k, p->dtype, kfirst, ks[1], ks[3], nk, p->head_dim, plan->uk->tile.block_kv,
                            keys->krows, fmha_pad_nr(plan, p->head_dim));
     if (pair_grads(plan))
         pack_pairs_across_rows(plan->uk, k, kfirst, ks[1], ks[3], nk, p->head_dim, pairs(nk), keys->k_grad,
@@ -299,13 +299,13 @@ static void keys_pack(const fmha_plan *plan, const void *k, const void *v, int64
 static void bwd_scores(const fmha_plan *plan, const fmha_bwd_keys *keys, const fmha_bwd_qblock *blk,
                        int64_t nk, float *pt, float *dpt) {
     const fmha_ukernels *uk = plan->uk;
-    size_t nr = uk->nr, D2 = pairs(plan->p.head_dim), Dv2 = pairs(plan->p.head_dim_v);
+    size_t nr = uk->tile.nr, D2 = pairs(plan->p.head_dim), Dv2 = pairs(plan->p.head_dim_v);
     const uint32_t *k2 = keys->k_op, *v2 = keys->v_op;
-    for (int64_t r = 0; r < nk; r += (int64_t)uk->mr) {
-        size_t m = (size_t)(nk - r) < uk->mr ? (size_t)(nk - r) : uk->mr;
-        uk->gemm_bf16(m, D2, k2 + (size_t)r * D2, (ptrdiff_t)D2, 1, blk->qt, nr, pt + (size_t)r * nr,
+    for (int64_t r = 0; r < nk; r += (int64_t)uk->tile.mr) {
+        size_t m = (size_t)(nk - r) < uk->tile.mr ? (size_t)(nk - r) : uk->tile.mr;
+        uk->bf16.gemm(m, D2, k2 + (size_t)r * D2, (ptrdiff_t)D2, 1, blk->qt, nr, pt + (size_t)r * nr,
                       nr, FMHA_UK_STORE, NULL, plan->scale);
-        uk->gemm_bf16(m, Dv2, v2 + (size_t)r * Dv2, (ptrdiff_t)Dv2, 1, blk->dot, nr,
+        uk->bf16.gemm(m, Dv2, v2 + (size_t)r * Dv2, (ptrdiff_t)Dv2, 1, blk->dot, nr,
                       dpt + (size_t)r * nr, nr, FMHA_UK_STORE, NULL, 1.0f);
     }
 }
@@ -322,19 +322,19 @@ static void bwd_grads(const fmha_plan *plan, const fmha_bwd_keys *keys, const fm
         return;
     }
     const fmha_ukernels *uk = plan->uk;
-    size_t nr = uk->nr, half = nr / 2, d_pad = fmha_pad_nr(plan, plan->p.head_dim),
+    size_t nr = uk->tile.nr, half = nr / 2, d_pad = fmha_pad_nr(plan, plan->p.head_dim),
            dv_pad = fmha_pad_nr(plan, plan->p.head_dim_v), qp = pairs((int64_t)nq);
     /* a [nk][NR/2] query pairs; a_keys [nk/2][NR] key pairs */
-    uint32_t *a = keys->a_op, *a_keys = a + pairs((int64_t)uk->block_kv) * nr;
-    uk->pack_rows_bf16(nk, nq, pt, nr, a, half);
+    uint32_t *a = keys->a_op, *a_keys = a + pairs((int64_t)uk->tile.block_kv) * nr;
+    uk->bf16.pack_rows(nk, nq, pt, nr, a, half);
     fmha_gemm_panels(uk, 1, nk, qp, a, (ptrdiff_t)half, 1, blk->dorows, blk->dorows_ld, dv, dv_pad, dv_pad);
-    uk->pack_rows_bf16(nk, nq, dpt, nr, a, half);
+    uk->bf16.pack_rows(nk, nq, dpt, nr, a, half);
     fmha_gemm_panels(uk, 1, nk, qp, a, (ptrdiff_t)half, 1, blk->qrows, blk->qrows_ld, dk, d_pad, d_pad);
     if (!dq) return;
     /* row r of a as bf16: dS^T[r][0 .. nq) at ds16 + r * NR */
     const uint16_t *ds16 = (const uint16_t *)a;
     for (size_t pr = 0; 2 * pr < nk; pr++)
-        uk->interleave_u16(nq, ds16 + 2 * pr * nr, 2 * pr + 1 < nk ? ds16 + (2 * pr + 1) * nr : NULL,
+        uk->rows.interleave_u16(nq, ds16 + 2 * pr * nr, 2 * pr + 1 < nk ? ds16 + (2 * pr + 1) * nr : NULL,
                            a_keys + pr * nr);
     fmha_gemm_panels(uk, 1, nq, pairs((int64_t)nk), a_keys, 1, (ptrdiff_t)nr, keys->k_grad, d_pad, dq, d_pad,
                      d_pad);

@@ -18,7 +18,7 @@
 const fmha_operand_path *fmha_operand_path_for(fmha_dtype dtype, const fmha_ukernels *uk) {
     switch (dtype) {
     case FMHA_DTYPE_F32: return &fmha_path_f32;
-    case FMHA_DTYPE_BF16: return uk->gemm_bf16 ? &fmha_path_bf16 : &fmha_path_widened;
+    case FMHA_DTYPE_BF16: return uk->bf16.gemm ? &fmha_path_bf16 : &fmha_path_widened;
     case FMHA_DTYPE_F16: return &fmha_path_widened;
     }
     return NULL;
@@ -48,8 +48,8 @@ static void pack_transposed_f32(const fmha_ukernels *uk, const void *src, fmha_d
                                 int64_t cs, int64_t n, int64_t cols, size_t nr, float *tr) {
     if (n < (int64_t)nr)
         for (int64_t e = 0; e < cols; e++) memset(tr + (size_t)e * nr + n, 0, (nr - (size_t)n) * sizeof(float));
-    if (t == FMHA_DTYPE_F32 && cs == 1 && rs > 0 && uk->transpose_f32) { /* rows of unit stride: the kernel */
-        uk->transpose_f32((size_t)n, (size_t)cols, (const float *)src + first, (size_t)rs, tr, nr);
+    if (t == FMHA_DTYPE_F32 && cs == 1 && rs > 0) { /* rows of unit stride: the kernel */
+        uk->rows.transpose((size_t)n, (size_t)cols, (const float *)src + first, (size_t)rs, tr, nr);
         return;
     }
     if (t == FMHA_DTYPE_F32) { /* no conversion: plain loads */
@@ -115,7 +115,7 @@ static void widened_views(const fmha_plan *plan, const void *k, const void *v, c
 }
 
 static size_t f32_q_bytes(const fmha_plan *plan) {
-    return (size_t)plan->p.head_dim * plan->uk->nr * sizeof(float);
+    return (size_t)plan->p.head_dim * plan->uk->tile.nr * sizeof(float);
 }
 
 /* qt[d][i] = Q[b, q0 + i, h, d] widened, [D][NR]. */
@@ -123,16 +123,16 @@ static void f32_q_pack(const fmha_plan *plan, const void *q, int64_t b, int64_t 
                        int64_t nq, void *qt) {
     const int64_t *qs = plan->p.q_strides;
     pack_transposed_f32(plan->uk, q, plan->p.dtype, b * qs[0] + q0 * qs[1] + h * qs[2], qs[1], qs[3], nq,
-                        plan->p.head_dim, plan->uk->nr, qt);
+                        plan->p.head_dim, plan->uk->tile.nr, qt);
 }
 
 static void f32_scores(const fmha_plan *plan, fmha_kv_view kv, int64_t nk, const void *qt, float *st) {
     const fmha_ukernels *uk = plan->uk;
     const float *k = kv.p;
-    for (int64_t r = 0; r < nk; r += (int64_t)uk->mr) {
-        size_t m = (size_t)(nk - r) < uk->mr ? (size_t)(nk - r) : uk->mr;
-        uk->gemm_f32(m, (size_t)plan->p.head_dim, k + r * kv.rs, kv.rs, kv.cs, qt, uk->nr,
-                     st + (size_t)r * uk->nr, uk->nr, FMHA_UK_STORE, NULL, plan->scale);
+    for (int64_t r = 0; r < nk; r += (int64_t)uk->tile.mr) {
+        size_t m = (size_t)(nk - r) < uk->tile.mr ? (size_t)(nk - r) : uk->tile.mr;
+        uk->tile.gemm(m, (size_t)plan->p.head_dim, k + r * kv.rs, kv.rs, kv.cs, qt, uk->tile.nr,
+                     st + (size_t)r * uk->tile.nr, uk->tile.nr, FMHA_UK_STORE, NULL, plan->scale);
     }
 }
 
@@ -144,10 +144,10 @@ static void values_product(const fmha_plan *plan, fmha_kv_view vv, int64_t nk, c
     const fmha_ukernels *uk = plan->uk;
     const float *v = vv.p;
     int64_t Dv = plan->p.head_dim_v;
-    for (int64_t c = 0; c < Dv; c += (int64_t)uk->mr) {
-        size_t m = (size_t)(Dv - c) < uk->mr ? (size_t)(Dv - c) : uk->mr;
-        uk->gemm_f32(m, (size_t)nk, v + c * vv.cs, vv.cs, vv.rs, pt, uk->nr, ot + (size_t)c * uk->nr,
-                     uk->nr, mode, alpha, 1.0f);
+    for (int64_t c = 0; c < Dv; c += (int64_t)uk->tile.mr) {
+        size_t m = (size_t)(Dv - c) < uk->tile.mr ? (size_t)(Dv - c) : uk->tile.mr;
+        uk->tile.gemm(m, (size_t)nk, v + c * vv.cs, vv.cs, vv.rs, pt, uk->tile.nr, ot + (size_t)c * uk->tile.nr,
+                     uk->tile.nr, mode, alpha, 1.0f);
     }
 }
 
@@ -172,7 +172,7 @@ static int v_copy_pays(const fmha_plan *plan) {
 
 static size_t f32_unit_bytes(const fmha_plan *plan) {
     const fmha_problem *p = &plan->p;
-    size_t q_blocks = ((size_t)p->seq_q + plan->uk->nr - 1) / plan->uk->nr;
+    size_t q_blocks = ((size_t)p->seq_q + plan->uk->tile.nr - 1) / plan->uk->tile.nr;
     size_t unit = floats_bytes((size_t)p->seq_kv * v_copy_ld(plan));
     if (!v_copy_pays(plan) || q_blocks * (size_t)plan->group < F32_VCOPY_MIN_USES ||
         unit * (size_t)(p->batch * p->heads_kv) > F32_VCOPY_MAX_BYTES)
@@ -235,7 +235,7 @@ static void widened_values(const fmha_plan *plan, fmha_kv_view vv, int64_t nk, c
 static void qblock_carve(const fmha_plan *plan, fmha_carver *c, const void *q, const void *d_o,
                          int64_t b, int64_t h, int64_t q0, fmha_bwd_qblock *blk, int in_place) {
     const fmha_problem *p = &plan->p;
-    size_t nr = plan->uk->nr, d_pad = fmha_pad_nr(plan, p->head_dim),
+    size_t nr = plan->uk->tile.nr, d_pad = fmha_pad_nr(plan, p->head_dim),
            dv_pad = fmha_pad_nr(plan, p->head_dim_v);
     blk->qt = fmha_carve(c, (size_t)p->head_dim * nr * sizeof(float));
     blk->dot = fmha_carve(c, (size_t)p->head_dim_v * nr * sizeof(float));
@@ -283,7 +283,7 @@ static void f32_qblock_pack(const fmha_plan *plan, const void *q, const void *d_
                             int64_t h, int64_t q0, int64_t nq, const fmha_bwd_qblock *blk) {
     const fmha_problem *p = &plan->p;
     const int64_t *qs = p->q_strides, *os = p->o_strides;
-    size_t nr = plan->uk->nr;
+    size_t nr = plan->uk->tile.nr;
     int64_t qfirst = b * qs[0] + q0 * qs[1] + h * qs[2], ofirst = b * os[0] + q0 * os[1] + h * os[2];
     pack_transposed_f32(plan->uk, q, p->dtype, qfirst, qs[1], qs[3], nq, p->head_dim, nr, (float *)blk->qt);
     pack_transposed_f32(plan->uk, d_o, p->dtype, ofirst, os[1], os[3], nq, p->head_dim_v, nr, (float *)blk->dot);
@@ -297,7 +297,7 @@ static void f32_qblock_pack(const fmha_plan *plan, const void *q, const void *d_
 
 /* K rows [Bc][D_pad] (also dQ's operand) and V rows [Bc][Dv_pad]. */
 static void f32_keys_carve(const fmha_plan *plan, fmha_carver *c, fmha_bwd_keys *keys) {
-    size_t bc = plan->uk->block_kv;
+    size_t bc = plan->uk->tile.block_kv;
     keys->krows = fmha_carve(c, bc * fmha_pad_nr(plan, plan->p.head_dim) * sizeof(float));
     keys->k_op = keys->krows;
     keys->k_grad = keys->krows;
@@ -310,7 +310,7 @@ static void f32_keys_pack(const fmha_plan *plan, const void *k, const void *v, i
     (void)guarded; /* krows are the scores' operand: always packed */
     const fmha_problem *p = &plan->p;
     const int64_t *ks = p->k_strides, *vs = p->v_strides;
-    size_t bc = plan->uk->block_kv;
+    size_t bc = plan->uk->tile.block_kv;
     fmha_pack_rows_f32(k, p->dtype, b * ks[0] + k0 * ks[1] + hk * ks[2], ks[1], ks[3], nk, p->head_dim,
                        bc, keys->krows, fmha_pad_nr(plan, p->head_dim));
     fmha_pack_rows_f32(v, p->dtype, b * vs[0] + k0 * vs[1] + hk * vs[2], vs[1], vs[3], nk,
@@ -320,14 +320,14 @@ static void f32_keys_pack(const fmha_plan *plan, const void *k, const void *v, i
 static void f32_bwd_scores(const fmha_plan *plan, const fmha_bwd_keys *keys,
                            const fmha_bwd_qblock *blk, int64_t nk, float *pt, float *dpt) {
     const fmha_ukernels *uk = plan->uk;
-    size_t nr = uk->nr, d_pad = fmha_pad_nr(plan, plan->p.head_dim),
+    size_t nr = uk->tile.nr, d_pad = fmha_pad_nr(plan, plan->p.head_dim),
            dv_pad = fmha_pad_nr(plan, plan->p.head_dim_v);
     const float *krows = keys->k_op, *vrows = keys->v_op;
-    for (int64_t r = 0; r < nk; r += (int64_t)uk->mr) {
-        size_t m = (size_t)(nk - r) < uk->mr ? (size_t)(nk - r) : uk->mr;
-        uk->gemm_f32(m, (size_t)plan->p.head_dim, krows + (size_t)r * d_pad, (ptrdiff_t)d_pad, 1,
+    for (int64_t r = 0; r < nk; r += (int64_t)uk->tile.mr) {
+        size_t m = (size_t)(nk - r) < uk->tile.mr ? (size_t)(nk - r) : uk->tile.mr;
+        uk->tile.gemm(m, (size_t)plan->p.head_dim, krows + (size_t)r * d_pad, (ptrdiff_t)d_pad, 1,
                      blk->qt, nr, pt + (size_t)r * nr, nr, FMHA_UK_STORE, NULL, plan->scale);
-        uk->gemm_f32(m, (size_t)plan->p.head_dim_v, vrows + (size_t)r * dv_pad, (ptrdiff_t)dv_pad, 1,
+        uk->tile.gemm(m, (size_t)plan->p.head_dim_v, vrows + (size_t)r * dv_pad, (ptrdiff_t)dv_pad, 1,
                      blk->dot, nr, dpt + (size_t)r * nr, nr, FMHA_UK_STORE, NULL, 1.0f);
     }
 }
@@ -337,15 +337,15 @@ void fmha_gemm_panels(const fmha_ukernels *uk, int pairs, size_t rows, size_t k,
                       size_t ncols_pad) {
     const float *af = a, *bf = b;
     const uint32_t *a2 = a, *b2 = b;
-    for (size_t c0 = 0; c0 < ncols_pad; c0 += uk->nr)
-        for (size_t r = 0; r < rows; r += uk->mr) {
-            size_t m = rows - r < uk->mr ? rows - r : uk->mr;
+    for (size_t c0 = 0; c0 < ncols_pad; c0 += uk->tile.nr)
+        for (size_t r = 0; r < rows; r += uk->tile.mr) {
+            size_t m = rows - r < uk->tile.mr ? rows - r : uk->tile.mr;
             ptrdiff_t at = (ptrdiff_t)r * a_rs;
             float *cr = c + r * ldc + c0;
             if (pairs)
-                uk->gemm_bf16(m, k, a2 + at, a_rs, a_cs, b2 + c0, ldb, cr, ldc, FMHA_UK_ACCUMULATE, NULL, 1.0f);
+                uk->bf16.gemm(m, k, a2 + at, a_rs, a_cs, b2 + c0, ldb, cr, ldc, FMHA_UK_ACCUMULATE, NULL, 1.0f);
             else
-                uk->gemm_f32(m, k, af + at, a_rs, a_cs, bf + c0, ldb, cr, ldc, FMHA_UK_ACCUMULATE, NULL, 1.0f);
+                uk->tile.gemm(m, k, af + at, a_rs, a_cs, bf + c0, ldb, cr, ldc, FMHA_UK_ACCUMULATE, NULL, 1.0f);
         }
 }
 
@@ -355,7 +355,7 @@ void fmha_bwd_grads_f32(const fmha_plan *plan, const fmha_bwd_keys *keys, const 
                         size_t nq, size_t nk, const float *pt, const float *dpt, float *dv, float *dk,
                         float *dq) {
     const fmha_ukernels *uk = plan->uk;
-    size_t nr = uk->nr, d_pad = fmha_pad_nr(plan, plan->p.head_dim),
+    size_t nr = uk->tile.nr, d_pad = fmha_pad_nr(plan, plan->p.head_dim),
            dv_pad = fmha_pad_nr(plan, plan->p.head_dim_v);
     fmha_gemm_panels(uk, 0, nk, nq, pt, (ptrdiff_t)nr, 1, blk->dorows, blk->dorows_ld, dv, dv_pad, dv_pad);
     fmha_gemm_panels(uk, 0, nk, nq, dpt, (ptrdiff_t)nr, 1, blk->qrows, blk->qrows_ld, dk, d_pad, d_pad);

@@ -1,10 +1,10 @@
 /* ukernel.h: the contract between the driver and the per-ISA microkernels.
  *
  * The driver owns tiles, threads and memory; a microkernel owns registers.
- * Every ISA implements the same float32 functions and fills one constant
- * fmha_ukernels table (declared at the end); the ISA registry of src/cpu.c
- * lists the tables with their CPU checks and selects one at run time. Only
- * files under src/uk/<isa>/ are compiled with ISA flags.
+ * Every ISA implements the same contracts and lists its kernels as parts
+ * (declared at the end), composed into one complete table; the ISA
+ * registry of src/cpu.c lists the ISAs with their CPU checks and selects
+ * one at run time. Only files under src/uk/<isa>/ get ISA flags.
  *
  * Every microkernel has a plain-C specification in src/uk/scalar/ that the
  * tests hold the SIMD kernels to: the float32 ones are the scalar table's
@@ -80,8 +80,7 @@ typedef void (*fmha_f32_ds_ukernel_fn)(size_t rows, const float *p, float *dp, s
 
 /* Bias epilogue: adds a tensor stored with queries as rows to a score tile,
  * transposing it: st[r][i] += src[i * q_stride + r] for r < nk, i < nq
- * (nq <= NR; src rows are contiguous over keys). May be NULL in a table: the
- * driver then runs its plain loop. */
+ * (nq <= NR; src rows are contiguous over keys). */
 typedef void (*fmha_f32_add_transposed_ukernel_fn)(size_t nk, size_t nq, const float *src,
                                                    ptrdiff_t q_stride, float *st, size_t lds);
 
@@ -89,14 +88,12 @@ typedef void (*fmha_f32_add_transposed_ukernel_fn)(size_t nk, size_t nq, const f
  * over rows) written out as rows, each scaled:
  *   o[i * ldo + c] = ot[c * ldt + i] * scale[i]   for i < rows (<= 64), c < cols
  * (one IEEE multiplication each). Returns the rows with a NaN or an infinity
- * among their outputs, bit i for row i. May be NULL in a table: the driver
- * then runs its plain loop. */
+ * among their outputs, bit i for row i. */
 typedef uint64_t (*fmha_f32_finish_ukernel_fn)(size_t rows, size_t cols, const float *ot, size_t ldt,
                                                const float *scale, float *o, size_t ldo);
 /* Packing: dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols, a
  * copy of the 32-bit words' bits (the bf16 path moves pairs of bf16 with
- * it; a NaN keeps its payload). May be NULL in a table: the driver then
- * runs its plain loop. */
+ * it; a NaN keeps its payload). */
 typedef void (*fmha_f32_transpose_ukernel_fn)(size_t rows, size_t cols, const float *src, size_t lds, float *dst,
                                               size_t ldd);
 void fmha_f32_transpose_ukernel__scalar(size_t rows, size_t cols, const float *src, size_t lds, float *dst,
@@ -106,14 +103,12 @@ uint64_t fmha_f32_finish_ukernel__scalar(size_t rows, size_t cols, const float *
                                          const float *scale, float *o, size_t ldo);
 /* Narrowing: dst[i] = the bf16 nearest src[i] (ties to even; a NaN keeps
  * its sign and top payload bits and is made quiet; no flush of subnormals:
- * fmha_f32_to_bf16's bits), i < n. May be NULL in a table: the driver then
- * converts element by element. */
+ * fmha_f32_to_bf16's bits), i < n. */
 typedef void (*fmha_f32_to_bf16_ukernel_fn)(size_t n, const float *src, uint16_t *dst);
 void fmha_f32_to_bf16_ukernel__scalar(size_t n, const float *src, uint16_t *dst);
 /* Pairing two rows of 16-bit values (bf16 rows of V into the pairs of the
  * value product): dst[i] = lo[i] | hi[i] << 16 for i < n, hi NULL pairing
- * with 0. Moves bits only. Required in a table with the bf16 kernels (the
- * bf16 operand path calls it), optional elsewhere. */
+ * with 0. Moves bits only. */
 typedef void (*fmha_u16_interleave_ukernel_fn)(size_t n, const uint16_t *lo, const uint16_t *hi, uint32_t *dst);
 void fmha_u16_interleave_ukernel__scalar(size_t n, const uint16_t *lo, const uint16_t *hi, uint32_t *dst);
 
@@ -170,15 +165,19 @@ typedef void (*fmha_bf16_pair_rows_split_ukernel_fn)(const float *a, const float
  * A decode step serves a few query rows (the query heads of one key/value
  * head times the query positions) from one pass over K and V, so the lanes
  * run over keys (scores) and over the value dimension (the output), never
- * over queries. K and V rows have contiguous elements: float32, or a
- * 2-byte cache read in place by the h16 kernels below where the ISA has
- * them (else widened first, see fmha_widen_ukernel_fn). */
+ * over queries. K and V rows have contiguous elements in a cache format
+ * (src/format.h); a format's kernels read its rows in place and widen in
+ * registers, and rows of a format without them are first loaded into
+ * float32 rows (fmha_cache_load_ukernel_fn) for the float32 format's. */
 
-/* s[r][j] = scale * sum_e q[r * ldq + e] * k[j * ldk + e]
- * for r < rows, j < nk, e < d. scale multiplies the finished dot product. */
-typedef void (*fmha_f32_decode_scores_ukernel_fn)(size_t rows, size_t nk, size_t d, const float *q,
-                                                  size_t ldq, const float *k, size_t ldk, float *s,
-                                                  size_t lds, float scale);
+/* s[r][j] = scale * sum_e q[r * ldq + e] * K(j, e)
+ * for r < rows, j < nk, e < d, K(j, e) element e of the row at k + j * ldk
+ * (ldk counts elements of the format; float32: floats). scale multiplies the
+ * finished dot product. A format's kernel gives the float32 kernel's bits
+ * on the loaded rows. */
+typedef void (*fmha_cache_scores_ukernel_fn)(size_t rows, size_t nk, size_t d, const float *q,
+                                             size_t ldq, const void *k, size_t ldk, float *s,
+                                             size_t lds, float scale);
 
 /* Online-softmax step along rows (keys run along a row), in place:
  *   m_new[r] = max(m[r], max_j s[r][j]); s[r][j] = exp(s[r][j] - m_new[r]);
@@ -188,26 +187,17 @@ typedef void (*fmha_f32_decode_scores_ukernel_fn)(size_t rows, size_t nk, size_t
 typedef void (*fmha_f32_decode_softmax_ukernel_fn)(size_t rows, size_t nk, float *s, size_t lds,
                                                    float *m, float *l, float *alpha);
 
-/* o[r][c] = o[r][c] * alpha[r] + sum_j p[r * ldp + j] * v[j * ldv + c]
- * for r < rows, c < dv, j < nk (nk >= 0). */
-typedef void (*fmha_f32_decode_values_ukernel_fn)(size_t rows, size_t nk, size_t dv, const float *p,
-                                                  size_t ldp, const float *v, size_t ldv, float *o,
-                                                  size_t ldo, const float *alpha);
+/* o[r][c] = o[r][c] * alpha[r] + sum_j p[r * ldp + j] * V(j, c)
+ * for r < rows, c < dv, j < nk (nk >= 0), V(j, c) element c of the row at
+ * v + j * ldv (elements of the format). */
+typedef void (*fmha_cache_values_ukernel_fn)(size_t rows, size_t nk, size_t dv, const float *p,
+                                             size_t ldp, const void *v, size_t ldv, float *o,
+                                             size_t ldo, const float *alpha);
 
-/* dst[i] = src[i] widened to float32 (bf16 or IEEE half), i < n; exact (a
- * NaN stays a NaN, possibly quieted). */
-typedef void (*fmha_widen_ukernel_fn)(size_t n, const uint16_t *src, float *dst);
-
-/* The scores and values kernels over K or V rows of a 2-byte cache (bf16 or
- * IEEE half, one kernel each), read in place and widened in registers: the
- * same bits as the ISA's float32 kernel on the widened rows (ldk, ldv count
- * elements). */
-typedef void (*fmha_h16_decode_scores_ukernel_fn)(size_t rows, size_t nk, size_t d, const float *q,
-                                                  size_t ldq, const uint16_t *k, size_t ldk, float *s,
-                                                  size_t lds, float scale);
-typedef void (*fmha_h16_decode_values_ukernel_fn)(size_t rows, size_t nk, size_t dv, const float *p,
-                                                  size_t ldp, const uint16_t *v, size_t ldv, float *o,
-                                                  size_t ldo, const float *alpha);
+/* dst[i] = element i of the row at src as float32, i < n: exact for the
+ * float formats (a NaN stays a NaN, possibly quieted); the format's
+ * dequantisation (src/format.h) bit for bit. */
+typedef void (*fmha_cache_load_ukernel_fn)(size_t n, const void *src, float *dst);
 
 /* Dropout on a score tile S^T (rows = keys, lanes = queries), in place:
  *   s[r][i] *= keep(counter[i] + r) ? scale : 0   for r < rows, i < lanes
@@ -234,58 +224,116 @@ void fmha_f32_dropout_ukernel__scalar(size_t rows, size_t lanes, float *s, size_
 void fmha_f32_dropout_ukernel__avx512(size_t rows, size_t lanes, float *s, size_t lds, const uint64_t *counter,
                                       uint64_t seed_mix, uint64_t threshold, float scale);
 
-typedef struct fmha_ukernels {
-    const char *isa;                      /* its name in the registry, e.g. "avx2" */
+/* Cache formats of K and V (their descriptors: src/format.h). */
+typedef enum fmha_cache_format_id {
+    FMHA_FORMAT_F32 = 0,
+    FMHA_FORMAT_BF16,
+    FMHA_FORMAT_F16,
+    FMHA_FORMAT_COUNT
+} fmha_cache_format_id;
+
+/* ---- a table's parts ----
+ * An ISA's table is composed of parts, each defined once in its ISA's
+ * directory and shared by every table that has it (avx512bf16 is avx512's
+ * parts plus a bf16 part). fmha_ukernels_compose (src/uk/compose.c) turns
+ * the parts into one complete table with the fallbacks below, once per
+ * ISA, so no driver tests a kernel pointer for NULL. */
+
+/* Tile arithmetic, lanes bound to NR. Required. */
+typedef struct fmha_uk_tile {
     size_t mr;                            /* rows of a GEMM microtile (MR) */
     size_t nr;                            /* lanes of a GEMM microtile (NR); queries per block */
     size_t block_kv;                      /* keys per tile in the tiled forward (Bc) */
-    fmha_f32_gemm_ukernel_fn gemm_f32;
-    fmha_f32_softmax_ukernel_fn softmax_f32;
-    fmha_f32_exp_sub_ukernel_fn exp_sub_f32;
-    fmha_f32_ds_ukernel_fn ds_f32;
-    fmha_f32_add_transposed_ukernel_fn add_transposed_f32; /* optional */
-    fmha_f32_finish_ukernel_fn finish_f32;                 /* optional */
-    fmha_f32_transpose_ukernel_fn transpose_f32;           /* optional */
-    fmha_f32_to_bf16_ukernel_fn to_bf16;                   /* optional */
-    fmha_u16_interleave_ukernel_fn interleave_u16;         /* required with gemm_bf16 */
-    /* bf16 fast path; NULL where the ISA lacks it (bf16 then runs through
-     * the float32 kernels on widened tiles). Same MR and NR as above. */
-    fmha_bf16_gemm_ukernel_fn gemm_bf16;
-    fmha_bf16_pair_rows_ukernel_fn pair_rows_bf16;
-    fmha_bf16_pair_rows_split_ukernel_fn pair_rows_split_bf16;
-    fmha_bf16_pack_rows_ukernel_fn pack_rows_bf16;
-    /* optional: softmax_f32 whose P carries up to 5e-6 relative error (m,
-     * alpha and the special values as softmax_f32; l sums that P), for the
-     * bf16 FAST forward, which rounds P to bf16 (2e-3) right after */
-    fmha_f32_softmax_ukernel_fn softmax_lowp_f32;
-    /* optional, with softmax_lowp_f32 and pair_rows_bf16: the two in one
-     * pass, for the bf16 FAST forward without dropout */
-    fmha_bf16_softmax_pairs_ukernel_fn softmax_pairs_bf16;
-    /* optional: exp_sub_f32 whose values carry up to 5e-6 relative error
-     * (special values as exp_sub_f32), for the bf16 FAST backward, which
-     * rounds P and dS to bf16 (2e-3) right after */
-    fmha_f32_exp_sub_ukernel_fn exp_sub_lowp_f32;
-    /* Decoding (few query rows, many keys; driver/decode.c). NULL where the
-     * ISA has none: such problems then run on the tiled forward. */
-    fmha_f32_decode_scores_ukernel_fn decode_scores_f32;
-    fmha_f32_decode_softmax_ukernel_fn decode_softmax_f32;
-    fmha_f32_decode_values_ukernel_fn decode_values_f32;
-    fmha_widen_ukernel_fn widen_bf16;
-    fmha_widen_ukernel_fn widen_f16;
-    /* 2-byte caches read in place (optional: without them, rows are widened
-     * into scratch first) */
-    fmha_h16_decode_scores_ukernel_fn decode_scores_bf16kv, decode_scores_f16kv;
-    fmha_h16_decode_values_ukernel_fn decode_values_bf16kv, decode_values_f16kv;
-    /* Dropout (any lanes; an ISA without one uses the scalar kernel). */
-    fmha_f32_dropout_ukernel_fn dropout_f32;
+    fmha_f32_gemm_ukernel_fn gemm;
+    fmha_f32_softmax_ukernel_fn softmax;
+    fmha_f32_exp_sub_ukernel_fn exp_sub;
+    fmha_f32_ds_ukernel_fn ds;
+    /* softmax and exp_sub whose values carry up to 5e-6 relative error
+     * (special values as the exact ones), for the bf16 FAST paths, which
+     * round P (and dS) to bf16 (2e-3) right after. Fallback: the exact ones. */
+    fmha_f32_softmax_ukernel_fn softmax_lowp;
+    fmha_f32_exp_sub_ukernel_fn exp_sub_lowp;
+} fmha_uk_tile;
+
+/* bf16 pair products on the tile's MR and NR. The first four come
+ * together or not at all; without them bf16 runs through the float32
+ * kernels on widened tiles. */
+typedef struct fmha_uk_bf16 {
+    fmha_bf16_gemm_ukernel_fn gemm;
+    fmha_bf16_pair_rows_ukernel_fn pair_rows;
+    fmha_bf16_pair_rows_split_ukernel_fn pair_rows_split;
+    fmha_bf16_pack_rows_ukernel_fn pack_rows;
+    /* the tile part's softmax_lowp and pair_rows in one pass (bf16 FAST
+     * forward without dropout); fallback: NULL, the two in turn */
+    fmha_bf16_softmax_pairs_ukernel_fn softmax_pairs;
+} fmha_uk_bf16;
+
+/* Row kernels: any length, no lanes. Fallback per kernel: the scalar
+ * part's (their specifications). */
+typedef struct fmha_uk_rows {
+    fmha_f32_add_transposed_ukernel_fn add_transposed;
+    fmha_f32_finish_ukernel_fn finish;
+    fmha_f32_transpose_ukernel_fn transpose;
+    fmha_f32_to_bf16_ukernel_fn to_bf16;
+    fmha_u16_interleave_ukernel_fn interleave_u16;
+    fmha_f32_dropout_ukernel_fn dropout;
+} fmha_uk_rows;
+
+/* Decoding's softmax. Fallback: none (decode problems then run on the
+ * tiled forward); with it the float32 format's scores and values are
+ * required. */
+typedef struct fmha_uk_decode {
+    fmha_f32_decode_softmax_ukernel_fn softmax;
+} fmha_uk_decode;
+
+/* One cache format's kernels. load: fallback the scalar part's. scores and
+ * values come together or not at all; fallback: none (rows are loaded into
+ * float32 rows for the float32 format's kernels). */
+typedef struct fmha_uk_cache {
+    fmha_cache_load_ukernel_fn load;
+    fmha_cache_scores_ukernel_fn scores;
+    fmha_cache_values_ukernel_fn values;
+} fmha_uk_cache;
+
+/* Per-thread set-up and tear-down around a job's tasks, for kernels with
+ * thread state (a tile configuration, a streaming mode): begin runs on each
+ * thread of a job before its first task, end after its last (pool.h).
+ * Fallback: none. */
+typedef struct fmha_uk_thread {
+    void (*begin)(void);
+    void (*end)(void);
+} fmha_uk_thread;
+
+/* An ISA as its parts. tile is required; NULL parts take the fallbacks. */
+typedef struct fmha_isa_parts {
+    const char *isa;                      /* its name in the registry, e.g. "avx2" */
+    const fmha_uk_tile *tile;
+    const fmha_uk_bf16 *bf16;
+    const fmha_uk_rows *rows;
+    const fmha_uk_decode *decode;
+    const fmha_uk_cache *cache[FMHA_FORMAT_COUNT];
+    const fmha_uk_thread *thread;
+} fmha_isa_parts;
+
+/* A composed table: every part by value, fallbacks applied. */
+typedef struct fmha_ukernels {
+    const char *isa;
+    fmha_uk_tile tile;
+    fmha_uk_bf16 bf16;     /* bf16.gemm NULL: no bf16 pair kernels */
+    fmha_uk_rows rows;     /* complete */
+    fmha_uk_decode decode; /* decode.softmax NULL: no decode kernels */
+    fmha_uk_cache cache[FMHA_FORMAT_COUNT]; /* load complete */
+    fmha_uk_thread thread;
 } fmha_ukernels;
 
-/* One table per ISA; a table is only usable if the CPU supports its ISA
- * (fmha_isa_supported in src/cpu.h). */
-extern const fmha_ukernels fmha_ukernels_scalar;     /* any CPU: src/uk/scalar */
-extern const fmha_ukernels fmha_ukernels_avx2;       /* AVX2 + FMA: src/uk/avx2 */
-extern const fmha_ukernels fmha_ukernels_avx512;     /* AVX-512 F/BW/VL/DQ: src/uk/avx512 */
-extern const fmha_ukernels fmha_ukernels_avx512bf16; /* avx512's float32 kernels + bf16 pair
-                                                        kernels: src/uk/avx512bf16 */
+/* Composes parts into a complete table (src/uk/compose.c). */
+void fmha_ukernels_compose(const fmha_isa_parts *parts, fmha_ukernels *out);
+
+/* The parts of each ISA the build has (src/uk/<isa>/table.c); an ISA is
+ * only usable if the CPU supports it (the registry, src/cpu.h). */
+extern const fmha_isa_parts fmha_isa_scalar;     /* any CPU: src/uk/scalar */
+extern const fmha_isa_parts fmha_isa_avx2;       /* AVX2 + FMA: src/uk/avx2 */
+extern const fmha_isa_parts fmha_isa_avx512;     /* AVX-512 F/BW/VL/DQ: src/uk/avx512 */
+extern const fmha_isa_parts fmha_isa_avx512bf16; /* avx512's parts + a bf16 part: src/uk/avx512bf16 */
 
 #endif /* FMHA_UKERNEL_H */

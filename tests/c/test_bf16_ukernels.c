@@ -31,12 +31,11 @@ enum { SPEC_MR = FMHA_SCALAR_BF16_MR, SPEC_NR = FMHA_SCALAR_BF16_NR };
  * on them and on the registered tables. */
 static const fmha_ukernels bf16_spec = {
     .isa = "scalar spec",
-    .mr = SPEC_MR,
-    .nr = SPEC_NR,
-    .gemm_bf16 = fmha_bf16_gemm_ukernel_4x16__scalar,
-    .pair_rows_bf16 = fmha_bf16_pair_rows_ukernel_16__scalar,
-    .pair_rows_split_bf16 = fmha_bf16_pair_rows_split_ukernel_16__scalar,
-    .pack_rows_bf16 = fmha_bf16_pack_rows_ukernel__scalar,
+    .tile = {.mr = SPEC_MR, .nr = SPEC_NR},
+    .bf16 = {.gemm = fmha_bf16_gemm_ukernel_4x16__scalar,
+             .pair_rows = fmha_bf16_pair_rows_ukernel_16__scalar,
+             .pair_rows_split = fmha_bf16_pair_rows_split_ukernel_16__scalar,
+             .pack_rows = fmha_bf16_pack_rows_ukernel__scalar},
 };
 
 static void *alloc(size_t bytes) {
@@ -183,7 +182,7 @@ static uint32_t random_pair(void) {
  * meet it, so they differ by at most (4 kp + 10) u mag. */
 static double gemm_case(const fmha_ukernels *u, size_t m, size_t kp, int mode, int pattern,
                         float ab_scale) {
-    const size_t nr = u->nr, mr = u->mr, ldb = nr + 5, ldc = nr + 3, c_len = (mr + 1) * ldc;
+    const size_t nr = u->tile.nr, mr = u->tile.mr, ldb = nr + 5, ldc = nr + 3, c_len = (mr + 1) * ldc;
     ptrdiff_t a_rs, a_cs;
     size_t a_len;
     if (pattern == 0) {
@@ -218,7 +217,7 @@ static double gemm_case(const fmha_ukernels *u, size_t m, size_t kp, int mode, i
     memcpy(c, c_init, c_len * sizeof *c);
 
     gemm_float64(m, nr, kp, a, a_rs, a_cs, b, ldb, c_init, ldc, mode, scale, ab_scale, ref, mag);
-    u->gemm_bf16(m, kp, a, a_rs, a_cs, b, ldb, c, ldc, mode,
+    u->bf16.gemm(m, kp, a, a_rs, a_cs, b, ldb, c, ldc, mode,
                  mode == FMHA_UK_RESCALE ? scale : NULL, ab_scale);
 
     double worst = 0.0;
@@ -279,7 +278,7 @@ static void test_gemm(const fmha_ukernels *u) {
     static const float scales[] = {0.08838835f, -1.75f, 3.0f};
     double worst = 0.0;
     int cases = 0;
-    for (size_t m = 1; m <= u->mr; m++)
+    for (size_t m = 1; m <= u->tile.mr; m++)
         for (size_t ki = 0; ki < sizeof kps / sizeof kps[0]; ki++)
             for (int mode = 0; mode < 3; mode++)
                 for (int pattern = 0; pattern < 2; pattern++) {
@@ -296,7 +295,7 @@ static void test_gemm(const fmha_ukernels *u) {
  * the two kernels agree on the layout (low half = even key). */
 static void test_pair_then_gemm(const fmha_ukernels *u) {
     enum { KEYS = 64 };
-    const size_t nr = u->nr, rows = u->mr;
+    const size_t nr = u->tile.nr, rows = u->tile.mr;
     float *p_t = alloc(KEYS * nr * sizeof *p_t);
     uint32_t *b = alloc(KEYS / 2 * nr * sizeof *b), *v_t = alloc(rows * KEYS / 2 * sizeof *v_t);
     float *c = alloc(rows * nr * sizeof *c), *c_init = alloc(rows * nr * sizeof *c_init);
@@ -307,9 +306,9 @@ static void test_pair_then_gemm(const fmha_ukernels *u) {
     tu_fill(c_init, rows * nr, -2.0, 2.0);
     tu_fill(alpha, nr, 0.0, 1.0);
     for (size_t p = 0; p < KEYS / 2; p++)
-        u->pair_rows_bf16(p_t + 2 * p * nr, p_t + (2 * p + 1) * nr, b + p * nr);
+        u->bf16.pair_rows(p_t + 2 * p * nr, p_t + (2 * p + 1) * nr, b + p * nr);
     memcpy(c, c_init, rows * nr * sizeof *c);
-    u->gemm_bf16(rows, KEYS / 2, v_t, KEYS / 2, 1, b, nr, c, nr, FMHA_UK_RESCALE, alpha, 1.0f);
+    u->bf16.gemm(rows, KEYS / 2, v_t, KEYS / 2, 1, b, nr, c, nr, FMHA_UK_RESCALE, alpha, 1.0f);
     /* The reference pairs P with the specification, so it also checks the
      * pairing. */
     uint32_t *b_spec = alloc(KEYS / 2 * nr * sizeof *b_spec);
@@ -359,7 +358,7 @@ static int subnormals_flushed;
  * dst. Returns the number of wrong halves. */
 static size_t pair_case(const fmha_ukernels *u, const uint32_t *lo_bits, const uint32_t *hi_bits,
                         size_t offset, const char *what) {
-    const size_t nr = u->nr;
+    const size_t nr = u->tile.nr;
     float *lo_buf = alloc((nr + offset) * sizeof(float));
     float *hi_buf = alloc((nr + offset) * sizeof(float));
     uint32_t *dst_buf = alloc((nr + offset + 1) * sizeof(uint32_t));
@@ -373,7 +372,7 @@ static size_t pair_case(const fmha_ukernels *u, const uint32_t *lo_bits, const u
     }
     for (size_t i = 0; i < nr + offset + 1; i++) dst_buf[i] = SENTINEL_WORD;
 
-    u->pair_rows_bf16(lo, hi, dst);
+    u->bf16.pair_rows(lo, hi, dst);
 
     size_t wrong = 0, clobbered = 0;
     for (size_t i = 0; i < offset; i++) clobbered += dst_buf[i] != SENTINEL_WORD;
@@ -400,7 +399,7 @@ static size_t pair_case(const fmha_ukernels *u, const uint32_t *lo_bits, const u
 }
 
 static void test_pair_rows(const fmha_ukernels *u) {
-    const size_t nr = u->nr;
+    const size_t nr = u->tile.nr;
     uint32_t *lo = alloc(nr * sizeof *lo), *hi = alloc(nr * sizeof *hi);
     /* Every special value in both halves, against every other one. */
     for (size_t shift = 0; shift < N_SPECIAL; shift += 5)
@@ -453,7 +452,7 @@ static int same_pair(uint32_t got, uint32_t want) {
 
 /* u's split pair-row kernel against the specification, with b and without. */
 static void test_pair_rows_split(const fmha_ukernels *u) {
-    const size_t nr = u->nr;
+    const size_t nr = u->tile.nr;
     float *a = alloc(nr * sizeof *a), *b = alloc(nr * sizeof *b);
     uint32_t *hi = alloc(nr * sizeof *hi), *lo = alloc(nr * sizeof *lo);
     uint32_t *hi_spec = alloc(nr * sizeof *hi_spec), *lo_spec = alloc(nr * sizeof *lo_spec);
@@ -464,7 +463,7 @@ static void test_pair_rows_split(const fmha_ukernels *u) {
             b[i] = split_input();
         }
         const float *bb = round % 4 == 3 ? NULL : b;
-        u->pair_rows_split_bf16(a, bb, hi, lo);
+        u->bf16.pair_rows_split(a, bb, hi, lo);
         for (size_t j = 0; j < nr; j += SPEC_NR)
             fmha_bf16_pair_rows_split_ukernel_16__scalar(a + j, bb ? bb + j : NULL, hi_spec + j,
                                                          lo_spec + j);
@@ -493,7 +492,7 @@ static void test_pair_rows_split(const fmha_ukernels *u) {
  * it, the odd tail's high half 0, the words past (n + 1) / 2 untouched. */
 static void test_pack_rows(const fmha_ukernels *u) {
     enum { ROWS = 3 };
-    const size_t max_n = u->nr + 3, lds = max_n + 5, ldd = max_n / 2 + 7;
+    const size_t max_n = u->tile.nr + 3, lds = max_n + 5, ldd = max_n / 2 + 7;
     float *src = alloc(ROWS * lds * sizeof *src);
     uint32_t *bits = alloc(ROWS * lds * sizeof *bits), *dst = alloc(ROWS * ldd * sizeof *dst);
     size_t wrong = 0, clobbered = 0;
@@ -503,7 +502,7 @@ static void test_pack_rows(const fmha_ukernels *u) {
             src[i] = bits_float(bits[i]);
         }
         for (size_t i = 0; i < ROWS * ldd; i++) dst[i] = SENTINEL_WORD;
-        u->pack_rows_bf16(ROWS, n, src, lds, dst, ldd);
+        u->bf16.pack_rows(ROWS, n, src, lds, dst, ldd);
         for (size_t r = 0; r < ROWS; r++)
             for (size_t p = 0; p < ldd; p++) {
                 uint32_t w = dst[r * ldd + p];
@@ -536,10 +535,10 @@ static void test_pack_rows(const fmha_ukernels *u) {
  * score (the NaN lanes the kernel mends after its pass), a +inf score with
  * and without a NaN beside it, and a NaN running max. */
 static void test_softmax_pairs(const fmha_ukernels *u) {
-    if (!u->softmax_pairs_bf16) return;
-    tu_check(u->softmax_lowp_f32 && u->pair_rows_bf16, "%s: softmax_pairs_bf16 comes with its two parts",
+    if (!u->bf16.softmax_pairs) return;
+    tu_check(u->tile.softmax_lowp && u->bf16.pair_rows, "%s: softmax_pairs_bf16 comes with its two parts",
              u->isa);
-    const size_t nr = u->nr, max_rows = 2 * u->block_kv + 1, lds = nr + 16;
+    const size_t nr = u->tile.nr, max_rows = 2 * u->tile.block_kv + 1, lds = nr + 16;
     if (!tu_check(nr <= 64, "%s: NR %zu fits the softmax pairs test's state arrays", u->isa, nr)) return;
     float *s = alloc(max_rows * lds * sizeof *s), *s_ref = alloc(max_rows * lds * sizeof *s_ref);
     float *s_copy = alloc(max_rows * lds * sizeof *s_copy);
@@ -577,10 +576,10 @@ static void test_softmax_pairs(const fmha_ukernels *u) {
             memcpy(l[2], l[0], sizeof l[0]);
             size_t words = (rows + 1) / 2 * nr;
             for (size_t w = 0; w < words + nr; w++) pairs[w] = pairs_ref[w] = SENTINEL_WORD;
-            u->softmax_pairs_bf16(rows, s, lds, m[1], l[1], alpha[1], pairs);
-            u->softmax_lowp_f32(rows, s_ref, lds, m[2], l[2], alpha[2]);
+            u->bf16.softmax_pairs(rows, s, lds, m[1], l[1], alpha[1], pairs);
+            u->tile.softmax_lowp(rows, s_ref, lds, m[2], l[2], alpha[2]);
             for (size_t r = 0; r < rows; r += 2)
-                u->pair_rows_bf16(s_ref + r * lds, r + 1 < rows ? s_ref + (r + 1) * lds : NULL,
+                u->bf16.pair_rows(s_ref + r * lds, r + 1 < rows ? s_ref + (r + 1) * lds : NULL,
                                   pairs_ref + r / 2 * nr);
             cases++;
             size_t bad = 0;
@@ -616,20 +615,21 @@ int main(void) {
     tu_seed();
     test_round_spec();
     test_table(&bf16_spec);
+    /* every bf16 part the build has is whole: composition drops a partial one */
+    for (size_t i = 0; i < fmha_arch_isa_count(); i++) {
+        const fmha_uk_bf16 *b = fmha_arch_isa_at(i)->parts->bf16;
+        tu_check(!b || (b->gemm && b->pair_rows && b->pair_rows_split && b->pack_rows),
+                 "%s: a bf16 part has all four pair kernels", fmha_arch_isa_at(i)->name);
+    }
     for (size_t i = 0; i < fmha_isa_count(); i++) {
         const fmha_isa *isa = fmha_isa_at(i);
         const fmha_ukernels *u = isa->table;
-        if (!u->gemm_bf16 && !u->pair_rows_bf16 && !u->pair_rows_split_bf16 && !u->pack_rows_bf16)
-            continue;
+        if (!u->bf16.gemm) continue;
         if (!fmha_isa_supported(isa)) {
             printf("%s: not supported by this CPU, skipped\n", isa->name);
             continue;
         }
-        tu_check(u->gemm_bf16 && u->pair_rows_bf16 && u->pair_rows_split_bf16 && u->pack_rows_bf16 &&
-                     u->interleave_u16 && u->nr % SPEC_NR == 0,
-                 "%s: a table has all four bf16 kernels or none (and with them interleave_u16), NR a "
-                 "multiple of 16",
-                 isa->name);
+        tu_check(u->tile.nr % SPEC_NR == 0, "%s: NR a multiple of 16", isa->name);
         subnormals_flushed = 0;
         test_table(u);
         printf("%s bf16 pair rows: float32 subnormal inputs %s\n", isa->name,

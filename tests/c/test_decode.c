@@ -46,7 +46,7 @@ static void check_close(const float *got, const float *want, size_t n, double to
 }
 
 static void test_kernels(const fmha_ukernels *uk) {
-    if (!uk->decode_scores_f32) return;
+    if (!uk->cache[FMHA_FORMAT_F32].scores) return;
     static const size_t dims[] = {1, 7, 16, 33, 64, 100, 128, 256};
     for (int c = 0; c < 24; c++) {
         size_t rows = (size_t)tu_int(1, 32), nk = (size_t)tu_int(1, 40);
@@ -67,7 +67,7 @@ static void test_kernels(const fmha_ukernels *uk) {
         memcpy(o2, o1, rows * ldo * sizeof(float));
         float scale = (float)tu_uniform(0.05, 2.0);
         fmha_f32_decode_scores__scalar(rows, nk, d, q, ldq, k, ldk, s1, lds, scale);
-        uk->decode_scores_f32(rows, nk, d, q, ldq, k, ldk, s2, lds, scale);
+        uk->cache[FMHA_FORMAT_F32].scores(rows, nk, d, q, ldq, k, ldk, s2, lds, scale);
         float *w1 = malloc(rows * nk * sizeof(float)), *w2 = malloc(rows * nk * sizeof(float));
         for (size_t r = 0; r < rows; r++) {
             memcpy(w1 + r * nk, s1 + r * lds, nk * sizeof(float));
@@ -85,7 +85,7 @@ static void test_kernels(const fmha_ukernels *uk) {
         memcpy(m2, m1, sizeof m1);
         memcpy(l2, l1, sizeof l1);
         fmha_f32_decode_softmax__scalar(rows, nk, s1, lds, m1, l1, a1);
-        uk->decode_softmax_f32(rows, nk, s2, lds, m2, l2, a2);
+        uk->decode.softmax(rows, nk, s2, lds, m2, l2, a2);
         for (size_t r = 0; r < rows; r++) {
             memcpy(w1 + r * nk, s1 + r * lds, nk * sizeof(float));
             memcpy(w2 + r * nk, s2 + r * lds, nk * sizeof(float));
@@ -95,7 +95,7 @@ static void test_kernels(const fmha_ukernels *uk) {
         check_close(l2, l1, rows, 1e-6 * (double)nk, "decode softmax l");
         tu_check(!memcmp(m1, m2, rows * sizeof(float)), "decode softmax m");
         fmha_f32_decode_values__scalar(rows, nk, dv, s1, lds, v, ldv, o1, ldo, a1);
-        uk->decode_values_f32(rows, nk, dv, s1, lds, v, ldv, o2, ldo, a1);
+        uk->cache[FMHA_FORMAT_F32].values(rows, nk, dv, s1, lds, v, ldv, o2, ldo, a1);
         check_close(o2, o1, rows * ldo, 1e-5 * sqrt((double)nk), "decode values");
         free(q), free(k), free(v), free(s1), free(s2), free(o1), free(o2), free(w1), free(w2);
     }
@@ -104,8 +104,8 @@ static void test_kernels(const fmha_ukernels *uk) {
     float *w1 = malloc(65536 * sizeof(float)), *w2 = malloc(65536 * sizeof(float));
     for (size_t i = 0; i < 65536; i++) bits[i] = (uint16_t)i;
     for (int t = 0; t < 2; t++) {
-        fmha_widen_ukernel_fn fn = t ? uk->widen_f16 : uk->widen_bf16;
-        fmha_widen_ukernel_fn spec = t ? fmha_widen_f16__scalar : fmha_widen_bf16__scalar;
+        fmha_cache_load_ukernel_fn fn = t ? uk->cache[FMHA_FORMAT_F16].load : uk->cache[FMHA_FORMAT_BF16].load;
+        fmha_cache_load_ukernel_fn spec = t ? fmha_widen_f16__scalar : fmha_widen_bf16__scalar;
         size_t n = 65536 - (size_t)tu_int(0, 15);
         spec(n, bits, w1);
         fn(n, bits, w2);
@@ -123,9 +123,9 @@ static void test_kernels(const fmha_ukernels *uk) {
  * row count and tail). */
 static void test_h16_kernels(const fmha_ukernels *uk) {
     for (int t = 0; t < 2; t++) {
-        fmha_h16_decode_scores_ukernel_fn scores = t ? uk->decode_scores_f16kv : uk->decode_scores_bf16kv;
-        fmha_h16_decode_values_ukernel_fn values = t ? uk->decode_values_f16kv : uk->decode_values_bf16kv;
-        fmha_widen_ukernel_fn widen = t ? fmha_widen_f16__scalar : fmha_widen_bf16__scalar;
+        fmha_cache_scores_ukernel_fn scores = t ? uk->cache[FMHA_FORMAT_F16].scores : uk->cache[FMHA_FORMAT_BF16].scores;
+        fmha_cache_values_ukernel_fn values = t ? uk->cache[FMHA_FORMAT_F16].values : uk->cache[FMHA_FORMAT_BF16].values;
+        fmha_cache_load_ukernel_fn widen = t ? fmha_widen_f16__scalar : fmha_widen_bf16__scalar;
         if (!scores || !values) continue;
         for (int c = 0; c < 24; c++) {
             size_t rows = (size_t)tu_int(1, 32), nk = (size_t)tu_int(1, 40), d = (size_t)tu_int(1, 200);
@@ -145,11 +145,11 @@ static void test_h16_kernels(const fmha_ukernels *uk) {
             tu_fill(o1, rows * d, -1, 1);
             memcpy(o2, o1, rows * d * sizeof(float));
             tu_fill(alpha, rows, 0, 1);
-            uk->decode_scores_f32(rows, nk, d, q, d, kw, ld, s1, lds, 0.3f);
+            uk->cache[FMHA_FORMAT_F32].scores(rows, nk, d, q, d, kw, ld, s1, lds, 0.3f);
             scores(rows, nk, d, q, d, k16, ld, s2, lds, 0.3f);
             tu_check(!memcmp(s1, s2, rows * lds * sizeof(float)), "%s %s decode scores: not the float32 bits",
                      uk->isa, t ? "f16" : "bf16");
-            uk->decode_values_f32(rows, nk, d, s1, lds, kw, ld, o1, d, alpha);
+            uk->cache[FMHA_FORMAT_F32].values(rows, nk, d, s1, lds, kw, ld, o1, d, alpha);
             values(rows, nk, d, s1, lds, k16, ld, o2, d, alpha);
             tu_check(!memcmp(o1, o2, rows * d * sizeof(float)), "%s %s decode values: not the float32 bits",
                      uk->isa, t ? "f16" : "bf16");
@@ -243,7 +243,7 @@ static void run_case(const dec_case *dc) {
     for (size_t ii = 0; ii < sizeof isa_names / sizeof *isa_names; ii++) {
         if (fmha_cpu_force_isa(isa_names[ii]) != 0) continue;
         const fmha_ukernels *uk = fmha_cpu_kernels();
-        int want = uk->decode_scores_f32 != NULL && dc->sq <= 16 && dc->skv >= 8 * dc->sq;
+        int want = uk->cache[FMHA_FORMAT_F32].scores != NULL && dc->sq <= 16 && dc->skv >= 8 * dc->sq;
         tu_check(planned_decode(&p) == want, "%s %s: decode planned %d, wanted %d", isa_names[ii],
                  what, planned_decode(&p), want);
         for (int threads = 1; threads <= 3; threads++) {
@@ -340,7 +340,7 @@ static void test_prefill_identity(void) {
     step.strategy = FMHA_STRATEGY_AUTO;
     int32_t kv_len[2] = {1, 1};
     step.masks.kv_lengths = kv_len;
-    tu_check(planned_decode(&step) == (fmha_cpu_kernels()->decode_scores_f32 != NULL), "prefill: decode planned");
+    tu_check(planned_decode(&step) == (fmha_cpu_kernels()->decode.softmax != NULL), "prefill: decode planned");
     int ok = 1;
     for (int64_t t = 0; t < S; t++) {
         kv_len[0] = kv_len[1] = (int32_t)(t + 1);
@@ -362,7 +362,7 @@ static int dummy_classify(void *ctx, const fmha_tile *t) { return FMHA_TILE_CLAS
 static void dummy_fill(void *ctx, const fmha_tile *t, uint8_t *vis) {}
 
 static void test_fallbacks(void) {
-    if (!fmha_cpu_kernels()->decode_scores_f32) return;
+    if (!fmha_cpu_kernels()->decode.softmax) return;
     fmha_problem p;
     fmha_problem_init(&p, 1, 8, 2, 1, 512, 64, 64, FMHA_LAYOUT_BSHD);
     tu_check(planned_decode(&p) == 1, "decode planned for Sq = 1");
@@ -396,19 +396,20 @@ static void test_fallbacks(void) {
     fmha_plan plan;
     tu_check(fmha_plan_init(&p, &plan) == FMHA_OK && plan.decode == 1, "plan_init decodes");
     fmha_ukernels bare = *plan.uk;
-    bare.decode_values_f32 = NULL;
+    bare.decode.softmax = NULL;
     plan.uk = &bare;
     tu_check(fmha_decode_plan(&plan) == 0 && plan.decode == 0, "a table without decode kernels: tiled");
     bare = *fmha_cpu_kernels();
-    bare.widen_bf16 = NULL;
+    bare.cache[FMHA_FORMAT_BF16].scores = NULL;
+    bare.cache[FMHA_FORMAT_BF16].values = NULL;
     x = p;
     x.dtype = FMHA_DTYPE_BF16;
     tu_check(fmha_plan_init(&x, &plan) == FMHA_OK, "bf16 plan");
     plan.uk = &bare;
-    tu_check(fmha_decode_plan(&plan) == 0, "a table without bf16 widening: tiled for bf16");
+    tu_check(fmha_decode_plan(&plan) == 1, "a format without in-place kernels decodes (rows loaded first)");
     fmha_cpu_force_isa("scalar");
     tu_check(planned_decode(&p) == 1, "scalar table decodes");
-    if (fmha_cpu_force_isa("avx2") == 0) tu_check(planned_decode(&p) == (fmha_cpu_kernels()->decode_scores_f32 != NULL), "avx2");
+    if (fmha_cpu_force_isa("avx2") == 0) tu_check(planned_decode(&p) == (fmha_cpu_kernels()->decode.softmax != NULL), "avx2");
     fmha_cpu_force_isa(fmha_cpu_kernels_for("avx512bf16") ? "avx512bf16" : "scalar");
 }
 

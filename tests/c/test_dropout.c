@@ -28,14 +28,14 @@ static void test_kernels(void) {
         const fmha_ukernels *uk = fmha_cpu_kernels_for(isa_names[ii]);
         if (!uk) continue;
         for (int c = 0; c < 20; c++) {
-            size_t rows = (size_t)tu_int(1, 70), lanes = uk->nr, lds = lanes + (size_t)tu_int(0, 5);
+            size_t rows = (size_t)tu_int(1, 70), lanes = uk->tile.nr, lds = lanes + (size_t)tu_int(0, 5);
             uint64_t counter[FMHA_MAX_NR], mix = tu_next(), thr = tu_next() >> 32;
             for (size_t i = 0; i < lanes; i++) counter[i] = tu_next();
             float *a = malloc(rows * lds * sizeof(float)), *b = malloc(rows * lds * sizeof(float));
             tu_fill(a, rows * lds, -2, 2);
             a[0] = NAN;
             memcpy(b, a, rows * lds * sizeof(float));
-            uk->dropout_f32(rows, lanes, a, lds, counter, mix, thr, 1.75f);
+            uk->rows.dropout(rows, lanes, a, lds, counter, mix, thr, 1.75f);
             fmha_f32_dropout_ukernel__scalar(rows, lanes, b, lds, counter, mix, thr, 1.75f);
             tu_check(!memcmp(a, b, rows * lds * sizeof(float)), "dropout kernel %s rows %zu: the scalar bits",
                      uk->isa, rows);
@@ -53,7 +53,7 @@ static void test_kernels(void) {
     for (int64_t b = 0; ok && b < 2; b++)
         for (int64_t h = 0; h < 3; h++) {
             float ones[40 * FMHA_MAX_NR];
-            size_t nr = plan->uk->nr;
+            size_t nr = plan->uk->tile.nr;
             for (size_t x = 0; x < 40 * nr; x++) ones[x] = 1.0f;
             fmha_tile_pos t = {b, h, 0, 5, 0, 40};
             fmha_dropout_tile(plan, &t, ones, nr);

@@ -945,12 +945,12 @@ static void tile_case(const char *name, const fmha_problem *p0, const float *q, 
         fmha_cpu_force_isa(isa_name(ii));
         for (int s = FMHA_STRATEGY_TILED; s <= FMHA_STRATEGY_PORTABLE; s += 2) {
             /* the scalar kernels whatever the ISA: run once */
-            if (s == FMHA_STRATEGY_PORTABLE && fmha_isa_at((size_t)ii)->table != &fmha_ukernels_scalar)
+            if (s == FMHA_STRATEGY_PORTABLE && fmha_isa_at((size_t)ii)->table != fmha_cpu_kernels_for("scalar"))
                 continue;
             fmha_problem p = *p0;
             p.strategy = (fmha_strategy)s;
             const fmha_ukernels *uk = s == FMHA_STRATEGY_PORTABLE ? fmha_cpu_kernels_for("scalar") : fmha_cpu_kernels();
-            const int64_t nr = (int64_t)uk->nr, bc = (int64_t)uk->block_kv;
+            const int64_t nr = (int64_t)uk->tile.nr, bc = (int64_t)uk->tile.block_kv;
             long long want = expected_tiles(&p, nr, bc);
             long long all = p.batch * p.heads_q * ((p.seq_q + nr - 1) / nr) * ((p.seq_kv + bc - 1) / bc);
             size_t n_o = (size_t)(p.batch * p.seq_q * p.heads_q * p.head_dim_v);
@@ -1222,10 +1222,10 @@ static void print_summary(void) {
 
 /* Two tables with the same float32 kernels and tiles run float32 alike. */
 static int same_f32_kernels(const fmha_ukernels *a, const fmha_ukernels *b) {
-    return a->mr == b->mr && a->nr == b->nr && a->block_kv == b->block_kv &&
-           a->gemm_f32 == b->gemm_f32 && a->softmax_f32 == b->softmax_f32 &&
-           a->exp_sub_f32 == b->exp_sub_f32 && a->ds_f32 == b->ds_f32 &&
-           a->add_transposed_f32 == b->add_transposed_f32;
+    const fmha_uk_tile *x = &a->tile, *y = &b->tile;
+    return x->mr == y->mr && x->nr == y->nr && x->block_kv == y->block_kv && x->gemm == y->gemm &&
+           x->softmax == y->softmax && x->exp_sub == y->exp_sub && x->ds == y->ds &&
+           a->rows.add_transposed == b->rows.add_transposed;
 }
 
 int main(void) {

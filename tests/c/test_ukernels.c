@@ -17,7 +17,7 @@
 #include "test_util.h"
 #include "uk/ukernel.h"
 
-#if defined(__x86_64__)
+#if FMHA_HAVE_X86
 /* Vector exp of the SIMD kernel files, exported for this test. */
 void fmha_f32_exp__avx2(size_t n, const float *x, float *y);
 void fmha_f32_exp__avx512(size_t n, const float *x, float *y);
@@ -67,7 +67,7 @@ static const char *const mode_names[] = {"store", "accumulate", "rescale"};
  * a bound that holds under cancellation, where a relative one would not. */
 static void gemm_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t m, size_t k,
                       int mode, int pattern, float ab_scale) {
-    const size_t nr = u->nr, mr = u->mr, ldb = nr + 3, ldc = nr + 5;
+    const size_t nr = u->tile.nr, mr = u->tile.mr, ldb = nr + 3, ldc = nr + 5;
     ptrdiff_t a_rs, a_cs;
     size_t a_len;
     if (pattern == 0) {
@@ -122,7 +122,7 @@ static void gemm_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t 
             mag[r * nr + j] = fabs(acc) + fabs((double)ab_scale) * ab_abs;
         }
 
-    u->gemm_f32(m, k, a, a_rs, a_cs, b, ldb, c, ldc, mode,
+    u->tile.gemm(m, k, a, a_rs, a_cs, b, ldb, c, ldc, mode,
                 mode == FMHA_UK_RESCALE ? scale : NULL, ab_scale);
 
     double worst = 0.0;
@@ -147,10 +147,10 @@ static void gemm_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t 
     if (spec && spec != u) {
         /* The scalar specification on the same operands, in MR_s x 16 pieces. */
         memcpy(c_spec, c_init, c_len * sizeof(float));
-        for (size_t r0 = 0; r0 < m; r0 += spec->mr)
-            for (size_t j0 = 0; j0 < nr; j0 += spec->nr) {
-                size_t rows = m - r0 < spec->mr ? m - r0 : spec->mr;
-                spec->gemm_f32(rows, k, a + (ptrdiff_t)r0 * a_rs, a_rs, a_cs, b + j0, ldb,
+        for (size_t r0 = 0; r0 < m; r0 += spec->tile.mr)
+            for (size_t j0 = 0; j0 < nr; j0 += spec->tile.nr) {
+                size_t rows = m - r0 < spec->tile.mr ? m - r0 : spec->tile.mr;
+                spec->tile.gemm(rows, k, a + (ptrdiff_t)r0 * a_rs, a_rs, a_cs, b + j0, ldb,
                                c_spec + r0 * ldc + j0, ldc, mode,
                                mode == FMHA_UK_RESCALE ? scale + j0 : NULL, ab_scale);
             }
@@ -180,7 +180,7 @@ static void gemm_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t 
 static void test_gemm(const fmha_ukernels *u, const fmha_ukernels *spec) {
     static const size_t ks[] = {0, 1, 2, 7, 64, 129, 256};
     static const float ab_scales[] = {1.0f, 0.125f, 1e30f};
-    for (size_t m = 1; m <= u->mr; m++)
+    for (size_t m = 1; m <= u->tile.mr; m++)
         for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
             for (int mode = 0; mode < 3; mode++)
                 for (int pattern = 0; pattern < 2; pattern++)
@@ -229,7 +229,7 @@ static float make_score(int scenario, size_t j, int tile) {
  * the true value). */
 static void softmax_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t rows,
                          int scenario, fmha_f32_softmax_ukernel_fn softmax, double p_rtol) {
-    const size_t nr = u->nr, lds = nr + 5, s_len = (rows - 1) * lds + nr;
+    const size_t nr = u->tile.nr, lds = nr + 5, s_len = (rows - 1) * lds + nr;
     const int tiles = scenario == SCORES_EXP_RANGE ? 1 : 3;
     const int with_spec = spec && spec != u;
     float *s = floats(s_len), *s_in = floats(s_len), *s_spec = floats(s_len);
@@ -276,8 +276,8 @@ static void softmax_case(const fmha_ukernels *u, const fmha_ukernels *spec, size
 
         softmax(rows, s, lds, m, l, alpha);
         if (with_spec)
-            for (size_t j0 = 0; j0 < nr; j0 += spec->nr)
-                spec->softmax_f32(rows, s_spec + j0, lds, m_spec + j0, l_spec + j0,
+            for (size_t j0 = 0; j0 < nr; j0 += spec->tile.nr)
+                spec->tile.softmax(rows, s_spec + j0, lds, m_spec + j0, l_spec + j0,
                                   alpha_spec + j0);
 
         for (size_t j = 0; j < nr; j++) {
@@ -379,9 +379,9 @@ static void test_softmax(const fmha_ukernels *u, const fmha_ukernels *spec) {
     static const size_t row_counts[] = {1, 2, 3, 17, 64, 128, 131};
     for (size_t i = 0; i < sizeof row_counts / sizeof row_counts[0]; i++)
         for (int scenario = 0; scenario < 4; scenario++) {
-            softmax_case(u, spec, row_counts[i], scenario, u->softmax_f32, 0.0);
-            if (u->softmax_lowp_f32)
-                softmax_case(u, spec, row_counts[i], scenario, u->softmax_lowp_f32, LOWP_P_RTOL);
+            softmax_case(u, spec, row_counts[i], scenario, u->tile.softmax, 0.0);
+            if (u->tile.softmax_lowp != u->tile.softmax)
+                softmax_case(u, spec, row_counts[i], scenario, u->tile.softmax_lowp, LOWP_P_RTOL);
         }
 }
 
@@ -393,7 +393,7 @@ static void test_softmax(const fmha_ukernels *u, const fmha_ukernels *spec) {
  * no NaN, no inf. Tolerance as for the softmax. */
 static void exp_sub_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t rows,
                          int huge, fmha_f32_exp_sub_ukernel_fn exp_sub, double extra_rtol) {
-    const size_t nr = u->nr, lds = nr + 5, s_len = (rows - 1) * lds + nr;
+    const size_t nr = u->tile.nr, lds = nr + 5, s_len = (rows - 1) * lds + nr;
     float *s = floats(s_len), *s_in = floats(s_len), *s_spec = floats(s_len), *sub = floats(nr);
     for (size_t j = 0; j < nr; j++)
         sub[j] = j % 8 == 3 ? -INFINITY
@@ -436,8 +436,8 @@ static void exp_sub_case(const fmha_ukernels *u, const fmha_ukernels *spec, size
              rows, huge ? " +-1e30" : "", worst, clobbered);
 
     if (spec && spec != u) {
-        for (size_t j0 = 0; j0 < nr; j0 += spec->nr)
-            spec->exp_sub_f32(rows, s_spec + j0, lds, sub + j0);
+        for (size_t j0 = 0; j0 < nr; j0 += spec->tile.nr)
+            spec->tile.exp_sub(rows, s_spec + j0, lds, sub + j0);
         double worst_vs_spec = 0.0;
         for (size_t r = 0; r < rows; r++)
             for (size_t j = 0; j < nr; j++) {
@@ -457,7 +457,7 @@ static void exp_sub_case(const fmha_ukernels *u, const fmha_ukernels *spec, size
 /* ds: dp = p (dp - dsum) against float64; two roundings, so
  * |y - ref| <= 2^-23 |p| (|dp| + |dsum|) + FLT_MIN. p must stay unchanged. */
 static void ds_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t rows) {
-    const size_t nr = u->nr, lds = nr + 5, len = (rows - 1) * lds + nr;
+    const size_t nr = u->tile.nr, lds = nr + 5, len = (rows - 1) * lds + nr;
     float *p = floats(len), *p_in = floats(len), *dp = floats(len), *dp_in = floats(len);
     float *dp_spec = floats(len), *dsum = floats(nr);
     fill_const(p_in, len, SENTINEL);
@@ -470,10 +470,10 @@ static void ds_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t ro
     memcpy(p, p_in, len * sizeof(float));
     memcpy(dp, dp_in, len * sizeof(float));
     memcpy(dp_spec, dp_in, len * sizeof(float));
-    u->ds_f32(rows, p, dp, lds, dsum);
+    u->tile.ds(rows, p, dp, lds, dsum);
     if (spec && spec != u)
-        for (size_t j0 = 0; j0 < nr; j0 += spec->nr)
-            spec->ds_f32(rows, p_in + j0, dp_spec + j0, lds, dsum + j0);
+        for (size_t j0 = 0; j0 < nr; j0 += spec->tile.nr)
+            spec->tile.ds(rows, p_in + j0, dp_spec + j0, lds, dsum + j0);
 
     double worst = 0.0, worst_vs_spec = 0.0;
     size_t clobbered = 0;
@@ -509,11 +509,11 @@ static void ds_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t ro
 static void test_backward_kernels(const fmha_ukernels *u, const fmha_ukernels *spec) {
     static const size_t row_counts[] = {1, 2, 3, 17, 64, 128, 131};
     for (size_t i = 0; i < sizeof row_counts / sizeof row_counts[0]; i++) {
-        exp_sub_case(u, spec, row_counts[i], 0, u->exp_sub_f32, 0.0);
-        exp_sub_case(u, spec, row_counts[i], 1, u->exp_sub_f32, 0.0);
-        if (u->exp_sub_lowp_f32) {
-            exp_sub_case(u, spec, row_counts[i], 0, u->exp_sub_lowp_f32, LOWP_P_RTOL);
-            exp_sub_case(u, spec, row_counts[i], 1, u->exp_sub_lowp_f32, LOWP_P_RTOL);
+        exp_sub_case(u, spec, row_counts[i], 0, u->tile.exp_sub, 0.0);
+        exp_sub_case(u, spec, row_counts[i], 1, u->tile.exp_sub, 0.0);
+        if (u->tile.exp_sub_lowp != u->tile.exp_sub) {
+            exp_sub_case(u, spec, row_counts[i], 0, u->tile.exp_sub_lowp, LOWP_P_RTOL);
+            exp_sub_case(u, spec, row_counts[i], 1, u->tile.exp_sub_lowp, LOWP_P_RTOL);
         }
         ds_case(u, spec, row_counts[i]);
     }
@@ -585,7 +585,7 @@ static float special_score(int kind, int tile, size_t r, size_t rows, size_t mar
  * kind put it at a random row. */
 static void softmax_special_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t rows,
                                   fmha_f32_softmax_ukernel_fn softmax, double rtol) {
-    const size_t nr = u->nr, lds = nr + 3, s_len = (rows - 1) * lds + nr;
+    const size_t nr = u->tile.nr, lds = nr + 3, s_len = (rows - 1) * lds + nr;
     const int with_spec = spec && spec != u;
     float *s = floats(s_len), *s_in = floats(s_len), *s_spec = floats(s_len);
     float *m = floats(nr), *l = floats(nr), *alpha = floats(nr);
@@ -608,8 +608,8 @@ static void softmax_special_case(const fmha_ukernels *u, const fmha_ukernels *sp
         memcpy(s_spec, s_in, s_len * sizeof(float));
         softmax(rows, s, lds, m, l, alpha);
         if (with_spec)
-            for (size_t j0 = 0; j0 < nr; j0 += spec->nr)
-                spec->softmax_f32(rows, s_spec + j0, lds, m_spec + j0, l_spec + j0,
+            for (size_t j0 = 0; j0 < nr; j0 += spec->tile.nr)
+                spec->tile.softmax(rows, s_spec + j0, lds, m_spec + j0, l_spec + j0,
                                   alpha_spec + j0);
         size_t bad_ref = 0, bad_spec = 0;
         for (size_t j = 0; j < nr; j++) {
@@ -670,7 +670,7 @@ static void exp_sub_special_case(const fmha_ukernels *u, const fmha_ukernels *sp
     static const float subs[] = {-INFINITY, NAN, 0.5f, INFINITY, -3.0f};
     static const float scores[] = {NAN, INFINITY, -INFINITY, 100.0f, -100.0f, 2.0f, -7.5f};
     enum { N_SUBS = sizeof subs / sizeof subs[0], N_SCORES = sizeof scores / sizeof scores[0] };
-    const size_t nr = u->nr, lds = nr + 1, s_len = (rows - 1) * lds + nr;
+    const size_t nr = u->tile.nr, lds = nr + 1, s_len = (rows - 1) * lds + nr;
     float *s = floats(s_len), *s_in = floats(s_len), *s_spec = floats(s_len), *sub = floats(nr);
     for (size_t j = 0; j < nr; j++) sub[j] = subs[j % N_SUBS];
     fill_const(s_in, s_len, SENTINEL);
@@ -681,8 +681,8 @@ static void exp_sub_special_case(const fmha_ukernels *u, const fmha_ukernels *sp
     exp_sub(rows, s, lds, sub);
     const int with_spec = spec && spec != u;
     if (with_spec)
-        for (size_t j0 = 0; j0 < nr; j0 += spec->nr)
-            spec->exp_sub_f32(rows, s_spec + j0, lds, sub + j0);
+        for (size_t j0 = 0; j0 < nr; j0 += spec->tile.nr)
+            spec->tile.exp_sub(rows, s_spec + j0, lds, sub + j0);
     size_t bad_ref = 0, bad_spec = 0;
     for (size_t r = 0; r < rows; r++)
         for (size_t j = 0; j < nr; j++) {
@@ -698,7 +698,7 @@ static void exp_sub_special_case(const fmha_ukernels *u, const fmha_ukernels *sp
         }
     tu_check(bad_ref == 0 && bad_spec == 0,
              "%s %s NaN/inf rows=%zu: %zu values off IEEE, %zu differ from scalar", u->isa,
-             exp_sub == u->exp_sub_f32 ? "exp_sub" : "exp_sub_lowp", rows, bad_ref, bad_spec);
+             exp_sub == u->tile.exp_sub ? "exp_sub" : "exp_sub_lowp", rows, bad_ref, bad_spec);
     free(s);
     free(s_in);
     free(s_spec);
@@ -711,7 +711,7 @@ static void exp_sub_special_case(const fmha_ukernels *u, const fmha_ukernels *sp
 static void ds_special_case(const fmha_ukernels *u, const fmha_ukernels *spec, size_t rows) {
     static const float vals[] = {NAN, INFINITY, -INFINITY, 0.0f, 0.75f, -2.0f, 1e30f};
     enum { N_VALS = sizeof vals / sizeof vals[0] };
-    const size_t nr = u->nr, lds = nr, len = rows * nr;
+    const size_t nr = u->tile.nr, lds = nr, len = rows * nr;
     float *p = floats(len), *dp = floats(len), *dp_in = floats(len), *dp_spec = floats(len);
     float *dsum = floats(nr);
     for (size_t j = 0; j < nr; j++) dsum[j] = vals[j % N_VALS];
@@ -722,11 +722,11 @@ static void ds_special_case(const fmha_ukernels *u, const fmha_ukernels *spec, s
         }
     memcpy(dp, dp_in, len * sizeof(float));
     memcpy(dp_spec, dp_in, len * sizeof(float));
-    u->ds_f32(rows, p, dp, lds, dsum);
+    u->tile.ds(rows, p, dp, lds, dsum);
     const int with_spec = spec && spec != u;
     if (with_spec)
-        for (size_t j0 = 0; j0 < nr; j0 += spec->nr)
-            spec->ds_f32(rows, p + j0, dp_spec + j0, lds, dsum + j0);
+        for (size_t j0 = 0; j0 < nr; j0 += spec->tile.nr)
+            spec->tile.ds(rows, p + j0, dp_spec + j0, lds, dsum + j0);
     size_t bad_ref = 0, bad_spec = 0;
     for (size_t i = 0; i < len; i++) {
         const float d = dp_in[i] - dsum[i % nr];
@@ -747,12 +747,12 @@ static void ds_special_case(const fmha_ukernels *u, const fmha_ukernels *spec, s
 static void test_special_values(const fmha_ukernels *u, const fmha_ukernels *spec) {
     static const size_t row_counts[] = {1, 2, 3, 17, 64, 131};
     for (size_t i = 0; i < sizeof row_counts / sizeof row_counts[0]; i++) {
-        softmax_special_case(u, spec, row_counts[i], u->softmax_f32, 1e-5);
-        if (u->softmax_lowp_f32)
-            softmax_special_case(u, spec, row_counts[i], u->softmax_lowp_f32, 1e-5 + LOWP_P_RTOL);
-        exp_sub_special_case(u, spec, row_counts[i], u->exp_sub_f32, 1e-5);
-        if (u->exp_sub_lowp_f32)
-            exp_sub_special_case(u, spec, row_counts[i], u->exp_sub_lowp_f32, 1e-5 + LOWP_P_RTOL);
+        softmax_special_case(u, spec, row_counts[i], u->tile.softmax, 1e-5);
+        if (u->tile.softmax_lowp != u->tile.softmax)
+            softmax_special_case(u, spec, row_counts[i], u->tile.softmax_lowp, 1e-5 + LOWP_P_RTOL);
+        exp_sub_special_case(u, spec, row_counts[i], u->tile.exp_sub, 1e-5);
+        if (u->tile.exp_sub_lowp)
+            exp_sub_special_case(u, spec, row_counts[i], u->tile.exp_sub_lowp, 1e-5 + LOWP_P_RTOL);
         ds_special_case(u, spec, row_counts[i]);
     }
 }
@@ -822,9 +822,9 @@ static void test_exp(const char *isa, exp_fn f) {
  * src[i * q_stride + r], at edge sizes of both dimensions: exact (one add per
  * element), untouched past nk rows, and padding lanes past nq only get + 0. */
 static void test_add_transposed(const fmha_ukernels *u) {
-    if (!u->add_transposed_f32) return;
+    if (!u->rows.add_transposed) return;
     const size_t nks[] = {1, 5, 15, 16, 17, 33, 64, 128}, nqs[] = {1, 7, 16, 31, 47, 64};
-    size_t nr = u->nr, lds = nr + 3;
+    size_t nr = u->tile.nr, lds = nr + 3;
     for (size_t a = 0; a < sizeof nks / sizeof *nks; a++)
         for (size_t b = 0; b < sizeof nqs / sizeof *nqs; b++) {
             size_t nk = nks[a], nq = nqs[b];
@@ -838,7 +838,7 @@ static void test_add_transposed(const fmha_ukernels *u) {
             memcpy(want, st, st_n * sizeof(float));
             for (size_t r = 0; r < nk; r++)
                 for (size_t i = 0; i < nq; i++) want[r * lds + i] += src[(ptrdiff_t)i * q_stride + (ptrdiff_t)r];
-            u->add_transposed_f32(nk, nq, src, q_stride, st, lds);
+            u->rows.add_transposed(nk, nq, src, q_stride, st, lds);
             int ok = 1;
             for (size_t e = 0; e < st_n; e++) {
                 size_t r = e / lds, i = e % lds;
@@ -857,13 +857,13 @@ static void test_add_transposed(const fmha_ukernels *u) {
  * (one multiplication each), nothing written past rows x cols, and the
  * rows holding a NaN or an infinity (one planted in some rows) reported. */
 static void test_finish(const fmha_ukernels *u) {
-    if (!u->finish_f32) return;
+    if (!u->rows.finish) return;
     const size_t rowss[] = {1, 7, 16, 17, 40, 64}, colss[] = {1, 15, 16, 33, 64, 100};
     for (size_t a = 0; a < sizeof rowss / sizeof *rowss; a++)
         for (size_t c = 0; c < sizeof colss / sizeof *colss; c++) {
             size_t rows = rowss[a], cols = colss[c];
-            if (rows > u->nr) continue;
-            size_t ldt = u->nr, ldo = cols + (size_t)tu_int(0, 5), o_n = (rows + 1) * ldo;
+            if (rows > u->tile.nr) continue;
+            size_t ldt = u->tile.nr, ldo = cols + (size_t)tu_int(0, 5), o_n = (rows + 1) * ldo;
             /* ot [cols][ldt], scale [rows], o [rows + 1][ldo] (one spare row) */
             float *ot = malloc(cols * ldt * sizeof(float)), scale[64];
             float *got = malloc(o_n * sizeof(float)), *want = malloc(o_n * sizeof(float));
@@ -874,7 +874,7 @@ static void test_finish(const fmha_ukernels *u) {
             if (rows > 3) scale[3] = INFINITY;
             for (size_t e = 0; e < o_n; e++) got[e] = want[e] = -7.0f;
             uint64_t bad_want = fmha_f32_finish_ukernel__scalar(rows, cols, ot, ldt, scale, want, ldo);
-            uint64_t bad_got = u->finish_f32(rows, cols, ot, ldt, scale, got, ldo);
+            uint64_t bad_got = u->rows.finish(rows, cols, ot, ldt, scale, got, ldo);
             int same = 1;
             for (size_t e = 0; e < o_n; e++) same &= !memcmp(&got[e], &want[e], sizeof(float)) ||
                                                      (isnan(got[e]) && isnan(want[e]));
@@ -888,7 +888,7 @@ static void test_finish(const fmha_ukernels *u) {
 /* The optional transposing copy against its specification: exact, and
  * nothing written outside rows x cols of dst. */
 static void test_transpose(const fmha_ukernels *u) {
-    if (!u->transpose_f32) return;
+    if (!u->rows.transpose) return;
     const size_t rowss[] = {1, 7, 16, 17, 64}, colss[] = {1, 15, 16, 33, 128};
     for (size_t a = 0; a < sizeof rowss / sizeof *rowss; a++)
         for (size_t c = 0; c < sizeof colss / sizeof *colss; c++) {
@@ -900,7 +900,7 @@ static void test_transpose(const fmha_ukernels *u) {
             tu_fill(src, rows * lds, -4, 4);
             for (size_t e = 0; e < dst_n; e++) got[e] = want[e] = -7.0f;
             fmha_f32_transpose_ukernel__scalar(rows, cols, src, lds, want, ldd);
-            u->transpose_f32(rows, cols, src, lds, got, ldd);
+            u->rows.transpose(rows, cols, src, lds, got, ldd);
             tu_check(!memcmp(got, want, dst_n * sizeof(float)), "%s: transpose rows=%zu cols=%zu differs from its "
                      "specification", u->isa, rows, cols);
             free(src), free(got), free(want);
@@ -911,7 +911,7 @@ static void test_transpose(const fmha_ukernels *u) {
  * bit (random bit patterns, NaN payloads included), with and without the
  * high row; nothing written past n. */
 static void test_interleave(const fmha_ukernels *u) {
-    if (!u->interleave_u16) return;
+    if (!u->rows.interleave_u16) return;
     const size_t ns[] = {0, 1, 15, 16, 17, 64, 100, 256};
     for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
         for (int with_hi = 0; with_hi < 2; with_hi++) {
@@ -924,7 +924,7 @@ static void test_interleave(const fmha_ukernels *u) {
             }
             for (size_t i = 0; i < 260; i++) got[i] = want[i] = 0xdeadbeefu;
             fmha_u16_interleave_ukernel__scalar(n, lo, with_hi ? hi : NULL, want);
-            u->interleave_u16(n, lo, with_hi ? hi : NULL, got);
+            u->rows.interleave_u16(n, lo, with_hi ? hi : NULL, got);
             tu_check(!memcmp(got, want, sizeof got), "%s: interleave_u16 n=%zu%s differs from its specification",
                      u->isa, n, with_hi ? "" : " (no high row)");
         }
@@ -934,7 +934,7 @@ static void test_interleave(const fmha_ukernels *u) {
  * bit: ties both ways, the largest finite values (rounding to inf),
  * subnormals, infinities and NaNs with payloads; nothing written past n. */
 static void test_to_bf16(const fmha_ukernels *u) {
-    if (!u->to_bf16) return;
+    if (!u->rows.to_bf16) return;
     static const uint32_t special[] = {0x00000000u, 0x80000000u, 0x3f808000u, 0x3f818000u, 0x3f80ffffu,
                                        0x7f7fffffu, 0xff7f8000u, 0x7f7f7fffu, 0x00000001u, 0x807fffffu,
                                        0x00008000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u,
@@ -952,14 +952,42 @@ static void test_to_bf16(const fmha_ukernels *u) {
             }
         for (size_t i = 0; i < 104; i++) got[i] = want[i] = 0xabcd;
         fmha_f32_to_bf16_ukernel__scalar(n, src, want);
-        u->to_bf16(n, src, got);
+        u->rows.to_bf16(n, src, got);
         tu_check(!memcmp(got, want, sizeof got), "%s: to_bf16 n=%zu differs from its specification", u->isa, n);
     }
 }
 
+/* Composition's fallbacks (ukernel.h): a table of a tile part alone gets
+ * the scalar row kernels and cache loads, its exact softmax and exp_sub as
+ * the low-precision ones, and no bf16, decode or in-place cache kernels; a
+ * partial bf16 part, or a decode part without the float32 format's
+ * kernels, counts as none. */
+static void test_compose(void) {
+    const fmha_ukernels *spec = fmha_cpu_kernels_for("scalar");
+    fmha_uk_tile tile = spec->tile;
+    tile.softmax_lowp = NULL;
+    tile.exp_sub_lowp = NULL;
+    fmha_uk_bf16 partial = {0};
+    partial.pair_rows = spec->bf16.pair_rows; /* NULL too: the scalar ISA has no bf16 part */
+    fmha_uk_decode decode = spec->decode;
+    fmha_isa_parts parts = {.isa = "tile only", .tile = &tile, .bf16 = &partial, .decode = &decode};
+    fmha_ukernels u;
+    fmha_ukernels_compose(&parts, &u);
+    tu_check(!strcmp(u.isa, "tile only") && u.tile.gemm == spec->tile.gemm && u.tile.softmax_lowp == u.tile.softmax &&
+                 u.tile.exp_sub_lowp == u.tile.exp_sub,
+             "compose: the tile part, its exact kernels as the low-precision ones");
+    tu_check(!memcmp(&u.rows, &spec->rows, sizeof u.rows), "compose: the scalar row kernels");
+    tu_check(!u.bf16.gemm && !u.bf16.pair_rows && !u.decode.softmax && !u.thread.begin && !u.thread.end,
+             "compose: no bf16 part, no decode without the float32 format's kernels, no thread hooks");
+    for (int f = 0; f < FMHA_FORMAT_COUNT; f++)
+        tu_check(u.cache[f].load == spec->cache[f].load && !u.cache[f].scores && !u.cache[f].values,
+                 "compose: format %d loads with the scalar kernel, no in-place kernels", f);
+}
+
 int main(void) {
     tu_seed();
-    const fmha_ukernels *spec = &fmha_ukernels_scalar;
+    const fmha_ukernels *spec = fmha_cpu_kernels_for("scalar");
+    test_compose();
     /* every ISA of the registry that this CPU runs */
     for (size_t i = 0; i < fmha_isa_count(); i++) {
         const fmha_isa *isa = fmha_isa_at(i);
@@ -968,10 +996,10 @@ int main(void) {
             printf("%s: not supported here, skipped\n", isa->name);
             continue;
         }
-        printf("%s: MR=%zu NR=%zu block_kv=%zu\n", u->isa, u->mr, u->nr, u->block_kv);
+        printf("%s: MR=%zu NR=%zu block_kv=%zu\n", u->isa, u->tile.mr, u->tile.nr, u->tile.block_kv);
         tu_check(!strcmp(u->isa, isa->name) && fmha_cpu_kernels_for(isa->name) == u &&
-                     u->mr >= 1 && u->nr % 16 == 0 && u->block_kv >= 1 && u->gemm_f32 &&
-                     u->softmax_f32 && u->exp_sub_f32 && u->ds_f32,
+                     u->tile.mr >= 1 && u->tile.nr % 16 == 0 && u->tile.block_kv >= 1 && u->tile.gemm &&
+                     u->tile.softmax && u->tile.exp_sub && u->tile.ds,
                  "%s: table fields", isa->name);
         test_gemm(u, spec);
         test_softmax(u, spec);
@@ -982,9 +1010,9 @@ int main(void) {
         test_transpose(u);
         test_to_bf16(u);
         test_interleave(u);
-#if defined(__x86_64__)
-        if (u == &fmha_ukernels_avx2) test_exp("avx2", fmha_f32_exp__avx2);
-        if (u == &fmha_ukernels_avx512) test_exp("avx512", fmha_f32_exp__avx512);
+#if FMHA_HAVE_X86
+        if (!strcmp(u->isa, "avx2")) test_exp("avx2", fmha_f32_exp__avx2);
+        if (!strcmp(u->isa, "avx512")) test_exp("avx512", fmha_f32_exp__avx512);
 #endif
     }
     return tu_finish();

@@ -28,7 +28,8 @@ FMHA_INLINE __m256 reduce8(const __m256 a[8]) {
 }
 
 void fmha_f32_decode_scores__avx2(size_t rows, size_t nk, size_t d, const float *q, size_t ldq,
-                                  const float *k, size_t ldk, float *s, size_t lds, float scale) {
+                                  const void *k_row0, size_t ldk, float *s, size_t lds, float scale) {
+    const float *k = k_row0;
     const __m256 sv = _mm256_set1_ps(scale);
     const size_t d_full = d / 8 * 8;
     const __m256i d_tail = lanes(d % 8);
@@ -155,7 +156,8 @@ FMHA_INLINE void values_block(size_t n, size_t nk, size_t c0, const __m256i cm[V
 }
 
 void fmha_f32_decode_values__avx2(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
-                                  const float *v, size_t ldv, float *o, size_t ldo, const float *alpha) {
+                                  const void *v_row0, size_t ldv, float *o, size_t ldo, const float *alpha) {
+    const float *v = v_row0;
     for (size_t c0 = 0; c0 < dv; c0 += 8 * VAL_VECS) {
         __m256i cm[VAL_VECS];
         for (int c = 0; c < VAL_VECS; c++) {
@@ -170,7 +172,8 @@ void fmha_f32_decode_values__avx2(size_t rows, size_t nk, size_t dv, const float
     }
 }
 
-void fmha_widen_bf16__avx2(size_t n, const uint16_t *src, float *dst) {
+void fmha_widen_bf16__avx2(size_t n, const void *src_row, float *dst) {
+    const uint16_t *src = src_row;
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
         __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
@@ -184,7 +187,8 @@ void fmha_widen_bf16__avx2(size_t n, const uint16_t *src, float *dst) {
     }
 }
 
-void fmha_widen_f16__avx2(size_t n, const uint16_t *src, float *dst) {
+void fmha_widen_f16__avx2(size_t n, const void *src_row, float *dst) {
+    const uint16_t *src = src_row;
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));

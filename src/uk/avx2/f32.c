@@ -329,19 +329,29 @@ static void fmha_f32_ds_ukernel_16__avx2(size_t rows, const float *p, float *dp,
     }
 }
 
-const fmha_ukernels fmha_ukernels_avx2 = {
-    .isa = "avx2",
+/* ---- the avx2 ISA's parts (rows, the scalar part's; no bf16 part, no
+ * 2-byte cache kernels) ---- */
+static const fmha_uk_tile avx2_tile = {
     .mr = AVX2_MR,
     .nr = AVX2_NR,
     .block_kv = 128,
-    .gemm_f32 = fmha_f32_gemm_ukernel_6x16__avx2,
-    .softmax_f32 = fmha_f32_softmax_ukernel_16__avx2,
-    .exp_sub_f32 = fmha_f32_exp_sub_ukernel_16__avx2,
-    .ds_f32 = fmha_f32_ds_ukernel_16__avx2,
-    .decode_scores_f32 = fmha_f32_decode_scores__avx2,
-    .decode_softmax_f32 = fmha_f32_decode_softmax__avx2,
-    .decode_values_f32 = fmha_f32_decode_values__avx2,
-    .widen_bf16 = fmha_widen_bf16__avx2,
-    .widen_f16 = fmha_widen_f16__avx2,
-    .dropout_f32 = fmha_f32_dropout_ukernel__scalar,
+    .gemm = fmha_f32_gemm_ukernel_6x16__avx2,
+    .softmax = fmha_f32_softmax_ukernel_16__avx2,
+    .exp_sub = fmha_f32_exp_sub_ukernel_16__avx2,
+    .ds = fmha_f32_ds_ukernel_16__avx2,
+};
+
+static const fmha_uk_decode avx2_decode = {.softmax = fmha_f32_decode_softmax__avx2};
+static const fmha_uk_cache avx2_f32 = {
+    .scores = fmha_f32_decode_scores__avx2,
+    .values = fmha_f32_decode_values__avx2,
+};
+static const fmha_uk_cache avx2_bf16 = {.load = fmha_widen_bf16__avx2};
+static const fmha_uk_cache avx2_f16 = {.load = fmha_widen_f16__avx2};
+
+const fmha_isa_parts fmha_isa_avx2 = {
+    .isa = "avx2",
+    .tile = &avx2_tile,
+    .decode = &avx2_decode,
+    .cache = {[FMHA_FORMAT_F32] = &avx2_f32, [FMHA_FORMAT_BF16] = &avx2_bf16, [FMHA_FORMAT_F16] = &avx2_f16},
 };

@@ -143,17 +143,17 @@ FMHA_INLINE void decode_scores(const int kind, size_t rows, size_t nk, size_t d,
 }
 
 void fmha_f32_decode_scores__avx512(size_t rows, size_t nk, size_t d, const float *q, size_t ldq,
-                                    const float *k, size_t ldk, float *s, size_t lds, float scale) {
+                                    const void *k, size_t ldk, float *s, size_t lds, float scale) {
     decode_scores(KV_F32, rows, nk, d, q, ldq, k, ldk, s, lds, scale);
 }
 
 void fmha_bf16kv_decode_scores__avx512(size_t rows, size_t nk, size_t d, const float *q, size_t ldq,
-                                       const uint16_t *k, size_t ldk, float *s, size_t lds, float scale) {
+                                       const void *k, size_t ldk, float *s, size_t lds, float scale) {
     decode_scores(KV_BF16, rows, nk, d, q, ldq, k, ldk, s, lds, scale);
 }
 
 void fmha_f16kv_decode_scores__avx512(size_t rows, size_t nk, size_t d, const float *q, size_t ldq,
-                                      const uint16_t *k, size_t ldk, float *s, size_t lds, float scale) {
+                                      const void *k, size_t ldk, float *s, size_t lds, float scale) {
     decode_scores(KV_F16, rows, nk, d, q, ldq, k, ldk, s, lds, scale);
 }
 
@@ -260,22 +260,23 @@ FMHA_INLINE void decode_values(const int kind, size_t rows, size_t nk, size_t dv
 }
 
 void fmha_f32_decode_values__avx512(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
-                                    const float *v, size_t ldv, float *o, size_t ldo,
+                                    const void *v, size_t ldv, float *o, size_t ldo,
                                     const float *alpha) {
     decode_values(KV_F32, rows, nk, dv, p, ldp, v, ldv, o, ldo, alpha);
 }
 
 void fmha_bf16kv_decode_values__avx512(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
-                                       const uint16_t *v, size_t ldv, float *o, size_t ldo, const float *alpha) {
+                                       const void *v, size_t ldv, float *o, size_t ldo, const float *alpha) {
     decode_values(KV_BF16, rows, nk, dv, p, ldp, v, ldv, o, ldo, alpha);
 }
 
 void fmha_f16kv_decode_values__avx512(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
-                                      const uint16_t *v, size_t ldv, float *o, size_t ldo, const float *alpha) {
+                                      const void *v, size_t ldv, float *o, size_t ldo, const float *alpha) {
     decode_values(KV_F16, rows, nk, dv, p, ldp, v, ldv, o, ldo, alpha);
 }
 
-void fmha_widen_bf16__avx512(size_t n, const uint16_t *src, float *dst) {
+void fmha_widen_bf16__avx512(size_t n, const void *src_row, float *dst) {
+    const uint16_t *src = src_row;
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i)));
@@ -288,7 +289,8 @@ void fmha_widen_bf16__avx512(size_t n, const uint16_t *src, float *dst) {
     }
 }
 
-void fmha_widen_f16__avx512(size_t n, const uint16_t *src, float *dst) {
+void fmha_widen_f16__avx512(size_t n, const void *src_row, float *dst) {
+    const uint16_t *src = src_row;
     size_t i = 0;
     for (; i + 16 <= n; i += 16)
         _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));

@@ -6,22 +6,22 @@
 #include "../ukernel.h"
 
 void fmha_f32_decode_scores__avx512(size_t rows, size_t nk, size_t d, const float *q, size_t ldq,
-                                    const float *k, size_t ldk, float *s, size_t lds, float scale);
+                                    const void *k, size_t ldk, float *s, size_t lds, float scale);
 void fmha_f32_decode_softmax__avx512(size_t rows, size_t nk, float *s, size_t lds, float *m,
                                      float *l, float *alpha);
 void fmha_f32_decode_values__avx512(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
-                                    const float *v, size_t ldv, float *o, size_t ldo,
+                                    const void *v, size_t ldv, float *o, size_t ldo,
                                     const float *alpha);
 void fmha_bf16kv_decode_scores__avx512(size_t rows, size_t nk, size_t d, const float *q, size_t ldq,
-                                       const uint16_t *k, size_t ldk, float *s, size_t lds, float scale);
+                                       const void *k, size_t ldk, float *s, size_t lds, float scale);
 void fmha_f16kv_decode_scores__avx512(size_t rows, size_t nk, size_t d, const float *q, size_t ldq,
-                                      const uint16_t *k, size_t ldk, float *s, size_t lds, float scale);
+                                      const void *k, size_t ldk, float *s, size_t lds, float scale);
 void fmha_bf16kv_decode_values__avx512(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
-                                       const uint16_t *v, size_t ldv, float *o, size_t ldo, const float *alpha);
+                                       const void *v, size_t ldv, float *o, size_t ldo, const float *alpha);
 void fmha_f16kv_decode_values__avx512(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
-                                      const uint16_t *v, size_t ldv, float *o, size_t ldo, const float *alpha);
-void fmha_widen_bf16__avx512(size_t n, const uint16_t *src, float *dst);
-void fmha_widen_f16__avx512(size_t n, const uint16_t *src, float *dst);
+                                      const void *v, size_t ldv, float *o, size_t ldo, const float *alpha);
+void fmha_widen_bf16__avx512(size_t n, const void *src_row, float *dst);
+void fmha_widen_f16__avx512(size_t n, const void *src_row, float *dst);
 /* y[i] = exp(x[i]) (f32.c) */
 void fmha_f32_exp__avx512(size_t n, const float *x, float *y);
 

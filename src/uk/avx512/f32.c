@@ -352,30 +352,3 @@ uint64_t fmha_f32_finish_ukernel__avx512(size_t rows, size_t cols, const float *
     }
     return bad;
 }
-
-const fmha_ukernels fmha_ukernels_avx512 = {
-    .isa = "avx512",
-    .mr = AVX512_MR,
-    .nr = AVX512_NR,
-    .block_kv = FMHA_AVX512_BLOCK_KV,
-    .gemm_f32 = fmha_f32_gemm_ukernel_6x64__avx512,
-    .softmax_f32 = fmha_f32_softmax_ukernel_64__avx512,
-    .exp_sub_f32 = fmha_f32_exp_sub_ukernel_64__avx512,
-    .exp_sub_lowp_f32 = fmha_f32_exp_sub_lowp_ukernel_64__avx512,
-    .ds_f32 = fmha_f32_ds_ukernel_64__avx512,
-    .add_transposed_f32 = fmha_f32_add_transposed_ukernel__avx512,
-    .finish_f32 = fmha_f32_finish_ukernel__avx512,
-    .transpose_f32 = fmha_f32_transpose_ukernel__avx512,
-    .to_bf16 = fmha_f32_to_bf16_ukernel__avx512,
-    .interleave_u16 = fmha_u16_interleave_ukernel__avx512,
-    .decode_scores_f32 = fmha_f32_decode_scores__avx512,
-    .decode_softmax_f32 = fmha_f32_decode_softmax__avx512,
-    .decode_values_f32 = fmha_f32_decode_values__avx512,
-    .widen_bf16 = fmha_widen_bf16__avx512,
-    .widen_f16 = fmha_widen_f16__avx512,
-    .decode_scores_bf16kv = fmha_bf16kv_decode_scores__avx512,
-    .decode_scores_f16kv = fmha_f16kv_decode_scores__avx512,
-    .decode_values_bf16kv = fmha_bf16kv_decode_values__avx512,
-    .decode_values_f16kv = fmha_f16kv_decode_values__avx512,
-    .dropout_f32 = fmha_f32_dropout_ukernel__avx512,
-};

@@ -2,13 +2,15 @@
  * specification the SIMD decode kernels are tested against. Contract in
  * ../ukernel.h. Compiled with no ISA flags. */
 #include <math.h>
+#include <string.h>
 
 #include "../../convert.h"
 #include "decode.h"
 
 /* s[r][j] = scale * q_r . k_j: the dot product is summed from zero, then scaled. */
 void fmha_f32_decode_scores__scalar(size_t rows, size_t nk, size_t d, const float *q, size_t ldq,
-                                    const float *k, size_t ldk, float *s, size_t lds, float scale) {
+                                    const void *k_row0, size_t ldk, float *s, size_t lds, float scale) {
+    const float *k = k_row0;
     for (size_t r = 0; r < rows; r++)
         for (size_t j = 0; j < nk; j++) {
             float dot = 0.0f;
@@ -43,8 +45,9 @@ void fmha_f32_decode_softmax__scalar(size_t rows, size_t nk, float *s, size_t ld
 
 /* o[r] = o[r] alpha[r] + sum_j p[r][j] v_j. */
 void fmha_f32_decode_values__scalar(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
-                                    const float *v, size_t ldv, float *o, size_t ldo,
+                                    const void *v_row0, size_t ldv, float *o, size_t ldo,
                                     const float *alpha) {
+    const float *v = v_row0;
     for (size_t r = 0; r < rows; r++)
         for (size_t c = 0; c < dv; c++) {
             float acc = 0.0f;
@@ -53,10 +56,15 @@ void fmha_f32_decode_values__scalar(size_t rows, size_t nk, size_t dv, const flo
         }
 }
 
-void fmha_widen_bf16__scalar(size_t n, const uint16_t *src, float *dst) {
+/* The float32 format's rows: a copy. */
+void fmha_load_f32__scalar(size_t n, const void *src_row, float *dst) { memcpy(dst, src_row, n * sizeof(float)); }
+
+void fmha_widen_bf16__scalar(size_t n, const void *src_row, float *dst) {
+    const uint16_t *src = src_row;
     for (size_t i = 0; i < n; i++) dst[i] = fmha_bf16_to_f32(src[i]);
 }
 
-void fmha_widen_f16__scalar(size_t n, const uint16_t *src, float *dst) {
+void fmha_widen_f16__scalar(size_t n, const void *src_row, float *dst) {
+    const uint16_t *src = src_row;
     for (size_t i = 0; i < n; i++) dst[i] = fmha_f16_to_f32(src[i]);
 }

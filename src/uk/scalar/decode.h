@@ -6,13 +6,14 @@
 #include "../ukernel.h"
 
 void fmha_f32_decode_scores__scalar(size_t rows, size_t nk, size_t d, const float *q, size_t ldq,
-                                    const float *k, size_t ldk, float *s, size_t lds, float scale);
+                                    const void *k_row0, size_t ldk, float *s, size_t lds, float scale);
 void fmha_f32_decode_softmax__scalar(size_t rows, size_t nk, float *s, size_t lds, float *m,
                                      float *l, float *alpha);
 void fmha_f32_decode_values__scalar(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
-                                    const float *v, size_t ldv, float *o, size_t ldo,
+                                    const void *v_row0, size_t ldv, float *o, size_t ldo,
                                     const float *alpha);
-void fmha_widen_bf16__scalar(size_t n, const uint16_t *src, float *dst);
-void fmha_widen_f16__scalar(size_t n, const uint16_t *src, float *dst);
+void fmha_load_f32__scalar(size_t n, const void *src_row, float *dst);
+void fmha_widen_bf16__scalar(size_t n, const void *src_row, float *dst);
+void fmha_widen_f16__scalar(size_t n, const void *src_row, float *dst);
 
 #endif /* FMHA_UK_SCALAR_DECODE_H */

@@ -118,24 +118,39 @@ uint64_t fmha_f32_finish_ukernel__scalar(size_t rows, size_t cols, const float *
     return bad;
 }
 
-const fmha_ukernels fmha_ukernels_scalar = {
-    .isa = "scalar",
+/* ---- the scalar ISA's parts: every fallback of the other tables ---- */
+static const fmha_uk_tile scalar_tile = {
     .mr = SCALAR_MR,
     .nr = SCALAR_NR,
     .block_kv = 64,
-    .gemm_f32 = fmha_f32_gemm_ukernel_4x16__scalar,
-    .softmax_f32 = fmha_f32_softmax_ukernel_16__scalar,
-    .exp_sub_f32 = fmha_f32_exp_sub_ukernel_16__scalar,
-    .ds_f32 = fmha_f32_ds_ukernel_16__scalar,
-    .add_transposed_f32 = fmha_f32_add_transposed_ukernel__scalar,
-    .finish_f32 = fmha_f32_finish_ukernel__scalar,
-    .transpose_f32 = fmha_f32_transpose_ukernel__scalar,
+    .gemm = fmha_f32_gemm_ukernel_4x16__scalar,
+    .softmax = fmha_f32_softmax_ukernel_16__scalar,
+    .exp_sub = fmha_f32_exp_sub_ukernel_16__scalar,
+    .ds = fmha_f32_ds_ukernel_16__scalar,
+};
+
+static const fmha_uk_rows scalar_rows = {
+    .add_transposed = fmha_f32_add_transposed_ukernel__scalar,
+    .finish = fmha_f32_finish_ukernel__scalar,
+    .transpose = fmha_f32_transpose_ukernel__scalar,
     .to_bf16 = fmha_f32_to_bf16_ukernel__scalar,
     .interleave_u16 = fmha_u16_interleave_ukernel__scalar,
-    .decode_scores_f32 = fmha_f32_decode_scores__scalar,
-    .decode_softmax_f32 = fmha_f32_decode_softmax__scalar,
-    .decode_values_f32 = fmha_f32_decode_values__scalar,
-    .widen_bf16 = fmha_widen_bf16__scalar,
-    .widen_f16 = fmha_widen_f16__scalar,
-    .dropout_f32 = fmha_f32_dropout_ukernel__scalar,
+    .dropout = fmha_f32_dropout_ukernel__scalar,
+};
+
+static const fmha_uk_decode scalar_decode = {.softmax = fmha_f32_decode_softmax__scalar};
+static const fmha_uk_cache scalar_f32 = {
+    .load = fmha_load_f32__scalar,
+    .scores = fmha_f32_decode_scores__scalar,
+    .values = fmha_f32_decode_values__scalar,
+};
+static const fmha_uk_cache scalar_bf16 = {.load = fmha_widen_bf16__scalar};
+static const fmha_uk_cache scalar_f16 = {.load = fmha_widen_f16__scalar};
+
+const fmha_isa_parts fmha_isa_scalar = {
+    .isa = "scalar",
+    .tile = &scalar_tile,
+    .rows = &scalar_rows,
+    .decode = &scalar_decode,
+    .cache = {[FMHA_FORMAT_F32] = &scalar_f32, [FMHA_FORMAT_BF16] = &scalar_bf16, [FMHA_FORMAT_F16] = &scalar_f16},
 };

@@ -1,0 +1,15 @@
+/* avx512/parts.h: the AVX-512 ISA's parts (table.c), shared by every table
+ * built on AVX-512 (avx512, avx512bf16). */
+#ifndef FMHA_UK_AVX512_PARTS_H
+#define FMHA_UK_AVX512_PARTS_H
+
+#include "../ukernel.h"
+
+extern const fmha_uk_tile fmha_uk_tile__avx512;
+extern const fmha_uk_rows fmha_uk_rows__avx512;
+extern const fmha_uk_decode fmha_uk_decode__avx512;
+extern const fmha_uk_cache fmha_uk_cache_f32__avx512;
+extern const fmha_uk_cache fmha_uk_cache_bf16__avx512;
+extern const fmha_uk_cache fmha_uk_cache_f16__avx512;
+
+#endif /* FMHA_UK_AVX512_PARTS_H */

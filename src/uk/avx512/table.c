@@ -1,0 +1,55 @@
+/* avx512/table.c: the AVX-512 ISA's parts, each defined once: float32
+ * tiles (6 x 64), row kernels, decoding and the cache formats' kernels
+ * (2-byte caches read in place). The avx512 table is these parts alone;
+ * avx512bf16 adds its bf16 part to them. */
+#include "decode.h"
+#include "f32.h"
+#include "parts.h"
+
+const fmha_uk_tile fmha_uk_tile__avx512 = {
+    .mr = FMHA_AVX512_MR,
+    .nr = FMHA_AVX512_NR,
+    .block_kv = FMHA_AVX512_BLOCK_KV,
+    .gemm = fmha_f32_gemm_ukernel_6x64__avx512,
+    .softmax = fmha_f32_softmax_ukernel_64__avx512,
+    .exp_sub = fmha_f32_exp_sub_ukernel_64__avx512,
+    .ds = fmha_f32_ds_ukernel_64__avx512,
+    .softmax_lowp = fmha_f32_softmax_lowp_ukernel_64__avx512,
+    .exp_sub_lowp = fmha_f32_exp_sub_lowp_ukernel_64__avx512,
+};
+
+const fmha_uk_rows fmha_uk_rows__avx512 = {
+    .add_transposed = fmha_f32_add_transposed_ukernel__avx512,
+    .finish = fmha_f32_finish_ukernel__avx512,
+    .transpose = fmha_f32_transpose_ukernel__avx512,
+    .to_bf16 = fmha_f32_to_bf16_ukernel__avx512,
+    .interleave_u16 = fmha_u16_interleave_ukernel__avx512,
+    .dropout = fmha_f32_dropout_ukernel__avx512,
+};
+
+const fmha_uk_decode fmha_uk_decode__avx512 = {.softmax = fmha_f32_decode_softmax__avx512};
+
+const fmha_uk_cache fmha_uk_cache_f32__avx512 = {
+    .scores = fmha_f32_decode_scores__avx512,
+    .values = fmha_f32_decode_values__avx512,
+};
+const fmha_uk_cache fmha_uk_cache_bf16__avx512 = {
+    .load = fmha_widen_bf16__avx512,
+    .scores = fmha_bf16kv_decode_scores__avx512,
+    .values = fmha_bf16kv_decode_values__avx512,
+};
+const fmha_uk_cache fmha_uk_cache_f16__avx512 = {
+    .load = fmha_widen_f16__avx512,
+    .scores = fmha_f16kv_decode_scores__avx512,
+    .values = fmha_f16kv_decode_values__avx512,
+};
+
+const fmha_isa_parts fmha_isa_avx512 = {
+    .isa = "avx512",
+    .tile = &fmha_uk_tile__avx512,
+    .rows = &fmha_uk_rows__avx512,
+    .decode = &fmha_uk_decode__avx512,
+    .cache = {[FMHA_FORMAT_F32] = &fmha_uk_cache_f32__avx512,
+              [FMHA_FORMAT_BF16] = &fmha_uk_cache_bf16__avx512,
+              [FMHA_FORMAT_F16] = &fmha_uk_cache_f16__avx512},
+};

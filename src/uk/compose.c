@@ -1,0 +1,39 @@
+/* compose.c: an ISA's parts made into one complete kernel table. Every
+ * fallback of ukernel.h is applied here and nowhere else: the drivers and
+ * planning read a composed table and never test a kernel for NULL. */
+#include "ukernel.h"
+
+/* Takes `from`'s kernel where `to` has none. */
+#define FMHA_FILL(to, from, field)                                                                                     \
+    do {                                                                                                               \
+        if (!(to).field) (to).field = (from).field;                                                                    \
+    } while (0)
+
+void fmha_ukernels_compose(const fmha_isa_parts *parts, fmha_ukernels *out) {
+    const fmha_isa_parts *spec = &fmha_isa_scalar;
+    *out = (fmha_ukernels){.isa = parts->isa, .tile = *parts->tile};
+    if (!out->tile.softmax_lowp) out->tile.softmax_lowp = out->tile.softmax;
+    if (!out->tile.exp_sub_lowp) out->tile.exp_sub_lowp = out->tile.exp_sub;
+
+    const fmha_uk_bf16 *b = parts->bf16;
+    if (b && b->gemm && b->pair_rows && b->pair_rows_split && b->pack_rows) out->bf16 = *b;
+
+    if (parts->rows) out->rows = *parts->rows;
+    FMHA_FILL(out->rows, *spec->rows, add_transposed);
+    FMHA_FILL(out->rows, *spec->rows, finish);
+    FMHA_FILL(out->rows, *spec->rows, transpose);
+    FMHA_FILL(out->rows, *spec->rows, to_bf16);
+    FMHA_FILL(out->rows, *spec->rows, interleave_u16);
+    FMHA_FILL(out->rows, *spec->rows, dropout);
+
+    const fmha_uk_cache *f32 = parts->cache[FMHA_FORMAT_F32];
+    if (parts->decode && parts->decode->softmax && f32 && f32->scores && f32->values) out->decode = *parts->decode;
+
+    for (int f = 0; f < FMHA_FORMAT_COUNT; f++) {
+        const fmha_uk_cache *c = parts->cache[f];
+        if (c && c->scores && c->values) out->cache[f] = *c;
+        else if (c) out->cache[f].load = c->load;
+        FMHA_FILL(out->cache[f], *spec->cache[f], load);
+    }
+    if (parts->thread) out->thread = *parts->thread;
+}
