@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "fmha.h"
+#include "pool.h"
 #include "uk/ukernel.h"
 
 #define FMHA_ALIGN 64
@@ -210,6 +211,12 @@ void fmha_bwd_run(fmha_plan *run, const void *q, const void *k, const void *v, c
 size_t fmha_fused_o32_bytes(const fmha_plan *plan);
 void fmha_fused_run(fmha_plan *run, const void *q, const void *k, const void *v, const void *d_o,
                     void *o, float *lse, void *dq, void *dk, void *dv, float *o32, char *ws);
+
+/* A driver's parallel job on the run's threads, with its kernel table's
+ * per-thread hooks around each thread's tasks. */
+static inline void fmha_run_parallel(const fmha_plan *run, size_t n_tasks, fmha_task_fn fn, void *ctx) {
+    fmha_parallel_for_hooked(n_tasks, run->threads, fn, ctx, run->uk->thread.begin, run->uk->thread.end);
+}
 
 fmha_status fmha_biases_check(const fmha_problem *p);
 /* Backward: doubles of one task's Toeplitz gradient accumulator (0: none). */

@@ -11,7 +11,9 @@
  * threads (an OpenMP team between regions) are not starved; no spinning
  * while the pool has more threads than CPUs. A call's phases (pre-pass, tasks, reduction) and calls made
  * back to back then start without a futex wake-up (10-30 us each in a VM).
- * A child of fork() gets a fresh, empty pool (pthread_atfork). */
+ * A child of fork() gets a fresh, empty pool (pthread_atfork). A job may
+ * carry per-thread hooks (fmha_parallel_for_hooked), called by each thread
+ * around its share of the tasks; nothing of them outlives the job. */
 #include "pool.h"
 
 #include <pthread.h>
@@ -47,6 +49,7 @@ static uint64_t pool_grow_word;
 static atomic_uint_least64_t pool_busy_workers; /* workers still inside the current job */
 
 static fmha_task_fn job_fn;
+static void (*job_begin)(void), (*job_end)(void); /* per-thread hooks of the job, or NULL */
 static void *job_ctx;
 static size_t job_tasks;
 static atomic_size_t job_next;
@@ -136,12 +139,18 @@ static int pool_spin_until(atomic_uint_least64_t *word, uint64_t value, int equa
     }
 }
 
+/* Claims and runs tasks until none is left; the job's hooks around them,
+ * when this thread gets one. */
 static void pool_run_tasks(int thread) {
+    int began = 0;
     for (;;) {
         size_t t = atomic_fetch_add_explicit(&job_next, 1, memory_order_relaxed);
         if (t >= job_tasks) break;
+        if (!began && job_begin) job_begin();
+        began = 1;
         job_fn(job_ctx, t, thread);
     }
+    if (began && job_end) job_end();
 }
 
 static void *pool_worker(void *arg) {
@@ -225,6 +234,11 @@ static int pool_grow(int want) {
 }
 
 int fmha_parallel_for(size_t n_tasks, int max_threads, fmha_task_fn fn, void *ctx) {
+    return fmha_parallel_for_hooked(n_tasks, max_threads, fn, ctx, NULL, NULL);
+}
+
+int fmha_parallel_for_hooked(size_t n_tasks, int max_threads, fmha_task_fn fn, void *ctx, void (*begin)(void),
+                             void (*end)(void)) {
     if (n_tasks == 0) return 0;
     int want = max_threads < 1 ? 1 : max_threads;
     if ((size_t)want > n_tasks) want = (int)n_tasks;
@@ -238,6 +252,8 @@ int fmha_parallel_for(size_t n_tasks, int max_threads, fmha_task_fn fn, void *ct
     int threads = have < want ? have : want;
     long spin_ns = atomic_load_explicit(&pool_spin_ns, memory_order_relaxed);
     job_fn = fn;
+    job_begin = begin;
+    job_end = end;
     job_ctx = ctx;
     job_tasks = n_tasks;
     atomic_store_explicit(&job_next, 0, memory_order_relaxed);

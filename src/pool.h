@@ -19,6 +19,14 @@ int fmha_pool_threads(void);
  * are serialised. */
 int fmha_parallel_for(size_t n_tasks, int max_threads, fmha_task_fn fn, void *ctx);
 
+/* fmha_parallel_for with per-thread set-up and tear-down: each thread that
+ * runs a task of the job calls begin() before its first task and end()
+ * after its last, on that thread (kernels with thread state: a tile
+ * configuration loaded, then released). Either may be NULL. A thread that
+ * runs no task calls neither. */
+int fmha_parallel_for_hooked(size_t n_tasks, int max_threads, fmha_task_fn fn, void *ctx, void (*begin)(void),
+                             void (*end)(void));
+
 /* n > 0 fixes the count, 0 restores the default; -1 for an invalid n. */
 int fmha_pool_set_threads(int n);
 

@@ -564,9 +564,9 @@ void fmha_bwd_run(fmha_plan *run, const void *q, const void *k, const void *v, c
     if (run->grads && run->grads->d_dense) bwd_zero_dense_grad(run);
 
     size_t heads = (size_t)(p->batch * p->heads_q);
-    fmha_parallel_for(heads, run->threads, bwd_prepare_task, &c);
-    fmha_parallel_for(c.split.tasks, run->threads, bwd_kv_task, &c);
-    fmha_parallel_for(heads, run->threads, bwd_reduce_dq_task, &c);
+    fmha_run_parallel(run, heads, bwd_prepare_task, &c);
+    fmha_run_parallel(run, c.split.tasks, bwd_kv_task, &c);
+    fmha_run_parallel(run, heads, bwd_reduce_dq_task, &c);
     if (c.bias_acc)
         fmha_bias_grad_finish(run, c.bias_acc, c.split.tasks, c.heads_per_task,
                               c.bias_task_doubles, bwd_task_head0, &c, c.bucket_acc);

@@ -460,6 +460,6 @@ void fmha_decode_run(fmha_plan *run, const void *q, const void *k, const void *v
     dec_ctx c = {run, q, k, v, o, lse, ws, {0}};
     dec_carve_shared(run, &sh, &c.pt);
     size_t units = (size_t)(run->p.batch * run->p.heads_kv / run->dec_heads * run->dec_units);
-    fmha_parallel_for(units * (size_t)run->dec_splits, run->threads, dec_split_task, &c);
-    fmha_parallel_for(units, run->threads, dec_merge_task, &c);
+    fmha_run_parallel(run, units * (size_t)run->dec_splits, dec_split_task, &c);
+    fmha_run_parallel(run, units, dec_merge_task, &c);
 }

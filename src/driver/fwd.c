@@ -369,10 +369,10 @@ void fmha_fwd_run(fmha_plan *run, const void *q, const void *k, const void *v, v
     if (c.kv_unit) {
         c.kv_packed = kv;
         size_t bc = run->uk->tile.block_kv, tiles = ((size_t)p->seq_kv + bc - 1) / bc;
-        fmha_parallel_for((size_t)(p->batch * p->heads_kv) * tiles, run->threads, fwd_kv_pack_task, &c);
+        fmha_run_parallel(run, (size_t)(p->batch * p->heads_kv) * tiles, fwd_kv_pack_task, &c);
     }
     if (run->strategy == FMHA_STRATEGY_DENSE)
-        fmha_parallel_for(heads, run->threads, fwd_dense_task, &c);
+        fmha_run_parallel(run, heads, fwd_dense_task, &c);
     else
-        fmha_parallel_for(heads * c.q_blocks, run->threads, fwd_tiled_task, &c);
+        fmha_run_parallel(run, heads * c.q_blocks, fwd_tiled_task, &c);
 }

@@ -6,10 +6,12 @@
  * changes between runs, and concurrent runs on one plan. */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn.h"
 #include "test_util.h"
 
 typedef struct tensors {
@@ -217,8 +219,66 @@ static void test_concurrent_runs(void) {
     tensors_free(&t);
 }
 
+/* A table's per-thread hooks run around every driver's tasks: the tiled
+ * forward, the backward and the decode driver call begin before a thread's
+ * first task and end after its last, balanced, and the results keep their
+ * bits. */
+static atomic_int hooks_begun, hooks_ended, hooks_unbalanced;
+static _Thread_local int hooks_inside;
+
+static void count_begin(void) {
+    hooks_unbalanced += hooks_inside;
+    hooks_inside = 1;
+    hooks_begun++;
+}
+
+static void count_end(void) {
+    hooks_unbalanced += !hooks_inside;
+    hooks_inside = 0;
+    hooks_ended++;
+}
+
+static void test_thread_hooks(void) {
+    for (int decode = 0; decode < 2; decode++) {
+        tensors t;
+        tensors_new(&t, 1, 4, decode ? 1 : 100, 300, 32);
+        float *o1 = calloc(t.o_span, sizeof(float)), *dq1 = NULL;
+        int64_t n[4];
+        tu_shape(&t.p, 'q', n);
+        size_t nq = tu_span(t.p.q_strides, n);
+        fmha_plan *plan;
+        if (!tu_check(fmha_plan_create(&t.p, &plan) == FMHA_OK, "plan_create")) return;
+        tu_check(fmha_plan_forward_backward(plan, t.q, t.k, t.v, t.d_o, t.o, t.lse, t.dq, t.dk, t.dv, NULL) ==
+                     FMHA_OK,
+                 "without hooks");
+        memcpy(o1, t.o, t.o_span * sizeof(float));
+        dq1 = malloc(nq * sizeof(float));
+        memcpy(dq1, t.dq, nq * sizeof(float));
+        fmha_ukernels hooked = *plan->uk;
+        hooked.thread = (fmha_uk_thread){count_begin, count_end};
+        plan->uk = &hooked;
+        hooks_begun = hooks_ended = 0;
+        tu_check(fmha_plan_forward(plan, t.q, t.k, t.v, t.o, t.lse) == FMHA_OK, "forward with hooks");
+        tu_check(hooks_begun >= 1 && hooks_begun == hooks_ended && plan->decode == decode,
+                 "%s forward: %d begins, %d ends", decode ? "decode" : "tiled", (int)hooks_begun, (int)hooks_ended);
+        tu_check(fmha_plan_forward_backward(plan, t.q, t.k, t.v, t.d_o, t.o, t.lse, t.dq, t.dk, t.dv, NULL) ==
+                     FMHA_OK,
+                 "forward and backward with hooks");
+        tu_check(hooks_begun >= 2 && hooks_begun == hooks_ended && !hooks_unbalanced,
+                 "backward: %d begins, %d ends, %d unbalanced", (int)hooks_begun, (int)hooks_ended,
+                 (int)hooks_unbalanced);
+        tu_check(!memcmp(o1, t.o, t.o_span * sizeof(float)) && !memcmp(dq1, t.dq, nq * sizeof(float)),
+                 "the same bits with hooks");
+        fmha_plan_destroy(plan);
+        free(o1);
+        free(dq1);
+        tensors_free(&t);
+    }
+}
+
 int main(void) {
     tu_seed();
+    test_thread_hooks();
     test_arguments();
     test_workspace_held();
     test_lengths_reread();
