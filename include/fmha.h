@@ -555,6 +555,25 @@ FMHA_API const fmha_problem *fmha_plan_problem(const fmha_plan *plan);
 /* Bytes of workspace the plan holds now (0 before its first run). */
 FMHA_API size_t fmha_plan_workspace_held(const fmha_plan *plan);
 
+/* What a plan runs, as one line of space-separated key=value fields:
+ *   driver     the forward's driver: "decode" (few queries, many keys;
+ *              paged caches), "dense" (small problems) or "tiled"
+ *   isa        the kernel table ("avx512bf16", "avx2", "scalar", ...)
+ *   path       how the products read their operands: "f32", "bf16"
+ *              (bf16 pairs on the bf16 dot-product instructions) or
+ *              "widened" (bf16/f16 widened to float32)
+ *   precision  "float32", or for the bf16 pair path "fast"/"accurate"
+ *   k_format, v_format  the cache formats of K and V ("f32", "bf16", "f16")
+ *   block_q, block_kv, mr (tiled, dense) or decode_units, rows_per_unit,
+ *              heads_per_unit, keys_per_split, splits (decode)
+ *   threads    the thread count a run would use now
+ *   cpu        in double quotes: vendor, family, model and the instruction
+ *              sets the CPU and OS allow (AMX included)
+ * Writes at most buf_size bytes, NUL-terminated (buf may be NULL when
+ * buf_size is 0) and returns the length of the whole line, as snprintf. A
+ * NULL plan describes the CPU alone. Fields may be added at the end. */
+FMHA_API size_t fmha_plan_describe(const fmha_plan *plan, char *buf, size_t buf_size);
+
 /* Frees the plan and its workspace; NULL is a no-op. */
 FMHA_API void fmha_plan_destroy(fmha_plan *plan);
 

@@ -37,6 +37,7 @@ struct fmha_plan {
     /* the backward's P = exp(S - lse) (uk's exp_sub, or its lowp one for bf16 FAST) */
     fmha_f32_exp_sub_ukernel_fn exp_sub;
     fmha_strategy strategy;    /* FMHA_STRATEGY_TILED or _DENSE after resolution */
+    const struct fmha_fwd_driver *driver; /* the forward's driver (drivers.c) */
     int threads;               /* most threads a run uses (workspace is sized for it) */
     int64_t group;             /* Hq / Hkv */
     int bottom_right;          /* off = kv_len[b] - q_len[b]: causal's or fmha_problem.alignment's */
@@ -54,11 +55,10 @@ struct fmha_plan {
     fmha_dtype kv_dtype;       /* element type of K and V (fmha_kv_dtype_of) */
     fmha_cache_format_id k_format, v_format; /* K's and V's rows as cache formats (format.h) */
     fmha_ws_size fwd_ws, bwd_ws; /* workspace of each direction (bwd: any gradients) */
-    /* Decode (driver/decode.c): set when planning gives the forward to the
-     * decode driver. A unit serves dec_heads kv heads x dec_rows rows of
+    /* Decode (driver/decode.c): set when the decode driver serves the
+     * forward. A unit serves dec_heads kv heads x dec_rows rows of
      * each (rows of a kv head: group x Sq, in dec_units units); keys in
      * dec_splits chunks of dec_chunk keys (split-KV); all from the shape. */
-    int decode;
     int64_t dec_heads, dec_rows, dec_units, dec_chunk, dec_splits;
 
     /* ---- per run ---- */
@@ -190,10 +190,26 @@ void fmha_bias_row(const fmha_plan *plan, int64_t b, int64_t i, int64_t h, int64
 /* ---- drivers ----
  * A run gets its own copy of the plan with the per-run fields set, and a
  * FMHA_ALIGN-aligned workspace of fmha_ws_total(plan, that direction's size). */
-/* Workspace of the forward; of the backward for plan->grads. */
+/* A forward driver (drivers.c): whether it serves a resolved plan (filling
+ * its fields of the plan when it does), its workspace and its run. */
+typedef struct fmha_fwd_driver {
+    const char *name; /* "decode", "dense", "tiled" */
+    int (*serves)(fmha_plan *plan);
+    fmha_ws_size (*workspace)(const fmha_plan *plan);
+    void (*run)(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse, char *ws);
+} fmha_fwd_driver;
+extern const fmha_fwd_driver fmha_fwd_driver_decode, fmha_fwd_driver_dense, fmha_fwd_driver_tiled;
+/* Sets plan->driver to the first of decode, dense, tiled that serves the
+ * plan; FMHA_ERR_UNSUPPORTED when none does (a paged cache without decode
+ * kernels). */
+fmha_status fmha_fwd_driver_choose(fmha_plan *plan);
+/* Workspace of the forward (the plan's driver's); of the backward for plan->grads. */
 fmha_ws_size fmha_fwd_workspace(const fmha_plan *plan);
+/* The tiled and dense drivers (fwd.c; plan->strategy tells which). */
+fmha_ws_size fmha_tiled_workspace(const fmha_plan *plan);
+void fmha_tiled_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse, char *ws);
 /* Decode driver: fills the plan's dec_* fields and returns 1 when it serves
- * this (resolved) problem's forward, else 0 and the tiled driver runs. */
+ * this (resolved) problem's forward. */
 int fmha_decode_plan(fmha_plan *plan);
 fmha_ws_size fmha_decode_workspace(const fmha_plan *plan);
 void fmha_decode_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse,
@@ -202,6 +218,7 @@ void fmha_decode_run(fmha_plan *run, const void *q, const void *k, const void *v
  * a = i + off - j (see fmha.h). */
 int64_t fmha_causal_off(const fmha_plan *plan, int64_t b);
 fmha_ws_size fmha_bwd_workspace(const fmha_plan *plan);
+/* The forward on the plan's driver. */
 void fmha_fwd_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse,
                   char *ws);
 void fmha_bwd_run(fmha_plan *run, const void *q, const void *k, const void *v, const void *o,

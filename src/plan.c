@@ -79,8 +79,9 @@ fmha_status fmha_plan_init(const fmha_problem *p_in, fmha_plan *plan) {
                                                                                      : NULL;
     st = fmha_mask_precheck(plan);
     if (st != FMHA_OK) return st;
-    /* a paged cache has only the decode driver's addressing */
-    if (!fmha_decode_plan(plan) && p->block_table) return FMHA_ERR_UNSUPPORTED;
+    /* the forward's driver (a paged cache has only the decode driver's addressing) */
+    st = fmha_fwd_driver_choose(plan);
+    if (st != FMHA_OK) return st;
     plan->fwd_ws = fmha_fwd_workspace(plan);
     plan->bwd_ws = fmha_bwd_workspace(plan);
     return FMHA_OK;

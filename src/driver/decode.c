@@ -93,7 +93,6 @@ int fmha_decode_plan(fmha_plan *plan) {
     const fmha_problem *p = &plan->p;
     const fmha_ukernels *uk = plan->uk;
     const fmha_masks *m = &p->masks;
-    plan->decode = 0;
     /* a paged cache takes this driver whatever the strategy and shape */
     if (!p->block_table && p->strategy != FMHA_STRATEGY_AUTO) return 0;
     if (!p->block_table && (p->seq_q > DEC_MAX_SQ || p->seq_kv < DEC_MIN_KV_PER_Q * p->seq_q)) return 0;
@@ -123,7 +122,6 @@ int fmha_decode_plan(fmha_plan *plan) {
     if (splits < 1) splits = 1;
     plan->dec_chunk = ceil_div(ceil_div(p->seq_kv, splits), DEC_TILE) * DEC_TILE;
     plan->dec_splits = ceil_div(p->seq_kv, plan->dec_chunk);
-    plan->decode = 1;
     return 1;
 }
 

@@ -83,8 +83,7 @@ static void fwd_carve_shared(const fmha_plan *plan, fmha_carver *c, char **bias,
     *kv = fmha_carve(c, (size_t)(plan->p.batch * plan->p.heads_kv) * plan->path->kv_unit_bytes(plan));
 }
 
-fmha_ws_size fmha_fwd_workspace(const fmha_plan *plan) {
-    if (plan->decode) return fmha_decode_workspace(plan);
+fmha_ws_size fmha_tiled_workspace(const fmha_plan *plan) {
     fmha_carver t = {0}, sh = {0};
     fwd_block_scratch s;
     char *bias, *kv;
@@ -351,12 +350,8 @@ static void fwd_dense_task(void *vctx, size_t task, int thread) {
     }
 }
 
-void fmha_fwd_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse,
-                  char *ws) {
-    if (run->decode) {
-        fmha_decode_run(run, q, k, v, o, lse, ws);
-        return;
-    }
+void fmha_tiled_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse,
+                    char *ws) {
     const fmha_problem *p = &run->p;
     fmha_carver sh = {ws + (size_t)run->threads * run->thread_bytes, 0};
     char *bias, *kv;

@@ -196,7 +196,7 @@ static void dec_tensor_free(dec_tensor *x) {
 static int planned_decode(const fmha_problem *p) {
     fmha_plan *plan = NULL;
     if (fmha_plan_create(p, &plan) != FMHA_OK) return -1;
-    int d = plan->decode;
+    int d = plan->driver == &fmha_fwd_driver_decode;
     fmha_plan_destroy(plan);
     return d;
 }
@@ -394,11 +394,11 @@ static void test_fallbacks(void) {
     tu_check(planned_decode(&x) == 0, "strided head dim falls back");
     /* a table without decode kernels plans the tiled forward */
     fmha_plan plan;
-    tu_check(fmha_plan_init(&p, &plan) == FMHA_OK && plan.decode == 1, "plan_init decodes");
+    tu_check(fmha_plan_init(&p, &plan) == FMHA_OK && plan.driver == &fmha_fwd_driver_decode, "plan_init decodes");
     fmha_ukernels bare = *plan.uk;
     bare.decode.softmax = NULL;
     plan.uk = &bare;
-    tu_check(fmha_decode_plan(&plan) == 0 && plan.decode == 0, "a table without decode kernels: tiled");
+    tu_check(fmha_decode_plan(&plan) == 0 && fmha_fwd_driver_choose(&plan) == FMHA_OK && plan.driver != &fmha_fwd_driver_decode, "a table without decode kernels: tiled or dense");
     bare = *fmha_cpu_kernels();
     bare.cache[FMHA_FORMAT_BF16].scores = NULL;
     bare.cache[FMHA_FORMAT_BF16].values = NULL;

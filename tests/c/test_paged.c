@@ -44,7 +44,7 @@ static void typed_free(typed *x) { free(x->data), free(x->value); }
 static int planned_decode(const fmha_problem *p) {
     fmha_plan *plan = NULL;
     if (fmha_plan_create(p, &plan) != FMHA_OK) return 0;
-    int d = plan->decode;
+    int d = plan->driver == &fmha_fwd_driver_decode;
     fmha_plan_destroy(plan);
     return d;
 }

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "attn.h"
+#include "cpu.h"
 #include "test_util.h"
 
 typedef struct tensors {
@@ -259,7 +260,7 @@ static void test_thread_hooks(void) {
         plan->uk = &hooked;
         hooks_begun = hooks_ended = 0;
         tu_check(fmha_plan_forward(plan, t.q, t.k, t.v, t.o, t.lse) == FMHA_OK, "forward with hooks");
-        tu_check(hooks_begun >= 1 && hooks_begun == hooks_ended && plan->decode == decode,
+        tu_check(hooks_begun >= 1 && hooks_begun == hooks_ended && (plan->driver == &fmha_fwd_driver_decode) == decode,
                  "%s forward: %d begins, %d ends", decode ? "decode" : "tiled", (int)hooks_begun, (int)hooks_ended);
         tu_check(fmha_plan_forward_backward(plan, t.q, t.k, t.v, t.d_o, t.o, t.lse, t.dq, t.dk, t.dv, NULL) ==
                      FMHA_OK,
@@ -276,8 +277,51 @@ static void test_thread_hooks(void) {
     }
 }
 
+/* fmha_plan_describe names the driver, the table, the path and the formats,
+ * and truncates as snprintf does. */
+static void test_describe(void) {
+    char line[1024], tiny[8];
+    fmha_problem p;
+    fmha_problem_init(&p, 1, 8, 2, 300, 400, 64, 64, FMHA_LAYOUT_BSHD);
+    fmha_plan *plan;
+    if (!tu_check(fmha_plan_create(&p, &plan) == FMHA_OK, "plan_create")) return;
+    size_t n = fmha_plan_describe(plan, line, sizeof line);
+    char want[64];
+    snprintf(want, sizeof want, "isa=%s ", fmha_isa_name());
+    tu_check(n == strlen(line) && strstr(line, "driver=tiled ") && strstr(line, want) && strstr(line, "path=f32 ") &&
+                 strstr(line, "k_format=f32 v_format=f32 ") && strstr(line, "cpu=\""),
+             "describe, tiled float32: %s", line);
+    tu_check(fmha_plan_describe(plan, tiny, sizeof tiny) == n && strlen(tiny) == sizeof tiny - 1 &&
+                 !strncmp(tiny, line, sizeof tiny - 1) && fmha_plan_describe(plan, NULL, 0) == n,
+             "describe truncates as snprintf and returns the whole length");
+    fmha_plan_destroy(plan);
+    p.seq_q = 1;
+    p.dtype = FMHA_DTYPE_F32;
+    p.kv_dtype = FMHA_KV_DTYPE_BF16;
+    if (tu_check(fmha_plan_create(&p, &plan) == FMHA_OK, "plan_create decode")) {
+        fmha_plan_describe(plan, line, sizeof line);
+        tu_check(strstr(line, "k_format=bf16 v_format=bf16 ") &&
+                     strstr(line, fmha_cpu_kernels()->decode.softmax ? "driver=decode " : "driver="),
+                 "describe, a bf16 cache: %s", line);
+        fmha_plan_destroy(plan);
+    }
+    fmha_problem_init(&p, 1, 2, 2, 8, 8, 16, 16, FMHA_LAYOUT_BSHD);
+    p.dtype = FMHA_DTYPE_BF16;
+    if (tu_check(fmha_plan_create(&p, &plan) == FMHA_OK, "plan_create dense")) {
+        fmha_plan_describe(plan, line, sizeof line);
+        tu_check(strstr(line, "driver=dense ") &&
+                     strstr(line, fmha_cpu_kernels()->bf16.gemm ? "path=bf16 precision=fast " : "path=widened "),
+                 "describe, small bf16: %s", line);
+        fmha_plan_destroy(plan);
+    }
+    n = fmha_plan_describe(NULL, line, sizeof line);
+    tu_check(n == strlen(line) && !strncmp(line, "no plan; cpu=\"", 14), "describe NULL: %s", line);
+    printf("%s\n", line);
+}
+
 int main(void) {
     tu_seed();
+    test_describe();
     test_thread_hooks();
     test_arguments();
     test_workspace_held();

@@ -32,7 +32,7 @@ typedef struct bench_options {
     const char *kv_dtype;      /* --kv-dtype: K and V in their own dtype; NULL: the row's */
     int threads;               /* 0: the library's default */
     const char *precision;     /* --precision: "accurate" or "fast" (bf16 rows) */
-    int no_ref, peaks, max_fit, append;
+    int no_ref, peaks, max_fit, append, explain;
     double peak_timeout_s;
     double mem_budget_mb;      /* 0: MemAvailable */
     const char *out;

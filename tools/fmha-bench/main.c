@@ -61,6 +61,9 @@ static void usage(FILE *f)
             "  --portable-max-seq N    fmha_portable only up to this seq (default 1024)\n"
             "  --threads N             fmha_set_num_threads(N) (default: the library's)\n"
             "  --no-ref                skip rel_err (the float64 reference)\n"
+            "  --explain               print what serves each row (driver, ISA, operand path,\n"
+            "                          cache formats, tiles, threads, CPU: fmha_plan_describe)\n"
+            "                          to stderr; every row records it as \"plan\"\n"
             "  --precision P           fast (default) or accurate: fmha_precision of bfloat16 rows\n"
             "  --peaks                 also run each (impl, seq) of --peak-seqs x --peak-impls\n"
             "                          (and record the memory read bandwidth, mem_read_gbs)\n"
@@ -289,6 +292,7 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
                              : strcmp(flag, "--peaks") == 0   ? &o->peaks
                              : strcmp(flag, "--max-fit") == 0 ? &o->max_fit
                              : strcmp(flag, "--append") == 0  ? &o->append
+                             : strcmp(flag, "--explain") == 0 ? &o->explain
                                                               : NULL;
         if (switch_target || strcmp(flag, "--help") == 0) {
             if (value)

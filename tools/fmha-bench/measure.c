@@ -593,6 +593,17 @@ json_value *bench_measure(const bench_options *o, const bench_case *c, bench_inp
         bench_row_set_status(row, st);
         return row;
     }
+    /* what serves the row (fmha_plan_describe), recorded and with --explain printed */
+    fmha_plan *described = NULL;
+    if (fmha_plan_create(&r.p, &described) == FMHA_OK) {
+        char line[512];
+        fmha_plan_describe(described, line, sizeof line);
+        json_set_string(row, "plan", line);
+        if (o->explain)
+            fprintf(stderr, "explain: %s %s %s %s S=%lld D=%lld: %s\n", c->impl, c->mode, c->variant, c->dtype,
+                    (long long)c->seq, (long long)c->head_dim, line);
+        fmha_plan_destroy(described);
+    }
     if (!r.fwdbwd) {
         r.workspace_bytes = workspace;
         r.workspace = workspace ? malloc(workspace) : NULL;

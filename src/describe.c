@@ -1,0 +1,38 @@
+/* describe.c: fmha_plan_describe, one line saying what a plan runs (its
+ * driver, the instruction set and operand path, the cache formats, block
+ * sizes, threads and the CPU), so a user can tell which kernels serve a
+ * call without a profiler. */
+#include <stdio.h>
+
+#include "attn.h"
+#include "cpu.h"
+#include "driver/operand.h"
+#include "format.h"
+
+size_t fmha_plan_describe(const fmha_plan *plan, char *buf, size_t buf_size) {
+    char cpu[256];
+    fmha_arch_describe(cpu, sizeof cpu);
+    if (!plan) {
+        int n = snprintf(buf, buf_size, "no plan; cpu=\"%s\"", cpu);
+        return n < 0 ? 0 : (size_t)n;
+    }
+    const fmha_problem *p = &plan->p;
+    const int bf16_pairs = plan->path == &fmha_path_bf16;
+    char shape[160];
+    if (plan->driver == &fmha_fwd_driver_decode)
+        snprintf(shape, sizeof shape, "decode_units=%lld rows_per_unit=%lld heads_per_unit=%lld keys_per_split=%lld "
+                 "splits=%lld",
+                 (long long)plan->dec_units, (long long)plan->dec_rows, (long long)plan->dec_heads,
+                 (long long)plan->dec_chunk, (long long)plan->dec_splits);
+    else
+        snprintf(shape, sizeof shape, "block_q=%zu block_kv=%zu mr=%zu", plan->uk->tile.nr,
+                 plan->driver == &fmha_fwd_driver_dense ? (size_t)p->seq_kv : plan->uk->tile.block_kv,
+                 plan->uk->tile.mr);
+    int n = snprintf(buf, buf_size,
+                     "driver=%s isa=%s path=%s precision=%s k_format=%s v_format=%s %s threads=%d cpu=\"%s\"",
+                     plan->driver->name, plan->uk->isa, plan->path->name,
+                     bf16_pairs ? (p->precision == FMHA_PRECISION_FAST ? "fast" : "accurate") : "float32",
+                     fmha_cache_format_at(plan->k_format)->name, fmha_cache_format_at(plan->v_format)->name, shape,
+                     fmha_pool_threads(), cpu);
+    return n < 0 ? 0 : (size_t)n;
+}

@@ -1,0 +1,37 @@
+/* drivers.c: the forward drivers as an ordered list. Planning asks each in
+ * turn whether it serves the resolved plan (a driver that does fills its
+ * own fields of the plan) and the first that does is the plan's; the run
+ * and the workspace are the chosen driver's. Most specialised first:
+ *   decode  few queries against many keys, paged caches (decode.c)
+ *   dense   small problems, scores materialised per head (fwd.c)
+ *   tiled   everything else (fwd.c) */
+#include "../attn.h"
+
+static int decode_serves(fmha_plan *plan) { return fmha_decode_plan(plan); }
+
+/* auto's choice for small problems, or the caller's; never a paged cache */
+static int dense_serves(fmha_plan *plan) { return !plan->p.block_table && plan->strategy == FMHA_STRATEGY_DENSE; }
+
+static int tiled_serves(fmha_plan *plan) { return !plan->p.block_table; }
+
+const fmha_fwd_driver fmha_fwd_driver_decode = {"decode", decode_serves, fmha_decode_workspace, fmha_decode_run};
+const fmha_fwd_driver fmha_fwd_driver_dense = {"dense", dense_serves, fmha_tiled_workspace, fmha_tiled_run};
+const fmha_fwd_driver fmha_fwd_driver_tiled = {"tiled", tiled_serves, fmha_tiled_workspace, fmha_tiled_run};
+
+static const fmha_fwd_driver *const fwd_drivers[] = {&fmha_fwd_driver_decode, &fmha_fwd_driver_dense,
+                                                     &fmha_fwd_driver_tiled};
+
+fmha_status fmha_fwd_driver_choose(fmha_plan *plan) {
+    for (size_t i = 0; i < sizeof fwd_drivers / sizeof fwd_drivers[0]; i++)
+        if (fwd_drivers[i]->serves(plan)) {
+            plan->driver = fwd_drivers[i];
+            return FMHA_OK;
+        }
+    return FMHA_ERR_UNSUPPORTED;
+}
+
+fmha_ws_size fmha_fwd_workspace(const fmha_plan *plan) { return plan->driver->workspace(plan); }
+
+void fmha_fwd_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse, char *ws) {
+    run->driver->run(run, q, k, v, o, lse, ws);
+}
