@@ -127,6 +127,15 @@ typedef enum fmha_status {
 /* A sentence describing a status; never NULL (unknown codes get a generic text). */
 FMHA_API const char *fmha_status_string(fmha_status status);
 
+/* What made the calling thread's last fmha call fail: one sentence naming
+ * the argument, what it must be and what it was, e.g.
+ *   "head_dim must lie in 1..576, got 1000"
+ *   "masks.kv_lengths[2] must lie in 0..seq_kv = 16, got 20"
+ * "" when that call succeeded (every call that returns a status clears it
+ * first). Never NULL; the text is the thread's own and stays valid until
+ * its next fmha call. */
+FMHA_API const char *fmha_last_error_message(void);
+
 typedef enum fmha_strategy {
     FMHA_STRATEGY_AUTO = 0,   /* dense for small problems, tiled otherwise (crossover measured, see
                                  src/plan.c); the forward of few queries against many keys

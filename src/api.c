@@ -10,6 +10,7 @@
 
 #include "attn.h"
 #include "convert.h"
+#include "error.h"
 #include "cpu.h"
 #include "pool.h"
 
@@ -41,7 +42,10 @@ const char *fmha_version_string(void) { return FMHA_VERSION_STRING; }
 const char *fmha_isa_name(void) { return fmha_cpu_kernels()->isa; }
 
 fmha_status fmha_set_num_threads(int n) {
-    return fmha_pool_set_threads(n) == 0 ? FMHA_OK : FMHA_ERR_BAD_THREAD_COUNT;
+    fmha_error_clear();
+    if (fmha_pool_set_threads(n) != 0)
+        return fmha_fail(FMHA_ERR_BAD_THREAD_COUNT, "the thread count must lie in 0..1024 (0: the default), got %d", n);
+    return FMHA_OK;
 }
 
 int fmha_get_num_threads(void) { return fmha_pool_threads(); }
@@ -151,7 +155,7 @@ static int tensor_injective(const int64_t ext[4], const int64_t st[4]) {
 }
 
 fmha_status fmha_problem_load(const fmha_problem *p, fmha_problem *out) {
-    if (!p) return FMHA_ERR_NULL_POINTER;
+    if (!p) return fmha_fail(FMHA_ERR_NULL_POINTER, "the problem is NULL");
     /* every struct_size this library has shipped: the first (up to biases)
      * is read as the prefix of this one, the rest zero (off) */
     size_t first = offsetof(fmha_problem, sinks), second = offsetof(fmha_problem, block_table),
@@ -159,43 +163,83 @@ fmha_status fmha_problem_load(const fmha_problem *p, fmha_problem *out) {
            fifth = offsetof(fmha_problem, alignment);
     if (p->struct_size != sizeof(fmha_problem) && p->struct_size != first && p->struct_size != second &&
         p->struct_size != third && p->struct_size != fourth && p->struct_size != fifth)
-        return FMHA_ERR_STRUCT_SIZE;
+        return fmha_fail(FMHA_ERR_STRUCT_SIZE,
+                         "struct_size must be sizeof(fmha_problem) = %zu (or an earlier release's %zu, %zu, %zu, %zu, "
+                         "%zu), got %zu: fill the problem with fmha_problem_init",
+                         sizeof(fmha_problem), first, second, third, fourth, fifth, (size_t)p->struct_size);
     memset(out, 0, sizeof *out);
     memcpy(out, p, p->struct_size);
     return FMHA_OK;
 }
 
 fmha_status fmha_problem_check(const fmha_problem *p_in) {
+    fmha_error_clear();
     fmha_status st;
     fmha_problem copy;
     st = fmha_problem_load(p_in, &copy);
     if (st != FMHA_OK) return st;
     const fmha_problem *p = &copy;
-    if ((unsigned)p->dtype >= FMHA_DTYPE_COUNT_) return FMHA_ERR_BAD_OPTION;
-    if ((unsigned)p->kv_dtype > FMHA_KV_DTYPE_F16) return FMHA_ERR_BAD_OPTION;
-    if ((unsigned)p->strategy > FMHA_STRATEGY_PORTABLE) return FMHA_ERR_BAD_OPTION;
-    if ((unsigned)p->causal > FMHA_CAUSAL_BOTTOM_RIGHT) return FMHA_ERR_BAD_OPTION;
-    if (p->alignment < FMHA_ALIGN_CAUSAL || p->alignment > FMHA_ALIGN_BOTTOM_RIGHT ||
-        (p->causal == FMHA_CAUSAL_TOP_LEFT && p->alignment == FMHA_ALIGN_BOTTOM_RIGHT) ||
+    if ((unsigned)p->dtype >= FMHA_DTYPE_COUNT_)
+        return fmha_fail(FMHA_ERR_BAD_OPTION, "dtype must be an fmha_dtype (0..%d), got %d", FMHA_DTYPE_COUNT_ - 1,
+                         (int)p->dtype);
+    if ((unsigned)p->kv_dtype > FMHA_KV_DTYPE_F16)
+        return fmha_fail(FMHA_ERR_BAD_OPTION, "kv_dtype must be an fmha_kv_dtype (0..%d), got %d", FMHA_KV_DTYPE_F16,
+                         (int)p->kv_dtype);
+    if ((unsigned)p->strategy > FMHA_STRATEGY_PORTABLE)
+        return fmha_fail(FMHA_ERR_BAD_OPTION, "strategy must be an fmha_strategy (0..%d), got %d",
+                         FMHA_STRATEGY_PORTABLE, (int)p->strategy);
+    if ((unsigned)p->causal > FMHA_CAUSAL_BOTTOM_RIGHT)
+        return fmha_fail(FMHA_ERR_BAD_OPTION, "causal must be an fmha_causal (0..%d), got %d", FMHA_CAUSAL_BOTTOM_RIGHT,
+                         (int)p->causal);
+    if (p->alignment < FMHA_ALIGN_CAUSAL || p->alignment > FMHA_ALIGN_BOTTOM_RIGHT)
+        return fmha_fail(FMHA_ERR_BAD_OPTION, "alignment must be an fmha_alignment (0..%d), got %lld",
+                         FMHA_ALIGN_BOTTOM_RIGHT, (long long)p->alignment);
+    if ((p->causal == FMHA_CAUSAL_TOP_LEFT && p->alignment == FMHA_ALIGN_BOTTOM_RIGHT) ||
         (p->causal == FMHA_CAUSAL_BOTTOM_RIGHT && p->alignment == FMHA_ALIGN_TOP_LEFT))
-        return FMHA_ERR_BAD_OPTION;
-    if ((unsigned)p->precision > FMHA_PRECISION_FAST) return FMHA_ERR_BAD_OPTION;
-    if (p->batch < 1 || p->heads_q < 1 || p->heads_kv < 1 || p->seq_q < 1 || p->seq_kv < 1)
-        return FMHA_ERR_BAD_SIZE;
-    if (p->heads_q % p->heads_kv != 0) return FMHA_ERR_BAD_HEADS;
-    if (p->head_dim < 1 || p->head_dim > FMHA_MAX_HEAD_DIM || p->head_dim_v < 1 ||
-        p->head_dim_v > FMHA_MAX_HEAD_DIM)
-        return FMHA_ERR_BAD_HEAD_DIM;
-    if (!isfinite(p->scale)) return FMHA_ERR_BAD_SCALE;
-    if (!(p->dropout_p >= 0.0f && p->dropout_p < 1.0f)) return FMHA_ERR_BAD_OPTION;
+        return fmha_fail(FMHA_ERR_BAD_OPTION, "alignment %s contradicts causal's %s alignment",
+                         p->alignment == FMHA_ALIGN_TOP_LEFT ? "top-left" : "bottom-right",
+                         p->causal == FMHA_CAUSAL_TOP_LEFT ? "top-left" : "bottom-right");
+    if ((unsigned)p->precision > FMHA_PRECISION_FAST)
+        return fmha_fail(FMHA_ERR_BAD_OPTION, "precision must be an fmha_precision (0..%d), got %d",
+                         FMHA_PRECISION_FAST, (int)p->precision);
+    {
+        const char *names[5] = {"batch", "heads_q", "heads_kv", "seq_q", "seq_kv"};
+        const int64_t sizes[5] = {p->batch, p->heads_q, p->heads_kv, p->seq_q, p->seq_kv};
+        for (int i = 0; i < 5; i++)
+            if (sizes[i] < 1)
+                return fmha_fail(FMHA_ERR_BAD_SIZE, "%s must be at least 1, got %lld", names[i], (long long)sizes[i]);
+    }
+    if (p->heads_q % p->heads_kv != 0)
+        return fmha_fail(FMHA_ERR_BAD_HEADS, "heads_q must be a multiple of heads_kv, got %lld and %lld",
+                         (long long)p->heads_q, (long long)p->heads_kv);
+    if (p->head_dim < 1 || p->head_dim > FMHA_MAX_HEAD_DIM)
+        return fmha_fail(FMHA_ERR_BAD_HEAD_DIM, "head_dim must lie in 1..%d, got %lld", FMHA_MAX_HEAD_DIM,
+                         (long long)p->head_dim);
+    if (p->head_dim_v < 1 || p->head_dim_v > FMHA_MAX_HEAD_DIM)
+        return fmha_fail(FMHA_ERR_BAD_HEAD_DIM, "head_dim_v must lie in 1..%d, got %lld", FMHA_MAX_HEAD_DIM,
+                         (long long)p->head_dim_v);
+    if (!isfinite(p->scale)) return fmha_fail(FMHA_ERR_BAD_SCALE, "scale must be finite, got %g", (double)p->scale);
+    if (!(p->dropout_p >= 0.0f && p->dropout_p < 1.0f))
+        return fmha_fail(FMHA_ERR_BAD_OPTION, "dropout_p must lie in [0, 1), got %g", (double)p->dropout_p);
     /* a cache dtype of its own only beside float32 queries */
-    if (fmha_kv_dtype_of(p) != p->dtype && p->dtype != FMHA_DTYPE_F32) return FMHA_ERR_UNSUPPORTED;
+    if (fmha_kv_dtype_of(p) != p->dtype && p->dtype != FMHA_DTYPE_F32)
+        return fmha_fail(FMHA_ERR_UNSUPPORTED,
+                         "kv_dtype differs from a %s problem's dtype: K and V of their own dtype need float32 Q",
+                         p->dtype == FMHA_DTYPE_BF16 ? "bfloat16" : "float16");
     if (p->block_table) { /* the pool's shape before its strides are measured */
-        if (p->page_size < 1 || p->num_pages < 1 || p->block_table_stride < 1 ||
-            p->page_size > ((int64_t)1 << 40) || p->num_pages > ((int64_t)1 << 40) ||
-            p->block_table_stride > ((int64_t)1 << 40) ||
-            p->block_table_stride < (p->seq_kv + p->page_size - 1) / p->page_size)
-            return FMHA_ERR_BAD_PAGE;
+        const int64_t most = (int64_t)1 << 40;
+        const char *names[3] = {"page_size", "num_pages", "block_table_stride"};
+        const int64_t v[3] = {p->page_size, p->num_pages, p->block_table_stride};
+        for (int i = 0; i < 3; i++)
+            if (v[i] < 1 || v[i] > most)
+                return fmha_fail(FMHA_ERR_BAD_PAGE, "%s must lie in 1..2^40 with a block table, got %lld", names[i],
+                                 (long long)v[i]);
+        /* pages a sequence of seq_kv keys spans, without overflow */
+        int64_t pages = p->seq_kv / p->page_size + (p->seq_kv % p->page_size != 0);
+        if (p->block_table_stride < pages)
+            return fmha_fail(FMHA_ERR_BAD_PAGE,
+                             "block_table_stride must be at least ceil(seq_kv / page_size) = %lld, got %lld",
+                             (long long)pages, (long long)p->block_table_stride);
     }
     /* Sizes that cannot be indexed (or whose scratch cannot be sized) are
      * errors; products are checked, never overflowed. */
@@ -204,15 +248,26 @@ fmha_status fmha_problem_check(const fmha_problem *p_in) {
     if (p->batch > limit || p->heads_q > limit || p->seq_q > limit || p->seq_kv > limit ||
         __builtin_mul_overflow(p->batch, p->heads_q, &heads_all) || heads_all > limit ||
         __builtin_mul_overflow(p->seq_q, p->seq_kv, &scores) || scores > INT64_MAX / 8)
-        return FMHA_ERR_BAD_SIZE;
+        return fmha_fail(FMHA_ERR_BAD_SIZE,
+                         "batch, heads_q, seq_q and seq_kv must each be at most 2^40, batch x heads_q at most 2^40 "
+                         "and seq_q x seq_kv at most 2^60, got %lld, %lld, %lld, %lld",
+                         (long long)p->batch, (long long)p->heads_q, (long long)p->seq_q, (long long)p->seq_kv);
+    static const char *const tensor_names[4] = {"q", "k", "v", "o"};
     for (int t = 0; t < 4; t++) {
         int64_t ext[4];
         const int64_t *st = tensor_strides(p, t);
         tensor_extents(p, t, ext);
         for (int i = 0; i < 4; i++)
-            if (st[i] < 0) return FMHA_ERR_BAD_STRIDE;
-        if (tensor_span(ext, st) < 0) return FMHA_ERR_BAD_SIZE;
-        if (t == 3 && !tensor_injective(ext, st)) return FMHA_ERR_BAD_STRIDE;
+            if (st[i] < 0)
+                return fmha_fail(FMHA_ERR_BAD_STRIDE, "%s_strides[%d] must not be negative, got %lld", tensor_names[t],
+                                 i, (long long)st[i]);
+        if (tensor_span(ext, st) < 0)
+            return fmha_fail(FMHA_ERR_BAD_SIZE, "%s spans more than 2^60 elements (strides %lld, %lld, %lld, %lld)",
+                             tensor_names[t], (long long)st[0], (long long)st[1], (long long)st[2], (long long)st[3]);
+        if (t == 3 && !tensor_injective(ext, st))
+            return fmha_fail(FMHA_ERR_BAD_STRIDE,
+                             "o_strides (%lld, %lld, %lld, %lld) make two elements of O share memory",
+                             (long long)st[0], (long long)st[1], (long long)st[2], (long long)st[3]);
     }
     st = fmha_masks_check(p);
     if (st == FMHA_OK) st = fmha_biases_check(p);
@@ -243,8 +298,15 @@ static void add_strided(tensor_list *l, const char *name, const void *ptr, const
                         const int64_t st[4], size_t elem, int output) {
     if (!ptr || l->status != FMHA_OK) return;
     int64_t span = tensor_span(ext, st);
-    if (span < 0) { l->status = FMHA_ERR_BAD_SIZE; return; }
-    if (output && !tensor_injective(ext, st)) { l->status = FMHA_ERR_BAD_STRIDE; return; }
+    if (span < 0) {
+        l->status = fmha_fail(FMHA_ERR_BAD_SIZE, "%s spans more than 2^60 elements", name);
+        return;
+    }
+    if (output && !tensor_injective(ext, st)) {
+        l->status = fmha_fail(FMHA_ERR_BAD_STRIDE, "the strides of %s (an output) make two of its elements share memory",
+                              name);
+        return;
+    }
     uintptr_t lo = (uintptr_t)ptr;
     l->t[l->n++] = (tensor_ref){name, lo, lo + (uintptr_t)(span + 1) * elem, output};
 }
@@ -254,7 +316,11 @@ static void add_array(tensor_list *l, const char *name, const void *ptr, int64_t
                       size_t elem, int output) {
     int64_t n;
     if (!ptr || l->status != FMHA_OK) return;
-    if (__builtin_mul_overflow(n0, n1, &n) || n > INT64_MAX / 8) { l->status = FMHA_ERR_BAD_SIZE; return; }
+    if (__builtin_mul_overflow(n0, n1, &n) || n > INT64_MAX / 8) {
+        l->status = fmha_fail(FMHA_ERR_BAD_SIZE, "%s holds more than 2^60 elements (%lld x %lld)", name, (long long)n0,
+                              (long long)n1);
+        return;
+    }
     uintptr_t lo = (uintptr_t)ptr;
     l->t[l->n++] = (tensor_ref){name, lo, lo + (uintptr_t)n * elem, output};
 }
@@ -292,17 +358,26 @@ static void add_mask_bias_inputs(tensor_list *l, const fmha_problem *p) {
 fmha_status fmha_param_grads_check(const fmha_problem *p, const fmha_param_grads *g) {
     if (!g) return FMHA_OK;
     const fmha_biases *bs = &p->biases;
-    if ((g->d_dense && !bs->dense) || (g->d_alibi && !bs->alibi_slopes) ||
-        (g->d_rel_table && !bs->rel_table))
-        return FMHA_ERR_BAD_MASK;
+    if (g->d_dense && !bs->dense)
+        return fmha_fail(FMHA_ERR_BAD_MASK, "grads->d_dense is set but the problem has no dense bias");
+    if (g->d_alibi && !bs->alibi_slopes)
+        return fmha_fail(FMHA_ERR_BAD_MASK, "grads->d_alibi is set but the problem has no alibi_slopes");
+    if (g->d_rel_table && !bs->rel_table)
+        return fmha_fail(FMHA_ERR_BAD_MASK, "grads->d_rel_table is set but the problem has no rel_table");
     if (g->d_dense) {
         int64_t ext[4] = {p->batch, p->heads_q, p->seq_q, p->seq_kv};
         for (int i = 0; i < 4; i++) {
-            if (g->d_dense_strides[i] < 0) return FMHA_ERR_BAD_STRIDE;
+            if (g->d_dense_strides[i] < 0)
+                return fmha_fail(FMHA_ERR_BAD_STRIDE, "grads->d_dense_strides[%d] must not be negative, got %lld", i,
+                                 (long long)g->d_dense_strides[i]);
             if (ext[i] > 1 && (g->d_dense_strides[i] == 0) != (bs->dense_strides[i] == 0))
-                return FMHA_ERR_BAD_STRIDE;
+                return fmha_fail(FMHA_ERR_BAD_STRIDE,
+                                 "grads->d_dense_strides[%d] must broadcast where biases.dense_strides[%d] does "
+                                 "(0 exactly when it is 0), got %lld against %lld",
+                                 i, i, (long long)g->d_dense_strides[i], (long long)bs->dense_strides[i]);
         }
-        if (fmha_dense_span(p, g->d_dense_strides) < 0) return FMHA_ERR_BAD_SIZE;
+        if (fmha_dense_span(p, g->d_dense_strides) < 0)
+            return fmha_fail(FMHA_ERR_BAD_SIZE, "grads->d_dense spans more than 2^60 elements");
     }
     return FMHA_OK;
 }
@@ -340,7 +415,9 @@ fmha_status fmha_tensors_check(const fmha_problem *p, const fmha_tensors *t) {
     for (int i = 0; i < l.n; i++) {
         if (!l.t[i].output) continue;
         for (int j = 0; j < l.n; j++)
-            if (j != i && l.t[i].lo < l.t[j].hi && l.t[j].lo < l.t[i].hi) return FMHA_ERR_OVERLAP;
+            if (j != i && l.t[i].lo < l.t[j].hi && l.t[j].lo < l.t[i].hi)
+                return fmha_fail(FMHA_ERR_OVERLAP, "the output %s overlaps %s %s in memory", l.t[i].name,
+                                 l.t[j].output ? "the output" : "the input", l.t[j].name);
     }
     return FMHA_OK;
 }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "attn.h"
+#include "error.h"
 
 int32_t fmha_rel_bucket(int64_t rel, int32_t num_buckets, int32_t max_distance, int bidirectional) {
     int32_t base = 0, nb = num_buckets;
@@ -40,17 +41,31 @@ fmha_status fmha_biases_check(const fmha_problem *p) {
     const fmha_biases *bs = &p->biases;
     if (bs->dense)
         for (int i = 0; i < 4; i++)
-            if (bs->dense_strides[i] < 0) return FMHA_ERR_BAD_STRIDE;
-    if (bs->dense && fmha_dense_span(p, bs->dense_strides) < 0) return FMHA_ERR_BAD_SIZE;
-    if (bs->rel_table && (bs->rel_num_buckets < 1 || bs->rel_max_distance < 1)) return FMHA_ERR_BAD_MASK;
-    if (bs->softcap != 0.0f && !(bs->softcap > 0.0f && isfinite(bs->softcap))) return FMHA_ERR_BAD_MASK;
-    if (bs->callback.accumulate_grad && !bs->callback.fill) return FMHA_ERR_BAD_MASK;
+            if (bs->dense_strides[i] < 0)
+                return fmha_fail(FMHA_ERR_BAD_STRIDE, "biases.dense_strides[%d] must not be negative, got %lld", i,
+                                 (long long)bs->dense_strides[i]);
+    if (bs->dense && fmha_dense_span(p, bs->dense_strides) < 0)
+        return fmha_fail(FMHA_ERR_BAD_SIZE, "biases.dense spans more than 2^60 elements");
+    if (bs->rel_table && (bs->rel_num_buckets < 1 || bs->rel_max_distance < 1))
+        return fmha_fail(FMHA_ERR_BAD_MASK,
+                         "biases.rel_num_buckets and rel_max_distance must be at least 1 with a rel_table, got %lld "
+                         "and %lld",
+                         (long long)bs->rel_num_buckets, (long long)bs->rel_max_distance);
+    if (bs->softcap != 0.0f && !(bs->softcap > 0.0f && isfinite(bs->softcap)))
+        return fmha_fail(FMHA_ERR_BAD_MASK, "biases.softcap must be 0 (off) or positive and finite, got %g",
+                         (double)bs->softcap);
+    if (bs->callback.accumulate_grad && !bs->callback.fill)
+        return fmha_fail(FMHA_ERR_BAD_MASK, "biases.callback.accumulate_grad is set without callback.fill");
     if (bs->alibi_slopes)
         for (int64_t h = 0; h < p->heads_q; h++)
-            if (!isfinite(bs->alibi_slopes[h])) return FMHA_ERR_BAD_MASK;
+            if (!isfinite(bs->alibi_slopes[h]))
+                return fmha_fail(FMHA_ERR_BAD_MASK, "biases.alibi_slopes[%lld] must be finite, got %g", (long long)h,
+                                 (double)bs->alibi_slopes[h]);
     if (p->sinks)
         for (int64_t h = 0; h < p->heads_q; h++)
-            if (!isfinite(p->sinks[h])) return FMHA_ERR_BAD_MASK;
+            if (!isfinite(p->sinks[h]))
+                return fmha_fail(FMHA_ERR_BAD_MASK, "sinks[%lld] must be finite, got %g", (long long)h,
+                                 (double)p->sinks[h]);
     return FMHA_OK;
 }
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "attn.h"
+#include "error.h"
 
 static atomic_llong tiles_computed;
 void fmha_tiles_reset(void) { atomic_store(&tiles_computed, 0); }
@@ -30,17 +31,29 @@ int64_t fmha_dense_span(const fmha_problem *p, const int64_t st[4]) {
 
 fmha_status fmha_masks_check(const fmha_problem *p) {
     const fmha_masks *m = &p->masks;
-    if (m->window_left < -1 || m->window_right < -1) return FMHA_ERR_BAD_MASK;
-    if (!m->q_segment_ids != !m->kv_segment_ids) return FMHA_ERR_BAD_MASK;
+    if (m->window_left < -1 || m->window_right < -1)
+        return fmha_fail(FMHA_ERR_BAD_MASK, "masks.window_left and window_right must be -1 (unbounded) or >= 0, got %lld "
+                         "and %lld", (long long)m->window_left, (long long)m->window_right);
+    if (!m->q_segment_ids != !m->kv_segment_ids)
+        return fmha_fail(FMHA_ERR_BAD_MASK, "masks.q_segment_ids and kv_segment_ids must be set together, got only %s",
+                         m->q_segment_ids ? "q_segment_ids" : "kv_segment_ids");
     for (int64_t b = 0; (m->kv_lengths || m->q_lengths) && b < p->batch; b++) {
-        if (m->kv_lengths && (m->kv_lengths[b] < 0 || m->kv_lengths[b] > p->seq_kv)) return FMHA_ERR_BAD_MASK;
-        if (m->q_lengths && (m->q_lengths[b] < 0 || m->q_lengths[b] > p->seq_q)) return FMHA_ERR_BAD_MASK;
+        if (m->kv_lengths && (m->kv_lengths[b] < 0 || m->kv_lengths[b] > p->seq_kv))
+            return fmha_fail(FMHA_ERR_BAD_MASK, "masks.kv_lengths[%lld] must lie in 0..seq_kv = %lld, got %d",
+                             (long long)b, (long long)p->seq_kv, (int)m->kv_lengths[b]);
+        if (m->q_lengths && (m->q_lengths[b] < 0 || m->q_lengths[b] > p->seq_q))
+            return fmha_fail(FMHA_ERR_BAD_MASK, "masks.q_lengths[%lld] must lie in 0..seq_q = %lld, got %d",
+                             (long long)b, (long long)p->seq_q, (int)m->q_lengths[b]);
     }
     if (m->dense)
         for (int i = 0; i < 4; i++)
-            if (m->dense_strides[i] < 0) return FMHA_ERR_BAD_STRIDE;
-    if (m->dense && fmha_dense_span(p, m->dense_strides) < 0) return FMHA_ERR_BAD_SIZE;
-    if (m->callback.classify && !m->callback.fill) return FMHA_ERR_BAD_MASK;
+            if (m->dense_strides[i] < 0)
+                return fmha_fail(FMHA_ERR_BAD_STRIDE, "masks.dense_strides[%d] must not be negative, got %lld", i,
+                                 (long long)m->dense_strides[i]);
+    if (m->dense && fmha_dense_span(p, m->dense_strides) < 0)
+        return fmha_fail(FMHA_ERR_BAD_SIZE, "masks.dense spans more than 2^60 elements");
+    if (m->callback.classify && !m->callback.fill)
+        return fmha_fail(FMHA_ERR_BAD_MASK, "masks.callback.classify is set without callback.fill");
     return fmha_pages_check(p);
 }
 
@@ -52,7 +65,9 @@ fmha_status fmha_pages_check(const fmha_problem *p) {
         int64_t keys = p->masks.kv_lengths ? p->masks.kv_lengths[b] : p->seq_kv;
         const int32_t *row = p->block_table + b * p->block_table_stride;
         for (int64_t pg = 0; pg < (keys + p->page_size - 1) / p->page_size; pg++)
-            if (row[pg] < 0 || row[pg] >= p->num_pages) return FMHA_ERR_BAD_PAGE;
+            if (row[pg] < 0 || row[pg] >= p->num_pages)
+                return fmha_fail(FMHA_ERR_BAD_PAGE, "block_table[%lld][%lld] must lie in 0..num_pages - 1 = %lld, got %d",
+                                 (long long)b, (long long)pg, (long long)p->num_pages - 1, (int)row[pg]);
     }
     return FMHA_OK;
 }
@@ -264,7 +279,11 @@ fmha_status fmha_mask_precheck(const fmha_plan *plan) {
                 for (int64_t k0 = 0; k0 < p->seq_kv; k0 += bc) {
                     fmha_tile_pos t = {b, h, q0, p->seq_q - q0 < nr ? p->seq_q - q0 : nr, k0,
                                        p->seq_kv - k0 < bc ? p->seq_kv - k0 : bc};
-                    if (classify_callback(plan, &t, 0) < 0) return FMHA_ERR_CALLBACK;
+                    if (classify_callback(plan, &t, 0) < 0)
+                        return fmha_fail(FMHA_ERR_CALLBACK,
+                                         "masks.callback.classify answered an invalid class for the tile of batch %lld, "
+                                         "head %lld, queries from %lld, keys from %lld",
+                                         (long long)b, (long long)h, (long long)q0, (long long)k0);
                 }
     return FMHA_OK;
 }

@@ -14,6 +14,7 @@
 #include "attn.h"
 #include "cpu.h"
 #include "driver/operand.h"
+#include "error.h"
 #include "format.h"
 #include "pool.h"
 
@@ -88,8 +89,12 @@ fmha_status fmha_plan_init(const fmha_problem *p_in, fmha_plan *plan) {
 }
 
 /* Paged caches and K, V of another dtype than Q: forward only. */
-static int backward_supported(const fmha_plan *plan) {
-    return !plan->p.block_table && plan->kv_dtype == plan->p.dtype;
+static fmha_status backward_supported(const fmha_plan *plan) {
+    if (plan->p.block_table)
+        return fmha_fail(FMHA_ERR_UNSUPPORTED, "the backward does not read a paged cache (block_table is set)");
+    if (plan->kv_dtype != plan->p.dtype)
+        return fmha_fail(FMHA_ERR_UNSUPPORTED, "the backward needs K and V of Q's dtype (kv_dtype differs)");
+    return FMHA_OK;
 }
 
 size_t fmha_ws_total(const fmha_plan *plan, fmha_ws_size ws) {
@@ -149,14 +154,17 @@ static fmha_status ws_take(plan_box *box, void *user, size_t user_bytes, size_t 
     if (box) {
         if (box->bytes < need) {
             void *grown = malloc(need);
-            if (!grown) return FMHA_ERR_OUT_OF_MEMORY;
+            if (!grown)
+                return fmha_fail(FMHA_ERR_OUT_OF_MEMORY, "the plan's workspace of %zu bytes could not be allocated", need);
             free(box->block);
             box->block = grown;
             box->bytes = need;
         }
         ws = box->block;
     } else if (user) {
-        if (user_bytes < need) return FMHA_ERR_WORKSPACE_TOO_SMALL;
+        if (user_bytes < need)
+            return fmha_fail(FMHA_ERR_WORKSPACE_TOO_SMALL, "workspace_bytes must be at least %zu, got %zu", need,
+                             user_bytes);
         ws = user;
     } else if (need <= ONESHOT_KEEP_MAX && pthread_mutex_trylock(&oneshot_lock) == 0) {
         if (oneshot_bytes < need) {
@@ -165,14 +173,14 @@ static fmha_status ws_take(plan_box *box, void *user, size_t user_bytes, size_t 
             oneshot_bytes = oneshot_block ? need : 0;
             if (!oneshot_block) {
                 pthread_mutex_unlock(&oneshot_lock);
-                return FMHA_ERR_OUT_OF_MEMORY;
+                return fmha_fail(FMHA_ERR_OUT_OF_MEMORY, "a workspace of %zu bytes could not be allocated", need);
             }
         }
         ws = oneshot_block;
         *owned = &oneshot_marker;
     } else {
         ws = *owned = malloc(need);
-        if (!ws) return FMHA_ERR_OUT_OF_MEMORY;
+        if (!ws) return fmha_fail(FMHA_ERR_OUT_OF_MEMORY, "a workspace of %zu bytes could not be allocated", need);
     }
     *aligned = (char *)ws + (FMHA_ALIGN - (uintptr_t)ws % FMHA_ALIGN) % FMHA_ALIGN;
     return FMHA_OK;
@@ -189,9 +197,10 @@ static void ws_give(void *owned) {
 
 static fmha_status run_forward(const fmha_plan *plan, plan_box *box, const void *q, const void *k,
                                const void *v, void *o, float *lse, void *user_ws, size_t user_bytes) {
-    if (!q || !k || !v || !o) return FMHA_ERR_NULL_POINTER;
+    fmha_status st = FMHA_CHECK_POINTERS("q, k, v, o", q, k, v, o);
+    if (st != FMHA_OK) return st;
     fmha_tensors t = {.q = q, .k = k, .v = v, .o = o, .lse = lse};
-    fmha_status st = fmha_tensors_check(&plan->p, &t);
+    st = fmha_tensors_check(&plan->p, &t);
     if (st != FMHA_OK) return st;
     fmha_plan run = run_of(plan, plan->fwd_ws, NULL);
     char *ws;
@@ -207,9 +216,11 @@ static fmha_status run_backward(const fmha_plan *plan, plan_box *box, const void
                                 const void *v, const void *o, const void *d_o, const float *lse,
                                 void *dq, void *dk, void *dv, const fmha_param_grads *grads,
                                 void *user_ws, size_t user_bytes) {
-    if (!q || !k || !v || !o || !d_o || !lse || !dq || !dk || !dv) return FMHA_ERR_NULL_POINTER;
-    if (!backward_supported(plan)) return FMHA_ERR_UNSUPPORTED;
-    fmha_status st = fmha_param_grads_check(&plan->p, grads);
+    fmha_status st = FMHA_CHECK_POINTERS("q, k, v, o, d_o, lse, dq, dk, dv", q, k, v, o, d_o, lse, dq, dk, dv);
+    if (st != FMHA_OK) return st;
+    st = backward_supported(plan);
+    if (st != FMHA_OK) return st;
+    st = fmha_param_grads_check(&plan->p, grads);
     if (st != FMHA_OK) return st;
     fmha_tensors t = {.q = q, .k = k, .v = v, .o_in = o, .d_o = d_o, .lse_in = lse,
                       .dq = dq, .dk = dk, .dv = dv, .grads = grads};
@@ -231,9 +242,11 @@ static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
 static fmha_status run_fused(const fmha_plan *plan, plan_box *box, const void *q, const void *k,
                              const void *v, const void *d_o, void *o, float *lse, void *dq, void *dk,
                              void *dv, const fmha_param_grads *grads) {
-    if (!q || !k || !v || !d_o || !o || !lse || !dq || !dk || !dv) return FMHA_ERR_NULL_POINTER;
-    if (!backward_supported(plan)) return FMHA_ERR_UNSUPPORTED;
-    fmha_status st = fmha_param_grads_check(&plan->p, grads);
+    fmha_status st = FMHA_CHECK_POINTERS("q, k, v, d_o, o, lse, dq, dk, dv", q, k, v, d_o, o, lse, dq, dk, dv);
+    if (st != FMHA_OK) return st;
+    st = backward_supported(plan);
+    if (st != FMHA_OK) return st;
+    st = fmha_param_grads_check(&plan->p, grads);
     if (st != FMHA_OK) return st;
     fmha_tensors t = {.q = q, .k = k, .v = v, .d_o = d_o, .o = o, .lse = lse,
                       .dq = dq, .dk = dk, .dv = dv, .grads = grads};
@@ -257,7 +270,8 @@ static fmha_status run_fused(const fmha_plan *plan, plan_box *box, const void *q
 /* ---- one-shot entry points ---- */
 
 fmha_status fmha_forward_workspace_size(const fmha_problem *p, size_t *bytes) {
-    if (!bytes) return FMHA_ERR_NULL_POINTER;
+    fmha_error_clear();
+    if (!bytes) return fmha_fail(FMHA_ERR_NULL_POINTER, "bytes must not be NULL");
     fmha_plan plan;
     fmha_status st = fmha_plan_init(p, &plan);
     if (st != FMHA_OK) return st;
@@ -266,11 +280,13 @@ fmha_status fmha_forward_workspace_size(const fmha_problem *p, size_t *bytes) {
 }
 
 fmha_status fmha_backward_workspace_size(const fmha_problem *p, size_t *bytes) {
-    if (!bytes) return FMHA_ERR_NULL_POINTER;
+    fmha_error_clear();
+    if (!bytes) return fmha_fail(FMHA_ERR_NULL_POINTER, "bytes must not be NULL");
     fmha_plan plan;
     fmha_status st = fmha_plan_init(p, &plan);
     if (st != FMHA_OK) return st;
-    if (!backward_supported(&plan)) return FMHA_ERR_UNSUPPORTED;
+    st = backward_supported(&plan);
+    if (st != FMHA_OK) return st;
     /* enough for any gradients the biases allow */
     fmha_param_grads all = {0};
     const fmha_biases *bs = &plan.p.biases;
@@ -287,9 +303,11 @@ fmha_status fmha_backward_workspace_size(const fmha_problem *p, size_t *bytes) {
 
 fmha_status fmha_forward(const fmha_problem *p, const void *q, const void *k, const void *v,
                          void *o, float *lse, void *workspace, size_t workspace_bytes) {
-    if (!p || !q || !k || !v || !o) return FMHA_ERR_NULL_POINTER;
+    fmha_error_clear();
+    fmha_status st = FMHA_CHECK_POINTERS("p, q, k, v, o", p, q, k, v, o);
+    if (st != FMHA_OK) return st;
     fmha_plan plan;
-    fmha_status st = fmha_plan_init(p, &plan);
+    st = fmha_plan_init(p, &plan);
     if (st != FMHA_OK) return st;
     return run_forward(&plan, NULL, q, k, v, o, lse, workspace, workspace_bytes);
 }
@@ -298,10 +316,11 @@ fmha_status fmha_backward(const fmha_problem *p, const void *q, const void *k, c
                           const void *o, const void *d_o, const float *lse, void *dq, void *dk,
                           void *dv, const fmha_param_grads *grads, void *workspace,
                           size_t workspace_bytes) {
-    if (!p || !q || !k || !v || !o || !d_o || !lse || !dq || !dk || !dv)
-        return FMHA_ERR_NULL_POINTER;
+    fmha_error_clear();
+    fmha_status st = FMHA_CHECK_POINTERS("p, q, k, v, o, d_o, lse, dq, dk, dv", p, q, k, v, o, d_o, lse, dq, dk, dv);
+    if (st != FMHA_OK) return st;
     fmha_plan plan;
-    fmha_status st = fmha_plan_init(p, &plan);
+    st = fmha_plan_init(p, &plan);
     if (st != FMHA_OK) return st;
     return run_backward(&plan, NULL, q, k, v, o, d_o, lse, dq, dk, dv, grads, workspace,
                         workspace_bytes);
@@ -310,10 +329,11 @@ fmha_status fmha_backward(const fmha_problem *p, const void *q, const void *k, c
 fmha_status fmha_forward_backward(const fmha_problem *p, const void *q, const void *k,
                                   const void *v, const void *d_o, void *o, float *lse, void *dq,
                                   void *dk, void *dv, const fmha_param_grads *grads) {
-    if (!p || !q || !k || !v || !d_o || !o || !lse || !dq || !dk || !dv)
-        return FMHA_ERR_NULL_POINTER;
+    fmha_error_clear();
+    fmha_status st = FMHA_CHECK_POINTERS("p, q, k, v, d_o, o, lse, dq, dk, dv", p, q, k, v, d_o, o, lse, dq, dk, dv);
+    if (st != FMHA_OK) return st;
     fmha_plan plan;
-    fmha_status st = fmha_plan_init(p, &plan);
+    st = fmha_plan_init(p, &plan);
     if (st != FMHA_OK) return st;
     return run_fused(&plan, NULL, q, k, v, d_o, o, lse, dq, dk, dv, grads);
 }
@@ -321,11 +341,14 @@ fmha_status fmha_forward_backward(const fmha_problem *p, const void *q, const vo
 /* ---- plans ---- */
 
 fmha_status fmha_plan_create(const fmha_problem *p, fmha_plan **out) {
-    if (!p || !out) return FMHA_ERR_NULL_POINTER;
+    fmha_error_clear();
+    fmha_status st = FMHA_CHECK_POINTERS("p, plan", p, out);
+    if (st != FMHA_OK) return st;
     plan_box *box = calloc(1, sizeof *box);
-    if (!box) return FMHA_ERR_OUT_OF_MEMORY;
-    fmha_status st = fmha_plan_init(p, &box->plan);
-    if (st == FMHA_OK && pthread_mutex_init(&box->lock, NULL) != 0) st = FMHA_ERR_OUT_OF_MEMORY;
+    if (!box) return fmha_fail(FMHA_ERR_OUT_OF_MEMORY, "the plan could not be allocated");
+    st = fmha_plan_init(p, &box->plan);
+    if (st == FMHA_OK && pthread_mutex_init(&box->lock, NULL) != 0)
+        st = fmha_fail(FMHA_ERR_OUT_OF_MEMORY, "the plan's lock could not be created");
     if (st != FMHA_OK) {
         free(box);
         return st;
@@ -362,7 +385,8 @@ static fmha_status plan_recheck(const fmha_plan *plan) {
 
 fmha_status fmha_plan_forward(fmha_plan *plan, const void *q, const void *k, const void *v, void *o,
                               float *lse) {
-    if (!plan) return FMHA_ERR_NULL_POINTER;
+    fmha_error_clear();
+    if (!plan) return fmha_fail(FMHA_ERR_NULL_POINTER, "plan must not be NULL");
     plan_box *box = (plan_box *)plan;
     fmha_status st = plan_recheck(plan);
     if (st != FMHA_OK) return st;
@@ -375,7 +399,8 @@ fmha_status fmha_plan_forward(fmha_plan *plan, const void *q, const void *k, con
 fmha_status fmha_plan_backward(fmha_plan *plan, const void *q, const void *k, const void *v,
                                const void *o, const void *d_o, const float *lse, void *dq, void *dk,
                                void *dv, const fmha_param_grads *grads) {
-    if (!plan) return FMHA_ERR_NULL_POINTER;
+    fmha_error_clear();
+    if (!plan) return fmha_fail(FMHA_ERR_NULL_POINTER, "plan must not be NULL");
     plan_box *box = (plan_box *)plan;
     fmha_status st = plan_recheck(plan);
     if (st != FMHA_OK) return st;
@@ -388,7 +413,8 @@ fmha_status fmha_plan_backward(fmha_plan *plan, const void *q, const void *k, co
 fmha_status fmha_plan_forward_backward(fmha_plan *plan, const void *q, const void *k, const void *v,
                                        const void *d_o, void *o, float *lse, void *dq, void *dk,
                                        void *dv, const fmha_param_grads *grads) {
-    if (!plan) return FMHA_ERR_NULL_POINTER;
+    fmha_error_clear();
+    if (!plan) return fmha_fail(FMHA_ERR_NULL_POINTER, "plan must not be NULL");
     plan_box *box = (plan_box *)plan;
     fmha_status st = plan_recheck(plan);
     if (st != FMHA_OK) return st;

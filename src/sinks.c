@@ -12,6 +12,7 @@
 #include <math.h>
 
 #include "attn.h"
+#include "error.h"
 #include "convert.h"
 #include "pool.h"
 
@@ -47,12 +48,14 @@ static void sinks_head_task(void *vctx, size_t task, int thread) {
 
 fmha_status fmha_sinks_backward(const fmha_problem *p_in, const void *o, const void *d_o,
                                 const float *lse, float *d_sinks) {
-    if (!p_in || !o || !d_o || !lse || !d_sinks) return FMHA_ERR_NULL_POINTER;
+    fmha_error_clear();
+    fmha_status st = FMHA_CHECK_POINTERS("p, o, d_o, lse, d_sinks", p_in, o, d_o, lse, d_sinks);
+    if (st != FMHA_OK) return st;
     fmha_problem p;
-    fmha_status st = fmha_problem_check(p_in);
+    st = fmha_problem_check(p_in);
     if (st == FMHA_OK) st = fmha_problem_load(p_in, &p);
     if (st != FMHA_OK) return st;
-    if (!p.sinks) return FMHA_ERR_BAD_MASK;
+    if (!p.sinks) return fmha_fail(FMHA_ERR_BAD_MASK, "the problem has no sinks to differentiate");
     fmha_tensors t = {.o_in = o, .d_o = d_o, .lse_in = lse, .d_sinks = d_sinks};
     st = fmha_tensors_check(&p, &t);
     if (st != FMHA_OK) return st;

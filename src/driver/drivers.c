@@ -6,6 +6,7 @@
  *   dense   small problems, scores materialised per head (fwd.c)
  *   tiled   everything else (fwd.c) */
 #include "../attn.h"
+#include "../error.h"
 
 static int decode_serves(fmha_plan *plan) { return fmha_decode_plan(plan); }
 
@@ -27,7 +28,9 @@ fmha_status fmha_fwd_driver_choose(fmha_plan *plan) {
             plan->driver = fwd_drivers[i];
             return FMHA_OK;
         }
-    return FMHA_ERR_UNSUPPORTED;
+    return fmha_fail(FMHA_ERR_UNSUPPORTED, "no driver serves this problem: a paged cache (block_table) is read by the "
+                     "decode driver only, which needs contiguous head dims (k_strides[3] = v_strides[3] = 1) and no "
+                     "dense mask or bias, segment ids, callbacks, relative-position table or dropout");
 }
 
 fmha_ws_size fmha_fwd_workspace(const fmha_plan *plan) { return plan->driver->workspace(plan); }

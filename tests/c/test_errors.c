@@ -45,6 +45,57 @@ static void expect_fwd(const char *what, const fmha_problem *p, const void *qq, 
     tu_check(st == want, "forward, %s: status %d (%s), want %d", what, (int)st,
              fmha_status_string(st), (int)want);
     if (want != FMHA_OK) tu_check(outputs_untouched(), "forward, %s: an output was written", what);
+    /* the detail: a sentence after a failure, "" after a success */
+    st = fmha_forward(p, qq, kk, vv, oo, ll, ws, ws_bytes);
+    const char *msg = fmha_last_error_message();
+    tu_check(st == want && msg && (want == FMHA_OK) == (msg[0] == '\0'),
+             "forward, %s: fmha_last_error_message \"%s\" after status %d", what, msg ? msg : "(NULL)", (int)st);
+}
+
+/* The detail names the argument at fault and what it got. */
+static void expect_message(const char *what, const fmha_problem *p, const char *part1, const char *part2) {
+    fmha_status st = fmha_problem_check(p);
+    const char *msg = fmha_last_error_message();
+    tu_check(st != FMHA_OK && strstr(msg, part1) && strstr(msg, part2),
+             "%s: the message \"%s\" names \"%s\" and \"%s\"", what, msg, part1, part2);
+}
+
+static void check_messages(void) {
+    fmha_problem e = base();
+    e.head_dim = 1000;
+    expect_message("head_dim", &e, "head_dim must lie in 1..", "got 1000");
+    e = base();
+    e.heads_kv = 3;
+    expect_message("heads", &e, "heads_q must be a multiple of heads_kv", "got 4 and 3");
+    e = base();
+    int32_t lens[2] = {7, 20};
+    e.masks.kv_lengths = lens;
+    expect_message("kv_lengths", &e, "masks.kv_lengths[1] must lie in 0..seq_kv = 7", "got 20");
+    e = base();
+    e.k_strides[1] = -1;
+    expect_message("k stride", &e, "k_strides[1] must not be negative", "got -1");
+    e = base();
+    e.scale = NAN;
+    expect_message("scale", &e, "scale must be finite", "nan");
+    e = base();
+    e.struct_size = 12;
+    expect_message("struct_size", &e, "struct_size must be sizeof(fmha_problem)", "got 12");
+    e = base();
+    float slopes[4] = {1, 2, INFINITY, 4};
+    e.biases.alibi_slopes = slopes;
+    expect_message("alibi", &e, "biases.alibi_slopes[2] must be finite", "inf");
+    e = base();
+    tu_check(fmha_forward(&e, q, NULL, v, NULL, lse, NULL, 0) == FMHA_ERR_NULL_POINTER &&
+                 !strcmp(fmha_last_error_message(), "k, o must not be NULL"),
+             "null pointers named: \"%s\"", fmha_last_error_message());
+    e = base();
+    tu_check(fmha_forward(&e, q, k, v, q, lse, NULL, 0) == FMHA_ERR_OVERLAP &&
+                 !strcmp(fmha_last_error_message(), "the output o overlaps the input q in memory"),
+             "overlap named: \"%s\"", fmha_last_error_message());
+    tu_check(fmha_forward(&e, q, k, v, o, lse, NULL, 0) == FMHA_OK && !strcmp(fmha_last_error_message(), ""),
+             "a successful call clears the message");
+    tu_check(fmha_set_num_threads(-3) == FMHA_ERR_BAD_THREAD_COUNT && strstr(fmha_last_error_message(), "got -3"),
+             "thread count named: \"%s\"", fmha_last_error_message());
 }
 
 /* A problem-level error: the forward, both size queries and fmha_problem_check
@@ -53,6 +104,8 @@ static void expect_problem(const char *what, const fmha_problem *p, fmha_status 
     expect_fwd(what, p, q, k, v, o, lse, NULL, 0, want);
     tu_check(fmha_problem_check(p) == want, "problem_check, %s: status %d, want %d", what,
              (int)fmha_problem_check(p), (int)want);
+    tu_check((want == FMHA_OK) == (fmha_last_error_message()[0] == '\0'), "problem_check, %s: message \"%s\"", what,
+             fmha_last_error_message());
     size_t bytes = 12345;
     fmha_status st = fmha_forward_workspace_size(p, &bytes);
     tu_check(st == want && (want == FMHA_OK || bytes == 12345),
@@ -230,6 +283,9 @@ static void expect_bwd(const char *what, const fmha_problem *p, const void *oo, 
     fmha_status st = tu_backward(p, q, k, v, oo, dd, ll, gq, gk, gv, NULL, ws, ws_bytes);
     tu_check(st == want, "backward, %s: status %d (%s), want %d", what, (int)st,
              fmha_status_string(st), (int)want);
+    st = fmha_backward(p, q, k, v, oo, dd, ll, gq, gk, gv, NULL, ws, ws_bytes);
+    tu_check((want == FMHA_OK) == (fmha_last_error_message()[0] == '\0'), "backward, %s: message \"%s\"", what,
+             fmha_last_error_message());
     tu_check(tu_count_not(dq, BUF, sent) == 0 && tu_count_not(dk, BUF, sent) == 0 &&
                  tu_count_not(dv, BUF, sent) == 0,
              "backward, %s: a gradient was written", what);
@@ -320,6 +376,7 @@ int main(void) {
     check_threads();
     forward_errors();
     backward_errors();
+    check_messages();
     for (int t = 0; t < 9; t++) free(*bufs[t]);
     return tu_finish();
 }

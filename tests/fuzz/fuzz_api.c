@@ -525,8 +525,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (op == 2) {
         fwd = bwd = fmha_forward_backward(&p, in_t[0].p, in_t[1].p, in_t[2].p, in_t[3].p, o.p,
                                           lse.p, g_out[0].p, g_out[1].p, g_out[2].p, gp);
+        if ((fwd != FMHA_OK) != (fmha_last_error_message()[0] != '\0'))
+            fail("forward_backward: a failure without a message, or a message after success");
     } else {
         fwd = fmha_forward(&p, in_t[0].p, in_t[1].p, in_t[2].p, o.p, lse_arg, NULL, 0);
+        if ((fwd != FMHA_OK) != (fmha_last_error_message()[0] != '\0'))
+            fail("forward: a failure without a message, or a message after success");
         if (fwd != check && !(check == FMHA_OK && fwd == FMHA_ERR_CALLBACK))
             fail("forward's status differs from problem_check's");
     }
@@ -538,6 +542,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         memcpy(lse.before, lse.p, lse.n);
         bwd = fmha_backward(&p, in_t[0].p, in_t[1].p, in_t[2].p, o.p, in_t[3].p, lse.p, g_out[0].p,
                             g_out[1].p, g_out[2].p, gp, NULL, 0);
+        if ((bwd != FMHA_OK) != (fmha_last_error_message()[0] != '\0'))
+            fail("backward: a failure without a message, or a message after success");
         if (fwd != FMHA_OK && bwd == FMHA_OK) fail("backward accepted what forward refused");
         check_untouched(&o, "the backward wrote O");
         check_untouched(&lse, "the backward wrote lse");
