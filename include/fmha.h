@@ -592,7 +592,8 @@ FMHA_API void fmha_plan_destroy(fmha_plan *plan);
 FMHA_API fmha_status fmha_set_num_threads(int n);
 FMHA_API int fmha_get_num_threads(void);
 
-/* The microkernel family in use: "scalar", "avx2", "avx512" or "avx512bf16". */
+/* The name of the kernel table in use (the best this CPU runs, or FMHA_ISA's choice): "avx512bf16",
+ * "avx512", "avx2", "scalar", ... (fmha_plan_describe tells the CPU's instruction sets). */
 FMHA_API const char *fmha_isa_name(void);
 
 /* "major.minor.patch" */

@@ -32,7 +32,6 @@
 #include "test_util.h"
 #include "uk/scalar/decode.h"
 
-static const char *isa_names[] = {"scalar", "avx2", "avx512", "avx512bf16"};
 
 /* ---- kernels ---- */
 
@@ -240,17 +239,17 @@ static void run_case(const dec_case *dc) {
     float *of = malloc(no * sizeof(float));
     double *lse_d = malloc(nl * sizeof(double));
     const char *isa_default = fmha_isa_name();
-    for (size_t ii = 0; ii < sizeof isa_names / sizeof *isa_names; ii++) {
-        if (fmha_cpu_force_isa(isa_names[ii]) != 0) continue;
+    for (size_t ii = 0; ii < fmha_isa_count(); ii++) {
+        if (fmha_cpu_force_isa(fmha_isa_at(ii)->name) != 0) continue;
         const fmha_ukernels *uk = fmha_cpu_kernels();
         int want = uk->cache[FMHA_FORMAT_F32].scores != NULL && dc->sq <= 16 && dc->skv >= 8 * dc->sq;
-        tu_check(planned_decode(&p) == want, "%s %s: decode planned %d, wanted %d", isa_names[ii],
+        tu_check(planned_decode(&p) == want, "%s %s: decode planned %d, wanted %d", fmha_isa_at(ii)->name,
                  what, planned_decode(&p), want);
         for (int threads = 1; threads <= 3; threads++) {
             fmha_set_num_threads(threads);
             memset(o, 0x7f, no * esize);
             fmha_status st = tu_forward(&p, q.data, k.data, v.data, o, lse, NULL, 0);
-            if (!tu_check(st == FMHA_OK, "%s %s: status %d", isa_names[ii], what, (int)st)) continue;
+            if (!tu_check(st == FMHA_OK, "%s %s: status %d", fmha_isa_at(ii)->name, what, (int)st)) continue;
             if (threads == 1) {
                 memcpy(o_first, o, no * esize);
                 memcpy(lse_first, lse, nl * sizeof(float));
@@ -265,16 +264,16 @@ static void run_case(const dec_case *dc) {
                 /* bf16 and f16 outputs: the rounding of O itself plus accumulation */
                 double otol = p.dtype == FMHA_DTYPE_F32 ? 2e-5 : p.dtype == FMHA_DTYPE_BF16 ? 8e-3 : 1e-3;
                 tu_check(tu_worst_ratio(of, ref_o, no, otol, otol) <= 1.0, "%s %s: O ratio %g",
-                         isa_names[ii], what, tu_worst_ratio(of, ref_o, no, otol, otol));
+                         fmha_isa_at(ii)->name, what, tu_worst_ratio(of, ref_o, no, otol, otol));
                 int lse_ok = 1;
                 for (size_t i = 0; i < nl; i++) {
                     if (isinf(ref_lse[i])) lse_ok &= isinf(lse[i]) && lse[i] < 0;
                     else lse_ok &= fabs((double)lse[i] - ref_lse[i]) <= 1e-5 * (1 + fabs(ref_lse[i]));
                 }
-                tu_check(lse_ok, "%s %s: lse", isa_names[ii], what);
+                tu_check(lse_ok, "%s %s: lse", fmha_isa_at(ii)->name, what);
             } else {
                 tu_check(!memcmp(o, o_first, no * esize) && !memcmp(lse, lse_first, nl * sizeof(float)),
-                         "%s %s: %d threads differ from 1", isa_names[ii], what, threads);
+                         "%s %s: %d threads differ from 1", fmha_isa_at(ii)->name, what, threads);
             }
         }
     }
@@ -409,8 +408,11 @@ static void test_fallbacks(void) {
     tu_check(fmha_decode_plan(&plan) == 1, "a format without in-place kernels decodes (rows loaded first)");
     fmha_cpu_force_isa("scalar");
     tu_check(planned_decode(&p) == 1, "scalar table decodes");
-    if (fmha_cpu_force_isa("avx2") == 0) tu_check(planned_decode(&p) == (fmha_cpu_kernels()->decode.softmax != NULL), "avx2");
-    fmha_cpu_force_isa(fmha_cpu_kernels_for("avx512bf16") ? "avx512bf16" : "scalar");
+    for (size_t ii = 0; ii < fmha_isa_count(); ii++)
+        if (fmha_cpu_force_isa(fmha_isa_at(ii)->name) == 0)
+            tu_check(planned_decode(&p) == (fmha_cpu_kernels()->decode.softmax != NULL), "%s: decode planned with "
+                     "decode kernels", fmha_isa_at(ii)->name);
+    fmha_cpu_force_isa(tu_isa_best());
 }
 
 /* ---- per-sequence causal alignment ---- */
@@ -654,8 +656,8 @@ static void test_sinks(void) {
 int main(void) {
     tu_seed();
     const char *isa_default = fmha_isa_name();
-    for (size_t ii = 0; ii < sizeof isa_names / sizeof *isa_names; ii++) {
-        const fmha_ukernels *uk = fmha_cpu_kernels_for(isa_names[ii]);
+    for (size_t ii = 0; ii < fmha_isa_count(); ii++) {
+        const fmha_ukernels *uk = fmha_cpu_kernels_for(fmha_isa_at(ii)->name);
         if (uk) test_kernels(uk);
         if (uk) test_h16_kernels(uk);
     }

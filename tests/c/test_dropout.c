@@ -21,11 +21,10 @@
 #include "fmha_ref_masks.h"
 #include "test_util.h"
 
-static const char *isa_names[] = {"scalar", "avx2", "avx512", "avx512bf16"};
 
 static void test_kernels(void) {
-    for (size_t ii = 0; ii < sizeof isa_names / sizeof *isa_names; ii++) {
-        const fmha_ukernels *uk = fmha_cpu_kernels_for(isa_names[ii]);
+    for (size_t ii = 0; ii < fmha_isa_count(); ii++) {
+        const fmha_ukernels *uk = fmha_cpu_kernels_for(fmha_isa_at(ii)->name);
         if (!uk) continue;
         for (int c = 0; c < 20; c++) {
             size_t rows = (size_t)tu_int(1, 70), lanes = uk->tile.nr, lds = lanes + (size_t)tu_int(0, 5);
@@ -135,8 +134,8 @@ static void run_case(const drop_case *dc) {
 
 static void test_reference(void) {
     const char *isa_default = fmha_isa_name();
-    for (size_t ii = 0; ii < sizeof isa_names / sizeof *isa_names; ii++) {
-        if (fmha_cpu_force_isa(isa_names[ii]) != 0) continue;
+    for (size_t ii = 0; ii < fmha_isa_count(); ii++) {
+        if (fmha_cpu_force_isa(fmha_isa_at(ii)->name) != 0) continue;
         static const float ps[] = {0.1f, 0.5f, 0.9f};
         for (int pi = 0; pi < 3; pi++) {
             drop_case dc = {2, 4, 2, 37, 53, 16, ps[pi], FMHA_CAUSAL_NONE, 0, FMHA_DTYPE_F32};

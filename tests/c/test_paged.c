@@ -20,7 +20,6 @@
 #include "fmha_ref_masks.h"
 #include "test_util.h"
 
-static const char *isa_names[] = {"scalar", "avx2", "avx512", "avx512bf16"};
 
 /* A tensor in a dtype and the float values it holds (what the reference sees). */
 typedef struct typed {
@@ -254,8 +253,8 @@ static void test_errors(void) {
 int main(void) {
     tu_seed();
     const char *isa_default = fmha_isa_name();
-    for (size_t ii = 0; ii < sizeof isa_names / sizeof *isa_names; ii++) {
-        if (fmha_cpu_force_isa(isa_names[ii]) != 0) continue;
+    for (size_t ii = 0; ii < fmha_isa_count(); ii++) {
+        if (fmha_cpu_force_isa(fmha_isa_at(ii)->name) != 0) continue;
         test_cases();
     }
     fmha_cpu_force_isa(isa_default);

@@ -769,6 +769,7 @@ static double ulp_error(float y, double e) {
 /* exp over [-87, 88.7] within 2 ulp; below, subnormal or 0 results within
  * FLT_MIN of the truth and never negative or NaN; from -104 down (and -inf)
  * 0 or the smallest subnormals; +inf above the float range; NaN for NaN. */
+#if FMHA_HAVE_X86
 static void test_exp(const char *isa, exp_fn f) {
     const size_t n = 200003; /* not a multiple of any vector width */
     float *x = floats(n), *y = floats(n);
@@ -817,6 +818,7 @@ static void test_exp(const char *isa, exp_fn f) {
     free(x);
     free(y);
 }
+#endif
 
 /* The optional transpose-add kernel against its definition, st[r][i] +=
  * src[i * q_stride + r], at edge sizes of both dimensions: exact (one add per

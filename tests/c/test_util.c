@@ -1,6 +1,7 @@
 /* test_util.c: seeded randomness, tolerance checks and the tally shared by
  * the C tests (see test_util.h). */
 #include "test_util.h"
+#include "cpu.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -540,4 +541,10 @@ int32_t *tu_page_table(int64_t B, int64_t skv, int64_t page, const int32_t *kv_l
     *stride = w;
     *pages = n;
     return table;
+}
+
+const char *tu_isa_best(void) {
+    for (size_t i = 0; i < fmha_isa_count(); i++)
+        if (fmha_isa_supported(fmha_isa_at(i))) return fmha_isa_at(i)->name;
+    return "scalar";
 }

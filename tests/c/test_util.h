@@ -68,6 +68,8 @@ double tu_max_abs(const float *x, size_t n);
 double tu_max_abs_d(const double *x, size_t n);
 int tu_has_nan(const float *x, size_t n);
 const char *tu_strategy_name(int strategy);
+/* The name of the registry's first ISA this CPU runs (the default table). */
+const char *tu_isa_best(void);
 const char *tu_causal_name(int causal);
 
 /* ---- every call also through a plan ----------------------------------------
