@@ -758,6 +758,7 @@ static void test_special_values(const fmha_ukernels *u, const fmha_ukernels *spe
 }
 
 /* ----------------------------------------------------------------- exp */
+#if FMHA_HAVE_X86
 
 typedef void (*exp_fn)(size_t n, const float *x, float *y);
 
@@ -769,7 +770,6 @@ static double ulp_error(float y, double e) {
 /* exp over [-87, 88.7] within 2 ulp; below, subnormal or 0 results within
  * FLT_MIN of the truth and never negative or NaN; from -104 down (and -inf)
  * 0 or the smallest subnormals; +inf above the float range; NaN for NaN. */
-#if FMHA_HAVE_X86
 static void test_exp(const char *isa, exp_fn f) {
     const size_t n = 200003; /* not a multiple of any vector width */
     float *x = floats(n), *y = floats(n);
