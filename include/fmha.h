@@ -573,7 +573,8 @@ FMHA_API size_t fmha_plan_workspace_held(const fmha_plan *plan);
  *              "widened" (bf16/f16 widened to float32)
  *   precision  "float32", or for the bf16 pair path "fast"/"accurate"
  *   k_format, v_format  the cache formats of K and V ("f32", "bf16", "f16")
- *   block_q, block_kv, mr (tiled, dense) or decode_units, rows_per_unit,
+ *   block_q, block_kv, mr (rows of the path's GEMM: 16 on AMX tiles)
+ *              (tiled, dense) or decode_units, rows_per_unit,
  *              heads_per_unit, keys_per_split, splits (decode)
  *   threads    the thread count a run would use now
  *   cpu        in double quotes: vendor, family, model and the instruction
@@ -592,8 +593,8 @@ FMHA_API void fmha_plan_destroy(fmha_plan *plan);
 FMHA_API fmha_status fmha_set_num_threads(int n);
 FMHA_API int fmha_get_num_threads(void);
 
-/* The name of the kernel table in use (the best this CPU runs, or FMHA_ISA's choice): "avx512bf16",
- * "avx512", "avx2", "scalar", ... (fmha_plan_describe tells the CPU's instruction sets). */
+/* The name of the kernel table in use (the best this CPU runs, or FMHA_ISA's choice): "amx",
+ * "avx512bf16", "avx512", "avx2", "scalar", ... (fmha_plan_describe tells the CPU's instruction sets). */
 FMHA_API const char *fmha_isa_name(void);
 
 /* "major.minor.patch" */

@@ -76,6 +76,9 @@ static int x86_has_amx_bf16(void) {
 }
 
 static const fmha_arch_isa x86_isas[] = {
+#if FMHA_HAVE_AMX
+    {"amx", x86_has_amx_bf16, &fmha_isa_amx},
+#endif
     {"avx512bf16", x86_has_avx512bf16, &fmha_isa_avx512bf16},
     {"avx512", x86_has_avx512, &fmha_isa_avx512},
     {"avx2", x86_has_avx2, &fmha_isa_avx2},

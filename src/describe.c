@@ -27,7 +27,7 @@ size_t fmha_plan_describe(const fmha_plan *plan, char *buf, size_t buf_size) {
     else
         snprintf(shape, sizeof shape, "block_q=%zu block_kv=%zu mr=%zu", plan->uk->tile.nr,
                  plan->driver == &fmha_fwd_driver_dense ? (size_t)p->seq_kv : plan->uk->tile.block_kv,
-                 plan->uk->tile.mr);
+                 bf16_pairs ? plan->uk->bf16.mr : plan->uk->tile.mr);
     int n = snprintf(buf, buf_size,
                      "driver=%s isa=%s path=%s precision=%s k_format=%s v_format=%s %s threads=%d cpu=\"%s\"",
                      plan->driver->name, plan->uk->isa, plan->path->name,

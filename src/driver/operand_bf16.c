@@ -167,8 +167,8 @@ static void q_pack(const fmha_plan *plan, const void *q, int64_t b, int64_t h, i
 static void scores(const fmha_plan *plan, fmha_kv_view kv, int64_t nk, const void *qt, float *st) {
     const fmha_ukernels *uk = plan->uk;
     const uint32_t *k2 = kv.p;
-    for (int64_t r = 0; r < nk; r += (int64_t)uk->tile.mr) {
-        size_t m = (size_t)(nk - r) < uk->tile.mr ? (size_t)(nk - r) : uk->tile.mr;
+    for (int64_t r = 0; r < nk; r += (int64_t)uk->bf16.mr) {
+        size_t m = (size_t)(nk - r) < uk->bf16.mr ? (size_t)(nk - r) : uk->bf16.mr;
         uk->bf16.gemm(m, pairs(plan->p.head_dim), k2 + r * kv.rs, kv.rs, kv.cs, qt, uk->tile.nr,
                       st + (size_t)r * uk->tile.nr, uk->tile.nr, FMHA_UK_STORE, NULL, plan->scale);
     }
@@ -187,8 +187,8 @@ static void values_from_pairs(const fmha_plan *plan, fmha_kv_view vv, int64_t nk
     size_t nr = uk->tile.nr, kp = pairs(nk);
     const uint32_t *v2 = vv.p;
     int64_t Dv = plan->p.head_dim_v;
-    for (int64_t c = 0; c < Dv; c += (int64_t)uk->tile.mr) {
-        size_t m = (size_t)(Dv - c) < uk->tile.mr ? (size_t)(Dv - c) : uk->tile.mr;
+    for (int64_t c = 0; c < Dv; c += (int64_t)uk->bf16.mr) {
+        size_t m = (size_t)(Dv - c) < uk->bf16.mr ? (size_t)(Dv - c) : uk->bf16.mr;
         const uint32_t *a = v2 + c * vv.cs;
         uk->bf16.gemm(m, kp, a, vv.cs, vv.rs, hi, nr, ot + (size_t)c * nr, nr, mode, alpha, 1.0f);
         if (lo)
@@ -301,8 +301,8 @@ static void bwd_scores(const fmha_plan *plan, const fmha_bwd_keys *keys, const f
     const fmha_ukernels *uk = plan->uk;
     size_t nr = uk->tile.nr, D2 = pairs(plan->p.head_dim), Dv2 = pairs(plan->p.head_dim_v);
     const uint32_t *k2 = keys->k_op, *v2 = keys->v_op;
-    for (int64_t r = 0; r < nk; r += (int64_t)uk->tile.mr) {
-        size_t m = (size_t)(nk - r) < uk->tile.mr ? (size_t)(nk - r) : uk->tile.mr;
+    for (int64_t r = 0; r < nk; r += (int64_t)uk->bf16.mr) {
+        size_t m = (size_t)(nk - r) < uk->bf16.mr ? (size_t)(nk - r) : uk->bf16.mr;
         uk->bf16.gemm(m, D2, k2 + (size_t)r * D2, (ptrdiff_t)D2, 1, blk->qt, nr, pt + (size_t)r * nr,
                       nr, FMHA_UK_STORE, NULL, plan->scale);
         uk->bf16.gemm(m, Dv2, v2 + (size_t)r * Dv2, (ptrdiff_t)Dv2, 1, blk->dot, nr,

@@ -337,9 +337,10 @@ void fmha_gemm_panels(const fmha_ukernels *uk, int pairs, size_t rows, size_t k,
                       size_t ncols_pad) {
     const float *af = a, *bf = b;
     const uint32_t *a2 = a, *b2 = b;
+    const size_t mr = pairs ? uk->bf16.mr : uk->tile.mr;
     for (size_t c0 = 0; c0 < ncols_pad; c0 += uk->tile.nr)
-        for (size_t r = 0; r < rows; r += uk->tile.mr) {
-            size_t m = rows - r < uk->tile.mr ? rows - r : uk->tile.mr;
+        for (size_t r = 0; r < rows; r += mr) {
+            size_t m = rows - r < mr ? rows - r : mr;
             ptrdiff_t at = (ptrdiff_t)r * a_rs;
             float *cr = c + r * ldc + c0;
             if (pairs)

@@ -16,7 +16,10 @@ void fmha_ukernels_compose(const fmha_isa_parts *parts, fmha_ukernels *out) {
     if (!out->tile.exp_sub_lowp) out->tile.exp_sub_lowp = out->tile.exp_sub;
 
     const fmha_uk_bf16 *b = parts->bf16;
-    if (b && b->gemm && b->pair_rows && b->pair_rows_split && b->pack_rows) out->bf16 = *b;
+    if (b && b->gemm && b->pair_rows && b->pair_rows_split && b->pack_rows) {
+        out->bf16 = *b;
+        if (!out->bf16.mr) out->bf16.mr = out->tile.mr;
+    }
 
     if (parts->rows) out->rows = *parts->rows;
     FMHA_FILL(out->rows, *spec->rows, add_transposed);

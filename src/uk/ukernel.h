@@ -117,7 +117,7 @@ void fmha_u16_interleave_ukernel__scalar(size_t n, const uint16_t *lo, const uin
  * one 32-bit word holds (X[2p], X[2p+1]) for k-steps 2p, 2p+1 (element 2p in
  * the low half). Odd k is padded with a zero pair half. C is float32. */
 
-/* C[m x NR] (op)= ab_scale * A[m x 2kp] * B[2kp x NR].
+/* C[m x NR] (op)= ab_scale * A[m x 2kp] * B[2kp x NR] (MR: the bf16 part's).
  *   a       pair (r, p) = (A[r][2p], A[r][2p+1]) at a[r * a_rs + p * a_cs] (32-bit words)
  *   b       pair-row p at b + p * ldb (32-bit words): NR words, word i holds
  *           (B[2p][i], B[2p+1][i])
@@ -255,10 +255,11 @@ typedef struct fmha_uk_tile {
     fmha_f32_exp_sub_ukernel_fn exp_sub_lowp;
 } fmha_uk_tile;
 
-/* bf16 pair products on the tile's MR and NR. The first four come
+/* bf16 pair products on the tile part's NR. The four kernels after mr come
  * together or not at all; without them bf16 runs through the float32
  * kernels on widened tiles. */
 typedef struct fmha_uk_bf16 {
+    size_t mr; /* rows of the pair GEMM (a tile unit's 16); fallback: the tile part's MR */
     fmha_bf16_gemm_ukernel_fn gemm;
     fmha_bf16_pair_rows_ukernel_fn pair_rows;
     fmha_bf16_pair_rows_split_ukernel_fn pair_rows_split;
@@ -335,5 +336,6 @@ extern const fmha_isa_parts fmha_isa_scalar;     /* any CPU: src/uk/scalar */
 extern const fmha_isa_parts fmha_isa_avx2;       /* AVX2 + FMA: src/uk/avx2 */
 extern const fmha_isa_parts fmha_isa_avx512;     /* AVX-512 F/BW/VL/DQ: src/uk/avx512 */
 extern const fmha_isa_parts fmha_isa_avx512bf16; /* avx512's parts + a bf16 part: src/uk/avx512bf16 */
+extern const fmha_isa_parts fmha_isa_amx;        /* avx512bf16's parts, the pair GEMM on AMX tiles: src/uk/amx */
 
 #endif /* FMHA_UKERNEL_H */

@@ -32,7 +32,8 @@ enum { SPEC_MR = FMHA_SCALAR_BF16_MR, SPEC_NR = FMHA_SCALAR_BF16_NR };
 static const fmha_ukernels bf16_spec = {
     .isa = "scalar spec",
     .tile = {.mr = SPEC_MR, .nr = SPEC_NR},
-    .bf16 = {.gemm = fmha_bf16_gemm_ukernel_4x16__scalar,
+    .bf16 = {.mr = SPEC_MR,
+             .gemm = fmha_bf16_gemm_ukernel_4x16__scalar,
              .pair_rows = fmha_bf16_pair_rows_ukernel_16__scalar,
              .pair_rows_split = fmha_bf16_pair_rows_split_ukernel_16__scalar,
              .pack_rows = fmha_bf16_pack_rows_ukernel__scalar},
@@ -182,7 +183,7 @@ static uint32_t random_pair(void) {
  * meet it, so they differ by at most (4 kp + 10) u mag. */
 static double gemm_case(const fmha_ukernels *u, size_t m, size_t kp, int mode, int pattern,
                         float ab_scale) {
-    const size_t nr = u->tile.nr, mr = u->tile.mr, ldb = nr + 5, ldc = nr + 3, c_len = (mr + 1) * ldc;
+    const size_t nr = u->tile.nr, mr = u->bf16.mr, ldb = nr + 5, ldc = nr + 3, c_len = (mr + 1) * ldc;
     ptrdiff_t a_rs, a_cs;
     size_t a_len;
     if (pattern == 0) {
@@ -278,7 +279,7 @@ static void test_gemm(const fmha_ukernels *u) {
     static const float scales[] = {0.08838835f, -1.75f, 3.0f};
     double worst = 0.0;
     int cases = 0;
-    for (size_t m = 1; m <= u->tile.mr; m++)
+    for (size_t m = 1; m <= u->bf16.mr; m++)
         for (size_t ki = 0; ki < sizeof kps / sizeof kps[0]; ki++)
             for (int mode = 0; mode < 3; mode++)
                 for (int pattern = 0; pattern < 2; pattern++) {
@@ -295,7 +296,7 @@ static void test_gemm(const fmha_ukernels *u) {
  * the two kernels agree on the layout (low half = even key). */
 static void test_pair_then_gemm(const fmha_ukernels *u) {
     enum { KEYS = 64 };
-    const size_t nr = u->tile.nr, rows = u->tile.mr;
+    const size_t nr = u->tile.nr, rows = u->bf16.mr;
     float *p_t = alloc(KEYS * nr * sizeof *p_t);
     uint32_t *b = alloc(KEYS / 2 * nr * sizeof *b), *v_t = alloc(rows * KEYS / 2 * sizeof *v_t);
     float *c = alloc(rows * nr * sizeof *c), *c_init = alloc(rows * nr * sizeof *c_init);
