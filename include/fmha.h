@@ -278,7 +278,9 @@ typedef struct fmha_biases {
 } fmha_biases;
 
 /* The T5 bucket of relative position rel = j - (i + off) (key minus query),
- * as the rel_table bias uses it: in [0, num_buckets). Exposed so that callers
+ * as the rel_table bias uses it: in [0, num_buckets) for every rel (INT64_MIN
+ * and INT64_MAX included) when num_buckets >= 1; -1 when num_buckets < 1
+ * (there is no bucket). bidirectional: 0 or not. Exposed so that callers
  * can build the same bias densely. */
 FMHA_API int32_t fmha_rel_bucket(int64_t rel, int32_t num_buckets, int32_t max_distance,
                                  int bidirectional);

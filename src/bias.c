@@ -14,8 +14,9 @@
 #include "error.h"
 
 int32_t fmha_rel_bucket(int64_t rel, int32_t num_buckets, int32_t max_distance, int bidirectional) {
+    if (num_buckets < 1) return -1; /* no bucket */
     int32_t base = 0, nb = num_buckets;
-    int64_t n = -rel; /* distance looking back */
+    int64_t n = rel == INT64_MIN ? INT64_MAX : -rel; /* distance looking back, saturated */
     if (bidirectional) {
         nb /= 2;
         if (n < 0) base = nb;

@@ -916,6 +916,15 @@ static void check_rel_bucket(void) {
                         bad += !tu_check(0, "fmha_rel_bucket(%lld, %d, %d, %d) = %d out of range",
                                          (long long)rel, nbk, md, bid, got);
                 }
+    /* int64's ends: the farthest buckets, no overflow; no buckets: -1 */
+    static const struct { int64_t rel; int32_t nb; int bid; int32_t want; } ends[] = {
+        {INT64_MIN, 32, 1, 15}, {INT64_MAX, 32, 1, 31}, {INT64_MIN, 32, 0, 31}, {INT64_MAX, 32, 0, 0},
+        {INT64_MIN + 1, 32, 1, 15}, {5, 0, 1, -1}, {5, -4, 0, -1}, {INT64_MIN, 1, 1, 0}};
+    for (size_t t = 0; t < sizeof ends / sizeof ends[0]; t++) {
+        int32_t got = fmha_rel_bucket(ends[t].rel, ends[t].nb, 128, ends[t].bid);
+        bad += !tu_check(got == ends[t].want, "fmha_rel_bucket(%lld, %d, 128, %d) = %d, want %d",
+                         (long long)ends[t].rel, ends[t].nb, ends[t].bid, got, ends[t].want);
+    }
     printf("fmha_rel_bucket: %s\n", bad ? "FAILED" : "hand-computed values match");
 }
 
