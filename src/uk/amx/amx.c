@@ -9,8 +9,9 @@
  *   tmm5     B, 16 pair-rows x 16 columns, one column block at a time
  * The pair-rows of B are the VNNI layout tdpbf16ps reads (word (p, i) holds
  * B[2p][i], B[2p+1][i]), loaded in place; A is loaded in place when its
- * pairs are contiguous (a_cs = 1) and the tile is whole, else gathered into
- * a zero-padded 16 x 16 block, as is a k-tail of B (rows past kp are never
+ * pairs are contiguous (a_cs = 1) and the tile is whole, else gathered
+ * (vpgatherdd, a row at a time) into a zero-padded 16 x 16 block; a k-tail
+ * of B is copied into a zero-padded block (rows past kp are never
  * read). The product goes through memory once (tilestored) and the mode and
  * ab_scale are applied there with AVX-512.
  *
@@ -78,6 +79,10 @@ void fmha_bf16_gemm_ukernel_16x64__amx(size_t m, size_t kp, const uint32_t *a, p
     _Alignas(64) float acc[16 * 64];
     _Alignas(64) uint32_t a_blk[16 * 16];
     _Alignas(64) uint32_t b_blk[16 * 64];
+    /* pair p of an A row at p * a_cs words: gathered when the offsets fit 32 bits */
+    const int gather = a_cs >= 0 && a_cs <= (ptrdiff_t)(INT32_MAX / 16);
+    const __m512i pair_index = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                  _mm512_set1_epi32(gather ? (int)a_cs : 0));
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
@@ -86,6 +91,16 @@ void fmha_bf16_gemm_ukernel_16x64__amx(size_t m, size_t kp, const uint32_t *a, p
         const size_t np = kp - p0 < 16 ? kp - p0 : 16;
         if (a_cs == 1 && m == 16 && np == 16) {
             _tile_loadd(4, a + p0, (long)a_rs * 4);
+        } else if (gather) { /* a row of 16 pairs a_cs words apart: one gather */
+            const __mmask16 pm = (__mmask16)((1u << np) - 1u);
+            for (size_t r = 0; r < 16; r++) {
+                __m512i row = _mm512_setzero_si512();
+                if (r < m)
+                    row = _mm512_mask_i32gather_epi32(row, pm, pair_index,
+                                                      a + (ptrdiff_t)r * a_rs + (ptrdiff_t)p0 * a_cs, 4);
+                _mm512_store_si512((__m512i *)(a_blk + r * 16), row);
+            }
+            _tile_loadd(4, a_blk, 64);
         } else {
             for (size_t r = 0; r < 16; r++)
                 for (size_t p = 0; p < 16; p++)
