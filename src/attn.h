@@ -229,6 +229,12 @@ size_t fmha_fused_o32_bytes(const fmha_plan *plan);
 void fmha_fused_run(fmha_plan *run, const void *q, const void *k, const void *v, const void *d_o,
                     void *o, float *lse, void *dq, void *dk, void *dv, float *o32, char *ws);
 
+/* After a caller's callback returned on this thread: the kernels' thread
+ * state (if any) is set up again before their next use. */
+static inline void fmha_after_callback(const fmha_plan *plan) {
+    if (plan->uk->thread.foreign) plan->uk->thread.foreign();
+}
+
 /* A driver's parallel job on the run's threads, with its kernel table's
  * per-thread hooks around each thread's tasks. */
 static inline void fmha_run_parallel(const fmha_plan *run, size_t n_tasks, fmha_task_fn fn, void *ctx) {

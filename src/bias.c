@@ -207,6 +207,7 @@ void fmha_score_epilogue(const fmha_plan *plan, const fmha_tile_pos *t, fmha_til
         if (bs->callback.fill) {
             fmha_tile pt = bias_tile(t, lds, thread);
             bs->callback.fill(bs->callback.ctx, &pt, st);
+            fmha_after_callback(plan);
         }
     }
     if (cls == FMHA_TILE_PARTIAL) fmha_mask_apply(plan, t, st, lds, scratch, thread);
@@ -258,6 +259,7 @@ void fmha_bias_grad_tile(const fmha_plan *plan, const fmha_tile_pos *t, const fl
     if (bs->callback.accumulate_grad) {
         fmha_tile pt = bias_tile(t, lds, thread);
         bs->callback.accumulate_grad(bs->callback.ctx, &pt, ds);
+        fmha_after_callback(plan);
     }
 }
 

@@ -166,6 +166,7 @@ static int classify_callback(const fmha_plan *plan, const fmha_tile_pos *t, int 
     if (!cb->classify) return FMHA_TILE_PARTIAL;
     fmha_tile pt = public_tile(t, plan->uk->tile.nr, thread);
     int c = cb->classify(cb->ctx, &pt);
+    fmha_after_callback(plan);
     if (c == FMHA_TILE_CLASS_EMPTY) return FMHA_TILE_EMPTY;
     if (c == FMHA_TILE_CLASS_FULL) return FMHA_TILE_FULL;
     if (c == FMHA_TILE_CLASS_PARTIAL) return FMHA_TILE_PARTIAL;
@@ -263,6 +264,7 @@ void fmha_mask_apply(const fmha_plan *plan, const fmha_tile_pos *t, float *st, s
         memset(scratch, 1, (size_t)t->nk * nr);
         fmha_tile pt = public_tile(t, nr, thread);
         m->callback.fill(m->callback.ctx, &pt, scratch);
+        fmha_after_callback(plan);
         for (int64_t r = 0; r < t->nk; r++)
             for (int64_t i = 0; i < t->nq; i++)
                 if (!scratch[(size_t)r * nr + (size_t)i]) st[(size_t)r * lds + (size_t)i] = -INFINITY;

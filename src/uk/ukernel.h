@@ -298,11 +298,14 @@ typedef struct fmha_uk_cache {
 
 /* Per-thread set-up and tear-down around a job's tasks, for kernels with
  * thread state (a tile configuration, a streaming mode): begin runs on each
- * thread of a job before its first task, end after its last (pool.h).
- * Fallback: none. */
+ * thread of a job before its first task, end after its last (pool.h);
+ * foreign after a caller's callback returns on the thread (it may have used
+ * and changed that state: another library's AMX tiles), so the kernels set
+ * it up again before their next use. Fallback: none. */
 typedef struct fmha_uk_thread {
     void (*begin)(void);
     void (*end)(void);
+    void (*foreign)(void);
 } fmha_uk_thread;
 
 /* An ISA as its parts. tile is required; NULL parts take the fallbacks. */

@@ -256,7 +256,7 @@ static void test_thread_hooks(void) {
         dq1 = malloc(nq * sizeof(float));
         memcpy(dq1, t.dq, nq * sizeof(float));
         fmha_ukernels hooked = *plan->uk;
-        hooked.thread = (fmha_uk_thread){count_begin, count_end};
+        hooked.thread = (fmha_uk_thread){count_begin, count_end, NULL};
         plan->uk = &hooked;
         hooks_begun = hooks_ended = 0;
         tu_check(fmha_plan_forward(plan, t.q, t.k, t.v, t.o, t.lse) == FMHA_OK, "forward with hooks");
@@ -319,8 +319,37 @@ static void test_describe(void) {
     printf("%s\n", line);
 }
 
+/* After each caller's callback the table's foreign hook runs (AMX tiles are
+ * configured again before the next tile instruction). */
+static atomic_int foreign_calls;
+static void count_foreign(void) { foreign_calls++; }
+static int all_partial(void *ctx, const fmha_tile *t) { return FMHA_TILE_CLASS_PARTIAL; }
+static void all_visible(void *ctx, const fmha_tile *t, uint8_t *vis) {}
+
+static void test_foreign_hook(void) {
+    tensors t;
+    tensors_new(&t, 1, 2, 70, 150, 16);
+    t.p.masks.callback.classify = all_partial;
+    t.p.masks.callback.fill = all_visible;
+    fmha_plan *plan;
+    if (!tu_check(fmha_plan_create(&t.p, &plan) == FMHA_OK, "plan_create")) return;
+    float *o1 = calloc(t.o_span, sizeof(float));
+    tu_check(fmha_plan_forward(plan, t.q, t.k, t.v, o1, t.lse) == FMHA_OK, "forward");
+    fmha_ukernels hooked = *plan->uk;
+    hooked.thread = (fmha_uk_thread){count_begin, count_end, count_foreign};
+    plan->uk = &hooked;
+    foreign_calls = 0;
+    tu_check(fmha_plan_forward(plan, t.q, t.k, t.v, t.o, t.lse) == FMHA_OK, "forward with hooks");
+    tu_check(foreign_calls >= 2 && !memcmp(o1, t.o, t.o_span * sizeof(float)),
+             "a mask callback's tiles: %d foreign hooks, the same bits", (int)foreign_calls);
+    fmha_plan_destroy(plan);
+    free(o1);
+    tensors_free(&t);
+}
+
 int main(void) {
     tu_seed();
+    test_foreign_hook();
     test_describe();
     test_thread_hooks();
     test_arguments();

@@ -979,7 +979,7 @@ static void test_compose(void) {
                  u.tile.exp_sub_lowp == u.tile.exp_sub,
              "compose: the tile part, its exact kernels as the low-precision ones");
     tu_check(!memcmp(&u.rows, &spec->rows, sizeof u.rows), "compose: the scalar row kernels");
-    tu_check(!u.bf16.gemm && !u.bf16.pair_rows && !u.decode.softmax && !u.thread.begin && !u.thread.end,
+    tu_check(!u.bf16.gemm && !u.bf16.pair_rows && !u.decode.softmax && !u.thread.begin && !u.thread.end && !u.thread.foreign,
              "compose: no bf16 part, no decode without the float32 format's kernels, no thread hooks");
     for (int f = 0; f < FMHA_FORMAT_COUNT; f++)
         tu_check(u.cache[f].load == spec->cache[f].load && !u.cache[f].scores && !u.cache[f].values,

@@ -56,6 +56,8 @@ void fmha_amx_thread_end(void) {
     amx_configured = 0;
 }
 
+void fmha_amx_thread_foreign(void) { amx_configured = 0; }
+
 /* c[r][0..64) = op(c, s * acc[r]) for r < m (acc rows 64 floats apart). */
 static void amx_epilogue(size_t m, const float *acc, float *c, size_t ldc, int mode, const float *col_scale,
                          float ab_scale) {

@@ -21,5 +21,7 @@ void fmha_bf16_gemm_ukernel_16x64__amx(size_t m, size_t kp, const uint32_t *a, p
 /* The thread part: the tile configuration loaded, then released. */
 void fmha_amx_thread_begin(void);
 void fmha_amx_thread_end(void);
+/* A caller's callback ran on the thread: configure again before the next tile instruction. */
+void fmha_amx_thread_foreign(void);
 
 #endif /* FMHA_UK_AMX_H */

@@ -18,7 +18,7 @@ static const fmha_uk_bf16 amx_pairs = {
     .softmax_pairs = fmha_bf16_softmax_pairs_ukernel_64__avx512bf16,
 };
 
-static const fmha_uk_thread amx_thread = {fmha_amx_thread_begin, fmha_amx_thread_end};
+static const fmha_uk_thread amx_thread = {fmha_amx_thread_begin, fmha_amx_thread_end, fmha_amx_thread_foreign};
 
 const fmha_isa_parts fmha_isa_amx = {
     .isa = "amx",
