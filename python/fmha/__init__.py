@@ -28,9 +28,14 @@ except ImportError:  # a source checkout: read CMakeLists.txt's project version
 
 _LAZY = {
     "attention": "api", "attention_backward": "api", "merge": "api", "MaskCallback": "api", "BiasCallback": "api",
+    "describe": "api",
     "FmhaError": "_lib", "set_num_threads": "_lib", "get_num_threads": "_lib", "isa_name": "_lib",
     "version_string": "_lib",
 }
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def __getattr__(name):

@@ -49,16 +49,19 @@ MAX_HEAD_DIM = 256
 
 
 class FmhaError(RuntimeError):
-    """A non-zero fmha_status. `status` is the code, `name` its enum name and
-    the message is fmha_status_string's sentence."""
+    """A non-zero fmha_status. `status` is the code, `name` its enum name, the
+    message is fmha_status_string's sentence and `detail` the library's
+    fmha_last_error_message (the argument at fault, what it must be and what
+    it was), "" when there is none."""
 
-    def __init__(self, status, message=None, context=None):
+    def __init__(self, status, message=None, context=None, detail=""):
         self.status = int(status)
         self.name = STATUS_NAMES[self.status] if 0 <= self.status < len(STATUS_NAMES) else "FMHA_ERR_?"
         if message is None:
             message = status_string(self.status)
         self.c_message = message
-        text = f"{message} ({self.name})"
+        self.detail = detail or ""
+        text = f"{message}: {self.detail} ({self.name})" if self.detail else f"{message} ({self.name})"
         if context:
             text = f"{context}: {text}"
         super().__init__(text)
@@ -262,6 +265,8 @@ def _declare(lib):
         "fmha_set_num_threads": (c_int, [c_int]),
         "fmha_get_num_threads": (c_int, []),
         "fmha_isa_name": (ctypes.c_char_p, []),
+        "fmha_last_error_message": (ctypes.c_char_p, []),
+        "fmha_plan_describe": (c_size_t, [c_void_p, ctypes.c_char_p, c_size_t]),
         "fmha_version_string": (ctypes.c_char_p, []),
     }
     for name, (restype, argtypes) in sigs.items():
@@ -311,10 +316,16 @@ def status_string(status):
     return _lib.fmha_status_string(int(status)).decode()
 
 
+def last_error_message():
+    """fmha_last_error_message of this thread: why its last fmha call failed ("" if it did not)."""
+    lib = load()
+    return lib.fmha_last_error_message().decode() if hasattr(lib, "fmha_last_error_message") else ""
+
+
 def check(status, context=None):
-    """Raises FmhaError for a non-zero status."""
+    """Raises FmhaError for a non-zero status, with the library's detail."""
     if status != OK:
-        raise FmhaError(status, status_string(status), context)
+        raise FmhaError(status, status_string(status), context, last_error_message())
 
 
 # ---- small helpers over the library --------------------------------------------------
@@ -391,6 +402,14 @@ class Plan:
 
     def workspace_held(self):
         return int(load().fmha_plan_workspace_held(self.handle))
+
+    def describe(self):
+        """fmha_plan_describe: the driver, ISA, operand path, formats, tiles, threads and CPU."""
+        lib = load()
+        n = lib.fmha_plan_describe(self.handle, None, 0)
+        buf = ctypes.create_string_buffer(n + 1)
+        lib.fmha_plan_describe(self.handle, buf, n + 1)
+        return buf.value.decode()
 
 
 class PlanCache:

@@ -30,7 +30,7 @@ except ImportError:  # pragma: no cover
 
 _lib.load()  # ImportError with build instructions when libfmha.so is missing
 
-__all__ = ["attention", "attention_backward", "MaskCallback", "BiasCallback", "Tile", "FmhaError",
+__all__ = ["attention", "attention_backward", "describe", "MaskCallback", "BiasCallback", "Tile", "FmhaError",
            "DTYPE_CODES"]
 
 DTYPE_CODES = {np.dtype(np.float32): _lib.DTYPE_F32, np.dtype(np.float16): _lib.DTYPE_F16}
@@ -710,6 +710,28 @@ def _same_layout_copy(x, like):
     y = np.empty_like(like)
     y[...] = x
     return y
+
+
+def describe(query, key, value, bias=None, mask=None, **options):
+    """What fmha.attention would run for these arguments (the same ones, and
+    the same checks): fmha_plan_describe's line of key=value fields, e.g.
+    "driver=tiled isa=amx path=bf16 precision=fast k_format=bf16 ...
+    threads=2 cpu=...". Tells which driver (decode, dense, tiled), which
+    instruction set (amx, avx512bf16, avx512, avx2, scalar) and which operand
+    path serve the call, without running it. Arrays only need the shapes and
+    dtypes of the real call."""
+    import inspect
+
+    params = inspect.signature(attention).parameters
+    keywords = {n: p.default for n, p in params.items() if p.kind == inspect.Parameter.KEYWORD_ONLY}
+    unknown = sorted(set(options) - set(keywords))
+    if unknown:
+        raise TypeError(f"fmha.describe: unexpected keyword argument(s) {', '.join(unknown)}")
+    keywords.update(options)
+    keywords.pop("return_lse")
+    call, q, k, v, batched = _prepare(query, key, value, bias, mask, **keywords)
+    _describe(call, q, k, v)
+    return _lib.Plan(call.problem).describe()
 
 
 def attention_backward(query, key, value, out, lse, d_out, bias=None, mask=None, *, scale=None,

@@ -67,10 +67,12 @@ const char *StatusName(fmha_status st) {
 }
 
 ffi::Error StatusError(const char *fn, fmha_status st) {
-  // The text fmha.jax turns back into an FmhaError: "fmha: <fn>: <message> (<NAME>)".
+  // The text fmha.jax turns back into an FmhaError: "fmha: <fn>: <message>[: <detail>] (<NAME>)",
+  // the detail being the library's fmha_last_error_message on this thread.
+  std::string detail = fmha_last_error_message();
   return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                    std::string("fmha: ") + fn + ": " + fmha_status_string(st) + " (" +
-                        StatusName(st) + ")");
+                    std::string("fmha: ") + fn + ": " + fmha_status_string(st) +
+                        (detail.empty() ? "" : ": " + detail) + " (" + StatusName(st) + ")");
 }
 
 ffi::Error ArgError(const std::string &what) {
