@@ -51,8 +51,8 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("fmha.jax needs JAX: pip install jax") from e
 
 from . import _lib, _spec, api
-from ._jax_core import (_Config, _backward, _build, _ensure_registered, _forward, ffi_library_path,
-                        plan_cache_clear, plan_cache_info)
+from ._jax_core import _Config, _backward, _ensure_registered, _forward
+from ._jax_core import _build, ffi_library_path, plan_cache_clear, plan_cache_info  # noqa: F401  (fmha.jax's names)
 from ._jax_ring import ring_attention
 from ._lib import FmhaError
 
