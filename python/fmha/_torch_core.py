@@ -96,10 +96,14 @@ def _span(fields, first, last):
     return slice(fields.index(first), fields.index(last) + 1)
 
 
+def _positions(fields, names):
+    return tuple(fields.index(name) for name in names)
+
+
 _TENSORS = _span(AttentionArgs._fields, OPTIONAL_TENSORS[0], OPTIONAL_TENSORS[-1])
 _OPTIONS = _span(AttentionArgs._fields, OPTIONS[0][0], OPTIONS[-1][0])
 _BLOCK_TABLE = AttentionArgs._fields.index("block_table")
-_PARAM_INPUTS = tuple(AttentionArgs._fields.index(name) for name in PARAMS)
+_PARAM_INPUTS = _positions(AttentionArgs._fields, PARAMS)
 _param_flags = operator.itemgetter(*_PARAM_INPUTS)  # their needs_input_grad flags
 _BACKWARD_SPEC = _span(BackwardArgs._fields, OPTIONAL_TENSORS[0], OPTIONS[-1][0])
 
@@ -354,10 +358,6 @@ def _autocast_kernel(op, cast_positions):
         with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(_AUTOCAST_KEY)):
             return op(*args)
     return kernel
-
-
-def _positions(fields, names):
-    return tuple(fields.index(name) for name in names)
 
 
 _AUTOCAST_LIB.impl("attention", _autocast_kernel(torch.ops.fmha.attention.default,
