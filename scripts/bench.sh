@@ -18,10 +18,10 @@ export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"   # the source tree's
 if [ "$#" -eq 0 ]; then
     peers=jax_xla
     if .venv/bin/python -c "import torch" 2>/dev/null; then peers+=",torch_sdpa"; fi
-    FMHA_LIBRARY="$PWD/build/libfmha.so" .venv/bin/python -m fmha.bench_peers "${grid[@]}" \
+    FMHA_LIBRARY="$PWD/build/libfmha.so" .venv/bin/python -m fmha.tools.bench_peers "${grid[@]}" \
         --impls "$peers" --out results.json --append
 else
     echo "bench.sh: peers skipped (custom grid); scripts/compare.sh measures them on any grid"
 fi
-.venv/bin/python -m fmha.report results.json -o report --print
+.venv/bin/python -m fmha.tools.report results.json -o report --print
 echo "wrote results.json and report/README.md"

@@ -2,7 +2,7 @@
 # compare.sh: fmha beside its peers (the `make compare` of this project).
 # Sets up the bench environment (the test packages plus PyTorch), builds fmha
 # optimised, runs fmha-bench on the grid into results.json, appends the
-# peers' rows to the same file (python -m fmha.bench_peers: jax_xla,
+# peers' rows to the same file (python -m fmha.tools.bench_peers: jax_xla,
 # torch_sdpa and fmha's own JAX and PyTorch bindings) and renders report/.
 #   usage: scripts/compare.sh [--seqs ..] [--dims ..] [--dtypes ..] [--variants ..]
 #                             [--modes ..] [--batch N] [--heads N] [--threads N] [--no-ref]
@@ -19,7 +19,7 @@ export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"   # the source tree's
 grid=(--seqs 128,256,512,1024,2048 --dims 64 --dtypes float32 --variants plain,causal,masked_bias
       --modes fwd,fwdbwd --batch 1 --heads 8 --threads "$(nproc)")
 build/fmha-bench "${grid[@]}" "$@" --impls "${FMHA_IMPLS:-fmha_auto,fmha_tiled,fmha_dense}" --out results.json
-FMHA_LIBRARY="$PWD/build/libfmha.so" .venv/bin/python -m fmha.bench_peers "${grid[@]}" "$@" \
+FMHA_LIBRARY="$PWD/build/libfmha.so" .venv/bin/python -m fmha.tools.bench_peers "${grid[@]}" "$@" \
     --impls "${PEER_IMPLS:-jax_xla,torch_sdpa,fmha_jax,fmha_torch}" --out results.json --append
-.venv/bin/python -m fmha.report results.json -o report
+.venv/bin/python -m fmha.tools.report results.json -o report
 echo "wrote results.json and report/README.md"

@@ -1,12 +1,14 @@
 """fmha: fused multi-head attention for CPUs, the Python side.
 
-It holds fmha-bench's report (python -m fmha.report) and the bindings to
-libfmha: fmha.attention / fmha.attention_backward on NumPy arrays (fmha.api),
-fmha.jax.dot_product_attention (JAX FFI), fmha.flax.dot_product_attention
-(flax's attention_fn, on fmha.jax) and
-fmha.torch.scaled_dot_product_attention (PyTorch custom op); the peer
-benchmark is python -m fmha.bench_peers. The names below load libfmha.so on
-first use, so `import fmha` needs neither the library, JAX nor PyTorch.
+It holds the bindings to libfmha: fmha.attention / fmha.attention_backward
+on NumPy arrays (fmha.api), fmha.jax.dot_product_attention (JAX FFI),
+fmha.flax.dot_product_attention (flax's attention_fn, on fmha.jax) and
+fmha.torch.scaled_dot_product_attention (PyTorch custom op). The tools sit
+in fmha.tools: fmha-bench's report (python -m fmha.tools.report) and the
+peer benchmark (python -m fmha.tools.bench_peers; the former names
+fmha.report and fmha.bench_peers forward to them). The names below load
+libfmha.so on first use, so `import fmha` needs neither the library, JAX nor
+PyTorch.
 """
 
 try:  # written into an installed package by its build, from CMakeLists.txt

@@ -14,10 +14,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _lib, api
-from .jax import _EXTRA_NAMES, _Config, _backward, _ensure_registered, _forward
+from . import _lib, _spec, api
+from ._jax_core import _Config, _backward, _ensure_registered, _forward
 
-_NO_EXTRAS = {name: None for name in _EXTRA_NAMES}
+_NO_EXTRAS = dict.fromkeys(_spec.EXTRA_NAMES)
 
 
 def _ring_size(axis_name):
@@ -70,7 +70,7 @@ def _merge(o_a, lse_a, o_b, lse_b):
 def _ring_forward(q, k, v, axis_name, cfgs):
     n = _ring_size(axis_name)
     rank = jax.lax.axis_index(axis_name)
-    causal = cfgs[1].causal != _lib.CAUSAL_NONE
+    causal = cfgs[1].causal != _spec.CAUSAL_NONE
     B, T, N, _ = q.shape
     Hv = v.shape[-1]
     o = jnp.zeros((B, T, N, Hv), jnp.float32)
@@ -99,7 +99,7 @@ def _ring_forward(q, k, v, axis_name, cfgs):
 def _ring_backward(q, k, v, o, lse, d_o, axis_name, cfgs):
     n = _ring_size(axis_name)
     rank = jax.lax.axis_index(axis_name)
-    causal = cfgs[1].causal != _lib.CAUSAL_NONE
+    causal = cfgs[1].causal != _spec.CAUSAL_NONE
     dq = jnp.zeros(q.shape, jnp.float32)
     dk = jnp.zeros(k.shape, jnp.float32)  # travels with k: the gradient of the slice in hand
     dv = jnp.zeros(v.shape, jnp.float32)
@@ -182,7 +182,7 @@ def ring_attention(query, key, value, *, axis_name, is_causal=False, scale=None)
     base = dict(scale=api.resolve_scale(scale, H), window=api.window_sides(None), strategy=_lib.STRATEGIES["auto"],
                 softcap=0.0, precision=api.PRECISIONS["fast"], rel_max_distance=128, rel_bidirectional=1,
                 dropout_p=0.0)
-    unmasked = _Config(causal=_lib.CAUSAL_NONE, **base)
-    diagonal = _Config(causal=_lib.CAUSAL_TOP_LEFT if is_causal else _lib.CAUSAL_NONE, **base)
+    unmasked = _Config(causal=_spec.CAUSAL_NONE, **base)
+    diagonal = _Config(causal=_spec.CAUSAL_TOP_LEFT if is_causal else _spec.CAUSAL_NONE, **base)
     _ensure_registered()
     return _ring_attention_vjp(q, k, v, axis_name, (unmasked, diagonal))

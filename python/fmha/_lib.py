@@ -11,6 +11,8 @@ import ctypes
 import os
 import threading
 
+from ._spec import CAUSAL_BOTTOM_RIGHT, CAUSAL_NONE, CAUSAL_NONE_BOTTOM_RIGHT, CAUSAL_TOP_LEFT  # noqa: F401
+
 # ---- status codes and the error they raise -------------------------------------
 
 STATUS_NAMES = (
@@ -38,11 +40,9 @@ STATUS_NAMES = (
 
 DTYPE_F32, DTYPE_BF16, DTYPE_F16 = 0, 1, 2
 STRATEGIES = {"auto": 0, "tiled": 1, "dense": 2, "portable": 3}
-CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT = 0, 1, 2
+# CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT (fmha_causal) and the
+# bindings' CAUSAL_NONE_BOTTOM_RIGHT come from _spec (imported above).
 ALIGN_CAUSAL, ALIGN_TOP_LEFT, ALIGN_BOTTOM_RIGHT = 0, 1, 2
-# The bindings' causal codes: fmha_causal's, and this one for no causal mask
-# with bottom-right alignment (fmha_problem.alignment) for windows and biases.
-CAUSAL_NONE_BOTTOM_RIGHT = 3
 LAYOUT_BSHD, LAYOUT_BHSD = 0, 1
 TILE_EMPTY, TILE_FULL, TILE_PARTIAL = 0, 1, 2
 MAX_HEAD_DIM = 256

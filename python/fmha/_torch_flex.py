@@ -13,8 +13,8 @@ exactly causal (q_idx >= kv_idx) or a causal sliding window
 values, runs as fmha's causal mask and window, with no dense mask.
 
 score_mod: only None; the common score modifications come as fmha_bias
-(ALiBi slopes, logit softcap), run natively. Imported through fmha.torch,
-whose fmha::attention op (forward, backward, plans) it runs.
+(ALiBi slopes, logit softcap), run natively. It runs the fmha::attention op
+of _torch_core (forward, backward, plans); fmha.torch exports it.
 """
 
 import math
@@ -22,7 +22,7 @@ import math
 import torch
 
 from . import api
-from .torch import _dtype_code, _float32_param
+from ._torch_core import _dtype_code, _float32_param, attention_args
 
 __all__ = ["flex_attention"]
 
@@ -194,8 +194,8 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
                              f"have batch {B} and {H} heads (B=None or H=None in create_block_mask broadcasts)")
         mask, band = block_mask_operands(block_mask, L, S)
     alibi, softcap = _bias_options(fmha_bias, H)
-    out, lse = torch.ops.fmha.attention(query, key, value, None, mask, None, None, None, None, alibi, None, None,
-                                        api.causal_code(band is not None, "top_left"), float(scale),
-                                        [-1 if band is None else band, -1], softcap,
-                                        [128, 1], api.PRECISIONS["fast"], 0.0, 0, 0)
+    out, lse = torch.ops.fmha.attention(*attention_args(
+        query, key, value, mask=mask, alibi=alibi, causal=api.causal_code(band is not None, "top_left"),
+        scale=float(scale), window=[-1 if band is None else band, -1], softcap=softcap, rel_options=[128, 1],
+        precision=api.PRECISIONS["fast"], dropout_p=0.0, dropout_seed=0, dropout_offset=0))
     return (out, lse.detach()) if return_lse else out

@@ -12,9 +12,9 @@ accumulator travels with it and arrives home after a full turn.
 import torch
 import torch.distributed as dist
 
-from . import _lib, api
+from . import _spec, api
+from ._torch_core import PARAMS, attention_args, backward_args
 
-_NO_EXTRAS = (None,) * 9  # bias, mask, lengths, segment ids, alibi, rel_table, sinks
 _KV_TAG, _GRAD_TAG = 17, 18   # two messages may travel between the same pair at once
 
 
@@ -64,10 +64,10 @@ def _block_causal(ring, step, is_causal):
     """The causal code of the block in hand at `step` (the K/V slice of rank
     - step, mod size), or None when the block is skipped."""
     if not is_causal:
-        return _lib.CAUSAL_NONE
+        return _spec.CAUSAL_NONE
     if step == 0:
-        return _lib.CAUSAL_TOP_LEFT
-    return _lib.CAUSAL_NONE if ring.rank >= step else None  # earlier rank, or a later one (wrapped)
+        return _spec.CAUSAL_TOP_LEFT
+    return _spec.CAUSAL_NONE if ring.rank >= step else None  # earlier rank, or a later one (wrapped)
 
 
 def _prefetch(ring, kv, step):
@@ -89,7 +89,7 @@ def _ring_forward(ring, q, k, v, is_causal, options):
         causal = _block_causal(ring, step, is_causal)
         if causal is not None:
             k_b, v_b = _unpack(kv, shapes)
-            o_b, lse_b = torch.ops.fmha.attention(q, k_b, v_b, *_NO_EXTRAS, causal, *options)
+            o_b, lse_b = torch.ops.fmha.attention(*attention_args(q, k_b, v_b, causal=causal, **options))
             o, lse = _merge(o, lse, o_b.float(), lse_b)
         _wait(pending)
         kv = incoming
@@ -108,8 +108,8 @@ def _ring_backward(ring, q, k, v, o, lse, d_o, is_causal, options):
         grads = None
         if causal is not None:
             k_b, v_b = _unpack(kv, shapes)
-            dq_b, dk_b, dv_b, *_ = torch.ops.fmha.attention_backward(q, k_b, v_b, o, lse, d_o, *_NO_EXTRAS, causal,
-                                                                     *options, [False] * 4)
+            dq_b, dk_b, dv_b, *_ = torch.ops.fmha.attention_backward(
+                *backward_args(q, k_b, v_b, o, lse, d_o, causal=causal, wanted=[False] * len(PARAMS), **options))
             dq += dq_b
             grads = torch.cat([dk_b.reshape(-1).float(), dv_b.reshape(-1).float()])
         _wait(acc_pending)  # the accumulator of this block, from the previous rank
@@ -183,8 +183,9 @@ def ring_attention(query, key, value, group=None, is_causal=False, scale=None):
                          f"{query.dtype}, {key.dtype}, {value.dtype}")
     if is_causal and L != S:
         raise ValueError(f"fmha.torch.ring_attention: is_causal needs equal query and key slices, got {L} and {S}")
-    # scale, window, softcap, rel_options, precision, dropout_p, dropout_seed, dropout_offset (the ops' order)
-    options = (float(api.resolve_scale(scale, E)), list(api.window_sides(None)), 0.0, [128, 1],
-               api.PRECISIONS["fast"], 0.0, 0, 0)
+    # the ops' options besides causal, which each block sets
+    options = dict(scale=float(api.resolve_scale(scale, E)), window=list(api.window_sides(None)), softcap=0.0,
+                   rel_options=[128, 1], precision=api.PRECISIONS["fast"], dropout_p=0.0, dropout_seed=0,
+                   dropout_offset=0)
     return _RingAttentionFunction.apply(query, key.contiguous(), value.contiguous(), _Ring(group), bool(is_causal),
                                         options)

@@ -18,7 +18,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from . import _lib
+from . import _lib, _spec
 from ._lib import FmhaError
 
 try:  # bfloat16 comes from ml_dtypes (optional)
@@ -37,7 +37,7 @@ DTYPE_CODES = {np.dtype(np.float32): _lib.DTYPE_F32, np.dtype(np.float16): _lib.
 if BFLOAT16 is not None:
     DTYPE_CODES[BFLOAT16] = _lib.DTYPE_BF16
 
-CAUSAL_ALIGNMENTS = {"top_left": _lib.CAUSAL_TOP_LEFT, "bottom_right": _lib.CAUSAL_BOTTOM_RIGHT}
+CAUSAL_ALIGNMENTS = {"top_left": _spec.CAUSAL_TOP_LEFT, "bottom_right": _spec.CAUSAL_BOTTOM_RIGHT}
 
 # scale +0.0 means "1/sqrt(head_dim)" to the C library; an explicit zero
 # scale is passed as -0.0, which the library takes as given (a subnormal
@@ -175,13 +175,13 @@ def causal_code(is_causal, causal_alignment):
                          f"{causal_alignment!r}")
     if is_causal:
         return CAUSAL_ALIGNMENTS[causal_alignment]
-    return _lib.CAUSAL_NONE if causal_alignment == "top_left" else _lib.CAUSAL_NONE_BOTTOM_RIGHT
+    return _spec.CAUSAL_NONE if causal_alignment == "top_left" else _spec.CAUSAL_NONE_BOTTOM_RIGHT
 
 
 def causal_fields(code):
     """(fmha_problem.causal, fmha_problem.alignment) of a causal code."""
-    if code == _lib.CAUSAL_NONE_BOTTOM_RIGHT:
-        return _lib.CAUSAL_NONE, _lib.ALIGN_BOTTOM_RIGHT
+    if code == _spec.CAUSAL_NONE_BOTTOM_RIGHT:
+        return _spec.CAUSAL_NONE, _lib.ALIGN_BOTTOM_RIGHT
     return code, _lib.ALIGN_CAUSAL
 
 

@@ -13,7 +13,9 @@ c++/g++) against jax.ffi.include_dir() and fmha.h, linked to the libfmha.so
 that fmha._lib loaded, and cached under FMHA_FFI_CACHE (default
 ~/.cache/fmha/ffi), keyed by a hash of its inputs. The handlers run fmha
 plans on XLA's buffers, kept in a bounded cache keyed by the whole C problem
-(plan_cache_info); nothing is computed in Python.
+(plan_cache_info); nothing is computed in Python. Building, registering
+and calling them is _jax_core.py's, which ring_attention (_jax_ring.py)
+shares.
 
 Differentiation: a jax.custom_vjp whose backward is fmha_backward, fed the
 log-sum-exp saved by the forward. Gradients flow to query, key, value,
@@ -36,18 +38,8 @@ Rows that see no key at all (a fully masked row) give zeros here (the C
 library's rule), where jax.nn.dot_product_attention averages every value.
 """
 
-import collections
 import ctypes
-import fcntl
 import functools
-import hashlib
-import json
-import os
-import re
-import shutil
-import subprocess
-import tempfile
-import threading
 
 import numpy as np
 
@@ -58,246 +50,16 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("fmha.jax needs JAX: pip install jax") from e
 
-from . import _lib, api
+from . import _lib, _spec, api
+from ._jax_core import _Config, _backward, _ensure_registered, _forward
+from ._jax_core import _build, ffi_library_path, plan_cache_clear, plan_cache_info  # noqa: F401  (fmha.jax's names)
+from ._jax_ring import ring_attention
 from ._lib import FmhaError
 
 __all__ = ["dot_product_attention", "ring_attention", "ffi_library_path", "FmhaError"]
 
-_FFI_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ffi")
-_FFI_SOURCE = os.path.join(_FFI_DIR, "fmha_jax_ffi.cc")
-_FFI_PREBUILT = os.path.join("_ffi", "fmha_jax_ffi.so")         # next to the package's libfmha.so
-_FFI_PREBUILT_INFO = os.path.join("_ffi", "fmha_jax_ffi.json")
-# The `extras` bit of each optional operand, in the handler's operand order.
-_EXTRA_BITS = dict(bias=1, mask=2, q_lens=4, kv_lens=8, q_seg=16, kv_seg=32, alibi=64, rel=128, sinks=256,
-                   dropout_seed=512, block_table=1024)
-_EXTRA_NAMES = tuple(_EXTRA_BITS)
-# Differentiable float parameters and their `grads` bit (the d_* results come in this order).
-_GRAD_BITS = dict(bias=1, alibi=2, rel=4, sinks=8)
 
-# ---- building and registering the FFI library ------------------------------------------
-
-_register_lock = threading.Lock()
-_ffi_path = None
-_ffi_handle = None
-
-
-def _cache_dir():
-    d = os.environ.get("FMHA_FFI_CACHE")
-    if not d:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        d = os.path.join(base, "fmha", "ffi")
-    try:
-        os.makedirs(d, exist_ok=True)
-        if os.access(d, os.W_OK):
-            return d
-    except OSError:
-        pass
-    d = os.path.join(tempfile.gettempdir(), f"fmha-ffi-{os.getuid()}")
-    os.makedirs(d, exist_ok=True)
-    return d
-
-
-def _compiler(why_not_prebuilt):
-    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    raise ImportError(f"fmha.jax: {why_not_prebuilt}, and no C++ compiler was found to build its FFI handler "
-                      "(set CXX, or install g++; or rebuild fmha against this jax: pip install scikit-build-core, "
-                      "then pip install --no-build-isolation --force-reinstall --no-deps <fmha source>)")
-
-
-def _jaxlib_version():
-    try:
-        from jaxlib.version import __version__ as v
-    except ImportError:  # pragma: no cover - older jaxlib layouts
-        import jaxlib
-
-        v = getattr(jaxlib, "__version__", "unknown")
-    return v
-
-
-def _runtime_ffi_api():
-    """(major, minor) XLA FFI API version of the running jaxlib, read from the
-    headers it ships; None when they are absent."""
-    try:
-        with open(os.path.join(jax.ffi.include_dir(), "xla", "ffi", "api", "c_api.h")) as f:
-            text = f.read()
-    except OSError:
-        return None
-    found = [re.search(rf"^#define XLA_FFI_API_{part} (\d+)", text, re.M) for part in ("MAJOR", "MINOR")]
-    return tuple(int(m.group(1)) for m in found) if all(found) else None
-
-
-def _prebuilt():
-    """(path, None) for the handler shipped in the package when it may serve
-    this process, else (None, the reason it may not)."""
-    lib_dir = os.path.dirname(os.path.realpath(_lib.library_path()))
-    if lib_dir not in {os.path.realpath(d) for d in _lib.package_dirs()}:
-        return None, (f"libfmha was loaded from {_lib.library_path()}, not from an installed fmha package "
-                      "(a source checkout or FMHA_LIBRARY), so the prebuilt JAX FFI handler does not apply")
-    prebuilt, info_path = os.path.join(lib_dir, _FFI_PREBUILT), os.path.join(lib_dir, _FFI_PREBUILT_INFO)
-    if not os.path.isfile(prebuilt):
-        return None, "this fmha package was built without jax, so it ships no prebuilt JAX FFI handler"
-    try:
-        with open(info_path) as f:
-            info = json.load(f)
-        built_jaxlib, built_api = info["jaxlib"], tuple(info["ffi_api"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None, f"{info_path} is missing or unreadable"
-    running = _jaxlib_version()
-    if running == built_jaxlib:
-        return prebuilt, None
-    api = _runtime_ffi_api()
-    if api is not None and api[0] == built_api[0] and api[1] >= built_api[1]:
-        return prebuilt, None
-    shown = "unknown" if api is None else f"{api[0]}.{api[1]}"
-    return None, (f"the prebuilt FFI handler was built for jaxlib {built_jaxlib} (XLA FFI API "
-                  f"{built_api[0]}.{built_api[1]}) and this jaxlib {running} serves XLA FFI API {shown}")
-
-
-def _build():
-    """Path of the FFI library: the handler shipped in the package when it
-    serves this process, else one compiled into the cache (built now when
-    the cache lacks it)."""
-    path, why_not = _prebuilt()
-    if path is not None:
-        return path
-    return _compile(why_not)
-
-
-def _compile(why_not_prebuilt):
-    header = _lib.header_path()
-    if header is None:
-        raise ImportError("fmha.jax: fmha.h not found (set FMHA_INCLUDE_DIR to the directory holding it)")
-    lib_path = _lib.library_path()
-    include = jax.ffi.include_dir()
-    cxx = _compiler(why_not_prebuilt)
-    import jaxlib
-
-    h = hashlib.sha256()
-    for part in (open(_FFI_SOURCE, "rb").read(), open(header, "rb").read(), jaxlib.__version__.encode(),
-                 include.encode(), cxx.encode(), lib_path.encode()):
-        h.update(part)
-        h.update(b"\0")
-    d = _cache_dir()
-    target = os.path.join(d, f"fmha_jax_ffi-{h.hexdigest()[:20]}.so")
-    if os.path.isfile(target):
-        return target
-    with open(os.path.join(d, ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if os.path.isfile(target):
-            return target
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
-        os.close(fd)
-        cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-w",
-               f"-I{include}", f"-I{os.path.dirname(header)}", _FFI_SOURCE, lib_path,
-               f"-Wl,-rpath,{os.path.dirname(lib_path)}", "-o", tmp]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            os.unlink(tmp)
-            raise ImportError("fmha.jax: building the FFI library failed:\n" + " ".join(cmd) + "\n" +
-                              proc.stderr[-4000:])
-        os.replace(tmp, target)
-    return target
-
-
-def _ensure_registered():
-    global _ffi_path, _ffi_handle
-    if _ffi_handle is not None:
-        return
-    with _register_lock:
-        if _ffi_handle is not None:
-            return
-        _lib.load()  # first, so that the FFI library binds to this libfmha
-        path, why_not = _prebuilt()
-        handle = None
-        if path is not None:
-            try:
-                handle = _register(path)
-            except Exception as e:  # XLA refused it after all: build one for this jaxlib
-                path, why_not = None, f"the prebuilt FFI handler could not be registered ({e})"
-        if handle is None:
-            path = _compile(why_not)
-            handle = _register(path)
-        _ffi_path, _ffi_handle = path, handle
-
-
-def _register(path):
-    handle = ctypes.CDLL(path)
-    jax.ffi.register_ffi_target("fmha_forward", jax.ffi.pycapsule(handle.fmha_ffi_forward), platform="cpu")
-    jax.ffi.register_ffi_target("fmha_backward", jax.ffi.pycapsule(handle.fmha_ffi_backward), platform="cpu")
-    return handle
-
-
-def ffi_library_path():
-    """The FFI library in use: the package's prebuilt handler or the one
-    compiled on first call."""
-    _ensure_registered()
-    return _ffi_path
-
-
-def plan_cache_info():
-    """The handlers' plan cache (one per process): dict(size, capacity, hits, misses)."""
-    _ensure_registered()
-    stats = (ctypes.c_int64 * 4)()
-    _ffi_handle.fmha_ffi_plan_cache_stats(stats)
-    return dict(zip(("size", "capacity", "hits", "misses"), (int(x) for x in stats)))
-
-
-def plan_cache_clear():
-    """Drops every cached plan (each is freed once no run holds it) and zeroes the counts."""
-    _ensure_registered()
-    _ffi_handle.fmha_ffi_plan_cache_clear()
-
-
-# ---- the custom calls --------------------------------------------------------------------
-
-# cfg: the static options, hashable (custom_vjp's nondiff argument).
-_Config = collections.namedtuple("_Config", "scale causal window strategy softcap precision rel_max_distance "
-                                            "rel_bidirectional dropout_p")
-
-
-def _attrs(cfg, extras):
-    return dict(scale=np.float32(cfg.scale), causal=np.int64(cfg.causal), window_left=np.int64(cfg.window[0]),
-                window_right=np.int64(cfg.window[1]), strategy=np.int64(cfg.strategy), extras=np.int64(extras),
-                softcap=np.float32(cfg.softcap), precision=np.int64(cfg.precision),
-                rel_max_distance=np.int64(cfg.rel_max_distance), rel_bidirectional=np.int64(cfg.rel_bidirectional),
-                dropout_p=np.float32(cfg.dropout_p))
-
-
-def _extras(extras):
-    """The operands present of the dict `extras` (name -> array or None), in
-    the handler's order, and their bit set."""
-    ops, bits = [], 0
-    for name in _EXTRA_NAMES:
-        if extras[name] is not None:
-            ops.append(extras[name])
-            bits |= _EXTRA_BITS[name]
-    return ops, bits
-
-
-def _forward(q, k, v, extras, cfg):
-    ops, bits = _extras(extras)
-    B, T, N, _ = q.shape
-    out_types = (jax.ShapeDtypeStruct(q.shape[:-1] + v.shape[-1:], q.dtype),
-                 jax.ShapeDtypeStruct((B, N, T), jnp.float32))
-    call = jax.ffi.ffi_call("fmha_forward", out_types, vmap_method="expand_dims")
-    o, lse = call(q, k, v, *ops, **_attrs(cfg, bits))
-    return o, lse
-
-
-def _backward(q, k, v, o, lse, d_o, extras, cfg, wanted):
-    """dq, dk, dv, then the gradient of each parameter named in `wanted` (in _GRAD_BITS order)."""
-    ops, bits = _extras(extras)
-    out_types = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
-    grad_bits = 0
-    for name in _GRAD_BITS:
-        if name in wanted:
-            out_types.append(jax.ShapeDtypeStruct(extras[name].shape, jnp.float32))
-            grad_bits |= _GRAD_BITS[name]
-    call = jax.ffi.ffi_call("fmha_backward", tuple(out_types), vmap_method="expand_dims")
-    return call(q, k, v, o, lse, d_o, *ops, grads=np.int64(grad_bits), **_attrs(cfg, bits))
-
+# ---- the differentiable call ------------------------------------------------------------
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _attention(q, k, v, extras, cfg):
@@ -311,7 +73,7 @@ def _value(x):
 def _attention_fwd(q, k, v, extras, cfg):
     # symbolic_zeros=True: the primals arrive as CustomVJPPrimal(value, perturbed).
     # A float parameter's gradient is computed only when it is differentiated.
-    wanted = tuple(name for name in _GRAD_BITS
+    wanted = tuple(name for name in _spec.GRAD_NAMES
                    if extras[name] is not None and bool(getattr(extras[name], "perturbed", True)))
     q, k, v = map(_value, (q, k, v))
     extras = {name: _value(x) for name, x in extras.items()}
@@ -333,7 +95,7 @@ def _attention_bwd(cfg, res, cotangents):
     if refused is not None:  # raised while jax.grad / vjp traces the backward
         raise refused
     grads = _backward(q, k, v, o, lse, d_o.astype(o.dtype), extras, cfg, tuple(wanted))
-    for name, g in zip([n for n in _GRAD_BITS if n in wanted], grads[3:]):
+    for name, g in zip([n for n in _spec.GRAD_NAMES if n in wanted], grads[3:]):
         d_extras[name] = g
     return (grads[0], grads[1], grads[2], d_extras)
 
@@ -528,7 +290,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     if (N % K if K else N) != 0:
         raise ValueError(f"The number of query heads must be a multiple of key/value heads, but got {N} vs {K}")
     full = (B, N, T, S)
-    extras = dict.fromkeys(_EXTRA_NAMES)
+    extras = dict.fromkeys(_spec.EXTRA_NAMES)
     if pool is not None:
         extras["block_table"] = table
     if bias is not None:
@@ -604,5 +366,3 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
         return out, jnp.reshape(residual, output_shape[:-1])
     return out
 
-
-from ._jax_ring import ring_attention  # noqa: E402  (context parallelism; it uses the calls above)

@@ -5,7 +5,7 @@ working directory, with a PATH that holds no compiler and an empty cache).
 It checks that the package, its libfmha.so and its JAX FFI handler are the
 installed ones, that the version is the same everywhere, and runs NumPy,
 JAX (jit and grad) and, when torch is importable, PyTorch once each against
-a float64 reference. One line per step; exit status 1 on the first failure.
+a float64 reference; then that the tools (fmha.tools) are there. One line per step; exit status 1 on the first failure.
 
   usage: python smoke.py --source-tree DIR [--require-jax]
 """
@@ -113,6 +113,16 @@ def main():
         if not err < 1e-4:
             fail(f"PyTorch attention: max error {err}")
         step("torch", f"max error {err:.1e}")
+
+    # the tools' subpackage is in the wheel, and the former module name runs it
+    import subprocess
+
+    if importlib.util.find_spec("fmha.tools.report") is None:
+        fail("fmha.tools.report is missing from the package")
+    proc = subprocess.run([sys.executable, "-m", "fmha.bench_peers", "--help"], capture_output=True, text=True)
+    if proc.returncode != 0 or not proc.stdout.startswith("usage: python -m fmha.tools.bench_peers"):
+        fail(f"python -m fmha.bench_peers --help: exit {proc.returncode}\n{proc.stderr[-2000:]}")
+    step("tools", "fmha.tools.report, fmha.tools.bench_peers (and python -m fmha.bench_peers)")
 
 
 if __name__ == "__main__":

@@ -274,7 +274,7 @@ def test_import_fmha_without_jax():
 
 
 def test_bench_peers_rows_and_append(tmp_path, capsys):
-    from fmha import bench_peers
+    from fmha.tools import bench_peers
 
     out = tmp_path / "results.json"
     out.write_text('{"device": {"cpu": "from fmha-bench"}, "config": {"impls": "fmha_auto"}, '
@@ -314,7 +314,7 @@ def test_bench_peers_decode_and_gqa_rows(tmp_path, capsys):
     """--seq-q and --heads-kv: rows carry them and a K/V GB/s figure, causal
     is bottom-right (every impl agrees with the float64 reference), and the
     flop count is fmha-bench's (per query under bottom-right)."""
-    from fmha import bench_peers
+    from fmha.tools import bench_peers
 
     out = tmp_path / "results.json"
     assert bench_peers.main(["--seqs", "24", "--seq-q", "3", "--heads", "4", "--heads-kv", "2", "--dims", "8",
@@ -345,7 +345,7 @@ def test_bench_peers_decode_and_gqa_rows(tmp_path, capsys):
 
 
 def test_bench_peers_inputs_follow_fmha_bench():
-    from fmha import bench_peers
+    from fmha.tools import bench_peers
 
     # fmha-bench's first draws from seed 0x5eed5eed (splitmix64, 24-bit uniform in [-1, 1))
     first = bench_peers.Stream(bench_peers.INPUT_SEED).uniform(3)

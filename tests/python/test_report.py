@@ -1,4 +1,4 @@
-"""Tests of fmha.report: a small record written here renders README.md whose
+"""Tests of fmha.tools.report: a small record written here renders README.md whose
 tables hold the record's numbers, the PNG charts exist and decode, rows that
 did not run are listed and not plotted, and seed-style records get "(seed)"."""
 
@@ -11,10 +11,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 try:
-    from fmha import report
+    from fmha.tools import report
 except ImportError:  # not installed: use the source tree
     sys.path.insert(0, str(ROOT / "python"))
-    from fmha import report
+    from fmha.tools import report
 
 import matplotlib.image as mpimg  # noqa: E402
 
@@ -154,7 +154,7 @@ def test_the_real_seed_record_renders(tmp_path):
     if not seed.is_file():
         pytest.skip("the seed record is not in shared/")
     out = tmp_path / "report"
-    proc = subprocess.run([sys.executable, "-m", "fmha.report", str(seed), "-o", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "fmha.tools.report", str(seed), "-o", str(out)],
                           capture_output=True, text=True, timeout=300,
                           env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "python")})
     assert proc.returncode == 0, proc.stderr
@@ -208,3 +208,24 @@ def test_decode_rows_get_tables_of_their_own(tmp_path, capsys):
     assert "| plain, Sq=1, Hkv=2 | float32 | 64 | fwd | 4096 | 0.5 | torch_sdpa 2 | 4.00x |" in text
     assert "## plain, float32, head dim 64, fwd (batch 1, 8 heads, Sq=1, Hkv=2)" in text
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("name", ["fmha.report", "fmha.bench_peers"])
+def test_former_module_names_run_the_tools(name, tmp_path):
+    """python -m fmha.report / fmha.bench_peers run fmha.tools' modules, and
+    importing the former names reaches the tools' functions."""
+    import importlib
+
+    tool = name.replace("fmha.", "fmha.tools.")
+    assert importlib.import_module(name).main is importlib.import_module(tool).main
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT / "python")}
+    proc = subprocess.run([sys.executable, "-m", name, "--help"], capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: python -m {tool} ")
+    if name == "fmha.report":  # and the former name renders a report as the tool does
+        bad = tmp_path / "bad.json"
+        bad.write_text("[1, 2")
+        proc = subprocess.run([sys.executable, "-m", name, str(bad), "-o", str(tmp_path / "out")],
+                              capture_output=True, text=True, timeout=120, env=env)
+        assert proc.returncode == 1 and proc.stderr.startswith("fmha.report: ")

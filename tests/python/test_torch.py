@@ -126,6 +126,45 @@ def test_16_bit_dtypes(dtype):
     assert rel_error(out.float().numpy(), want.numpy()) < 2e-2
 
 
+# The ops' schemas as callers know them (argument names, types, order).
+ATTENTION_SCHEMA = (
+    "fmha::attention(Tensor q, Tensor k, Tensor v, Tensor? bias, Tensor? mask, Tensor? q_lengths, Tensor? kv_lengths, "
+    "Tensor? q_ids, Tensor? kv_ids, Tensor? alibi, Tensor? rel_table, Tensor? sinks, SymInt causal, float scale, "
+    "SymInt[] window, float softcap, SymInt[] rel_options, SymInt precision, float dropout_p, SymInt dropout_seed, "
+    "SymInt dropout_offset, Tensor? block_table=None) -> (Tensor, Tensor)")
+BACKWARD_SCHEMA = (
+    "fmha::attention_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor d_o, Tensor? bias, "
+    "Tensor? mask, Tensor? q_lengths, Tensor? kv_lengths, Tensor? q_ids, Tensor? kv_ids, Tensor? alibi, "
+    "Tensor? rel_table, Tensor? sinks, SymInt causal, float scale, SymInt[] window, float softcap, "
+    "SymInt[] rel_options, SymInt precision, float dropout_p, SymInt dropout_seed, SymInt dropout_offset, "
+    "bool[] wanted) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+
+
+@needs_torch
+def test_op_schemas_and_named_arguments():
+    from fmha import _torch_core as core
+
+    assert str(torch.ops.fmha.attention.default._schema) == ATTENTION_SCHEMA
+    assert str(torch.ops.fmha.attention_backward.default._schema) == BACKWARD_SCHEMA
+    for op, fields in ((torch.ops.fmha.attention.default, core.AttentionArgs._fields),
+                       (torch.ops.fmha.attention_backward.default, core.BackwardArgs._fields)):
+        assert [a.name for a in op._schema.arguments] == list(fields)
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (rnd(gen, 1, 2, 8, 8) for _ in range(3))
+    options = dict(causal=1, scale=0.25, window=[-1, -1], softcap=0.0, rel_options=[128, 1], precision=1,
+                   dropout_p=0.0, dropout_seed=0, dropout_offset=0)
+    named = torch.ops.fmha.attention(*core.attention_args(q, k, v, **options))
+    positional = torch.ops.fmha.attention(q, k, v, *(None,) * 9, *options.values())
+    assert all(torch.equal(a, b) for a, b in zip(named, positional))
+    o, lse = named
+    d_o = rnd(gen, 1, 2, 8, 8)
+    named = torch.ops.fmha.attention_backward(*core.backward_args(q, k, v, o, lse, d_o, wanted=[False] * 4,
+                                                                  **options))
+    positional = torch.ops.fmha.attention_backward(q, k, v, o, lse, d_o, *(None,) * 9, *options.values(),
+                                                   [False] * 4)
+    assert all(torch.equal(a, b) for a, b in zip(named, positional))
+
+
 @needs_torch
 def test_compile_and_opcheck():
     gen = torch.Generator().manual_seed(4)

@@ -21,10 +21,10 @@
 //            f32 result in the shape of each parameter named by the `grads`
 //            bit set (1 d_bias, 2 d_alibi, 4 d_rel_table, 8 d_sinks), in
 //            that order. d_sinks comes from fmha_sinks_backward.
-//   attributes scale, causal (an fmha_causal, or 3: none with bottom-right
-//            alignment), window_left/right, strategy, extras, softcap,
-//            precision, rel_max_distance, rel_bidirectional, dropout_p
-//            (backward: grads).
+//   attributes scale, causal (an fmha_causal, or kCausalNoneBottomRight:
+//            none with bottom-right alignment), window_left/right,
+//            strategy, extras, softcap, precision, rel_max_distance,
+//            rel_bidirectional, dropout_p (backward: grads).
 // Every operand may carry the same number of extra leading dimensions (vmap
 // with vmap_method="expand_dims"): size 1 broadcasts, the results have the
 // full size. Those dimensions fold into the batch when every operand allows
@@ -48,11 +48,15 @@ namespace ffi = xla::ffi;
 
 namespace {
 
+// The codes, bits and attribute names below are python/fmha/_spec.py's;
+// tests/python/test_spec.py reads them out of this file and compares.
 enum ExtraBits : int64_t {
   kBias = 1, kMask = 2, kQLengths = 4, kKvLengths = 8, kQSegments = 16, kKvSegments = 32,
   kAlibi = 64, kRelTable = 128, kSinks = 256, kDropoutSeed = 512, kBlockTable = 1024
 };
 enum GradBits : int64_t { kGradBias = 1, kGradAlibi = 2, kGradRelTable = 4, kGradSinks = 8 };
+// The bindings' causal code past fmha_causal's: no causal mask, bottom-right alignment.
+constexpr int64_t kCausalNoneBottomRight = 3;
 
 const char *StatusName(fmha_status st) {
   static const char *const names[] = {
@@ -258,9 +262,9 @@ void MakeProblem(const Call &c, const Options &o, fmha_dtype dtype, fmha_kv_dtyp
     p->num_pages = k.core(0);
   }
   p->scale = o.scale;
-  // the bindings' causal code 3: no causal mask, bottom-right alignment
-  p->causal = static_cast<fmha_causal>(o.causal == 3 ? FMHA_CAUSAL_NONE : o.causal);
-  p->alignment = o.causal == 3 ? FMHA_ALIGN_BOTTOM_RIGHT : FMHA_ALIGN_CAUSAL;
+  const bool none_bottom_right = o.causal == kCausalNoneBottomRight;
+  p->causal = static_cast<fmha_causal>(none_bottom_right ? FMHA_CAUSAL_NONE : o.causal);
+  p->alignment = none_bottom_right ? FMHA_ALIGN_BOTTOM_RIGHT : FMHA_ALIGN_CAUSAL;
   p->strategy = static_cast<fmha_strategy>(o.strategy);
   p->masks.window_left = o.window_left;
   p->masks.window_right = o.window_right;

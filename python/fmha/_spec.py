@@ -1,0 +1,48 @@
+"""_spec: the codes and names the bindings and the JAX FFI handler agree on.
+
+This is the bottom of the Python package: plain constants, no imports. It
+holds the bindings' causal codes, the optional operands of the FFI calls
+(the `extras` bit set) and of the backward's parameter gradients (the
+`grads` bit set), the FFI targets and their attributes in order.
+_ffi/fmha_jax_ffi.cc carries the same values in C++;
+tests/python/test_spec.py reads them out of that file and compares.
+"""
+
+# ---- causal codes --------------------------------------------------------------------
+
+# The bindings' causal code: fmha_causal's values (fmha.h), then one more
+# for no causal mask with bottom-right alignment (fmha_problem.alignment) of
+# windows and position biases, as FlashAttention measures them.
+CAUSAL_NONE = 0
+CAUSAL_TOP_LEFT = 1
+CAUSAL_BOTTOM_RIGHT = 2
+CAUSAL_NONE_BOTTOM_RIGHT = 3
+
+# ---- the FFI calls (fmha.jax and _ffi/fmha_jax_ffi.cc) -------------------------------
+
+# XLA custom-call target -> the symbol of its handler in the FFI library.
+FFI_TARGETS = {"fmha_forward": "fmha_ffi_forward", "fmha_backward": "fmha_ffi_backward"}
+
+# The optional operands, in the order the handlers read them after the
+# tensors: (name in fmha.jax, the handler's ExtraBits enumerator). The
+# operand at position i has bit 1 << i in the `extras` attribute.
+EXTRAS = (("bias", "kBias"), ("mask", "kMask"), ("q_lens", "kQLengths"), ("kv_lens", "kKvLengths"),
+          ("q_seg", "kQSegments"), ("kv_seg", "kKvSegments"), ("alibi", "kAlibi"), ("rel", "kRelTable"),
+          ("sinks", "kSinks"), ("dropout_seed", "kDropoutSeed"), ("block_table", "kBlockTable"))
+EXTRA_NAMES = tuple(name for name, _ in EXTRAS)
+EXTRA_BITS = {name: 1 << i for i, name in enumerate(EXTRA_NAMES)}
+
+# The differentiable float parameters, in the order of the backward's extra
+# results: (name in fmha.jax, the handler's GradBits enumerator); bit 1 << i
+# in the `grads` attribute.
+GRADS = (("bias", "kGradBias"), ("alibi", "kGradAlibi"), ("rel", "kGradRelTable"), ("sinks", "kGradSinks"))
+GRAD_NAMES = tuple(name for name, _ in GRADS)
+GRAD_BITS = {name: 1 << i for i, name in enumerate(GRAD_NAMES)}
+
+# The handlers' attributes in their Bind() order: (name, kind), kind "f32"
+# (float) or "i64" (int64_t). `causal` is a causal code above, `extras` and
+# `grads` the bit sets above, the window's sides -1 when unbounded.
+FFI_ATTRS = (("scale", "f32"), ("causal", "i64"), ("window_left", "i64"), ("window_right", "i64"),
+             ("strategy", "i64"), ("extras", "i64"), ("softcap", "f32"), ("precision", "i64"),
+             ("rel_max_distance", "i64"), ("rel_bidirectional", "i64"), ("dropout_p", "f32"))
+FFI_BACKWARD_ATTRS = FFI_ATTRS + (("grads", "i64"),)
