@@ -46,3 +46,10 @@ FFI_ATTRS = (("scale", "f32"), ("causal", "i64"), ("window_left", "i64"), ("wind
              ("strategy", "i64"), ("extras", "i64"), ("softcap", "f32"), ("precision", "i64"),
              ("rel_max_distance", "i64"), ("rel_bidirectional", "i64"), ("dropout_p", "f32"))
 FFI_BACKWARD_ATTRS = FFI_ATTRS + (("grads", "i64"),)
+
+# Argument ranges every binding applies alike (NumPy, JAX, torch).
+# dropout_seed and dropout_offset are uint64 in the C problem: [0, 2**64).
+DROPOUT_COUNTER_LIMIT = 2**64
+# Index arrays (lengths, segment ids, block tables) are int32 in the C
+# problem: values outside int32 are an error, never a wrap.
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1

@@ -134,9 +134,9 @@ def window_sides(local_window_size):
         if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
             raise TypeError(f"fmha: local_window_size must be an int or a (left, right) tuple of ints, got "
                             f"{local_window_size!r}")
-        if x < -1:
-            raise ValueError(f"fmha: local_window_size sides must be >= 0 (or -1 / None: unbounded), got "
-                             f"{local_window_size!r}")
+        if x < -1 or x > 2**63 - 1:
+            raise ValueError(f"fmha: local_window_size sides must lie in 0..2**63 - 1 (or -1 / None: unbounded), "
+                             f"got {local_window_size!r}")
         return int(x)
 
     if local_window_size is None:
@@ -157,6 +157,9 @@ def resolve_scale(scale, head_dim):
     scale = float(scale)
     if not math.isfinite(scale):
         raise ValueError(f"fmha: scale must be finite, got {scale}")
+    if abs(scale) > float(np.finfo(np.float32).max):
+        raise ValueError(f"fmha: scale must be a finite float32 (|scale| <= {float(np.finfo(np.float32).max):.4g}), "
+                         f"got {scale}")
     return _ZERO_SCALE if scale == 0.0 else scale
 
 
@@ -256,12 +259,14 @@ def softcap_value(softcap):
 # ---- NumPy operands ------------------------------------------------------------------------
 
 def _elem_strides(a):
-    return tuple(s // a.itemsize for s in a.strides)
+    """Element strides; 0 on a length-1 axis, whatever NumPy says there (a
+    flipped length-1 axis has a negative stride that no element uses)."""
+    return tuple(0 if n == 1 else s // a.itemsize for s, n in zip(a.strides, a.shape))
 
 
 def _usable(a):
     """a itself when the library can read it in place, else a contiguous copy."""
-    if a.flags.aligned and all(s >= 0 and s % a.itemsize == 0 for s in a.strides):
+    if a.flags.aligned and all(n == 1 or (s >= 0 and s % a.itemsize == 0) for s, n in zip(a.strides, a.shape)):
         return a
     return np.ascontiguousarray(a)
 
@@ -291,11 +296,17 @@ def _int32_vector(x, length, upper, name):
 
 
 def _int32_matrix(x, shape, name):
+    """x as int32 of `shape`; its values checked against int32's range before
+    the cast (a wider integer is never wrapped)."""
     x = _as_array(x, name)
     if x.dtype.kind not in "iu":
         raise TypeError(f"fmha: {name} must hold integers, got dtype {x.dtype}")
     if x.shape != shape:
         raise ValueError(f"fmha: {name} must have shape {shape}, got {x.shape}")
+    if x.size and x.dtype.itemsize * 8 - (x.dtype.kind == "u") > 31:
+        lo, hi = int(x.min()), int(x.max())
+        if lo < _spec.INT32_MIN or hi > _spec.INT32_MAX:
+            raise ValueError(f"fmha: {name} must lie in int32's range -2**31..2**31 - 1, got {lo}..{hi}")
     return np.ascontiguousarray(x, dtype=np.int32)
 
 
@@ -495,12 +506,19 @@ def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignmen
         b = _usable(_to_4d(_float32_tensor(b, "bias"), batched))
         bias_strides = broadcast_strides(b.shape, _elem_strides(b), full, "bias")
         call.bias4 = b
+    def lengths(x, upper, name):
+        """A length per batch element; unbatched inputs take one (a scalar or [1])."""
+        x = _as_array(np.asarray(x) if np.isscalar(x) else x, name)
+        if not batched:
+            if x.size != 1:
+                raise ValueError(f"fmha: {name} of unbatched (3-D) inputs must be one length, got shape {x.shape}")
+            x = x.reshape(1)
+        return _int32_vector(x, B, upper, name)
+
     if query_seq_lengths is not None:
-        ql = _int32_vector(query_seq_lengths if batched else np.reshape(query_seq_lengths, (1,)), B, T,
-                           "query_seq_lengths")
+        ql = lengths(query_seq_lengths, T, "query_seq_lengths")
     if key_value_seq_lengths is not None:
-        kl = _int32_vector(key_value_seq_lengths if batched else np.reshape(key_value_seq_lengths, (1,)), B, S,
-                           "key_value_seq_lengths")
+        kl = lengths(key_value_seq_lengths, S, "key_value_seq_lengths")
     if segment_ids is not None:
         if isinstance(segment_ids, (tuple, list)) and len(segment_ids) == 2:
             q_ids, kv_ids = segment_ids
@@ -519,17 +537,28 @@ def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignmen
         a = _float32_tensor(alibi_slopes, "alibi_slopes")
         if a.shape != (N,):
             raise ValueError(f"fmha: alibi_slopes must have shape ({N},) (one per query head), got {a.shape}")
+        if not np.all(np.isfinite(a)):
+            raise ValueError(f"fmha: alibi_slopes must be finite, got {a[~np.isfinite(a)][0]} at head "
+                             f"{int(np.flatnonzero(~np.isfinite(a))[0])}")
         call.alibi = a = np.ascontiguousarray(a)
     if rel_table is not None:
         r = _float32_tensor(rel_table, "rel_table")
         if r.ndim != 2 or r.shape[0] != N or r.shape[1] < 1:
             raise ValueError(f"fmha: rel_table must have shape ({N}, num_buckets), got {r.shape}")
+        if r.shape[1] > 2**31 - 1:
+            raise ValueError(f"fmha: rel_table may have at most 2**31 - 1 buckets, got {r.shape[1]}")
         call.rel_table = r = np.ascontiguousarray(r)
+    if isinstance(rel_max_distance, bool) or not isinstance(rel_max_distance, (int, np.integer)):
+        raise TypeError(f"fmha: rel_max_distance must be an int, got {rel_max_distance!r}")
+    if not 1 <= rel_max_distance <= 2**31 - 1:
+        raise ValueError(f"fmha: rel_max_distance must lie in 1..2**31 - 1, got {rel_max_distance}")
+    if not isinstance(rel_bidirectional, (bool, np.bool_)) and rel_bidirectional not in (0, 1):
+        raise ValueError(f"fmha: rel_bidirectional must be a bool, got {rel_bidirectional!r}")
     dropout_p = float(dropout_p)
     if not (0.0 <= dropout_p < 1.0):
         raise ValueError(f"fmha: dropout_p must be in [0, 1), got {dropout_p}")
     for name, value in (("dropout_seed", dropout_seed), ("dropout_offset", dropout_offset)):
-        if not (isinstance(value, (int, np.integer)) and 0 <= int(value) < 2**64):
+        if not (isinstance(value, (int, np.integer)) and 0 <= int(value) < _spec.DROPOUT_COUNTER_LIMIT):
             raise ValueError(f"fmha: {name} must be an integer in [0, 2**64), got {value!r}")
     if sinks is not None:
         z = _float32_tensor(sinks, "sinks")
@@ -691,8 +720,13 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
     B, T, N, S, K, H, Hv = call.shape
     out = np.empty((B, T, N, Hv), dtype=q.dtype)
     lse = np.empty((B, N, T), dtype=np.float32) if return_lse else None
-    plan = _cached_plan(call, q, k, v, (T * N * Hv, N * Hv, Hv, 1))
-    if plan is not None:
+    if 0 in (B, T, N, S, Hv):
+        # an empty dim (as PyTorch): an empty output, or with no keys (S = 0) rows that see none:
+        # zeros, lse -inf (or the head's sink)
+        out[...] = 0
+        if lse is not None:
+            lse[...] = -np.inf if call.sinks is None else call.sinks.reshape(1, N, 1)
+    elif (plan := _cached_plan(call, q, k, v, (T * N * Hv, N * Hv, Hv, 1))) is not None:
         plan.forward(q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data,
                      lse.ctypes.data if lse is not None else None)
     else:
@@ -776,6 +810,20 @@ def attention_backward(query, key, value, out, lse, d_out, bias=None, mask=None,
         raise ValueError(f"fmha: lse must have shape {(B, N, T)[0 if batched else 1:]} (from "
                          f"attention(..., return_lse=True)), got {lse_a.shape[0 if batched else 1:]}")
     lse_a = np.ascontiguousarray(lse_a, dtype=np.float32)
+    if 0 in (B, T, N, S, Hv):
+        # an empty dim (as PyTorch): zero gradients of the given shapes
+        dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+        results = {}
+        if return_bias_grads:
+            for name, x in (("bias", call.bias4), ("alibi_slopes", call.alibi), ("rel_table", call.rel_table),
+                            ("sinks", call.sinks)):
+                if x is not None:
+                    results[name] = np.zeros(x.shape, np.float32)
+            if "bias" in results:
+                results["bias"] = results["bias"].reshape(call.bias_shape)
+        if not batched:
+            dq, dk, dv = dq[0], dk[0], dv[0]
+        return (dq, dk, dv, results) if return_bias_grads else (dq, dk, dv)
 
     # The gradients take the strides of q, k, v and dO takes those of O:
     # arrange the inputs so that fresh gradient arrays can share them.

@@ -174,6 +174,10 @@ def _checked_array(x, shape, kind, name):
         raise ValueError(f"{name} shape should be {shape}: but got {x.shape}")
     if not jnp.issubdtype(x.dtype, kind):
         raise ValueError(f"{name} dtype should be {kind.__name__}, but got {x.dtype}")
+    if kind is jnp.integer and jnp.iinfo(x.dtype).bits > 32 or x.dtype == jnp.uint32:
+        # values of a wider integer saturate to int32's ends instead of wrapping (traced: no
+        # value check at trace time); a page index out of range is then refused by the library
+        x = jnp.clip(x, -2**31, 2**31 - 1)
     return x.astype(jnp.int32 if kind is jnp.integer else jnp.float32)
 
 

@@ -50,7 +50,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("fmha.torch needs PyTorch (pip install torch); fmha's NumPy and JAX bindings "
                       "work without it") from e
 
-from . import api
+from . import _spec, api
 from ._lib import FmhaError
 from ._torch_core import (_BLOCK_TABLE, _OPTIONS, _TENSORS, OPTIONAL_TENSORS, AttentionArgs, _Spec,
                           _attention_backward_impl, _attention_impl, _backward, _dtype_code, _float32_param,
@@ -362,8 +362,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if dropout_seed is None:  # drawn from torch's default generator, as SDPA's dropout is
         dropout_seed = int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64)) if dropout_p > 0 else 0
     for name, value in (("dropout_seed", dropout_seed), ("dropout_offset", dropout_offset)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
-            raise ValueError(f"fmha.torch: {name} must be an integer in [0, 2**63), got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _spec.DROPOUT_COUNTER_LIMIT:
+            raise ValueError(f"fmha.torch: {name} must be an integer in [0, 2**64), got {value!r}")
+    # the op carries int64: the upper half travels as its two's complement (the C field is uint64)
+    dropout_seed, dropout_offset = (v - 2**64 if v >= 2**63 else v for v in (dropout_seed, dropout_offset))
 
     ql = kl = q_ids = kv_ids = alibi = rel = sink = None
     if query_seq_lengths is not None:
