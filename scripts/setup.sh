@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# setup.sh: installs what building and testing fmha needs on a fresh Debian
-# machine (compiler, CMake, Ninja, pkg-config, Python venv) and the Python
-# packages of the given requirement set into ./.venv. Sourced by test.sh and
-# bench.sh.
-#   usage: scripts/setup.sh [test|bench]
+# setup.sh: installs what building fmha and the given purpose need on a
+# fresh Debian machine, saying what it installs, and the Python packages of
+# that purpose's requirement set (python/requirements-<set>.txt) into ./.venv.
+#   test   every test: also Open MPI (the ring tests), clang and libFuzzer
+#          (fuzzing) and pkg-config (the installed package's checks)
+#   main   the main job (bench.sh): compiler, CMake, Ninja, Python; NumPy,
+#          JAX, matplotlib
+#   bench  compare.sh: main's set plus PyTorch (a large download)
+#   usage: scripts/setup.sh [test|main|bench]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,14 +17,16 @@ command -v c++ >/dev/null || need+=(g++)   # the JAX binding's FFI handler is C+
 command -v cmake >/dev/null || need+=(cmake)
 command -v ninja >/dev/null || need+=(ninja-build)
 command -v git >/dev/null || need+=(git)
-command -v pkg-config >/dev/null || need+=(pkg-config)   # the test of fmha.pc
 command -v python3 >/dev/null || need+=(python3 python3-venv python3-pip)
-# ring attention (libfmha_mpi and its tests under mpirun)
-command -v mpicc >/dev/null || need+=(libopenmpi-dev openmpi-bin)
-# the fuzz target (scripts/fuzz.sh): clang and its libFuzzer/sanitizer runtimes
-command -v clang >/dev/null || need+=(clang)
-if ! compgen -G "/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a" >/dev/null; then
-    need+=(libclang-rt-dev)
+if [ "${1:-test}" = test ]; then
+    command -v pkg-config >/dev/null || need+=(pkg-config)   # the test of fmha.pc
+    # ring attention (libfmha_mpi and its tests under mpirun)
+    command -v mpicc >/dev/null || need+=(libopenmpi-dev openmpi-bin)
+    # the fuzz target (scripts/fuzz.sh): clang and its libFuzzer/sanitizer runtimes
+    command -v clang >/dev/null || need+=(clang)
+    if ! compgen -G "/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a" >/dev/null; then
+        need+=(libclang-rt-dev)
+    fi
 fi
 if ((${#need[@]})); then
     echo "setup: installing ${need[*]}" >&2
@@ -38,6 +44,8 @@ fi
 req="python/requirements-${1:-test}.txt"
 stamp=".venv/.installed-$(basename "$req")"
 if [ ! -f "$stamp" ] || [ "$req" -nt "$stamp" ]; then
+    echo "setup: installing the Python packages of $req into .venv:" \
+         "$(grep -v '^[#-]' "$req" | tr '\n' ' ')" >&2
     .venv/bin/python -m pip install -q --upgrade pip >/dev/null
     .venv/bin/python -m pip install -q -r "$req"
     touch "$stamp"
