@@ -10,6 +10,7 @@
 
 #include "attn.h"
 #include "convert.h"
+#include "checked.h"
 #include "error.h"
 #include "cpu.h"
 #include "pool.h"
@@ -50,13 +51,6 @@ fmha_status fmha_set_num_threads(int n) {
 
 int fmha_get_num_threads(void) { return fmha_pool_threads(); }
 
-/* a * b, saturated to INT64_MAX / INT64_MIN: sizes that overflow leave
- * strides that fmha_problem_check rejects (FMHA_ERR_BAD_SIZE). */
-static int64_t sat_mul(int64_t a, int64_t b) {
-    int64_t r;
-    if (!__builtin_mul_overflow(a, b, &r)) return r;
-    return (a < 0) != (b < 0) ? INT64_MIN : INT64_MAX;
-}
 
 void fmha_problem_init(fmha_problem *p, int64_t batch, int64_t heads_q, int64_t heads_kv,
                        int64_t seq_q, int64_t seq_kv, int64_t head_dim, int64_t head_dim_v,
@@ -81,17 +75,18 @@ void fmha_problem_init(fmha_problem *p, int64_t batch, int64_t heads_q, int64_t 
                                              {p->k_strides, seq_kv, heads_kv, head_dim},
                                              {p->v_strides, seq_kv, heads_kv, head_dim_v},
                                              {p->o_strides, seq_q, heads_q, head_dim_v}};
+    /* sizes that overflow saturate, leaving strides fmha_problem_check rejects (FMHA_ERR_BAD_SIZE) */
     for (int i = 0; i < 4; i++) {
         int64_t *st = t[i].st;
         st[3] = 1;
         if (layout == FMHA_LAYOUT_BHSD) {
             st[1] = t[i].d;
-            st[2] = sat_mul(t[i].s, t[i].d);
-            st[0] = sat_mul(t[i].h, st[2]);
+            st[2] = fmha_sat_mul(t[i].s, t[i].d);
+            st[0] = fmha_sat_mul(t[i].h, st[2]);
         } else {
             st[2] = t[i].d;
-            st[1] = sat_mul(t[i].h, t[i].d);
-            st[0] = sat_mul(t[i].s, st[1]);
+            st[1] = fmha_sat_mul(t[i].h, t[i].d);
+            st[0] = fmha_sat_mul(t[i].s, st[1]);
         }
     }
 }
