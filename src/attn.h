@@ -133,6 +133,11 @@ typedef struct fmha_tile_pos {
 /* Class of a tile under every mask (EMPTY: skip; FULL: no masking work).
  * Returns -1 if a mask callback answered an invalid class. */
 int fmha_mask_classify(const fmha_plan *plan, const fmha_tile_pos *t, int thread);
+/* Keys [*k_begin, *k_end) within [0, Skv] that queries [q_first, q_last] of
+ * batch element b may see under the causal/window band alone (empty when
+ * begin >= end): saturating arithmetic, any band edge. */
+void fmha_band_kv_range(const fmha_plan *plan, int64_t b, int64_t q_first, int64_t q_last, int64_t *k_begin,
+                        int64_t *k_end);
 /* Keys [*k_begin, *k_end) any query of the tile's rows may see (band and
  * key lengths; empty when begin >= end). Only t->b, q0, nq are read. */
 void fmha_mask_kv_range(const fmha_plan *plan, const fmha_tile_pos *t, int64_t *k_begin,
