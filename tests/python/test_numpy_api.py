@@ -342,6 +342,28 @@ def test_local_window(window):
     check_grads(dict(local_window_size=window, is_causal=True), dict(window=window, is_causal=True), q, k, v, d_o)
 
 
+@pytest.mark.parametrize("window", [(2**63 - 1, -1), (-1, 2**63 - 2), (3, 2**63 - 30)])
+def test_decode_band_at_int64_ends(window):
+    """Window sides near int64's end on a shape the decode driver serves
+    (Sq 3, Skv 24): its band sums saturate as the tiled ones do. The first
+    window, bottom-right with one key, once gave row 0 O = 0 and lse = -inf
+    on the decode driver while tiled and dense gave lse -1.48."""
+    rng = np.random.default_rng(17)
+    q, k, v = uniform(rng, (1, 3, 1, 8)), uniform(rng, (1, 24, 1, 8)), uniform(rng, (1, 24, 1, 8))
+    opts = dict(causal_alignment="bottom_right", key_value_seq_lengths=np.array([1], np.int32),
+                local_window_size=window)
+    unbounded = tuple(None if w < 0 or w >= 2**40 else w for w in window)
+    ref = reference(q, k, v, causal_alignment="bottom_right", kv_lengths=[1], window=unbounded)
+    tiled_o, tiled_lse = fmha.attention(q, k, v, return_lse=True, strategy="tiled", **opts)
+    for strategy in ("auto", "tiled", "dense"):
+        o, lse = fmha.attention(q, k, v, return_lse=True, strategy=strategy, **opts)
+        assert rel_error(o, ref["o"]) < F32_TOL, strategy
+        np.testing.assert_allclose(lse, ref["lse"], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(o, tiled_o, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(lse, tiled_lse, rtol=1e-5, atol=1e-6)
+    assert np.all(np.isfinite(tiled_lse))
+
+
 def test_padding_lengths_and_empty_rows():
     require("q_lengths", "kv_lengths")
     rng = np.random.default_rng(12)
