@@ -243,7 +243,7 @@ size_t fmha_mask_scratch_bytes(const fmha_plan *plan);
 /* fmha_load_row and fmha_store_row (convert.h, same contracts) with the
  * table's widening and narrowing kernels for unit-stride bf16 rows (and
  * f16 rows, widening): the same values (a signalling NaN may be read back
- * quiet), fewer instructions. Rows of at most FMHA_MAX_HEAD_DIM. */
+ * quiet), fewer instructions. Rows of any length. */
 void fmha_load_row_uk(const fmha_ukernels *uk, const void *base, fmha_dtype t, int64_t first,
                       int64_t stride, int64_t n, float *dst);
 void fmha_store_row_uk(const fmha_ukernels *uk, void *base, fmha_dtype t, int64_t first, int64_t stride,
