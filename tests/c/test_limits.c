@@ -18,7 +18,8 @@
  *             tiled strategy to the same tolerance.
  *   sizes     fmha_problem_init with every int64 extreme for every size
  *             (no overflow; the check then answers FMHA_ERR_BAD_SIZE or
- *             another size error), batch x heads_q and Sq x Skv products
+ *             another size error), head dims up to FMHA_MAX_HEAD_DIM (576)
+ *             and no further, batch x heads_q and Sq x Skv products
  *             beyond int64.
  *   unit dims INT64_MAX strides on every dimension of extent 1 (allowed: such
  *             a stride never multiplies a nonzero index), with a dense mask
@@ -208,7 +209,7 @@ static void check_decode_windows(void) {
 /* fmha_problem_init and fmha_problem_check on extreme sizes: no overflow,
  * and a size error for anything out of range. */
 static void check_sizes(void) {
-    const int64_t vals[] = {INT64_MIN, INT64_MIN + 1, -1, 0, 1, 2, 3, 256, 257,
+    const int64_t vals[] = {INT64_MIN, INT64_MIN + 1, -1, 0, 1, 2, 3, 256, 257, 576, 577,
                             (int64_t)1 << 31, (int64_t)1 << 32, (int64_t)1 << 40,
                             ((int64_t)1 << 40) + 1, (int64_t)1 << 62, INT64_MAX - 1, INT64_MAX};
     const int nv = (int)(sizeof vals / sizeof vals[0]);
@@ -245,8 +246,17 @@ static void check_sizes(void) {
         fmha_problem_init(&p, vals[i], vals[i], vals[i], vals[i], vals[i], vals[i], vals[i],
                           FMHA_LAYOUT_BHSD);
         fmha_status st = fmha_problem_check(&p);
-        tu_check(vals[i] <= 256 || st != FMHA_OK, "all sizes %lld: status %d", (long long)vals[i],
+        tu_check(vals[i] <= FMHA_MAX_HEAD_DIM || st != FMHA_OK, "all sizes %lld: status %d", (long long)vals[i],
                  (int)st);
+    }
+    /* head dims: 576 (D and Dv, MLA's 576 / 512 too) accepted, 577 refused */
+    tu_check(FMHA_MAX_HEAD_DIM == 576, "FMHA_MAX_HEAD_DIM %d", FMHA_MAX_HEAD_DIM);
+    const int64_t dims[][2] = {{576, 576}, {576, 512}, {512, 576}, {577, 512}, {576, 577}, {577, 577}};
+    for (int i = 0; i < 6; i++) {
+        fmha_problem_init(&p, 1, 2, 1, 3, 5, dims[i][0], dims[i][1], FMHA_LAYOUT_BSHD);
+        fmha_status want = i < 3 ? FMHA_OK : FMHA_ERR_BAD_HEAD_DIM;
+        tu_check(fmha_problem_check(&p) == want, "head dims %lld / %lld: status %d, want %d", (long long)dims[i][0],
+                 (long long)dims[i][1], (int)fmha_problem_check(&p), (int)want);
     }
     /* batch x heads_q beyond int64 (each below the 2^40 size limit) */
     fmha_problem_init(&p, 1, 1, 1, 4, 4, 8, 8, FMHA_LAYOUT_BSHD);
