@@ -95,8 +95,8 @@ extern "C" {
 /* FMHA_VERSION_MAJOR, _MINOR, _PATCH and FMHA_VERSION_STRING (generated). */
 #include "fmha_version.h"
 
-/* Largest supported D and Dv. */
-#define FMHA_MAX_HEAD_DIM 256
+/* Largest supported D and Dv (576: the D of DeepSeek's MLA decode, Dv 512). */
+#define FMHA_MAX_HEAD_DIM 576
 
 typedef enum fmha_status {
     FMHA_OK = 0,

@@ -135,6 +135,11 @@ typedef struct fmha_tile_pos {
 /* Class of a tile under every mask (EMPTY: skip; FULL: no masking work).
  * Returns -1 if a mask callback answered an invalid class. */
 int fmha_mask_classify(const fmha_plan *plan, const fmha_tile_pos *t, int thread);
+/* Keys [*k_begin, *k_end) within [0, Skv] that queries [q_first, q_last] of
+ * batch element b may see under the causal/window band alone (empty when
+ * begin >= end): saturating arithmetic, any band edge. */
+void fmha_band_kv_range(const fmha_plan *plan, int64_t b, int64_t q_first, int64_t q_last, int64_t *k_begin,
+                        int64_t *k_end);
 /* Keys [*k_begin, *k_end) any query of the tile's rows may see (band and
  * key lengths; empty when begin >= end). Only t->b, q0, nq are read. */
 void fmha_mask_kv_range(const fmha_plan *plan, const fmha_tile_pos *t, int64_t *k_begin,
@@ -269,7 +274,7 @@ size_t fmha_mask_scratch_bytes(const fmha_plan *plan);
 /* fmha_load_row and fmha_store_row (convert.h, same contracts) with the
  * table's widening and narrowing kernels for unit-stride bf16 rows (and
  * f16 rows, widening): the same values (a signalling NaN may be read back
- * quiet), fewer instructions. Rows of at most FMHA_MAX_HEAD_DIM. */
+ * quiet), fewer instructions. Rows of any length. */
 void fmha_load_row_uk(const fmha_ukernels *uk, const void *base, fmha_dtype t, int64_t first,
                       int64_t stride, int64_t n, float *dst);
 void fmha_store_row_uk(const fmha_ukernels *uk, void *base, fmha_dtype t, int64_t first, int64_t stride,

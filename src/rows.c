@@ -42,12 +42,18 @@ void fmha_store_row_uk(const fmha_ukernels *uk, void *base, fmha_dtype t, int64_
         return;
     }
     if (t == FMHA_DTYPE_BF16 && stride == 1 && src) {
-        float scaled[FMHA_MAX_HEAD_DIM];
-        if (scale != 1.0f) {
-            scale_row(n, src, scale, scaled);
-            src = scaled;
+        if (scale == 1.0f) {
+            uk->rows.to_bf16((size_t)n, src, (uint16_t *)base + first);
+            return;
         }
-        uk->rows.to_bf16((size_t)n, src, (uint16_t *)base + first);
+        /* scaled ROWS_CHUNK elements at a time (rounding is per element) */
+        enum { ROWS_CHUNK = 256 };
+        float scaled[ROWS_CHUNK];
+        for (int64_t e = 0; e < n; e += ROWS_CHUNK) {
+            int64_t m = n - e < ROWS_CHUNK ? n - e : ROWS_CHUNK;
+            scale_row(m, src + e, scale, scaled);
+            uk->rows.to_bf16((size_t)m, scaled, (uint16_t *)base + first + e);
+        }
         return;
     }
     fmha_store_row(base, t, first, stride, n, src, scale);

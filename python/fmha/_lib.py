@@ -45,7 +45,7 @@ STRATEGIES = {"auto": 0, "tiled": 1, "dense": 2, "portable": 3}
 ALIGN_CAUSAL, ALIGN_TOP_LEFT, ALIGN_BOTTOM_RIGHT = 0, 1, 2
 LAYOUT_BSHD, LAYOUT_BHSD = 0, 1
 TILE_EMPTY, TILE_FULL, TILE_PARTIAL = 0, 1, 2
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = 576
 
 
 class FmhaError(RuntimeError):

@@ -65,6 +65,8 @@ typedef struct bwd_tiles {
     float *raw;    /* [Bc][NR]      scores before softcap (softcap only) */
     float *diag;   /* [Bc + NR]     a tile's Toeplitz gradient sums */
     unsigned char *mask; /* [Bc][NR] for a mask callback */
+    float *o_row, *do_row; /* [Dv] each: O and dO rows of Dsum (pre-pass) */
+    float *dq_sum; /* [D]           a dQ row summed over the groups (last pass) */
 } bwd_tiles;
 
 /* How tasks split the work. Normally a task is (b, hk, g): one kv head, the
@@ -161,6 +163,9 @@ static void bwd_carve(const fmha_plan *plan, fmha_carver *c, bwd_tiles *t) {
     t->raw = fmha_carve(c, plan->p.biases.softcap != 0.0f ? d.bc * d.nr * sizeof(float) : 0);
     t->diag = fmha_carve(c, (d.bc + d.nr) * sizeof(float));
     t->mask = fmha_carve(c, fmha_mask_scratch_bytes(plan));
+    t->o_row = fmha_carve(c, d.Dv * sizeof(float));
+    t->do_row = fmha_carve(c, d.Dv * sizeof(float));
+    t->dq_sum = fmha_carve(c, d.D * sizeof(float));
 }
 
 static size_t bwd_dq_floats(const fmha_plan *plan) {
@@ -247,7 +252,10 @@ static void bwd_prepare_task(void *vctx, size_t task, int thread) {
     int64_t b = (int64_t)task / p->heads_q, h = (int64_t)task % p->heads_q;
     const int64_t *os = p->o_strides;
     size_t rows = (size_t)p->seq_q;
-    (void)thread;
+    bwd_tiles t;
+    fmha_carver cv = {c->thread_ws + (size_t)thread * plan->thread_bytes, 0};
+    bwd_carve(plan, &cv, &t);
+    float *o_row = t.o_row, *do_row = t.do_row;
     for (size_t g = 0; g < c->split.groups; g++)
         memset(c->dq_part + g * c->dq_group_floats + task * rows * d->d_pad, 0,
                rows * d->d_pad * sizeof(float));
@@ -272,7 +280,6 @@ static void bwd_prepare_task(void *vctx, size_t task, int thread) {
                                                     : (const char *)c->o + ahead * (int64_t)fmha_dtype_size(p->dtype));
                     __builtin_prefetch((const char *)c->d_o + ahead * (int64_t)fmha_dtype_size(p->dtype));
                 }
-            float o_row[FMHA_MAX_HEAD_DIM], do_row[FMHA_MAX_HEAD_DIM];
             fmha_load_row_uk(plan->uk, plan->dsum_o ? (const void *)plan->dsum_o : c->o,
                              plan->dsum_o ? FMHA_DTYPE_F32 : p->dtype, row, os[3], p->head_dim_v, o_row);
             fmha_load_row_uk(plan->uk, c->d_o, p->dtype, row, os[3], p->head_dim_v, do_row);
@@ -520,13 +527,15 @@ static void bwd_reduce_dq_task(void *vctx, size_t task, int thread) {
     const fmha_problem *p = &c->plan->p;
     const int64_t *qs = p->q_strides;
     int64_t b = (int64_t)task / p->heads_q, h = (int64_t)task % p->heads_q;
-    (void)thread;
+    bwd_tiles t;
+    fmha_carver cv = {c->thread_ws + (size_t)thread * c->plan->thread_bytes, 0};
+    bwd_carve(c->plan, &cv, &t);
+    float *sum = t.dq_sum;
     for (int64_t i = 0; i < p->seq_q; i++) {
         const float *src = c->dq_part + ((size_t)task * (size_t)p->seq_q + (size_t)i) * c->dm.d_pad;
         int64_t row = b * qs[0] + i * qs[1] + h * qs[2];
         /* sum[e] = src_0[e] + src_1[e] + ... in group order, a row at a time
          * (the inner loop over e vectorises) */
-        float sum[FMHA_MAX_HEAD_DIM];
         memcpy(sum, src, (size_t)p->head_dim * sizeof(float));
         for (size_t g = 1; g < c->split.groups; g++) {
             const float *part = src + g * c->dq_group_floats;

@@ -199,9 +199,8 @@ static void dec_unit(const fmha_plan *plan, int64_t u, int64_t *b, int64_t *hk, 
 /* Keys [lo, hi) query i of batch b sees under the band, key and query lengths. */
 static void dec_row_range(const fmha_plan *plan, int64_t b, int64_t i, int64_t *lo, int64_t *hi) {
     const fmha_masks *m = &plan->p.masks;
-    int64_t off = fmha_causal_off(plan, b), first = 0, end = plan->p.seq_kv;
-    if (plan->band_lo != INT64_MIN && i + off + plan->band_lo > first) first = i + off + plan->band_lo;
-    if (plan->band_hi != INT64_MAX && i + off + plan->band_hi + 1 < end) end = i + off + plan->band_hi + 1;
+    int64_t first, end;
+    fmha_band_kv_range(plan, b, i, i, &first, &end);
     if (m->kv_lengths && m->kv_lengths[b] < end) end = m->kv_lengths[b];
     if (m->q_lengths && i >= m->q_lengths[b]) end = first;
     *lo = first;

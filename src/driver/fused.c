@@ -24,17 +24,20 @@ size_t fmha_fused_o32_bytes(const fmha_plan *plan) {
     return 0;
 }
 
-/* o = o32 rounded, row by row. */
+/* o = o32 rounded, row by row: a unit-stride row of o32 is the row the
+ * store reads; other rows element by element. */
 static void store_o(const fmha_plan *plan, const float *o32, void *o) {
     const fmha_problem *p = &plan->p;
     const int64_t *os = p->o_strides;
-    float row[FMHA_MAX_HEAD_DIM];
     for (int64_t b = 0; b < p->batch; b++)
         for (int64_t i = 0; i < p->seq_q; i++)
             for (int64_t h = 0; h < p->heads_q; h++) {
                 int64_t at = b * os[0] + i * os[1] + h * os[2];
-                fmha_load_row(o32, FMHA_DTYPE_F32, at, os[3], p->head_dim_v, row);
-                fmha_store_row_uk(plan->uk, o, p->dtype, at, os[3], p->head_dim_v, row, 1.0f);
+                if (os[3] == 1)
+                    fmha_store_row_uk(plan->uk, o, p->dtype, at, 1, p->head_dim_v, o32 + at, 1.0f);
+                else
+                    for (int64_t e = 0; e < p->head_dim_v; e++)
+                        fmha_store(o, p->dtype, at + e * os[3], o32[at + e * os[3]]);
             }
 }
 

@@ -108,21 +108,26 @@ static void kv_pack(const fmha_plan *plan, const void *k, const void *v, int64_t
     int64_t pr_end = (k0 + nk + 1) / 2;
     if (vs[3] == 1) {
         /* rows paired in place order (pair[r][e] = (V[2r][e], V[2r+1][e]),
-         * 16 pair rows at a time), then moved by the transpose kernel */
-        uint32_t pair[16 * FMHA_MAX_HEAD_DIM];
-        for (int64_t pr0 = k0 / 2; pr0 < pr_end; pr0 += 16) {
-            int64_t n = pr_end - pr0 < 16 ? pr_end - pr0 : 16;
-            for (int64_t r = 0; r < n; r++) {
-                int64_t key = 2 * (pr0 + r);
-                const uint16_t *lo = vb + b * vs[0] + key * vs[1] + hk * vs[2], *hi = lo + vs[1];
-                uint32_t *w = pair + r * Dv;
-                if (key < limit)
-                    plan->uk->rows.interleave_u16((size_t)Dv, lo, key + 1 < limit ? hi : NULL, w);
-                else
-                    memset(w, 0, (size_t)Dv * sizeof(uint32_t));
+         * 16 pair rows of up to PAIR_COLS columns at a time), then moved by
+         * the transpose kernel */
+        enum { PAIR_COLS = 256 };
+        uint32_t pair[16 * PAIR_COLS];
+        for (int64_t c0 = 0; c0 < Dv; c0 += PAIR_COLS) {
+            int64_t nc = Dv - c0 < PAIR_COLS ? Dv - c0 : PAIR_COLS;
+            for (int64_t pr0 = k0 / 2; pr0 < pr_end; pr0 += 16) {
+                int64_t n = pr_end - pr0 < 16 ? pr_end - pr0 : 16;
+                for (int64_t r = 0; r < n; r++) {
+                    int64_t key = 2 * (pr0 + r);
+                    const uint16_t *lo = vb + b * vs[0] + key * vs[1] + hk * vs[2] + c0, *hi = lo + vs[1];
+                    uint32_t *w = pair + r * nc;
+                    if (key < limit)
+                        plan->uk->rows.interleave_u16((size_t)nc, lo, key + 1 < limit ? hi : NULL, w);
+                    else
+                        memset(w, 0, (size_t)nc * sizeof(uint32_t));
+                }
+                plan->uk->rows.transpose((size_t)n, (size_t)nc, (const float *)(const void *)pair, (size_t)nc,
+                                         (float *)(void *)(v2 + c0 * skv2 + pr0), (size_t)skv2);
             }
-            plan->uk->rows.transpose((size_t)n, (size_t)Dv, (const float *)(const void *)pair, (size_t)Dv,
-                                    (float *)(void *)(v2 + pr0), (size_t)skv2);
         }
         return;
     }

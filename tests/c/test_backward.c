@@ -3,7 +3,7 @@
  * set this CPU runs. Coverage follows test_forward.c: random shapes from the
  * printed seed (tails, Sq != Skv, GQA, MQA, D != Dv, every layout, both
  * causal alignments, default and explicit scale), decode (Sq = 1), every D of
- * interest, one S = 600 problem, fully masked rows and never-seen keys
+ * interest (up to FMHA_MAX_HEAD_DIM: 320, 512, MLA's 576 / 512), one S = 600 problem, fully masked rows and never-seen keys
  * (exactly zero gradient, no NaN), and logits near the float32 limit. The
  * backward gets the library's own O and lse from fmha_forward. Also: bitwise
  * identical dQ, dK, dV for 1, 2 and 7 threads, and the backward's argument
@@ -325,6 +325,15 @@ static void fixed_cases(void) {
         snprintf(name, sizeof name, "D = Dv = %lld", (long long)dims[i]);
         make(&p, 1, 1, 1, 129, 65, dims[i], dims[i], (fmha_causal)((i + 1) % 3), 0.0f,
              (i + 1) % TU_LAYOUT_COUNT);
+        run_random(name, &p, 1.0);
+    }
+    /* head dims past 256: two query blocks, two key blocks */
+    static const int64_t wide[][2] = {{320, 320}, {512, 512}, {576, 512}, {576, 576}, {320, 576}};
+    for (int i = 0; i < 5; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "wide D %lld, Dv %lld", (long long)wide[i][0], (long long)wide[i][1]);
+        int64_t hq = i == 2 ? 2 : 1; /* MLA's shape with two query heads on one kv head */
+        make(&p, 1, hq, 1, 67, 131, wide[i][0], wide[i][1], (fmha_causal)(i % 3), 0.0f, i % TU_LAYOUT_COUNT);
         run_random(name, &p, 1.0);
     }
     make(&p, 1, 2, 1, 600, 600, 64, 64, FMHA_CAUSAL_TOP_LEFT, 0.0f, TU_LAYOUT_BSHD);

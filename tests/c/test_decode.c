@@ -7,6 +7,10 @@
  *             against the float64 reference; the decode driver is checked
  *             to be the one planned, and 1, 2 and 3 threads must agree bit
  *             for bit (split-KV merges in a fixed order)
+ *   MLA       DeepSeek's decode shape: D 576, Dv 512, 16 and 128 query heads
+ *             on one kv head, V the first 512 columns of K (the same pointer
+ *             and strides), float32 and bf16, Sq 1 and 2, every ISA, against
+ *             the reference and the tiled strategy, 1 and 2 threads bit for bit
  *   prefill   a causal forward over S tokens equals, row by row, S decode
  *             calls on the same cache with growing key lengths
  *   fallback  a table without decode kernels, and masks the decode driver
@@ -315,6 +319,82 @@ static void test_shapes(void) {
     big.ragged_kv = 1;
     big.sq = 4;
     run_case(&big);
+}
+
+/* ---- MLA: V inside K ---- */
+
+/* K [B, Skv, 1, 576] (the latent cache and its rope part), V its first 512
+ * columns: v = k with K's strides and Dv 512. */
+static void mla_case(int64_t B, int64_t hq, int64_t sq, int64_t skv, fmha_dtype dtype, int causal) {
+    const int64_t D = 576, Dv = 512;
+    fmha_problem p;
+    fmha_problem_init(&p, B, hq, 1, sq, skv, D, Dv, FMHA_LAYOUT_BSHD);
+    p.dtype = dtype;
+    if (causal) p.causal = FMHA_CAUSAL_BOTTOM_RIGHT;
+    memcpy(p.v_strides, p.k_strides, sizeof p.v_strides);
+    int32_t kv_len[4];
+    tu_ragged_kv_lengths(B, skv, kv_len);
+    p.masks.kv_lengths = kv_len;
+    size_t nq = (size_t)(B * sq * hq * D), nk = (size_t)(B * skv * D), no = (size_t)(B * sq * hq * Dv);
+    size_t nl = (size_t)(B * hq * sq), es = fmha_dtype_size(dtype);
+    dec_tensor q = dec_tensor_new(dtype, nq), k = dec_tensor_new(dtype, nk);
+    fmha_problem pf = p;
+    pf.dtype = FMHA_DTYPE_F32;
+    /* ref_o [B, Sq, Hq, Dv], ref_lse [B, Hq, Sq]; V read from K's values */
+    double *ref_o = malloc(no * sizeof(double)), *ref_lse = malloc(nl * sizeof(double));
+    fmha_ref_forward_full(&pf, q.value, k.value, k.value, ref_o, ref_lse);
+    /* o [B, Sq, Hq, Dv] in the dtype: auto (2 threads, 1 thread) and tiled */
+    char *o = malloc(no * es), *o1 = malloc(no * es), *ot = malloc(no * es);
+    float *lse = malloc(nl * sizeof(float)), *lse1 = malloc(nl * sizeof(float)), *lset = malloc(nl * sizeof(float));
+    float *of = malloc(no * sizeof(float));
+    double *tiled = malloc(no * sizeof(double));
+    char what[160];
+    snprintf(what, sizeof what, "MLA B %lld Hq %lld Sq %lld Skv %lld D 576 Dv 512 (V in K) %s%s", (long long)B,
+             (long long)hq, (long long)sq, (long long)skv, dtype == FMHA_DTYPE_F32 ? "f32" : "bf16",
+             causal ? " causal" : "");
+    /* float32: accumulation error; bf16: O rounded to bf16 */
+    const double tol = dtype == FMHA_DTYPE_F32 ? 2e-5 : 8e-3;
+    const char *isa_default = fmha_isa_name();
+    for (size_t ii = 0; ii < sizeof isa_names / sizeof *isa_names; ii++) {
+        if (fmha_cpu_force_isa(isa_names[ii]) != 0) continue;
+        tu_check(planned_decode(&p) == (fmha_cpu_kernels()->decode_scores_f32 != NULL), "%s %s: decode planned",
+                 isa_names[ii], what);
+        fmha_problem ptl = p;
+        ptl.strategy = FMHA_STRATEGY_TILED;
+        fmha_set_num_threads(2);
+        fmha_status st = tu_forward(&p, q.data, k.data, k.data, o, lse, NULL, 0);
+        fmha_status stt = tu_forward(&ptl, q.data, k.data, k.data, ot, lset, NULL, 0);
+        fmha_set_num_threads(1);
+        fmha_status st1 = tu_forward(&p, q.data, k.data, k.data, o1, lse1, NULL, 0);
+        if (!tu_check(st == FMHA_OK && stt == FMHA_OK && st1 == FMHA_OK, "%s %s: status %d, tiled %d, 1 thread %d",
+                      isa_names[ii], what, (int)st, (int)stt, (int)st1))
+            continue;
+        tu_check(!memcmp(o, o1, no * es) && !memcmp(lse, lse1, nl * sizeof(float)), "%s %s: 2 threads differ from 1",
+                 isa_names[ii], what);
+        for (size_t i = 0; i < no; i++) tiled[i] = fmha_load(ot, dtype, (int64_t)i);
+        for (size_t i = 0; i < no; i++) of[i] = fmha_load(o, dtype, (int64_t)i);
+        double r_ref = tu_worst_ratio(of, ref_o, no, tol, tol), r_tiled = tu_worst_ratio(of, tiled, no, tol, tol);
+        tu_check(r_ref <= 1.0 && r_tiled <= 1.0, "%s %s: O ratio %g to the reference, %g to tiled", isa_names[ii],
+                 what, r_ref, r_tiled);
+        int lse_ok = 1;
+        for (size_t i = 0; i < nl; i++) {
+            if (isinf(ref_lse[i])) lse_ok &= isinf(lse[i]) && lse[i] < 0 && isinf(lset[i]) && lset[i] < 0;
+            else lse_ok &= fabs((double)lse[i] - ref_lse[i]) <= 1e-5 * (1 + fabs(ref_lse[i])) &&
+                           fabs((double)lset[i] - ref_lse[i]) <= 1e-5 * (1 + fabs(ref_lse[i]));
+        }
+        tu_check(lse_ok, "%s %s: lse (auto and tiled)", isa_names[ii], what);
+    }
+    fmha_set_num_threads(0);
+    fmha_cpu_force_isa(isa_default);
+    free(ref_o), free(ref_lse), free(o), free(o1), free(ot), free(lse), free(lse1), free(lset), free(of), free(tiled);
+    dec_tensor_free(&q), dec_tensor_free(&k);
+}
+
+static void test_mla(void) {
+    mla_case(2, 16, 1, 300, FMHA_DTYPE_F32, 0);
+    mla_case(2, 16, 2, 300, FMHA_DTYPE_BF16, 1);
+    mla_case(1, 128, 1, 200, FMHA_DTYPE_BF16, 1);
+    mla_case(1, 128, 1, 200, FMHA_DTYPE_F32, 1);
 }
 
 /* ---- prefill then decode ---- */
@@ -666,6 +746,7 @@ int main(void) {
     test_prefill_identity();
     test_aligned();
     test_sinks();
+    test_mla();
     test_shapes();
     return tu_finish();
 }

@@ -188,15 +188,15 @@ static void forward_errors(void) {
     e = p;
     e.head_dim = 0;
     expect_problem("head_dim 0", &e, FMHA_ERR_BAD_HEAD_DIM);
-    fmha_problem_init(&e, 2, 4, 2, 5, 7, 257, 6, FMHA_LAYOUT_BSHD);
-    expect_problem("head_dim 257", &e, FMHA_ERR_BAD_HEAD_DIM);
+    fmha_problem_init(&e, 2, 4, 2, 5, 7, 577, 6, FMHA_LAYOUT_BSHD);
+    expect_problem("head_dim 577", &e, FMHA_ERR_BAD_HEAD_DIM);
     e = p;
     e.head_dim_v = 0;
     expect_problem("head_dim_v 0", &e, FMHA_ERR_BAD_HEAD_DIM);
-    fmha_problem_init(&e, 2, 4, 2, 5, 7, 8, 257, FMHA_LAYOUT_BSHD);
-    expect_problem("head_dim_v 257", &e, FMHA_ERR_BAD_HEAD_DIM);
-    fmha_problem_init(&e, 1, 1, 1, 2, 2, 256, 256, FMHA_LAYOUT_BSHD);
-    expect_problem("head dims 256 (valid)", &e, FMHA_OK);
+    fmha_problem_init(&e, 2, 4, 2, 5, 7, 8, 577, FMHA_LAYOUT_BSHD);
+    expect_problem("head_dim_v 577", &e, FMHA_ERR_BAD_HEAD_DIM);
+    fmha_problem_init(&e, 1, 1, 1, 2, 2, 576, 576, FMHA_LAYOUT_BSHD);
+    expect_problem("head dims 576 (valid)", &e, FMHA_OK);
     /* scale */
     const float bad_scales[3] = {NAN, INFINITY, -INFINITY};
     for (int i = 0; i < 3; i++) {

@@ -3,7 +3,8 @@
  * CPU runs (fmha_cpu_force_isa). Shapes: random ones from the printed seed
  * (tails that are not multiples of 16/64/128, Sq != Skv, GQA, MQA, D != Dv,
  * every layout, both causal alignments, default and explicit scale) plus
- * fixed ones: decode (Sq = 1), GQA 8/2, MQA 8/1, every D of interest, one
+ * fixed ones: decode (Sq = 1), GQA 8/2, MQA 8/1, every D of interest (head
+ * dims past 256 up to FMHA_MAX_HEAD_DIM: 320, 512, MLA's 576 / 512), one
  * S = 600 problem, V the tiled forward copies, fully masked rows, broadcast (stride 0) K/V, and logits
  * near the float32 limit. Caller workspaces of exactly the queried size at
  * misaligned addresses are used in turn with NULL.
@@ -293,6 +294,16 @@ static void fixed_cases(void) {
         snprintf(name, sizeof name, "D = Dv = %lld", (long long)dims[i]);
         make(&p, 1, 1, 1, 129, 65, dims[i], dims[i], (fmha_causal)((i + 1) % 3), 0.0f,
              (i + 1) % TU_LAYOUT_COUNT);
+        run_random(name, &p, 1.0);
+    }
+    /* head dims past 256 (Gemma's 512, MLA's D 576 with Dv 512): two query
+     * blocks of the widest NR, two key tiles of the largest Bc */
+    static const int64_t wide[][2] = {{320, 320}, {512, 512}, {576, 512}, {576, 576}, {320, 576}};
+    for (int i = 0; i < 5; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "wide D %lld, Dv %lld", (long long)wide[i][0], (long long)wide[i][1]);
+        int64_t hq = i == 2 ? 2 : 1; /* MLA's shape with two query heads on one kv head */
+        make(&p, 1, hq, 1, 67, 131, wide[i][0], wide[i][1], (fmha_causal)(i % 3), 0.0f, i % TU_LAYOUT_COUNT);
         run_random(name, &p, 1.0);
     }
     /* one larger problem */

@@ -11,9 +11,15 @@
  *             lse, 1e-4 (1 + max|r|) for dQ, dK, dV; fully masked rows
  *             exactly O = 0, lse = -inf. Problems are tiny (D <= 8, <= 40
  *             keys), so float32 errors stay near 1e-6.
+ *   decode    the same windows on shapes the decode driver serves (Sq 2-3,
+ *             Skv 24): window_right near INT64_MAX, and window_left
+ *             INT64_MAX under bottom-right alignment with key lengths of 1
+ *             and 0; against the reference, and auto (decode) against the
+ *             tiled strategy to the same tolerance.
  *   sizes     fmha_problem_init with every int64 extreme for every size
  *             (no overflow; the check then answers FMHA_ERR_BAD_SIZE or
- *             another size error), batch x heads_q and Sq x Skv products
+ *             another size error), head dims up to FMHA_MAX_HEAD_DIM (576)
+ *             and no further, batch x heads_q and Sq x Skv products
  *             beyond int64.
  *   unit dims INT64_MAX strides on every dimension of extent 1 (allowed: such
  *             a stride never multiplies a nonzero index), with a dense mask
@@ -26,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn.h"
 #include "fmha_ref_masks.h"
 #include "test_util.h"
 
@@ -135,10 +142,74 @@ static void check_windows(void) {
             }
 }
 
+/* A window case on a shape the decode driver serves: the reference checks
+ * of window_case, then auto (the decode driver) against tiled. */
+static void decode_window_case(const char *what, lim_case *c) {
+    fmha_plan plan;
+    tu_check(fmha_plan_init(&c->p, &plan) == FMHA_OK && plan.decode, "%s: the decode driver serves it", what);
+    window_case(what, c);
+    const fmha_problem *p = &c->p;
+    int64_t no = p->batch * p->seq_q * p->heads_q * p->head_dim_v, nl = p->batch * p->heads_q * p->seq_q;
+    /* [B, Sq, Hq, Dv] and [B, Hq, Sq] of each strategy; ref_* the tiled ones in double */
+    float *o[2], *lse[2];
+    double *ref_o = xmalloc((size_t)no * sizeof(double)), *ref_l = xmalloc((size_t)nl * sizeof(double));
+    const fmha_strategy strategies[2] = {FMHA_STRATEGY_TILED, FMHA_STRATEGY_AUTO};
+    for (int s = 0; s < 2; s++) {
+        fmha_problem ps = *p;
+        ps.strategy = strategies[s];
+        o[s] = xmalloc((size_t)no * sizeof(float)), lse[s] = xmalloc((size_t)nl * sizeof(float));
+        tu_check(fmha_forward(&ps, c->q, c->k, c->v, o[s], lse[s], NULL, 0) == FMHA_OK, "%s [%s]: status", what,
+                 tu_strategy_name(strategies[s]));
+    }
+    for (int64_t e = 0; e < no; e++) ref_o[e] = o[0][e];
+    for (int64_t e = 0; e < nl; e++) ref_l[e] = lse[0][e];
+    tu_check(tu_worst_ratio(o[1], ref_o, (size_t)no, 1e-5, 1e-4) <= 1.0, "%s: auto's O differs from tiled's", what);
+    int same_inf = 1; /* -inf rows of one are -inf rows of the other */
+    for (int64_t e = 0; e < nl; e++) same_inf &= (lse[0][e] == -INFINITY) == (lse[1][e] == -INFINITY);
+    tu_check(same_inf && tu_worst_ratio(lse[1], ref_l, (size_t)nl, 1e-5, 1e-4) <= 1.0,
+             "%s: auto's lse differs from tiled's", what);
+    for (int s = 0; s < 2; s++) free(o[s]), free(lse[s]);
+    free(ref_o), free(ref_l);
+}
+
+/* The decode driver's band: window edges whose sums with a query index
+ * and the alignment offset leave int64. */
+static void check_decode_windows(void) {
+    lim_case c;
+    const int64_t rights[] = {INT64_MAX - 1, INT64_MAX - 2, INT64_MAX - 30, (int64_t)1 << 62};
+    for (int r = 0; r < 4; r++)
+        for (int align = 0; align < 2; align++) {
+            case_init(&c, 2, 3, 24, 8);
+            c.p.masks.window_right = rights[r];
+            c.p.masks.window_left = r % 2 ? 5 : -1;
+            c.p.alignment = align ? FMHA_ALIGN_BOTTOM_RIGHT : FMHA_ALIGN_CAUSAL;
+            char what[128];
+            snprintf(what, sizeof what, "decode Sq 3 Skv 24 window (%lld, %lld)%s", (long long)c.p.masks.window_left,
+                     (long long)rights[r], align ? " bottom-right" : "");
+            decode_window_case(what, &c);
+            case_free(&c);
+        }
+    /* window_left INT64_MAX, bottom-right, key lengths 1 and 0: off = 1 - 3, 0 - 3 */
+    for (int causal = 0; causal < 2; causal++)
+        for (int sq = 2; sq <= 3; sq++) {
+            case_init(&c, 2, sq, 24, 8);
+            c.kv_len[0] = 1, c.kv_len[1] = 0;
+            c.p.masks.kv_lengths = c.kv_len;
+            c.p.masks.window_left = INT64_MAX;
+            if (causal) c.p.causal = FMHA_CAUSAL_BOTTOM_RIGHT;
+            else c.p.alignment = FMHA_ALIGN_BOTTOM_RIGHT;
+            char what[128];
+            snprintf(what, sizeof what, "decode Sq %d Skv 24 window_left INT64_MAX %s, kv_lengths 1, 0", sq,
+                     causal ? "causal bottom-right" : "aligned bottom-right");
+            decode_window_case(what, &c);
+            case_free(&c);
+        }
+}
+
 /* fmha_problem_init and fmha_problem_check on extreme sizes: no overflow,
  * and a size error for anything out of range. */
 static void check_sizes(void) {
-    const int64_t vals[] = {INT64_MIN, INT64_MIN + 1, -1, 0, 1, 2, 3, 256, 257,
+    const int64_t vals[] = {INT64_MIN, INT64_MIN + 1, -1, 0, 1, 2, 3, 256, 257, 576, 577,
                             (int64_t)1 << 31, (int64_t)1 << 32, (int64_t)1 << 40,
                             ((int64_t)1 << 40) + 1, (int64_t)1 << 62, INT64_MAX - 1, INT64_MAX};
     const int nv = (int)(sizeof vals / sizeof vals[0]);
@@ -175,8 +246,17 @@ static void check_sizes(void) {
         fmha_problem_init(&p, vals[i], vals[i], vals[i], vals[i], vals[i], vals[i], vals[i],
                           FMHA_LAYOUT_BHSD);
         fmha_status st = fmha_problem_check(&p);
-        tu_check(vals[i] <= 256 || st != FMHA_OK, "all sizes %lld: status %d", (long long)vals[i],
+        tu_check(vals[i] <= FMHA_MAX_HEAD_DIM || st != FMHA_OK, "all sizes %lld: status %d", (long long)vals[i],
                  (int)st);
+    }
+    /* head dims: 576 (D and Dv, MLA's 576 / 512 too) accepted, 577 refused */
+    tu_check(FMHA_MAX_HEAD_DIM == 576, "FMHA_MAX_HEAD_DIM %d", FMHA_MAX_HEAD_DIM);
+    const int64_t dims[][2] = {{576, 576}, {576, 512}, {512, 576}, {577, 512}, {576, 577}, {577, 577}};
+    for (int i = 0; i < 6; i++) {
+        fmha_problem_init(&p, 1, 2, 1, 3, 5, dims[i][0], dims[i][1], FMHA_LAYOUT_BSHD);
+        fmha_status want = i < 3 ? FMHA_OK : FMHA_ERR_BAD_HEAD_DIM;
+        tu_check(fmha_problem_check(&p) == want, "head dims %lld / %lld: status %d, want %d", (long long)dims[i][0],
+                 (long long)dims[i][1], (int)fmha_problem_check(&p), (int)want);
     }
     /* batch x heads_q beyond int64 (each below the 2^40 size limit) */
     fmha_problem_init(&p, 1, 1, 1, 4, 4, 8, 8, FMHA_LAYOUT_BSHD);
@@ -314,6 +394,7 @@ int main(void) {
     tu_seed();
     check_unit_strides();
     check_windows();
+    check_decode_windows();
     check_sizes();
     check_extents();
     return tu_finish();

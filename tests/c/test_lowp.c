@@ -9,6 +9,7 @@
  *   bf16 with FMHA_PRECISION_FAST (P rounded to bf16 in P V): below 1e-2 and
  *         at most 2x that rounding error (the header promises about 1.6x);
  *   f16:  below 2e-3.
+ * Head dims past 256 (D 320; MLA's D 576 / Dv 512) in bf16 and f16.
  * Also: fully masked rows (O = 0, lse = -inf, zero gradients, no NaN),
  * NaN in K and V rows past kv_lengths leaving O's bits as they were,
  * logits near 1e30 in bf16 (float32's range: no overflow), tails, GQA,
@@ -318,6 +319,8 @@ int main(void) {
                     check_problem((fmha_dtype)t, 2, 4, 2, 77, 200, 33, 40, FMHA_CAUSAL_TOP_LEFT, 1.0, isa, s, prec);
                     check_problem((fmha_dtype)t, 1, 3, 1, 90, 61, 16, 7, FMHA_CAUSAL_BOTTOM_RIGHT, 2.0, isa, s, prec);
                     check_problem((fmha_dtype)t, 1, 2, 1, 1, 300, 128, 128, FMHA_CAUSAL_BOTTOM_RIGHT, 1.0, isa, s, prec);
+                    check_problem((fmha_dtype)t, 1, 2, 1, 9, 131, 576, 512, FMHA_CAUSAL_BOTTOM_RIGHT, 1.0, isa, s, prec);
+                    check_problem((fmha_dtype)t, 1, 1, 1, 67, 40, 320, 320, FMHA_CAUSAL_NONE, 1.0, isa, s, prec);
                 }
             }
         for (int t = FMHA_DTYPE_BF16; t <= FMHA_DTYPE_F16; t++)

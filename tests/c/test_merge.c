@@ -1,7 +1,8 @@
 /* test_merge.c: fmha_merge, two partial results over disjoint key sets
  * combined by their lse.
  *   split      keys split in two, fmha_forward on each part, merged: equal
- *              to the float64 reference on all keys (layouts BSHD, PADDED)
+ *              to the float64 reference on all keys (layouts BSHD, PADDED;
+ *              D 16, and MLA's D 576 / Dv 512)
  *   formula    random O and lse against the merge computed in float64, with
  *              rows fully masked on one or both sides and NaN lse, out of
  *              place and in place (o = o_a or o_b, lse = lse_a or lse_b)
@@ -14,10 +15,10 @@
 #include "fmha_ref.h"
 #include "test_util.h"
 
-static void test_split(int layout) {
+static void test_split(int layout, int64_t D, int64_t Dv) {
     fmha_problem p;
-    const int64_t B = 2, Hq = 4, Hkv = 2, S = 37, Skv = 53, D = 16, k0 = tu_int(1, 52);
-    tu_problem(&p, B, Hq, Hkv, S, Skv, D, D);
+    const int64_t B = 2, Hq = 4, Hkv = 2, S = 37, Skv = 53, k0 = tu_int(1, 52);
+    tu_problem(&p, B, Hq, Hkv, S, Skv, D, Dv);
     tu_set_layout(&p, layout);
     float *q = tu_new_input(&p, 'q', -1, 1), *k = tu_new_input(&p, 'k', -1, 1), *v = tu_new_input(&p, 'v', -1, 1);
     float *oa = tu_new_output(&p, 'o', 0), *ob = tu_new_output(&p, 'o', 0);
@@ -29,7 +30,7 @@ static void test_split(int layout) {
     fmha_status sa = fmha_forward(&pa, q, k, v, oa, la, NULL, 0);
     fmha_status sb = fmha_forward(&pb, q, k + k0 * p.k_strides[1], v + k0 * p.v_strides[1], ob, lb, NULL, 0);
     /* merged in place into oa, la */
-    fmha_status sm = fmha_merge(B, Hq, S, D, p.o_strides, oa, la, ob, lb, oa, la);
+    fmha_status sm = fmha_merge(B, Hq, S, Dv, p.o_strides, oa, la, ob, lb, oa, la);
     int64_t n[4];
     tu_shape(&p, 'o', n);
     double *ro = malloc(tu_numel(n) * sizeof(double)), *rl = malloc(rows * sizeof(double));
@@ -39,8 +40,8 @@ static void test_split(int layout) {
     double e_o = tu_rel_l2(got, ro, tu_numel(n)), e_l = tu_worst_ratio(la, rl, rows, 1e-5, 1e-5);
     /* rel L2 <= 1e-5 for O; lse within 1e-5 absolute + 1e-5 relative */
     tu_check(sa == FMHA_OK && sb == FMHA_OK && sm == FMHA_OK && e_o <= 1e-5 && e_l <= 1,
-             "split %s at %lld: status %d %d %d, O rel L2 %.3g, lse ratio %.3g", tu_layout_name(layout),
-             (long long)k0, sa, sb, sm, e_o, e_l);
+             "split %s D %lld / %lld at %lld: status %d %d %d, O rel L2 %.3g, lse ratio %.3g", tu_layout_name(layout),
+             (long long)D, (long long)Dv, (long long)k0, sa, sb, sm, e_o, e_l);
     free(q), free(k), free(v), free(oa), free(ob), free(la), free(lb), free(ro), free(rl), free(got);
 }
 
@@ -114,6 +115,7 @@ static void test_errors(void) {
         {FMHA_ERR_BAD_SIZE, fmha_merge(INT64_MAX / 2, 4, 3, 4, st, oa, la, ob, lb, o, l), "overflow"},
         {FMHA_ERR_BAD_HEAD_DIM, fmha_merge(2, 2, 3, 0, st, oa, la, ob, lb, o, l), "Dv 0"},
         {FMHA_ERR_BAD_HEAD_DIM, fmha_merge(2, 2, 3, FMHA_MAX_HEAD_DIM + 1, st, oa, la, ob, lb, o, l), "Dv too big"},
+        {FMHA_ERR_BAD_HEAD_DIM, fmha_merge(2, 2, 3, 577, st, oa, la, ob, lb, o, l), "Dv 577"},
         {FMHA_ERR_BAD_STRIDE, fmha_merge(2, 2, 3, 4, neg, oa, la, ob, lb, o, l), "negative stride"},
     };
     for (size_t i = 0; i < sizeof c / sizeof *c; i++)
@@ -131,9 +133,11 @@ static void test_errors(void) {
 int main(void) {
     tu_seed();
     for (int rep = 0; rep < 3; rep++) {
-        test_split(TU_LAYOUT_BSHD);
-        test_split(TU_LAYOUT_PADDED);
+        test_split(TU_LAYOUT_BSHD, 16, 16);
+        test_split(TU_LAYOUT_PADDED, 16, 16);
     }
+    test_split(TU_LAYOUT_BSHD, 576, 512);
+    test_split(TU_LAYOUT_PADDED, 576, 576);
     for (int inplace = 0; inplace < 3; inplace++) test_formula(inplace);
     test_errors();
     return tu_finish();

@@ -6,7 +6,8 @@
  * contiguous cache's output and lse bit for bit (the same kernels see the
  * same values in the same order) and match the float64 reference: ragged
  * lengths, GQA 8/1 and 32/8, Sq = 1..16, bottom-right causal, windows,
- * sinks, float32/bf16/f16, every ISA, every strategy, one-shot and plans.
+ * sinks, float32/bf16/f16, every ISA, every strategy, one-shot and plans;
+ * head dims past 256 (MLA's D 576 / Dv 512, 128 query heads on one kv head).
  * Bad tables, page sizes and unsupported requests are clear errors with
  * nothing written. */
 #include <math.h>
@@ -52,13 +53,14 @@ typedef struct paged_case {
     int64_t B, hq, hkv, sq, skv, D, page;
     fmha_dtype dtype;
     int causal, window, sinks, biases; /* biases: softcap 20 and ALiBi */
+    int64_t Dv;                        /* 0: D */
 } paged_case;
 
-/* The pool of a contiguous cache c [B, Skv, Hkv, D]: pool [pages, page, Hkv, D]
+/* The pool of a contiguous cache c [B, Skv, Hkv, len]: pool [pages, page, Hkv, len]
  * in the dtype, page of (b, pg) = table[b * stride + pg]. */
-static void *make_pool(const paged_case *pc, const typed *c, const int32_t *table, int64_t stride,
+static void *make_pool(const paged_case *pc, const typed *c, int64_t len, const int32_t *table, int64_t stride,
                        int64_t pages) {
-    size_t es = fmha_dtype_size(pc->dtype), row = (size_t)(pc->hkv * pc->D) * es;
+    size_t es = fmha_dtype_size(pc->dtype), row = (size_t)(pc->hkv * len) * es;
     char *pool = malloc((size_t)(pages * pc->page) * row);
     memset(pool, 0xff, (size_t)(pages * pc->page) * row); /* NaN in unused rows */
     for (int64_t b = 0; b < pc->B; b++)
@@ -72,9 +74,9 @@ static void *make_pool(const paged_case *pc, const typed *c, const int32_t *tabl
 }
 
 static void run_case(const paged_case *pc) {
-    const int64_t B = pc->B, skv = pc->skv, D = pc->D, ps = pc->page;
+    const int64_t B = pc->B, skv = pc->skv, D = pc->D, Dv = pc->Dv ? pc->Dv : D, ps = pc->page;
     fmha_problem p;
-    fmha_problem_init(&p, B, pc->hq, pc->hkv, pc->sq, skv, D, D, FMHA_LAYOUT_BSHD);
+    fmha_problem_init(&p, B, pc->hq, pc->hkv, pc->sq, skv, D, Dv, FMHA_LAYOUT_BSHD);
     p.dtype = pc->dtype;
     if (pc->causal) p.causal = FMHA_CAUSAL_BOTTOM_RIGHT;
     if (pc->window) p.masks.window_left = 37;
@@ -89,46 +91,49 @@ static void run_case(const paged_case *pc) {
     if (pc->biases) p.biases.softcap = 20.0f, p.biases.alibi_slopes = slopes;
 
     size_t nq = (size_t)(B * pc->sq * pc->hq * D), nkv = (size_t)(B * skv * pc->hkv * D);
+    size_t no = (size_t)(B * pc->sq * pc->hq * Dv), nv = (size_t)(B * skv * pc->hkv * Dv);
     size_t nl = (size_t)(B * pc->hq * pc->sq);
-    typed q = typed_new(pc->dtype, nq), k = typed_new(pc->dtype, nkv), v = typed_new(pc->dtype, nkv);
+    typed q = typed_new(pc->dtype, nq), k = typed_new(pc->dtype, nkv), v = typed_new(pc->dtype, nv);
 
     /* table [B, stride]: a shuffled permutation of the pool's pages, one spare */
     int64_t stride, pages;
     int32_t *table = tu_page_table(B, skv, ps, kv_len, &stride, &pages);
-    void *kp = make_pool(pc, &k, table, stride, pages), *vp = make_pool(pc, &v, table, stride, pages);
+    void *kp = make_pool(pc, &k, D, table, stride, pages), *vp = make_pool(pc, &v, Dv, table, stride, pages);
 
     fmha_problem pp = p;
     pp.block_table = table;
     pp.block_table_stride = stride;
     pp.page_size = ps;
     pp.num_pages = pages;
-    pp.k_strides[0] = pp.v_strides[0] = ps * pc->hkv * D; /* [page, row, head, dim] */
+    pp.k_strides[0] = ps * pc->hkv * D; /* [page, row, head, dim] */
+    pp.v_strides[0] = ps * pc->hkv * Dv;
 
     size_t es = fmha_dtype_size(pc->dtype);
-    void *o_c = malloc(nq * es), *o_p = malloc(nq * es);
-    float *lse_c = malloc(nl * sizeof(float)), *lse_p = malloc(nl * sizeof(float)), *of = malloc(nq * sizeof(float));
-    double *ro = malloc(nq * sizeof(double)), *rl = malloc(nl * sizeof(double));
+    void *o_c = malloc(no * es), *o_p = malloc(no * es);
+    float *lse_c = malloc(nl * sizeof(float)), *lse_p = malloc(nl * sizeof(float)), *of = malloc(no * sizeof(float));
+    double *ro = malloc(no * sizeof(double)), *rl = malloc(nl * sizeof(double));
     fmha_problem pf = p;
     pf.dtype = FMHA_DTYPE_F32;
     fmha_ref_forward_full(&pf, q.value, k.value, v.value, ro, rl);
 
     char what[160];
-    snprintf(what, sizeof what, "paged %s B %lld Hq %lld Hkv %lld Sq %lld Skv %lld page %lld%s%s%s%s",
+    snprintf(what, sizeof what, "paged %s B %lld Hq %lld Hkv %lld Sq %lld Skv %lld D %lld/%lld page %lld%s%s%s%s",
              pc->dtype == FMHA_DTYPE_F32 ? "f32" : pc->dtype == FMHA_DTYPE_BF16 ? "bf16" : "f16", (long long)B,
-             (long long)pc->hq, (long long)pc->hkv, (long long)pc->sq, (long long)skv, (long long)ps,
+             (long long)pc->hq, (long long)pc->hkv, (long long)pc->sq, (long long)skv, (long long)D, (long long)Dv,
+             (long long)ps,
              pc->causal ? " causal" : "", pc->window ? " window" : "", pc->sinks ? " sinks" : "",
              pc->biases ? " softcap + alibi" : "");
     static const fmha_strategy strategies[] = {FMHA_STRATEGY_AUTO, FMHA_STRATEGY_TILED};
     for (int si = 0; si < 2; si++) {
         pp.strategy = strategies[si];
         fmha_status st = tu_forward(&pp, q.data, kp, vp, o_p, lse_p, NULL, 0);
-        for (size_t i = 0; i < nq; i++) of[i] = fmha_load(o_p, pc->dtype, (int64_t)i);
+        for (size_t i = 0; i < no; i++) of[i] = fmha_load(o_p, pc->dtype, (int64_t)i);
         /* float32: accumulation error; 2-byte: O rounded to the dtype */
         double tol = pc->dtype == FMHA_DTYPE_F32 ? 2e-5 : pc->dtype == FMHA_DTYPE_BF16 ? 8e-3 : 1e-3;
         int lse_ok = 1;
         for (size_t i = 0; i < nl; i++)
             lse_ok &= rl[i] == -INFINITY ? lse_p[i] == -INFINITY : fabs((double)lse_p[i] - rl[i]) <= 1e-5 * (1 + fabs(rl[i]));
-        double ratio = tu_worst_ratio(of, ro, nq, tol, tol);
+        double ratio = tu_worst_ratio(of, ro, no, tol, tol);
         tu_check(st == FMHA_OK && ratio <= 1.0 && lse_ok, "%s %s: status %d, O ratio %g, lse %s", what,
                  tu_strategy_name(si), (int)st, ratio, lse_ok ? "ok" : "off");
     }
@@ -137,7 +142,7 @@ static void run_case(const paged_case *pc) {
     if (planned_decode(&p)) {
         fmha_status sc = fmha_forward(&p, q.data, k.data, v.data, o_c, lse_c, NULL, 0);
         fmha_status sp = fmha_forward(&pp, q.data, kp, vp, o_p, lse_p, NULL, 0);
-        tu_check(sc == FMHA_OK && sp == FMHA_OK && !memcmp(o_c, o_p, nq * es) &&
+        tu_check(sc == FMHA_OK && sp == FMHA_OK && !memcmp(o_c, o_p, no * es) &&
                      !memcmp(lse_c, lse_p, nl * sizeof(float)),
                  "%s: the contiguous cache's bits", what);
     }
@@ -151,24 +156,31 @@ static void test_cases(void) {
     static const fmha_dtype dtypes[] = {FMHA_DTYPE_F32, FMHA_DTYPE_BF16, FMHA_DTYPE_F16};
     for (int di = 0; di < 3; di++)
         for (int pi = 0; pi < 6; pi++) {
-            paged_case pc = {3, 8, 1, 1, 300, 64, pages[pi], dtypes[di], 1, 0, 0, 0}; /* GQA 8/1, decode */
+            paged_case pc = {3, 8, 1, 1, 300, 64, pages[pi], dtypes[di], 1, 0, 0, 0, 0}; /* GQA 8/1, decode */
             run_case(&pc);
-            pc = (paged_case){2, 32, 8, 4, 200, 32, pages[pi], dtypes[di], 1, 0, 1, 0}; /* 32/8, sinks */
+            pc = (paged_case){2, 32, 8, 4, 200, 32, pages[pi], dtypes[di], 1, 0, 1, 0, 0}; /* 32/8, sinks */
             run_case(&pc);
         }
     for (int64_t sq = 1; sq <= 16; sq += 5) { /* speculative decoding, chunked prefill */
-        paged_case pc = {2, 4, 2, sq, 150, 16, 16, FMHA_DTYPE_F32, 1, sq == 6, sq == 11, 0};
+        paged_case pc = {2, 4, 2, sq, 150, 16, 16, FMHA_DTYPE_F32, 1, sq == 6, sq == 11, 0, 0};
         run_case(&pc);
     }
-    paged_case pc = {2, 4, 4, 40, 90, 8, 5, FMHA_DTYPE_F32, 1, 0, 0, 0}; /* Sq beyond decode's: still decode */
+    paged_case pc = {2, 4, 4, 40, 90, 8, 5, FMHA_DTYPE_F32, 1, 0, 0, 0, 0}; /* Sq beyond decode's: still decode */
     run_case(&pc);
-    pc = (paged_case){4, 2, 1, 1, 500, 128, 16, FMHA_DTYPE_BF16, 0, 1, 0, 0}; /* no causal, window */
+    pc = (paged_case){4, 2, 1, 1, 500, 128, 16, FMHA_DTYPE_BF16, 0, 1, 0, 0, 0}; /* no causal, window */
+    run_case(&pc);
+    /* MLA's head dims (D 576, Dv 512), 128 query heads on one kv head; Gemma's 512 */
+    pc = (paged_case){2, 128, 1, 1, 150, 576, 16, FMHA_DTYPE_BF16, 1, 0, 0, 0, 512};
+    run_case(&pc);
+    pc = (paged_case){2, 16, 1, 2, 150, 576, 7, FMHA_DTYPE_F32, 1, 0, 0, 0, 512};
+    run_case(&pc);
+    pc = (paged_case){2, 8, 2, 1, 100, 512, 16, FMHA_DTYPE_F16, 0, 1, 0, 1, 0};
     run_case(&pc);
     /* softcap and ALiBi (Gemma 2, BLOOM): on the decode driver too */
     for (int di = 0; di < 3; di++) {
-        pc = (paged_case){3, 8, 2, 1, 300, 64, 16, dtypes[di], 1, 1, 0, 1};
+        pc = (paged_case){3, 8, 2, 1, 300, 64, 16, dtypes[di], 1, 1, 0, 1, 0};
         run_case(&pc);
-        pc = (paged_case){2, 4, 2, 6, 150, 32, 5, dtypes[di], 1, 0, 1, 1};
+        pc = (paged_case){2, 4, 2, 6, 150, 32, 5, dtypes[di], 1, 0, 1, 1, 0};
         run_case(&pc);
     }
 }

@@ -2,7 +2,9 @@
  * runs it under AddressSanitizer and UndefinedBehaviorSanitizer).
  *
  * Each input is decoded into one call: sizes (small, or now and then an
- * extreme int64), a dtype, causal alignment, strategy, precision, scale,
+ * extreme int64), a dtype, causal alignment, the alignment of windows and
+ * biases (fmha_problem.alignment, now and then one that contradicts causal's
+ * or is unknown), strategy, precision, scale,
  * thread count and instruction set; strides per tensor (contiguous, padded,
  * permuted, arbitrary small ones that overlap or broadcast, or an extreme
  * value); windows of any int64 value, key/query lengths, segment ids, a
@@ -331,6 +333,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static const float scales[8] = {0.0f, 0.5f, 0.125f, -0.25f, 1.0f, 0.0f, NAN, INFINITY};
     p.scale = scales[opt / 72 % 8];
     if ((isnan(p.scale) || isinf(p.scale)) && opt / 576 % 4) p.scale = 0.0f;
+    /* alignment: causal's (7 in 16), bottom-right (5), top-left (3), unknown (1);
+     * one that contradicts causal's is kept 1 time in 4 */
+    static const int64_t aligns[16] = {0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 1, 1, 1, 3};
+    p.alignment = aligns[opt / 2304 % 16];
+    if (((p.causal == FMHA_CAUSAL_TOP_LEFT && p.alignment == FMHA_ALIGN_BOTTOM_RIGHT) ||
+         (p.causal == FMHA_CAUSAL_BOTTOM_RIGHT && p.alignment == FMHA_ALIGN_TOP_LEFT)) &&
+        rng_next() % 4)
+        p.alignment = FMHA_ALIGN_CAUSAL;
     /* any ISA of the registry (one this CPU lacks keeps the default) */
     const char *isa = fmha_isa_at(take(&in, 1) % fmha_isa_count())->name;
     int threads = (int)take_in(&in, 1, 3);
@@ -639,16 +649,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (grads.d_alibi || grads.d_rel_table) {
             /* sizes of the terms per entry: sums of ds_scale (times |a| for ALiBi) */
             double m_al = 0.0, m_rel = 0.0;
-            int64_t off = p.causal == FMHA_CAUSAL_BOTTOM_RIGHT ? skv - sq : 0;
+            /* a = i + off - j at the problem's alignment, each sequence's own lengths */
+            const int br = p.causal == FMHA_CAUSAL_BOTTOM_RIGHT || p.alignment == FMHA_ALIGN_BOTTOM_RIGHT;
             for (int64_t h = 0; h < Hq; h++) {
                 double al = 0.0, all = 0.0;
-                for (int64_t b = 0; b < B; b++)
+                for (int64_t b = 0; b < B; b++) {
+                    const int64_t off = br ? (kv_len ? kv_len[b] : skv) - (q_len ? q_len[b] : sq) : 0;
                     for (int64_t i = 0; i < sq; i++)
                         for (int64_t j = 0; j < skv; j++) {
                             double s = rds[((b * Hq + h) * sq + i) * skv + j];
                             int64_t a = i + off - j;
                             al += s * (double)(a < 0 ? -a : a), all += s;
                         }
+                }
                 m_al = fmax(m_al, al), m_rel = fmax(m_rel, all);
             }
             for (int64_t h = 0; grads.d_alibi && h < Hq; h++)

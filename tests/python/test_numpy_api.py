@@ -16,7 +16,7 @@ import fmha
 from fmha import _lib
 from fmha._lib import FmhaError
 
-from conftest import reference, rel_bucket, rel_error, require, uniform
+from conftest import check_paged, gather, paged_case, reference, rel_bucket, rel_error, require, uniform
 
 F32_TOL = 2e-5
 
@@ -342,6 +342,28 @@ def test_local_window(window):
     check_grads(dict(local_window_size=window, is_causal=True), dict(window=window, is_causal=True), q, k, v, d_o)
 
 
+@pytest.mark.parametrize("window", [(2**63 - 1, -1), (-1, 2**63 - 2), (3, 2**63 - 30)])
+def test_decode_band_at_int64_ends(window):
+    """Window sides near int64's end on a shape the decode driver serves
+    (Sq 3, Skv 24): its band sums saturate as the tiled ones do. The first
+    window, bottom-right with one key, once gave row 0 O = 0 and lse = -inf
+    on the decode driver while tiled and dense gave lse -1.48."""
+    rng = np.random.default_rng(17)
+    q, k, v = uniform(rng, (1, 3, 1, 8)), uniform(rng, (1, 24, 1, 8)), uniform(rng, (1, 24, 1, 8))
+    opts = dict(causal_alignment="bottom_right", key_value_seq_lengths=np.array([1], np.int32),
+                local_window_size=window)
+    unbounded = tuple(None if w < 0 or w >= 2**40 else w for w in window)
+    ref = reference(q, k, v, causal_alignment="bottom_right", kv_lengths=[1], window=unbounded)
+    tiled_o, tiled_lse = fmha.attention(q, k, v, return_lse=True, strategy="tiled", **opts)
+    for strategy in ("auto", "tiled", "dense"):
+        o, lse = fmha.attention(q, k, v, return_lse=True, strategy=strategy, **opts)
+        assert rel_error(o, ref["o"]) < F32_TOL, strategy
+        np.testing.assert_allclose(lse, ref["lse"], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(o, tiled_o, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(lse, tiled_lse, rtol=1e-5, atol=1e-6)
+    assert np.all(np.isfinite(tiled_lse))
+
+
 def test_padding_lengths_and_empty_rows():
     require("q_lengths", "kv_lengths")
     rng = np.random.default_rng(12)
@@ -484,6 +506,67 @@ def test_16_bit_dtypes(dtype_name):
         assert rel_error(got, ref[name]) < 2 * tol, name
 
 
+# ---- head dims past 256 ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("D, Dv, is_causal", [(320, 320, True), (512, 512, False), (576, 576, True),
+                                              (576, 512, False), (576, 512, True)])
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+def test_wide_head_dims(D, Dv, is_causal, dtype_name):
+    """Head dims up to FMHA_MAX_HEAD_DIM (576: MLA; Gemma's 512): forward and
+    gradients against the float64 reference, tiled and dense; 577 is refused."""
+    assert _lib.MAX_HEAD_DIM == 576
+    if dtype_name == "bfloat16":
+        require("bfloat16")
+        import ml_dtypes
+        dtype, tol = ml_dtypes.bfloat16, 2e-2
+    else:
+        dtype, tol = np.float32, F32_TOL
+    rng = np.random.default_rng(D + Dv)
+    q, k, v, d_o = inputs(rng, 1, 67, 70, 2, 1, D, Dv, dtype=dtype)
+    ref = reference(q, k, v, is_causal=is_causal, d_out=d_o)
+    for strategy in ("tiled", "dense"):
+        o, lse = fmha.attention(q, k, v, is_causal=is_causal, return_lse=True, strategy=strategy)
+        assert rel_error(o, ref["o"]) < tol, strategy
+        np.testing.assert_allclose(lse, ref["lse"], rtol=1e-5, atol=1e-4)
+        dq, dk, dv = fmha.attention_backward(q, k, v, o, lse, d_o, is_causal=is_causal, strategy=strategy)
+        for name, got in (("dq", dq), ("dk", dk), ("dv", dv)):
+            assert rel_error(got, ref[name]) < 2 * tol, (strategy, name)
+    with pytest.raises(FmhaError, match="FMHA_ERR_BAD_HEAD_DIM"):
+        fmha.attention(uniform(rng, (1, 2, 1, 577)), uniform(rng, (1, 2, 1, 577)), uniform(rng, (1, 2, 1, 8)))
+
+
+@pytest.mark.parametrize("N, T", [(16, 1), (128, 1), (16, 2)])
+def test_mla_decode_value_inside_key(N, T):
+    """DeepSeek's MLA decode: D 576, Dv 512, N query heads on one kv head,
+    V the first 512 columns of K (a view: K's memory and strides), ragged
+    key lengths; decode driver and tiled strategy against the reference."""
+    rng = np.random.default_rng(N + T)
+    q = uniform(rng, (2, T, N, 576))
+    k = uniform(rng, (2, 200, 1, 576))
+    v = k[..., :512]
+    lengths = np.array([200, 77], np.int32)
+    ref = reference(q, k, v, is_causal=True, causal_alignment="bottom_right", kv_lengths=lengths)
+    for strategy in ("auto", "tiled"):
+        o, lse = fmha.attention(q, k, v, is_causal=True, causal_alignment="bottom_right",
+                                key_value_seq_lengths=lengths, return_lse=True, strategy=strategy)
+        assert o.shape == (2, T, N, 512)
+        assert rel_error(o, ref["o"]) < F32_TOL, strategy
+        np.testing.assert_allclose(lse, ref["lse"], rtol=1e-5, atol=1e-5)
+
+
+def test_mla_paged_decode():
+    """A paged MLA decode step: a pool of D 576, V its first 512 columns, 16
+    heads on one kv head."""
+    case = paged_case(31, 1, 16, 1, 16, H=576)
+    v = case["k"][..., :512]  # V inside K, as MLA's latent cache
+    ref = reference(case["q"], gather(case["k"], case["table"], case["lengths"]),
+                    gather(v, case["table"], case["lengths"]), is_causal=True, causal_alignment="bottom_right",
+                    kv_lengths=case["lengths"])
+    o, lse = fmha.attention(case["q"], case["k"], v, is_causal=True, causal_alignment="bottom_right",
+                            key_value_seq_lengths=case["lengths"], block_table=case["table"], return_lse=True)
+    check_paged(o, lse, ref)
+
+
 # ---- against jax.nn.dot_product_attention -------------------------------------------------------
 
 def test_matches_jax_nn():
@@ -553,7 +636,7 @@ def test_bad_arguments_raise_before_any_c_call(no_c_calls):
 
 def test_c_errors_carry_the_c_message():
     rng = np.random.default_rng(26)
-    q = uniform(rng, (1, 4, 2, 300))
+    q = uniform(rng, (1, 4, 2, _lib.MAX_HEAD_DIM + 1))
     with pytest.raises(FmhaError) as info:
         fmha.attention(q, q, q)
     err = info.value

@@ -30,6 +30,9 @@ static const char *const DTYPE_NAMES[] = {"float32", "bfloat16", "float16"};
 static const char *const VARIANT_NAMES[] = {"plain", "causal", "masked_bias", "decode"};
 static const char *const MODE_NAMES[] = {"fwd", "fwdbwd"};
 
+#define FMHA_STR_(x) #x
+#define FMHA_STR(x) FMHA_STR_(x)
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -38,7 +41,7 @@ static void usage(FILE *f)
             "writes one JSON record: device, config, results, configs, note.\n"
             "\n"
             "  --seqs LIST             sequence lengths (default 128,256,512,1024,2048)\n"
-            "  --dims LIST             head dims (default 64)\n"
+            "  --dims LIST             head dims, 1.." FMHA_STR(FMHA_MAX_HEAD_DIM) " (default 64)\n"
             "  --dtypes LIST           float32,bfloat16,float16 (default float32)\n"
             "  --variants LIST         plain,causal,masked_bias,decode (default plain); causal is\n"
             "                          bottom-right (top-left's mask when the query length is\n"
