@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "attn.h"
+#include "checked.h"
 #include "error.h"
 
 static atomic_llong tiles_computed;
@@ -201,20 +202,13 @@ static void band_clamped(const fmha_plan *plan, int64_t *lo, int64_t *hi) {
     *hi = plan->band_hi > reach ? reach : plan->band_hi;
 }
 
-/* a + b, saturated to [INT64_MIN, INT64_MAX]. */
-static int64_t sat_add(int64_t a, int64_t b) {
-    int64_t s;
-    if (!__builtin_add_overflow(a, b, &s)) return s;
-    return b > 0 ? INT64_MAX : INT64_MIN;
-}
-
 void fmha_band_kv_range(const fmha_plan *plan, int64_t b, int64_t q_first, int64_t q_last, int64_t *k_begin,
                         int64_t *k_end) {
     int64_t lo = 0, hi = plan->p.seq_kv, off = fmha_causal_off(plan, b);
     /* i + off is within [-Sq, Sq + Skv]; only the band's edges can overflow */
-    int64_t first = sat_add(q_first + off, plan->band_lo); /* first key of the first query */
+    int64_t first = fmha_sat_add(q_first + off, plan->band_lo); /* first key of the first query */
     if (first > lo) lo = first;
-    int64_t last = sat_add(q_last + off, plan->band_hi); /* last key of the last query */
+    int64_t last = fmha_sat_add(q_last + off, plan->band_hi); /* last key of the last query */
     if (last < hi - 1) hi = last + 1;
     if (hi < lo) hi = lo;
     *k_begin = lo;

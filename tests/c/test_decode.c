@@ -355,10 +355,10 @@ static void mla_case(int64_t B, int64_t hq, int64_t sq, int64_t skv, fmha_dtype 
     /* float32: accumulation error; bf16: O rounded to bf16 */
     const double tol = dtype == FMHA_DTYPE_F32 ? 2e-5 : 8e-3;
     const char *isa_default = fmha_isa_name();
-    for (size_t ii = 0; ii < sizeof isa_names / sizeof *isa_names; ii++) {
-        if (fmha_cpu_force_isa(isa_names[ii]) != 0) continue;
-        tu_check(planned_decode(&p) == (fmha_cpu_kernels()->decode_scores_f32 != NULL), "%s %s: decode planned",
-                 isa_names[ii], what);
+    for (size_t ii = 0; ii < fmha_isa_count(); ii++) {
+        if (fmha_cpu_force_isa(fmha_isa_at(ii)->name) != 0) continue;
+        tu_check(planned_decode(&p) == (fmha_cpu_kernels()->decode.softmax != NULL), "%s %s: decode planned",
+                 fmha_isa_at(ii)->name, what);
         fmha_problem ptl = p;
         ptl.strategy = FMHA_STRATEGY_TILED;
         fmha_set_num_threads(2);
@@ -367,14 +367,14 @@ static void mla_case(int64_t B, int64_t hq, int64_t sq, int64_t skv, fmha_dtype 
         fmha_set_num_threads(1);
         fmha_status st1 = tu_forward(&p, q.data, k.data, k.data, o1, lse1, NULL, 0);
         if (!tu_check(st == FMHA_OK && stt == FMHA_OK && st1 == FMHA_OK, "%s %s: status %d, tiled %d, 1 thread %d",
-                      isa_names[ii], what, (int)st, (int)stt, (int)st1))
+                      fmha_isa_at(ii)->name, what, (int)st, (int)stt, (int)st1))
             continue;
         tu_check(!memcmp(o, o1, no * es) && !memcmp(lse, lse1, nl * sizeof(float)), "%s %s: 2 threads differ from 1",
-                 isa_names[ii], what);
+                 fmha_isa_at(ii)->name, what);
         for (size_t i = 0; i < no; i++) tiled[i] = fmha_load(ot, dtype, (int64_t)i);
         for (size_t i = 0; i < no; i++) of[i] = fmha_load(o, dtype, (int64_t)i);
         double r_ref = tu_worst_ratio(of, ref_o, no, tol, tol), r_tiled = tu_worst_ratio(of, tiled, no, tol, tol);
-        tu_check(r_ref <= 1.0 && r_tiled <= 1.0, "%s %s: O ratio %g to the reference, %g to tiled", isa_names[ii],
+        tu_check(r_ref <= 1.0 && r_tiled <= 1.0, "%s %s: O ratio %g to the reference, %g to tiled", fmha_isa_at(ii)->name,
                  what, r_ref, r_tiled);
         int lse_ok = 1;
         for (size_t i = 0; i < nl; i++) {
@@ -382,7 +382,7 @@ static void mla_case(int64_t B, int64_t hq, int64_t sq, int64_t skv, fmha_dtype 
             else lse_ok &= fabs((double)lse[i] - ref_lse[i]) <= 1e-5 * (1 + fabs(ref_lse[i])) &&
                            fabs((double)lset[i] - ref_lse[i]) <= 1e-5 * (1 + fabs(ref_lse[i]));
         }
-        tu_check(lse_ok, "%s %s: lse (auto and tiled)", isa_names[ii], what);
+        tu_check(lse_ok, "%s %s: lse (auto and tiled)", fmha_isa_at(ii)->name, what);
     }
     fmha_set_num_threads(0);
     fmha_cpu_force_isa(isa_default);

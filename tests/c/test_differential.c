@@ -1,0 +1,227 @@
+/* test_differential.c: one random problem through every way fmha can run
+ * it, all held to the float64 reference and to each other. Each case runs
+ * on every strategy (auto, dense, tiled, portable), on every ISA of the
+ * registry this CPU supports, one-shot and through a plan (tu_forward), and
+ * a decode-shaped one also from a paged copy of its cache. Problems are
+ * drawn with their extremes: windows of 0, 1, INT64_MAX - 1 and INT64_MAX
+ * on either side, key lengths of 0 and full, bottom-right offsets of either
+ * sign (Sq above and below Skv), alignment without causal, query lengths,
+ * K and V in bf16 or f16 beside float32 Q, and decode shapes (Sq 1..16,
+ * Skv >= 8 Sq) often enough to reach the decode driver.
+ *
+ * Tolerances: O within 2e-5 + 2e-5 |ref| (float32 products and sums over at
+ * most a few hundred keys); lse within 1e-5 + 1e-5 |ref|, and -inf exactly
+ * where the reference has no key. Paged and contiguous caches give the same
+ * bits (the decode driver reads them in the same order). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn.h"
+#include "convert.h"
+#include "cpu.h"
+#include "fmha_ref_masks.h"
+#include "test_util.h"
+
+static const int64_t windows[] = {-1, 0, 1, 2, 7, INT64_MAX - 1, INT64_MAX};
+
+/* A window side drawn with its extremes. */
+static int64_t draw_window(void) { return windows[tu_int(0, (int64_t)(sizeof windows / sizeof windows[0]) - 1)]; }
+
+typedef struct diff_case {
+    fmha_problem p;
+    fmha_dtype kv_t;           /* K and V storage */
+    int32_t kv_len[3], q_len[3];
+    float *q, *k, *v;          /* float32 inputs; k, v already rounded to kv_t */
+    void *k_t, *v_t;           /* K and V as stored (kv_t) */
+    double *ref_o, *ref_lse;   /* [B, Sq, Hq, Dv], [B, Hq, Sq] */
+    size_t no, nl;
+} diff_case;
+
+/* Stores K or V (float32 values x of n elements) as kv_t, and rounds x to
+ * what that storage holds. */
+static void *store_as(float *x, size_t n, fmha_dtype t) {
+    if (t == FMHA_DTYPE_F32) return x;
+    uint16_t *h = malloc(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) {
+        h[i] = t == FMHA_DTYPE_BF16 ? fmha_f32_to_bf16(x[i]) : fmha_f32_to_f16(x[i]);
+        x[i] = t == FMHA_DTYPE_BF16 ? fmha_bf16_to_f32(h[i]) : fmha_f16_to_f32(h[i]);
+    }
+    return h;
+}
+
+static int draw_case(diff_case *c) {
+    memset(c, 0, sizeof *c);
+    const int64_t B = tu_int(1, 3), hkv = tu_int(1, 2), hq = hkv * tu_int(1, 3);
+    const int decode = tu_int(0, 1);
+    const int64_t sq = decode ? tu_int(1, 16) : tu_int(1, 70);
+    const int64_t skv = decode ? tu_int(8 * sq, 8 * sq + 200) : tu_int(1, 90);
+    static const int64_t dims[] = {8, 16, 24, 64};
+    const int64_t D = dims[tu_int(0, 3)];
+    fmha_problem *p = &c->p;
+    fmha_problem_init(p, B, hq, hkv, sq, skv, D, D, tu_int(0, 1) ? FMHA_LAYOUT_BSHD : FMHA_LAYOUT_BHSD);
+    p->causal = (fmha_causal)tu_int(0, 2);
+    /* alignment: causal's, or bottom-right / top-left where causal agrees */
+    int64_t al = tu_int(0, 2);
+    if ((p->causal == FMHA_CAUSAL_TOP_LEFT && al == FMHA_ALIGN_BOTTOM_RIGHT) ||
+        (p->causal == FMHA_CAUSAL_BOTTOM_RIGHT && al == FMHA_ALIGN_TOP_LEFT))
+        al = FMHA_ALIGN_CAUSAL;
+    p->alignment = al;
+    if (tu_int(0, 2)) p->masks.window_left = draw_window();
+    if (tu_int(0, 2)) p->masks.window_right = draw_window();
+    if (tu_int(0, 1)) {
+        for (int64_t b = 0; b < B; b++) {
+            int64_t pick = tu_int(0, 3);
+            c->kv_len[b] = (int32_t)(pick == 0 ? 0 : pick == 1 ? skv : tu_int(0, skv));
+        }
+        p->masks.kv_lengths = c->kv_len;
+    }
+    if (tu_int(0, 3) == 0) {
+        for (int64_t b = 0; b < B; b++) c->q_len[b] = (int32_t)tu_int(0, sq);
+        p->masks.q_lengths = c->q_len;
+    }
+    c->kv_t = FMHA_DTYPE_F32;
+    if (tu_int(0, 2) == 0) {
+        c->kv_t = tu_int(0, 1) ? FMHA_DTYPE_BF16 : FMHA_DTYPE_F16;
+        p->kv_dtype = c->kv_t == FMHA_DTYPE_BF16 ? FMHA_KV_DTYPE_BF16 : FMHA_KV_DTYPE_F16;
+    }
+    if (fmha_problem_check(p) != FMHA_OK) return 0;
+    c->q = tu_new_input(p, 'q', -1, 1);
+    c->k = tu_new_input(p, 'k', -1, 1);
+    c->v = tu_new_input(p, 'v', -1, 1);
+    int64_t n[4];
+    tu_shape(p, 'k', n);
+    size_t nk = tu_span(p->k_strides, n);
+    tu_shape(p, 'v', n);
+    size_t nv = tu_span(p->v_strides, n);
+    c->k_t = store_as(c->k, nk, c->kv_t);
+    c->v_t = store_as(c->v, nv, c->kv_t);
+    c->no = (size_t)(B * sq * hq * D);
+    c->nl = (size_t)(B * hq * sq);
+    c->ref_o = malloc(c->no * sizeof(double));
+    c->ref_lse = malloc(c->nl * sizeof(double));
+    fmha_problem rp = *p;
+    rp.kv_dtype = FMHA_KV_DTYPE_SAME; /* the reference reads the rounded float32 copies */
+    return fmha_ref_forward_full(&rp, c->q, c->k, c->v, c->ref_o, c->ref_lse) == 0;
+}
+
+static void free_case(diff_case *c) {
+    if (c->k_t != c->k) free(c->k_t);
+    if (c->v_t != c->v) free(c->v_t);
+    free(c->q), free(c->k), free(c->v), free(c->ref_o), free(c->ref_lse);
+}
+
+/* O (contiguous [B, Sq, Hq, Dv] after gathering) and lse against the reference. */
+static int agrees(const diff_case *c, const float *o, const float *lse, const char *what) {
+    const fmha_problem *p = &c->p;
+    int64_t n[4];
+    const int64_t *st = tu_shape(p, 'o', n);
+    float *og = malloc(c->no * sizeof(float));
+    tu_gather(o, st, n, og);
+    double ratio = tu_worst_ratio(og, c->ref_o, c->no, 2e-5, 2e-5);
+    size_t bad_lse = 0;
+    for (size_t i = 0; i < c->nl; i++) {
+        double r = c->ref_lse[i], x = lse[i];
+        if (isinf(r) || isinf(x)) bad_lse += !(r == x);
+        else bad_lse += !(fabs(x - r) <= 1e-5 + 1e-5 * fabs(r));
+    }
+    if (getenv("FMHA_TEST_VERBOSE") && (ratio > 1.0 || bad_lse))
+        for (size_t i = 0; i < c->nl; i++) printf("  lse[%zu] %g ref %g\n", i, (double)lse[i], c->ref_lse[i]);
+    free(og);
+    return tu_check(ratio <= 1.0 && bad_lse == 0,
+                    "%s: B %lld Hq %lld Hkv %lld Sq %lld Skv %lld D %lld causal %d align %lld window (%lld, %lld) "
+                    "kv_len %s q_len %s kv %d: O worst/tol %.3g, %zu lse off",
+                    what, (long long)p->batch, (long long)p->heads_q, (long long)p->heads_kv, (long long)p->seq_q,
+                    (long long)p->seq_kv, (long long)p->head_dim, (int)p->causal, (long long)p->alignment,
+                    (long long)p->masks.window_left, (long long)p->masks.window_right,
+                    p->masks.kv_lengths ? "on" : "off", p->masks.q_lengths ? "on" : "off", (int)c->kv_t, ratio,
+                    bad_lse);
+}
+
+/* The case from a paged pool (pages of 3..20 keys, shuffled): the bits of
+ * the contiguous run. BSHD caches only (the pool's rows are [page, Hkv, D]). */
+static void paged_case(const diff_case *c, const float *o_contig, const float *lse_contig) {
+    const fmha_problem *p = &c->p;
+    if (p->k_strides[2] != p->head_dim) return; /* BHSD: no pool layout here */
+    int64_t ps = tu_int(3, 20), stride, pages;
+    int32_t full[3];
+    for (int64_t b = 0; b < p->batch; b++) full[b] = (int32_t)p->seq_kv;
+    const int32_t *lens = p->masks.kv_lengths ? p->masks.kv_lengths : full;
+    int32_t *table = tu_page_table(p->batch, p->seq_kv, ps, lens, &stride, &pages);
+    size_t es = fmha_dtype_size(c->kv_t), row = (size_t)(p->heads_kv * p->head_dim) * es;
+    char *kpool = malloc((size_t)(pages * ps) * row), *vpool = malloc((size_t)(pages * ps) * row);
+    memset(kpool, 0xff, (size_t)(pages * ps) * row);
+    memset(vpool, 0xff, (size_t)(pages * ps) * row);
+    for (int64_t b = 0; b < p->batch; b++)
+        for (int64_t j = 0; j < p->seq_kv; j++) {
+            int32_t pg = table[b * stride + j / ps];
+            if (pg < 0) continue;
+            size_t at = (size_t)(pg * ps + j % ps) * row, from = (size_t)(b * p->seq_kv + j) * row;
+            memcpy(kpool + at, (const char *)c->k_t + from, row);
+            memcpy(vpool + at, (const char *)c->v_t + from, row);
+        }
+    fmha_problem pp = *p;
+    pp.block_table = table;
+    pp.block_table_stride = stride;
+    pp.page_size = ps;
+    pp.num_pages = pages;
+    pp.k_strides[0] = pp.v_strides[0] = ps * p->heads_kv * p->head_dim;
+    float *o = tu_new_output(p, 'o', 0.0f), *lse = malloc(c->nl * sizeof(float));
+    fmha_status st = tu_forward(&pp, c->q, kpool, vpool, o, lse, NULL, 0);
+    if (st == FMHA_OK) {
+        int64_t n[4];
+        tu_shape(p, 'o', n);
+        size_t span = tu_span(p->o_strides, n);
+        tu_check(!memcmp(o, o_contig, span * sizeof(float)) && !memcmp(lse, lse_contig, c->nl * sizeof(float)),
+                 "paged (pages of %lld) differs from the contiguous cache's bits", (long long)ps);
+    } else {
+        tu_check(st == FMHA_ERR_UNSUPPORTED, "paged: status %d (%s)", (int)st, fmha_last_error_message());
+    }
+    free(o), free(lse), free(kpool), free(vpool), free(table);
+}
+
+int main(void) {
+    tu_seed();
+    const int cases = getenv("FMHA_TEST_CASES") ? atoi(getenv("FMHA_TEST_CASES")) : 160;
+    long long runs = 0, decode_runs = 0, paged = 0;
+    for (int ci = 0; ci < cases; ci++) {
+        diff_case c;
+        if (!draw_case(&c)) {
+            ci--; /* drew an invalid problem: draw again */
+            continue;
+        }
+        for (size_t ii = 0; ii < fmha_isa_count(); ii++) {
+            if (fmha_cpu_force_isa(fmha_isa_at(ii)->name) != 0) continue;
+            for (int s = FMHA_STRATEGY_AUTO; s <= FMHA_STRATEGY_PORTABLE; s++) {
+                fmha_problem p = c.p;
+                p.strategy = (fmha_strategy)s;
+                float *o = tu_new_output(&p, 'o', 0.0f), *lse = malloc(c.nl * sizeof(float));
+                fmha_status st = tu_forward(&p, c.q, c.k_t, c.v_t, o, lse, NULL, 0);
+                char what[96];
+                snprintf(what, sizeof what, "case %d %s %s", ci, fmha_isa_at(ii)->name, tu_strategy_name(s));
+                if (tu_check(st == FMHA_OK, "%s: status %d (%s)", what, (int)st, fmha_last_error_message()) &&
+                    agrees(&c, o, lse, what)) {
+                    fmha_plan *plan = NULL;
+                    if (fmha_plan_create(&p, &plan) == FMHA_OK) {
+                        decode_runs += plan->driver == &fmha_fwd_driver_decode;
+                        if (plan->driver == &fmha_fwd_driver_decode && s == FMHA_STRATEGY_AUTO) {
+                            paged_case(&c, o, lse);
+                            paged++;
+                        }
+                    }
+                    fmha_plan_destroy(plan);
+                }
+                runs++;
+                free(o), free(lse);
+            }
+        }
+        fmha_cpu_force_isa(tu_isa_best());
+        free_case(&c);
+    }
+    printf("%d problems, %lld runs (%lld on the decode driver, %lld also paged)\n", cases, runs, decode_runs,
+           paged);
+    tu_check(decode_runs > 0 && paged > 0, "the draw reached the decode driver (%lld) and pages (%lld)", decode_runs,
+             paged);
+    return tu_finish();
+}
