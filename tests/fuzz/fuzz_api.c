@@ -317,6 +317,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     sz[4] = take_in(&in, 1, 24);
     sz[5] = take_in(&in, 1, 20);
     sz[6] = take_in(&in, 1, 20);
+    /* decode shapes now and then (few queries, Skv >= 8 Sq: the decode driver) */
+    uint64_t extra = take(&in, 1);
+    if (extra % 4 == 0) {
+        sz[3] = take_in(&in, 1, 4);
+        sz[4] = 8 * sz[3] + take_in(&in, 0, 40);
+    }
     uint64_t wild = take(&in, 1);
     if (wild % 8 == 0) sz[wild / 8 % 7] = take_extreme(&in);
     fmha_problem_init(&p, sz[0], sz[1], sz[2], sz[3], sz[4], sz[5], sz[6], FMHA_LAYOUT_BSHD);
@@ -451,6 +457,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     ctx.salt = (uint32_t)rng_next();
 
+    /* attention sinks (now and then one that is not finite) and dropout
+     * (now and then a probability outside [0, 1)) */
+    float *sinks = NULL;
+    if (small && extra / 4 % 4 == 0) {
+        sinks = malloc((size_t)Hq * sizeof(float));
+        if (!sinks) fail("out of memory");
+        for (int64_t h = 0; h < Hq; h++) sinks[h] = 4.0f * rng_value();
+        if (take(&in, 1) % 32 == 0) sinks[0] = INFINITY;
+        p.sinks = sinks;
+    }
+    if (extra / 16 % 8 == 0) {
+        static const float ps[6] = {0.25f, 0.5f, 0.0625f, 1.0f, -0.5f, NAN};
+        uint64_t dp = take(&in, 1);
+        p.dropout_p = ps[dp % 24 < 3 ? 3 + dp % 3 : dp % 3];
+        p.dropout_seed = rng_next();
+        p.dropout_offset = rng_next() >> 8;
+    }
+
     /* bias gradients wanted (some without their bias, some with an extreme stride) */
     uint64_t gflags = take(&in, 1);
     fmha_param_grads grads = {0};
@@ -582,7 +606,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         double *ro = malloc(n_o * sizeof(double)), *rl = malloc(n_lse * sizeof(double));
         if (!ro || !rl) fail("out of memory");
         if (fmha_ref_forward_full(&p32, f32[0], f32[1], f32[2], ro, rl) != 0) fail("reference failed");
-        compare_tensor("O", o.p, p.dtype, n, cst, ro, 0.0, tol);
+        /* with dropout O is P Z V (the reference has no Z); lse is still P's */
+        if (p.dropout_p == 0.0f) compare_tensor("O", o.p, p.dtype, n, cst, ro, 0.0, tol);
         for (size_t i = 0; lse_arg && i < n_lse; i++) {
             float x = ((float *)lse.p)[i];
             if (isinf(rl[i]) ? x != (float)rl[i] : !(fabs(x - rl[i]) <= tol * (1.0 + fabs(rl[i]))))
@@ -592,7 +617,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
 
     /* a successful backward: padding untouched, gradients as the reference's */
-    if (op != 0 && bwd == FMHA_OK) {
+    if (op != 0 && bwd == FMHA_OK && p.dropout_p == 0.0f) {
         n_bwd_ok++;
         int64_t gn[3][4];
         const int64_t *gs[3];
@@ -685,6 +710,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     free(cb_grad);
 done:
     buf_free(&mask), buf_free(&bias);
-    free(kv_len), free(q_len), free(qseg), free(kvseg), free(slopes), free(rel);
+    free(kv_len), free(q_len), free(qseg), free(kvseg), free(slopes), free(rel), free(sinks);
     return 0;
 }
