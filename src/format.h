@@ -24,12 +24,20 @@ typedef struct fmha_cache_format {
     unsigned element_bits;   /* bits of one stored element */
     unsigned block;          /* elements sharing one scale (1: no scale) */
     fmha_scale_place scales;
-    /* the specification: element e of the row at `row` as float32 */
-    float (*dequant)(const void *row, int64_t e);
+    /* the specification: element idx of the tensor at x as float32 */
+    float (*dequant)(const void *x, int64_t idx);
+    /* the exponent bits of an element (all ones: NaN or inf); 0 when the
+     * format holds no NaN or inf */
+    uint32_t nonfinite_bits;
 } fmha_cache_format;
 
 /* The descriptor of a format id (id < FMHA_FORMAT_COUNT). */
 const fmha_cache_format *fmha_cache_format_at(fmha_cache_format_id id);
+
+/* 1 when an element (i, e) at element first + i * rs + e * cs of x, i < n,
+ * e < cols, is a NaN or inf (its exponent bits all ones). */
+int fmha_format_rows_nonfinite(const fmha_cache_format *f, const void *x, int64_t first, int64_t rs, int64_t cs,
+                               int64_t n, int64_t cols);
 
 /* The format of rows of a tensor dtype. */
 fmha_cache_format_id fmha_cache_format_of_dtype(fmha_dtype t);

@@ -49,6 +49,7 @@
 
 #include "../attn.h"
 #include "../convert.h"
+#include "../format.h"
 #include "../pool.h"
 #include "operand.h"
 
@@ -289,56 +290,14 @@ static void bwd_prepare_task(void *vctx, size_t task, int thread) {
     }
 }
 
-/* 1 when an element (i, e) at x[first + i*rs + e*cs], i < n, e < cols,
- * is a NaN or inf: its exponent bits are all ones. */
-static int rows_nonfinite(const void *x, fmha_dtype t, int64_t first, int64_t rs, int64_t cs, int64_t n,
-                          int64_t cols) {
-    uint32_t hit = 0;
-    switch (t) {
-    case FMHA_DTYPE_F32: {
-        const float *f = x;
-        for (int64_t i = 0; i < n; i++) {
-            const float *row = f + first + i * rs;
-            int64_t e = 0;
-            if (cs == 1) /* blocks of a fixed trip count: vectorised at -O2 */
-                for (; e + 16 <= cols; e += 16)
-                    for (int j = 0; j < 16; j++) {
-                        uint32_t u; /* the float's bits */
-                        memcpy(&u, row + e + j, sizeof u);
-                        hit |= (u & 0x7f800000u) == 0x7f800000u;
-                    }
-            for (; e < cols; e++) {
-                uint32_t u;
-                memcpy(&u, row + e * cs, sizeof u);
-                hit |= (u & 0x7f800000u) == 0x7f800000u;
-            }
-        }
-        break;
-    }
-    case FMHA_DTYPE_BF16:
-    case FMHA_DTYPE_F16: {
-        const uint16_t *u = x;
-        const uint16_t exp = t == FMHA_DTYPE_BF16 ? 0x7f80u : 0x7c00u;
-        for (int64_t i = 0; i < n; i++) {
-            const uint16_t *row = u + first + i * rs;
-            int64_t e = 0;
-            if (cs == 1)
-                for (; e + 32 <= cols; e += 32)
-                    for (int j = 0; j < 32; j++) hit |= (uint32_t)((row[e + j] & exp) == exp);
-            for (; e < cols; e++) hit |= (uint32_t)((row[e * cs] & exp) == exp);
-        }
-        break;
-    }
-    }
-    return hit != 0;
-}
-
 /* 1 when K or V rows [k0, k0 + nk) of (b, hk) hold a NaN or inf. */
 static int bwd_keys_nonfinite(const bwd_ctx *c, int64_t b, int64_t hk, int64_t k0, int64_t nk) {
     const fmha_problem *p = &c->plan->p;
     const int64_t *ks = p->k_strides, *vs = p->v_strides;
-    return rows_nonfinite(c->k, p->dtype, b * ks[0] + k0 * ks[1] + hk * ks[2], ks[1], ks[3], nk, p->head_dim) ||
-           rows_nonfinite(c->v, p->dtype, b * vs[0] + k0 * vs[1] + hk * vs[2], vs[1], vs[3], nk, p->head_dim_v);
+    const fmha_cache_format *kf = fmha_cache_format_at(c->plan->k_format), *vf = fmha_cache_format_at(c->plan->v_format);
+    return fmha_format_rows_nonfinite(kf, c->k, b * ks[0] + k0 * ks[1] + hk * ks[2], ks[1], ks[3], nk, p->head_dim) ||
+           fmha_format_rows_nonfinite(vf, c->v, b * vs[0] + k0 * vs[1] + hk * vs[2], vs[1], vs[3], nk,
+                                      p->head_dim_v);
 }
 
 /* Asks for the K and V rows of key block j of (b, hk) ahead of it: rows a

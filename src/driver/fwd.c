@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "../attn.h"
+#include "../format.h"
 #include "../convert.h"
 #include "../pool.h"
 #include "operand.h"
@@ -198,6 +199,7 @@ static void fwd_values_guarded(const fwd_ctx *c, int64_t b, int64_t hk, int64_t 
                                float *ot) {
     const fmha_problem *p = &c->plan->p;
     const int64_t *vs = p->v_strides;
+    const fmha_cache_format *vf = fmha_cache_format_at(c->plan->v_format);
     size_t nr = c->plan->uk->tile.nr;
     for (size_t i = 0; i < nr; i++) {
         if (!lanes[i]) continue;
@@ -206,8 +208,7 @@ static void fwd_values_guarded(const fwd_ctx *c, int64_t b, int64_t hk, int64_t 
             for (int64_t r = 0; r < nk; r++) {
                 float pr = pt[(size_t)r * nr + i];
                 if (pr != 0.0f)
-                    acc += pr * fmha_load(c->v, c->plan->kv_dtype,
-                                          b * vs[0] + (k0 + r) * vs[1] + hk * vs[2] + col * vs[3]);
+                    acc += pr * vf->dequant(c->v, b * vs[0] + (k0 + r) * vs[1] + hk * vs[2] + col * vs[3]);
             }
             ot[(size_t)col * nr + i] = acc;
         }

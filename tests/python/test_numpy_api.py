@@ -97,7 +97,9 @@ def test_status_names_cover_the_library():
 
 def test_library_facts():
     assert fmha.version_string().count(".") == 2
-    assert fmha.isa_name().startswith(("scalar", "avx2", "avx512"))
+    # the table in use is the one a plan runs (the registry names it, not this test)
+    q = np.zeros((1, 128, 1, 8), np.float32)
+    assert fmha.isa_name() and f" isa={fmha.isa_name()} " in fmha.describe(q, q, q)
     assert fmha.get_num_threads() >= 1
 
 
