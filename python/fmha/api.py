@@ -259,14 +259,14 @@ def softcap_value(softcap):
 # ---- NumPy operands ------------------------------------------------------------------------
 
 def _elem_strides(a):
-    """Element strides; 0 on a length-1 axis, whatever NumPy says there (a
-    flipped length-1 axis has a negative stride that no element uses)."""
-    return tuple(0 if n == 1 else s // a.itemsize for s, n in zip(a.strides, a.shape))
+    """Element strides; a negative one on a length-1 axis (a flipped axis
+    NumPy still calls contiguous) becomes 0, since no element uses it."""
+    return tuple(0 if n == 1 and s < 0 else s // a.itemsize for s, n in zip(a.strides, a.shape))
 
 
 def _usable(a):
     """a itself when the library can read it in place, else a contiguous copy."""
-    if a.flags.aligned and all(n == 1 or (s >= 0 and s % a.itemsize == 0) for s, n in zip(a.strides, a.shape)):
+    if a.flags.aligned and all((s >= 0 or n == 1) and s % a.itemsize == 0 for s, n in zip(a.strides, a.shape)):
         return a
     return np.ascontiguousarray(a)
 
