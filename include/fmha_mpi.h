@@ -68,6 +68,12 @@ FMHA_API fmha_status fmha_ring_backward(const fmha_problem *p, MPI_Comm comm,
  * 2P-1-r, at rank r's place). to_zigzag = 1: sequence -> zigzag, 0: back.
  * S must be a multiple of 2 * ranks: FMHA_ERR_BAD_SIZE otherwise; NULL:
  * FMHA_ERR_NULL_POINTER; negative strides: FMHA_ERR_BAD_STRIDE. */
+/* Why the calling thread's last fmha_ring_* call failed: the ring's own
+ * reason (a rank that refused, slices of different lengths, a block too
+ * large for one MPI message), or the library's fmha_last_error_message when
+ * the problem was refused; "" after a success. */
+FMHA_API const char *fmha_ring_last_error_message(void);
+
 FMHA_API fmha_status fmha_ring_zigzag_permute(int64_t batch, int64_t seq, int64_t heads,
                                               int64_t dim, const int64_t st[4], int ranks,
                                               int to_zigzag, const float *src, float *dst);

@@ -2,6 +2,8 @@
  * slice and passes K/V blocks to the next rank while it computes on the one
  * in hand; results are combined with fmha_merge (forward) or summed
  * (backward, with the global lse). Only the public fmha API is used. */
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,14 +35,28 @@ static void copy_strided(const float *src, const int64_t ss[4], float *dst, cons
                         src[a * ss[0] + b * ss[1] + c * ss[2] + d * ss[3]];
 }
 
+/* The thread's last failure (fmha_ring_last_error_message). */
+static _Thread_local char ring_message[512];
+
+static fmha_status ring_fail(fmha_status st, const char *format, ...) __attribute__((format(printf, 2, 3)));
+static fmha_status ring_fail(fmha_status st, const char *format, ...) {
+    va_list ap;
+    va_start(ap, format);
+    vsnprintf(ring_message, sizeof ring_message, format, ap);
+    va_end(ap);
+    return st;
+}
+
+const char *fmha_ring_last_error_message(void) { return ring_message; }
+
 static void bshd_strides(int64_t st[4], int64_t s, int64_t h, int64_t d) {
     st[3] = 1, st[2] = d, st[1] = h * d, st[0] = s * h * d;
 }
 
 static fmha_status local_check(const fmha_problem *p, fmha_problem *out, int have_pointers) {
-    if (!p || !have_pointers) return FMHA_ERR_NULL_POINTER;
+    if (!p || !have_pointers) return ring_fail(FMHA_ERR_NULL_POINTER, "the problem or a tensor pointer is NULL");
     fmha_status s = fmha_problem_check(p); /* struct_size among those the library knows */
-    if (s != FMHA_OK) return s;
+    if (s != FMHA_OK) return ring_fail(s, "%s", fmha_last_error_message());
     memset(out, 0, sizeof *out); /* an older problem: its prefix, the rest off */
     memcpy(out, p, p->struct_size);
     out->struct_size = sizeof *out;
@@ -50,8 +66,11 @@ static fmha_status local_check(const fmha_problem *p, fmha_problem *out, int hav
         memcmp(&out->biases, &plain.biases, sizeof plain.biases) || out->sinks || out->block_table ||
         out->dropout_p != 0 || out->dtype != FMHA_DTYPE_F32 ||
         (out->kv_dtype != FMHA_KV_DTYPE_SAME && out->kv_dtype != FMHA_KV_DTYPE_F32))
-        return FMHA_ERR_UNSUPPORTED;
-    if (out->seq_q != out->seq_kv) return FMHA_ERR_BAD_SIZE;
+        return ring_fail(FMHA_ERR_UNSUPPORTED, "ring attention takes float32 problems with causal masking at most: "
+                         "no other mask, bias, sinks, paged cache or dropout");
+    if (out->seq_q != out->seq_kv)
+        return ring_fail(FMHA_ERR_BAD_SIZE, "seq_q and seq_kv must be equal (one rank's slice), got %lld and %lld",
+                         (long long)out->seq_q, (long long)out->seq_kv);
     out->alignment = FMHA_ALIGN_CAUSAL; /* Sq = Skv and no window or bias: every alignment is the same */
     return FMHA_OK;
 }
@@ -76,15 +95,18 @@ static fmha_status ring_setup(ring *r, const fmha_problem *p, MPI_Comm comm, fmh
     r->nchunk = r->zigzag ? 2 : 1;
     int inter = 0;
     if (comm == MPI_COMM_NULL || MPI_Comm_test_inter(comm, &inter) != MPI_SUCCESS || inter)
-        return FMHA_ERR_BAD_OPTION;
+        return ring_fail(FMHA_ERR_BAD_OPTION, "comm must be an intracommunicator");
     r->comm = comm;
     MPI_Comm_rank(comm, &r->rank);
     MPI_Comm_size(comm, &r->size);
     int64_t mine[F_COUNT] = {0};
     mine[F_STATUS] = local_check(p, &r->p, have_pointers);
     if (mine[F_STATUS] == FMHA_OK && layout != FMHA_RING_CONTIGUOUS && layout != FMHA_RING_ZIGZAG)
-        mine[F_STATUS] = FMHA_ERR_BAD_OPTION;
-    if (mine[F_STATUS] == FMHA_OK && r->zigzag && r->p.seq_q % 2) mine[F_STATUS] = FMHA_ERR_BAD_SIZE;
+        mine[F_STATUS] = ring_fail(FMHA_ERR_BAD_OPTION, "layout must be FMHA_RING_CONTIGUOUS or _ZIGZAG, got %d",
+                                   (int)layout);
+    if (mine[F_STATUS] == FMHA_OK && r->zigzag && r->p.seq_q % 2)
+        mine[F_STATUS] = ring_fail(FMHA_ERR_BAD_SIZE, "a zigzag slice must have an even length, got %lld",
+                                   (long long)r->p.seq_q);
     if (mine[F_STATUS] == FMHA_OK) {
         const fmha_problem *q = &r->p;
         uint32_t scale_bits;
@@ -103,18 +125,26 @@ static fmha_status ring_setup(ring *r, const fmha_problem *p, MPI_Comm comm, fmh
     if (any_oom) {
         free(all);
         ring_free(r);
-        return FMHA_ERR_OUT_OF_MEMORY;
+        return ring_fail(FMHA_ERR_OUT_OF_MEMORY, "a rank could not allocate the ring's tables");
     }
     MPI_Allgather(mine, F_COUNT, MPI_INT64_T, all, F_COUNT, MPI_INT64_T, comm);
-    for (int i = 0; i < r->size && !status; i++) status = all[i * F_COUNT + F_STATUS];
+    for (int i = 0; i < r->size && !status; i++) {
+        status = all[i * F_COUNT + F_STATUS];
+        if (status && i != r->rank) ring_fail((fmha_status)status, "rank %d refused the call (status %d)", i, (int)status);
+    }
     if (!status) {
         const int last = r->size - 1;
         for (int i = 0; i < r->size && !status; i++) {
             for (int f = F_B; f < F_LEN; f++)
-                if (all[i * F_COUNT + f] != all[f]) status = FMHA_ERR_BAD_SIZE;
+                if (all[i * F_COUNT + f] != all[f])
+                    status = ring_fail(FMHA_ERR_BAD_SIZE, "rank %d's problem differs from rank 0's (sizes, dtype, "
+                                       "causal, scale or layout)", i);
             const int64_t len = all[i * F_COUNT + F_LEN];
             /* zigzag: every slice the same length */
-            if (i < last || r->zigzag ? len != all[F_LEN] : len > all[F_LEN]) status = FMHA_ERR_BAD_SIZE;
+            if (!status && (i < last || r->zigzag ? len != all[F_LEN] : len > all[F_LEN]))
+                status = ring_fail(FMHA_ERR_BAD_SIZE, "rank %d's slice of %lld keys: every slice but the last must "
+                                   "have rank 0's length %lld (zigzag: all of them), the last at most that",
+                                   i, (long long)len, (long long)all[F_LEN]);
         }
     }
     if (!status) {
@@ -128,7 +158,9 @@ static fmha_status ring_setup(ring *r, const fmha_problem *p, MPI_Comm comm, fmh
     }
     free(all);
     /* every rank has the same sizes now, so this answer is agreed too */
-    if (!status && block_elems(r, r->lmax) > INT32_MAX) status = FMHA_ERR_UNSUPPORTED;
+    if (!status && block_elems(r, r->lmax) > INT32_MAX)
+        status = ring_fail(FMHA_ERR_UNSUPPORTED, "a travelling K|V block of %lld elements exceeds one MPI message "
+                           "(2^31 - 1)", (long long)block_elems(r, r->lmax));
     if (status) ring_free(r);
     return (fmha_status)status;
 }
@@ -212,6 +244,7 @@ static fmha_status alloc_all(ring *r, int n, float **buf, const int64_t *elems) 
     for (int i = 0; i < n; i++) ok &= (buf[i] = malloc((size_t)elems[i] * sizeof(float) + 1)) != NULL;
     fmha_status s = agree(r, ok ? FMHA_OK : FMHA_ERR_OUT_OF_MEMORY);
     if (s != FMHA_OK) {
+        ring_fail(s, "a rank could not allocate its ring buffers");
         for (int i = 0; i < n; i++) free(buf[i]), buf[i] = NULL;
         ring_free(r);
     }
@@ -221,6 +254,7 @@ static fmha_status alloc_all(ring *r, int n, float **buf, const int64_t *elems) 
 fmha_status fmha_ring_forward(const fmha_problem *p, MPI_Comm comm, fmha_ring_layout layout,
                               const void *q, const void *k, const void *v, void *o, float *lse) {
     ring r;
+    ring_message[0] = '\0';
     fmha_status st = ring_setup(&r, p, comm, layout, q && k && v && o);
     if (st != FMHA_OK) return st;
     const fmha_problem *lp = &r.p;
@@ -290,6 +324,7 @@ fmha_status fmha_ring_backward(const fmha_problem *p, MPI_Comm comm, fmha_ring_l
                                const void *q, const void *k, const void *v, const void *o,
                                const void *d_o, const float *lse, void *dq, void *dk, void *dv) {
     ring r;
+    ring_message[0] = '\0';
     fmha_status st = ring_setup(&r, p, comm, layout, q && k && v && o && d_o && lse && dq && dk && dv);
     if (st != FMHA_OK) return st;
     const fmha_problem *lp = &r.p;
@@ -372,11 +407,15 @@ fmha_status fmha_ring_backward(const fmha_problem *p, MPI_Comm comm, fmha_ring_l
 fmha_status fmha_ring_zigzag_permute(int64_t batch, int64_t seq, int64_t heads, int64_t dim,
                                      const int64_t st[4], int ranks, int to_zigzag, const float *src,
                                      float *dst) {
-    if (!st || !src || !dst) return FMHA_ERR_NULL_POINTER;
+    ring_message[0] = '\0';
+    if (!st || !src || !dst) return ring_fail(FMHA_ERR_NULL_POINTER, "st, src and dst must not be NULL");
     if (batch < 1 || seq < 1 || heads < 1 || dim < 1 || ranks < 1 || seq % (2 * (int64_t)ranks))
-        return FMHA_ERR_BAD_SIZE;
+        return ring_fail(FMHA_ERR_BAD_SIZE, "sizes must be at least 1 and seq a multiple of 2 x ranks, got batch %lld, "
+                         "seq %lld, heads %lld, dim %lld, ranks %d",
+                         (long long)batch, (long long)seq, (long long)heads, (long long)dim, ranks);
     for (int i = 0; i < 4; i++)
-        if (st[i] < 0) return FMHA_ERR_BAD_STRIDE;
+        if (st[i] < 0)
+            return ring_fail(FMHA_ERR_BAD_STRIDE, "st[%d] must not be negative, got %lld", i, (long long)st[i]);
     const int64_t C = seq / (2 * (int64_t)ranks), n[4] = {batch, C, heads, dim};
     /* zigzag position 2 r C + i C holds chunk place(r, i) */
     for (int r = 0; r < ranks; r++)

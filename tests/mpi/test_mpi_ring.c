@@ -187,6 +187,10 @@ static void expect_error(const char *name, fmha_problem *p, MPI_Comm comm, fmha_
     float *g1 = new_filled(n, 7.f), *g2 = new_filled(n, 7.f), *g3 = new_filled(n, 7.f);
     fmha_status f = fmha_ring_forward(p, comm, layout, q, q, q, null_o ? NULL : out, lse);
     fmha_status b = fmha_ring_backward(p, comm, layout, q, q, q, q, q, q, g1, g2, null_o ? NULL : g3);
+    const char *msg = fmha_ring_last_error_message();
+    char named[240];
+    snprintf(named, sizeof named, "error %s: the refusal says why (\"%s\")", name, msg);
+    check(msg[0] != '\0', named);
     int untouched = 1;
     for (size_t i = 0; i < n; i++) untouched &= out[i] == 7.f && lse[i] == 7.f && g1[i] == 7.f && g2[i] == 7.f && g3[i] == 7.f;
     char what[200];
@@ -273,6 +277,8 @@ int main(int argc, char **argv) {
               fmha_ring_zigzag_permute(2, 8, 2, 4, st, 2, 1, NULL, y) == FMHA_ERR_NULL_POINTER &&
               fmha_ring_zigzag_permute(2, 8, 2, 4, neg, 2, 1, x, y) == FMHA_ERR_BAD_STRIDE,
           "zigzag permute errors (S not a multiple of 2P, NULL, negative stride)");
+    check(!strcmp(fmha_ring_last_error_message(), "st[2] must not be negative, got -4"),
+          "zigzag permute: the negative stride is named");
     int all = 0;
     MPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (rank == 0) printf("%d ranks: %d checks per rank, %d failed in all\n", nranks, checks, all);
