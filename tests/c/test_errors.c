@@ -94,6 +94,19 @@ static void check_messages(void) {
              "overlap named: \"%s\"", fmha_last_error_message());
     tu_check(fmha_forward(&e, q, k, v, o, lse, NULL, 0) == FMHA_OK && !strcmp(fmha_last_error_message(), ""),
              "a successful call clears the message");
+    /* a paged problem with seq_kv near INT64_MAX: the table's width is
+     * checked without overflowing seq_kv + page_size - 1 (UBSan failed the
+     * old arithmetic here) */
+    e = base();
+    int32_t table[4] = {0, 1, 2, 3};
+    e.block_table = table;
+    e.block_table_stride = 4;
+    e.page_size = 4;
+    e.num_pages = 4;
+    e.seq_kv = INT64_MAX - 1;
+    tu_check(fmha_problem_check(&e) == FMHA_ERR_BAD_PAGE &&
+                 strstr(fmha_last_error_message(), "block_table_stride must be at least ceil(seq_kv / page_size)"),
+             "seq_kv near INT64_MAX with a block table: \"%s\"", fmha_last_error_message());
     tu_check(fmha_set_num_threads(-3) == FMHA_ERR_BAD_THREAD_COUNT && strstr(fmha_last_error_message(), "got -3"),
              "thread count named: \"%s\"", fmha_last_error_message());
 }
