@@ -70,12 +70,14 @@ class BiasCallback:
 
 # ---- helpers shared with the torch binding --------------------------------------------
 
-def dtype_code(dtype):
-    """The fmha_dtype of a NumPy dtype; TypeError for others."""
+def dtype_code(dtype, name=None, from_list=False):
+    """The fmha_dtype of a NumPy dtype; TypeError (naming the argument) for others."""
     dtype = np.dtype(dtype)
     if dtype not in DTYPE_CODES:
         names = ", ".join(str(d) for d in DTYPE_CODES)
-        raise TypeError(f"fmha: unsupported dtype {dtype}; use one of {names}")
+        what = f"{name} has dtype {dtype}" if name else f"unsupported dtype {dtype}"
+        hint = " (a Python list becomes a float64 array: pass np.asarray(x, np.float32))" if from_list else ""
+        raise TypeError(f"fmha: {what}{hint}; use one of {names}")
     return DTYPE_CODES[dtype]
 
 
@@ -106,12 +108,14 @@ def forward_only_error(paged, q_dtype, kv_dtype, context, remedy):
                      f"differentiated ({remedy})", context)
 
 
-def broadcast_strides(shape, strides, full, name):
+def broadcast_strides(shape, strides, full, name, given=None):
     """Element strides of a 4-D operand broadcast to `full` ([B, N, T, S]):
     0 where the operand has size 1. ValueError when a size is neither 1 nor
-    the full size."""
+    the full size, naming the caller's own shape (`given`, before it was
+    padded to 4-D) and its dimension."""
     if len(shape) != 4:
         raise ValueError(f"fmha: {name} must have at most 4 dimensions, got shape {tuple(shape)}")
+    given = tuple(shape) if given is None else tuple(given)
     out = []
     for i, (n, st, f) in enumerate(zip(shape, strides, full)):
         if n == 1:
@@ -119,8 +123,8 @@ def broadcast_strides(shape, strides, full, name):
         elif n == f:
             out.append(int(st))
         else:
-            raise ValueError(f"fmha: {name} of shape {tuple(shape)} does not broadcast to "
-                             f"[B, N, T, S] = {list(full)} (dimension {i})")
+            raise ValueError(f"fmha: {name} of shape {given} does not broadcast to "
+                             f"[B, N, T, S] = {list(full)} (its dimension {i - (4 - len(given))})")
     return out
 
 
@@ -447,8 +451,10 @@ def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignmen
     if q.ndim != k.ndim or q.ndim != v.ndim or q.ndim not in (3, 4):
         raise ValueError("fmha: query, key and value must all be [B, T, N, H] (4-D) or [T, N, H] (3-D), "
                          f"got shapes {q.shape}, {k.shape}, {v.shape}")
-    code = dtype_code(q.dtype)
-    kv_code = kv_dtype_code(code, dtype_code(k.dtype), dtype_code(v.dtype))  # 0 = the query's dtype
+    lists = [not isinstance(x, np.ndarray) for x in (query, key, value)]
+    code = dtype_code(q.dtype, "query", lists[0])
+    kv_code = kv_dtype_code(code, dtype_code(k.dtype, "key", lists[1]),
+                            dtype_code(v.dtype, "value", lists[2]))  # 0 = the query's dtype
     if kv_code is None:
         raise TypeError(f"fmha: {KV_DTYPE_RULE}, got {q.dtype}, {k.dtype}, {v.dtype}")
     batched = q.ndim == 4
@@ -498,13 +504,14 @@ def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignmen
         else:
             raise TypeError(f"fmha: mask must be boolean (True = attend), got dtype {m.dtype}; pass additive "
                             "masks as bias")
+        given = m.shape
         m = _usable(_to_4d(m, batched))
-        mask_strides = broadcast_strides(m.shape, _elem_strides(m), full, "mask")
+        mask_strides = broadcast_strides(m.shape, _elem_strides(m), full, "mask", given=given)
     if bias is not None:
         b = _as_array(bias, "bias")
         call.bias_shape = b.shape
         b = _usable(_to_4d(_float32_tensor(b, "bias"), batched))
-        bias_strides = broadcast_strides(b.shape, _elem_strides(b), full, "bias")
+        bias_strides = broadcast_strides(b.shape, _elem_strides(b), full, "bias", given=call.bias_shape)
         call.bias4 = b
     def lengths(x, upper, name):
         """A length per batch element; unbatched inputs take one (a scalar or [1])."""

@@ -315,6 +315,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
                 raise ValueError(f"{name} shape should be ({B},): but got {x.shape}")
             if x.dtype != np.int32:
                 raise ValueError(f"{name} dtype should be int32, but got {x.dtype}")
+            if pool is None:  # as jax.nn: a length past the sequence means all of it, below 0 none
+                x = jnp.clip(x, 0, T if slot == "q_lens" else S)
             extras[slot] = x
     if segment_ids is not None:
         if isinstance(segment_ids, (tuple, list)):

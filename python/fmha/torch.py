@@ -339,7 +339,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             raise ValueError(f"fmha.torch: attn_mask is on {attn_mask.device}; fmha runs on CPU tensors")
         m = _flat_mask(attn_mask, lead, B, (H, L, S) if nd > 2 else (L, S))
         m = m.reshape((m.shape[0],) + (1,) * (4 - m.dim()) + tuple(m.shape[1:]))
-        api.broadcast_strides(tuple(m.shape), (1, 1, 1, 1), (B, H, L, S), "attn_mask")
+        api.broadcast_strides(tuple(m.shape), (1, 1, 1, 1), (B, H, L, S), "attn_mask", given=attn_mask.shape)
         if m.dtype == torch.bool:
             mask = m if all(st >= 0 for st in m.stride()) else m.contiguous()
         elif m.is_floating_point():

@@ -96,3 +96,23 @@ def test_torch_index_arrays_beyond_int32():
     ids = torch.tensor([[2**32, 0, 0, 0]], dtype=torch.int64)
     with pytest.raises(ValueError, match="segment_ids must lie in int32's range"):
         ft.scaled_dot_product_attention(q, q, q, segment_ids=ids)
+
+
+def test_mask_shape_named_as_given():
+    q = rnd((1, 16, 2, 8))
+    with pytest.raises(ValueError, match=r"mask of shape \(16, 15\) does not broadcast .*its dimension 1"):
+        fmha.attention(q, q, q, mask=np.ones((16, 15), bool))
+
+
+def test_python_lists_get_a_dtype_hint():
+    with pytest.raises(TypeError, match="query has dtype float64 \\(a Python list becomes a float64 array"):
+        fmha.attention([[[[0.0] * 8]]], [[[[0.0] * 8]]], [[[[0.0] * 8]]])
+
+
+def test_torch_mask_shape_named_as_given():
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    import fmha.torch as ft
+
+    q = torch.zeros(1, 2, 16, 8)
+    with pytest.raises(ValueError, match=r"attn_mask of shape \(16, 15\) does not broadcast"):
+        ft.scaled_dot_product_attention(q, q, q, attn_mask=torch.zeros(16, 15))

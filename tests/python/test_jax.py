@@ -239,13 +239,31 @@ def test_errors():
 
 
 def test_runtime_c_error_carries_the_message():
+    """A value the library refuses while the call runs (a page index past the
+    pools) fails with the status and the library's detail naming it."""
     require("kv_lengths")
-    rng = np.random.default_rng(10)
+    from conftest import paged_case
+
+    c = paged_case(10, 2, 4, 2, 4)
+    bad = np.array(c["table"])
+    bad[0, 0] = c["k"].shape[0]
+    f = jax.jit(lambda t: fj.dot_product_attention(c["q"], c["k"], c["v"], block_table=t,
+                                                   key_value_seq_lengths=c["lengths"]))
+    with pytest.raises(Exception, match="FMHA_ERR_BAD_PAGE") as info:
+        jax.block_until_ready(f(bad))
+    assert "fmha_forward" in str(info.value) and "block_table[0][0] must lie in 0..num_pages - 1" in str(info.value)
+
+
+def test_lengths_past_the_sequence_clamp_as_jax_nn():
+    """jax.nn takes lengths past T or S as all of it: so does fmha.jax."""
+    require("kv_lengths")
+    rng = np.random.default_rng(11)
     q, k, v = qkv(rng, 2, 4, 5, 2, 2, 8)
-    f = jax.jit(lambda lengths: fj.dot_product_attention(q, k, v, key_value_seq_lengths=lengths))
-    with pytest.raises(Exception, match="FMHA_ERR_BAD_MASK") as info:
-        jax.block_until_ready(f(jnp.array([9, 2], jnp.int32)))
-    assert "fmha_forward" in str(info.value)
+    f = jax.jit(lambda n: fj.dot_product_attention(q, k, v, key_value_seq_lengths=n))
+    g = jax.jit(lambda n: jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=n))
+    got, want = f(jnp.array([9, 2], jnp.int32)), g(jnp.array([9, 2], jnp.int32))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(f(jnp.array([5, 2], jnp.int32))))
 
 
 def test_implementation_xla_passes_through():
