@@ -1,7 +1,7 @@
 /* cpu_arm.c: the aarch64 ISAs and their checks, read from the kernel's
- * hardware capability words (getauxval(AT_HWCAP), AT_HWCAP2). No aarch64
- * kernel table exists yet, so the registry holds scalar alone there; the
- * capabilities are reported by fmha_plan_describe. */
+ * hardware capability words (getauxval(AT_HWCAP), AT_HWCAP2): neon
+ * (Advanced SIMD, Armv8.0). The capabilities are also reported by
+ * fmha_plan_describe. */
 #include "cpu.h"
 
 #if defined(__aarch64__)
@@ -10,20 +10,50 @@
 #include <sys/auxv.h>
 #endif
 
-size_t fmha_arch_isa_count(void) { return 0; }
+/* AT_HWCAP: ASIMD bit 1, FPHP bit 9, SVE bit 22; AT_HWCAP2: SVE2 bit 1,
+ * I8MM bit 13, BF16 bit 14, SME bit 23 */
+enum { HWCAP_BIT_ASIMD = 1, HWCAP_BIT_FPHP = 9, HWCAP_BIT_SVE = 22 };
+enum { HWCAP2_BIT_SVE2 = 1, HWCAP2_BIT_I8MM = 13, HWCAP2_BIT_BF16 = 14, HWCAP2_BIT_SME = 23 };
 
-const fmha_arch_isa *fmha_arch_isa_at(size_t i) { return NULL; }
+static unsigned long arm_hwcap(void) {
+#if defined(__linux__)
+    return getauxval(AT_HWCAP);
+#else
+    return 0;
+#endif
+}
+
+static unsigned long arm_hwcap2(void) {
+#if defined(__linux__)
+    return getauxval(AT_HWCAP2);
+#else
+    return 0;
+#endif
+}
+
+/* Advanced SIMD; the kernels assume a little-endian CPU. */
+static int arm_has_neon(void) {
+#if defined(__AARCH64EB__)
+    return 0;
+#else
+    return (int)(arm_hwcap() >> HWCAP_BIT_ASIMD & 1);
+#endif
+}
+
+static const fmha_arch_isa arm_isas[] = {
+    {"neon", arm_has_neon, &fmha_isa_neon},
+};
+
+size_t fmha_arch_isa_count(void) { return sizeof arm_isas / sizeof arm_isas[0]; }
+
+const fmha_arch_isa *fmha_arch_isa_at(size_t i) { return i < fmha_arch_isa_count() ? &arm_isas[i] : NULL; }
 
 void fmha_arch_describe(char *buf, size_t n) {
-    unsigned long hw = 0, hw2 = 0;
-#if defined(__linux__)
-    hw = getauxval(AT_HWCAP);
-    hw2 = getauxval(AT_HWCAP2);
-#endif
-    /* AT_HWCAP: ASIMD bit 1, FPHP bit 9, SVE bit 22; AT_HWCAP2: SVE2 bit 1,
-     * I8MM bit 13, BF16 bit 14, SME bit 23 */
-    snprintf(buf, n, "aarch64: asimd %s, fphp %s, bf16 %s, i8mm %s, sve %s, sve2 %s, sme %s", hw >> 1 & 1 ? "yes" : "no",
-             hw >> 9 & 1 ? "yes" : "no", hw2 >> 14 & 1 ? "yes" : "no", hw2 >> 13 & 1 ? "yes" : "no",
-             hw >> 22 & 1 ? "yes" : "no", hw2 >> 1 & 1 ? "yes" : "no", hw2 >> 23 & 1 ? "yes" : "no");
+    const unsigned long hw = arm_hwcap(), hw2 = arm_hwcap2();
+    snprintf(buf, n, "aarch64: asimd %s, fphp %s, bf16 %s, i8mm %s, sve %s, sve2 %s, sme %s",
+             hw >> HWCAP_BIT_ASIMD & 1 ? "yes" : "no", hw >> HWCAP_BIT_FPHP & 1 ? "yes" : "no",
+             hw2 >> HWCAP2_BIT_BF16 & 1 ? "yes" : "no", hw2 >> HWCAP2_BIT_I8MM & 1 ? "yes" : "no",
+             hw >> HWCAP_BIT_SVE & 1 ? "yes" : "no", hw2 >> HWCAP2_BIT_SVE2 & 1 ? "yes" : "no",
+             hw2 >> HWCAP2_BIT_SME & 1 ? "yes" : "no");
 }
 #endif

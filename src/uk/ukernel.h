@@ -340,5 +340,6 @@ extern const fmha_isa_parts fmha_isa_avx2;       /* AVX2 + FMA: src/uk/avx2 */
 extern const fmha_isa_parts fmha_isa_avx512;     /* AVX-512 F/BW/VL/DQ: src/uk/avx512 */
 extern const fmha_isa_parts fmha_isa_avx512bf16; /* avx512's parts + a bf16 part: src/uk/avx512bf16 */
 extern const fmha_isa_parts fmha_isa_amx;        /* avx512bf16's parts, the pair GEMM on AMX tiles: src/uk/amx */
+extern const fmha_isa_parts fmha_isa_neon;       /* aarch64 Advanced SIMD: src/uk/neon */
 
 #endif /* FMHA_UKERNEL_H */

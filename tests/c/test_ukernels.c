@@ -21,6 +21,8 @@
 /* Vector exp of the SIMD kernel files, exported for this test. */
 void fmha_f32_exp__avx2(size_t n, const float *x, float *y);
 void fmha_f32_exp__avx512(size_t n, const float *x, float *y);
+#elif defined(__aarch64__)
+void fmha_f32_exp__neon(size_t n, const float *x, float *y);
 #endif
 
 #define EPS32 0x1p-23        /* float32 ulp of 1 */
@@ -758,7 +760,7 @@ static void test_special_values(const fmha_ukernels *u, const fmha_ukernels *spe
 }
 
 /* ----------------------------------------------------------------- exp */
-#if FMHA_HAVE_X86
+#if FMHA_HAVE_X86 || defined(__aarch64__)
 
 typedef void (*exp_fn)(size_t n, const float *x, float *y);
 
@@ -1015,6 +1017,8 @@ int main(void) {
 #if FMHA_HAVE_X86
         if (!strcmp(u->isa, "avx2")) test_exp("avx2", fmha_f32_exp__avx2);
         if (!strcmp(u->isa, "avx512")) test_exp("avx512", fmha_f32_exp__avx512);
+#elif defined(__aarch64__)
+        if (!strcmp(u->isa, "neon")) test_exp("neon", fmha_f32_exp__neon);
 #endif
     }
     return tu_finish();

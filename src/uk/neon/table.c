@@ -1,0 +1,48 @@
+/* neon/table.c: the NEON ISA's parts, each defined once: float32 tiles
+ * (6 x 16), row kernels, decoding and the cache formats' kernels (2-byte
+ * caches read in place). No bf16 part: bf16 runs on widened float32 tiles;
+ * dropout takes the scalar kernel (64-bit multiplies, which NEON lacks). */
+#include "neon.h"
+
+static const fmha_uk_tile neon_tile = {
+    .mr = FMHA_NEON_MR,
+    .nr = FMHA_NEON_NR,
+    .block_kv = FMHA_NEON_BLOCK_KV,
+    .gemm = fmha_f32_gemm_ukernel_6x16__neon,
+    .softmax = fmha_f32_softmax_ukernel_16__neon,
+    .exp_sub = fmha_f32_exp_sub_ukernel_16__neon,
+    .ds = fmha_f32_ds_ukernel_16__neon,
+};
+
+static const fmha_uk_rows neon_rows = {
+    .add_transposed = fmha_f32_add_transposed_ukernel__neon,
+    .finish = fmha_f32_finish_ukernel__neon,
+    .transpose = fmha_f32_transpose_ukernel__neon,
+    .to_bf16 = fmha_f32_to_bf16_ukernel__neon,
+    .interleave_u16 = fmha_u16_interleave_ukernel__neon,
+};
+
+static const fmha_uk_decode neon_decode = {.softmax = fmha_f32_decode_softmax__neon};
+
+static const fmha_uk_cache neon_f32 = {
+    .scores = fmha_f32_decode_scores__neon,
+    .values = fmha_f32_decode_values__neon,
+};
+static const fmha_uk_cache neon_bf16 = {
+    .load = fmha_widen_bf16__neon,
+    .scores = fmha_bf16kv_decode_scores__neon,
+    .values = fmha_bf16kv_decode_values__neon,
+};
+static const fmha_uk_cache neon_f16 = {
+    .load = fmha_widen_f16__neon,
+    .scores = fmha_f16kv_decode_scores__neon,
+    .values = fmha_f16kv_decode_values__neon,
+};
+
+const fmha_isa_parts fmha_isa_neon = {
+    .isa = "neon",
+    .tile = &neon_tile,
+    .rows = &neon_rows,
+    .decode = &neon_decode,
+    .cache = {[FMHA_FORMAT_F32] = &neon_f32, [FMHA_FORMAT_BF16] = &neon_bf16, [FMHA_FORMAT_F16] = &neon_f16},
+};
