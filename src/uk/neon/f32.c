@@ -155,13 +155,27 @@ FMHA_INLINE void gemm_f32_tile(const size_t m, const int a_kind, size_t k, const
         else GEMM_KIND(M, A_ELEMENTS);                                                         \
         break
 
+/* Six rows read by rows of A would need 24 accumulators + 6 A rows + 4 B
+ * rows, two registers more than there are: two tiles of three rows (B read
+ * twice from L1) spill nothing. */
+#define GEMM_ROWS_SPLIT_6                                                                      \
+    do {                                                                                       \
+        gemm_f32_tile(3, A_ROWS, k, a, a_rs, a_cs, b, ldb, c, ldc, mode, col_scale, ab_scale);\
+        gemm_f32_tile(3, A_ROWS, k, a + 3 * a_rs, a_rs, a_cs, b, ldb, c + 3 * ldc, ldc, mode,  \
+                      col_scale, ab_scale);                                                    \
+    } while (0)
+
 /* C[m x 16] (op)= ab_scale * A[m x k] B[k x 16], 1 <= m <= MR; contract in
  * ukernel.h. */
 void fmha_f32_gemm_ukernel_6x16__neon(size_t m, size_t k, const float *a, ptrdiff_t a_rs, ptrdiff_t a_cs,
                                       const float *b, size_t ldb, float *c, size_t ldc, int mode,
                                       const float *col_scale, float ab_scale) {
     switch (m) {
-        GEMM_CASE(6);
+    case 6:
+        if (a_rs == 1) GEMM_KIND(6, A_COLUMNS);
+        else if (a_cs == 1 && k >= 4) GEMM_ROWS_SPLIT_6;
+        else GEMM_KIND(6, A_ELEMENTS);
+        break;
         GEMM_CASE(5);
         GEMM_CASE(4);
         GEMM_CASE(3);
