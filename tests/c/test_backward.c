@@ -287,8 +287,8 @@ static void random_cases(int count) {
         int64_t skv = tu_int(0, 4) == 0 ? sq : tu_int(1, 150);
         int64_t d = tu_int(0, 3) == 0 ? tu_int(1, 256) : dims[tu_int(0, 6)];
         int64_t dv = tu_int(0, 1) ? d : dims[tu_int(0, 6)];
-        /* keep each case near 5 M multiply-adds per pass */
-        while (B * hq * sq * skv * (d + dv) > 5000000) {
+        /* keep each case near 5 M multiply-adds per pass (1 M under FMHA_TEST_QUICK) */
+        while (B * hq * sq * skv * (d + dv) > tu_quick_pick(5000000, 1000000)) {
             if (sq > 16) sq = sq * 2 / 3;
             else if (skv > 16) skv = skv * 2 / 3;
             else break;
@@ -336,8 +336,9 @@ static void fixed_cases(void) {
         make(&p, 1, hq, 1, 67, 131, wide[i][0], wide[i][1], (fmha_causal)(i % 3), 0.0f, i % TU_LAYOUT_COUNT);
         run_random(name, &p, 1.0);
     }
-    make(&p, 1, 2, 1, 600, 600, 64, 64, FMHA_CAUSAL_TOP_LEFT, 0.0f, TU_LAYOUT_BSHD);
-    run_random("S 600, D 64, causal", &p, 1.0);
+    const int64_t s_long = tu_quick_pick(600, 300); /* several key blocks either way */
+    make(&p, 1, 2, 1, s_long, s_long, 64, 64, FMHA_CAUSAL_TOP_LEFT, 0.0f, TU_LAYOUT_BSHD);
+    run_random("long S, D 64, causal", &p, 1.0);
     for (int layout = 0; layout < TU_LAYOUT_COUNT; layout++) {
         make(&p, 2, 3, 3, 40, 9, 16, 24, FMHA_CAUSAL_BOTTOM_RIGHT, 0.0f, layout);
         run_random("masked rows: Sq 40 > Skv 9 bottom-right", &p, 1.0);
@@ -380,12 +381,14 @@ static void determinism(void) {
         {1, 8, 2, 1, 700, 64, 32, FMHA_CAUSAL_NONE, TU_LAYOUT_PADDED},
         {1, 1, 1, 333, 333, 96, 96, FMHA_CAUSAL_TOP_LEFT, TU_LAYOUT_BSHD},
     };
+    /* FMHA_TEST_QUICK: lengths past 200 cut to 200 (still two key blocks) */
+    const int64_t s_max = tu_quick_pick(INT64_MAX, 200);
     const int threads[3] = {1, 2, 7};
     const float sent = sentinel();
     for (int c = 0; c < (int)(sizeof cs / sizeof cs[0]); c++) {
         fmha_problem p;
-        make(&p, cs[c].B, cs[c].hq, cs[c].hkv, cs[c].sq, cs[c].skv, cs[c].d, cs[c].dv,
-             cs[c].causal, 0.0f, cs[c].layout);
+        make(&p, cs[c].B, cs[c].hq, cs[c].hkv, cs[c].sq < s_max ? cs[c].sq : s_max,
+             cs[c].skv < s_max ? cs[c].skv : s_max, cs[c].d, cs[c].dv, cs[c].causal, 0.0f, cs[c].layout);
         float *q = tu_new_input(&p, 'q', -1, 1), *k = tu_new_input(&p, 'k', -1, 1);
         float *v = tu_new_input(&p, 'v', -1, 1), *d_o = tu_new_input(&p, 'o', -1, 1);
         const char which[3] = {'q', 'k', 'v'};
@@ -484,7 +487,7 @@ int main(void) {
     errors();
     fixed_cases();
     large_logit_cases();
-    random_cases(30);
+    random_cases((int)tu_quick_pick(30, 8));
     determinism();
     printf("worst per strategy and ISA: ratio (<= 1) and rel L2 (<= %.0e) of dQ, dK, dV\n",
            G_REL_L2);

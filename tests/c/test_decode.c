@@ -296,7 +296,7 @@ static void test_shapes(void) {
         dc.hq = heads[sq % 3][0];
         dc.hkv = heads[sq % 3][1];
         dc.sq = sq;
-        dc.skv = tu_int(4 * sq, 700); /* below 8 Sq: the tiled forward */
+        dc.skv = tu_int(4 * sq, tu_quick_pick(700, 300)); /* below 8 Sq: the tiled forward */
         dc.d = sq % 4 == 0 ? 128 : tu_int(1, 96);
         dc.dv = sq % 5 == 0 ? tu_int(1, 80) : dc.d;
         dc.causal = (fmha_causal)(sq % 3);

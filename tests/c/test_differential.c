@@ -183,7 +183,7 @@ static void paged_case(const diff_case *c, const float *o_contig, const float *l
 
 int main(void) {
     tu_seed();
-    const int cases = getenv("FMHA_TEST_CASES") ? atoi(getenv("FMHA_TEST_CASES")) : 160;
+    const int cases = getenv("FMHA_TEST_CASES") ? atoi(getenv("FMHA_TEST_CASES")) : (int)tu_quick_pick(160, 40);
     long long runs = 0, decode_runs = 0, paged = 0;
     for (int ci = 0; ci < cases; ci++) {
         diff_case c;

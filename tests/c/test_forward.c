@@ -251,8 +251,8 @@ static void random_cases(int count) {
         int64_t skv = tu_int(0, 4) == 0 ? sq : tu_int(1, 150);
         int64_t d = tu_int(0, 3) == 0 ? tu_int(1, 256) : dims[tu_int(0, 6)];
         int64_t dv = tu_int(0, 1) ? d : dims[tu_int(0, 6)];
-        /* keep each case near 10 M multiply-adds for the reference */
-        while (B * hq * sq * skv * (d + dv) > 10000000) {
+        /* keep each case near 10 M multiply-adds for the reference (2 M under FMHA_TEST_QUICK) */
+        while (B * hq * sq * skv * (d + dv) > tu_quick_pick(10000000, 2000000)) {
             if (sq > 16) sq = sq * 2 / 3;
             else if (skv > 16) skv = skv * 2 / 3;
             else break;
@@ -424,7 +424,7 @@ int main(void) {
     fixed_cases();
     large_logit_cases();
     zero_scale_cases();
-    random_cases(40);
+    random_cases((int)tu_quick_pick(40, 10));
     printf("worst per strategy and ISA: O ratio (<= 1), O rel L2 (<= %.0e), lse ratio (<= 1)\n",
            O_REL_L2);
     for (int s = 0; s < 4; s++)

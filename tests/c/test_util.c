@@ -18,12 +18,20 @@ uint64_t tu_seed(void) {
     if (!tu_seeded) {
         const char *env = getenv("FMHA_TEST_SEED");
         tu_state = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
-        printf("seed: FMHA_TEST_SEED=%llu\n", (unsigned long long)tu_state);
+        printf("seed: FMHA_TEST_SEED=%llu%s\n", (unsigned long long)tu_state,
+               tu_quick() ? " (FMHA_TEST_QUICK: reduced sizes)" : "");
         fflush(stdout);
         tu_seeded = 1;
     }
     return tu_state;
 }
+
+int tu_quick(void) {
+    const char *env = getenv("FMHA_TEST_QUICK");
+    return env && atoi(env) != 0;
+}
+
+int64_t tu_quick_pick(int64_t full, int64_t quick) { return tu_quick() ? quick : full; }
 
 uint64_t tu_next(void) { /* splitmix64 */
     tu_seed();

@@ -26,6 +26,13 @@ double tu_rel_l2(const float *x, const double *r, size_t n);
 double tu_err_l2(const float *x, const double *r, size_t n);
 double tu_norm_l2(const double *r, size_t n);
 
+/* FMHA_TEST_QUICK=1 (the emulated runs of CI): 1, else 0. The tests then
+ * shrink sizes, counts and repeats, keeping every kind of case (every code
+ * path) and every tolerance; tu_quick_pick(full, quick) is the one in use.
+ * Printed once with the seed. */
+int tu_quick(void);
+int64_t tu_quick_pick(int64_t full, int64_t quick);
+
 /* Records one check; prints the message on failure. Returns cond. */
 int tu_check(int cond, const char *fmt, ...);
 /* Prints "N passed, N failed" and returns the process exit status. */
