@@ -3,7 +3,9 @@
 # fresh Debian machine, saying what it installs, and the Python packages of
 # that purpose's requirement set (python/requirements-<set>.txt) into ./.venv.
 #   test   every test: also Open MPI (the ring tests), clang and libFuzzer
-#          (fuzzing) and pkg-config (the installed package's checks)
+#          (fuzzing), pkg-config (the installed package's checks) and, on
+#          x86-64, the aarch64 cross compiler and qemu-user-static (the
+#          emulated aarch64 tests)
 #   main   the main job (bench.sh): compiler, CMake, Ninja, Python; NumPy,
 #          JAX, matplotlib
 #   bench  compare.sh: main's set plus PyTorch (a large download)
@@ -26,6 +28,11 @@ if [ "${1:-test}" = test ]; then
     command -v clang >/dev/null || need+=(clang)
     if ! compgen -G "/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a" >/dev/null; then
         need+=(libclang-rt-dev)
+    fi
+    # the aarch64 stage on x86-64 hosts: a cross compiler and qemu's user-mode emulator
+    if [ "$(uname -m)" = x86_64 ]; then
+        command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+        command -v qemu-aarch64-static >/dev/null || need+=(qemu-user-static)
     fi
 fi
 if ((${#need[@]})); then

@@ -5,7 +5,11 @@
 # both suites, the packaging checks (tests/install/run.sh: the wheel in a
 # throwaway virtualenv, C consumers of an installed fmha through
 # find_package and pkg-config) and a 60-second run of the libFuzzer target
-# (scripts/fuzz.sh, clang). Exits non-zero on any failure.
+# (scripts/fuzz.sh, clang). On an x86-64 host it also cross-builds for
+# aarch64 (cmake/aarch64-linux-gnu.cmake) and runs the C tests under qemu with
+# FMHA_TEST_QUICK=1 (smaller sizes, every path): QEMU_CPU=max, and the kernel
+# tests again as a Neoverse N1 (Armv8.2, no BF16 or SVE). Exits non-zero on
+# any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh test
@@ -20,6 +24,16 @@ status=0
 echo "== C tests (ASan + UBSan) =="
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan --output-on-failure -j "$jobs" || status=1
+
+if [ "$(uname -m)" = x86_64 ]; then
+    echo "== aarch64 C tests (cross-built, under qemu-aarch64, FMHA_TEST_QUICK=1) =="
+    cmake -S . -B build-aarch64 -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
+        -DCMAKE_BUILD_TYPE=Release -DFMHA_BUILD_BENCH=OFF >/dev/null
+    cmake --build build-aarch64 -j "$jobs"
+    FMHA_TEST_QUICK=1 QEMU_CPU=max ctest --test-dir build-aarch64 --output-on-failure -j "$jobs" || status=1
+    FMHA_TEST_QUICK=1 QEMU_CPU=neoverse-n1 ctest --test-dir build-aarch64 --output-on-failure -j "$jobs" \
+        -R '^test_(ukernels|bf16_ukernels)$' || status=1
+fi
 
 echo "== Python tests =="
 export FMHA_LIBRARY="$PWD/build/libfmha.so" FMHA_BENCH="$PWD/build/fmha-bench"
