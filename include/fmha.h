@@ -73,7 +73,7 @@
  * incomplete.
  *
  * Instruction sets: the best microkernels this CPU supports are chosen once
- * at first use (cpuid); the environment variable FMHA_ISA=scalar|avx2|avx512|avx512bf16
+ * at first use (cpuid); the environment variable FMHA_ISA=scalar|avx2|avx512|avx512bf16|amx|neon
  * forces a set (falling back to the best supported one if the CPU lacks it).
  */
 #ifndef FMHA_H
