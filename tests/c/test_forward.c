@@ -285,14 +285,16 @@ static void fixed_cases(void) {
     run_random("GQA 8/2, Sq 100 > Skv 37 bottom-right", &p, 1.0);
     /* every D of interest, with a different Dv */
     static const int64_t dims[] = {1, 7, 64, 80, 96, 128, 256};
+    /* query lengths of the cases below; FMHA_TEST_QUICK: fewer query blocks, the same key blocks */
+    const int64_t sq_a = tu_quick_pick(67, 35), sq_b = tu_quick_pick(129, 40);
     for (int i = 0; i < 7; i++) {
         char name[64];
         int64_t dv = dims[(i + 3) % 7];
         snprintf(name, sizeof name, "D %lld, Dv %lld", (long long)dims[i], (long long)dv);
-        make(&p, 1, 2, 1, 67, 131, dims[i], dv, (fmha_causal)(i % 3), 0.0f, i % TU_LAYOUT_COUNT);
+        make(&p, 1, 2, 1, sq_a, 131, dims[i], dv, (fmha_causal)(i % 3), 0.0f, i % TU_LAYOUT_COUNT);
         run_random(name, &p, 1.0);
         snprintf(name, sizeof name, "D = Dv = %lld", (long long)dims[i]);
-        make(&p, 1, 1, 1, 129, 65, dims[i], dims[i], (fmha_causal)((i + 1) % 3), 0.0f,
+        make(&p, 1, 1, 1, sq_b, 65, dims[i], dims[i], (fmha_causal)((i + 1) % 3), 0.0f,
              (i + 1) % TU_LAYOUT_COUNT);
         run_random(name, &p, 1.0);
     }
@@ -307,8 +309,9 @@ static void fixed_cases(void) {
         run_random(name, &p, 1.0);
     }
     /* one larger problem */
-    make(&p, 1, 2, 1, 600, 600, 64, 64, FMHA_CAUSAL_TOP_LEFT, 0.0f, TU_LAYOUT_BSHD);
-    run_random("S 600, D 64, causal", &p, 1.0);
+    const int64_t s_long = tu_quick_pick(600, 300); /* several key blocks either way */
+    make(&p, 1, 2, 1, s_long, s_long, 64, 64, FMHA_CAUSAL_TOP_LEFT, 0.0f, TU_LAYOUT_BSHD);
+    run_random("long S, D 64, causal", &p, 1.0);
     /* V the tiled forward copies (a head's V >= 256 KiB, rows an even
      * number of lines apart or not unit-stride): once per call for every
      * (batch, kv head), or tile by tile when the copy serves few query
