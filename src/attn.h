@@ -97,6 +97,11 @@ fmha_status fmha_plan_init(const fmha_problem *p, fmha_plan *plan);
 /* Strides above INT64_MAX / 8 on extent-1 dimensions become 0 (a plan's copy). */
 void fmha_problem_tame_unit_strides(fmha_problem *p);
 /* Copies a caller's problem of any known struct_size into *out. */
+/* 1 when K and V are stored as Q's dtype (no format of their own). */
+static inline int fmha_plan_kv_as_q(const fmha_plan *plan) {
+    return plan->k_format == plan->v_format && (int)plan->k_format == (int)plan->p.dtype; /* F32, BF16, F16 ids */
+}
+
 /* The element type of K and V: p->kv_dtype, or p->dtype when it is SAME. */
 static inline fmha_dtype fmha_kv_dtype_of(const fmha_problem *p) {
     return p->kv_dtype == FMHA_KV_DTYPE_SAME ? p->dtype : (fmha_dtype)(p->kv_dtype - 1);
@@ -117,6 +122,11 @@ typedef struct fmha_tensors {
 /* Outputs injective and disjoint from every other tensor (the problem's mask
  * and bias arrays included): FMHA_ERR_OVERLAP, _BAD_STRIDE or _BAD_SIZE. */
 fmha_status fmha_tensors_check(const fmha_problem *p, const fmha_tensors *t);
+
+/* Largest element offset of a tensor of extents ext and strides st (>= 0),
+ * or -1 past 2^60; 1 when no two of its elements share an offset. */
+int64_t fmha_strided_span(const int64_t ext[4], const int64_t st[4]);
+int fmha_strided_injective(const int64_t ext[4], const int64_t st[4]);
 /* Bias gradients against the biases they belong to. */
 fmha_status fmha_param_grads_check(const fmha_problem *p, const fmha_param_grads *g);
 

@@ -81,7 +81,7 @@ static inline int64_t dec_key_at(const fmha_problem *p, const int64_t *st, int64
  * the format's load kernel (a copy for float32, a widening for 2 bytes). */
 static void dec_stage_row(const fmha_cache_format *f, const fmha_uk_cache *kern, int64_t n, const void *src,
                           int64_t at, float *dst) {
-    kern->load((size_t)n, (const char *)src + (size_t)at * (f->element_bits / 8), dst);
+    kern->load((size_t)n, (const char *)src + (size_t)at * f->unit_bytes, dst);
 }
 
 /* 1 if keys [k0, k0 + nk) lie in one page (always without a block table). */
@@ -207,8 +207,8 @@ static void dec_row_range(const fmha_plan *plan, int64_t b, int64_t i, int64_t *
     *hi = end > first ? end : first;
 }
 
-/* The rows of keys [k0, k0 + nj) of K or V (x in format fmt, strides st,
- * rows of len elements), heads [hk0, hk0 + heads), as the kernels read
+/* The rows of keys [k0, k0 + nj) of K or V (x in format fmt, strides st in
+ * its storage units, rows of len values), heads [hk0, hk0 + heads), as the kernels read
  * them: rows[hh] for head hk0 + hh, rows ld elements apart (returned).
  * Rows inside one page of a format with scores/values kernels are read in
  * place (*in_place = 1: the caller runs the format's kernels). The rest is
@@ -228,12 +228,12 @@ static size_t dec_rows(const dec_ctx *c, fmha_cache_format_id fmt, const int64_t
     *in_place = one_page && kern->scores;
     if (*in_place) {
         for (int64_t hh = 0; hh < heads; hh++)
-            rows[hh] = (const char *)x + (size_t)dec_key_at(p, st, b, hk0 + hh, k0) * (f->element_bits / 8);
+            rows[hh] = (const char *)x + (size_t)dec_key_at(p, st, b, hk0 + hh, k0) * f->unit_bytes;
         return (size_t)st[1];
     }
-    const int64_t w = heads * len; /* one staged key */
-    const int heads_adjacent = heads == 1 || st[2] == len;
-    if (heads_adjacent && st[1] == w && one_page)
+    const int64_t w = heads * len, units = fmha_format_row_units(f, len); /* one staged key; a row stored */
+    const int heads_adjacent = heads == 1 || st[2] == units;
+    if (heads_adjacent && st[1] == heads * units && one_page)
         dec_stage_row(f, kern, nj * w, x, dec_key_at(p, st, b, hk0, k0), buf);
     else if (heads_adjacent)
         for (int64_t j = 0; j < nj; j++) dec_stage_row(f, kern, w, x, dec_key_at(p, st, b, hk0, k0 + j), buf + j * w);
@@ -243,6 +243,22 @@ static size_t dec_rows(const dec_ctx *c, fmha_cache_format_id fmt, const int64_t
                 dec_stage_row(f, kern, len, x, dec_key_at(p, st, b, hk0 + hh, k0 + j), buf + j * w + hh * len);
     for (int64_t hh = 0; hh < heads; hh++) rows[hh] = buf + hh * len;
     return (size_t)w;
+}
+
+/* 1 when K's (which 0) or V's (1) format keeps scales beside its rows. */
+static int dec_has_scales(const fmha_problem *p, int which) {
+    const fmha_cache_format *f = fmha_cache_format_at(fmha_problem_format(p, which));
+    return f->scales == FMHA_SCALES_PER_KEY || (f->scales == FMHA_SCALES_PER_HEAD && (which ? p->v_scales : p->k_scales));
+}
+
+/* x[r][j] *= the scale of key k0 + j (K's: which 0, V's: 1), r < n, j < nj;
+ * rows DEC_TILE apart: the scores by K's scales, P by V's. */
+static void dec_scale_columns(const fmha_problem *p, int which, int64_t b, int64_t hk, int64_t k0, int64_t nj,
+                              int64_t n, float *x) {
+    float sc[DEC_SUB];
+    fmha_kv_scales_of(p, which, b, hk, k0, nj, sc);
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t j = 0; j < nj; j++) x[r * DEC_TILE + j] *= sc[j];
 }
 
 static void dec_split_task(void *vctx, size_t task, int thread) {
@@ -300,6 +316,7 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
     /* the formats' kernels for rows read in place, the float32 format's for staged rows */
     const fmha_uk_cache *k_kern = &uk->cache[plan->k_format], *v_kern = &uk->cache[plan->v_format];
     const fmha_uk_cache *staged = &uk->cache[FMHA_FORMAT_F32];
+    const int k_scaled = dec_has_scales(p, 0), v_scaled = dec_has_scales(p, 1);
     for (int64_t r = 0; r < rows; r++) s.ones[r] = 1.0f;
     for (int64_t k0 = kb; k0 < ke; k0 += DEC_TILE) {
         int64_t nk = ke - k0 < DEC_TILE ? ke - k0 : DEC_TILE;
@@ -316,6 +333,7 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
                 const float *qh = s.qf + hh * rows * D;
                 float *sh = s.s + hh * rows * DEC_TILE + j0;
                 scores((size_t)n, (size_t)nj, (size_t)D, qh, (size_t)D, rows_of[hh], ld, sh, DEC_TILE, plan->scale);
+                if (k_scaled) dec_scale_columns(p, 0, b, hk0 + hh, k0 + j0, nj, n, sh);
             }
         }
         for (int64_t hh = 0; hh < heads; hh++) {
@@ -338,7 +356,9 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
             size_t ld = dec_rows(c, plan->v_format, vs, c->v, Dv, b, hk0, heads, k0 + j0, nj, s.vf, rows_of, &in_place);
             const fmha_cache_values_ukernel_fn values = in_place ? v_kern->values : staged->values;
             for (int64_t hh = 0; hh < heads; hh++) {
-                const float *ph = s.s + hh * rows * DEC_TILE + j0, *ah = j0 == 0 ? s.alpha + hh * rows : s.ones;
+                float *ph = s.s + hh * rows * DEC_TILE + j0;
+                const float *ah = j0 == 0 ? s.alpha + hh * rows : s.ones;
+                if (v_scaled) dec_scale_columns(p, 1, b, hk0 + hh, k0 + j0, nj, n, ph); /* P's sums are taken */
                 float *oh = po + hh * rows * Dv;
                 values((size_t)n, (size_t)nj, (size_t)Dv, ph, DEC_TILE, rows_of[hh], ld, oh, (size_t)Dv, ah);
             }
@@ -361,8 +381,8 @@ static void dec_row_guarded(const dec_ctx *c, int64_t b, int64_t i, int64_t h, f
     const int64_t *qs = p->q_strides, *ks = p->k_strides, *vs = p->v_strides;
     const int64_t hk = h / plan->group, D = p->head_dim, Dv = p->head_dim_v;
     const fmha_cache_format *kf = fmha_cache_format_at(plan->k_format), *vf = fmha_cache_format_at(plan->v_format);
-    const size_t k_esize = kf->element_bits / 8, v_esize = vf->element_bits / 8;
-    float m = -INFINITY, l = 0.0f, s[DEC_TILE];
+    const size_t k_esize = kf->unit_bytes, v_esize = vf->unit_bytes;
+    float m = -INFINITY, l = 0.0f, s[DEC_TILE], k_sc[DEC_TILE], v_sc[DEC_TILE];
     for (int64_t e = 0; e < Dv; e++) acc[e] = 0.0f;
     fmha_tile_pos t = {b, h, i, 1, 0, 0};
     int64_t kb, ke;
@@ -370,12 +390,14 @@ static void dec_row_guarded(const dec_ctx *c, int64_t b, int64_t i, int64_t h, f
     for (int64_t k0 = kb; k0 < ke; k0 += DEC_TILE) {
         t.k0 = k0;
         t.nk = ke - k0 < DEC_TILE ? ke - k0 : DEC_TILE;
+        fmha_kv_scales_of(p, 0, b, hk, k0, t.nk, k_sc);
+        fmha_kv_scales_of(p, 1, b, hk, k0, t.nk, v_sc);
         for (int64_t r = 0; r < t.nk; r++) {
             float dot = 0.0f;
             const char *krow = (const char *)c->k + (size_t)dec_key_at(p, ks, b, hk, k0 + r) * k_esize;
             for (int64_t d = 0; d < D; d++)
                 dot += fmha_load(c->q, p->dtype, b * qs[0] + i * qs[1] + h * qs[2] + d * qs[3]) * kf->dequant(krow, d);
-            s[r] = plan->scale * dot;
+            s[r] = plan->scale * dot * k_sc[r];
         }
         if (plan->has_bias) fmha_bias_row(plan, b, i, h, k0, t.nk, s);
         fmha_mask_apply(plan, &t, s, 1, NULL, thread);
@@ -390,7 +412,7 @@ static void dec_row_guarded(const dec_ctx *c, int64_t b, int64_t i, int64_t h, f
             if (pr == 0.0f) continue;
             l += pr;
             const char *vrow = (const char *)c->v + (size_t)dec_key_at(p, vs, b, hk, k0 + r) * v_esize;
-            for (int64_t e = 0; e < Dv; e++) acc[e] += pr * vf->dequant(vrow, e);
+            for (int64_t e = 0; e < Dv; e++) acc[e] += pr * v_sc[r] * vf->dequant(vrow, e);
         }
         m = mx;
     }
