@@ -104,7 +104,8 @@ typedef enum fmha_status {
     FMHA_ERR_BAD_SIZE,              /* batch, heads or a sequence length is < 1, or sizes overflow */
     FMHA_ERR_BAD_HEADS,             /* heads_q is not a multiple of heads_kv */
     FMHA_ERR_BAD_HEAD_DIM,          /* head_dim or head_dim_v outside 1..FMHA_MAX_HEAD_DIM */
-    FMHA_ERR_BAD_SCALE,             /* scale is NaN or infinite */
+    FMHA_ERR_BAD_SCALE,             /* scale is NaN or infinite, or a cache scale (k_scales, v_scales)
+                                       a call reads is not finite and >= 0 */
     FMHA_ERR_BAD_STRIDE,            /* a negative stride (any tensor, mask or bias), an output whose elements
                                        overlap each other, or a bias gradient that broadcasts where the
                                        bias does not (or the reverse) */

@@ -30,7 +30,7 @@ except ImportError:  # a source checkout: read CMakeLists.txt's project version
 
 _LAZY = {
     "attention": "api", "attention_backward": "api", "merge": "api", "MaskCallback": "api", "BiasCallback": "api",
-    "describe": "api",
+    "describe": "api", "quantize_kv": "api",
     "FmhaError": "_lib", "set_num_threads": "_lib", "get_num_threads": "_lib", "isa_name": "_lib",
     "version_string": "_lib",
 }

@@ -180,6 +180,12 @@ class fmha_problem(ctypes.Structure):
         ("dropout_offset", ctypes.c_uint64),
         ("kv_dtype", ctypes.c_int),
         ("alignment", ctypes.c_int64),
+        ("k_format", ctypes.c_int64),
+        ("v_format", ctypes.c_int64),
+        ("k_scales", ctypes.POINTER(ctypes.c_float)),
+        ("v_scales", ctypes.POINTER(ctypes.c_float)),
+        ("k_scale_strides", ctypes.c_int64 * 3),
+        ("v_scale_strides", ctypes.c_int64 * 3),
     ]
 
 
@@ -268,6 +274,9 @@ def _declare(lib):
         "fmha_last_error_message": (ctypes.c_char_p, []),
         "fmha_plan_describe": (c_size_t, [c_void_p, ctypes.c_char_p, c_size_t]),
         "fmha_version_string": (ctypes.c_char_p, []),
+        "fmha_kv_quantize": (c_int, [c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, c_void_p,
+                                     P(ctypes.c_int64), c_void_p, P(ctypes.c_int64), c_void_p, P(ctypes.c_int64)]),
+        "fmha_kv_format_row_bytes": (c_size_t, [c_int, ctypes.c_int64]),
     }
     for name, (restype, argtypes) in sigs.items():
         fn = getattr(lib, name)
