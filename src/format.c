@@ -127,6 +127,11 @@ void fmha_kv_scales_of(const fmha_problem *p, int which, int64_t b, int64_t hk, 
     const float *sc = which ? p->v_scales : p->k_scales;
     const int64_t *ss = which ? p->v_scale_strides : p->k_scale_strides;
     if (f->scales == FMHA_SCALES_PER_KEY) {
+        if (!p->block_table) { /* one stride apart */
+            const float *first = sc + b * ss[0] + k0 * ss[1] + hk * ss[2];
+            for (int64_t i = 0; i < n; i++) scales[i] = first[i * ss[1]];
+            return;
+        }
         for (int64_t i = 0; i < n; i++) scales[i] = sc[scale_at(p, ss, b, hk, k0 + i)];
         return;
     }
@@ -152,6 +157,12 @@ fmha_status fmha_kv_scales_check(const fmha_problem *p) {
         }
         for (int64_t b = 0; b < p->batch; b++) {
             const int64_t keys = p->masks.kv_lengths ? p->masks.kv_lengths[b] : p->seq_kv;
+            if (!p->block_table && ss[2] == 1 && ss[1] == p->heads_kv) { /* one contiguous run: a vector pass */
+                const float *run = sc + b * ss[0];
+                int bad = 0;
+                for (int64_t i = 0; i < keys * p->heads_kv; i++) bad |= scale_bad(run[i]);
+                if (!bad) continue;
+            }
             for (int64_t j = 0; j < keys; j++) {
                 int bad = 0;
                 const int64_t first = scale_at(p, ss, b, 0, j);

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "format.h"
 #include "fmha_ref_masks.h"
 #include "test_util.h"
 
@@ -310,6 +311,68 @@ static void test_mla(const char *isa) {
         }
 }
 
+/* ---- the kernels of each format ---- */
+
+/* Per ISA: the format's load kernel gives the scalar specification's bits
+ * (every byte pattern of the 8-bit formats, random blocks with every f16
+ * scale class), and its in-place scores and values kernels (where the
+ * table has them) give the float32 kernels' bits on the loaded rows. */
+static void test_format_kernels(const char *isa) {
+    const fmha_ukernels *uk = fmha_cpu_kernels();
+    const fmha_ukernels *spec = fmha_cpu_kernels_for("scalar");
+    for (int fi = 0; fi < 5; fi++) {
+        const fmha_kv_format f = quantized[fi];
+        const fmha_cache_format_id id = (fmha_cache_format_id)(f - FMHA_KV_FORMAT_F32);
+        const int64_t per = f >= FMHA_KV_FORMAT_Q8_0 ? 32 : 1, nbytes = f == FMHA_KV_FORMAT_Q8_0 ? 34
+                                                                         : f == FMHA_KV_FORMAT_Q4_0 ? 18 : 1;
+        /* 64 rows of D = 256 (int8/fp8: every byte value) */
+        enum { ROWS = 64, D = 256 };
+        const int64_t row = D / per * nbytes;
+        uint8_t *bytes = malloc((size_t)(ROWS * row));
+        for (int64_t i = 0; i < ROWS * row; i++) bytes[i] = (uint8_t)(per == 1 ? i : tu_int(0, 255));
+        if (per > 1) /* block scales: normal, subnormal, zero, negative halves */
+            for (int64_t blk = 0; blk < ROWS * D / 32; blk++) {
+                static const uint16_t halves[] = {0x3c00, 0x2e66, 0x0003, 0x0000, 0xb555, 0x1400};
+                uint16_t h = halves[tu_int(0, 5)];
+                bytes[blk * nbytes] = (uint8_t)(h & 0xff), bytes[blk * nbytes + 1] = (uint8_t)(h >> 8);
+            }
+        float *w1 = malloc(ROWS * D * sizeof(float)), *w2 = malloc(ROWS * D * sizeof(float));
+        size_t n = per == 1 ? (size_t)(ROWS * D) - (size_t)tu_int(0, 15) : (size_t)(ROWS * D);
+        spec->cache[id].load(n, bytes, w1);
+        uk->cache[id].load(n, bytes, w2);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++)
+            if (memcmp(&w1[i], &w2[i], sizeof(float)) && !(isnan(w1[i]) && isnan(w2[i]))) bad++;
+        tu_check(bad == 0, "%s load %s: %zu values differ from the specification", isa, fmt_name(f), bad);
+        if (uk->cache[id].scores) {
+            /* finite rows only (fp8 NaN codes replaced), then the float32 kernels on the loaded rows */
+            for (int64_t i = 0; per == 1 && i < ROWS * row; i++)
+                if (isnan(w1[i]) || isinf(w1[i])) bytes[i] = 0x11;
+            spec->cache[id].load((size_t)(ROWS * D), bytes, w1);
+            for (int c = 0; c < 12; c++) {
+                size_t rows = (size_t)tu_int(1, 9), nk = (size_t)tu_int(1, ROWS), lds = nk + 1;
+                size_t d = per > 1 ? (size_t)(32 * tu_int(1, D / 32)) : (size_t)tu_int(1, D);
+                float q[9 * D], s1[9 * (ROWS + 1)], s2[9 * (ROWS + 1)], o1[9 * D], o2[9 * D], alpha[9];
+                tu_fill(q, rows * d, -1, 1);
+                tu_fill(s1, rows * lds, 0, 1);
+                memcpy(s2, s1, rows * lds * sizeof(float));
+                tu_fill(o1, rows * d, -1, 1);
+                memcpy(o2, o1, rows * d * sizeof(float));
+                tu_fill(alpha, rows, 0, 1);
+                uk->cache[FMHA_FORMAT_F32].scores(rows, nk, d, q, d, w1, D, s1, lds, 0.3f);
+                uk->cache[id].scores(rows, nk, d, q, d, bytes, (size_t)row, s2, lds, 0.3f);
+                tu_check(!memcmp(s1, s2, rows * lds * sizeof(float)), "%s %s scores: not the float32 bits", isa,
+                         fmt_name(f));
+                uk->cache[FMHA_FORMAT_F32].values(rows, nk, d, s1, lds, w1, D, o1, d, alpha);
+                uk->cache[id].values(rows, nk, d, s1, lds, bytes, (size_t)row, o2, d, alpha);
+                tu_check(!memcmp(o1, o2, rows * d * sizeof(float)), "%s %s values: not the float32 bits", isa,
+                         fmt_name(f));
+            }
+        }
+        free(bytes), free(w1), free(w2);
+    }
+}
+
 /* ---- the quantizers ---- */
 
 /* ggml's quantize_row_q8_0_ref and quantize_row_q4_0_ref on x[i] =
@@ -481,6 +544,7 @@ static void test_errors(void) {
 
 int main(void) {
     tu_seed();
+    tu_each_isa(test_format_kernels);
     tu_each_isa(test_cases);
     tu_each_isa(test_mla);
     test_ggml_vectors();
