@@ -75,7 +75,7 @@ void fmha_problem_init(fmha_problem *p, int64_t batch, int64_t heads_q, int64_t 
     /* scales [B, Skv, Hkv] ([B, Hkv, Skv] with BHSD), strides [batch, key, head] */
     for (int i = 0; i < 2; i++) {
         int64_t *ss = i ? p->v_scale_strides : p->k_scale_strides;
-        ss[0] = seq_kv * heads_kv;
+        ss[0] = fmha_sat_mul(seq_kv, heads_kv); /* saturated, as the tensors' strides below */
         ss[1] = layout == FMHA_LAYOUT_BHSD ? 1 : heads_kv;
         ss[2] = layout == FMHA_LAYOUT_BHSD ? seq_kv : 1;
     }
