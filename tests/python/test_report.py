@@ -276,3 +276,12 @@ def test_readme_table_of_the_checked_in_measurements_renders():
     for path in sorted((ROOT / "docs" / "bench").glob("*.json")):
         table = report.readme_table([report.load_source(str(path), None)])
         assert table and all(line.count("|") >= 8 for line in table[:-2]), path
+
+
+def test_project_readme_table_is_the_reports(monkeypatch):
+    """The speed table of the project's README is what --readme --seqs 2048
+    renders from docs/bench/ (regenerate it there after a new measurement)."""
+    monkeypatch.chdir(ROOT)
+    sources = [report.load_source(str(p.relative_to(ROOT)), None) for p in sorted((ROOT / "docs" / "bench").glob("*.json"))]
+    table = "\n".join(report.readme_table(sources, {2048}))
+    assert table in (ROOT / "README.md").read_text()
