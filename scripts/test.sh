@@ -2,9 +2,9 @@
 # test.sh: every test of fmha. Builds the library twice: once with
 # AddressSanitizer + UndefinedBehaviorSanitizer for the C tests (ctest), once
 # optimised for the Python tests (bindings, fmha-bench, report), then runs
-# both suites, the packaging checks (tests/install/run.sh: the wheel in a
-# throwaway virtualenv, C consumers of an installed fmha through
-# find_package and pkg-config) and a 60-second run of the libFuzzer target
+# both suites, the packaging checks (tests/install/run.sh: the sdist and
+# the manylinux wheel each in a throwaway virtualenv, C consumers of an
+# installed fmha through find_package and pkg-config, built and run) and a 60-second run of the libFuzzer target
 # (scripts/fuzz.sh, clang). Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +31,7 @@ set -e
 # pytest exits 5 when it collected no test; that is a failure here too.
 [ "$rc" = 0 ] || status=1
 
-echo "== Packaging (wheel in a fresh venv, find_package and pkg-config consumers) =="
+echo "== Packaging (sdist and manylinux wheel in fresh venvs, find_package and pkg-config consumers) =="
 (unset FMHA_LIBRARY FMHA_BENCH PYTHONPATH; tests/install/run.sh build) || status=1
 
 echo "== fuzz_api (libFuzzer, ASan + UBSan, 60 s) =="
