@@ -27,6 +27,7 @@
 static const char *const IMPL_NAMES[] = {"fmha_auto", "fmha_dense", "fmha_tiled", "fmha_portable",
                                          "fmha_plan", "fmha_wrong_for_test"};
 static const char *const DTYPE_NAMES[] = {"float32", "bfloat16", "float16"};
+static const char *const KV_FORMAT_NAMES[] = {"int8", "fp8_e4m3", "fp8_e5m2", "q8_0", "q4_0"};
 static const char *const VARIANT_NAMES[] = {"plain", "causal", "masked_bias", "decode"};
 static const char *const MODE_NAMES[] = {"fwd", "fwdbwd"};
 
@@ -61,6 +62,9 @@ static void usage(FILE *f)
             "                          shuffled order (forward only; default: contiguous)\n"
             "  --kv-dtype T            K and V in bfloat16 or float16 beside float32 rows\n"
             "                          (fmha_problem.kv_dtype; forward only; default: the row's)\n"
+            "  --kv-format F           K and V quantized by fmha_kv_quantize into int8, fp8_e4m3,\n"
+            "                          fp8_e5m2, q8_0 or q4_0 (forward only, contiguous caches; the\n"
+            "                          error column is against the unquantized float64 attention)\n"
             "  --impls LIST            fmha_auto,fmha_dense,fmha_tiled,fmha_portable (default),\n"
             "                          fmha_plan (auto through one reused plan: per-call cost)\n"
             "  --portable-max-seq N    fmha_portable only up to this seq (default 1024)\n"
@@ -310,7 +314,7 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
         }
         static const char *const valued[] = {
             "--seqs", "--dims", "--dtypes", "--variants", "--modes", "--batch", "--heads", "--impls",
-            "--seq-q", "--heads-kv", "--page-size", "--kv-dtype",
+            "--seq-q", "--heads-kv", "--page-size", "--kv-dtype", "--kv-format",
             "--portable-max-seq", "--threads", "--peak-seqs", "--peak-impls", "--peak-timeout", "--fit-seqs",
             "--fit-impls", "--mem-budget-mb", "--out", "--note", "--min-samples", "--min-sample-ms",
             "--child-row", "--precision"};
@@ -365,6 +369,13 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
                 return usage_error("--kv-dtype takes one dtype");
             o->kv_dtype = rc == 0 ? one.names[0] : NULL;
         }
+        else if (strcmp(flag, "--kv-format") == 0) {
+            bench_name_list one;
+            rc = parse_name_list(flag, value, KV_FORMAT_NAMES, COUNT_OF(KV_FORMAT_NAMES), &one);
+            if (rc == 0 && one.count != 1)
+                return usage_error("--kv-format takes one format");
+            o->kv_format = rc == 0 ? one.names[0] : NULL;
+        }
         else if (strcmp(flag, "--portable-max-seq") == 0)
             rc = parse_int_option(flag, value, 0, 1 << 30, &o->portable_max_seq);
         else if (strcmp(flag, "--precision") == 0) {
@@ -401,6 +412,8 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
         if (rc)
             return -1;
     }
+    if (o->kv_format && (o->page_size || o->kv_dtype))
+        return usage_error("--kv-format reads a contiguous cache of its own: not with --page-size or --kv-dtype");
     if (*kind == RUN_BENCH && child_spec) {
         *kind = RUN_CHILD;
         child->batch = o->batch;
@@ -409,6 +422,7 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
         child->heads_kv = o->heads_kv;
         child->page_size = o->page_size;
         child->kv_dtype = o->kv_dtype;
+        child->kv_format = o->kv_format;
         return parse_child_spec(child_spec, child);
     }
     return 0;
@@ -457,6 +471,8 @@ static json_value *config_json(const bench_options *o)
         json_set_number(c, "page_size", (double)o->page_size);
     if (o->kv_dtype)
         json_set_string(c, "kv_dtype", o->kv_dtype);
+    if (o->kv_format)
+        json_set_string(c, "kv_format", o->kv_format);
     json_object_set(c, "impls", name_list_json(&o->impls));
     json_set_number(c, "portable_max_seq", (double)o->portable_max_seq);
     json_set_bool(c, "no_ref", o->no_ref);
@@ -799,7 +815,7 @@ static void run_time_rows(const bench_options *o, json_value *results, progress 
                 for (int s = 0; s < o->seqs.count; s++) {
                     bench_case c = {NULL, NULL, o->variants.names[v], o->dtypes.names[t], o->batch,
                                     o->seqs.values[s], o->heads, o->dims.values[d], o->precision,
-                                    o->seq_q, o->heads_kv, o->page_size, o->kv_dtype};
+                                    o->seq_q, o->heads_kv, o->page_size, o->kv_dtype, o->kv_format};
                     c.impl = o->impls.names[0];
                     c.mode = o->modes.names[0];
                     /* One set of inputs (and reference) per (variant, seq, dim), every mode and impl. */
@@ -843,7 +859,7 @@ static void run_peak_rows(const bench_options *o, json_value *results, progress 
                             bench_case c = {o->peak_impls.names[i], o->modes.names[m], o->variants.names[v],
                                             o->dtypes.names[t], o->batch, o->peak_seqs.values[s], o->heads,
                                             o->dims.values[d], o->precision, o->seq_q, o->heads_kv,
-                                            o->page_size, o->kv_dtype};
+                                            o->page_size, o->kv_dtype, o->kv_format};
                             if (portable_skipped(o, c.impl, c.seq)) {
                                 print_skipped_row(&c, portable_reason);
                                 skipped++;
@@ -867,7 +883,7 @@ static void run_fit_rows(const bench_options *o, json_value *results, progress *
                 for (int i = 0; i < o->fit_impls.count; i++) {
                     bench_case c = {o->fit_impls.names[i], o->modes.names[m], "plain", o->dtypes.names[t],
                                     o->batch, 0, o->heads, o->dims.values[d], o->precision, o->seq_q,
-                                    o->heads_kv, o->page_size, o->kv_dtype};
+                                    o->heads_kv, o->page_size, o->kv_dtype, o->kv_format};
                     char what[128];
                     snprintf(what, sizeof what, "%s %s max-fit", c.impl, c.mode);
                     print_progress(pr, what);
