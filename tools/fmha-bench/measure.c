@@ -758,6 +758,9 @@ json_value *bench_measure(const bench_options *o, const bench_case *c, bench_inp
     double flops = 4.0 * (double)c->batch * (double)c->heads * pairs * (double)c->head_dim;
     /* K and V of every (batch, kv head), read once: the floor of any forward */
     double kv_bytes = 2.0 * (double)in->kv_elems * (double)in->kv_elem_size;
+    if (in->kv_format) /* as stored: the rows, and int8's scale per row */
+        kv_bytes = 2.0 * (double)(in->kv_elems / (size_t)c->head_dim) *
+                   ((double)in->kv_row_bytes + (in->kv_format == FMHA_KV_FORMAT_INT8 ? 4.0 : 0.0));
     if (r.fwdbwd)
         flops *= 3.5;
 
