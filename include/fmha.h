@@ -141,7 +141,9 @@ typedef enum fmha_strategy {
     FMHA_STRATEGY_AUTO = 0,   /* dense for small problems, tiled otherwise (crossover measured, see
                                  src/plan.c); the forward of few queries against many keys
                                  (Sq <= 16, Skv >= 8 Sq: decoding) runs the decode driver,
-                                 split over the keys (docs/design.md, "Decode") */
+                                 split over the keys (docs/design.md, "Decode"); one query
+                                 of 64 or more heads on one kv head (MLA, MQA) runs the
+                                 tiled forward with the heads as its queries ("fold") */
     FMHA_STRATEGY_TILED,      /* online softmax over query x key tiles; workspace O(threads x tile),
                                  plus K and V in the kernels' layout per call where the dtype's
                                  path copies them (float32: V only, at most 64 MiB) */
@@ -646,8 +648,9 @@ FMHA_API const fmha_problem *fmha_plan_problem(const fmha_plan *plan);
 FMHA_API size_t fmha_plan_workspace_held(const fmha_plan *plan);
 
 /* What a plan runs, as one line of space-separated key=value fields:
- *   driver     the forward's driver: "decode" (few queries, many keys;
- *              paged caches), "dense" (small problems) or "tiled"
+ *   driver     the forward's driver: "fold" (one query of many heads on
+ *              one kv head), "decode" (few queries, many keys; paged
+ *              caches), "dense" (small problems) or "tiled"
  *   isa        the kernel table ("avx512bf16", "avx2", "scalar", ...)
  *   path       how the products read their operands: "f32", "bf16"
  *              (bf16 pairs on the bf16 dot-product instructions) or

@@ -311,6 +311,40 @@ static void test_mla(const char *isa) {
         }
 }
 
+/* MLA's decode step with 128 heads on the latent head: the fold driver
+ * (the heads as the queries of one tiled forward) at 1 and 2 threads,
+ * V a view of K, against the reference; the plan names the driver
+ * (64 heads of B 2, 128 of B 1: 2 blocks of the avx512 tables' NR 64). */
+static void test_fold(const char *isa) {
+    static const fmha_kv_format fmts[] = {FMHA_KV_FORMAT_Q8_0, FMHA_KV_FORMAT_INT8, FMHA_KV_FORMAT_FP8_E5M2};
+    for (int t = 1; t <= 2; t++) {
+        fmha_set_num_threads(t);
+        for (int fi = 0; fi < 3; fi++) {
+            fmt_case fc = {fmts[fi], fmts[fi], 2, 128, 1, 1, 150, 576, 512, FMHA_STRATEGY_AUTO, 1, 0, 0, fi == 1, 1, 0};
+            run_case(&fc, isa);
+        }
+        fmt_case fc = {FMHA_KV_FORMAT_Q4_0, FMHA_KV_FORMAT_INT8, 2, 64, 1, 1, 90, 64, 96, FMHA_STRATEGY_AUTO, 0, 0, 0,
+                       0, 0, 0};
+        run_case(&fc, isa);
+    }
+    /* the driver the plan names: fold, and decode where a window rules it out */
+    fmha_set_num_threads(1);
+    fmha_problem p;
+    fmha_problem_init(&p, 1, 128, 1, 1, 300, 576, 512, FMHA_LAYOUT_BSHD);
+    fmha_plan *plan = NULL;
+    char line[512] = "";
+    if (fmha_plan_create(&p, &plan) == FMHA_OK) fmha_plan_describe(plan, line, sizeof line);
+    tu_check(strstr(line, "driver=fold") != NULL, "%s: 128 heads on one kv head fold (%s)", isa, line);
+    fmha_plan_destroy(plan);
+    p.masks.window_left = 100;
+    plan = NULL;
+    line[0] = 0;
+    if (fmha_plan_create(&p, &plan) == FMHA_OK) fmha_plan_describe(plan, line, sizeof line);
+    tu_check(strstr(line, "driver=decode") != NULL, "%s: a window keeps decode (%s)", isa, line);
+    fmha_plan_destroy(plan);
+    fmha_set_num_threads(0); /* the default again */
+}
+
 /* ---- the kernels of each format ---- */
 
 /* Per ISA: the format's load kernel gives the scalar specification's bits
@@ -547,6 +581,7 @@ int main(void) {
     tu_each_isa(test_format_kernels);
     tu_each_isa(test_cases);
     tu_each_isa(test_mla);
+    tu_each_isa(test_fold);
     test_ggml_vectors();
     test_quantize_rules();
     test_errors();
