@@ -192,3 +192,62 @@ def test_bad_formats_are_clear_errors():
         fmha.quantize_kv(q[..., :48], "q4_0")
     with pytest.raises(ValueError, match="keeps its scales in its blocks"):
         fmha.quantize_kv(q, "q8_0", scales=np.ones(4, np.float32))
+
+
+# ---- the JAX and torch bindings (forward only, through the NumPy binding) ----
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_jax_quantized_cache_matches_numpy(fmt):
+    jax = pytest.importorskip("jax", reason="the JAX binding needs jax")
+    import jax.numpy as jnp
+    import fmha.jax as fj
+
+    rng = np.random.default_rng(11)
+    B, S, K, N, H = 2, 120, 2, 8, 64
+    q = uniform(rng, (B, 1, N, H))
+    _, kq, ks = stored(rng, (B, S, K, H), fmt)
+    _, vq, vs = stored(rng, (B, S, K, H), fmt)
+    lengths = np.array([S, 50], np.int32)
+    kw = dict(key_format=fmt, value_format=fmt, key_value_seq_lengths=lengths, is_causal=True,
+              causal_alignment="bottom_right")
+    want = fmha.attention(q, kq, vq, key_scales=ks, value_scales=vs, **kw)
+    scales = tuple(None if x is None else jnp.asarray(x) for x in (ks, vs))
+    got = jax.jit(lambda q, k, v, ks, vs: fj.dot_product_attention(q, k, v, key_scales=ks, value_scales=vs, **kw))(
+        jnp.asarray(q), jnp.asarray(kq), jnp.asarray(vq), *scales)
+    assert np.array_equal(np.asarray(got), want)
+    with pytest.raises(fmha.FmhaError, match="forward only"):
+        jax.grad(lambda q: fj.dot_product_attention(q, jnp.asarray(kq), jnp.asarray(vq), key_scales=scales[0],
+                                                    value_scales=scales[1], **kw).sum())(jnp.asarray(q))
+    blocks = jnp.zeros((B, S, K, 30), jnp.uint8)  # not a whole number of 34-byte blocks
+    with pytest.raises(ValueError, match="multiple of 34"):
+        fj.dot_product_attention(jnp.asarray(q), blocks, blocks, key_format="q8_0", value_format="q8_0")
+    values, sc = fj.quantize_kv(jnp.asarray(uniform(rng, (B, S, K, H))), fmt)
+    assert values.shape[:3] == (B, S, K)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_torch_quantized_cache_matches_numpy(fmt):
+    torch = pytest.importorskip("torch", reason="the torch binding needs PyTorch")
+    import fmha.torch as ft
+
+    rng = np.random.default_rng(12)
+    B, S, K, N, H = 2, 120, 2, 8, 64
+    q = torch.from_numpy(uniform(rng, (B, N, 1, H)))  # SDPA's [B, H, L, E]
+    x = torch.from_numpy(uniform(rng, (B, K, S, H)))
+    kq, ks = ft.quantize_kv(x, fmt)
+    vq, vs = ft.quantize_kv(-x, fmt)
+    assert kq.shape[:3] == (B, K, S) and (ks is None or ks.shape in ((B, K, S), (K,)))
+    out = ft.scaled_dot_product_attention(q, kq, vq, enable_gqa=True, key_format=fmt, value_format=fmt,
+                                          key_scales=ks, value_scales=vs)
+    # the same cache through NumPy, in [B, S, K, ..] order
+    def np_order(t, scales=False):
+        if t is None:
+            return None
+        return (t.transpose(1, 2) if t.dim() == 4 or (scales and t.dim() == 3) else t).contiguous().numpy()
+    want = fmha.attention(q.transpose(1, 2).numpy(), np_order(kq), np_order(vq), key_format=fmt, value_format=fmt,
+                          key_scales=np_order(ks, True), value_scales=np_order(vs, True))
+    assert torch.equal(out, torch.from_numpy(want).transpose(1, 2))
+    with pytest.raises(fmha.FmhaError, match="forward only"):
+        ft.scaled_dot_product_attention(q.requires_grad_(), kq, vq, enable_gqa=True, key_format=fmt,
+                                        value_format=fmt, key_scales=ks, value_scales=vs)
