@@ -343,8 +343,7 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
         for (int64_t r = 0; r < n; r++) {
             int64_t i = (rho0 + r) / group, h = (hk0 + hh) * group + (rho0 + r) % group;
             int64_t first = b * qs[0] + i * qs[1] + h * qs[2];
-            float *qrow = s.qf + (hh * rows + r) * D;
-            for (int64_t e = 0; e < D; e++) qrow[e] = fmha_load(c->q, p->dtype, first + e * qs[3]);
+            fmha_load_row_uk(uk, c->q, p->dtype, first, qs[3], D, s.qf + (hh * rows + r) * D);
         }
 
     const int64_t *ks = p->k_strides, *vs = p->v_strides;
