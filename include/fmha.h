@@ -104,7 +104,8 @@ typedef enum fmha_status {
     FMHA_ERR_BAD_SIZE,              /* batch, heads or a sequence length is < 1, or sizes overflow */
     FMHA_ERR_BAD_HEADS,             /* heads_q is not a multiple of heads_kv */
     FMHA_ERR_BAD_HEAD_DIM,          /* head_dim or head_dim_v outside 1..FMHA_MAX_HEAD_DIM */
-    FMHA_ERR_BAD_SCALE,             /* scale is NaN or infinite */
+    FMHA_ERR_BAD_SCALE,             /* scale is NaN or infinite, or a cache scale (k_scales, v_scales)
+                                       a call reads is not finite and >= 0 */
     FMHA_ERR_BAD_STRIDE,            /* a negative stride (any tensor, mask or bias), an output whose elements
                                        overlap each other, or a bias gradient that broadcasts where the
                                        bias does not (or the reverse) */
@@ -140,7 +141,9 @@ typedef enum fmha_strategy {
     FMHA_STRATEGY_AUTO = 0,   /* dense for small problems, tiled otherwise (crossover measured, see
                                  src/plan.c); the forward of few queries against many keys
                                  (Sq <= 16, Skv >= 8 Sq: decoding) runs the decode driver,
-                                 split over the keys (docs/design.md, "Decode") */
+                                 split over the keys (docs/design.md, "Decode"); one query
+                                 of 64 or more heads on one kv head (MLA, MQA) runs the
+                                 tiled forward with the heads as its queries ("fold") */
     FMHA_STRATEGY_TILED,      /* online softmax over query x key tiles; workspace O(threads x tile),
                                  plus K and V in the kernels' layout per call where the dtype's
                                  path copies them (float32: V only, at most 64 MiB) */
@@ -179,6 +182,41 @@ typedef enum fmha_kv_dtype {
     FMHA_KV_DTYPE_BF16,
     FMHA_KV_DTYPE_F16
 } fmha_kv_dtype;
+
+/* How K or V rows are stored (fmha_problem.k_format / v_format), each
+ * tensor in its own format. Values are x = scale * stored, with:
+ *   INT8      int8_t elements, symmetric; one float32 scale per (key, kv
+ *             head): k_scales[b * s0 + j * s1 + h * s2] (s = k_scale_strides;
+ *             with a block table the scales are a pool beside the values,
+ *             [num_pages, page_size, Hkv]: page, row in page, head)
+ *   FP8_E4M3  OCP 8-bit floats (uint8 bits) E4M3FN: no infinities, S.1111.111
+ *             is NaN, largest finite 448; one float32 scale per kv head,
+ *             k_scales[h * s2] (NULL: 1)
+ *   FP8_E5M2  OCP E5M2 (the top byte of an IEEE half: inf and NaN); scales
+ *             as FP8_E4M3
+ *   Q8_0      GGUF blocks of 32 values, ggml's block_q8_0 bit for bit: an
+ *             IEEE half scale d then 32 int8 q, value d * q (34 bytes)
+ *   Q4_0      GGUF block_q4_0: a half d then 16 bytes whose low nibbles are
+ *             values 0..15 and high nibbles 16..31, value d * (nibble - 8)
+ *             (18 bytes); Q8_0 and Q4_0 carry their scales (no k_scales)
+ * The element strides of K and V then count bytes, the storage unit of these
+ * formats; a GGUF row is D / 32 blocks (D a multiple of 32, dim stride 1),
+ * so K [B, Skv, Hkv, D / 32 * 34] bytes for Q8_0. F32, BF16 and F16 name the
+ * dtypes; DTYPE (0) takes kv_dtype's. Scales must be finite and >= 0
+ * (FMHA_ERR_BAD_SCALE at run time, naming the first bad one, nothing
+ * written); a NaN or inf stored in a float8 or a block's d is data and follows
+ * the IEEE rules above. Forward only; fmha_kv_quantize writes every format. */
+typedef enum fmha_kv_format {
+    FMHA_KV_FORMAT_DTYPE = 0,
+    FMHA_KV_FORMAT_F32,
+    FMHA_KV_FORMAT_BF16,
+    FMHA_KV_FORMAT_F16,
+    FMHA_KV_FORMAT_INT8,
+    FMHA_KV_FORMAT_FP8_E4M3,
+    FMHA_KV_FORMAT_FP8_E5M2,
+    FMHA_KV_FORMAT_Q8_0,
+    FMHA_KV_FORMAT_Q4_0
+} fmha_kv_format;
 
 /* ---- masks and biases ------------------------------------------------------
  * Scores are s = softcap(scale * q.k) + bias, where bias is the sum of every
@@ -428,6 +466,19 @@ typedef struct fmha_problem {
      * and no causal mask); FMHA_ALIGN_TOP_LEFT off = 0. An alignment that
      * contradicts causal's, or an unknown value, is FMHA_ERR_BAD_OPTION. */
     int64_t alignment;
+    /* Storage formats of K and V (appended after alignment; fmha_kv_format
+     * values, 0 = kv_dtype's) and their scales (see fmha_kv_format): float32,
+     * strides [batch or page, key or row in page, head] in elements,
+     * fmha_problem_init's for a contiguous [B, Skv, Hkv] array ([B, Hkv,
+     * Skv] with FMHA_LAYOUT_BHSD). A format
+     * other than the dtypes' serves the forward only (the decode driver,
+     * paged or not, and the tiled and dense forwards, which widen K and V
+     * once a call), with Q and O of any dtype; the backward answers
+     * FMHA_ERR_UNSUPPORTED. Scales given to a format without them, or
+     * missing for INT8, are FMHA_ERR_BAD_OPTION / FMHA_ERR_NULL_POINTER. */
+    int64_t k_format, v_format;
+    const float *k_scales, *v_scales;
+    int64_t k_scale_strides[3], v_scale_strides[3];
 } fmha_problem;
 
 /* Fills *p: struct_size, float32, the given sizes, contiguous strides for
@@ -526,6 +577,36 @@ FMHA_API fmha_status fmha_merge(int64_t batch, int64_t heads_q, int64_t seq_q, i
                                 const int64_t o_strides[4], const float *o_a, const float *lse_a,
                                 const float *o_b, const float *lse_b, float *o, float *lse);
 
+/* ---- writing a quantized cache --------------------------------------------
+ * Quantizes rows of float32 into a cache format, as the format's reference
+ * does, so that a cache can be appended to without another library:
+ *   x       float32 [tokens, heads, dim], element strides x_strides
+ *           [token, head, dim]
+ *   values  the format's rows [tokens, heads, row], strides values_strides
+ *           in the format's storage units (bytes for INT8, FP8, Q8_0, Q4_0;
+ *           elements for F32, BF16, F16); GGUF rows need dim a multiple of
+ *           32 and values_strides[2] == 1
+ *   scales  float32, strides scale_strides [token, head]:
+ *           INT8     written: max |x| of the row / 127; q = round(x / scale)
+ *                    (half away from zero; a zero row gets scale 0, q 0)
+ *           FP8_*    read (one per head: scale_strides {0, 1} for [Hkv];
+ *                    NULL: 1): x / scale rounded to nearest even, saturated to
+ *                    the largest finite value (448, 57344); NaN stays NaN
+ *           Q8_0, Q4_0  NULL: ggml's quantize_row_q8_0_ref /
+ *                    quantize_row_q4_0_ref bit for bit
+ *           F32, BF16, F16  NULL: rounded to nearest even
+ * A NaN or inf in x is FMHA_ERR_BAD_SCALE for INT8 (its scale would be
+ * neither finite nor meaningful), data for the float formats. Outputs must
+ * not overlap x; nothing is written on an error. */
+FMHA_API fmha_status fmha_kv_quantize(fmha_kv_format format, int64_t tokens, int64_t heads, int64_t dim,
+                                      const float *x, const int64_t x_strides[3], void *values,
+                                      const int64_t values_strides[3], float *scales,
+                                      const int64_t scale_strides[2]);
+
+/* Bytes of one row of dim values in a format (dim a multiple of 32 for
+ * Q8_0 and Q4_0), 0 for a bad format or dim. */
+FMHA_API size_t fmha_kv_format_row_bytes(fmha_kv_format format, int64_t dim);
+
 /* ---- plans ----------------------------------------------------------------
  * A plan is a problem validated and resolved once (strategy, microkernels,
  * operand path, workspace sizes, mask callback answers checked), to run many
@@ -567,14 +648,16 @@ FMHA_API const fmha_problem *fmha_plan_problem(const fmha_plan *plan);
 FMHA_API size_t fmha_plan_workspace_held(const fmha_plan *plan);
 
 /* What a plan runs, as one line of space-separated key=value fields:
- *   driver     the forward's driver: "decode" (few queries, many keys;
- *              paged caches), "dense" (small problems) or "tiled"
+ *   driver     the forward's driver: "fold" (one query of many heads on
+ *              one kv head), "decode" (few queries, many keys; paged
+ *              caches), "dense" (small problems) or "tiled"
  *   isa        the kernel table ("avx512bf16", "avx2", "scalar", ...)
  *   path       how the products read their operands: "f32", "bf16"
  *              (bf16 pairs on the bf16 dot-product instructions) or
  *              "widened" (bf16/f16 widened to float32)
  *   precision  "float32", or for the bf16 pair path "fast"/"accurate"
- *   k_format, v_format  the cache formats of K and V ("f32", "bf16", "f16")
+ *   k_format, v_format  the cache formats of K and V ("f32", "bf16", "f16",
+ *              "int8", "fp8_e4m3", "fp8_e5m2", "q8_0", "q4_0")
  *   block_q, block_kv, mr (rows of the path's GEMM: 16 on AMX tiles)
  *              (tiled, dense) or decode_units, rows_per_unit,
  *              heads_per_unit, keys_per_split, splits (decode)

@@ -2,14 +2,14 @@
 # test.sh: every test of fmha. Builds the library twice: once with
 # AddressSanitizer + UndefinedBehaviorSanitizer for the C tests (ctest), once
 # optimised for the Python tests (bindings, fmha-bench, report), then runs
-# both suites, the packaging checks (tests/install/run.sh: the wheel in a
-# throwaway virtualenv, C consumers of an installed fmha through
-# find_package and pkg-config) and a 60-second run of the libFuzzer target
-# (scripts/fuzz.sh, clang). On an x86-64 host it also cross-builds for
-# aarch64 (cmake/aarch64-linux-gnu.cmake) and runs the C tests under qemu with
-# FMHA_TEST_QUICK=1 (smaller sizes, every path): QEMU_CPU=max, and the kernel
-# tests again as a Neoverse N1 (Armv8.2, no BF16 or SVE). Exits non-zero on
-# any failure.
+# both suites, the packaging checks (tests/install/run.sh: the sdist and
+# the manylinux wheel each in a throwaway virtualenv, C consumers of an
+# installed fmha through find_package and pkg-config, built and run) and a
+# 60-second run of the libFuzzer target (scripts/fuzz.sh, clang). On an
+# x86-64 host it also cross-builds for aarch64 (cmake/aarch64-linux-gnu.cmake)
+# and runs the C tests under qemu with FMHA_TEST_QUICK=1 (smaller sizes, every
+# path): QEMU_CPU=max, and the kernel tests again as a Neoverse N1 (Armv8.2,
+# no BF16 or SVE). Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh test
@@ -45,7 +45,7 @@ set -e
 # pytest exits 5 when it collected no test; that is a failure here too.
 [ "$rc" = 0 ] || status=1
 
-echo "== Packaging (wheel in a fresh venv, find_package and pkg-config consumers) =="
+echo "== Packaging (sdist and manylinux wheel in fresh venvs, find_package and pkg-config consumers) =="
 (unset FMHA_LIBRARY FMHA_BENCH PYTHONPATH; tests/install/run.sh build) || status=1
 
 echo "== fuzz_api (libFuzzer, ASan + UBSan, 60 s) =="

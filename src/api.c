@@ -12,6 +12,7 @@
 #include "convert.h"
 #include "checked.h"
 #include "error.h"
+#include "format.h"
 #include "cpu.h"
 #include "pool.h"
 
@@ -22,7 +23,7 @@ const char *fmha_status_string(fmha_status status) {
     case FMHA_ERR_BAD_SIZE: return "batch, heads and sequence lengths must be >= 1 and the tensors must fit in memory";
     case FMHA_ERR_BAD_HEADS: return "heads_q must be a multiple of heads_kv";
     case FMHA_ERR_BAD_HEAD_DIM: return "head_dim and head_dim_v must be between 1 and 576";
-    case FMHA_ERR_BAD_SCALE: return "scale must be finite (0 selects 1/sqrt(head_dim))";
+    case FMHA_ERR_BAD_SCALE: return "scale must be finite (0 selects 1/sqrt(head_dim)), and a cache's scales finite and >= 0";
     case FMHA_ERR_BAD_STRIDE: return "strides must be >= 0 and an output's elements must not overlap each other";
     case FMHA_ERR_OVERLAP: return "an output overlaps an input or another output";
     case FMHA_ERR_BAD_OPTION: return "unknown strategy, causal alignment, dtype or precision";
@@ -71,6 +72,13 @@ void fmha_problem_init(fmha_problem *p, int64_t batch, int64_t heads_q, int64_t 
     p->precision = FMHA_PRECISION_FAST;
     p->masks.window_left = -1;
     p->masks.window_right = -1;
+    /* scales [B, Skv, Hkv] ([B, Hkv, Skv] with BHSD), strides [batch, key, head] */
+    for (int i = 0; i < 2; i++) {
+        int64_t *ss = i ? p->v_scale_strides : p->k_scale_strides;
+        ss[0] = fmha_sat_mul(seq_kv, heads_kv); /* saturated, as the tensors' strides below */
+        ss[1] = layout == FMHA_LAYOUT_BHSD ? 1 : heads_kv;
+        ss[2] = layout == FMHA_LAYOUT_BHSD ? seq_kv : 1;
+    }
     struct { int64_t *st, s, h, d; } t[4] = {{p->q_strides, seq_q, heads_q, head_dim},
                                              {p->k_strides, seq_kv, heads_kv, head_dim},
                                              {p->v_strides, seq_kv, heads_kv, head_dim_v},
@@ -102,6 +110,8 @@ static void tensor_extents(const fmha_problem *p, int which, int64_t ext[4]) {
     ext[1] = q_side ? p->seq_q : pool ? p->page_size : p->seq_kv;
     ext[2] = q_side ? p->heads_q : p->heads_kv;
     ext[3] = which <= 1 ? p->head_dim : p->head_dim_v;
+    if (!q_side) /* a row of K or V in its format's storage units */
+        ext[3] = fmha_format_row_units(fmha_cache_format_at(fmha_problem_format(p, which - 1)), ext[3]);
 }
 
 static const int64_t *tensor_strides(const fmha_problem *p, int which) {
@@ -109,7 +119,7 @@ static const int64_t *tensor_strides(const fmha_problem *p, int which) {
 }
 
 /* Largest element offset of a tensor, or -1 on overflow. */
-static int64_t tensor_span(const int64_t ext[4], const int64_t st[4]) {
+int64_t fmha_strided_span(const int64_t ext[4], const int64_t st[4]) {
     int64_t span = 0;
     for (int i = 0; i < 4; i++) {
         if (st[i] != 0 && ext[i] - 1 > (INT64_MAX / 8 - span) / st[i]) return -1;
@@ -133,7 +143,7 @@ void fmha_problem_tame_unit_strides(fmha_problem *p) {
 
 /* 1 if distinct indices always map to distinct offsets in the nested sense:
  * dims sorted by stride, each stride exceeds the reach of the smaller ones. */
-static int tensor_injective(const int64_t ext[4], const int64_t st[4]) {
+int fmha_strided_injective(const int64_t ext[4], const int64_t st[4]) {
     int order[4] = {0, 1, 2, 3};
     for (int i = 1; i < 4; i++)
         for (int j = i; j > 0 && st[order[j]] < st[order[j - 1]]; j--) {
@@ -155,15 +165,48 @@ fmha_status fmha_problem_load(const fmha_problem *p, fmha_problem *out) {
      * is read as the prefix of this one, the rest zero (off) */
     size_t first = offsetof(fmha_problem, sinks), second = offsetof(fmha_problem, block_table),
            third = offsetof(fmha_problem, dropout_p), fourth = offsetof(fmha_problem, kv_dtype),
-           fifth = offsetof(fmha_problem, alignment);
+           fifth = offsetof(fmha_problem, alignment), sixth = offsetof(fmha_problem, k_format);
     if (p->struct_size != sizeof(fmha_problem) && p->struct_size != first && p->struct_size != second &&
-        p->struct_size != third && p->struct_size != fourth && p->struct_size != fifth)
+        p->struct_size != third && p->struct_size != fourth && p->struct_size != fifth && p->struct_size != sixth)
         return fmha_fail(FMHA_ERR_STRUCT_SIZE,
                          "struct_size must be sizeof(fmha_problem) = %zu (or an earlier release's %zu, %zu, %zu, %zu, "
-                         "%zu), got %zu: fill the problem with fmha_problem_init",
-                         sizeof(fmha_problem), first, second, third, fourth, fifth, (size_t)p->struct_size);
+                         "%zu, %zu), got %zu: fill the problem with fmha_problem_init",
+                         sizeof(fmha_problem), first, second, third, fourth, fifth, sixth, (size_t)p->struct_size);
     memset(out, 0, sizeof *out);
     memcpy(out, p, p->struct_size);
+    return FMHA_OK;
+}
+
+/* K's and V's formats and their scales' presence and strides (values are
+ * read at every run: fmha_kv_scales_check). */
+static fmha_status kv_formats_check(const fmha_problem *p) {
+    for (int i = 0; i < 2; i++) {
+        const char *t = i ? "v" : "k";
+        const int64_t fmt = i ? p->v_format : p->k_format;
+        if (fmt < FMHA_KV_FORMAT_DTYPE || fmt > FMHA_KV_FORMAT_Q4_0)
+            return fmha_fail(FMHA_ERR_BAD_OPTION, "%s_format must be an fmha_kv_format (0..%d), got %lld", t,
+                             FMHA_KV_FORMAT_Q4_0, (long long)fmt);
+        const fmha_cache_format *f = fmha_cache_format_at(fmha_problem_format(p, i));
+        const int64_t dim = i ? p->head_dim_v : p->head_dim, dim_stride = (i ? p->v_strides : p->k_strides)[3];
+        const float *sc = i ? p->v_scales : p->k_scales;
+        const int64_t *ss = i ? p->v_scale_strides : p->k_scale_strides;
+        if (f->block > 1 && dim >= 1 && dim % f->block != 0)
+            return fmha_fail(FMHA_ERR_BAD_HEAD_DIM, "%s must be a multiple of %u for %s_format %s, got %lld",
+                             i ? "head_dim_v" : "head_dim", f->block, t, f->name, (long long)dim);
+        if (f->block > 1 && dim_stride != 1)
+            return fmha_fail(FMHA_ERR_BAD_STRIDE, "%s_strides[3] must be 1 for %s_format %s (whole blocks), got %lld", t,
+                             t, f->name, (long long)dim_stride);
+        if (f->scales == FMHA_SCALES_PER_KEY && !sc)
+            return fmha_fail(FMHA_ERR_NULL_POINTER, "%s_scales must be given for %s_format %s (a scale per key and head)",
+                             t, t, f->name);
+        if ((f->scales == FMHA_SCALES_NONE || f->scales == FMHA_SCALES_IN_BLOCK) && sc)
+            return fmha_fail(FMHA_ERR_BAD_OPTION, "%s_scales must be NULL for %s_format %s (%s)", t, t, f->name,
+                             f->scales == FMHA_SCALES_NONE ? "it has no scales" : "its scales are in its blocks");
+        for (int d = 0; sc && d < 3; d++)
+            if (ss[d] < 0)
+                return fmha_fail(FMHA_ERR_BAD_STRIDE, "%s_scale_strides[%d] must not be negative, got %lld", t, d,
+                                 (long long)ss[d]);
+    }
     return FMHA_OK;
 }
 
@@ -216,8 +259,11 @@ fmha_status fmha_problem_check(const fmha_problem *p_in) {
     if (!isfinite(p->scale)) return fmha_fail(FMHA_ERR_BAD_SCALE, "scale must be finite, got %g", (double)p->scale);
     if (!(p->dropout_p >= 0.0f && p->dropout_p < 1.0f))
         return fmha_fail(FMHA_ERR_BAD_OPTION, "dropout_p must lie in [0, 1), got %g", (double)p->dropout_p);
+    st = kv_formats_check(p);
+    if (st != FMHA_OK) return st;
     /* a cache dtype of its own only beside float32 queries */
-    if (fmha_kv_dtype_of(p) != p->dtype && p->dtype != FMHA_DTYPE_F32)
+    if (p->k_format == FMHA_KV_FORMAT_DTYPE && p->v_format == FMHA_KV_FORMAT_DTYPE && fmha_kv_dtype_of(p) != p->dtype &&
+        p->dtype != FMHA_DTYPE_F32)
         return fmha_fail(FMHA_ERR_UNSUPPORTED,
                          "kv_dtype differs from a %s problem's dtype: K and V of their own dtype need float32 Q",
                          p->dtype == FMHA_DTYPE_BF16 ? "bfloat16" : "float16");
@@ -256,10 +302,10 @@ fmha_status fmha_problem_check(const fmha_problem *p_in) {
             if (st[i] < 0)
                 return fmha_fail(FMHA_ERR_BAD_STRIDE, "%s_strides[%d] must not be negative, got %lld", tensor_names[t],
                                  i, (long long)st[i]);
-        if (tensor_span(ext, st) < 0)
+        if (fmha_strided_span(ext, st) < 0)
             return fmha_fail(FMHA_ERR_BAD_SIZE, "%s spans more than 2^60 elements (strides %lld, %lld, %lld, %lld)",
                              tensor_names[t], (long long)st[0], (long long)st[1], (long long)st[2], (long long)st[3]);
-        if (t == 3 && !tensor_injective(ext, st))
+        if (t == 3 && !fmha_strided_injective(ext, st))
             return fmha_fail(FMHA_ERR_BAD_STRIDE,
                              "o_strides (%lld, %lld, %lld, %lld) make two elements of O share memory",
                              (long long)st[0], (long long)st[1], (long long)st[2], (long long)st[3]);
@@ -292,12 +338,12 @@ typedef struct tensor_list {
 static void add_strided(tensor_list *l, const char *name, const void *ptr, const int64_t ext[4],
                         const int64_t st[4], size_t elem, int output) {
     if (!ptr || l->status != FMHA_OK) return;
-    int64_t span = tensor_span(ext, st);
+    int64_t span = fmha_strided_span(ext, st);
     if (span < 0) {
         l->status = fmha_fail(FMHA_ERR_BAD_SIZE, "%s spans more than 2^60 elements", name);
         return;
     }
-    if (output && !tensor_injective(ext, st)) {
+    if (output && !fmha_strided_injective(ext, st)) {
         l->status = fmha_fail(FMHA_ERR_BAD_STRIDE, "the strides of %s (an output) make two of its elements share memory",
                               name);
         return;
@@ -327,8 +373,9 @@ static void add_qkvo(tensor_list *l, const fmha_problem *p, const char *name, in
                      const void *ptr, int output) {
     int64_t ext[4];
     tensor_ext(p, which, ext);
-    fmha_dtype t = which == 1 || which == 2 ? fmha_kv_dtype_of(p) : p->dtype;
-    add_strided(l, name, ptr, ext, tensor_strides(p, which), fmha_dtype_size(t), output);
+    size_t unit = which == 1 || which == 2 ? fmha_cache_format_at(fmha_problem_format(p, which - 1))->unit_bytes
+                                           : fmha_dtype_size(p->dtype);
+    add_strided(l, name, ptr, ext, tensor_strides(p, which), unit, output);
 }
 
 /* The mask and bias arrays a run reads. */
@@ -346,6 +393,16 @@ static void add_mask_bias_inputs(tensor_list *l, const fmha_problem *p) {
     add_array(l, "rel_table", bs->rel_table, p->heads_q, bs->rel_num_buckets, sizeof(float), 0);
     add_array(l, "sinks", p->sinks, p->heads_q, 1, sizeof(float), 0);
     add_array(l, "block_table", p->block_table, p->batch, p->block_table_stride, sizeof(int32_t), 0);
+    for (int i = 0; i < 2; i++) { /* the cache's scales: per key [B or pages, S, Hkv], or per head [Hkv] */
+        const float *sc = i ? p->v_scales : p->k_scales;
+        if (!sc) continue;
+        const int per_key = fmha_cache_format_at(fmha_problem_format(p, i))->scales == FMHA_SCALES_PER_KEY;
+        int64_t ext[4] = {per_key ? (p->block_table ? p->num_pages : p->batch) : 1,
+                          per_key ? (p->block_table ? p->page_size : p->seq_kv) : 1, p->heads_kv, 1};
+        const int64_t *ss = i ? p->v_scale_strides : p->k_scale_strides;
+        int64_t st[4] = {ss[0], ss[1], ss[2], 0};
+        add_strided(l, i ? "v_scales" : "k_scales", sc, ext, st, sizeof(float), 0);
+    }
 }
 
 /* Bias gradients: each needs its bias; the dense one broadcasts exactly where

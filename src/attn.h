@@ -97,6 +97,11 @@ fmha_status fmha_plan_init(const fmha_problem *p, fmha_plan *plan);
 /* Strides above INT64_MAX / 8 on extent-1 dimensions become 0 (a plan's copy). */
 void fmha_problem_tame_unit_strides(fmha_problem *p);
 /* Copies a caller's problem of any known struct_size into *out. */
+/* 1 when K and V are stored as Q's dtype (no format of their own). */
+static inline int fmha_plan_kv_as_q(const fmha_plan *plan) {
+    return plan->k_format == plan->v_format && (int)plan->k_format == (int)plan->p.dtype; /* F32, BF16, F16 ids */
+}
+
 /* The element type of K and V: p->kv_dtype, or p->dtype when it is SAME. */
 static inline fmha_dtype fmha_kv_dtype_of(const fmha_problem *p) {
     return p->kv_dtype == FMHA_KV_DTYPE_SAME ? p->dtype : (fmha_dtype)(p->kv_dtype - 1);
@@ -117,6 +122,11 @@ typedef struct fmha_tensors {
 /* Outputs injective and disjoint from every other tensor (the problem's mask
  * and bias arrays included): FMHA_ERR_OVERLAP, _BAD_STRIDE or _BAD_SIZE. */
 fmha_status fmha_tensors_check(const fmha_problem *p, const fmha_tensors *t);
+
+/* Largest element offset of a tensor of extents ext and strides st (>= 0),
+ * or -1 past 2^60; 1 when no two of its elements share an offset. */
+int64_t fmha_strided_span(const int64_t ext[4], const int64_t st[4]);
+int fmha_strided_injective(const int64_t ext[4], const int64_t st[4]);
 /* Bias gradients against the biases they belong to. */
 fmha_status fmha_param_grads_check(const fmha_problem *p, const fmha_param_grads *g);
 
@@ -198,13 +208,14 @@ void fmha_bias_row(const fmha_plan *plan, int64_t b, int64_t i, int64_t h, int64
 /* A forward driver (drivers.c): whether it serves a resolved plan (filling
  * its fields of the plan when it does), its workspace and its run. */
 typedef struct fmha_fwd_driver {
-    const char *name; /* "decode", "dense", "tiled" */
+    const char *name; /* "fold", "decode", "dense", "tiled" */
     int (*serves)(fmha_plan *plan);
     fmha_ws_size (*workspace)(const fmha_plan *plan);
     void (*run)(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse, char *ws);
 } fmha_fwd_driver;
-extern const fmha_fwd_driver fmha_fwd_driver_decode, fmha_fwd_driver_dense, fmha_fwd_driver_tiled;
-/* Sets plan->driver to the first of decode, dense, tiled that serves the
+extern const fmha_fwd_driver fmha_fwd_driver_fold, fmha_fwd_driver_decode, fmha_fwd_driver_dense,
+    fmha_fwd_driver_tiled;
+/* Sets plan->driver to the first of fold, decode, dense, tiled that serves the
  * plan; FMHA_ERR_UNSUPPORTED when none does (a paged cache without decode
  * kernels). */
 fmha_status fmha_fwd_driver_choose(fmha_plan *plan);
@@ -213,6 +224,11 @@ fmha_ws_size fmha_fwd_workspace(const fmha_plan *plan);
 /* The tiled and dense drivers (fwd.c; plan->strategy tells which). */
 fmha_ws_size fmha_tiled_workspace(const fmha_plan *plan);
 void fmha_tiled_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse, char *ws);
+/* Fold driver (fold.c): many heads on one kv head, one query, run as the
+ * tiled forward of a problem whose queries are the heads. */
+int fmha_fold_plan(fmha_plan *plan);
+fmha_ws_size fmha_fold_workspace(const fmha_plan *plan);
+void fmha_fold_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse, char *ws);
 /* Decode driver: fills the plan's dec_* fields and returns 1 when it serves
  * this (resolved) problem's forward. */
 int fmha_decode_plan(fmha_plan *plan);

@@ -1,18 +1,57 @@
-/* format.c: the cache formats' descriptors and their specifications. */
+/* format.c: the cache formats' descriptors and their specifications (the
+ * scalar dequantisations every kernel is held to). */
 #include "format.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "convert.h"
+#include "error.h"
+
+float fmha_fp8_e4m3_to_f32(uint8_t b) {
+    const unsigned e = (b >> 3) & 0xfu, m = b & 7u;
+    float mag;
+    if (e == 15 && m == 7) mag = NAN; /* E4M3FN: S.1111.111 is the only NaN, no inf */
+    else if (e == 0) mag = ldexpf((float)m, -9);
+    else mag = ldexpf((float)(8 + m), (int)e - 10);
+    return b & 0x80u ? -mag : mag;
+}
+
+float fmha_fp8_e5m2_to_f32(uint8_t b) { return fmha_f16_to_f32((uint16_t)(b << 8)); }
+
+/* The half at p, little-endian as ggml stores it. */
+static float block_scale(const uint8_t *p) { return fmha_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
 
 static float dequant_f32(const void *x, int64_t idx) { return ((const float *)x)[idx]; }
 static float dequant_bf16(const void *x, int64_t idx) { return fmha_bf16_to_f32(((const uint16_t *)x)[idx]); }
 static float dequant_f16(const void *x, int64_t idx) { return fmha_f16_to_f32(((const uint16_t *)x)[idx]); }
+static float dequant_int8(const void *x, int64_t idx) { return (float)((const int8_t *)x)[idx]; }
+static float dequant_e4m3(const void *x, int64_t idx) { return fmha_fp8_e4m3_to_f32(((const uint8_t *)x)[idx]); }
+static float dequant_e5m2(const void *x, int64_t idx) { return fmha_fp8_e5m2_to_f32(((const uint8_t *)x)[idx]); }
+
+/* block_q8_0: half d, int8 q[32]; value j = q[j] * d */
+static float dequant_q8_0(const void *x, int64_t idx) {
+    const uint8_t *blk = (const uint8_t *)x + idx / 32 * 34;
+    return (float)(int8_t)blk[2 + idx % 32] * block_scale(blk);
+}
+
+/* block_q4_0: half d, uint8 qs[16]; value j < 16 = (qs[j] & 15) - 8,
+ * value j + 16 = (qs[j] >> 4) - 8, times d */
+static float dequant_q4_0(const void *x, int64_t idx) {
+    const uint8_t *blk = (const uint8_t *)x + idx / 32 * 18;
+    const int j = (int)(idx % 32), byte = blk[2 + j % 16];
+    return (float)((j < 16 ? byte & 15 : byte >> 4) - 8) * block_scale(blk);
+}
 
 static const fmha_cache_format formats[FMHA_FORMAT_COUNT] = {
-    [FMHA_FORMAT_F32] = {FMHA_FORMAT_F32, "f32", 32, 1, FMHA_SCALES_NONE, dequant_f32, 0x7f800000u},
-    [FMHA_FORMAT_BF16] = {FMHA_FORMAT_BF16, "bf16", 16, 1, FMHA_SCALES_NONE, dequant_bf16, 0x7f80u},
-    [FMHA_FORMAT_F16] = {FMHA_FORMAT_F16, "f16", 16, 1, FMHA_SCALES_NONE, dequant_f16, 0x7c00u},
+    [FMHA_FORMAT_F32] = {FMHA_FORMAT_F32, "f32", 4, 1, 1, FMHA_SCALES_NONE, dequant_f32, 0x7f800000u},
+    [FMHA_FORMAT_BF16] = {FMHA_FORMAT_BF16, "bf16", 2, 1, 1, FMHA_SCALES_NONE, dequant_bf16, 0x7f80u},
+    [FMHA_FORMAT_F16] = {FMHA_FORMAT_F16, "f16", 2, 1, 1, FMHA_SCALES_NONE, dequant_f16, 0x7c00u},
+    [FMHA_FORMAT_INT8] = {FMHA_FORMAT_INT8, "int8", 1, 1, 1, FMHA_SCALES_PER_KEY, dequant_int8, 0},
+    [FMHA_FORMAT_FP8_E4M3] = {FMHA_FORMAT_FP8_E4M3, "fp8_e4m3", 1, 1, 1, FMHA_SCALES_PER_HEAD, dequant_e4m3, 0x7fu},
+    [FMHA_FORMAT_FP8_E5M2] = {FMHA_FORMAT_FP8_E5M2, "fp8_e5m2", 1, 1, 1, FMHA_SCALES_PER_HEAD, dequant_e5m2, 0x7cu},
+    [FMHA_FORMAT_Q8_0] = {FMHA_FORMAT_Q8_0, "q8_0", 1, 32, 34, FMHA_SCALES_IN_BLOCK, dequant_q8_0, 0},
+    [FMHA_FORMAT_Q4_0] = {FMHA_FORMAT_Q4_0, "q4_0", 1, 32, 18, FMHA_SCALES_IN_BLOCK, dequant_q4_0, 0},
 };
 
 const fmha_cache_format *fmha_cache_format_at(fmha_cache_format_id id) { return &formats[id]; }
@@ -26,12 +65,21 @@ fmha_cache_format_id fmha_cache_format_of_dtype(fmha_dtype t) {
     return FMHA_FORMAT_F32;
 }
 
+fmha_cache_format_id fmha_problem_format(const fmha_problem *p, int which) {
+    int64_t f = which ? p->v_format : p->k_format;
+    if (f == FMHA_KV_FORMAT_DTYPE) {
+        fmha_dtype t = p->kv_dtype == FMHA_KV_DTYPE_SAME ? p->dtype : (fmha_dtype)(p->kv_dtype - 1);
+        return fmha_cache_format_of_dtype(t);
+    }
+    return (fmha_cache_format_id)(f - FMHA_KV_FORMAT_F32);
+}
+
 int fmha_format_rows_nonfinite(const fmha_cache_format *f, const void *x, int64_t first, int64_t rs, int64_t cs,
                                int64_t n, int64_t cols) {
     uint32_t hit = 0;
     const uint32_t exp = f->nonfinite_bits;
     if (!exp) return 0;
-    if (f->element_bits == 32) {
+    if (f->unit_bytes == 4) {
         const float *v = x;
         for (int64_t i = 0; i < n; i++) {
             const float *row = v + first + i * rs;
@@ -49,7 +97,7 @@ int fmha_format_rows_nonfinite(const fmha_cache_format *f, const void *x, int64_
                 hit |= (u & exp) == exp;
             }
         }
-    } else {
+    } else if (f->unit_bytes == 2) {
         const uint16_t *u = x, exp16 = (uint16_t)exp;
         for (int64_t i = 0; i < n; i++) {
             const uint16_t *row = u + first + i * rs;
@@ -59,6 +107,74 @@ int fmha_format_rows_nonfinite(const fmha_cache_format *f, const void *x, int64_
                     for (int j = 0; j < 32; j++) hit |= (uint32_t)((row[e + j] & exp16) == exp16);
             for (; e < cols; e++) hit |= (uint32_t)((row[e * cs] & exp16) == exp16);
         }
+    } else { /* float8 elements */
+        const uint8_t *u = x, exp8 = (uint8_t)exp;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t e = 0; e < cols; e++) hit |= (uint32_t)((u[first + i * rs + e * cs] & exp8) == exp8);
     }
     return hit != 0;
+}
+
+/* Element offset of the scale of key j, kv head hk, batch element b. */
+static int64_t scale_at(const fmha_problem *p, const int64_t *ss, int64_t b, int64_t hk, int64_t j) {
+    if (!p->block_table) return b * ss[0] + j * ss[1] + hk * ss[2];
+    int64_t page = p->block_table[b * p->block_table_stride + j / p->page_size];
+    return page * ss[0] + (j % p->page_size) * ss[1] + hk * ss[2];
+}
+
+void fmha_kv_scales_of(const fmha_problem *p, int which, int64_t b, int64_t hk, int64_t k0, int64_t n, float *scales) {
+    const fmha_cache_format *f = fmha_cache_format_at(fmha_problem_format(p, which));
+    const float *sc = which ? p->v_scales : p->k_scales;
+    const int64_t *ss = which ? p->v_scale_strides : p->k_scale_strides;
+    if (f->scales == FMHA_SCALES_PER_KEY) {
+        if (!p->block_table) { /* one stride apart */
+            const float *first = sc + b * ss[0] + k0 * ss[1] + hk * ss[2];
+            for (int64_t i = 0; i < n; i++) scales[i] = first[i * ss[1]];
+            return;
+        }
+        for (int64_t i = 0; i < n; i++) scales[i] = sc[scale_at(p, ss, b, hk, k0 + i)];
+        return;
+    }
+    const float one = f->scales == FMHA_SCALES_PER_HEAD && sc ? sc[hk * ss[2]] : 1.0f;
+    for (int64_t i = 0; i < n; i++) scales[i] = one;
+}
+
+static int scale_bad(float x) { return !(x >= 0.0f && x <= 3.40282347e38f); }
+
+fmha_status fmha_kv_scales_check(const fmha_problem *p) {
+    for (int which = 0; which < 2; which++) {
+        const fmha_cache_format *f = fmha_cache_format_at(fmha_problem_format(p, which));
+        const float *sc = which ? p->v_scales : p->k_scales;
+        const int64_t *ss = which ? p->v_scale_strides : p->k_scale_strides;
+        const char *name = which ? "v_scales" : "k_scales";
+        if (!sc || (f->scales != FMHA_SCALES_PER_KEY && f->scales != FMHA_SCALES_PER_HEAD)) continue;
+        if (f->scales == FMHA_SCALES_PER_HEAD) {
+            for (int64_t h = 0; h < p->heads_kv; h++)
+                if (scale_bad(sc[h * ss[2]]))
+                    return fmha_fail(FMHA_ERR_BAD_SCALE, "%s[%lld] (kv head %lld) must be finite and >= 0, got %g", name,
+                                     (long long)(h * ss[2]), (long long)h, (double)sc[h * ss[2]]);
+            continue;
+        }
+        for (int64_t b = 0; b < p->batch; b++) {
+            const int64_t keys = p->masks.kv_lengths ? p->masks.kv_lengths[b] : p->seq_kv;
+            if (!p->block_table && ss[2] == 1 && ss[1] == p->heads_kv) { /* one contiguous run: a vector pass */
+                const float *run = sc + b * ss[0];
+                int bad = 0;
+                for (int64_t i = 0; i < keys * p->heads_kv; i++) bad |= scale_bad(run[i]);
+                if (!bad) continue;
+            }
+            for (int64_t j = 0; j < keys; j++) {
+                int bad = 0;
+                const int64_t first = scale_at(p, ss, b, 0, j);
+                for (int64_t h = 0; h < p->heads_kv; h++) bad |= scale_bad(sc[first + h * ss[2]]);
+                if (!bad) continue;
+                for (int64_t h = 0; h < p->heads_kv; h++)
+                    if (scale_bad(sc[first + h * ss[2]]))
+                        return fmha_fail(FMHA_ERR_BAD_SCALE,
+                                         "%s of batch element %lld, key %lld, kv head %lld must be finite and >= 0, got %g",
+                                         name, (long long)b, (long long)j, (long long)h, (double)sc[first + h * ss[2]]);
+            }
+        }
+    }
+    return FMHA_OK;
 }

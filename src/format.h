@@ -1,10 +1,10 @@
 /* format.h: cache formats, the ways K and V rows can be stored. A format is
- * a descriptor (bits per element, elements per scale block, where scales
- * live) with a scalar dequantisation that is its specification; each ISA
- * has per-format kernels (fmha_uk_cache in uk/ukernel.h), chosen once when
- * a call is planned, so the decode driver reads any format without a test
- * of its type. A new format is a row here, a load kernel in the scalar
- * part, and (for speed) scores/values kernels in an ISA's parts. */
+ * a descriptor (storage unit, values per block and bytes per block, where
+ * its scales live) with a scalar dequantisation that is its specification;
+ * each ISA has per-format kernels (fmha_uk_cache in uk/ukernel.h), chosen
+ * once when a call is planned, so the decode driver reads any format without
+ * a test of its type. A new format is a row here, a load kernel in the
+ * scalar part, and (for speed) scores/values kernels in an ISA's parts. */
 #ifndef FMHA_FORMAT_H
 #define FMHA_FORMAT_H
 
@@ -16,30 +16,66 @@
 /* Where a format's scales live. */
 typedef enum fmha_scale_place {
     FMHA_SCALES_NONE = 0, /* the elements are the values */
+    FMHA_SCALES_PER_KEY,  /* one float32 per (key, kv head), beside the rows (int8) */
+    FMHA_SCALES_PER_HEAD, /* one float32 per kv head (fp8) */
+    FMHA_SCALES_IN_BLOCK  /* inside each block (GGUF q8_0, q4_0): the kernels' */
 } fmha_scale_place;
 
 typedef struct fmha_cache_format {
     fmha_cache_format_id id;
-    const char *name;        /* "f32", "bf16", "f16" */
-    unsigned element_bits;   /* bits of one stored element */
-    unsigned block;          /* elements sharing one scale (1: no scale) */
+    const char *name;        /* "f32", "bf16", "f16", "int8", ... */
+    unsigned unit_bytes;     /* bytes of the storage unit strides count (4, 2 or 1) */
+    unsigned block;          /* values a block holds (1: element formats; 32: GGUF) */
+    unsigned block_units;    /* storage units of a block (1, or 34 / 18 bytes) */
     fmha_scale_place scales;
-    /* the specification: element idx of the tensor at x as float32 */
+    /* the specification: value idx of a run of elements (element formats:
+     * element idx of the tensor at x; block formats: x at a block, value
+     * idx of the blocks that follow), as float32, before external scales */
     float (*dequant)(const void *x, int64_t idx);
-    /* the exponent bits of an element (all ones: NaN or inf); 0 when the
-     * format holds no NaN or inf */
+    /* the bits that are all ones in a NaN or inf element (0: the format
+     * holds none, or only in a block's scale) */
     uint32_t nonfinite_bits;
 } fmha_cache_format;
 
 /* The descriptor of a format id (id < FMHA_FORMAT_COUNT). */
 const fmha_cache_format *fmha_cache_format_at(fmha_cache_format_id id);
 
+/* Storage units of a row of len values (len a multiple of the block). */
+static inline int64_t fmha_format_row_units(const fmha_cache_format *f, int64_t len) {
+    return len / f->block * f->block_units;
+}
+
+/* Value e of the row at storage unit `at` of x, elements cs units apart
+ * (block formats: cs is 1), before external scales. */
+static inline float fmha_format_value(const fmha_cache_format *f, const void *x, int64_t at, int64_t e, int64_t cs) {
+    return f->dequant((const char *)x + at * (int64_t)f->unit_bytes, e * cs);
+}
+
 /* 1 when an element (i, e) at element first + i * rs + e * cs of x, i < n,
- * e < cols, is a NaN or inf (its exponent bits all ones). */
+ * e < cols, is a NaN or inf (its nonfinite bits all ones). */
 int fmha_format_rows_nonfinite(const fmha_cache_format *f, const void *x, int64_t first, int64_t rs, int64_t cs,
                                int64_t n, int64_t cols);
 
 /* The format of rows of a tensor dtype. */
 fmha_cache_format_id fmha_cache_format_of_dtype(fmha_dtype t);
+
+/* The format of a problem's K (which 0) or V (1): k_format / v_format, or
+ * kv_dtype's when 0. The caller checked the values. */
+fmha_cache_format_id fmha_problem_format(const fmha_problem *p, int which);
+
+/* scales[i] (i < n) = the scales kept beside K's (which 0) or V's (1) rows
+ * of keys [k0, k0 + n), kv head hk, batch element b (through the block
+ * table when paged): per key, or the head's one repeated, or 1 when the
+ * format keeps none beside its rows. */
+void fmha_kv_scales_of(const fmha_problem *p, int which, int64_t b, int64_t hk, int64_t k0, int64_t n, float *scales);
+
+/* Every scale a forward reads (the keys below each sequence's length, each
+ * kv head) is finite and >= 0: FMHA_ERR_BAD_SCALE naming the first that is
+ * not. */
+fmha_status fmha_kv_scales_check(const fmha_problem *p);
+
+/* OCP float8 bits to float32, exactly (the specifications). */
+float fmha_fp8_e4m3_to_f32(uint8_t b);
+float fmha_fp8_e5m2_to_f32(uint8_t b);
 
 #endif /* FMHA_FORMAT_H */

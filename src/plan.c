@@ -60,9 +60,10 @@ fmha_status fmha_plan_init(const fmha_problem *p_in, fmha_plan *plan) {
     plan->scale = scale_bits != 0 ? p->scale : (float)(1.0 / sqrt((double)p->head_dim));
     plan->uk = p->strategy == FMHA_STRATEGY_PORTABLE ? fmha_cpu_kernels_for("scalar") : fmha_cpu_kernels();
     plan->kv_dtype = fmha_kv_dtype_of(p);
-    plan->k_format = plan->v_format = fmha_cache_format_of_dtype(plan->kv_dtype);
-    /* a cache dtype of its own (float32 Q): K and V widened once per call */
-    plan->path = plan->kv_dtype == p->dtype ? fmha_operand_path_for(p->dtype, plan->uk) : &fmha_path_widened;
+    plan->k_format = fmha_problem_format(p, 0);
+    plan->v_format = fmha_problem_format(p, 1);
+    /* K or V in a format of its own: widened once per call (tiled, dense) */
+    plan->path = fmha_plan_kv_as_q(plan) ? fmha_operand_path_for(p->dtype, plan->uk) : &fmha_path_widened;
     /* bf16 pairs, precision FAST: P (and in the backward dS) rounded to bf16
      * right after the exp, so exp to a few 1e-6 suffices (lse stays within 1e-5) */
     const int bf16_fast = plan->path == &fmha_path_bf16 && p->precision == FMHA_PRECISION_FAST;
@@ -92,8 +93,9 @@ fmha_status fmha_plan_init(const fmha_problem *p_in, fmha_plan *plan) {
 static fmha_status backward_supported(const fmha_plan *plan) {
     if (plan->p.block_table)
         return fmha_fail(FMHA_ERR_UNSUPPORTED, "the backward does not read a paged cache (block_table is set)");
-    if (plan->kv_dtype != plan->p.dtype)
-        return fmha_fail(FMHA_ERR_UNSUPPORTED, "the backward needs K and V of Q's dtype (kv_dtype differs)");
+    if (!fmha_plan_kv_as_q(plan))
+        return fmha_fail(FMHA_ERR_UNSUPPORTED, "the backward needs K and V of Q's dtype (K is %s, V %s)",
+                         fmha_cache_format_at(plan->k_format)->name, fmha_cache_format_at(plan->v_format)->name);
     return FMHA_OK;
 }
 
@@ -201,6 +203,7 @@ static fmha_status run_forward(const fmha_plan *plan, plan_box *box, const void 
     if (st != FMHA_OK) return st;
     fmha_tensors t = {.q = q, .k = k, .v = v, .o = o, .lse = lse};
     st = fmha_tensors_check(&plan->p, &t);
+    if (st == FMHA_OK) st = fmha_kv_scales_check(&plan->p);
     if (st != FMHA_OK) return st;
     fmha_plan run = run_of(plan, plan->fwd_ws, NULL);
     char *ws;

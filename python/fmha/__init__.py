@@ -30,10 +30,12 @@ except ImportError:  # a source checkout: read CMakeLists.txt's project version
 
 _LAZY = {
     "attention": "api", "attention_backward": "api", "merge": "api", "MaskCallback": "api", "BiasCallback": "api",
-    "describe": "api",
-    "FmhaError": "_lib", "set_num_threads": "_lib", "get_num_threads": "_lib", "isa_name": "_lib",
+    "describe": "api", "quantize_kv": "api",
+    "FmhaError": "_lib", "FmhaArgumentError": "_lib", "set_num_threads": "_lib", "get_num_threads": "_lib", "isa_name": "_lib",
     "version_string": "_lib",
 }
+
+__all__ = sorted(_LAZY) + ["__version__"]
 
 
 def __dir__():

@@ -52,7 +52,14 @@ class FmhaError(RuntimeError):
     """A non-zero fmha_status. `status` is the code, `name` its enum name, the
     message is fmha_status_string's sentence and `detail` the library's
     fmha_last_error_message (the argument at fault, what it must be and what
-    it was), "" when there is none."""
+    it was), "" when there is none. A status that means a bad argument
+    (ARGUMENT_STATUSES) makes an FmhaArgumentError, which is also a
+    ValueError; `except FmhaError` and `except RuntimeError` catch every one."""
+
+    def __new__(cls, status, *args, **kwargs):
+        if cls is FmhaError and _is_argument_status(status):
+            cls = FmhaArgumentError
+        return super().__new__(cls, status, *args, **kwargs)
 
     def __init__(self, status, message=None, context=None, detail=""):
         self.status = int(status)
@@ -69,6 +76,28 @@ class FmhaError(RuntimeError):
     @property
     def unsupported(self):
         return self.status == ERR_UNSUPPORTED
+
+
+class FmhaArgumentError(FmhaError, ValueError):
+    """An FmhaError whose status means a bad argument (a size, stride, head
+    count, option, mask, page ...): a ValueError like the bindings' own
+    checks, and still an FmhaError and a RuntimeError."""
+
+
+# Statuses of a bad argument, not of a limit of the library (UNSUPPORTED) or
+# of the machine (OUT_OF_MEMORY).
+ARGUMENT_STATUSES = frozenset({
+    ERR_NULL_POINTER, ERR_BAD_SIZE, ERR_BAD_HEADS, ERR_BAD_HEAD_DIM, ERR_BAD_SCALE, ERR_BAD_STRIDE, ERR_OVERLAP,
+    ERR_BAD_OPTION, ERR_WORKSPACE_TOO_SMALL, ERR_BAD_THREAD_COUNT, ERR_BAD_MASK, ERR_CALLBACK, ERR_STRUCT_SIZE,
+    ERR_BAD_PAGE,
+})
+
+
+def _is_argument_status(status):
+    try:
+        return int(status) in ARGUMENT_STATUSES
+    except (TypeError, ValueError):
+        return False
 
 
 # ---- struct mirrors --------------------------------------------------------------
@@ -180,6 +209,12 @@ class fmha_problem(ctypes.Structure):
         ("dropout_offset", ctypes.c_uint64),
         ("kv_dtype", ctypes.c_int),
         ("alignment", ctypes.c_int64),
+        ("k_format", ctypes.c_int64),
+        ("v_format", ctypes.c_int64),
+        ("k_scales", ctypes.POINTER(ctypes.c_float)),
+        ("v_scales", ctypes.POINTER(ctypes.c_float)),
+        ("k_scale_strides", ctypes.c_int64 * 3),
+        ("v_scale_strides", ctypes.c_int64 * 3),
     ]
 
 
@@ -268,6 +303,9 @@ def _declare(lib):
         "fmha_last_error_message": (ctypes.c_char_p, []),
         "fmha_plan_describe": (c_size_t, [c_void_p, ctypes.c_char_p, c_size_t]),
         "fmha_version_string": (ctypes.c_char_p, []),
+        "fmha_kv_quantize": (c_int, [c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, c_void_p,
+                                     P(ctypes.c_int64), c_void_p, P(ctypes.c_int64), c_void_p, P(ctypes.c_int64)]),
+        "fmha_kv_format_row_bytes": (c_size_t, [c_int, ctypes.c_int64]),
     }
     for name, (restype, argtypes) in sigs.items():
         fn = getattr(lib, name)

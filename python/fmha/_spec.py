@@ -53,3 +53,23 @@ DROPOUT_COUNTER_LIMIT = 2**64
 # Index arrays (lengths, segment ids, block tables) are int32 in the C
 # problem: values outside int32 are an error, never a wrap.
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
+
+# Quantized KV-cache formats (fmha_kv_format): name -> (code, kind of scales,
+# values per block, bytes per block). Scales: "key" one float32 per (key, kv
+# head) [B, S, K] (page pools [P, page, K]); "head" one per kv head [K]
+# (optional, 1 when absent); None inside the blocks.
+KV_FORMATS = {
+    "int8": (4, "key", 1, 1),
+    "fp8_e4m3": (5, "head", 1, 1),
+    "fp8_e5m2": (6, "head", 1, 1),
+    "q8_0": (7, None, 32, 34),
+    "q4_0": (8, None, 32, 18),
+}
+KV_FORMAT_TOP = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}  # largest finite value
+
+
+def kv_format_head_dim(fmt, last):
+    """The head dim a stored row of `last` units holds in format fmt, or None
+    when `last` is not a whole number of blocks."""
+    _, _, per, nbytes = KV_FORMATS[fmt]
+    return last // nbytes * per if last % nbytes == 0 else None

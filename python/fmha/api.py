@@ -30,7 +30,7 @@ except ImportError:  # pragma: no cover
 
 _lib.load()  # ImportError with build instructions when libfmha.so is missing
 
-__all__ = ["attention", "attention_backward", "describe", "MaskCallback", "BiasCallback", "Tile", "FmhaError",
+__all__ = ["attention", "attention_backward", "describe", "quantize_kv", "MaskCallback", "BiasCallback", "Tile", "FmhaError",
            "DTYPE_CODES"]
 
 DTYPE_CODES = {np.dtype(np.float32): _lib.DTYPE_F32, np.dtype(np.float16): _lib.DTYPE_F16}
@@ -438,11 +438,117 @@ def _install_bias_callback(p, call, cb):
         call.hold(c_acc)
 
 
+def _stored(x, fmt, name, from_list):
+    """(array, fmha_kv_format code, head dim) of a key or value stored in
+    format fmt (None: its own dtype, float32 / bfloat16 / float16)."""
+    if fmt is None:
+        return x, dtype_code(x.dtype, name, from_list) + 1, x.shape[-1]
+    if fmt not in _spec.KV_FORMATS:
+        raise ValueError(f"fmha: {name}_format must be one of {sorted(_spec.KV_FORMATS)} (or None), got {fmt!r}")
+    code, _, per, nbytes = _spec.KV_FORMATS[fmt]
+    if fmt == "int8":
+        if x.dtype != np.int8:
+            raise TypeError(f"fmha: {name} of {name}_format 'int8' must be an int8 array, got {x.dtype}")
+    elif x.dtype.itemsize == 1 and x.dtype.kind in "uV" or x.dtype.name.startswith("float8"):
+        x = x.view(np.uint8)  # fp8 bits, or ml_dtypes float8 arrays
+    else:
+        raise TypeError(f"fmha: {name} of {name}_format {fmt!r} must be uint8 (or an ml_dtypes float8 array), "
+                        f"got {x.dtype}")
+    dim = _spec.kv_format_head_dim(fmt, x.shape[-1])
+    if dim is None:
+        raise ValueError(f"fmha: {name} of {name}_format {fmt!r} holds blocks of {per} values in {nbytes} bytes: its "
+                         f"last dim must be a multiple of {nbytes} (head dim / {per} x {nbytes}), got {x.shape[-1]}")
+    return x, code, dim
+
+
+def _format_scales(x, code, pool, K, name, paged):
+    """The float32 scales of a format (code) or None; pool = the leading
+    extents of the cache ([B, S], or [P, page] paged)."""
+    kind = next((v[1] for v in _spec.KV_FORMATS.values() if v[0] == code), None)
+    fmt = next((n for n, v in _spec.KV_FORMATS.items() if v[0] == code), None)
+    if kind is None:
+        if x is not None:
+            why = "its scales are in its blocks" if fmt else "it has no scales"
+            raise ValueError(f"fmha: {name} must be None for {fmt or 'a float'} cache ({why})")
+        return None
+    if x is None:
+        if kind == "key":
+            raise ValueError(f"fmha: {name} must be given for format {fmt!r}: float32 [{pool[0]}, {pool[1]}, {K}] "
+                             f"({'pages, page size' if paged else 'B, S'}, kv heads)")
+        return None
+    sc = _float32_tensor(_as_array(x, name), name)
+    want = (pool[0], pool[1], K) if kind == "key" else (K,)
+    if sc.shape != want:
+        raise ValueError(f"fmha: {name} of format {fmt!r} must have shape {want}, got {sc.shape}")
+    return _usable(sc)
+
+
+def _scale_strides(sc):
+    """fmha_problem's scale strides [batch or page, key, head] of an array."""
+    st = _elem_strides(sc)
+    return st if len(st) == 3 else (0, 0, st[0])
+
+
+def quantize_kv(x, format, scales=None):
+    """Writes float rows into a quantized KV-cache format (fmha_kv_quantize):
+    x [..., K, H] (e.g. [B, S, K, H] or a page pool [P, page, K, H]), any
+    real dtype (taken as float32). Returns (values, scales) in the forms
+    attention's key_format / value_format read:
+      "int8"      int8 [..., K, H] and float32 scales [..., K] (max |x| / 127
+                  per row; q = round(x / scale))
+      "fp8_e4m3", "fp8_e5m2"
+                  uint8 bits [..., K, H] and float32 scales [K]: given (to
+                  append to a cache), or max |x| of each head / the format's
+                  largest value (448, 57344); round to nearest even, saturated
+      "q8_0", "q4_0"
+                  uint8 [..., K, H / 32 * 34] / [..., K, H / 32 * 18] (GGUF
+                  blocks, bit for bit ggml's reference quantizers) and None
+    """
+    if format not in _spec.KV_FORMATS:
+        raise ValueError(f"fmha: format must be one of {sorted(_spec.KV_FORMATS)}, got {format!r}")
+    a = np.ascontiguousarray(_float32_tensor(_as_array(x, "x"), "x"))
+    if a.ndim < 2 or 0 in a.shape:
+        raise ValueError(f"fmha: x must be [..., K, H] with no empty dim, got shape {a.shape}")
+    code, kind, per, nbytes = _spec.KV_FORMATS[format]
+    *lead, K, H = a.shape
+    if H % per:
+        raise ValueError(f"fmha: {format} needs a head dim that is a multiple of {per}, got {H}")
+    tokens = int(np.prod(lead)) if lead else 1
+    row = H // per * nbytes
+    values = np.empty((*lead, K, row), np.int8 if format == "int8" else np.uint8)
+    out_scales = None
+    if kind == "key":
+        if scales is not None:
+            raise ValueError("fmha: int8 computes its scales (one per row): pass scales=None")
+        out_scales = np.empty((*lead, K), np.float32)
+        sc_strides = (K, 1)
+    elif kind == "head":
+        if scales is None:
+            amax = np.abs(a.reshape(tokens, K, H)).max(axis=(0, 2))
+            out_scales = (amax / _spec.KV_FORMAT_TOP[format]).astype(np.float32)
+            out_scales[out_scales == 0] = 1.0  # a zero head: any positive scale
+        else:
+            out_scales = np.ascontiguousarray(_float32_tensor(_as_array(scales, "scales"), "scales"))
+            if out_scales.shape != (K,):
+                raise ValueError(f"fmha: scales of {format} must have shape ({K},) (one per kv head), got "
+                                 f"{out_scales.shape}")
+        sc_strides = (0, 1)
+    elif scales is not None:
+        raise ValueError(f"fmha: {format} keeps its scales in its blocks: pass scales=None")
+    I64 = ctypes.c_int64 * 3
+    status = _lib.load().fmha_kv_quantize(
+        code, tokens, K, H, a.ctypes.data, I64(K * H, H, 1), values.ctypes.data, I64(K * row, row, 1),
+        out_scales.ctypes.data if out_scales is not None else None,
+        (ctypes.c_int64 * 2)(*sc_strides) if out_scales is not None else None)
+    _lib.check(status, "fmha_kv_quantize")
+    return values, out_scales
+
+
 def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignment, local_window_size,
              query_seq_lengths, key_value_seq_lengths, segment_ids, alibi_slopes, rel_table,
              rel_max_distance, rel_bidirectional, softcap, strategy, mask_callback, bias_callback,
              precision="fast", sinks=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0,
-             block_table=None):
+             block_table=None, key_format=None, value_format=None, key_scales=None, value_scales=None):
     """Validates every argument (ValueError / TypeError) without calling the
     library; returns (call, q, k, v, batched) for _describe."""
     q = _as_array(query, "query")
@@ -453,10 +559,19 @@ def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignmen
                          f"got shapes {q.shape}, {k.shape}, {v.shape}")
     lists = [not isinstance(x, np.ndarray) for x in (query, key, value)]
     code = dtype_code(q.dtype, "query", lists[0])
-    kv_code = kv_dtype_code(code, dtype_code(k.dtype, "key", lists[1]),
-                            dtype_code(v.dtype, "value", lists[2]))  # 0 = the query's dtype
-    if kv_code is None:
-        raise TypeError(f"fmha: {KV_DTYPE_RULE}, got {q.dtype}, {k.dtype}, {v.dtype}")
+    formats = None
+    if key_format is None and value_format is None:
+        kv_code = kv_dtype_code(code, dtype_code(k.dtype, "key", lists[1]),
+                                dtype_code(v.dtype, "value", lists[2]))  # 0 = the query's dtype
+        if kv_code is None:
+            raise TypeError(f"fmha: {KV_DTYPE_RULE}, got {q.dtype}, {k.dtype}, {v.dtype}")
+        if key_scales is not None or value_scales is not None:
+            raise ValueError("fmha: key_scales and value_scales need key_format / value_format")
+    else:  # K and V each in its storage format (fmha_problem.k_format / v_format)
+        kv_code = 0
+        k, k_fmt, k_dim = _stored(k, key_format, "key", lists[1])
+        v, v_fmt, v_dim = _stored(v, value_format, "value", lists[2])
+        formats = (k_fmt, v_fmt, k_dim, v_dim)
     batched = q.ndim == 4
     if block_table is not None and not batched:
         raise ValueError("fmha: block_table needs 4-D query [B, T, N, H] and page pools [P, page, K, H]")
@@ -465,6 +580,8 @@ def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignmen
     B, T, N, H = q.shape
     Bk, S, K, Hk = k.shape
     Hv = v.shape[3]
+    if formats is not None:  # the head dims the stored rows hold
+        Hk, Hv = formats[2], formats[3]
     table = None
     if block_table is not None:  # k, v: page pools [num_pages, page_size, K, H]
         table = block_table_array(block_table, B)
@@ -575,6 +692,11 @@ def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignmen
             raise ValueError("fmha: sinks must be finite")
         call.sinks = z = np.ascontiguousarray(z)
     softcap = softcap_value(softcap)
+    scales = (None, None)
+    if formats is not None:
+        pool = (k.shape[0], k.shape[1]) if table is not None else (B, S)
+        scales = tuple(_format_scales(x, formats[i], pool, K, name, table is not None)
+                       for i, (x, name) in enumerate(((key_scales, "key_scales"), (value_scales, "value_scales"))))
     if mask_callback is not None and not (isinstance(mask_callback, MaskCallback) or callable(mask_callback)):
         raise TypeError("fmha: mask_callback must be a MaskCallback or a fill function")
     if bias_callback is not None and not (isinstance(bias_callback, BiasCallback) or callable(bias_callback)):
@@ -588,7 +710,8 @@ def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignmen
                       rel_max_distance=rel_max_distance, rel_bidirectional=rel_bidirectional,
                       mask_strides=mask_strides if m is not None else None,
                       bias_strides=bias_strides if b is not None else None,
-                      mask_callback=mask_callback, bias_callback=bias_callback)
+                      mask_callback=mask_callback, bias_callback=bias_callback, formats=formats,
+                      key_scales=scales[0], value_scales=scales[1])
     return call, q, k, v, batched
 
 
@@ -614,12 +737,19 @@ def _describe(call, q, k, v):
                softcap=d["softcap"], sinks=address(d["sinks"]))
     p.dropout_p, p.dropout_seed, p.dropout_offset = d["dropout"]
     p.kv_dtype = d["kv_code"]
+    if d["formats"] is not None:
+        p.k_format, p.v_format = d["formats"][:2]
+        for i, name in enumerate(("key_scales", "value_scales")):
+            sc = d[name]
+            if sc is not None:
+                setattr(p, ("k_scales", "v_scales")[i], _ptr(ctypes.c_float, sc.ctypes.data))
+                getattr(p, ("k_scale_strides", "v_scale_strides")[i])[:] = _scale_strides(sc)
     table = d["block_table"]
     if table is not None:
         p.block_table = _ptr(ctypes.c_int32, table.ctypes.data)
         p.block_table_stride = table.shape[1]
         p.num_pages, p.page_size = d["pool"]
-    call.hold(m, b, ql, kl, q_ids, kv_ids, a, r, d["sinks"], table)
+    call.hold(m, b, ql, kl, q_ids, kv_ids, a, r, d["sinks"], table, d["key_scales"], d["value_scales"])
     if d["mask_callback"] is not None:
         _install_mask_callback(p, call, d["mask_callback"])
     if d["bias_callback"] is not None:
@@ -632,7 +762,7 @@ def _describe(call, q, k, v):
 # every call, so such calls take the one-shot path instead.
 _PLANS = _lib.PlanCache(32)
 _PER_CALL_PARTS = ("mask", "bias", "q_lengths", "kv_lengths", "q_ids", "kv_ids", "alibi", "rel_table",
-                   "sinks", "mask_callback", "bias_callback", "block_table")
+                   "sinks", "mask_callback", "bias_callback", "block_table", "key_scales", "value_scales")
 
 
 def _cached_plan(call, q, k, v, o_strides):
@@ -642,7 +772,7 @@ def _cached_plan(call, q, k, v, o_strides):
         if d[name] is not None:
             return None
     o_strides = tuple(o_strides)
-    key = (d["code"], d["kv_code"], d["sizes"], _bshd(q), _bshd(k), _bshd(v), o_strides, d["scale"], d["causal"],
+    key = (d["code"], d["kv_code"], d["formats"], d["sizes"], _bshd(q), _bshd(k), _bshd(v), o_strides, d["scale"], d["causal"],
            d["strategy"], d["precision"], d["window"], d["softcap"], d["dropout"])
 
     def make_problem():
@@ -671,7 +801,7 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
               rel_table=None, rel_max_distance=128, rel_bidirectional=True, mask_callback=None,
               bias_callback=None, return_lse=False, strategy="auto", precision="fast", sinks=None,
               dropout_p=0.0, dropout_seed=0, dropout_offset=0,
-              block_table=None):
+              block_table=None, key_format=None, value_format=None, key_scales=None, value_scales=None):
     """Scaled dot-product attention on NumPy arrays by the C library.
 
     query [B, T, N, H], key [B, S, K, H], value [B, S, K, Hv] (or 3-D without
@@ -711,6 +841,18 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
                         is row j % page_size of page block_table[b, j //
                         page_size] (vLLM, FlashAttention); needs
                         key_value_seq_lengths; forward only
+      key_format, value_format
+                        a quantized KV cache, each tensor in its own format
+                        (None: the array's dtype): "int8" (int8 [B, S, K, H],
+                        key_scales float32 [B, S, K]: one per key and head),
+                        "fp8_e4m3" / "fp8_e5m2" (uint8 bits or ml_dtypes
+                        float8 arrays [B, S, K, H], scales [K] or None = 1),
+                        "q8_0" / "q4_0" (GGUF blocks, uint8 [B, S, K, H / 32 *
+                        34] / [.., H / 32 * 18], scales inside: no *_scales);
+                        with block_table the page-pool forms ([P, page, K, ..],
+                        int8 scales [P, page, K]). quantize_kv writes them. The
+                        result is attention over the dequantised values;
+                        forward only
     A query row that sees no key gets zeros (and lse = -inf, or its sink).
 
     Returns out [B, T, N, Hv] (query's dtype), or (out, lse) with lse float32
@@ -723,7 +865,8 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
         rel_table=rel_table, rel_max_distance=rel_max_distance, rel_bidirectional=rel_bidirectional,
         softcap=softcap, strategy=strategy, mask_callback=mask_callback, bias_callback=bias_callback,
         precision=precision, sinks=sinks, dropout_p=dropout_p, dropout_seed=dropout_seed,
-        dropout_offset=dropout_offset, block_table=block_table)
+        dropout_offset=dropout_offset, block_table=block_table, key_format=key_format,
+        value_format=value_format, key_scales=key_scales, value_scales=value_scales)
     B, T, N, S, K, H, Hv = call.shape
     out = np.empty((B, T, N, Hv), dtype=q.dtype)
     lse = np.empty((B, N, T), dtype=np.float32) if return_lse else None
@@ -781,7 +924,8 @@ def attention_backward(query, key, value, out, lse, d_out, bias=None, mask=None,
                        alibi_slopes=None, softcap=None, rel_table=None, rel_max_distance=128,
                        rel_bidirectional=True, mask_callback=None, bias_callback=None,
                        return_bias_grads=False, strategy="auto", precision="fast", sinks=None,
-                       dropout_p=0.0, dropout_seed=0, dropout_offset=0):
+                       dropout_p=0.0, dropout_seed=0, dropout_offset=0, key_format=None, value_format=None,
+                       key_scales=None, value_scales=None):
     """Gradients of `attention` by the C backward (fmha_backward).
 
     out and lse are attention(..., return_lse=True)'s results for the same
@@ -792,8 +936,12 @@ def attention_backward(query, key, value, out, lse, d_out, bias=None, mask=None,
     (those given) to their float32 gradients (bias's in bias's own shape:
     summed over the dimensions it broadcasts; the sinks' from
     fmha_sinks_backward). A bias_callback receives its gradient through its
-    accumulate_grad.
+    accumulate_grad. A quantized cache (key_format, value_format) is forward
+    only: FmhaError (FMHA_ERR_UNSUPPORTED).
     """
+    if key_format is not None or value_format is not None:
+        raise FmhaError(_lib.ERR_UNSUPPORTED, "a quantized KV cache (key_format / value_format) is forward only: "
+                        "fmha has no backward for it", "fmha.attention_backward")
     call, q, k, v, batched = _prepare(
         query, key, value, bias, mask, scale=scale, is_causal=is_causal, causal_alignment=causal_alignment,
         local_window_size=local_window_size, query_seq_lengths=query_seq_lengths,

@@ -56,7 +56,7 @@ from ._jax_core import _build, ffi_library_path, plan_cache_clear, plan_cache_in
 from ._jax_ring import ring_attention
 from ._lib import FmhaError
 
-__all__ = ["dot_product_attention", "ring_attention", "ffi_library_path", "FmhaError"]
+__all__ = ["dot_product_attention", "quantize_kv", "ring_attention", "ffi_library_path", "FmhaError"]
 
 
 # ---- the differentiable call ------------------------------------------------------------
@@ -196,12 +196,76 @@ def _paged_sizes(query, key, value, q, block_table, key_value_seq_lengths, page_
     return B, table.shape[1] * page_size, _checked_array(table, table.shape, jnp.integer, "block_table")
 
 
+def _quantized_cache_attention(query, key, value, return_residual, key_format, value_format, key_scales,
+                               value_scales, options):
+    """dot_product_attention over a quantized cache: fmha.attention (NumPy) on
+    the host through jax.pure_callback; forward only. The call is checked
+    while tracing (fmha.describe on zero-stride stand-ins of the arrays, so
+    nothing of the cache's size is allocated)."""
+    arrays = dict(query=query, key=key, value=value, key_scales=key_scales, value_scales=value_scales,
+                  **{n: options.pop(n) for n in ("query_seq_lengths", "key_value_seq_lengths", "alibi_slopes",
+                                                  "sinks", "block_table")})
+    names = [n for n, x in arrays.items() if x is not None]
+    scale = options.pop("scale")
+    if scale is not None and not isinstance(scale, (int, float)):
+        raise ValueError("a quantized cache takes a Python number as scale, not a traced one")
+
+    def stand_in(name, x):
+        """Zeros of x's dtype and shape: broadcast (zero strides), or for the
+        tensors a contiguous view over one element (describe never reads
+        them, and a cache's blocks need their own strides)."""
+        dtype, shape = np.dtype(jnp.result_type(x)), tuple(jnp.shape(x))
+        if name not in ("query", "key", "value"):
+            return np.broadcast_to(np.zeros((), dtype), shape)
+        strides = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) * dtype.itemsize for i in range(len(shape)))
+        return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape, strides, writeable=False)
+
+    given = {n: stand_in(n, arrays[n]) for n in names}
+    api.describe(given.pop("query"), given.pop("key"), given.pop("value"), key_format=key_format,
+                 value_format=value_format, scale=scale, **given, **options)
+    q_shape = tuple(jnp.shape(query))
+    v_last = jnp.shape(value)[-1]
+    Hv = _spec.kv_format_head_dim(value_format, v_last) if value_format else v_last
+    out_type = jax.ShapeDtypeStruct(q_shape[:-1] + (Hv,), jnp.result_type(query))
+    lse_type = jax.ShapeDtypeStruct((q_shape[0], q_shape[2], q_shape[1]) if len(q_shape) == 4
+                                    else (q_shape[1], q_shape[0]), jnp.float32)
+
+    def host(*values):
+        named = dict(zip(names, (np.asarray(x) for x in values)))
+        q, k, v = named.pop("query"), named.pop("key"), named.pop("value")
+        return api.attention(q, k, v, key_format=key_format, value_format=value_format, scale=scale,
+                             return_lse=True, **named, **options)
+
+    @jax.custom_vjp
+    def run(*values):
+        return jax.pure_callback(host, (out_type, lse_type), *values, vmap_method="sequential")
+
+    def run_fwd(*values):
+        return run(*values), None
+
+    def run_bwd(_, cotangents):
+        raise FmhaError(_lib.ERR_UNSUPPORTED, "a quantized KV cache (key_format / value_format) is forward only: "
+                        "fmha has no backward for it", "fmha.jax.dot_product_attention")
+
+    run.defvjp(run_fwd, run_bwd)
+    out, lse = run(*(arrays[n] for n in names))
+    return (out, lse) if return_residual else out
+
+
+def quantize_kv(x, format, scales=None):
+    """fmha.quantize_kv (NumPy) on a JAX array, on the host: (values, scales)
+    as dot_product_attention's key_format reads them."""
+    values, out_scales = api.quantize_kv(np.asarray(x), format, scales=None if scales is None else np.asarray(scales))
+    return jnp.asarray(values), None if out_scales is None else jnp.asarray(out_scales)
+
+
 def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
                           query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
                           implementation=None, return_residual=False, causal_alignment="top_left",
                           segment_ids=None, alibi_slopes=None, rel_table=None, rel_max_distance=128,
                           rel_bidirectional=True, softcap=None, sinks=None, precision="fast", dropout_p=0.0,
-                          dropout_rng=None, block_table=None):
+                          dropout_rng=None, block_table=None, key_format=None, value_format=None,
+                          key_scales=None, value_scales=None):
     """jax.nn.dot_product_attention computed by fmha's C kernels.
 
     Same arguments, shapes ([B, T, N, H] or [T, N, H]; GQA through fewer key
@@ -246,6 +310,18 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
                         windows, lengths, sinks, softcap and alibi_slopes
                         apply; masks, other biases, segment ids and
                         dropout do not. Forward only.
+      key_format, value_format, key_scales, value_scales
+                        a quantized KV cache with fmha.attention's forms
+                        ("int8": int8 [B, S, K, H] and float32 scales [B,
+                        S, K]; "fp8_e4m3" / "fp8_e5m2": uint8 bits or float8
+                        arrays, scales [K] or None; "q8_0" / "q4_0": uint8
+                        GGUF blocks [B, S, K, H / 32 x 34 or 18]; page pools
+                        with block_table). fmha.quantize_kv (NumPy) or
+                        fmha.jax.quantize_kv writes them. The call runs on
+                        the host through jax.pure_callback (jit and vmap
+                        work; forward only, not differentiable); masks,
+                        biases other than softcap and ALiBi, segment ids
+                        and dropout do not apply.
     Paged caches and caches of their own dtype have no backward:
     differentiating such a call raises FmhaError (FMHA_ERR_UNSUPPORTED).
     scale may be traced (a learned temperature): Q is then multiplied by it
@@ -271,6 +347,18 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
             return_residual=return_residual)
     if implementation not in (None, "fmha"):
         raise ValueError(f"Unsupported implementation option: {implementation}")
+    if key_format is not None or value_format is not None:
+        if any(x is not None for x in (bias, mask, segment_ids, rel_table)) or dropout_p:
+            raise ValueError("a quantized cache (key_format / value_format) takes no bias, mask, segment_ids, "
+                             "rel_table or dropout")
+        return _quantized_cache_attention(query, key, value, return_residual, key_format, value_format, key_scales,
+                                          value_scales, dict(scale=scale, is_causal=is_causal,
+                                                             causal_alignment=causal_alignment,
+                                                             local_window_size=local_window_size,
+                                                             query_seq_lengths=query_seq_lengths,
+                                                             key_value_seq_lengths=key_value_seq_lengths,
+                                                             alibi_slopes=alibi_slopes, softcap=softcap,
+                                                             sinks=sinks, block_table=block_table))
 
     output_shape = jnp.shape(query)
     q, k, v = _ensure_4d(query), _ensure_4d(key), _ensure_4d(value)

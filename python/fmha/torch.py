@@ -50,7 +50,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("fmha.torch needs PyTorch (pip install torch); fmha's NumPy and JAX bindings "
                       "work without it") from e
 
-from . import _spec, api
+from . import _lib, _spec, api
 from ._lib import FmhaError
 from ._torch_core import (_BLOCK_TABLE, _OPTIONS, _TENSORS, OPTIONAL_TENSORS, AttentionArgs, _Spec,
                           _attention_backward_impl, _attention_impl, _backward, _dtype_code, _float32_param,
@@ -59,7 +59,7 @@ from ._torch_core import _PLANS, _problem, _seq_strides  # noqa: F401  (the plan
 from ._torch_flex import flex_attention
 from ._torch_ring import ring_attention
 
-__all__ = ["scaled_dot_product_attention", "flex_attention", "ring_attention", "register_transformers",
+__all__ = ["scaled_dot_product_attention", "quantize_kv", "flex_attention", "ring_attention", "register_transformers",
            "transformers_attention", "FmhaError"]
 
 try:  # PyTorch >= 2.2
@@ -220,12 +220,97 @@ class _EmptyAttention(torch.autograd.Function):
                                for t, need in zip(ctx.tensors, ctx.needs_input_grad[1:]))
 
 
+def _numpy_of(t):
+    """A CPU tensor's values as a NumPy array without a copy where possible
+    (bfloat16 through ml_dtypes, float8 as its uint8 bits)."""
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    if t.dtype in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)):
+        return t.view(torch.uint8).numpy()
+    return t.numpy()
+
+
+def _tensor_of(a):
+    """A NumPy result as a torch tensor (bfloat16 through its bits)."""
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def _quantized_cache_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_format,
+                               value_format, key_scales, value_scales, options, unsupported):
+    """scaled_dot_product_attention over a quantized cache: fmha.attention on
+    the tensors' memory in [B, S, H, E] order (transposed views), forward only."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor) or not t.is_cpu:
+            raise TypeError(f"fmha.torch: {name} must be a CPU torch.Tensor")
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        raise ValueError("fmha.torch: a quantized cache needs query [B, H, L, E] and key, value [B, Hkv, S, row] "
+                         f"(pools [num_pages, Hkv, page_size, row]), got shapes {tuple(query.shape)}, "
+                         f"{tuple(key.shape)}, {tuple(value.shape)}")
+    if dropout_p or unsupported:
+        raise ValueError("fmha.torch: dropout, segment ids and rel_table do not apply to a quantized cache")
+    if query.shape[1] != key.shape[1] and not enable_gqa:
+        raise ValueError(f"fmha.torch: {query.shape[1]} query heads against {key.shape[1]} key heads need "
+                         "enable_gqa=True")
+    if torch.is_grad_enabled() and query.requires_grad:
+        raise FmhaError(_lib.ERR_UNSUPPORTED, "a quantized KV cache (key_format / value_format) is forward "
+                        "only: fmha has no backward for it", "fmha.torch.scaled_dot_product_attention")
+
+    def seq_major(t):  # [B, H, S, x] -> [B, S, H, x] (a view)
+        return _numpy_of(t.transpose(1, 2))
+
+    def scales_of(x, fmt):
+        if x is None:
+            return None
+        if fmt == "int8":  # [B, Hkv, S] -> [B, S, Hkv]
+            return _numpy_of(x.transpose(1, 2))
+        return _numpy_of(x)
+
+    mask = bias = None
+    if attn_mask is not None:
+        m = _numpy_of(attn_mask)
+        mask, bias = (m, None) if attn_mask.dtype == torch.bool else (None, m)
+    opts = dict(options)
+    for name in ("alibi_slopes", "sinks", "query_seq_lengths", "key_value_seq_lengths", "block_table"):
+        if isinstance(opts[name], torch.Tensor):
+            opts[name] = _numpy_of(opts[name])
+    out = api.attention(seq_major(query), seq_major(key), seq_major(value), bias, mask, scale=scale,
+                        is_causal=is_causal, key_format=key_format, value_format=value_format,
+                        key_scales=scales_of(key_scales, key_format), value_scales=scales_of(value_scales, value_format),
+                        **opts)
+    return _tensor_of(out).transpose(1, 2)
+
+
+def quantize_kv(x, format, scales=None):
+    """fmha.quantize_kv on a torch tensor in SDPA's order: x [B, Hkv, S, E]
+    (or a page pool [num_pages, Hkv, page_size, E]) to (values, scales) as
+    scaled_dot_product_attention's key_format reads them: values [B, Hkv, S,
+    row] (int8 or uint8), scales [B, Hkv, S] for int8, [Hkv] for fp8 (given
+    or computed), None for q8_0 / q4_0."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        raise ValueError("fmha.torch.quantize_kv: x must be a 4-D tensor [B, Hkv, S, E]")
+    xs = x.detach().float().transpose(1, 2).contiguous().numpy()  # [B, S, Hkv, E]
+    sc = None if scales is None else _numpy_of(scales)
+    values, out_scales = api.quantize_kv(xs, format, scales=sc)
+    values = torch.from_numpy(values).transpose(1, 2)
+    if out_scales is not None and out_scales.ndim == 3:
+        out_scales = torch.from_numpy(out_scales).transpose(1, 2)
+    elif out_scales is not None:
+        out_scales = torch.from_numpy(out_scales)
+    return values, out_scales
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False, *, segment_ids=None, alibi_slopes=None, rel_table=None,
                                  rel_max_distance=128, rel_bidirectional=True, softcap=None,
                                  causal_alignment="top_left", local_window_size=None, query_seq_lengths=None,
                                  key_value_seq_lengths=None, precision="fast", sinks=None, dropout_seed=None,
-                                 dropout_offset=0, block_table=None):
+                                 dropout_offset=0, block_table=None, key_format=None, value_format=None,
+                                 key_scales=None, value_scales=None):
     """torch.nn.functional.scaled_dot_product_attention by fmha's C kernels.
 
     query [..., H, L, E], key [..., Hkv, S, E], value [..., Hkv, S, Ev] on
@@ -268,9 +353,29 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     local_window_size, the lengths, sinks, softcap and alibi_slopes apply;
     attn_mask, segment ids, rel_table and dropout do not.
 
+    key_format, value_format, key_scales, value_scales: a quantized KV cache
+    as fmha.attention reads it, in SDPA's order: query [B, H, L, E], key
+    and value [B, Hkv, S, row] ("int8": int8, key_scales float32 [B, Hkv,
+    S]; "fp8_e4m3" / "fp8_e5m2": uint8 bits or torch.float8 tensors, scales
+    [Hkv] or None; "q8_0" / "q4_0": uint8 GGUF blocks, row E / 32 x 34 or
+    18), page pools [num_pages, Hkv, page_size, row] with block_table (int8
+    scales [num_pages, Hkv, page_size]). fmha.torch.quantize_kv writes
+    them. Forward only and outside autograd and torch.compile's graphs
+    (the call runs through the NumPy binding); attn_mask, dropout and
+    segment ids do not apply.
+
     Paged caches and caches of their own dtype have no backward: a backward
     through such a call raises FmhaError (FMHA_ERR_UNSUPPORTED).
     """
+    if key_format is not None or value_format is not None:
+        return _quantized_cache_attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_format, value_format,
+            key_scales, value_scales, dict(alibi_slopes=alibi_slopes, softcap=softcap,
+                                           causal_alignment=causal_alignment, local_window_size=local_window_size,
+                                           query_seq_lengths=query_seq_lengths,
+                                           key_value_seq_lengths=key_value_seq_lengths, sinks=sinks,
+                                           block_table=block_table),
+            segment_ids is not None or rel_table is not None)
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"fmha.torch: {name} must be a torch.Tensor, got {type(t).__name__}")

@@ -2,11 +2,15 @@
  * turn whether it serves the resolved plan (a driver that does fills its
  * own fields of the plan) and the first that does is the plan's; the run
  * and the workspace are the chosen driver's. Most specialised first:
+ *   fold    a decode step of many heads on one kv head, as a problem whose
+ *           queries are the heads (fold.c)
  *   decode  few queries against many keys, paged caches (decode.c)
  *   dense   small problems, scores materialised per head (fwd.c)
  *   tiled   everything else (fwd.c) */
 #include "../attn.h"
 #include "../error.h"
+
+static int fold_serves(fmha_plan *plan) { return fmha_fold_plan(plan); }
 
 static int decode_serves(fmha_plan *plan) { return fmha_decode_plan(plan); }
 
@@ -15,11 +19,12 @@ static int dense_serves(fmha_plan *plan) { return !plan->p.block_table && plan->
 
 static int tiled_serves(fmha_plan *plan) { return !plan->p.block_table; }
 
+const fmha_fwd_driver fmha_fwd_driver_fold = {"fold", fold_serves, fmha_fold_workspace, fmha_fold_run};
 const fmha_fwd_driver fmha_fwd_driver_decode = {"decode", decode_serves, fmha_decode_workspace, fmha_decode_run};
 const fmha_fwd_driver fmha_fwd_driver_dense = {"dense", dense_serves, fmha_tiled_workspace, fmha_tiled_run};
 const fmha_fwd_driver fmha_fwd_driver_tiled = {"tiled", tiled_serves, fmha_tiled_workspace, fmha_tiled_run};
 
-static const fmha_fwd_driver *const fwd_drivers[] = {&fmha_fwd_driver_decode, &fmha_fwd_driver_dense,
+static const fmha_fwd_driver *const fwd_drivers[] = {&fmha_fwd_driver_fold, &fmha_fwd_driver_decode, &fmha_fwd_driver_dense,
                                                      &fmha_fwd_driver_tiled};
 
 fmha_status fmha_fwd_driver_choose(fmha_plan *plan) {

@@ -207,8 +207,11 @@ static void fwd_values_guarded(const fwd_ctx *c, int64_t b, int64_t hk, int64_t 
             float acc = ot[(size_t)col * nr + i] * alpha[i];
             for (int64_t r = 0; r < nk; r++) {
                 float pr = pt[(size_t)r * nr + i];
-                if (pr != 0.0f)
-                    acc += pr * vf->dequant(c->v, b * vs[0] + (k0 + r) * vs[1] + hk * vs[2] + col * vs[3]);
+                if (pr != 0.0f) { /* rare (a NaN or inf row): V's scale fetched per key */
+                    float v_sc;
+                    fmha_kv_scales_of(p, 1, b, hk, k0 + r, 1, &v_sc);
+                    acc += pr * v_sc * fmha_format_value(vf, c->v, b * vs[0] + (k0 + r) * vs[1] + hk * vs[2], col, vs[3]);
+                }
             }
             ot[(size_t)col * nr + i] = acc;
         }

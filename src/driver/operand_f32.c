@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "../convert.h"
+#include "../format.h"
 #include "operand.h"
 
 const fmha_operand_path *fmha_operand_path_for(fmha_dtype dtype, const fmha_ukernels *uk) {
@@ -91,6 +92,32 @@ static size_t widened_unit_bytes(const fmha_plan *plan) {
     return floats_bytes(skv * (size_t)plan->p.head_dim) + floats_bytes(skv * v_copy_ld(plan));
 }
 
+/* dst[r][e] = value e of K's (which 0) or V's (1) row of key k0 + r, kv
+ * head hk, batch b, in float32 with its format's scales, r < nk, e < len
+ * (rows ld floats apart): the format's load kernel for rows of unit stride. */
+static void widen_rows(const fmha_plan *plan, int which, const void *x, const int64_t *st, int64_t b, int64_t hk,
+                       int64_t k0, int64_t nk, int64_t len, float *dst, size_t ld) {
+    const fmha_cache_format_id id = which ? plan->v_format : plan->k_format;
+    const fmha_cache_format *f = fmha_cache_format_at(id);
+    const fmha_cache_load_ukernel_fn load = plan->uk->cache[id].load;
+    float sc[64];
+    for (int64_t r0 = 0; r0 < nk; r0 += 64) {
+        const int64_t n = nk - r0 < 64 ? nk - r0 : 64;
+        const int scaled = f->scales == FMHA_SCALES_PER_KEY || f->scales == FMHA_SCALES_PER_HEAD;
+        if (scaled) fmha_kv_scales_of(&plan->p, which, b, hk, k0 + r0, n, sc);
+        for (int64_t r = r0; r < r0 + n; r++) {
+            const int64_t at = b * st[0] + (k0 + r) * st[1] + hk * st[2];
+            float *row = dst + (size_t)r * ld;
+            if (st[3] == 1)
+                load((size_t)len, (const char *)x + at * (int64_t)f->unit_bytes, row);
+            else
+                for (int64_t e = 0; e < len; e++) row[e] = fmha_format_value(f, x, at, e, st[3]);
+            if (scaled)
+                for (int64_t e = 0; e < len; e++) row[e] *= sc[r - r0];
+        }
+    }
+}
+
 static void widened_kv_pack(const fmha_plan *plan, const void *k, const void *v, int64_t b,
                             int64_t hk, int64_t k0, int64_t nk, char *unit) {
     const fmha_problem *p = &plan->p;
@@ -98,11 +125,8 @@ static void widened_kv_pack(const fmha_plan *plan, const void *k, const void *v,
     int64_t D = p->head_dim, Dv = p->head_dim_v;
     size_t ld = v_copy_ld(plan);
     float *kf = (float *)unit, *vf = (float *)(unit + floats_bytes((size_t)(p->seq_kv * D)));
-    for (int64_t r = k0; r < k0 + nk; r++) {
-        int64_t krow = b * ks[0] + r * ks[1] + hk * ks[2], vrow = b * vs[0] + r * vs[1] + hk * vs[2];
-        for (int64_t e = 0; e < D; e++) kf[r * D + e] = fmha_load(k, plan->kv_dtype, krow + e * ks[3]);
-        for (int64_t e = 0; e < Dv; e++) vf[(size_t)r * ld + (size_t)e] = fmha_load(v, plan->kv_dtype, vrow + e * vs[3]);
-    }
+    widen_rows(plan, 0, k, ks, b, hk, k0, nk, D, kf + k0 * D, (size_t)D);
+    widen_rows(plan, 1, v, vs, b, hk, k0, nk, Dv, vf + (size_t)k0 * ld, ld);
 }
 
 static void widened_views(const fmha_plan *plan, const void *k, const void *v, const char *unit,

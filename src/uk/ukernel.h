@@ -172,7 +172,8 @@ typedef void (*fmha_bf16_pair_rows_split_ukernel_fn)(const float *a, const float
 
 /* s[r][j] = scale * sum_e q[r * ldq + e] * K(j, e)
  * for r < rows, j < nk, e < d, K(j, e) element e of the row at k + j * ldk
- * (ldk counts elements of the format; float32: floats). scale multiplies the
+ * (ldk counts the format's storage units: floats for float32, bytes for the
+ * 8-bit and block formats). scale multiplies the
  * finished dot product. A format's kernel gives the float32 kernel's bits
  * on the loaded rows. */
 typedef void (*fmha_cache_scores_ukernel_fn)(size_t rows, size_t nk, size_t d, const float *q,
@@ -189,14 +190,17 @@ typedef void (*fmha_f32_decode_softmax_ukernel_fn)(size_t rows, size_t nk, float
 
 /* o[r][c] = o[r][c] * alpha[r] + sum_j p[r * ldp + j] * V(j, c)
  * for r < rows, c < dv, j < nk (nk >= 0), V(j, c) element c of the row at
- * v + j * ldv (elements of the format). */
+ * v + j * ldv (storage units of the format). Scales kept beside the rows
+ * (int8's per key, fp8's per head) are the driver's: it multiplies the
+ * scores and P by them; block formats' scales are the kernels'. */
 typedef void (*fmha_cache_values_ukernel_fn)(size_t rows, size_t nk, size_t dv, const float *p,
                                              size_t ldp, const void *v, size_t ldv, float *o,
                                              size_t ldo, const float *alpha);
 
-/* dst[i] = element i of the row at src as float32, i < n: exact for the
- * float formats (a NaN stays a NaN, possibly quieted); the format's
- * dequantisation (src/format.h) bit for bit. */
+/* dst[i] = element i of the row at src as float32, i < n (a multiple of 32
+ * for the block formats, src at a block): exact for the float formats (a
+ * NaN stays a NaN, possibly quieted); the format's dequantisation
+ * (src/format.h) bit for bit, without the scales kept beside the rows. */
 typedef void (*fmha_cache_load_ukernel_fn)(size_t n, const void *src, float *dst);
 
 /* Dropout on a score tile S^T (rows = keys, lanes = queries), in place:
@@ -229,6 +233,11 @@ typedef enum fmha_cache_format_id {
     FMHA_FORMAT_F32 = 0,
     FMHA_FORMAT_BF16,
     FMHA_FORMAT_F16,
+    FMHA_FORMAT_INT8,     /* int8, a scale per (key, kv head) beside the rows */
+    FMHA_FORMAT_FP8_E4M3, /* OCP E4M3FN bits, a scale per kv head */
+    FMHA_FORMAT_FP8_E5M2, /* OCP E5M2 bits, a scale per kv head */
+    FMHA_FORMAT_Q8_0,     /* GGUF block_q8_0: blocks of 32, 34 bytes */
+    FMHA_FORMAT_Q4_0,     /* GGUF block_q4_0: blocks of 32, 18 bytes */
     FMHA_FORMAT_COUNT
 } fmha_cache_format_id;
 

@@ -26,7 +26,7 @@ static void test_layout(void) {
         return;
     }
     const frozen table[] = {
-        SIZE(fmha_problem, 504), SIZE(fmha_masks, 112), SIZE(fmha_biases, 96),
+        SIZE(fmha_problem, 584), SIZE(fmha_masks, 112), SIZE(fmha_biases, 96),
         SIZE(fmha_param_grads, 56), SIZE(fmha_tile, 72), SIZE(fmha_mask_callback, 24),
         SIZE(fmha_bias_callback, 24),
         AT(fmha_problem, struct_size, 0), AT(fmha_problem, dtype, 8), AT(fmha_problem, batch, 16),
@@ -39,7 +39,9 @@ static void test_layout(void) {
         AT(fmha_problem, block_table_stride, 440), AT(fmha_problem, page_size, 448),
         AT(fmha_problem, num_pages, 456), AT(fmha_problem, dropout_p, 464),
         AT(fmha_problem, dropout_seed, 472), AT(fmha_problem, dropout_offset, 480), AT(fmha_problem, kv_dtype, 488),
-        AT(fmha_problem, alignment, 496),
+        AT(fmha_problem, alignment, 496), AT(fmha_problem, k_format, 504), AT(fmha_problem, v_format, 512),
+        AT(fmha_problem, k_scales, 520), AT(fmha_problem, v_scales, 528), AT(fmha_problem, k_scale_strides, 536),
+        AT(fmha_problem, v_scale_strides, 560),
         AT(fmha_masks, window_left, 0), AT(fmha_masks, window_right, 8), AT(fmha_masks, kv_lengths, 16),
         AT(fmha_masks, q_lengths, 24), AT(fmha_masks, q_segment_ids, 32), AT(fmha_masks, kv_segment_ids, 40),
         AT(fmha_masks, dense, 48), AT(fmha_masks, dense_strides, 56), AT(fmha_masks, callback, 88),
@@ -73,6 +75,10 @@ static void test_enums(void) {
              "ABI: kv dtype numbers (fmha_dtype + 1, 0 = the problem's)");
     tu_check(FMHA_ALIGN_CAUSAL == 0 && FMHA_ALIGN_TOP_LEFT == 1 && FMHA_ALIGN_BOTTOM_RIGHT == 2,
              "ABI: alignment numbers (0 = causal's)");
+    tu_check(FMHA_KV_FORMAT_DTYPE == 0 && FMHA_KV_FORMAT_F32 == 1 && FMHA_KV_FORMAT_F16 == 3 &&
+                 FMHA_KV_FORMAT_INT8 == 4 && FMHA_KV_FORMAT_FP8_E4M3 == 5 && FMHA_KV_FORMAT_FP8_E5M2 == 6 &&
+                 FMHA_KV_FORMAT_Q8_0 == 7 && FMHA_KV_FORMAT_Q4_0 == 8,
+             "ABI: kv format numbers (0 = kv_dtype's)");
 }
 
 /* Every entry point refuses a problem whose struct_size it does not know,
@@ -119,7 +125,7 @@ static void test_struct_size(void) {
 
 /* A problem built against an earlier release (struct_size 424, no sinks;
  * 432, sinks but no block table; 464, no dropout; 488, no kv_dtype; 496, no
- * alignment) runs as its prefix: what lies past it in memory is never read. */
+ * alignment; 504, no cache formats) runs as its prefix: what lies past it in memory is never read. */
 static void test_earlier_releases(void) {
     fmha_problem p;
     fmha_problem_init(&p, 1, 2, 1, 5, 7, 8, 8, FMHA_LAYOUT_BSHD);
@@ -166,6 +172,13 @@ static void test_earlier_releases(void) {
     tu_check(fmha_problem_check(&old) == FMHA_OK && fmha_forward(&old, q, k, v, o_old, NULL, NULL, 0) == FMHA_OK &&
                  !memcmp(o_new, o_old, tu_span(p.o_strides, n) * sizeof(float)),
              "struct_size 496 runs without alignment");
+    old = p;
+    old.struct_size = 504;
+    old.k_format = 77; /* not a format: must not be read */
+    old.v_scales = (const float *)&old;
+    tu_check(fmha_problem_check(&old) == FMHA_OK && fmha_forward(&old, q, k, v, o_old, NULL, NULL, 0) == FMHA_OK &&
+                 !memcmp(o_new, o_old, tu_span(p.o_strides, n) * sizeof(float)),
+             "struct_size 504 runs without cache formats");
     free(q); free(k); free(v); free(o_new); free(o_old);
 }
 

@@ -196,13 +196,15 @@ static void dec_tensor_free(dec_tensor *x) {
     free(x->value);
 }
 
-static int planned_decode(const fmha_problem *p) {
+static int planned_driver_is(const fmha_problem *p, const fmha_fwd_driver *driver) {
     fmha_plan *plan = NULL;
     if (fmha_plan_create(p, &plan) != FMHA_OK) return -1;
-    int d = plan->driver == &fmha_fwd_driver_decode;
+    int d = plan->driver == driver;
     fmha_plan_destroy(plan);
     return d;
 }
+
+static int planned_decode(const fmha_problem *p) { return planned_driver_is(p, &fmha_fwd_driver_decode); }
 
 static void run_case(const dec_case *dc) {
     fmha_problem p;
@@ -357,8 +359,12 @@ static void mla_case(int64_t B, int64_t hq, int64_t sq, int64_t skv, fmha_dtype 
     const char *isa_default = fmha_isa_name();
     for (size_t ii = 0; ii < fmha_isa_count(); ii++) {
         if (fmha_cpu_force_isa(fmha_isa_at(ii)->name) != 0) continue;
-        tu_check(planned_decode(&p) == (fmha_cpu_kernels()->decode.softmax != NULL), "%s %s: decode planned",
-                 fmha_isa_at(ii)->name, what);
+        /* one query of 64+ heads in 2+ blocks of NR: the fold driver (fold.c), else decode */
+        const int64_t nr = (int64_t)fmha_cpu_kernels()->tile.nr;
+        const int fold = sq == 1 && hq >= 64 && B * ((hq + nr - 1) / nr) >= 2;
+        tu_check(fold ? planned_driver_is(&p, &fmha_fwd_driver_fold)
+                      : planned_decode(&p) == (fmha_cpu_kernels()->decode.softmax != NULL),
+                 "%s %s: %s planned", fmha_isa_at(ii)->name, what, fold ? "fold" : "decode");
         fmha_problem ptl = p;
         ptl.strategy = FMHA_STRATEGY_TILED;
         fmha_set_num_threads(2);

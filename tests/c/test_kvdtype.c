@@ -203,17 +203,7 @@ static void test_errors(void) {
 
 int main(void) {
     tu_seed();
-    const char *isa_default = fmha_isa_name();
-    for (size_t i = 0; i < fmha_isa_count(); i++) {
-        const fmha_isa *isa = fmha_isa_at(i);
-        if (!fmha_isa_supported(isa)) {
-            printf("skip: %s (this CPU lacks it)\n", isa->name);
-            continue;
-        }
-        fmha_cpu_force_isa(isa->name);
-        test_cases(isa->name);
-    }
-    fmha_cpu_force_isa(isa_default);
+    tu_each_isa(test_cases);
     test_errors();
     return tu_finish();
 }

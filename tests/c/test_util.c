@@ -556,3 +556,17 @@ const char *tu_isa_best(void) {
         if (fmha_isa_supported(fmha_isa_at(i))) return fmha_isa_at(i)->name;
     return "scalar";
 }
+
+void tu_each_isa(void (*fn)(const char *isa)) {
+    const char *isa_default = fmha_isa_name();
+    for (size_t i = 0; i < fmha_isa_count(); i++) {
+        const fmha_isa *isa = fmha_isa_at(i);
+        if (!fmha_isa_supported(isa)) {
+            printf("skip: %s (this CPU lacks it)\n", isa->name);
+            continue;
+        }
+        fmha_cpu_force_isa(isa->name);
+        fn(isa->name);
+    }
+    fmha_cpu_force_isa(isa_default);
+}

@@ -77,6 +77,9 @@ int tu_has_nan(const float *x, size_t n);
 const char *tu_strategy_name(int strategy);
 /* The name of the registry's first ISA this CPU runs (the default table). */
 const char *tu_isa_best(void);
+/* Runs fn(isa name) once per ISA of the registry this CPU supports, forced
+ * (FMHA_ISA's way), printing the skipped ones; the default table after. */
+void tu_each_isa(void (*fn)(const char *isa));
 const char *tu_causal_name(int causal);
 
 /* ---- every call also through a plan ----------------------------------------

@@ -11,7 +11,8 @@
  * dense mask and a dense bias with their own strides, ALiBi, a T5 table,
  * softcap, mask and bias callbacks (one kind answers an invalid class); the
  * entry point (forward, backward after a forward, forward_backward) and the
- * bias gradients wanted. Every buffer is allocated to exactly the extent its
+ * bias gradients wanted; after a forward, the same problem on K and V
+ * quantized into drawn cache formats (check_formats). Every buffer is allocated to exactly the extent its
  * strides reach, so a read or write outside it is caught by ASan.
  *
  * Checks on every input:
@@ -44,6 +45,7 @@
 
 #include "convert.h"
 #include "cpu.h"
+#include "format.h"
 #include "fmha.h"
 #include "fmha_ref_masks.h"
 
@@ -300,6 +302,109 @@ static void compare_tensor(const char *what, const void *x, fmha_dtype t, const 
 
 static void check_untouched(const buf *b, const char *what) {
     if (!buf_untouched(b)) fail(what);
+}
+
+/* A quantized cache: K and V of p (float32 values f32[1], f32[2] at p's
+ * strides) written by fmha_kv_quantize into drawn formats, contiguous, with
+ * head dims padded with zeros to whole GGUF blocks (the scores and the first
+ * Dv columns of O do not change), buffers of exactly their size. The forward
+ * on them must match the float64 reference on the values they hold (the
+ * format's dequantisation times its scales), or, for a bad scale drawn now
+ * and then, refuse the call with O untouched. */
+static void check_formats(reader *r, const fmha_problem *p, float *const f32[4], const void *q_in, double tol) {
+    const fmha_kv_format fk = (fmha_kv_format)(FMHA_KV_FORMAT_INT8 + take(r, 1) % 5),
+                         fv = (fmha_kv_format)(FMHA_KV_FORMAT_INT8 + take(r, 1) % 5);
+    const int bad_scale = take(r, 1) % 16 == 0;
+    const int64_t B = p->batch, Hq = p->heads_q, Hkv = p->heads_kv, sq = p->seq_q, skv = p->seq_kv;
+    const int64_t D = p->head_dim, Dv = p->head_dim_v, Dp = (D + 31) / 32 * 32, Dvp = (Dv + 31) / 32 * 32;
+    if (B * skv * Hkv * Dvp > CAP_ELEMS || B * skv * Hkv * Dp > CAP_ELEMS || B * sq * Hq * Dp > CAP_ELEMS) return;
+    /* q [B, Sq, Hq, Dp] float32 zero-padded; x [B, Skv, Hkv, Dp or Dvp] K's and V's values */
+    float *q = calloc((size_t)(B * sq * Hq * Dp), sizeof(float));
+    float *x[2] = {calloc((size_t)(B * skv * Hkv * Dp), sizeof(float)), calloc((size_t)(B * skv * Hkv * Dvp), sizeof(float))};
+    float *val[2] = {malloc((size_t)(B * skv * Hkv * D) * sizeof(float)), malloc((size_t)(B * skv * Hkv * Dv) * sizeof(float))};
+    if (!q || !x[0] || !x[1] || !val[0] || !val[1]) fail("out of memory");
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < sq; i++)
+            for (int64_t h = 0; h < Hq; h++)
+                for (int64_t e = 0; e < D; e++)
+                    q[((b * sq + i) * Hq + h) * Dp + e] = fmha_load(q_in, p->dtype, b * p->q_strides[0] + i * p->q_strides[1] +
+                                                                                        h * p->q_strides[2] + e * p->q_strides[3]);
+    const fmha_kv_format fmt[2] = {fk, fv};
+    const int64_t dim[2] = {D, Dv}, dimp[2] = {Dp, Dvp};
+    buf stored[2] = {{0}}, scales[2] = {{0}};
+    fmha_problem pf = *p, pr = *p;
+    pf.dtype = FMHA_DTYPE_F32, pr.dtype = FMHA_DTYPE_F32;
+    pf.head_dim = Dp, pf.head_dim_v = Dvp;
+    uint32_t scale_bits; /* +0 means 1/sqrt(head_dim): the unpadded one */
+    memcpy(&scale_bits, &p->scale, sizeof scale_bits);
+    if (scale_bits == 0) pf.scale = (float)(1.0 / sqrt((double)D));
+    for (int d = 0; d < 4; d++) pf.q_strides[d] = (int64_t[4]){sq * Hq * Dp, Hq * Dp, Dp, 1}[d];
+    for (int t = 0; t < 2; t++) {
+        const int64_t *st = t ? p->v_strides : p->k_strides, n = dim[t], np = dimp[t];
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t j = 0; j < skv; j++)
+                for (int64_t h = 0; h < Hkv; h++)
+                    for (int64_t e = 0; e < n; e++)
+                        x[t][((b * skv + j) * Hkv + h) * np + e] = f32[1 + t][b * st[0] + j * st[1] + h * st[2] + e * st[3]];
+        const int64_t row = (int64_t)fmha_kv_format_row_bytes(fmt[t], np), rows = B * skv * Hkv;
+        buf_alloc(&stored[t], (size_t)(rows * row), 0);
+        const int per_key = fmt[t] == FMHA_KV_FORMAT_INT8, per_head = fmt[t] == FMHA_KV_FORMAT_FP8_E4M3 ||
+                                                                      fmt[t] == FMHA_KV_FORMAT_FP8_E5M2;
+        if (per_key || per_head) buf_alloc(&scales[t], (size_t)(per_key ? rows : Hkv) * sizeof(float), 0);
+        float *sc = scales[t].p;
+        for (int64_t h = 0; per_head && h < Hkv; h++) sc[h] = 0.25f + (float)h;
+        const int64_t xs[3] = {Hkv * np, np, 1}, vs[3] = {Hkv * row, row, 1}, ss[2] = {per_key ? Hkv : 0, 1};
+        if (fmha_kv_quantize(fmt[t], B * skv, Hkv, np, x[t], xs, stored[t].p, vs, sc, sc ? ss : NULL) != FMHA_OK)
+            fail("fmha_kv_quantize refused a good row");
+        const fmha_cache_format *f = fmha_cache_format_at((fmha_cache_format_id)(fmt[t] - FMHA_KV_FORMAT_F32));
+        for (int64_t rr = 0; rr < rows; rr++)
+            for (int64_t e = 0; e < n; e++)
+                val[t][rr * n + e] = f->dequant((const uint8_t *)stored[t].p + rr * row, e) *
+                                     (per_key ? sc[rr] : per_head ? sc[rr % Hkv] : 1.0f);
+        int64_t *fst = t ? pf.v_strides : pf.k_strides, *rst = t ? pr.v_strides : pr.k_strides;
+        for (int d = 0; d < 4; d++) {
+            fst[d] = (int64_t[4]){skv * Hkv * row, Hkv * row, row, 1}[d];
+            rst[d] = (int64_t[4]){skv * Hkv * n, Hkv * n, n, 1}[d];
+        }
+        *(t ? &pf.v_format : &pf.k_format) = fmt[t];
+        *(t ? &pf.v_scales : &pf.k_scales) = sc;
+        int64_t *pss = t ? pf.v_scale_strides : pf.k_scale_strides;
+        pss[0] = skv * Hkv, pss[1] = Hkv, pss[2] = 1;
+    }
+    /* O [B, Sq, Hq, Dvp] float32 */
+    buf o = {0};
+    buf_alloc(&o, (size_t)(B * sq * Hq * Dvp) * sizeof(float), 1);
+    for (int d = 0; d < 4; d++) pf.o_strides[d] = (int64_t[4]){sq * Hq * Dvp, Hq * Dvp, Dvp, 1}[d];
+    float *poisoned = NULL;
+    if (bad_scale && (scales[0].p || scales[1].p)) { /* the first key's scale of head 0: every call reads it */
+        poisoned = scales[0].p ? scales[0].p : scales[1].p;
+        poisoned[0] = (float)(take(r, 1) % 2 ? NAN : -1.0);
+    }
+    fmha_status st = fmha_forward(&pf, q, stored[0].p, stored[1].p, o.p, NULL, NULL, 0);
+    int kv_empty = 0; /* a first sequence with no keys never reads the poisoned scale */
+    if (p->masks.kv_lengths && p->masks.kv_lengths[0] == 0) kv_empty = 1;
+    if (poisoned && !kv_empty) {
+        if (st != FMHA_ERR_BAD_SCALE) fail("formats: a bad scale was not refused");
+        check_untouched(&o, "formats: a refused call wrote O");
+    } else if (poisoned) {
+        /* its status depends on what the call reads: only check that a refusal wrote nothing */
+        if (st != FMHA_OK) check_untouched(&o, "formats: a refused call wrote O");
+    } else {
+        if (st != FMHA_OK) fail("formats: the quantized forward failed where the float32 one ran");
+        size_t n_o = (size_t)(B * sq * Hq * Dv);
+        double *ro = malloc(n_o * sizeof(double)), *rl = malloc((size_t)(B * Hq * sq) * sizeof(double));
+        float *qr = malloc((size_t)(B * sq * Hq * D) * sizeof(float));
+        if (!ro || !rl || !qr) fail("out of memory");
+        for (int64_t rr = 0; rr < B * sq * Hq; rr++) memcpy(qr + rr * D, q + rr * Dp, (size_t)D * sizeof(float));
+        for (int d = 0; d < 4; d++) pr.q_strides[d] = (int64_t[4]){sq * Hq * D, Hq * D, D, 1}[d];
+        if (fmha_ref_forward_full(&pr, qr, val[0], val[1], ro, rl) != 0) fail("reference failed");
+        const int64_t n4[4] = {B, sq, Hq, Dv};
+        compare_tensor("formats O", o.p, FMHA_DTYPE_F32, n4, pf.o_strides, ro, 0.0, tol);
+        free(ro), free(rl), free(qr);
+    }
+    buf_free(&o);
+    for (int t = 0; t < 2; t++) buf_free(&stored[t]), buf_free(&scales[t]), free(x[t]), free(val[t]);
+    free(q);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -615,6 +720,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         free(ro), free(rl);
     }
+
+    /* the same forward on K and V quantized into drawn formats */
+    if (fwd == FMHA_OK && op == 0 && p.dropout_p == 0.0f) check_formats(&in, &p, f32, in_t[0].p, tol_of(FMHA_DTYPE_F32));
 
     /* a successful backward: padding untouched, gradients as the reference's */
     if (op != 0 && bwd == FMHA_OK && p.dropout_p == 0.0f) {

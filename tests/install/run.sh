@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # run.sh: the packaging checks of scripts/test.sh, as a new user meets fmha.
-#   1. builds the wheel (pip wheel ., the pyproject.toml build) and installs
-#      it with numpy and jax into a throwaway virtualenv, then runs smoke.py
-#      there from a directory outside the repository, with no compiler on
-#      PATH, an empty cache and no FMHA_* variable;
-#   2. installs the C library of BUILD_DIR (a configured, built CMake tree)
-#      into a temporary prefix and builds and runs tests/install/consumer/
+#   1. builds the sdist (python -m build --sdist) and from it the wheel (pip
+#      wheel, the pyproject.toml build), which auditwheel repair turns into a
+#      manylinux wheel (the library needs only libc, libm and pthreads);
+#   2. installs the manylinux wheel with numpy and jax into a throwaway
+#      virtualenv, then runs smoke.py there from a directory outside the
+#      repository, with no compiler on PATH, an empty cache and no FMHA_*
+#      variable;
+#   3. installs the sdist with numpy into another throwaway virtualenv (a
+#      build from source, without the JAX handler to keep it short) and runs
+#      smoke.py there;
+#   4. installs the C library of BUILD_DIR (a configured, built CMake tree)
+#      into a temporary prefix, then builds and runs tests/install/consumer/
 #      with find_package(fmha) and main.c with pkg-config --cflags --libs fmha.
 # One line per step; exits non-zero on the first failure.
 #   usage: tests/install/run.sh BUILD_DIR
@@ -18,15 +24,28 @@ trap 'rm -rf "$tmp"' EXIT
 t0=$SECONDS
 say() { echo "install: $* ($((SECONDS - t0)) s)"; }
 
-# ---- the wheel in a throwaway virtualenv ------------------------------------
-"$python" -m pip wheel -q --no-deps -w "$tmp/dist" "$repo" >"$tmp/wheel.log" 2>&1 \
-    || { cat "$tmp/wheel.log"; echo "install: building the wheel failed" >&2; exit 1; }
-wheel=$(ls "$tmp"/dist/fmha-*.whl)
-say "built $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB)"
+# ---- the sdist, and the manylinux wheel built from it ----------------------------
+fail() { cat "$1"; echo "install: $2" >&2; exit 1; }
+"$python" -m build --sdist -o "$tmp/dist" "$repo" >"$tmp/sdist.log" 2>&1 || fail "$tmp/sdist.log" "building the sdist failed"
+sdist=$(ls "$tmp"/dist/fmha-*.tar.gz)
+say "built $(basename "$sdist") ($(du -k "$sdist" | cut -f1) KiB)"
+"$python" -m pip wheel -q --no-deps -w "$tmp/dist" "$sdist" >"$tmp/wheel.log" 2>&1 \
+    || fail "$tmp/wheel.log" "building the wheel from the sdist failed"
+built=$(ls "$tmp"/dist/fmha-*.whl)
+# auditwheel picks the oldest manylinux policy the wheel's symbols allow and
+# refuses a library that needs more than the policies grant.
+PATH="$(dirname "$python"):$PATH" "$python" -m auditwheel repair -w "$tmp/wheelhouse" "$built" >"$tmp/repair.log" 2>&1 \
+    || fail "$tmp/repair.log" "auditwheel repair failed"
+wheel=$(ls "$tmp"/wheelhouse/fmha-*.whl)
+case "$(basename "$wheel")" in
+    *-manylinux_2_[0-9]*_"$(uname -m)".whl|*.manylinux_2_[0-9]*_"$(uname -m)".whl) ;;
+    *) echo "install: $(basename "$wheel") is not a manylinux wheel" >&2; exit 1 ;;
+esac
+say "built $(basename "$wheel") from it ($(du -k "$wheel" | cut -f1) KiB)"
 
 python3 -m venv "$tmp/venv"
 "$tmp/venv/bin/python" -m pip install -q "$wheel" numpy jax >"$tmp/pip.log" 2>&1 \
-    || { cat "$tmp/pip.log"; echo "install: installing the wheel failed" >&2; exit 1; }
+    || fail "$tmp/pip.log" "installing the wheel failed"
 # torch is large: when the development venv has it, the throwaway venv sees
 # it through a .pth (after its own packages, so fmha comes from the wheel).
 if "$python" -c "import torch" 2>/dev/null; then
@@ -45,13 +64,21 @@ if [ -n "$(ls -A "$tmp/cache")" ]; then
 fi
 say "smoke test passed (no compiler, empty cache)"
 
+# ---- the sdist in another throwaway virtualenv (built from source) --------------
+python3 -m venv "$tmp/venv-sdist"
+FMHA_JAX_FFI=0 "$tmp/venv-sdist/bin/python" -m pip install -q "$sdist" numpy >"$tmp/pip-sdist.log" 2>&1 \
+    || fail "$tmp/pip-sdist.log" "installing the sdist failed"
+(cd "$tmp/work" && env -i HOME="$tmp/home" LANG=C.UTF-8 PATH="$tmp/venv-sdist/bin:/usr/bin/no-such" \
+    "$tmp/venv-sdist/bin/python" "$repo/tests/install/smoke.py" --source-tree "$repo")
+say "the sdist installed and passed the smoke test"
+
 # ---- the C library: find_package and pkg-config consumers ---------------------
 cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
 cmake -S "$repo/tests/install/consumer" -B "$tmp/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$tmp/prefix" >"$tmp/consumer.log" 2>&1 \
-    || { cat "$tmp/consumer.log"; echo "install: find_package(fmha) consumer: configure failed" >&2; exit 1; }
+    || fail "$tmp/consumer.log" "find_package(fmha) consumer: configure failed"
 cmake --build "$tmp/consumer" >>"$tmp/consumer.log" 2>&1 \
-    || { cat "$tmp/consumer.log"; echo "install: find_package(fmha) consumer: build failed" >&2; exit 1; }
+    || fail "$tmp/consumer.log" "find_package(fmha) consumer: build failed"
 "$tmp/consumer/consumer"
 [ ! -x "$tmp/consumer/consumer_static" ] || "$tmp/consumer/consumer_static"
 say "find_package(fmha) consumer built and ran"

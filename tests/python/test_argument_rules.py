@@ -116,3 +116,46 @@ def test_torch_mask_shape_named_as_given():
     q = torch.zeros(1, 2, 16, 8)
     with pytest.raises(ValueError, match=r"attn_mask of shape \(16, 15\) does not broadcast"):
         ft.scaled_dot_product_attention(q, q, q, attn_mask=torch.zeros(16, 15))
+
+
+def test_library_argument_errors_are_value_errors():
+    """A status that means a bad argument is an FmhaArgumentError: caught by
+    `except ValueError` like the bindings' own checks, and still by `except
+    FmhaError` and `except RuntimeError`, with its status and detail. A
+    limit of the library (UNSUPPORTED) or the machine (OUT_OF_MEMORY) is not
+    a ValueError."""
+    from fmha import _lib
+
+    q = rnd((1, 2, 1, 577))
+    for kind in (ValueError, fmha.FmhaError, fmha.FmhaArgumentError, RuntimeError):
+        with pytest.raises(kind) as e:
+            fmha.attention(q, q, rnd((1, 2, 1, 8)))
+        assert e.value.status == _lib.ERR_BAD_HEAD_DIM and e.value.name == "FMHA_ERR_BAD_HEAD_DIM"
+        assert "head_dim must lie in 1..576, got 577" in e.value.detail
+    for status in sorted(_lib.ARGUMENT_STATUSES):
+        error = fmha.FmhaError(status)
+        assert isinstance(error, ValueError) and isinstance(error, RuntimeError), error.name
+    for status in (_lib.ERR_UNSUPPORTED, _lib.ERR_OUT_OF_MEMORY):
+        error = fmha.FmhaError(status)
+        assert isinstance(error, fmha.FmhaError) and not isinstance(error, ValueError), error.name
+    assert {"BAD_SIZE", "BAD_HEADS", "BAD_STRIDE", "OVERLAP", "BAD_OPTION", "BAD_MASK", "BAD_PAGE",
+            "NULL_POINTER"} <= {_lib.STATUS_NAMES[s][len("FMHA_ERR_"):] for s in _lib.ARGUMENT_STATUSES}
+
+
+def test_jax_argument_errors_are_value_errors():
+    fj = pytest.importorskip("fmha.jax")
+    q = rnd((1, 2, 1, 577))
+    with pytest.raises(ValueError, match="FMHA_ERR_BAD_HEAD_DIM") as e:
+        fj.dot_product_attention(q, q, rnd((1, 2, 1, 8)))
+    assert isinstance(e.value, fmha.FmhaError)
+
+
+def test_package_names_are_listed():
+    """dir(fmha) and fmha.__all__ list the public names, each of which resolves."""
+    assert {"attention", "attention_backward", "merge", "describe", "FmhaError", "FmhaArgumentError"} <= set(dir(fmha))
+    assert set(fmha.__all__) <= set(dir(fmha))
+    for name in fmha.__all__:
+        assert getattr(fmha, name) is not None, name
+    namespace = {}
+    exec("from fmha import *", namespace)
+    assert namespace["attention"] is fmha.attention

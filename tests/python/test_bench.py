@@ -372,3 +372,72 @@ def test_max_fit(tmp_path):
     assert 64 <= fits["fmha_tiled"]["max_fit_seq"] <= 1024
     assert 64 <= fits["fmha_dense"]["max_fit_seq"] <= fits["fmha_tiled"]["max_fit_seq"]
     assert "max_fit_seq=" in proc.stdout
+
+
+# ---- the terminal table, shared with bench_peers ------------------------------------------
+
+def _peers():
+    from fmha.tools import bench_peers
+
+    return bench_peers
+
+
+def test_table_shows_spread_skipped_rows_and_time_left(tmp_path):
+    """One table format for fmha-bench and bench_peers: the header is the
+    same line; each row shows q1..q3 and the spread beside the median, '!'
+    where the spread passes 25%; a skipped row is listed with its reason; the
+    progress line gives the elapsed time and, after the first row, the time
+    left."""
+    peers = _peers()
+    doc, proc = bench(tmp_path, "--seqs", "64,128", "--modes", "fwd", "--impls", "fmha_tiled,fmha_portable",
+                      "--portable-max-seq", "64")
+    lines = proc.stdout.splitlines()
+    assert lines[0] == peers.TABLE_HEADER
+    for r in doc["results"]:
+        line = next(x for x in lines if x.startswith(r["impl"]) and f" {r['seq']} " in x and "skipped" not in x)
+        assert line == peers.format_row(r)   # the same columns, numbers and flag
+        spread = (r["q3_ms"] - r["q1_ms"]) / r["median_ms"]
+        assert ("%.0f%%" % (100 * spread) + ("!" if spread > 0.25 else "")) in line
+    skipped = [x for x in lines if "skipped" in x and x.startswith("fmha_portable")]
+    assert len(skipped) == 1 and " 128 " in skipped[0]
+    assert "runs up to --portable-max-seq 64" in skipped[0]
+    assert "1 row skipped" in proc.stdout
+    assert all(r["status"] != "skipped" for r in doc["results"])   # the results keep measured rows only
+    progress = [x for x in proc.stderr.splitlines() if x.startswith("[row ")]
+    assert len(progress) == 3 and all("elapsed " in x for x in progress)
+    assert " left" not in progress[0] and all(" left" in x for x in progress[1:])
+
+
+def test_table_flags_a_large_spread():
+    peers = _peers()
+    row = {"impl": "torch_sdpa", "mode": "fwd", "variant": "plain", "dtype": "float32", "head_dim": 64,
+           "seq": 512, "status": "ok", "median_ms": 1.0, "q1_ms": 0.19, "q3_ms": 10.0, "gflops": 12.0}
+    line = peers.format_row(row)
+    assert "0.19..10" in line and "981%!" in line
+    assert peers.table_notes([row])[0].startswith("! 1 row with q1..q3 wider than 25% of the median")
+    quiet = dict(row, q1_ms=0.95, q3_ms=1.05)
+    assert "10%" in peers.format_row(quiet) and "!" not in peers.format_row(quiet)
+    assert peers.table_notes([quiet]) == []
+    failed = {"impl": "torch_sdpa", "mode": "fwd", "variant": "plain", "dtype": "float32", "head_dim": 64,
+              "seq": 512, "status": "unavailable", "error": "torch is not installed"}
+    assert peers.format_row(failed).endswith("unavailable (torch is not installed)")
+
+
+def test_progress_estimates_the_time_left():
+    peers = _peers()
+    assert peers.progress_line(1, 10, "x", 0.2) == "[row 1/10] x  elapsed 0:00"
+    # 4 rows done in 80 s: 7 rows to go (this one included) take about 140 s.
+    assert peers.progress_line(5, 11, "x", 80) == "[row 5/11] x  elapsed 1:20, ~2:20 left"
+    assert peers.progress_line(2, 3, "x", 4000).endswith("elapsed 1:06:40, ~2:13:20 left")
+
+
+def test_help_and_defaults_agree_with_bench_peers(tmp_path):
+    """Both tools take bfloat16 and float16 (the help says so), and default
+    to the same grid, variants and modes."""
+    text = run(["--help"], tmp_path).stdout
+    assert "float32 inputs" not in text and "bfloat16" in text and "float16" in text
+    args = _peers().parse_args([])
+    for flag, value in (("--seqs", args.seqs), ("--dims", args.dims), ("--dtypes", args.dtypes),
+                        ("--variants", args.variants), ("--modes", args.modes)):
+        line = next(x for x in text.splitlines() if x.strip().startswith(flag + " "))
+        assert f"(default {','.join(map(str, value))})" in line, (flag, line)

@@ -58,7 +58,8 @@ STRUCT_FIELDS = {
     "fmha_problem": ["struct_size", "dtype", "batch", "heads_q", "heads_kv", "seq_q", "seq_kv", "head_dim", "head_dim_v", "scale",
                      "causal", "strategy", "precision", "q_strides", "k_strides", "v_strides", "o_strides", "masks",
                      "biases", "sinks", "block_table", "block_table_stride", "page_size", "num_pages",
-                     "dropout_p", "dropout_seed", "dropout_offset", "kv_dtype", "alignment"],
+                     "dropout_p", "dropout_seed", "dropout_offset", "kv_dtype", "alignment", "k_format", "v_format",
+                     "k_scales", "v_scales", "k_scale_strides", "v_scale_strides"],
 }
 
 

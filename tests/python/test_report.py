@@ -229,3 +229,59 @@ def test_former_module_names_run_the_tools(name, tmp_path):
         proc = subprocess.run([sys.executable, "-m", name, str(bad), "-o", str(tmp_path / "out")],
                               capture_output=True, text=True, timeout=120, env=env)
         assert proc.returncode == 1 and proc.stderr.startswith("fmha.report: ")
+
+
+def test_without_matplotlib_the_tables_print_and_the_extra_is_named(tmp_path):
+    """python -m fmha.report --print with matplotlib not importable: the
+    tables print and README.md is written without charts; the message names
+    the extra that adds them (no traceback)."""
+    rows = [time_row("fmha_auto", 128, 0.5), time_row("torch_sdpa", 128, 1.5), time_row("fmha_tiled", 128, 0.6)]
+    path = write(tmp_path, "results.json", record(rows))
+    out = tmp_path / "report"
+    blocker = ("import runpy, sys; sys.modules['matplotlib'] = None; "   # import matplotlib raises ImportError
+               "sys.argv = ['fmha.report', *sys.argv[1:]]; runpy.run_module('fmha.report', run_name='__main__')")
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT / "python")}
+    proc = subprocess.run([sys.executable, "-c", blocker, str(path), "-o", str(out), "--print"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "| plain | float32 | 64 | fwd | 128 | 0.5 | torch_sdpa 1.5 | 3.00x |" in proc.stdout
+    assert "pip install 'fmha[report]'" in proc.stderr
+    text = (out / "README.md").read_text()
+    assert "0.6 ms" in text and "pip install 'fmha[report]'" in text
+    assert not pngs(out)
+
+
+def test_readme_table_from_a_record(tmp_path, capsys):
+    """--readme prints fmha_auto beside each peer present (none invented: a
+    peer without rows has no column) and the speedup over the faster one,
+    with the CPU the rows came from; --seqs keeps the lengths given."""
+    rows = [time_row("fmha_auto", 128, 0.5), time_row("jax_xla", 128, 2.0), time_row("torch_sdpa", 128, 1.5),
+            time_row("fmha_auto", 256, 1.0), time_row("jax_xla", 256, 3.0), time_row("fmha_auto", 512, 4.0)]
+    path = write(tmp_path, "results.json", record(rows))
+    assert report.main([str(path), "--readme", "-o", str(tmp_path / "unused")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| dtype | variant | mode | S | fmha | PyTorch SDPA | JAX (jax.nn, XLA) | fmha vs faster peer |"
+    assert "| float32 | plain | fwd | 128 | 0.5 | 1.5 | 2 | **3.00x** |" in lines
+    assert "| float32 | plain | fwd | 256 | 1 | - | 3 | **3.00x** |" in lines
+    assert not [x for x in lines if "| 512 |" in x]   # no peer beside it
+    assert "llama.cpp" not in lines[0]
+    assert lines[-1].startswith("Median ms per call, B 1, H 8, D 64, measured on Test CPU, 2 threads")
+    assert not (tmp_path / "unused").exists()
+    assert report.main([str(path), "--readme", "--seqs", "256"]) == 0
+    assert "| 128 |" not in capsys.readouterr().out
+
+
+def test_readme_table_of_the_checked_in_measurements_renders():
+    for path in sorted((ROOT / "docs" / "bench").glob("*.json")):
+        table = report.readme_table([report.load_source(str(path), None)])
+        assert table and all(line.count("|") >= 8 for line in table[:-2]), path
+
+
+def test_project_readme_table_is_the_reports(monkeypatch):
+    """The speed table of the project's README is what --readme --seqs 2048
+    renders from docs/bench/ (regenerate it there after a new measurement)."""
+    monkeypatch.chdir(ROOT)
+    sources = [report.load_source(str(p.relative_to(ROOT)), None) for p in sorted((ROOT / "docs" / "bench").glob("*.json"))]
+    table = "\n".join(report.readme_table(sources, {2048}))
+    assert table in (ROOT / "README.md").read_text()

@@ -30,6 +30,7 @@ typedef struct bench_options {
     int64_t seq_q, heads_kv;   /* --seq-q, --heads-kv; 0: the seq, the heads */
     int64_t page_size;         /* --page-size: K and V in a paged cache; 0: contiguous */
     const char *kv_dtype;      /* --kv-dtype: K and V in their own dtype; NULL: the row's */
+    const char *kv_format;     /* --kv-format: K and V quantized (int8, fp8_*, q8_0, q4_0); NULL: none */
     int threads;               /* 0: the library's default */
     const char *precision;     /* --precision: "accurate" or "fast" (bf16 rows) */
     int no_ref, peaks, max_fit, append, explain;
@@ -49,6 +50,7 @@ typedef struct bench_case {
     int64_t seq_q, heads_kv;   /* queries and kv heads; 0: seq and heads */
     int64_t page_size;         /* keys per page of a paged cache; 0: contiguous */
     const char *kv_dtype;      /* dtype of K and V; NULL: dtype */
+    const char *kv_format;     /* K and V quantized into this cache format; NULL: none */
 } bench_case;
 
 /* A case's query length and kv heads (seq and heads unless set). */
@@ -64,6 +66,13 @@ static inline int64_t bench_heads_kv(const bench_case *c) { return c->heads_kv ?
 typedef struct bench_inputs {
     fmha_problem ref_problem;  /* float32, correct scale, the variant's masks */
     fmha_dtype dtype, kv_dtype; /* of Q, O (and dO); of K and V */
+    /* --kv-format: K and V as stored (k_in, v_in: [B, S, Hkv, row bytes]) and
+     * their scales (int8 [B, S, Hkv], fp8 [Hkv]); the reference keeps the
+     * unquantized values, so a row's error includes the quantization's */
+    int kv_format;             /* fmha_kv_format, 0: none */
+    int64_t kv_row_bytes;
+    float *k_scales, *v_scales;
+    void *kv_stored[2];
     size_t elem_size, kv_elem_size; /* bytes of one element in each */
     size_t q_elems, kv_elems, o_elems;
     /* The inputs as float32, already rounded to the dtype (the reference's). */

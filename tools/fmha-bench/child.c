@@ -179,6 +179,10 @@ json_value *bench_peak_row(const bench_options *o, const bench_case *c, const ch
         argv[argc++] = "--kv-dtype";
         argv[argc++] = (char *)c->kv_dtype;
     }
+    if (c->kv_format) {
+        argv[argc++] = "--kv-format";
+        argv[argc++] = (char *)c->kv_format;
+    }
     if (o->threads > 0) {
         argv[argc++] = "--threads";
         argv[argc++] = threads;

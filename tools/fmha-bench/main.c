@@ -27,6 +27,7 @@
 static const char *const IMPL_NAMES[] = {"fmha_auto", "fmha_dense", "fmha_tiled", "fmha_portable",
                                          "fmha_plan", "fmha_wrong_for_test"};
 static const char *const DTYPE_NAMES[] = {"float32", "bfloat16", "float16"};
+static const char *const KV_FORMAT_NAMES[] = {"int8", "fp8_e4m3", "fp8_e5m2", "q8_0", "q4_0"};
 static const char *const VARIANT_NAMES[] = {"plain", "causal", "masked_bias", "decode"};
 static const char *const MODE_NAMES[] = {"fwd", "fwdbwd"};
 
@@ -37,8 +38,10 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: fmha-bench [options]\n"
-            "Times fmha's strategies on random BSHD float32 inputs (D = Dv = head dim) and\n"
-            "writes one JSON record: device, config, results, configs, note.\n"
+            "Times fmha's strategies on random BSHD inputs (float32, bfloat16 or float16:\n"
+            "--dtypes; D = Dv = head dim) and writes one JSON record: device, config,\n"
+            "results, configs, note. The table gives each row's median, q1..q3 and spread\n"
+            "((q3 - q1) / median, marked '!' past 25%%); skipped rows say why.\n"
             "\n"
             "  --seqs LIST             sequence lengths (default 128,256,512,1024,2048)\n"
             "  --dims LIST             head dims, 1.." FMHA_STR(FMHA_MAX_HEAD_DIM) " (default 64)\n"
@@ -59,6 +62,9 @@ static void usage(FILE *f)
             "                          shuffled order (forward only; default: contiguous)\n"
             "  --kv-dtype T            K and V in bfloat16 or float16 beside float32 rows\n"
             "                          (fmha_problem.kv_dtype; forward only; default: the row's)\n"
+            "  --kv-format F           K and V quantized by fmha_kv_quantize into int8, fp8_e4m3,\n"
+            "                          fp8_e5m2, q8_0 or q4_0 (forward only, contiguous caches; the\n"
+            "                          error column is against the unquantized float64 attention)\n"
             "  --impls LIST            fmha_auto,fmha_dense,fmha_tiled,fmha_portable (default),\n"
             "                          fmha_plan (auto through one reused plan: per-call cost)\n"
             "  --portable-max-seq N    fmha_portable only up to this seq (default 1024)\n"
@@ -308,7 +314,7 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
         }
         static const char *const valued[] = {
             "--seqs", "--dims", "--dtypes", "--variants", "--modes", "--batch", "--heads", "--impls",
-            "--seq-q", "--heads-kv", "--page-size", "--kv-dtype",
+            "--seq-q", "--heads-kv", "--page-size", "--kv-dtype", "--kv-format",
             "--portable-max-seq", "--threads", "--peak-seqs", "--peak-impls", "--peak-timeout", "--fit-seqs",
             "--fit-impls", "--mem-budget-mb", "--out", "--note", "--min-samples", "--min-sample-ms",
             "--child-row", "--precision"};
@@ -363,6 +369,13 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
                 return usage_error("--kv-dtype takes one dtype");
             o->kv_dtype = rc == 0 ? one.names[0] : NULL;
         }
+        else if (strcmp(flag, "--kv-format") == 0) {
+            bench_name_list one;
+            rc = parse_name_list(flag, value, KV_FORMAT_NAMES, COUNT_OF(KV_FORMAT_NAMES), &one);
+            if (rc == 0 && one.count != 1)
+                return usage_error("--kv-format takes one format");
+            o->kv_format = rc == 0 ? one.names[0] : NULL;
+        }
         else if (strcmp(flag, "--portable-max-seq") == 0)
             rc = parse_int_option(flag, value, 0, 1 << 30, &o->portable_max_seq);
         else if (strcmp(flag, "--precision") == 0) {
@@ -399,6 +412,8 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
         if (rc)
             return -1;
     }
+    if (o->kv_format && (o->page_size || o->kv_dtype))
+        return usage_error("--kv-format reads a contiguous cache of its own: not with --page-size or --kv-dtype");
     if (*kind == RUN_BENCH && child_spec) {
         *kind = RUN_CHILD;
         child->batch = o->batch;
@@ -407,6 +422,7 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
         child->heads_kv = o->heads_kv;
         child->page_size = o->page_size;
         child->kv_dtype = o->kv_dtype;
+        child->kv_format = o->kv_format;
         return parse_child_spec(child_spec, child);
     }
     return 0;
@@ -455,6 +471,8 @@ static json_value *config_json(const bench_options *o)
         json_set_number(c, "page_size", (double)o->page_size);
     if (o->kv_dtype)
         json_set_string(c, "kv_dtype", o->kv_dtype);
+    if (o->kv_format)
+        json_set_string(c, "kv_format", o->kv_format);
     json_object_set(c, "impls", name_list_json(&o->impls));
     json_set_number(c, "portable_max_seq", (double)o->portable_max_seq);
     json_set_bool(c, "no_ref", o->no_ref);
@@ -616,10 +634,18 @@ static json_value *earlier_configs(const json_value *old)
 
 /* ---- the terminal table ---------------------------------------------------------- */
 
+/* The table python -m fmha.tools.bench_peers prints too (same columns, same
+ * widths). spread is (q3 - q1) / median; a row whose spread passes
+ * SPREAD_FLAG is marked '!' and counted for the note under the table. */
+#define SPREAD_FLAG 0.25
+#define TABLE_FORMAT "%-20s %-7s %-12s %-9s %4s %7s %10s %19s %7s %9s %8s %9s  %s"
+
+static int flagged_rows; /* rows marked '!' so far */
+
 static void print_time_header(void)
 {
-    printf("%-20s %-7s %-12s %-9s %4s %7s %12s %10s %8s %10s  %s\n", "impl", "mode", "variant", "dtype", "D",
-           "seq", "median_ms", "GFLOP/s", "KV GB/s", "rel_err", "status");
+    printf(TABLE_FORMAT "\n", "impl", "mode", "variant", "dtype", "D", "seq", "median_ms", "q1..q3_ms", "spread",
+           "GFLOP/s", "KV_GB/s", "rel_err", "status");
 }
 
 static void format_number(char *buf, size_t size, const json_value *row, const char *key, const char *format)
@@ -633,23 +659,70 @@ static void format_number(char *buf, size_t size, const json_value *row, const c
         snprintf(buf, size, "-");
 }
 
+/* "q1..q3" and the spread in percent ('!' past SPREAD_FLAG), or "-". */
+static void format_spread(char *range, size_t range_size, char *spread, size_t spread_size, const json_value *row)
+{
+    const json_value *q1 = json_object_get(row, "q1_ms"), *q3 = json_object_get(row, "q3_ms");
+    double median = json_get_number(row, "median_ms", 0);
+    if (!q1 || !q3 || q1->type != JSON_NUMBER || q3->type != JSON_NUMBER || !(median > 0)) {
+        snprintf(range, range_size, "-");
+        snprintf(spread, spread_size, "-");
+        return;
+    }
+    char lo[32], hi[32];
+    format_number(lo, sizeof lo, row, "q1_ms", "%.4g");
+    format_number(hi, sizeof hi, row, "q3_ms", "%.4g");
+    snprintf(range, range_size, "%s..%s", lo, hi);
+    double relative = (q3->number - q1->number) / median;
+    int flag = relative > SPREAD_FLAG;
+    flagged_rows += flag;
+    snprintf(spread, spread_size, "%.0f%%%s", 100.0 * relative, flag ? "!" : "");
+}
+
 static void print_time_row(const json_value *row)
 {
-    char median[32], gflops[32], gbs[32], rel[32], peak[32], wall[32];
+    char d[32], seq[32], median[32], range[80], spread[32], gflops[32], gbs[32], rel[32], peak[32], wall[32];
+    format_number(d, sizeof d, row, "head_dim", "%.0f");
+    format_number(seq, sizeof seq, row, "seq", "%.0f");
     format_number(median, sizeof median, row, "median_ms", "%.4g");
+    format_spread(range, sizeof range, spread, sizeof spread, row);
     format_number(gflops, sizeof gflops, row, "gflops", "%.4g");
     format_number(gbs, sizeof gbs, row, "kv_gbs", "%.3g");
     format_number(rel, sizeof rel, row, "rel_err", "%.2e");
-    printf("%-20s %-7s %-12s %-9s %4.0f %7.0f %12s %10s %8s %10s  %s", json_get_string(row, "impl", "?"),
-           json_get_string(row, "mode", "?"), json_get_string(row, "variant", "?"),
-           json_get_string(row, "dtype", "?"), json_get_number(row, "head_dim", 0), json_get_number(row, "seq", 0),
-           median, gflops, gbs, rel, json_get_string(row, "status", "?"));
+    printf(TABLE_FORMAT, json_get_string(row, "impl", "?"), json_get_string(row, "mode", "?"),
+           json_get_string(row, "variant", "?"), json_get_string(row, "dtype", "?"), d, seq, median, range, spread,
+           gflops, gbs, rel, json_get_string(row, "status", "?"));
+    const char *error = json_get_string(row, "error", NULL);
+    if (error)
+        printf(" (%s)", error);
     if (json_object_get(row, "wall_s")) {
         format_number(peak, sizeof peak, row, "peak_rss_mb", "%.1f");
         format_number(wall, sizeof wall, row, "wall_s", "%.2f");
         printf("  peak_rss_mb=%s wall_s=%s", peak, wall);
     }
     printf("\n");
+}
+
+/* A row not measured, in the table with its reason (it is not in the results). */
+static void print_skipped_row(const bench_case *c, const char *reason)
+{
+    char d[32], seq[32];
+    snprintf(d, sizeof d, "%lld", (long long)c->head_dim);
+    snprintf(seq, sizeof seq, "%lld", (long long)c->seq);
+    printf(TABLE_FORMAT " (%s)\n", c->impl, c->mode, c->variant, c->dtype, d, seq, "-", "-", "-", "-", "-", "-",
+           "skipped", reason);
+}
+
+/* The notes under a table: what '!' means, how many rows were skipped. */
+static void print_table_notes(int skipped)
+{
+    if (flagged_rows)
+        printf("! %d row%s with q1..q3 wider than %.0f%% of the median: the machine was busy or the "
+               "clock changed; rerun them\n",
+               flagged_rows, flagged_rows == 1 ? "" : "s", 100.0 * SPREAD_FLAG);
+    if (skipped)
+        printf("%d row%s skipped (reason in the row)\n", skipped, skipped == 1 ? "" : "s");
+    flagged_rows = 0;
 }
 
 static void print_fit_row(const json_value *row)
@@ -674,6 +747,11 @@ static int portable_skipped(const bench_options *o, const char *impl, int64_t se
     return strcmp(impl, "fmha_portable") == 0 && seq > o->portable_max_seq;
 }
 
+static void portable_skip_reason(const bench_options *o, char *buf, size_t size)
+{
+    snprintf(buf, size, "fmha_portable runs up to --portable-max-seq %lld", (long long)o->portable_max_seq);
+}
+
 static int count_time_rows(const bench_options *o, const bench_int_list *seqs, const bench_name_list *impls)
 {
     int per_seq_rows = 0;
@@ -685,14 +763,41 @@ static int count_time_rows(const bench_options *o, const bench_int_list *seqs, c
 
 typedef struct progress {
     int done, total;
+    double start_s; /* bench_now_s() when the run began */
 } progress;
+
+/* m:ss, or h:mm:ss past an hour */
+static void format_duration(char *buf, size_t size, double seconds)
+{
+    long long s = (long long)(seconds + 0.5);
+    if (s >= 3600)
+        snprintf(buf, size, "%lld:%02lld:%02lld", s / 3600, s / 60 % 60, s % 60);
+    else
+        snprintf(buf, size, "%lld:%02lld", s / 60, s % 60);
+}
+
+/* "[row i/n] what ... elapsed m:ss, ~m:ss left": the time left assumes the
+ * rows to come take as long as those done (once one is done). */
+static void print_progress(progress *pr, const char *what)
+{
+    pr->done++;
+    double elapsed = bench_now_s() - pr->start_s;
+    char spent[32], left[32] = "";
+    format_duration(spent, sizeof spent, elapsed);
+    if (pr->done > 1) {
+        format_duration(left + 3, sizeof left - 3, elapsed / (pr->done - 1) * (pr->total - pr->done + 1));
+        memcpy(left, ", ~", 3);
+        strncat(left, " left", sizeof left - strlen(left) - 1);
+    }
+    fprintf(stderr, "[row %d/%d] %s  elapsed %s%s\n", pr->done, pr->total, what, spent, left);
+}
 
 static void report_progress(progress *pr, const bench_case *c, const char *what)
 {
-    pr->done++;
-    fprintf(stderr, "[row %d/%d] %s %s %s seq=%lld%s%s%s\n", pr->done, pr->total, c->impl, c->mode,
-            c->variant, (long long)c->seq, strcmp(c->dtype, "float32") ? " " : "",
-            strcmp(c->dtype, "float32") ? c->dtype : "", what);
+    char text[256];
+    snprintf(text, sizeof text, "%s %s %s seq=%lld%s%s%s", c->impl, c->mode, c->variant, (long long)c->seq,
+             strcmp(c->dtype, "float32") ? " " : "", strcmp(c->dtype, "float32") ? c->dtype : "", what);
+    print_progress(pr, text);
 }
 
 static void run_time_rows(const bench_options *o, json_value *results, progress *pr)
@@ -700,6 +805,9 @@ static void run_time_rows(const bench_options *o, json_value *results, progress 
     int with_d_o = 0; /* dO only when some mode needs it */
     for (int m = 0; m < o->modes.count; m++)
         with_d_o |= strcmp(o->modes.names[m], "fwdbwd") == 0;
+    char portable_reason[96];
+    portable_skip_reason(o, portable_reason, sizeof portable_reason);
+    int skipped = 0;
     print_time_header();
     for (int t = 0; t < o->dtypes.count; t++)
         for (int d = 0; d < o->dims.count; d++)
@@ -707,7 +815,7 @@ static void run_time_rows(const bench_options *o, json_value *results, progress 
                 for (int s = 0; s < o->seqs.count; s++) {
                     bench_case c = {NULL, NULL, o->variants.names[v], o->dtypes.names[t], o->batch,
                                     o->seqs.values[s], o->heads, o->dims.values[d], o->precision,
-                                    o->seq_q, o->heads_kv, o->page_size, o->kv_dtype};
+                                    o->seq_q, o->heads_kv, o->page_size, o->kv_dtype, o->kv_format};
                     c.impl = o->impls.names[0];
                     c.mode = o->modes.names[0];
                     /* One set of inputs (and reference) per (variant, seq, dim), every mode and impl. */
@@ -717,8 +825,11 @@ static void run_time_rows(const bench_options *o, json_value *results, progress 
                         for (int i = 0; i < o->impls.count; i++) {
                             c.mode = o->modes.names[m];
                             c.impl = o->impls.names[i];
-                            if (portable_skipped(o, c.impl, c.seq))
+                            if (portable_skipped(o, c.impl, c.seq)) {
+                                print_skipped_row(&c, portable_reason);
+                                skipped++;
                                 continue;
+                            }
                             report_progress(pr, &c, "");
                             json_value *row = bench_measure(o, &c, have_inputs ? &in : NULL, !o->no_ref);
                             json_set_string(row, "kind", "time");
@@ -728,12 +839,16 @@ static void run_time_rows(const bench_options *o, json_value *results, progress 
                     if (have_inputs)
                         bench_inputs_free(&in);
                 }
+    print_table_notes(skipped);
 }
 
 static void run_peak_rows(const bench_options *o, json_value *results, progress *pr)
 {
     const char *exe = bench_self_exe();
     printf("-- peaks (one child per row, timeout %.3g s) --\n", o->peak_timeout_s);
+    char portable_reason[96];
+    portable_skip_reason(o, portable_reason, sizeof portable_reason);
+    int skipped = 0;
     print_time_header();
     for (int t = 0; t < o->dtypes.count; t++)
         for (int d = 0; d < o->dims.count; d++)
@@ -744,14 +859,18 @@ static void run_peak_rows(const bench_options *o, json_value *results, progress 
                             bench_case c = {o->peak_impls.names[i], o->modes.names[m], o->variants.names[v],
                                             o->dtypes.names[t], o->batch, o->peak_seqs.values[s], o->heads,
                                             o->dims.values[d], o->precision, o->seq_q, o->heads_kv,
-                                            o->page_size, o->kv_dtype};
-                            if (portable_skipped(o, c.impl, c.seq))
+                                            o->page_size, o->kv_dtype, o->kv_format};
+                            if (portable_skipped(o, c.impl, c.seq)) {
+                                print_skipped_row(&c, portable_reason);
+                                skipped++;
                                 continue;
+                            }
                             report_progress(pr, &c, " (peak)");
                             json_value *row = bench_peak_row(o, &c, exe);
                             print_time_row(row);
                             json_array_push(results, row);
                         }
+    print_table_notes(skipped);
 }
 
 static void run_fit_rows(const bench_options *o, json_value *results, progress *pr)
@@ -764,9 +883,10 @@ static void run_fit_rows(const bench_options *o, json_value *results, progress *
                 for (int i = 0; i < o->fit_impls.count; i++) {
                     bench_case c = {o->fit_impls.names[i], o->modes.names[m], "plain", o->dtypes.names[t],
                                     o->batch, 0, o->heads, o->dims.values[d], o->precision, o->seq_q,
-                                    o->heads_kv, o->page_size, o->kv_dtype};
-                    pr->done++;
-                    fprintf(stderr, "[row %d/%d] %s %s max-fit\n", pr->done, pr->total, c.impl, c.mode);
+                                    o->heads_kv, o->page_size, o->kv_dtype, o->kv_format};
+                    char what[128];
+                    snprintf(what, sizeof what, "%s %s max-fit", c.impl, c.mode);
+                    print_progress(pr, what);
                     json_value *row = bench_fit_row(o, &c, budget);
                     print_fit_row(row);
                     json_array_push(results, row);
@@ -831,7 +951,7 @@ int main(int argc, char **argv)
     json_value *config = config_json(&o);
     json_object_set(config, "machine", json_clone(device));
     json_value *results = json_new_array();
-    progress pr = {0, count_time_rows(&o, &o.seqs, &o.impls)};
+    progress pr = {0, count_time_rows(&o, &o.seqs, &o.impls), bench_now_s()};
     if (o.peaks)
         pr.total += count_time_rows(&o, &o.peak_seqs, &o.peak_impls);
     if (o.max_fit)

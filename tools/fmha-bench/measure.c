@@ -65,6 +65,16 @@ static fmha_dtype dtype_of(const char *name)
 
 static size_t dtype_size(fmha_dtype dtype) { return dtype == FMHA_DTYPE_F32 ? 4 : 2; }
 
+/* The fmha_kv_format of a --kv-format name (0: none). */
+static int kv_format_of(const char *name)
+{
+    static const char *const names[] = {"int8", "fp8_e4m3", "fp8_e5m2", "q8_0", "q4_0"};
+    for (int i = 0; name && i < 5; i++)
+        if (strcmp(name, names[i]) == 0)
+            return FMHA_KV_FORMAT_INT8 + i;
+    return 0;
+}
+
 /* The dtype of a problem's K and V. */
 static fmha_dtype kv_dtype_of(const fmha_problem *p)
 {
@@ -103,6 +113,19 @@ void bench_case_problem(const bench_case *c, const bench_inputs *in, fmha_proble
     p->dtype = dtype_of(c->dtype);
     if (c->kv_dtype)
         p->kv_dtype = (fmha_kv_dtype)(dtype_of(c->kv_dtype) + 1);
+    if (c->kv_format) { /* rows of the format, scales as fmha_problem_init's [B, S, Hkv] or per head */
+        const int f = kv_format_of(c->kv_format);
+        const int64_t row = (int64_t)fmha_kv_format_row_bytes(f, c->head_dim), hkv = bench_heads_kv(c);
+        p->k_format = p->v_format = f;
+        for (int t = 0; t < 2; t++) {
+            int64_t *st = t ? p->v_strides : p->k_strides, *ss = t ? p->v_scale_strides : p->k_scale_strides;
+            st[0] = c->seq * hkv * row, st[1] = hkv * row, st[2] = row, st[3] = 1;
+            if (f == FMHA_KV_FORMAT_FP8_E4M3 || f == FMHA_KV_FORMAT_FP8_E5M2)
+                ss[0] = ss[1] = 0;
+        }
+        if (in)
+            p->k_scales = in->k_scales, p->v_scales = in->v_scales;
+    }
     p->precision = c->precision && strcmp(c->precision, "fast") == 0 ? FMHA_PRECISION_FAST
                                                                      : FMHA_PRECISION_ACCURATE;
     int strategy = bench_impl_strategy(c->impl, &wrong);
@@ -131,6 +154,9 @@ fmha_status bench_case_plan(const bench_case *c, const bench_inputs *in, size_t 
     /* q, o, dq, dO: tensor bytes; k, v, dk, dv: kv_tensor bytes */
     size_t tensor = (size_t)(c->batch * bench_seq_q(c) * c->heads * c->head_dim) * dtype_size(p.dtype);
     size_t kv_tensor = (size_t)(c->batch * c->seq * bench_heads_kv(c) * c->head_dim) * dtype_size(kv_dtype_of(&p));
+    if (c->kv_format) /* the rows as stored (the scales are small beside them) */
+        kv_tensor = (size_t)(c->batch * c->seq * bench_heads_kv(c)) *
+                    fmha_kv_format_row_bytes(kv_format_of(c->kv_format), c->head_dim);
     size_t lse = (size_t)(c->batch * c->heads * bench_seq_q(c)) * sizeof(float);
     size_t extras = 0; /* masked_bias: key lengths and bias table */
     if (is_masked_bias(c))
@@ -276,6 +302,39 @@ static int make_pools(bench_inputs *in, const bench_case *c)
     return 0;
 }
 
+/* K and V quantized into c's format (k_run, v_run then read them); the
+ * float inputs stay as they are, so the reference is the unquantized one. */
+static int quantize_inputs(bench_inputs *in, const bench_case *c)
+{
+    const int f = kv_format_of(c->kv_format);
+    const int64_t hkv = bench_heads_kv(c), tokens = c->batch * c->seq, D = c->head_dim;
+    in->kv_format = f;
+    in->kv_row_bytes = (int64_t)fmha_kv_format_row_bytes(f, D);
+    if (!in->kv_row_bytes)
+        return -1;
+    const int per_key = f == FMHA_KV_FORMAT_INT8, per_head = f == FMHA_KV_FORMAT_FP8_E4M3 || f == FMHA_KV_FORMAT_FP8_E5M2;
+    void *stored[2] = {malloc((size_t)(tokens * hkv * in->kv_row_bytes)), malloc((size_t)(tokens * hkv * in->kv_row_bytes))};
+    float *scales[2] = {NULL, NULL};
+    for (int t = 0; t < 2 && (per_key || per_head); t++) {
+        scales[t] = malloc((size_t)(per_key ? tokens * hkv : hkv) * sizeof(float));
+        for (int64_t h = 0; per_head && h < hkv; h++) /* inputs lie in [-1, 1): the top code at 1 */
+            scales[t][h] = 1.0f / (f == FMHA_KV_FORMAT_FP8_E4M3 ? 448.0f : 57344.0f);
+    }
+    in->k_scales = scales[0], in->v_scales = scales[1];
+    in->kv_stored[0] = stored[0], in->kv_stored[1] = stored[1];
+    if (!stored[0] || !stored[1] || ((per_key || per_head) && (!scales[0] || !scales[1])))
+        return -1;
+    const int64_t xs[3] = {hkv * D, D, 1}, vs[3] = {hkv * in->kv_row_bytes, in->kv_row_bytes, 1},
+                  ss[2] = {per_key ? hkv : 0, 1};
+    for (int t = 0; t < 2; t++)
+        if (fmha_kv_quantize(f, tokens, hkv, D, t ? in->v : in->k, xs, stored[t], vs, scales[t],
+                             scales[t] ? ss : NULL) != FMHA_OK)
+            return -1;
+    in->k_run = stored[0];
+    in->v_run = stored[1];
+    return 0;
+}
+
 int bench_inputs_init(bench_inputs *in, const bench_case *c, int with_d_o)
 {
     memset(in, 0, sizeof *in);
@@ -346,6 +405,10 @@ int bench_inputs_init(bench_inputs *in, const bench_case *c, int with_d_o)
     }
     in->k_run = in->k_in;
     in->v_run = in->v_in;
+    if (c->kv_format && quantize_inputs(in, c) != 0) {
+        bench_inputs_free(in);
+        return -1;
+    }
     if (c->page_size && make_pools(in, c) != 0) {
         bench_inputs_free(in);
         return -1;
@@ -373,6 +436,10 @@ void bench_inputs_free(bench_inputs *in)
     free(in->d_o);
     free(in->kv_lengths);
     free(in->rel_table);
+    free(in->kv_stored[0]);
+    free(in->kv_stored[1]);
+    free(in->k_scales);
+    free(in->v_scales);
     free(in->k_pool);
     free(in->v_pool);
     free(in->table);
@@ -474,6 +541,8 @@ json_value *bench_row_header(const bench_case *c)
     json_set_string(row, "dtype", c->dtype);
     if (c->kv_dtype)
         json_set_string(row, "kv_dtype", c->kv_dtype);
+    if (c->kv_format)
+        json_set_string(row, "kv_format", c->kv_format);
     if (strcmp(c->dtype, "bfloat16") == 0)
         json_set_string(row, "precision", c->precision ? c->precision : "accurate");
     json_set_number(row, "batch", (double)c->batch);
@@ -689,6 +758,9 @@ json_value *bench_measure(const bench_options *o, const bench_case *c, bench_inp
     double flops = 4.0 * (double)c->batch * (double)c->heads * pairs * (double)c->head_dim;
     /* K and V of every (batch, kv head), read once: the floor of any forward */
     double kv_bytes = 2.0 * (double)in->kv_elems * (double)in->kv_elem_size;
+    if (in->kv_format) /* as stored: the rows, and int8's scale per row */
+        kv_bytes = 2.0 * (double)(in->kv_elems / (size_t)c->head_dim) *
+                   ((double)in->kv_row_bytes + (in->kv_format == FMHA_KV_FORMAT_INT8 ? 4.0 : 0.0));
     if (r.fwdbwd)
         flops *= 3.5;
 

@@ -41,6 +41,11 @@ pools are set before JAX and PyTorch are imported; then torch.set_num_threads
 and fmha_set_num_threads. A peer
 that cannot be imported gives rows with "status": "unavailable".
 
+The terminal table is fmha-bench's: median, q1..q3 and spread ((q3 - q1) /
+median, marked '!' past 25%) per row; the progress line on stderr gives the
+elapsed time and an estimate of the time left. The defaults (grid, variants
+plain, modes fwd,fwdbwd) are fmha-bench's.
+
 Exit status: 0 done, 1 the results file could not be read or written, 2 a
 bad command line.
 """
@@ -115,11 +120,14 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m fmha.tools.bench_peers", allow_abbrev=False,
                                 description="Times JAX, PyTorch and fmha's bindings with fmha-bench's "
                                             "flags and row schema.")
-    p.add_argument("--seqs", type=_int_list, default=[128, 256, 512, 1024, 2048])
-    p.add_argument("--dims", type=_int_list, default=[64])
-    p.add_argument("--dtypes", type=_name_list(DTYPES), default=["float32"])
-    p.add_argument("--variants", type=_name_list(VARIANTS), default=list(VARIANTS))
-    p.add_argument("--modes", type=_name_list(MODES), default=list(MODES))
+    p.add_argument("--seqs", type=_int_list, default=[128, 256, 512, 1024, 2048],
+                   help="sequence lengths (default 128,256,512,1024,2048)")
+    p.add_argument("--dims", type=_int_list, default=[64], help="head dims (default 64)")
+    p.add_argument("--dtypes", type=_name_list(DTYPES), default=["float32"],
+                   help="float32,bfloat16,float16 (default float32; bfloat16 needs ml_dtypes)")
+    p.add_argument("--variants", type=_name_list(VARIANTS), default=["plain"],
+                   help="plain,causal,masked_bias,decode (default plain, as fmha-bench)")
+    p.add_argument("--modes", type=_name_list(MODES), default=list(MODES), help="fwd,fwdbwd (default both)")
     p.add_argument("--batch", type=_positive_int, default=1)
     p.add_argument("--heads", type=_positive_int, default=8)
     p.add_argument("--seq-q", type=_positive_int, default=None,
@@ -733,17 +741,68 @@ def merge(old, device, config, rows, note):
     return doc
 
 
-def print_row(row):
-    def num(key, fmt):
-        v = row.get(key)
-        return fmt % v if isinstance(v, (int, float)) else "-"
+# The table fmha-bench prints too: the same columns and widths. spread is
+# (q3 - q1) / median; a row past SPREAD_FLAG is marked '!'.
+SPREAD_FLAG = 0.25
+TABLE_FORMAT = "{:<20} {:<7} {:<12} {:<9} {:>4} {:>7} {:>10} {:>19} {:>7} {:>9} {:>8} {:>9}  {}"
+TABLE_HEADER = TABLE_FORMAT.format("impl", "mode", "variant", "dtype", "D", "seq", "median_ms", "q1..q3_ms",
+                                   "spread", "GFLOP/s", "KV_GB/s", "rel_err", "status")
 
-    print(f"{row['impl']:<12} {row['mode']:<7} {row['variant']:<12} {row['dtype']:<9} D={row['head_dim']:<4} "
-          f"seq={row['seq']:<6}" + (f" seq_q={row['seq_q']}" if "seq_q" in row else "")
-          + (f" heads_kv={row['heads_kv']}" if "heads_kv" in row else "")
-          + f" {num('median_ms', '%.4g'):>10} ms {num('gflops', '%.4g'):>8} GFLOP/s {num('kv_gbs', '%.3g'):>6} GB/s "
-          f"rel_err={num('rel_err', '%.2e')} {row.get('status')}"
-          + (f" ({row['error']})" if row.get("error") else ""), flush=True)
+
+def _number(row, key, fmt):
+    v = row.get(key)
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return "-"
+    if fmt == "%.4g" and abs(v) >= 1e4:
+        return "%.0f" % v   # no exponent for large values, as fmha-bench
+    return fmt % v
+
+
+def spread_of(row):
+    """(q3 - q1) / median, or None for a row without timings."""
+    q1, q3, median = row.get("q1_ms"), row.get("q3_ms"), row.get("median_ms")
+    if None in (q1, q3, median) or not median > 0:
+        return None
+    return (q3 - q1) / median
+
+
+def format_row(row):
+    """One line of the table (fmha-bench's format)."""
+    spread = spread_of(row)
+    if spread is None:
+        span = shown = "-"
+    else:
+        span = f"{_number(row, 'q1_ms', '%.4g')}..{_number(row, 'q3_ms', '%.4g')}"
+        shown = "%.0f%%" % (100 * spread) + ("!" if spread > SPREAD_FLAG else "")
+    line = TABLE_FORMAT.format(row["impl"], row["mode"], row["variant"], row["dtype"], _number(row, "head_dim", "%.0f"),
+                               _number(row, "seq", "%.0f"), _number(row, "median_ms", "%.4g"), span, shown,
+                               _number(row, "gflops", "%.4g"), _number(row, "kv_gbs", "%.3g"),
+                               _number(row, "rel_err", "%.2e"), row.get("status"))
+    return line + (f" ({row['error']})" if row.get("error") else "")
+
+
+def table_notes(rows):
+    """The lines under the table: how many rows have a large spread."""
+    flagged = sum(1 for r in rows if (spread_of(r) or 0) > SPREAD_FLAG)
+    if not flagged:
+        return []
+    return [f"! {flagged} row{'' if flagged == 1 else 's'} with q1..q3 wider than {100 * SPREAD_FLAG:.0f}% of "
+            "the median: the machine was busy or the clock changed; rerun them"]
+
+
+def _duration(seconds):
+    """m:ss, or h:mm:ss past an hour (fmha-bench's)."""
+    s = int(seconds + 0.5)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def progress_line(done, total, what, elapsed):
+    """[row i/n] what  elapsed m:ss, ~m:ss left: the rows to come are assumed
+    to take as long as those done (fmha-bench's progress line)."""
+    line = f"[row {done}/{total}] {what}  elapsed {_duration(elapsed)}"
+    if done > 1:
+        line += f", ~{_duration(elapsed / (done - 1) * (total - done + 1))} left"
+    return line
 
 
 def main(argv=None):
@@ -771,6 +830,8 @@ def main(argv=None):
             pass
 
     rows = []
+    start = time.perf_counter()
+    print(TABLE_HEADER, flush=True)
     total = len(args.dtypes) * len(args.dims) * len(args.variants) * len(args.seqs) * len(args.modes) * len(args.impls)
     done = 0
     for dtype in args.dtypes:
@@ -781,11 +842,14 @@ def main(argv=None):
                     for mode in args.modes:
                         for impl in args.impls:
                             done += 1
-                            print(f"[row {done}/{total}] {impl} {mode} {variant} seq={S} {dtype}", file=sys.stderr,
+                            what = f"{impl} {mode} {variant} seq={S}" + ("" if dtype == "float32" else f" {dtype}")
+                            print(progress_line(done, total, what, time.perf_counter() - start), file=sys.stderr,
                                   flush=True)
                             row = bench_row(impl, mode, inp, args)
-                            print_row(row)
+                            print(format_row(row), flush=True)
                             rows.append(row)
+    for line in table_notes(rows):
+        print(line)
     device = device_info(args.threads)
     config = config_of(args, xla_flags)
     try:

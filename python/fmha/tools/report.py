@@ -13,6 +13,9 @@ sequence length, and the achieved fraction of the machine's peak GFLOP/s
 note when unknown). Rows whose status is not ok are listed, not plotted.
 When the records hold peer rows of this machine, a first table compares
 fmha_auto with the faster peer per row; --print also writes it to stdout.
+Without matplotlib the report has its tables and no charts (pip install
+'fmha[report]' adds it). --readme prints the project README's speed table
+instead (python -m fmha.tools.report docs/bench/*.json --readme --seqs 512,2048).
 """
 
 from __future__ import annotations
@@ -24,10 +27,20 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-import matplotlib
+CHARTS_EXTRA = "pip install 'fmha[report]'"   # matplotlib, for the charts
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None when matplotlib is not
+    installed (the report then has its tables and no charts)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 FMHA_IMPLS = ["fmha_auto", "fmha_dense", "fmha_tiled", "fmha_portable", "fmha_plan"]
 PEER_IMPLS = ["jax_xla", "torch_sdpa"]   # what users run instead of fmha
@@ -278,6 +291,46 @@ def peer_table(timed) -> list:
             "|---|---|---:|---|---:|---:|---:|---:|"] + lines
 
 
+# The README's comparison: fmha_auto beside what users run instead, in this order.
+README_PEERS = [("torch_sdpa", "PyTorch SDPA"), ("jax_xla", "JAX (jax.nn, XLA)"),
+                ("ggml_flash_attn", "llama.cpp (ggml flash attn)")]
+
+
+def readme_table(sources, seqs=None) -> list:
+    """Markdown lines for the project README: per (dtype, variant, mode,
+    seq) fmha_auto's median ms beside each peer present in the records and
+    the speedup over the faster peer; then the machine the rows came from.
+    seqs: keep only these sequence lengths (None: all)."""
+    timed = [r for r in timing_rows([r for s in sources for r in s.rows]) if not seqs or r.seq in seqs]
+    cell = {(r.label, r.group, r.seq): r.get("median_ms") for r in timed}
+    peers = [(impl, name) for impl, name in README_PEERS if any(r.label == impl for r in timed)]
+    lines = []
+    for group in sorted({r.group for r in timed}, key=group_order):
+        variant, dtype, dim, mode, batch, heads = group[:6]
+        for seq in sorted({r.seq for r in timed if r.group == group}):
+            ours = cell.get(("fmha_auto", group, seq))
+            theirs = {impl: cell.get((impl, group, seq)) for impl, _ in peers}
+            measured = [ms for ms in theirs.values() if ms]
+            if ours is None or not measured:
+                continue
+            cells = [f"{fmt(theirs[impl], 3)}" if theirs[impl] else "-" for impl, _ in peers]
+            lines.append(f"| {dtype} | {variant}{shape_suffix(group)} | {mode} | {seq} | {fmt(ours, 3)} | "
+                         + " | ".join(cells) + f" | **{min(measured) / ours:.2f}x** |")
+    if not lines:
+        return []
+    head = ["| dtype | variant | mode | S | fmha | " + " | ".join(name for _, name in peers) + " | fmha vs faster peer |",
+            "|---|---|---|---:|---:|" + "---:|" * len(peers) + "---:|"]
+    shapes = sorted({(g[4], g[5], g[2]) for g in (r.group for r in timed)})
+    where = []
+    for s in sources:
+        if any(r in timed for r in s.rows):
+            d = s.device
+            threads = f", {d['threads']} threads" if "threads" in d else ""
+            where.append(f"{d.get('cpu', 'an unknown CPU')}{threads} (`{s.path}`)")
+    shape_text = "; ".join(f"B {b}, H {h}, D {dim}" for b, h, dim in shapes)
+    return head + lines + ["", f"Median ms per call, {shape_text}, measured on " + "; ".join(where) + "."]
+
+
 def error_summary(group_rows) -> str:
     worst = {}
     for r in group_rows:
@@ -297,13 +350,14 @@ def color_of(label: str):
     """One colour per impl across every chart (a peak-RSS line shares its impl's)."""
     base = label.replace(" peak RSS", "")
     if base not in _COLORS:
-        palette = plt.get_cmap("tab20").colors
+        palette = pyplot().get_cmap("tab20").colors
         _COLORS[base] = palette[(2 * len(_COLORS)) % 20 + (len(_COLORS) // 10) % 2]
     return _COLORS[base]
 
 
 def plot_lines(series, title, ylabel, path, logy=True):
     """series: {label: [(seq, value), ...]}. Log-log in seq (and y when logy)."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
     for label in impl_order(series):
         points = sorted(p for p in series[label] if p[1] is not None and p[1] > 0)
@@ -326,9 +380,44 @@ def plot_lines(series, title, ylabel, path, logy=True):
     plt.close(fig)
 
 
+def group_charts(rows, group, group_rows, title, prefix, name) -> list:
+    """Draws a group's charts (time, memory, fraction of peak when known) as
+    prefix + <chart>_<name>.png; returns their markdown lines."""
+    lines = []
+    series = {}
+    for r in group_rows:
+        series.setdefault(r.label, []).append((r.seq, float(r.get("median_ms"))))
+    plot_lines(series, f"time: {title}", "median ms per call", prefix + f"time_{name}.png")
+    lines.append(f"![time {title}](time_{name}.png)")
+
+    mem = {}
+    for r in rows:
+        if r.status != "ok" or r.kind == "max_fit" or r.group != group:
+            continue
+        label = r.label + (" peak RSS" if r.kind == "peak" and r.get("peak_rss_mb") is not None else "")
+        mem.setdefault(label, {})[r.seq] = memory_mb(r)
+    mem = {k: list(v.items()) for k, v in mem.items()}
+    plot_lines(mem, f"memory: {title}", "MB (temp + args + outputs, or peak RSS)",
+               prefix + f"memory_{name}.png")
+    lines.append(f"![memory {title}](memory_{name}.png)")
+
+    fraction = {}
+    for r in group_rows:
+        g = gflops_of(r)
+        if r.peak_gflops and g:
+            fraction.setdefault(r.label, []).append((r.seq, g / r.peak_gflops))
+    if fraction:
+        plot_lines(fraction, f"fraction of peak: {title}", "achieved GFLOP/s / peak GFLOP/s",
+                   prefix + f"peak_fraction_{name}.png", logy=False)
+        lines.append(f"![fraction of peak {title}](peak_fraction_{name}.png)")
+    return lines
+
+
 def render(sources, out_dir, peak_gflops_arg=None) -> str:
-    """Writes README.md and the charts under out_dir; returns README's path."""
+    """Writes README.md and the charts under out_dir (tables only when
+    matplotlib is not installed); returns README's path."""
     os.makedirs(out_dir, exist_ok=True)
+    charts = pyplot() is not None
     rows = [r for s in sources for r in s.rows]
     timed = timing_rows(rows)
     md = ["# fmha benchmark report", ""]
@@ -356,10 +445,13 @@ def render(sources, out_dir, peak_gflops_arg=None) -> str:
         md += versus + [""]
 
     groups = sorted({r.group for r in timed}, key=group_order)
-    for label in impl_order(r.label for r in rows):
-        color_of(label)
+    if charts:
+        for label in impl_order(r.label for r in rows):
+            color_of(label)
+    else:
+        md += [f"No charts: matplotlib is not installed ({CHARTS_EXTRA} adds it).", ""]
     any_peak = any(r.peak_gflops for r in timed)
-    if not any_peak:
+    if charts and not any_peak:
         md += [
             "The fraction-of-peak charts are skipped: the machine's peak GFLOP/s is unknown "
             "(pass --peak-gflops or add \"peak_gflops\" to the record's device).",
@@ -379,32 +471,8 @@ def render(sources, out_dir, peak_gflops_arg=None) -> str:
         name = slug(group)
         title = f"{variant}, {dtype}, D={dim}, {mode}, B={batch}, H={heads}{shape_suffix(group)}"
 
-        series = {}
-        for r in group_rows:
-            series.setdefault(r.label, []).append((r.seq, float(r.get("median_ms"))))
-        plot_lines(series, f"time: {title}", "median ms per call", os.path.join(out_dir, f"time_{name}.png"))
-        md.append(f"![time {title}](time_{name}.png)")
-
-        mem = {}
-        for r in rows:
-            if r.status != "ok" or r.kind == "max_fit" or r.group != group:
-                continue
-            label = r.label + (" peak RSS" if r.kind == "peak" and r.get("peak_rss_mb") is not None else "")
-            mem.setdefault(label, {})[r.seq] = memory_mb(r)
-        mem = {k: list(v.items()) for k, v in mem.items()}
-        plot_lines(mem, f"memory: {title}", "MB (temp + args + outputs, or peak RSS)",
-                   os.path.join(out_dir, f"memory_{name}.png"))
-        md.append(f"![memory {title}](memory_{name}.png)")
-
-        fraction = {}
-        for r in group_rows:
-            g = gflops_of(r)
-            if r.peak_gflops and g:
-                fraction.setdefault(r.label, []).append((r.seq, g / r.peak_gflops))
-        if fraction:
-            plot_lines(fraction, f"fraction of peak: {title}", "achieved GFLOP/s / peak GFLOP/s",
-                       os.path.join(out_dir, f"peak_fraction_{name}.png"), logy=False)
-            md.append(f"![fraction of peak {title}](peak_fraction_{name}.png)")
+        if charts:
+            md += group_charts(rows, group, group_rows, title, os.path.join(out_dir, ""), name)
         md.append("")
 
     peaks = [r for r in rows if r.kind == "peak" and r.status == "ok"]
@@ -461,13 +529,29 @@ def main(argv=None) -> int:
                         help="this machine's peak GFLOP/s, for the fraction-of-peak charts")
     parser.add_argument("--print", action="store_true", dest="print_versus",
                         help="also print the fmha-against-peers table to stdout")
+    parser.add_argument("--readme", action="store_true",
+                        help="print the project README's speed table (fmha_auto beside PyTorch SDPA, JAX and "
+                             "llama.cpp's ggml where measured) to stdout and write nothing")
+    parser.add_argument("--seqs", default=None,
+                        help="with --readme: only these sequence lengths (comma-separated)")
     args = parser.parse_args(argv)
+    try:
+        seqs = {int(x) for x in args.seqs.split(",")} if args.seqs else None
+    except ValueError:
+        parser.error(f"--seqs wants comma-separated integers, got '{args.seqs}'")
     try:
         sources = [load_source(path, args.peak_gflops) for path in args.records]
     except (OSError, ValueError) as e:
         print(f"fmha.report: {e}", file=sys.stderr)
         return 1
+    if args.readme:
+        table = readme_table(sources, seqs)
+        print("\n".join(table) if table else "fmha.report: no fmha_auto row with a peer beside it")
+        return 0
     readme = render(sources, args.out, args.peak_gflops)
+    if pyplot() is None:
+        print(f"fmha.report: matplotlib is not installed: {readme} has the tables and no charts "
+              f"({CHARTS_EXTRA} for charts)", file=sys.stderr)
     if args.print_versus:
         versus = peer_table(timing_rows([r for s in sources for r in s.rows]))
         print("\n".join(versus) if versus else "fmha.report: no peer rows to compare with")

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stddef.h>
 
+#include "../scalar/decode.h"
 #include "decode.h"
 
 #define FMHA_INLINE static inline __attribute__((always_inline))
@@ -198,5 +199,71 @@ void fmha_widen_f16__avx2(size_t n, const void *src_row, float *dst) {
         for (size_t j = 0; j < n - i; j++) t[j] = src[i + j];
         _mm256_storeu_ps(f, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)t)));
         for (size_t j = 0; j < n - i; j++) dst[i + j] = f[j];
+    }
+}
+
+/* ---- 8-bit and GGUF cache rows, widened 8 values at a time (the decode
+ * driver then runs the float32 kernels on them; tails by the scalar part) */
+
+/* 8 fp8 bytes as float32: E5M2 is a half's top byte; E4M3FN moved into a
+ * half's exponent and mantissa is the value / 2^8, S.1111.111 its NaN. */
+FMHA_INLINE __m256 widen_fp8x8(int e4m3, const uint8_t *src) {
+    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)src));
+    if (!e4m3) return _mm256_cvtph_ps(_mm_slli_epi16(b, 8));
+    const __m128i mag = _mm_and_si128(b, _mm_set1_epi16(0x7f));
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7), _mm_slli_epi16(_mm_srli_epi16(b, 7), 15));
+    const __m256 x = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+    const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f))));
+    return _mm256_blendv_ps(x, _mm256_set1_ps(NAN), nan);
+}
+
+void fmha_widen_int8__avx2(size_t n, const void *src_row, float *dst) {
+    const int8_t *src = src_row;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(src + i)))));
+    if (i < n) fmha_load_int8__scalar(n - i, src + i, dst + i);
+}
+
+void fmha_widen_e4m3__avx2(size_t n, const void *src_row, float *dst) {
+    const uint8_t *src = src_row;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, widen_fp8x8(1, src + i));
+    if (i < n) fmha_load_e4m3__scalar(n - i, src + i, dst + i);
+}
+
+void fmha_widen_e5m2__avx2(size_t n, const void *src_row, float *dst) {
+    const uint8_t *src = src_row;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, widen_fp8x8(0, src + i));
+    if (i < n) fmha_load_e5m2__scalar(n - i, src + i, dst + i);
+}
+
+/* GGUF blocks of 32 (n a multiple of 32): q8_0 = d * q, q4_0 = d * (nibble - 8) */
+void fmha_widen_q8_0__avx2(size_t n, const void *src_row, float *dst) {
+    const uint8_t *blk = src_row;
+    for (size_t i = 0; i < n; i += 32, blk += 34) {
+        uint16_t dh;
+        __builtin_memcpy(&dh, blk, 2);
+        const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16((short)dh));
+        for (int v = 0; v < 4; v++) {
+            const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * v)));
+            _mm256_storeu_ps(dst + i + 8 * v, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+        }
+    }
+}
+
+void fmha_widen_q4_0__avx2(size_t n, const void *src_row, float *dst) {
+    const uint8_t *blk = src_row;
+    for (size_t i = 0; i < n; i += 32, blk += 18) {
+        uint16_t dh;
+        __builtin_memcpy(&dh, blk, 2);
+        const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16((short)dh));
+        for (int v = 0; v < 4; v++) { /* values 0..15 the low nibbles, 16..31 the high */
+            const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * (v % 2))));
+            const __m256i nib = v < 2 ? _mm256_and_si256(bytes, _mm256_set1_epi32(15)) : _mm256_srli_epi32(bytes, 4);
+            const __m256i q = _mm256_sub_epi32(nib, _mm256_set1_epi32(8));
+            _mm256_storeu_ps(dst + i + 8 * v, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+        }
     }
 }

@@ -12,6 +12,11 @@ void fmha_f32_decode_values__avx2(size_t rows, size_t nk, size_t dv, const float
                                   const void *v_row0, size_t ldv, float *o, size_t ldo, const float *alpha);
 void fmha_widen_bf16__avx2(size_t n, const void *src_row, float *dst);
 void fmha_widen_f16__avx2(size_t n, const void *src_row, float *dst);
+void fmha_widen_int8__avx2(size_t n, const void *src_row, float *dst);
+void fmha_widen_e4m3__avx2(size_t n, const void *src_row, float *dst);
+void fmha_widen_e5m2__avx2(size_t n, const void *src_row, float *dst);
+void fmha_widen_q8_0__avx2(size_t n, const void *src_row, float *dst);
+void fmha_widen_q4_0__avx2(size_t n, const void *src_row, float *dst);
 /* y[i] = exp(x[i]) (f32.c) */
 void fmha_f32_exp__avx2(size_t n, const float *x, float *y);
 

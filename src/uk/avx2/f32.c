@@ -348,10 +348,22 @@ static const fmha_uk_cache avx2_f32 = {
 };
 static const fmha_uk_cache avx2_bf16 = {.load = fmha_widen_bf16__avx2};
 static const fmha_uk_cache avx2_f16 = {.load = fmha_widen_f16__avx2};
+static const fmha_uk_cache avx2_int8 = {.load = fmha_widen_int8__avx2};
+static const fmha_uk_cache avx2_e4m3 = {.load = fmha_widen_e4m3__avx2};
+static const fmha_uk_cache avx2_e5m2 = {.load = fmha_widen_e5m2__avx2};
+static const fmha_uk_cache avx2_q8_0 = {.load = fmha_widen_q8_0__avx2};
+static const fmha_uk_cache avx2_q4_0 = {.load = fmha_widen_q4_0__avx2};
 
 const fmha_isa_parts fmha_isa_avx2 = {
     .isa = "avx2",
     .tile = &avx2_tile,
     .decode = &avx2_decode,
-    .cache = {[FMHA_FORMAT_F32] = &avx2_f32, [FMHA_FORMAT_BF16] = &avx2_bf16, [FMHA_FORMAT_F16] = &avx2_f16},
+    .cache = {[FMHA_FORMAT_F32] = &avx2_f32,
+              [FMHA_FORMAT_BF16] = &avx2_bf16,
+              [FMHA_FORMAT_F16] = &avx2_f16,
+              [FMHA_FORMAT_INT8] = &avx2_int8,
+              [FMHA_FORMAT_FP8_E4M3] = &avx2_e4m3,
+              [FMHA_FORMAT_FP8_E5M2] = &avx2_e5m2,
+              [FMHA_FORMAT_Q8_0] = &avx2_q8_0,
+              [FMHA_FORMAT_Q4_0] = &avx2_q4_0},
 };

@@ -40,31 +40,79 @@ FMHA_INLINE __m512 reduce16(__m512 a[16]) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
 }
 
-/* The element type of K or V rows: float32, or a 2-byte cache widened in
- * registers (bf16: the bits shifted up; half: vcvtph2ps). Widening is exact,
- * so every kind runs the float32 arithmetic on the same values. */
-enum { KV_F32, KV_BF16, KV_F16 };
+/* The element type of K or V rows: float32, or a narrower format widened
+ * in registers (bf16: the bits shifted up; half: vcvtph2ps; int8: sign
+ * extension; fp8: moved into a half; GGUF blocks: their values times the
+ * block's half scale). Widening is exact (the blocks' product is the
+ * specification's one rounding), so every kind runs the float32 arithmetic
+ * on the format's values. */
+enum { KV_F32, KV_BF16, KV_F16, KV_I8, KV_E4M3, KV_E5M2, KV_Q8_0, KV_Q4_0 };
+
+/* Bytes of the storage unit row strides count. */
+FMHA_INLINE size_t kv_unit(const int kind) { return kind == KV_F32 ? 4 : kind <= KV_F16 ? 2 : 1; }
 
 FMHA_INLINE __m512 widen_kv(const int kind, __m256i h) {
     if (kind == KV_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     return _mm512_cvtph_ps(h);
 }
 
+/* 16 fp8 bytes as float32. E5M2 is the top byte of a half. E4M3FN shifted
+ * into a half's exponent and mantissa is the value / 2^8 (subnormals too);
+ * S.1111.111 is its NaN. */
+FMHA_INLINE __m512 widen_fp8(const int kind, __m128i b8) {
+    const __m256i b = _mm256_cvtepu8_epi16(b8);
+    if (kind == KV_E5M2) return _mm512_cvtph_ps(_mm256_slli_epi16(b, 8));
+    const __m256i mag = _mm256_and_si256(b, _mm256_set1_epi16(0x7f));
+    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(mag, 7), _mm256_slli_epi16(_mm256_srli_epi16(b, 7), 15));
+    const __m512 x = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+    const __mmask16 nan = _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7f));
+    return _mm512_mask_mov_ps(x, nan, _mm512_set1_ps(NAN));
+}
+
+/* The 16 values from value e (a multiple of 16) of a run of GGUF blocks. */
+FMHA_INLINE __m512 load_block(const int kind, const void *x, size_t e) {
+    const size_t bytes = kind == KV_Q8_0 ? 34 : 18;
+    const uint8_t *blk = (const uint8_t *)x + e / 32 * bytes;
+    uint16_t dh;
+    __builtin_memcpy(&dh, blk, 2);
+    const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)dh));
+    __m512i q;
+    if (kind == KV_Q8_0) {
+        q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2 + e % 32)));
+    } else { /* values 0..15 the low nibbles, 16..31 the high ones */
+        const __m512i bytes16 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)));
+        const __m512i nib = e % 32 ? _mm512_srli_epi32(bytes16, 4) : _mm512_and_si512(bytes16, _mm512_set1_epi32(15));
+        q = _mm512_sub_epi32(nib, _mm512_set1_epi32(8));
+    }
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(q), d);
+}
+
 /* 16 elements of a row (x, element e on). */
 FMHA_INLINE __m512 load_kv(const int kind, const void *x, size_t e) {
     if (kind == KV_F32) return _mm512_loadu_ps((const float *)x + e);
-    return widen_kv(kind, _mm256_loadu_si256((const __m256i *)((const uint16_t *)x + e)));
+    if (kind == KV_BF16 || kind == KV_F16)
+        return widen_kv(kind, _mm256_loadu_si256((const __m256i *)((const uint16_t *)x + e)));
+    if (kind == KV_Q8_0 || kind == KV_Q4_0) return load_block(kind, x, e);
+    const __m128i b = _mm_loadu_si128((const __m128i *)((const uint8_t *)x + e));
+    if (kind == KV_I8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+    return widen_fp8(kind, b);
 }
 
-/* The same, only the lanes of m (the others 0). */
+/* The same, only the lanes of m (the others 0). Block formats see whole
+ * vectors of a row (D a multiple of 32): m is all lanes or none. */
 FMHA_INLINE __m512 maskz_load_kv(const int kind, __mmask16 m, const void *x, size_t e) {
     if (kind == KV_F32) return _mm512_maskz_loadu_ps(m, (const float *)x + e);
-    return widen_kv(kind, _mm256_maskz_loadu_epi16(m, (const uint16_t *)x + e));
+    if (kind == KV_BF16 || kind == KV_F16)
+        return widen_kv(kind, _mm256_maskz_loadu_epi16(m, (const uint16_t *)x + e));
+    if (kind == KV_Q8_0 || kind == KV_Q4_0) return m ? load_block(kind, x, e) : _mm512_setzero_ps();
+    const __m128i b = _mm_maskz_loadu_epi8(m, (const uint8_t *)x + e);
+    if (kind == KV_I8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+    return _mm512_maskz_mov_ps(m, widen_fp8(kind, b));
 }
 
-/* Row r of x (rows ld elements apart). */
+/* Row r of x (rows ld storage units apart). */
 FMHA_INLINE const void *row_at(const int kind, const void *x, size_t r, size_t ld) {
-    return (const char *)x + r * ld * (kind == KV_F32 ? sizeof(float) : sizeof(uint16_t));
+    return (const char *)x + r * ld * kv_unit(kind);
 }
 
 /* acc[r * J + jj] += qv[r] kv[jj], the R x J products of one head-dim step. */
@@ -274,6 +322,34 @@ void fmha_f16kv_decode_values__avx512(size_t rows, size_t nk, size_t dv, const f
                                       const void *v, size_t ldv, float *o, size_t ldo, const float *alpha) {
     decode_values(KV_F16, rows, nk, dv, p, ldp, v, ldv, o, ldo, alpha);
 }
+
+/* dst[i] = value i of a row of kind, i < n (a multiple of 32 for blocks). */
+FMHA_INLINE void widen_row(const int kind, size_t n, const void *src, float *dst) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, load_kv(kind, src, i));
+    if (i < n) {
+        const __mmask16 tail = (__mmask16)((1u << (n - i)) - 1u);
+        _mm512_mask_storeu_ps(dst + i, tail, maskz_load_kv(kind, tail, src, i));
+    }
+}
+
+/* The kernels of one narrow format, read in place: scores, values and the
+ * load into float32 rows. */
+#define FORMAT_KERNELS(name, kind)                                                                                     \
+    void fmha_##name##kv_decode_scores__avx512(size_t rows, size_t nk, size_t d, const float *q, size_t ldq,          \
+                                               const void *k, size_t ldk, float *s, size_t lds, float scale) {       \
+        decode_scores(kind, rows, nk, d, q, ldq, k, ldk, s, lds, scale);                                               \
+    }                                                                                                                  \
+    void fmha_##name##kv_decode_values__avx512(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,         \
+                                               const void *v, size_t ldv, float *o, size_t ldo, const float *alpha) { \
+        decode_values(kind, rows, nk, dv, p, ldp, v, ldv, o, ldo, alpha);                                              \
+    }                                                                                                                  \
+    void fmha_widen_##name##__avx512(size_t n, const void *src_row, float *dst) { widen_row(kind, n, src_row, dst); }
+FORMAT_KERNELS(int8, KV_I8)
+FORMAT_KERNELS(e4m3, KV_E4M3)
+FORMAT_KERNELS(e5m2, KV_E5M2)
+FORMAT_KERNELS(q8_0, KV_Q8_0)
+FORMAT_KERNELS(q4_0, KV_Q4_0)
 
 void fmha_widen_bf16__avx512(size_t n, const void *src_row, float *dst) {
     const uint16_t *src = src_row;

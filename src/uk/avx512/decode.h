@@ -22,6 +22,18 @@ void fmha_f16kv_decode_values__avx512(size_t rows, size_t nk, size_t dv, const f
                                       const void *v, size_t ldv, float *o, size_t ldo, const float *alpha);
 void fmha_widen_bf16__avx512(size_t n, const void *src_row, float *dst);
 void fmha_widen_f16__avx512(size_t n, const void *src_row, float *dst);
+/* int8, fp8 and GGUF rows read in place: scores, values, load */
+#define FMHA_AVX512_FORMAT_DECLS(name)                                                                                 \
+    void fmha_##name##kv_decode_scores__avx512(size_t rows, size_t nk, size_t d, const float *q, size_t ldq,          \
+                                               const void *k, size_t ldk, float *s, size_t lds, float scale);        \
+    void fmha_##name##kv_decode_values__avx512(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,         \
+                                               const void *v, size_t ldv, float *o, size_t ldo, const float *alpha);  \
+    void fmha_widen_##name##__avx512(size_t n, const void *src_row, float *dst);
+FMHA_AVX512_FORMAT_DECLS(int8)
+FMHA_AVX512_FORMAT_DECLS(e4m3)
+FMHA_AVX512_FORMAT_DECLS(e5m2)
+FMHA_AVX512_FORMAT_DECLS(q8_0)
+FMHA_AVX512_FORMAT_DECLS(q4_0)
 /* y[i] = exp(x[i]) (f32.c) */
 void fmha_f32_exp__avx512(size_t n, const float *x, float *y);
 

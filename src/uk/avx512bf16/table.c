@@ -23,7 +23,5 @@ const fmha_isa_parts fmha_isa_avx512bf16 = {
     .bf16 = &avx512bf16_pairs,
     .rows = &fmha_uk_rows__avx512,
     .decode = &fmha_uk_decode__avx512,
-    .cache = {[FMHA_FORMAT_F32] = &fmha_uk_cache_f32__avx512,
-              [FMHA_FORMAT_BF16] = &fmha_uk_cache_bf16__avx512,
-              [FMHA_FORMAT_F16] = &fmha_uk_cache_f16__avx512},
+    .cache = FMHA_AVX512_CACHE_PARTS,
 };

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "../../convert.h"
+#include "../../format.h"
 #include "decode.h"
 
 /* s[r][j] = scale * q_r . k_j: the dot product is summed from zero, then scaled. */
@@ -68,3 +69,15 @@ void fmha_widen_f16__scalar(size_t n, const void *src_row, float *dst) {
     const uint16_t *src = src_row;
     for (size_t i = 0; i < n; i++) dst[i] = fmha_f16_to_f32(src[i]);
 }
+
+/* The 8-bit and block formats: their dequantisations (format.c), value by value. */
+#define FORMAT_LOAD(name, id)                                                                                          \
+    void fmha_load_##name##__scalar(size_t n, const void *src_row, float *dst) {                                      \
+        const fmha_cache_format *f = fmha_cache_format_at(id);                                                         \
+        for (size_t i = 0; i < n; i++) dst[i] = f->dequant(src_row, (int64_t)i);                                       \
+    }
+FORMAT_LOAD(int8, FMHA_FORMAT_INT8)
+FORMAT_LOAD(e4m3, FMHA_FORMAT_FP8_E4M3)
+FORMAT_LOAD(e5m2, FMHA_FORMAT_FP8_E5M2)
+FORMAT_LOAD(q8_0, FMHA_FORMAT_Q8_0)
+FORMAT_LOAD(q4_0, FMHA_FORMAT_Q4_0)

@@ -15,5 +15,10 @@ void fmha_f32_decode_values__scalar(size_t rows, size_t nk, size_t dv, const flo
 void fmha_load_f32__scalar(size_t n, const void *src_row, float *dst);
 void fmha_widen_bf16__scalar(size_t n, const void *src_row, float *dst);
 void fmha_widen_f16__scalar(size_t n, const void *src_row, float *dst);
+void fmha_load_int8__scalar(size_t n, const void *src_row, float *dst);
+void fmha_load_e4m3__scalar(size_t n, const void *src_row, float *dst);
+void fmha_load_e5m2__scalar(size_t n, const void *src_row, float *dst);
+void fmha_load_q8_0__scalar(size_t n, const void *src_row, float *dst);
+void fmha_load_q4_0__scalar(size_t n, const void *src_row, float *dst);
 
 #endif /* FMHA_UK_SCALAR_DECODE_H */

@@ -146,11 +146,23 @@ static const fmha_uk_cache scalar_f32 = {
 };
 static const fmha_uk_cache scalar_bf16 = {.load = fmha_widen_bf16__scalar};
 static const fmha_uk_cache scalar_f16 = {.load = fmha_widen_f16__scalar};
+static const fmha_uk_cache scalar_int8 = {.load = fmha_load_int8__scalar};
+static const fmha_uk_cache scalar_e4m3 = {.load = fmha_load_e4m3__scalar};
+static const fmha_uk_cache scalar_e5m2 = {.load = fmha_load_e5m2__scalar};
+static const fmha_uk_cache scalar_q8_0 = {.load = fmha_load_q8_0__scalar};
+static const fmha_uk_cache scalar_q4_0 = {.load = fmha_load_q4_0__scalar};
 
 const fmha_isa_parts fmha_isa_scalar = {
     .isa = "scalar",
     .tile = &scalar_tile,
     .rows = &scalar_rows,
     .decode = &scalar_decode,
-    .cache = {[FMHA_FORMAT_F32] = &scalar_f32, [FMHA_FORMAT_BF16] = &scalar_bf16, [FMHA_FORMAT_F16] = &scalar_f16},
+    .cache = {[FMHA_FORMAT_F32] = &scalar_f32,
+              [FMHA_FORMAT_BF16] = &scalar_bf16,
+              [FMHA_FORMAT_F16] = &scalar_f16,
+              [FMHA_FORMAT_INT8] = &scalar_int8,
+              [FMHA_FORMAT_FP8_E4M3] = &scalar_e4m3,
+              [FMHA_FORMAT_FP8_E5M2] = &scalar_e5m2,
+              [FMHA_FORMAT_Q8_0] = &scalar_q8_0,
+              [FMHA_FORMAT_Q4_0] = &scalar_q4_0},
 };

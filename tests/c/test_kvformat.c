@@ -1,0 +1,589 @@
+/* test_kvformat.c: K and V stored in quantized cache formats
+ * (fmha_problem.k_format / v_format: int8, fp8 e4m3 / e5m2, GGUF q8_0 /
+ * q4_0) and the quantizer that writes them (fmha_kv_quantize).
+ *
+ * Each cache is written by fmha_kv_quantize, then decoded here by this
+ * file's own reading of each format (the OCP float8 definitions, ggml's
+ * block layouts); the float64 reference runs on those values. Cases: the
+ * decode driver (contiguous, and paged in shuffled page order with the
+ * scales in a pool beside the values, pages of 1, 5, 16 and 32 keys, which
+ * must give the contiguous cache's bits), ragged lengths, GQA, sinks,
+ * windows, Sq 1..16, bf16 queries, MLA shapes (D 576, Dv 512, V a view of
+ * K's first columns), K and V in different formats, and the tiled, dense
+ * and portable forwards, on every ISA of the registry. The quantizers are
+ * held to ggml's reference bytes (pinned vectors) and to the nearest-value
+ * rule of each format; bad scales and shapes are clear errors with nothing
+ * written. */
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "format.h"
+#include "fmha_ref_masks.h"
+#include "test_util.h"
+
+/* ---- the formats, read independently of the library ---- */
+
+static double half_value(uint16_t h) {
+    int e = (h >> 10) & 31, m = h & 1023;
+    double v = e == 31 ? (m ? NAN : INFINITY) : e ? ldexp(1024 + m, e - 25) : ldexp(m, -24);
+    return h & 0x8000 ? -v : v;
+}
+
+static double fp8_value(fmha_kv_format f, uint8_t c) {
+    double v;
+    if (f == FMHA_KV_FORMAT_FP8_E4M3) {
+        int e = (c >> 3) & 15, m = c & 7;
+        v = e == 15 && m == 7 ? NAN : e ? ldexp(8 + m, e - 10) : ldexp(m, -9);
+    } else {
+        int e = (c >> 2) & 31, m = c & 3;
+        v = e == 31 ? (m ? NAN : INFINITY) : e ? ldexp(4 + m, e - 17) : ldexp(m, -16);
+    }
+    return c & 0x80 ? -v : v;
+}
+
+static int is_fp8(fmha_kv_format f) { return f == FMHA_KV_FORMAT_FP8_E4M3 || f == FMHA_KV_FORMAT_FP8_E5M2; }
+
+static const char *fmt_name(fmha_kv_format f) {
+    static const char *names[] = {"dtype", "f32", "bf16", "f16", "int8", "fp8_e4m3", "fp8_e5m2", "q8_0", "q4_0"};
+    return names[f];
+}
+
+/* Value e of a stored row (scale: the row's int8 scale or the head's fp8 one). */
+static float row_value(fmha_kv_format f, const uint8_t *row, int64_t e, float scale) {
+    if (f == FMHA_KV_FORMAT_BF16) {
+        uint32_t u = (uint32_t)(row[2 * e] | row[2 * e + 1] << 8) << 16;
+        float x;
+        memcpy(&x, &u, 4);
+        return x;
+    }
+    if (f == FMHA_KV_FORMAT_INT8) return (float)(int8_t)row[e] * scale;
+    if (is_fp8(f)) return (float)fp8_value(f, row[e]) * scale;
+    const uint8_t *blk = row + e / 32 * (f == FMHA_KV_FORMAT_Q8_0 ? 34 : 18);
+    float d = (float)half_value((uint16_t)(blk[0] | blk[1] << 8));
+    int j = (int)(e % 32);
+    if (f == FMHA_KV_FORMAT_Q8_0) return (float)(int8_t)blk[2 + j] * d;
+    return (float)((j < 16 ? blk[2 + j] & 15 : blk[2 + j - 16] >> 4) - 8) * d;
+}
+
+/* A cache [B, S, H, D] in format f: bytes [B, S, H, row] (row in storage
+ * units of unit bytes), scales (int8: [B, S, H]; fp8: [H]), and the values
+ * it holds, value [B, S, H, D]. */
+typedef struct cache {
+    fmha_kv_format f;
+    int64_t B, S, H, D, row, unit;
+    uint8_t *bytes;
+    float *scales, *value;
+} cache;
+
+static cache cache_new(fmha_kv_format f, int64_t B, int64_t S, int64_t H, int64_t D, const float *x) {
+    const int64_t unit = f == FMHA_KV_FORMAT_BF16 ? 2 : 1;
+    cache c = {f, B, S, H, D, (int64_t)fmha_kv_format_row_bytes(f, D) / unit, unit, NULL, NULL, NULL};
+    const int64_t rows = B * S * H;
+    c.bytes = malloc((size_t)(rows * c.row * unit) + 1);
+    c.value = malloc((size_t)(rows * D) * sizeof(float));
+    const int64_t xs[3] = {H * D, D, 1}, vs[3] = {H * c.row, c.row, 1};
+    fmha_status st;
+    if (f == FMHA_KV_FORMAT_INT8) {
+        c.scales = malloc((size_t)rows * sizeof(float));
+        const int64_t ss[2] = {H, 1};
+        st = fmha_kv_quantize(f, B * S, H, D, x, xs, c.bytes, vs, c.scales, ss);
+    } else if (is_fp8(f)) { /* one scale per head: its largest |x| at the format's top */
+        c.scales = malloc((size_t)H * sizeof(float));
+        for (int64_t h = 0; h < H; h++) {
+            float amax = 0;
+            for (int64_t t = 0; t < B * S; t++)
+                for (int64_t e = 0; e < D; e++) amax = fmaxf(amax, fabsf(x[(t * H + h) * D + e]));
+            c.scales[h] = amax / (f == FMHA_KV_FORMAT_FP8_E4M3 ? 448.0f : 57344.0f);
+        }
+        const int64_t ss[2] = {0, 1};
+        st = fmha_kv_quantize(f, B * S, H, D, x, xs, c.bytes, vs, c.scales, ss);
+    } else {
+        st = fmha_kv_quantize(f, B * S, H, D, x, xs, c.bytes, vs, NULL, NULL);
+    }
+    tu_check(st == FMHA_OK, "quantize %s: status %d", fmt_name(f), (int)st);
+    for (int64_t r = 0; r < rows; r++) {
+        float sc = f == FMHA_KV_FORMAT_INT8 ? c.scales[r] : is_fp8(f) ? c.scales[r % H] : 1.0f;
+        for (int64_t e = 0; e < D; e++) c.value[r * D + e] = row_value(f, c.bytes + r * c.row * unit, e, sc);
+    }
+    return c;
+}
+
+static void cache_free(cache *c) { free(c->bytes), free(c->scales), free(c->value); }
+
+/* The problem's view of a contiguous cache (which 0: K, 1: V). */
+static void cache_attach(fmha_problem *p, int which, const cache *c) {
+    int64_t *st = which ? p->v_strides : p->k_strides;
+    st[0] = c->S * c->H * c->row, st[1] = c->H * c->row, st[2] = c->row, st[3] = 1;
+    *(which ? &p->v_format : &p->k_format) = c->f;
+    *(which ? &p->v_scales : &p->k_scales) = c->scales;
+    int64_t *ss = which ? p->v_scale_strides : p->k_scale_strides;
+    if (c->f == FMHA_KV_FORMAT_INT8) ss[0] = c->S * c->H, ss[1] = c->H, ss[2] = 1;
+    else ss[0] = ss[1] = 0, ss[2] = 1;
+}
+
+/* A page pool of c ([pages, page, H, row] bytes, int8 scales [pages, page, H])
+ * through table; unused rows hold 0xff bytes and NaN scales. */
+typedef struct pool {
+    uint8_t *bytes;
+    float *scales;
+} pool;
+
+static pool pool_new(const cache *c, int64_t page, const int32_t *table, int64_t stride, int64_t pages) {
+    const size_t key = (size_t)(c->H * c->row * c->unit);
+    pool pl = {malloc((size_t)(pages * page) * key), NULL};
+    memset(pl.bytes, 0xff, (size_t)(pages * page) * key);
+    if (c->f == FMHA_KV_FORMAT_INT8) {
+        pl.scales = malloc((size_t)(pages * page * c->H) * sizeof(float));
+        for (int64_t i = 0; i < pages * page * c->H; i++) pl.scales[i] = NAN;
+    }
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t j = 0; j < c->S; j++) {
+            int32_t pg = table[b * stride + j / page];
+            if (pg < 0) continue;
+            int64_t slot = pg * page + j % page;
+            memcpy(pl.bytes + (size_t)slot * key, c->bytes + (size_t)(b * c->S + j) * key, key);
+            if (pl.scales)
+                memcpy(pl.scales + slot * c->H, c->scales + (b * c->S + j) * c->H, (size_t)c->H * sizeof(float));
+        }
+    return pl;
+}
+
+static void pool_attach(fmha_problem *p, int which, const cache *c, const pool *pl, int64_t page) {
+    (which ? p->v_strides : p->k_strides)[0] = page * c->H * c->row;
+    if (pl->scales) {
+        *(which ? &p->v_scales : &p->k_scales) = pl->scales;
+        int64_t *ss = which ? p->v_scale_strides : p->k_scale_strides;
+        ss[0] = page * c->H, ss[1] = c->H, ss[2] = 1;
+    }
+}
+
+typedef struct fmt_case {
+    fmha_kv_format fk, fv;
+    int64_t B, hq, hkv, sq, skv, D, Dv;
+    fmha_strategy strategy;
+    int causal, sinks, window, bf16_q, mla; /* mla: V is K's first Dv columns */
+    int64_t page;                           /* > 0: also paged, whose bits must match */
+} fmt_case;
+
+static void run_case(const fmt_case *fc, const char *isa) {
+    const int64_t B = fc->B, skv = fc->skv, D = fc->D, Dv = fc->Dv, hkv = fc->hkv;
+    fmha_problem p;
+    fmha_problem_init(&p, B, fc->hq, hkv, fc->sq, skv, D, Dv, FMHA_LAYOUT_BSHD);
+    p.strategy = fc->strategy;
+    if (fc->causal) p.causal = FMHA_CAUSAL_BOTTOM_RIGHT;
+    if (fc->window) p.masks.window_left = 37;
+    int32_t kv_len[4];
+    tu_ragged_kv_lengths(B, skv, kv_len);
+    p.masks.kv_lengths = kv_len;
+    float sinks[64];
+    tu_fill(sinks, 64, -1, 1);
+    if (fc->sinks) p.sinks = sinks;
+
+    const size_t nq = (size_t)(B * fc->sq * fc->hq * D), no = (size_t)(B * fc->sq * fc->hq * Dv);
+    const size_t nl = (size_t)(B * fc->hq * fc->sq);
+    float *q = malloc(nq * sizeof(float)), *xk = malloc((size_t)(B * skv * hkv * D) * sizeof(float));
+    float *xv = malloc((size_t)(B * skv * hkv * Dv) * sizeof(float));
+    tu_fill(q, nq, -1, 1);
+    tu_fill(xk, (size_t)(B * skv * hkv * D), -1, 1);
+    tu_fill(xv, (size_t)(B * skv * hkv * Dv), -1, 1);
+    xk[3] = 6.0f; /* an outlier: the scales must carry it */
+    uint16_t *qb = malloc(nq * sizeof(uint16_t));
+    if (fc->bf16_q)
+        for (size_t i = 0; i < nq; i++) {
+            uint32_t u;
+            memcpy(&u, &q[i], 4);
+            qb[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+            u = (uint32_t)qb[i] << 16;
+            memcpy(&q[i], &u, 4);
+        }
+    cache ck = cache_new(fc->fk, B, skv, hkv, D, xk);
+    cache cv = fc->mla ? ck : cache_new(fc->fv, B, skv, hkv, Dv, xv);
+
+    /* the reference on the values the caches hold (V: K's first Dv columns for MLA) */
+    float *vval = cv.value;
+    if (fc->mla) {
+        vval = malloc((size_t)(B * skv * hkv * Dv) * sizeof(float));
+        for (int64_t r = 0; r < B * skv * hkv; r++) memcpy(vval + r * Dv, ck.value + r * D, (size_t)Dv * sizeof(float));
+    }
+    double *ro = malloc(no * sizeof(double)), *rl = malloc(nl * sizeof(double));
+    fmha_ref_forward_full(&p, q, ck.value, vval, ro, rl);
+
+    fmha_problem pq = p;
+    if (fc->bf16_q) pq.dtype = FMHA_DTYPE_BF16;
+    cache_attach(&pq, 0, &ck);
+    cache_attach(&pq, 1, &cv);
+    if (fc->mla) memcpy(pq.v_strides, pq.k_strides, sizeof pq.k_strides);
+    const void *qin = fc->bf16_q ? (const void *)qb : q;
+    float *o = malloc(no * sizeof(float)), *lse = malloc(nl * sizeof(float));
+    uint16_t *ob = (uint16_t *)o;
+    fmha_status st = tu_forward(&pq, qin, ck.bytes, cv.bytes, o, lse, NULL, 0);
+    float *of = o;
+    if (fc->bf16_q) { /* widen the bf16 output */
+        of = malloc(no * sizeof(float));
+        for (size_t i = 0; i < no; i++) {
+            uint32_t u = (uint32_t)ob[i] << 16;
+            memcpy(&of[i], &u, 4);
+        }
+    }
+    int lse_ok = 1;
+    for (size_t i = 0; i < nl; i++)
+        lse_ok &= rl[i] == -INFINITY ? lse[i] == -INFINITY : fabs((double)lse[i] - rl[i]) <= 1e-5 * (1 + fabs(rl[i]));
+    /* float32 accumulation (and for bf16 Q, O's rounding to bf16) alone */
+    double ratio = fc->bf16_q ? tu_worst_ratio(of, ro, no, 4e-3, 8e-3) : tu_worst_ratio(of, ro, no, 2e-5, 2e-5);
+
+    int paged_same = 1;
+    if (fc->page > 0 && st == FMHA_OK) {
+        int64_t stride, pages;
+        int32_t *table = tu_page_table(B, skv, fc->page, kv_len, &stride, &pages);
+        pool pk = pool_new(&ck, fc->page, table, stride, pages), pv = pool_new(&cv, fc->page, table, stride, pages);
+        fmha_problem pp = pq;
+        pp.block_table = table, pp.block_table_stride = stride, pp.page_size = fc->page, pp.num_pages = pages;
+        pool_attach(&pp, 0, &ck, &pk, fc->page);
+        pool_attach(&pp, 1, &cv, &pv, fc->page);
+        const void *vin = pv.bytes;
+        if (fc->mla) memcpy(pp.v_strides, pp.k_strides, sizeof pp.k_strides), vin = pk.bytes, pp.v_scales = pp.k_scales,
+                     memcpy(pp.v_scale_strides, pp.k_scale_strides, sizeof pp.k_scale_strides);
+        float *o2 = malloc(no * sizeof(float)), *lse2 = malloc(nl * sizeof(float));
+        fmha_status st2 = tu_forward(&pp, qin, pk.bytes, vin, o2, lse2, NULL, 0);
+        /* the decode driver reads both; the tiled forward's rounding differs */
+        const int decode = fc->strategy == FMHA_STRATEGY_AUTO && fc->sq <= 16 && skv >= 8 * fc->sq;
+        size_t obytes = no * (fc->bf16_q ? 2 : 4);
+        paged_same = st2 == FMHA_OK && (!decode || (!memcmp(o, o2, obytes) && !memcmp(lse, lse2, nl * sizeof(float))));
+        free(o2), free(lse2), free(table), free(pk.bytes), free(pk.scales), free(pv.bytes), free(pv.scales);
+    }
+    tu_check(st == FMHA_OK && ratio <= 1.0 && lse_ok && paged_same,
+             "format K %s V %s %s %s B %lld Hq %lld Hkv %lld Sq %lld Skv %lld D %lld Dv %lld%s%s%s%s%s page %lld: "
+             "status %d, O ratio %g, lse %s, paged %s",
+             fmt_name(fc->fk), fmt_name(fc->fv), isa, tu_strategy_name(fc->strategy), (long long)B, (long long)fc->hq,
+             (long long)hkv, (long long)fc->sq, (long long)skv, (long long)D, (long long)Dv, fc->causal ? " causal" : "",
+             fc->sinks ? " sinks" : "", fc->window ? " window" : "", fc->bf16_q ? " bf16-q" : "", fc->mla ? " mla" : "",
+             (long long)fc->page, (int)st, ratio, lse_ok ? "ok" : "off", paged_same ? "same" : "differs");
+    if (of != o) free(of);
+    if (fc->mla) free(vval);
+    else cache_free(&cv);
+    cache_free(&ck);
+    free(q), free(qb), free(xk), free(xv), free(o), free(lse), free(ro), free(rl);
+}
+
+static const fmha_kv_format quantized[] = {FMHA_KV_FORMAT_INT8, FMHA_KV_FORMAT_FP8_E4M3, FMHA_KV_FORMAT_FP8_E5M2,
+                                           FMHA_KV_FORMAT_Q8_0, FMHA_KV_FORMAT_Q4_0};
+
+static void test_cases(const char *isa) {
+    static const int64_t pages[] = {1, 5, 16, 32};
+    for (int fi = 0; fi < 5; fi++) {
+        const fmha_kv_format f = quantized[fi];
+        for (int pi = 0; pi < 4; pi++) { /* decode: GQA 8/1, then 32/8 with sinks */
+            fmt_case fc = {f, f, 3, 8, 1, 1, 300, 64, 64, FMHA_STRATEGY_AUTO, 1, 0, 0, 0, 0, pages[pi]};
+            run_case(&fc, isa);
+        }
+        fmt_case fc = {f, f, 2, 32, 8, 2, 200, 32, 64, FMHA_STRATEGY_AUTO, 1, 1, 1, 0, 0, 16};
+        run_case(&fc, isa);
+        fc = (fmt_case){f, f, 2, 4, 2, 16, 150, 32, 32, FMHA_STRATEGY_AUTO, 1, 0, 0, 1, 0, 5}; /* bf16 Q, Sq 16 */
+        run_case(&fc, isa);
+        /* prefill against the cache: the tiled, dense and portable forwards */
+        static const fmha_strategy strategies[] = {FMHA_STRATEGY_TILED, FMHA_STRATEGY_DENSE, FMHA_STRATEGY_PORTABLE};
+        for (int si = 0; si < 3; si++) {
+            fc = (fmt_case){f, f, 2, 4, 2, 70, 150, 64, 32, strategies[si], si != 1, si == 0, si == 2, 0, 0, 0};
+            run_case(&fc, isa);
+        }
+        /* K and V in different formats */
+        fmha_kv_format other = quantized[(fi + 3) % 5];
+        fc = (fmt_case){f, other, 2, 8, 2, 1, 260, 64, 96, FMHA_STRATEGY_AUTO, 0, 0, 0, 0, 0, 3};
+        run_case(&fc, isa);
+        fc.fv = FMHA_KV_FORMAT_BF16;
+        fc.page = 0;
+        run_case(&fc, isa);
+    }
+}
+
+/* MLA decode: one latent head of 576, V its first 512 columns (the same
+ * memory), 16 query heads, Sq 1 and 4, contiguous and paged. */
+static void test_mla(const char *isa) {
+    static const fmha_kv_format fmts[] = {FMHA_KV_FORMAT_Q8_0, FMHA_KV_FORMAT_FP8_E4M3, FMHA_KV_FORMAT_INT8};
+    for (int fi = 0; fi < 3; fi++)
+        for (int64_t sq = 1; sq <= 4; sq += 3) {
+            fmt_case fc = {fmts[fi], fmts[fi], 1, 16, 1, sq, 200, 576, 512, FMHA_STRATEGY_AUTO, 1, 0, 0, 0, 1, 64};
+            run_case(&fc, isa);
+        }
+}
+
+/* MLA's decode step with 128 heads on the latent head: the fold driver
+ * (the heads as the queries of one tiled forward) at 1 and 2 threads,
+ * V a view of K, against the reference; the plan names the driver
+ * (64 heads of B 2, 128 of B 1: 2 blocks of the avx512 tables' NR 64). */
+static void test_fold(const char *isa) {
+    static const fmha_kv_format fmts[] = {FMHA_KV_FORMAT_Q8_0, FMHA_KV_FORMAT_INT8, FMHA_KV_FORMAT_FP8_E5M2};
+    for (int t = 1; t <= 2; t++) {
+        fmha_set_num_threads(t);
+        for (int fi = 0; fi < 3; fi++) {
+            fmt_case fc = {fmts[fi], fmts[fi], 2, 128, 1, 1, 150, 576, 512, FMHA_STRATEGY_AUTO, 1, 0, 0, fi == 1, 1, 0};
+            run_case(&fc, isa);
+        }
+        fmt_case fc = {FMHA_KV_FORMAT_Q4_0, FMHA_KV_FORMAT_INT8, 2, 64, 1, 1, 90, 64, 96, FMHA_STRATEGY_AUTO, 0, 0, 0,
+                       0, 0, 0};
+        run_case(&fc, isa);
+    }
+    /* the driver the plan names: fold, and decode where a window rules it out */
+    fmha_set_num_threads(1);
+    fmha_problem p;
+    fmha_problem_init(&p, 1, 128, 1, 1, 300, 576, 512, FMHA_LAYOUT_BSHD);
+    fmha_plan *plan = NULL;
+    char line[512] = "";
+    if (fmha_plan_create(&p, &plan) == FMHA_OK) fmha_plan_describe(plan, line, sizeof line);
+    tu_check(strstr(line, "driver=fold") != NULL, "%s: 128 heads on one kv head fold (%s)", isa, line);
+    fmha_plan_destroy(plan);
+    p.masks.window_left = 100;
+    plan = NULL;
+    line[0] = 0;
+    if (fmha_plan_create(&p, &plan) == FMHA_OK) fmha_plan_describe(plan, line, sizeof line);
+    tu_check(strstr(line, "driver=decode") != NULL, "%s: a window keeps decode (%s)", isa, line);
+    fmha_plan_destroy(plan);
+    fmha_set_num_threads(0); /* the default again */
+}
+
+/* ---- the kernels of each format ---- */
+
+/* Per ISA: the format's load kernel gives the scalar specification's bits
+ * (every byte pattern of the 8-bit formats, random blocks with every f16
+ * scale class), and its in-place scores and values kernels (where the
+ * table has them) give the float32 kernels' bits on the loaded rows. */
+static void test_format_kernels(const char *isa) {
+    const fmha_ukernels *uk = fmha_cpu_kernels();
+    const fmha_ukernels *spec = fmha_cpu_kernels_for("scalar");
+    for (int fi = 0; fi < 5; fi++) {
+        const fmha_kv_format f = quantized[fi];
+        const fmha_cache_format_id id = (fmha_cache_format_id)(f - FMHA_KV_FORMAT_F32);
+        const int64_t per = f >= FMHA_KV_FORMAT_Q8_0 ? 32 : 1, nbytes = f == FMHA_KV_FORMAT_Q8_0 ? 34
+                                                                         : f == FMHA_KV_FORMAT_Q4_0 ? 18 : 1;
+        /* 64 rows of D = 256 (int8/fp8: every byte value) */
+        enum { ROWS = 64, D = 256 };
+        const int64_t row = D / per * nbytes;
+        uint8_t *bytes = malloc((size_t)(ROWS * row));
+        for (int64_t i = 0; i < ROWS * row; i++) bytes[i] = (uint8_t)(per == 1 ? i : tu_int(0, 255));
+        if (per > 1) /* block scales: normal, subnormal, zero, negative halves */
+            for (int64_t blk = 0; blk < ROWS * D / 32; blk++) {
+                static const uint16_t halves[] = {0x3c00, 0x2e66, 0x0003, 0x0000, 0xb555, 0x1400};
+                uint16_t h = halves[tu_int(0, 5)];
+                bytes[blk * nbytes] = (uint8_t)(h & 0xff), bytes[blk * nbytes + 1] = (uint8_t)(h >> 8);
+            }
+        float *w1 = malloc(ROWS * D * sizeof(float)), *w2 = malloc(ROWS * D * sizeof(float));
+        size_t n = per == 1 ? (size_t)(ROWS * D) - (size_t)tu_int(0, 15) : (size_t)(ROWS * D);
+        spec->cache[id].load(n, bytes, w1);
+        uk->cache[id].load(n, bytes, w2);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++)
+            if (memcmp(&w1[i], &w2[i], sizeof(float)) && !(isnan(w1[i]) && isnan(w2[i]))) bad++;
+        tu_check(bad == 0, "%s load %s: %zu values differ from the specification", isa, fmt_name(f), bad);
+        if (uk->cache[id].scores) {
+            /* finite rows only (fp8 NaN codes replaced), then the float32 kernels on the loaded rows */
+            for (int64_t i = 0; per == 1 && i < ROWS * row; i++)
+                if (isnan(w1[i]) || isinf(w1[i])) bytes[i] = 0x11;
+            spec->cache[id].load((size_t)(ROWS * D), bytes, w1);
+            for (int c = 0; c < 12; c++) {
+                size_t rows = (size_t)tu_int(1, 9), nk = (size_t)tu_int(1, ROWS), lds = nk + 1;
+                size_t d = per > 1 ? (size_t)(32 * tu_int(1, D / 32)) : (size_t)tu_int(1, D);
+                float q[9 * D], s1[9 * (ROWS + 1)], s2[9 * (ROWS + 1)], o1[9 * D], o2[9 * D], alpha[9];
+                tu_fill(q, rows * d, -1, 1);
+                tu_fill(s1, rows * lds, 0, 1);
+                memcpy(s2, s1, rows * lds * sizeof(float));
+                tu_fill(o1, rows * d, -1, 1);
+                memcpy(o2, o1, rows * d * sizeof(float));
+                tu_fill(alpha, rows, 0, 1);
+                uk->cache[FMHA_FORMAT_F32].scores(rows, nk, d, q, d, w1, D, s1, lds, 0.3f);
+                uk->cache[id].scores(rows, nk, d, q, d, bytes, (size_t)row, s2, lds, 0.3f);
+                tu_check(!memcmp(s1, s2, rows * lds * sizeof(float)), "%s %s scores: not the float32 bits", isa,
+                         fmt_name(f));
+                uk->cache[FMHA_FORMAT_F32].values(rows, nk, d, s1, lds, w1, D, o1, d, alpha);
+                uk->cache[id].values(rows, nk, d, s1, lds, bytes, (size_t)row, o2, d, alpha);
+                tu_check(!memcmp(o1, o2, rows * d * sizeof(float)), "%s %s values: not the float32 bits", isa,
+                         fmt_name(f));
+            }
+        }
+        free(bytes), free(w1), free(w2);
+    }
+}
+
+/* ---- the quantizers ---- */
+
+/* ggml's quantize_row_q8_0_ref and quantize_row_q4_0_ref on x[i] =
+ * 3 sin(0.37 i + 0.1) (an outlier 9.5 at i = 40, a zero block at 64..95),
+ * 128 values; the bytes below are what ggml writes (commit d99724f). */
+static void test_ggml_vectors(void) {
+    float x[128];
+    for (int i = 0; i < 128; i++) x[i] = 3.0f * sinf(0.37f * (float)i + 0.1f);
+    x[40] = 9.5f;
+    for (int i = 64; i < 96; i++) x[i] = 0.0f;
+#include "kvformat_ggml_vectors.h"
+    uint8_t q8[4 * 34], q4[4 * 18];
+    const int64_t xs[3] = {128, 128, 1}, q8s[3] = {136, 136, 1}, q4s[3] = {72, 72, 1};
+    tu_check(fmha_kv_quantize(FMHA_KV_FORMAT_Q8_0, 1, 1, 128, x, xs, q8, q8s, NULL, NULL) == FMHA_OK &&
+                 !memcmp(q8, ggml_q8_0, sizeof q8),
+             "q8_0: ggml's quantize_row_q8_0_ref bytes");
+    tu_check(fmha_kv_quantize(FMHA_KV_FORMAT_Q4_0, 1, 1, 128, x, xs, q4, q4s, NULL, NULL) == FMHA_OK &&
+                 !memcmp(q4, ggml_q4_0, sizeof q4),
+             "q4_0: ggml's quantize_row_q4_0_ref bytes");
+}
+
+/* fp8: every value quantizes to the nearest code (ties to the even
+ * mantissa), saturating at the largest finite; int8: round(x / scale) with
+ * scale = max |x| / 127. */
+static void test_quantize_rules(void) {
+    for (int which = 0; which < 2; which++) {
+        const fmha_kv_format f = which ? FMHA_KV_FORMAT_FP8_E5M2 : FMHA_KV_FORMAT_FP8_E4M3;
+        const double top = which ? 57344.0 : 448.0;
+        enum { N = 4096 };
+        float *x = malloc(N * sizeof(float));
+        uint8_t *out = malloc(N);
+        for (int i = 0; i < N; i++) {
+            double mag = ldexp(tu_uniform(1, 2), (int)tu_int(which ? -18 : -11, which ? 17 : 10));
+            x[i] = (float)(tu_int(0, 1) ? -mag : mag);
+        }
+        x[0] = 0.0f, x[1] = -0.0f, x[2] = 1e30f, x[3] = -INFINITY, x[4] = NAN;
+        x[5] = (float)(which ? 61440.0 : 464.0); /* halfway past the top: saturates */
+        x[6] = (float)ldexp(9, which ? -17 : -10); /* halfway between subnormal codes 4 and 5 (e4m3) / 2 and 3 */
+        const int64_t xs[3] = {N, N, 1}, vs[3] = {N, N, 1}, ss[2] = {0, 1};
+        float one = 1.0f;
+        int bad = 0;
+        tu_check(fmha_kv_quantize(f, 1, 1, N, x, xs, out, vs, &one, ss) == FMHA_OK, "%s quantize", fmt_name(f));
+        for (int i = 0; i < N; i++) {
+            double got = fp8_value(f, out[i]);
+            if (isnan(x[i])) {
+                bad += !isnan(got);
+                continue;
+            }
+            double want_mag = fmin(fabs((double)x[i]), top), best = INFINITY;
+            int best_code = -1;
+            for (int c = 0; c < 128; c++) { /* the nearest finite code, ties to an even code */
+                double v = fp8_value(f, (uint8_t)c);
+                if (isnan(v) || isinf(v)) continue;
+                double dist = fabs(v - want_mag);
+                if (dist < best || (dist == best && (c & 1) == 0)) best = dist, best_code = c;
+            }
+            double want = fp8_value(f, (uint8_t)best_code);
+            bad += got != (signbit(x[i]) ? -want : want) || !signbit(got) != !signbit(x[i]);
+        }
+        tu_check(bad == 0, "%s: nearest code, ties to even, saturated (%d wrong)", fmt_name(f), bad);
+        free(x), free(out);
+    }
+    float x[3][40], scales[3];
+    int8_t q[3][40];
+    tu_fill(&x[0][0], 120, -2, 2);
+    for (int e = 0; e < 40; e++) x[2][e] = 0.0f;
+    const int64_t xs[3] = {40, 40, 1}, vs[3] = {40, 40, 1}, ss[2] = {1, 1};
+    int bad = fmha_kv_quantize(FMHA_KV_FORMAT_INT8, 3, 1, 40, &x[0][0], xs, q, vs, scales, ss) != FMHA_OK;
+    for (int t = 0; t < 3; t++) {
+        float amax = 0;
+        for (int e = 0; e < 40; e++) amax = fmaxf(amax, fabsf(x[t][e]));
+        bad += scales[t] != amax / 127;
+        for (int e = 0; e < 40; e++) bad += q[t][e] != (int8_t)(scales[t] ? roundf(x[t][e] * (1.0f / scales[t])) : 0);
+    }
+    tu_check(bad == 0, "int8: scale max|x| / 127, q = round(x / scale), a zero row scale 0");
+}
+
+/* ---- bad input: clear errors, nothing written ---- */
+static void test_errors(void) {
+    const int64_t B = 1, H = 2, S = 64, D = 32;
+    float q[64], xk[4096], xv[4096], o[64], lse[2];
+    tu_fill(q, 64, -1, 1), tu_fill(xk, 4096, -1, 1), tu_fill(xv, 4096, -1, 1);
+    cache ck = cache_new(FMHA_KV_FORMAT_INT8, B, S, H, D, xk), cv = cache_new(FMHA_KV_FORMAT_Q8_0, B, S, H, D, xv);
+    fmha_problem p;
+    fmha_problem_init(&p, B, H, H, 1, S, D, D, FMHA_LAYOUT_BSHD);
+    cache_attach(&p, 0, &ck);
+    cache_attach(&p, 1, &cv);
+    tu_check(fmha_forward(&p, q, ck.bytes, cv.bytes, o, lse, NULL, 0) == FMHA_OK, "formats: the good call runs");
+#define REFUSED(prob, want, what)                                                                                      \
+    do {                                                                                                               \
+        for (int i = 0; i < 64; i++) o[i] = 7.0f;                                                                      \
+        fmha_status got_ = fmha_forward(&(prob), q, ck.bytes, cv.bytes, o, lse, NULL, 0);                              \
+        tu_check(got_ == (want) && tu_count_not(o, 64, 7.0f) == 0, "formats: %s is %d (got %d: %s), nothing written", \
+                 what, (int)(want), (int)got_, fmha_last_error_message());                                             \
+    } while (0)
+    fmha_problem b = p;
+    b.k_format = 9;
+    REFUSED(b, FMHA_ERR_BAD_OPTION, "an unknown k_format");
+    b = p;
+    b.k_scales = NULL;
+    REFUSED(b, FMHA_ERR_NULL_POINTER, "int8 without k_scales");
+    b = p;
+    b.v_scales = ck.scales;
+    REFUSED(b, FMHA_ERR_BAD_OPTION, "scales beside q8_0");
+    b = p;
+    b.k_scale_strides[1] = -1;
+    REFUSED(b, FMHA_ERR_BAD_STRIDE, "a negative scale stride");
+    b = p;
+    b.v_strides[3] = 2;
+    REFUSED(b, FMHA_ERR_BAD_STRIDE, "a q8_0 dim stride other than 1");
+    fmha_problem_init(&b, B, H, H, 1, S, 48, 48, FMHA_LAYOUT_BSHD);
+    b.v_format = FMHA_KV_FORMAT_Q4_0;
+    tu_check(fmha_problem_check(&b) == FMHA_ERR_BAD_HEAD_DIM && strstr(fmha_last_error_message(), "head_dim_v") &&
+                 strstr(fmha_last_error_message(), "32"),
+             "formats: Dv 48 with q4_0 is BAD_HEAD_DIM naming head_dim_v and 32 (%s)", fmha_last_error_message());
+    /* a bad scale a key the call reads: refused, named; past kv_length: never read */
+    const float bad_values[3] = {NAN, INFINITY, -0.5f};
+    for (int i = 0; i < 3; i++) {
+        float keep = ck.scales[2 * H + 1];
+        ck.scales[2 * H + 1] = bad_values[i];
+        REFUSED(p, FMHA_ERR_BAD_SCALE, "a bad k_scales value");
+        tu_check(strstr(fmha_last_error_message(), "k_scales") && strstr(fmha_last_error_message(), "key 2"),
+                 "formats: the bad scale is named (%s)", fmha_last_error_message());
+        ck.scales[2 * H + 1] = keep;
+    }
+    int32_t len[1] = {10};
+    b = p;
+    b.masks.kv_lengths = len;
+    ck.scales[20 * H] = NAN;
+    tu_check(fmha_forward(&b, q, ck.bytes, cv.bytes, o, lse, NULL, 0) == FMHA_OK,
+             "formats: a scale past kv_lengths is never read");
+    ck.scales[20 * H] = 1.0f;
+    /* K's extent counts its bytes: an output inside them overlaps */
+    tu_check(fmha_forward(&p, q, ck.bytes, cv.bytes, (float *)(ck.bytes + S * H * D - 8), lse, NULL, 0) ==
+                 FMHA_ERR_OVERLAP,
+             "formats: K's extent is its bytes");
+    /* the backward: unsupported */
+    float dq[64], dk[4096], dv[4096];
+    for (int i = 0; i < 64; i++) dq[i] = 7.0f;
+    tu_check(fmha_backward(&p, q, ck.bytes, cv.bytes, o, o, lse, dq, dk, dv, NULL, NULL, 0) == FMHA_ERR_UNSUPPORTED &&
+                 tu_count_not(dq, 64, 7.0f) == 0,
+             "formats: the backward is FMHA_ERR_UNSUPPORTED");
+    /* the quantizer's refusals */
+    const int64_t xs[3] = {H * D, D, 1}, vs[3] = {H * 34, 34, 1}, ss[2] = {H, 1};
+    uint8_t out[512];
+    float sc[4] = {1, 1, 1, 1};
+    memset(out, 0x5a, sizeof out);
+    tu_check(fmha_kv_quantize(FMHA_KV_FORMAT_Q8_0, 2, H, 40, xk, xs, out, vs, NULL, NULL) == FMHA_ERR_BAD_HEAD_DIM &&
+                 fmha_kv_quantize(FMHA_KV_FORMAT_Q8_0, 2, H, D, xk, xs, out, vs, sc, ss) == FMHA_ERR_BAD_OPTION &&
+                 fmha_kv_quantize(FMHA_KV_FORMAT_INT8, 2, H, D, xk, xs, out, xs, NULL, NULL) == FMHA_ERR_NULL_POINTER &&
+                 fmha_kv_quantize(FMHA_KV_FORMAT_DTYPE, 2, H, D, xk, xs, out, xs, NULL, NULL) == FMHA_ERR_BAD_OPTION &&
+                 fmha_kv_quantize(FMHA_KV_FORMAT_Q8_0, 2, H, D, xk, xs, (uint8_t *)xk + 8, vs, NULL, NULL) ==
+                     FMHA_ERR_OVERLAP,
+             "quantize: bad dim, scales, format and overlaps refused");
+    float nan_row[64];
+    tu_fill(nan_row, 64, -1, 1);
+    nan_row[37] = NAN;
+    sc[0] = 0.0f;
+    const int64_t ss0[2] = {0, 1};
+    tu_check(fmha_kv_quantize(FMHA_KV_FORMAT_INT8, 1, H, D, nan_row, xs, out, xs, sc + 1, ss) == FMHA_ERR_BAD_SCALE &&
+                 fmha_kv_quantize(FMHA_KV_FORMAT_FP8_E4M3, 1, H, D, nan_row, xs, out, xs, sc, ss0) ==
+                     FMHA_ERR_BAD_SCALE,
+             "quantize: a NaN under int8 and a zero fp8 scale are BAD_SCALE");
+    int untouched = 1;
+    for (int i = 0; i < 512; i++) untouched &= out[i] == 0x5a;
+    tu_check(untouched && sc[1] == 1.0f, "quantize: nothing written on an error");
+    cache_free(&ck), cache_free(&cv);
+}
+
+int main(void) {
+    tu_seed();
+    tu_each_isa(test_format_kernels);
+    tu_each_isa(test_cases);
+    tu_each_isa(test_mla);
+    tu_each_isa(test_fold);
+    test_ggml_vectors();
+    test_quantize_rules();
+    test_errors();
+    return tu_finish();
+}
