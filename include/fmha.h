@@ -75,6 +75,15 @@
  * Instruction sets: the best microkernels this CPU supports are chosen once
  * at first use (cpuid); the environment variable FMHA_ISA=scalar|avx2|avx512|avx512bf16|amx|neon
  * forces a set (falling back to the best supported one if the CPU lacks it).
+ * Each set runs with a tuning (keys per tile, the AUTO strategy's dense
+ * crossover) chosen by the CPU's vendor, family and model, "generic" where
+ * none was measured for it; FMHA_TUNING=generic or a comma-separated list of
+ * block_kv=N (a multiple of 32, 32..1024) and dense_max_scores=N (AUTO runs
+ * dense while Sq * Skv <= N; 0: the library's default) changes it for every
+ * set. The text is read once at first use; an invalid one changes nothing.
+ * fmha_plan_describe names the tuning in use. Results stay within each
+ * function's stated accuracy under any tuning, but their bits may differ
+ * between tunings (sums run over different tiles).
  */
 #ifndef FMHA_H
 #define FMHA_H
@@ -664,6 +673,8 @@ FMHA_API size_t fmha_plan_workspace_held(const fmha_plan *plan);
  *   threads    the thread count a run would use now
  *   cpu        in double quotes: vendor, family, model and the instruction
  *              sets the CPU and OS allow (AMX included)
+ *   tuning     the table's tuning: "generic", a microarchitecture's name,
+ *              or either with "+FMHA_TUNING" when the environment changed it
  * Writes at most buf_size bytes, NUL-terminated (buf may be NULL when
  * buf_size is 0) and returns the length of the whole line, as snprintf. A
  * NULL plan describes the CPU alone. Fields may be added at the end. */

@@ -4,6 +4,7 @@
  * into a complete table (uk/compose.c), then the first supported ISA is the
  * table in use unless FMHA_ISA names another supported one. */
 #include "cpu.h"
+#include "tuning.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -21,9 +22,27 @@ static size_t cpu_n_isa;
 static const fmha_ukernels *cpu_selected;
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 
+/* Each table's tuning (a copy: FMHA_TUNING may change it) and its name. */
+static fmha_tuning cpu_tunings[CPU_MAX_ISA + 1];
+static char cpu_tuning_names[CPU_MAX_ISA + 1][48];
+
+/* The tuning for ISA i on this CPU, FMHA_TUNING applied (an invalid text
+ * changes nothing; fmha_plan_describe shows the tuning in use). */
+static const fmha_tuning *cpu_tuning(size_t i, const char *isa) {
+    const fmha_tuning *base = fmha_arch_tuning_for(isa);
+    fmha_tuning *own = &cpu_tunings[i];
+    *own = *base;
+    const char *env = getenv("FMHA_TUNING");
+    if (env && *env && fmha_tuning_parse(env, base, own, cpu_tuning_names[i], sizeof cpu_tuning_names[i]) == 0)
+        own->name = cpu_tuning_names[i];
+    return own;
+}
+
 static void cpu_add(const char *name, int (*detect)(void), const fmha_isa_parts *parts) {
     size_t i = cpu_n_isa++;
     fmha_ukernels_compose(parts, &cpu_tables[i]);
+    cpu_tables[i].tuning = cpu_tuning(i, name);
+    if (cpu_tables[i].tuning->block_kv) cpu_tables[i].tile.block_kv = cpu_tables[i].tuning->block_kv;
     cpu_registry[i] = (fmha_isa){name, detect, &cpu_tables[i]};
     cpu_supported[i] = detect() != 0;
     if (cpu_supported[i] && !cpu_selected) cpu_selected = &cpu_tables[i];
@@ -92,5 +111,13 @@ size_t fmha_arch_isa_count(void) { return 0; }
 const fmha_arch_isa *fmha_arch_isa_at(size_t i) { return NULL; }
 void fmha_arch_describe(char *buf, size_t n) {
     if (n) buf[0] = '\0';
+}
+void fmha_arch_cpu_id(char *vendor, size_t vendor_size, unsigned *family, unsigned *model) {
+    if (vendor_size) vendor[0] = '\0';
+    *family = *model = 0;
+}
+const struct fmha_arch_tuning *fmha_arch_tunings(size_t *n) {
+    *n = 0;
+    return NULL;
 }
 #endif

@@ -25,6 +25,12 @@ size_t fmha_arch_isa_count(void);
 const fmha_arch_isa *fmha_arch_isa_at(size_t i);
 void fmha_arch_describe(char *buf, size_t n);
 
+/* This CPU's vendor (cpuid's string on x86, "" where none is read),
+ * family and model, for choosing tunings (tuning.h), and the
+ * architecture's tunings, most specific first. */
+void fmha_arch_cpu_id(char *vendor, size_t vendor_size, unsigned *family, unsigned *model);
+const struct fmha_arch_tuning *fmha_arch_tunings(size_t *n);
+
 /* One registered ISA: its name (also table->isa), its check and its
  * composed kernel table. */
 typedef struct fmha_isa {

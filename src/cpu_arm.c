@@ -3,6 +3,7 @@
  * (Advanced SIMD, Armv8.0). The capabilities are also reported by
  * fmha_plan_describe. */
 #include "cpu.h"
+#include "tuning.h"
 
 #if defined(__aarch64__)
 #include <stdio.h>
@@ -47,6 +48,17 @@ static const fmha_arch_isa arm_isas[] = {
 size_t fmha_arch_isa_count(void) { return sizeof arm_isas / sizeof arm_isas[0]; }
 
 const fmha_arch_isa *fmha_arch_isa_at(size_t i) { return i < fmha_arch_isa_count() ? &arm_isas[i] : NULL; }
+
+/* No aarch64 CPU has a tuning of its own yet: each runs the generic one. */
+void fmha_arch_cpu_id(char *vendor, size_t vendor_size, unsigned *family, unsigned *model) {
+    if (vendor_size) vendor[0] = '\0';
+    *family = *model = 0;
+}
+
+const fmha_arch_tuning *fmha_arch_tunings(size_t *n) {
+    *n = 0;
+    return NULL;
+}
 
 void fmha_arch_describe(char *buf, size_t n) {
     const unsigned long hw = arm_hwcap(), hw2 = arm_hwcap2();

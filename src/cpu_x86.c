@@ -4,6 +4,7 @@
  * 5.16), asked once. The CPU's vendor, family and model name it for
  * fmha_plan_describe (and for tunings per microarchitecture). */
 #include "cpu.h"
+#include "tuning.h"
 
 #if FMHA_HAVE_X86
 #include <cpuid.h>
@@ -88,20 +89,41 @@ size_t fmha_arch_isa_count(void) { return sizeof x86_isas / sizeof x86_isas[0]; 
 
 const fmha_arch_isa *fmha_arch_isa_at(size_t i) { return i < fmha_arch_isa_count() ? &x86_isas[i] : NULL; }
 
-void fmha_arch_describe(char *buf, size_t n) {
+void fmha_arch_cpu_id(char *vendor, size_t vendor_size, unsigned *family, unsigned *model) {
     unsigned int a = 0, b = 0, c = 0, d = 0;
-    char vendor[13] = {0};
+    char v[13] = {0};
     __get_cpuid(0, &a, &b, &c, &d);
-    memcpy(vendor, &b, 4);
-    memcpy(vendor + 4, &d, 4);
-    memcpy(vendor + 8, &c, 4);
-    unsigned family = 0, model = 0;
+    memcpy(v, &b, 4);
+    memcpy(v + 4, &d, 4);
+    memcpy(v + 8, &c, 4);
+    snprintf(vendor, vendor_size, "%s", v);
+    *family = *model = 0;
     if (__get_cpuid(1, &a, &b, &c, &d)) {
-        family = (a >> 8) & 0xF;
-        model = (a >> 4) & 0xF;
-        if (family == 0xF) family += (a >> 20) & 0xFF;
-        if (family == 0x6 || family >= 0xF) model |= ((a >> 16) & 0xF) << 4;
+        *family = (a >> 8) & 0xF;
+        *model = (a >> 4) & 0xF;
+        if (*family == 0xF) *family += (a >> 20) & 0xFF;
+        if (*family == 0x6 || *family >= 0xF) *model |= ((a >> 16) & 0xF) << 4;
     }
+}
+
+/* Tunings per microarchitecture, each measured with fmha-bench on the CPU
+ * it names (design.md, "Tunings"), as {isa, vendor, family, models lo..hi,
+ * {name, block_kv, dense_max_scores}}; every other CPU runs the generic
+ * one. None yet: on Zen 4 (AuthenticAMD family 25 model 17) keys per tile
+ * of 64..256 and the dense crossover measured within noise of the generic
+ * values, and no Intel core has been measured. */
+static const fmha_arch_tuning *const x86_tunings = NULL;
+static const size_t x86_n_tunings = 0;
+
+const fmha_arch_tuning *fmha_arch_tunings(size_t *n) {
+    *n = x86_n_tunings;
+    return x86_tunings;
+}
+
+void fmha_arch_describe(char *buf, size_t n) {
+    char vendor[16];
+    unsigned family, model;
+    fmha_arch_cpu_id(vendor, sizeof vendor, &family, &model);
     snprintf(buf, n, "%s family %u model %u: avx2 %s, avx512 %s, avx512bf16 %s, amx-bf16 %s", vendor, family,
              model, x86_has_avx2() ? "yes" : "no", x86_has_avx512() ? "yes" : "no",
              x86_has_avx512bf16() ? "yes" : "no", x86_has_amx_bf16() ? "yes" : "no");

@@ -8,6 +8,7 @@
 #include "cpu.h"
 #include "driver/operand.h"
 #include "format.h"
+#include "tuning.h"
 
 size_t fmha_plan_describe(const fmha_plan *plan, char *buf, size_t buf_size) {
     char cpu[256];
@@ -29,10 +30,10 @@ size_t fmha_plan_describe(const fmha_plan *plan, char *buf, size_t buf_size) {
                  plan->driver == &fmha_fwd_driver_dense ? (size_t)p->seq_kv : plan->uk->tile.block_kv,
                  bf16_pairs ? plan->uk->bf16.mr : plan->uk->tile.mr);
     int n = snprintf(buf, buf_size,
-                     "driver=%s isa=%s path=%s precision=%s k_format=%s v_format=%s %s threads=%d cpu=\"%s\"",
+                     "driver=%s isa=%s path=%s precision=%s k_format=%s v_format=%s %s threads=%d cpu=\"%s\" tuning=%s",
                      plan->driver->name, plan->uk->isa, plan->path->name,
                      bf16_pairs ? (p->precision == FMHA_PRECISION_FAST ? "fast" : "accurate") : "float32",
                      fmha_cache_format_at(plan->k_format)->name, fmha_cache_format_at(plan->v_format)->name, shape,
-                     fmha_pool_threads(), cpu);
+                     fmha_pool_threads(), cpu, plan->uk->tuning->name);
     return n < 0 ? 0 : (size_t)n;
 }

@@ -13,6 +13,7 @@
 
 #include "attn.h"
 #include "cpu.h"
+#include "tuning.h"
 #include "driver/operand.h"
 #include "error.h"
 #include "format.h"
@@ -24,15 +25,16 @@
  * S=256 0.440/0.423, S=512 1.43/1.44, S=1024 5.49/5.45, S=2048 52/41;
  * fwdbwd within 2% of each other up to 1024 (one backward serves both).
  * Dense wins only below ~100 x 100 scores and needs O(S^2) memory, so auto
- * takes it there only. */
+ * takes it there only. A tuning may move the crossover (tuning.h). */
 #define FMHA_AUTO_DENSE_MAX_SCORES ((int64_t)96 * 96)
 
-static fmha_strategy resolve_strategy(const fmha_problem *p) {
+static fmha_strategy resolve_strategy(const fmha_problem *p, const fmha_tuning *tuning) {
+    const int64_t dense_max = tuning->dense_max_scores ? tuning->dense_max_scores : FMHA_AUTO_DENSE_MAX_SCORES;
     if (p->dropout_p > 0.0f) return FMHA_STRATEGY_TILED; /* dropout lives in the tiled drivers */
     switch (p->strategy) {
     case FMHA_STRATEGY_DENSE: return FMHA_STRATEGY_DENSE;
     case FMHA_STRATEGY_AUTO:
-        return p->seq_q * p->seq_kv <= FMHA_AUTO_DENSE_MAX_SCORES ? FMHA_STRATEGY_DENSE
+        return p->seq_q * p->seq_kv <= dense_max ? FMHA_STRATEGY_DENSE
                                                                   : FMHA_STRATEGY_TILED;
     case FMHA_STRATEGY_TILED:
     case FMHA_STRATEGY_PORTABLE: return FMHA_STRATEGY_TILED;
@@ -69,7 +71,7 @@ fmha_status fmha_plan_init(const fmha_problem *p_in, fmha_plan *plan) {
     const int bf16_fast = plan->path == &fmha_path_bf16 && p->precision == FMHA_PRECISION_FAST;
     plan->softmax = bf16_fast ? plan->uk->tile.softmax_lowp : plan->uk->tile.softmax;
     plan->exp_sub = bf16_fast ? plan->uk->tile.exp_sub_lowp : plan->uk->tile.exp_sub;
-    plan->strategy = resolve_strategy(p);
+    plan->strategy = resolve_strategy(p, plan->uk->tuning);
     plan->threads = fmha_pool_threads();
     plan->o_dtype = p->dtype;
     plan->group = p->heads_q / p->heads_kv;

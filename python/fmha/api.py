@@ -900,9 +900,10 @@ def describe(query, key, value, bias=None, mask=None, **options):
     """What fmha.attention would run for these arguments (the same ones, and
     the same checks): fmha_plan_describe's line of key=value fields, e.g.
     "driver=tiled isa=amx path=bf16 precision=fast k_format=bf16 ...
-    threads=2 cpu=...". Tells which driver (decode, dense, tiled), which
-    instruction set (amx, avx512bf16, avx512, avx2, scalar) and which operand
-    path serve the call, without running it. Arrays only need the shapes and
+    threads=2 cpu=... tuning=generic". Tells which driver (decode, dense,
+    tiled), which instruction set (amx, avx512bf16, avx512, avx2, neon,
+    scalar), which operand path and which tuning (FMHA_TUNING) serve the
+    call, without running it. Arrays only need the shapes and
     dtypes of the real call."""
     import inspect
 

@@ -328,9 +328,14 @@ typedef struct fmha_isa_parts {
     const fmha_uk_thread *thread;
 } fmha_isa_parts;
 
-/* A composed table: every part by value, fallbacks applied. */
+struct fmha_tuning;
+
+/* A composed table: every part by value, fallbacks applied, and the
+ * tuning it runs with on this CPU (tuning.h; tile.block_kv is the tuning's
+ * when it sets one). */
 typedef struct fmha_ukernels {
     const char *isa;
+    const struct fmha_tuning *tuning;
     fmha_uk_tile tile;
     fmha_uk_bf16 bf16;     /* bf16.gemm NULL: no bf16 pair kernels */
     fmha_uk_rows rows;     /* complete */

@@ -12,9 +12,10 @@ from fmha._lib import FmhaError
 
 def fields(line):
     """key=value fields of a describe line (cpu's quoted value kept whole)."""
-    head, _, cpu = line.partition(' cpu="')
-    out = dict(f.split("=", 1) for f in head.split())
-    out["cpu"] = cpu.rstrip('"')
+    head, _, rest = line.partition(' cpu="')
+    cpu, _, tail = rest.partition('"')
+    out = dict(f.split("=", 1) for f in head.split() + tail.split())
+    out["cpu"] = cpu
     return out
 
 
@@ -24,6 +25,7 @@ def test_describe_tiled_and_decode():
     f = fields(fmha.describe(q, k, k))
     assert f["driver"] == "tiled" and f["isa"] == fmha.isa_name() and f["path"] == "f32"
     assert f["k_format"] == f["v_format"] == "f32" and int(f["threads"]) >= 1 and f["cpu"]
+    assert f["tuning"] and '"' not in f["cpu"]
     f = fields(fmha.describe(q[:, :1], k, k, key_value_seq_lengths=[100]))
     assert f["driver"] == "decode" and int(f["splits"]) >= 1
     # a call it would refuse is refused the same way

@@ -1,0 +1,213 @@
+/* test_tuning.c: tunings per microarchitecture (src/tuning.h) and the
+ * FMHA_TUNING override. ctest runs this program four times: without
+ * FMHA_TUNING, with small tiles and no dense crossover
+ * (block_kv=32,dense_max_scores=1), with large tiles (block_kv=256) and with
+ * an invalid text (block_kv=48, ignored). Each run checks
+ *   - the parser on valid and invalid texts (nothing applied on error),
+ *   - that every table of the registry runs the tuning the environment
+ *     asks for (or its CPU's when the text is invalid), and that
+ *     fmha_plan_describe names it,
+ *   - forward and backward on every ISA this CPU runs, keys spanning
+ *     several tiles with causal and key-length masks, against the float64
+ *     reference: O within 2e-5 + 2e-5 |ref|, lse within 1e-5 + 1e-5 |ref|,
+ *     dQ, dK, dV within a relative L2 error of 2e-5 (test_backward's bar);
+ *     bf16 forward (FAST) within a relative L2 error of 1e-2 (test_lowp's),
+ *   - bitwise identical results for 1, 2 and 3 threads. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "convert.h"
+#include "cpu.h"
+#include "fmha_ref_masks.h"
+#include "test_util.h"
+#include "tuning.h"
+
+static void test_parse(void) {
+    const fmha_tuning base = {.name = "base", .block_kv = 128, .dense_max_scores = 5};
+    fmha_tuning t;
+    char name[48];
+    tu_check(fmha_tuning_parse("block_kv=64", &base, &t, name, sizeof name) == 0 && t.block_kv == 64 &&
+                 t.dense_max_scores == 5 && !strcmp(name, "base+FMHA_TUNING"),
+             "parse block_kv=64");
+    tu_check(fmha_tuning_parse("dense_max_scores=0,block_kv=1024", &base, &t, name, sizeof name) == 0 &&
+                 t.block_kv == 1024 && t.dense_max_scores == 0,
+             "parse two keys");
+    tu_check(fmha_tuning_parse("generic", &base, &t, name, sizeof name) == 0 && t.block_kv == 0 &&
+                 t.dense_max_scores == 0 && !strcmp(name, "generic"),
+             "parse generic");
+    static const char *const bad[] = {"block_kv=48",  "block_kv=0",   "block_kv=2048", "block_kv=",
+                                      "block_kv=6x4", "block_kv",     "blockkv=64",    "block_kv=64,",
+                                      ",block_kv=64", "block_kv=-32", "dense_max_scores=1e9",
+                                      "block_kv=64,mr=4", "GENERIC",  "block_kv=99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        t = base;
+        t.block_kv = 7;
+        snprintf(name, sizeof name, "unchanged");
+        tu_check(fmha_tuning_parse(bad[i], &base, &t, name, sizeof name) == -1 && t.block_kv == 7 &&
+                     !strcmp(name, "unchanged"),
+                 "parse refuses \"%s\" and changes nothing", bad[i]);
+    }
+}
+
+/* Every table runs its CPU's tuning with FMHA_TUNING applied when valid. */
+static void test_registry(void) {
+    const char *env = getenv("FMHA_TUNING");
+    for (size_t i = 0; i < fmha_isa_count(); i++) {
+        const fmha_isa *isa = fmha_isa_at(i);
+        const fmha_tuning *base = fmha_arch_tuning_for(isa->name), *used = isa->table->tuning;
+        fmha_tuning want = *base;
+        char name[48];
+        int applied = env && *env && fmha_tuning_parse(env, base, &want, name, sizeof name) == 0;
+        if (!tu_check(used != NULL, "%s has a tuning", isa->name)) continue;
+        tu_check(!strcmp(used->name, applied ? name : base->name) && used->block_kv == want.block_kv &&
+                     used->dense_max_scores == want.dense_max_scores,
+                 "%s runs tuning %s (block_kv %zu), FMHA_TUNING %s", isa->name, used->name, used->block_kv,
+                 env ? env : "unset");
+        if (want.block_kv)
+            tu_check(isa->table->tile.block_kv == want.block_kv, "%s: keys per tile %zu, the tuning's %zu",
+                     isa->name, isa->table->tile.block_kv, want.block_kv);
+    }
+    fmha_problem p;
+    fmha_problem_init(&p, 1, 2, 1, 40, 300, 32, 32, FMHA_LAYOUT_BSHD);
+    p.strategy = FMHA_STRATEGY_TILED;
+    fmha_plan *plan;
+    if (!tu_check(fmha_plan_create(&p, &plan) == FMHA_OK, "plan_create")) return;
+    char line[1024], want[96];
+    fmha_plan_describe(plan, line, sizeof line);
+    snprintf(want, sizeof want, " tuning=%s", fmha_cpu_kernels()->tuning->name);
+    const char *at = strstr(line, want);
+    tu_check(at && (at[strlen(want)] == '\0' || at[strlen(want)] == ' '), "describe names the tuning: %s", line);
+    snprintf(want, sizeof want, "block_kv=%zu ", fmha_cpu_kernels()->tile.block_kv);
+    tu_check(strstr(line, want) != NULL, "describe gives the tuning's keys per tile: %s", line);
+    printf("%s\n", line);
+    fmha_plan_destroy(plan);
+}
+
+typedef struct tuning_case {
+    int64_t B, hq, hkv, sq, skv, d;
+    fmha_causal causal;
+    int ragged; /* key lengths [B]: ragged (0 keys in one), else none */
+} tuning_case;
+
+/* Keys across several tiles for every block_kv in 32..256. */
+static const tuning_case cases[] = {
+    {1, 2, 1, 70, 257, 40, FMHA_CAUSAL_BOTTOM_RIGHT, 0},
+    {3, 2, 2, 33, 300, 64, FMHA_CAUSAL_NONE, 1},
+    {1, 3, 1, 96, 96, 24, FMHA_CAUSAL_TOP_LEFT, 0},
+    {2, 1, 1, 1, 600, 64, FMHA_CAUSAL_BOTTOM_RIGHT, 1},
+};
+
+static void float_case(const tuning_case *c, const char *isa) {
+    fmha_problem p;
+    fmha_problem_init(&p, c->B, c->hq, c->hkv, c->sq, c->skv, c->d, c->d, FMHA_LAYOUT_BSHD);
+    p.causal = c->causal;
+    int32_t kv_len[3];
+    if (c->ragged) {
+        tu_ragged_kv_lengths(c->B, c->skv, kv_len);
+        p.masks.kv_lengths = kv_len;
+    }
+    const size_t nq = (size_t)(c->B * c->sq * c->hq * c->d), nk = (size_t)(c->B * c->skv * c->hkv * c->d);
+    const size_t nl = (size_t)(c->B * c->hq * c->sq);
+    float *q = tu_new_input(&p, 'q', -1, 1), *k = tu_new_input(&p, 'k', -1, 1), *v = tu_new_input(&p, 'v', -1, 1);
+    float *d_o = tu_new_input(&p, 'o', -1, 1);
+    double *ro = malloc(nq * sizeof(double)), *rl = malloc(nl * sizeof(double));
+    double *rdq = malloc(nq * sizeof(double)), *rdk = malloc(nk * sizeof(double)), *rdv = malloc(nk * sizeof(double));
+    fmha_ref_forward_full(&p, q, k, v, ro, rl);
+    fmha_ref_backward_full(&p, q, k, v, d_o, rdq, rdk, rdv, NULL, NULL, NULL);
+    float *first[6] = {0};
+    for (int threads = 1; threads <= 3; threads++) {
+        fmha_set_num_threads(threads);
+        for (int s = FMHA_STRATEGY_AUTO; s <= FMHA_STRATEGY_TILED; s++) {
+            fmha_problem ps = p;
+            ps.strategy = (fmha_strategy)s;
+            float *o = malloc(nq * sizeof(float)), *lse = malloc(nl * sizeof(float));
+            float *dq = malloc(nq * sizeof(float)), *dk = malloc(nk * sizeof(float)), *dv = malloc(nk * sizeof(float));
+            fmha_status st = tu_forward_backward(&ps, q, k, v, d_o, o, lse, dq, dk, dv, NULL);
+            if (tu_check(st == FMHA_OK, "%s %s: status %d (%s)", isa, tu_strategy_name(s), (int)st,
+                         fmha_last_error_message())) {
+                size_t bad_lse = 0;
+                for (size_t i = 0; i < nl; i++)
+                    bad_lse += isinf(rl[i]) ? !(lse[i] == rl[i]) : !(fabs(lse[i] - rl[i]) <= 1e-5 + 1e-5 * fabs(rl[i]));
+                tu_check(tu_worst_ratio(o, ro, nq, 2e-5, 2e-5) <= 1.0 && bad_lse == 0 &&
+                             tu_rel_l2(dq, rdq, nq) <= 2e-5 && tu_rel_l2(dk, rdk, nk) <= 2e-5 &&
+                             tu_rel_l2(dv, rdv, nk) <= 2e-5,
+                         "%s %s threads %d Sq %lld Skv %lld D %lld: O %.3g of tol, %zu lse off, dQ %.2g dK %.2g "
+                         "dV %.2g rel L2",
+                         isa, tu_strategy_name(s), threads, (long long)c->sq, (long long)c->skv, (long long)c->d,
+                         tu_worst_ratio(o, ro, nq, 2e-5, 2e-5), bad_lse, tu_rel_l2(dq, rdq, nq),
+                         tu_rel_l2(dk, rdk, nk), tu_rel_l2(dv, rdv, nk));
+            }
+            float *got[3] = {o, dq, dk};
+            const size_t n[3] = {nq, nq, nk};
+            for (int t = 0; t < 3; t++) {
+                float **keep = &first[3 * (s - FMHA_STRATEGY_AUTO) + t];
+                if (!*keep) {
+                    *keep = got[t];
+                    got[t] = NULL;
+                } else {
+                    tu_check(!memcmp(*keep, got[t], n[t] * sizeof(float)),
+                             "%s %s: %s at %d threads has the bits of 1 thread", isa, tu_strategy_name(s),
+                             t == 0 ? "O" : t == 1 ? "dQ" : "dK", threads);
+                }
+            }
+            free(got[0]), free(got[1]), free(got[2]), free(lse), free(dv);
+        }
+    }
+    fmha_set_num_threads(0);
+    for (int i = 0; i < 6; i++) free(first[i]);
+    free(q), free(k), free(v), free(d_o), free(ro), free(rl), free(rdq), free(rdk), free(rdv);
+}
+
+/* bf16 Q, K, V and O, the default (FAST) precision, tiled. */
+static void bf16_case(const tuning_case *c, const char *isa) {
+    fmha_problem p;
+    fmha_problem_init(&p, c->B, c->hq, c->hkv, c->sq, c->skv, c->d, c->d, FMHA_LAYOUT_BSHD);
+    p.causal = c->causal;
+    p.strategy = FMHA_STRATEGY_TILED;
+    const size_t nq = (size_t)(c->B * c->sq * c->hq * c->d), nk = (size_t)(c->B * c->skv * c->hkv * c->d);
+    const size_t nl = (size_t)(c->B * c->hq * c->sq);
+    float *x[3] = {tu_new_input(&p, 'q', -1, 1), tu_new_input(&p, 'k', -1, 1), tu_new_input(&p, 'v', -1, 1)};
+    uint16_t *h[3];
+    for (int t = 0; t < 3; t++) {
+        size_t n = t ? nk : nq;
+        h[t] = malloc(n * sizeof(uint16_t));
+        for (size_t i = 0; i < n; i++) {
+            h[t][i] = fmha_f32_to_bf16(x[t][i]);
+            x[t][i] = fmha_bf16_to_f32(h[t][i]);
+        }
+    }
+    double *ro = malloc(nq * sizeof(double)), *rl = malloc(nl * sizeof(double));
+    fmha_problem rp = p;
+    rp.dtype = FMHA_DTYPE_F32;
+    fmha_ref_forward_full(&rp, x[0], x[1], x[2], ro, rl);
+    p.dtype = FMHA_DTYPE_BF16;
+    uint16_t *o = malloc(nq * sizeof(uint16_t));
+    float *of = malloc(nq * sizeof(float)), *lse = malloc(nl * sizeof(float));
+    fmha_status st = tu_forward(&p, h[0], h[1], h[2], o, lse, NULL, 0);
+    if (tu_check(st == FMHA_OK, "%s bf16: status %d", isa, (int)st)) {
+        for (size_t i = 0; i < nq; i++) of[i] = fmha_bf16_to_f32(o[i]);
+        double rel = tu_rel_l2(of, ro, nq);
+        tu_check(rel <= 1e-2, "%s bf16 Sq %lld Skv %lld D %lld: O rel L2 %.3g", isa, (long long)c->sq,
+                 (long long)c->skv, (long long)c->d, rel);
+    }
+    for (int t = 0; t < 3; t++) free(x[t]), free(h[t]);
+    free(ro), free(rl), free(o), free(of), free(lse);
+}
+
+static void run_isa(const char *isa) {
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        float_case(&cases[i], isa);
+        if (cases[i].sq > 1) bf16_case(&cases[i], isa);
+    }
+}
+
+int main(void) {
+    tu_seed();
+    printf("FMHA_TUNING=%s\n", getenv("FMHA_TUNING") ? getenv("FMHA_TUNING") : "(unset)");
+    test_parse();
+    test_registry();
+    tu_each_isa(run_isa);
+    return tu_finish();
+}
