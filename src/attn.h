@@ -58,8 +58,11 @@ struct fmha_plan {
     /* Decode (driver/decode.c): set when the decode driver serves the
      * forward. A unit serves dec_heads kv heads x dec_rows rows of
      * each (rows of a kv head: group x Sq, in dec_units units); keys in
-     * dec_splits chunks of dec_chunk keys (split-KV); all from the shape. */
+     * dec_splits chunks of dec_chunk keys (split-KV); all from the shape.
+     * dec_prefetch: the driver asks for each head's next sub-block ahead
+     * (K and V past the tuning's decode_prefetch_bytes). */
     int64_t dec_heads, dec_rows, dec_units, dec_chunk, dec_splits;
+    int dec_prefetch;
 
     /* ---- per run ---- */
     size_t thread_bytes;       /* this run's direction: bytes per thread */

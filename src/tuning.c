@@ -55,6 +55,9 @@ int fmha_tuning_parse(const char *text, const fmha_tuning *base, fmha_tuning *ou
         } else if (klen == 16 && !memcmp(s, "dense_max_scores", 16)) {
             if ((v = tuning_value(eq + 1, end, 0, (long long)1 << 40)) < 0) return -1;
             t.dense_max_scores = v;
+        } else if (klen == 21 && !memcmp(s, "decode_prefetch_bytes", 21)) {
+            if ((v = tuning_value(eq + 1, end, 0, (long long)1 << 50)) < 0) return -1;
+            t.decode_prefetch_bytes = v;
         } else {
             return -1;
         }

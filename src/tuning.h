@@ -14,6 +14,8 @@ typedef struct fmha_tuning {
     const char *name;         /* "generic", "zen4", ...; fmha_plan_describe prints it */
     size_t block_kv;          /* keys per tile (tiled forward, backward, masks); 0: the table's */
     int64_t dense_max_scores; /* AUTO runs dense up to Sq * Skv this large; 0: the library's default */
+    int64_t decode_prefetch_bytes; /* the decode driver prefetches when a call's K and V hold more
+                                    * bytes than this; 0: the library's default */
 } fmha_tuning;
 
 /* A tuning of an architecture: the ISA it applies to and the CPUs it was
@@ -34,7 +36,8 @@ const fmha_tuning *fmha_arch_tuning_for(const char *isa);
 
 /* Applies FMHA_TUNING's text to a copy of `base`: "generic" gives
  * fmha_tuning_generic; otherwise comma-separated key=value pairs
- * (block_kv=N, a multiple of 32 in 32..1024; dense_max_scores=N >= 0)
+ * (block_kv=N, a multiple of 32 in 32..1024; dense_max_scores=N >= 0;
+ * decode_prefetch_bytes=N >= 0)
  * replace those fields. Returns 0, or -1 (nothing applied) on an unknown
  * key or a value out of range. `name` receives the tuning's new name. */
 int fmha_tuning_parse(const char *text, const fmha_tuning *base, fmha_tuning *out, char *name, size_t name_size);

@@ -43,6 +43,7 @@
 #include "../convert.h"
 #include "../format.h"
 #include "../pool.h"
+#include "../tuning.h"
 
 /* Most rows of one kv head served from one pass over its K and V, keys per
  * tile, and most rows (all heads) of a unit. */
@@ -65,6 +66,16 @@ enum { DEC_MAX_SQ = 16, DEC_MIN_KV_PER_Q = 8 };
 
 /* Split-KV: aim for DEC_TASKS tasks in all, chunks of at least DEC_MIN_CHUNK keys. */
 enum { DEC_TASKS = 64, DEC_MIN_CHUNK = 256 };
+
+/* Software prefetch (dec_prefetch_head) pays where K and V stream from
+ * memory and costs where they sit in cache: it is on when a call's K and V
+ * hold more than this many bytes (the tuning's decode_prefetch_bytes when
+ * set). Zen 4 (1 MiB L2 a core, 32 MiB L3), Hq 32 / Hkv 8, D 128, 2
+ * threads, ms off / on, alternating: float32 Skv 512 (4 MiB) 0.10-0.13 /
+ * 0.15-0.19, 1024 (8 MiB) 0.25-0.29 / 0.28-0.36, 2048 0.51-0.60 /
+ * 0.51-0.65, 4096 1.40-1.54 / 1.12-1.23; bf16 1024 0.17-0.23 / 0.19-0.26,
+ * 2048 0.33-0.49 / 0.38-0.47, 4096 1.06-1.46 / 0.78-1.05. */
+#define DEC_PREFETCH_BYTES ((int64_t)8 << 20)
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -122,6 +133,12 @@ int fmha_decode_plan(fmha_plan *plan) {
     if (splits < 1) splits = 1;
     plan->dec_chunk = ceil_div(ceil_div(p->seq_kv, splits), DEC_TILE) * DEC_TILE;
     plan->dec_splits = ceil_div(p->seq_kv, plan->dec_chunk);
+    const fmha_cache_format *kf = fmha_cache_format_at(plan->k_format), *vf = fmha_cache_format_at(plan->v_format);
+    const int64_t kv_bytes = p->batch * p->seq_kv * p->heads_kv *
+                             (fmha_format_row_units(kf, p->head_dim) * (int64_t)kf->unit_bytes +
+                              fmha_format_row_units(vf, p->head_dim_v) * (int64_t)vf->unit_bytes);
+    const int64_t tuned = uk->tuning ? uk->tuning->decode_prefetch_bytes : 0;
+    plan->dec_prefetch = kv_bytes > (tuned ? tuned : DEC_PREFETCH_BYTES);
     return 1;
 }
 
@@ -263,38 +280,28 @@ static void dec_scale_columns(const fmha_problem *p, int which, int64_t b, int64
     }
 }
 
-/* Asks for the rows of the sub-block at key k0 (keys before `end`), heads
- * [hk0, hk0 + heads), of K or V one sub-block before the kernels read them,
- * for the 8-bit and block formats: their sub-blocks interleave short rows
- * of the heads, a walk the hardware prefetchers follow badly. Measured at
- * Skv = 65536, Hq 32 / Hkv 8, D 128, 2 threads on Zen 4, alternating runs
- * (ms, with / without): q8_0 18.6 / 28.0 and 19.8 / 24.1, int8 19.6 / 20.7
- * and 20.5 / 23.1, q4_0 23.3 / 23.4 and 21.4 / 23.1; float32 rows lost
- * (27.4 / 25.4, 28.8 / 25.7), so wider units are left to the hardware.
- * Into L2 (prefetcht2), not L1: a burst of a sub-block's lines no longer
- * waits on L1's fill buffers (int8 16.2 / 19.5, q8_0 16.3 / 19.3, q4_0
- * 14.3 / 17.5 ms against prefetcht0, twice each); for 2-byte rows L2
- * prefetch moved bf16 and f16 by 3-14% and float32 by -5 to +5%: noise. */
-static void dec_prefetch(const dec_ctx *c, fmha_cache_format_id fmt, const int64_t *st, const void *x, int64_t len,
-                         int64_t b, int64_t hk0, int64_t heads, int64_t k0, int64_t end) {
+/* Asks for head hk's rows of the sub-block at key k0 (keys before `end`) of
+ * K or V into L2 (prefetcht2), one sub-block before the kernels read them.
+ * Called head by head, before each head's kernel, so that the requests
+ * spread over the sub-block's work: in one burst of all heads' rows they
+ * waited on the fill buffers and lost float32 rows 5-10%. At Skv = 65536,
+ * Hq 32 / Hkv 8, D 128, 2 threads on Zen 4 (ms, off / on, alternating,
+ * two runs each): float32 24.3 / 19.3-20.8, bf16 18.8-19.1 / 11.1-12.4,
+ * f16 18.3-18.4 / 10.7-11.9, int8 17.2-18.1 / 12.4-12.9, fp8_e4m3
+ * 19.1-21.2 / 14.9-16.7, q8_0 16.0-16.6 / 12.3-14.1, q4_0 14.0-14.8 /
+ * 13.2-13.5; paged bf16 (pages of 16, Skv 16384) 5.2-5.5 / 3.3-3.6. The
+ * hardware prefetchers follow one head's rows key after key, but not a
+ * walk that reads a few hundred bytes of each head in turn. */
+static void dec_prefetch_head(const dec_ctx *c, fmha_cache_format_id fmt, const int64_t *st, const void *x,
+                              int64_t len, int64_t b, int64_t hk, int64_t k0, int64_t end) {
     const fmha_problem *p = &c->plan->p;
     const fmha_cache_format *f = fmha_cache_format_at(fmt);
     const int64_t bytes = fmha_format_row_units(f, len) * (int64_t)f->unit_bytes;
     const int64_t nj = end - k0 < DEC_SUB ? end - k0 : DEC_SUB;
-    if (nj < 1 || f->unit_bytes > 1) return;
-    if ((heads == 1 || st[2] * (int64_t)f->unit_bytes == bytes) && dec_one_page(p, k0, nj)) {
-        /* the heads adjacent: each key's rows one run, keys st[1] apart */
-        const char *first = (const char *)x + dec_key_at(p, st, b, hk0, k0) * (int64_t)f->unit_bytes;
-        const int64_t run = heads * bytes, step = st[1] * (int64_t)f->unit_bytes;
-        for (int64_t j = 0; j < nj; j++)
-            for (int64_t at = 0; at < run; at += 64) __builtin_prefetch(first + j * step + at, 0, 1);
-        return;
+    for (int64_t j = 0; j < nj; j++) {
+        const char *row = (const char *)x + dec_key_at(p, st, b, hk, k0 + j) * (int64_t)f->unit_bytes;
+        for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(row + at, 0, 1);
     }
-    for (int64_t j = 0; j < nj; j++)
-        for (int64_t hh = 0; hh < heads; hh++) {
-            const char *row = (const char *)x + dec_key_at(p, st, b, hk0 + hh, k0 + j) * (int64_t)f->unit_bytes;
-            for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(row + at, 0, 1);
-        }
 }
 
 static void dec_split_task(void *vctx, size_t task, int thread) {
@@ -362,12 +369,14 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
          * so that a cache interleaving the heads is read in address order */
         for (int64_t j0 = 0; j0 < nk; j0 += DEC_SUB) {
             const int64_t nj = nk - j0 < DEC_SUB ? nk - j0 : DEC_SUB;
-            /* the next sub-block of K (the first of V at the tile's end) */
-            if (j0 + DEC_SUB < nk) dec_prefetch(c, plan->k_format, ks, c->k, D, b, hk0, heads, k0 + j0 + DEC_SUB, ke);
-            else dec_prefetch(c, plan->v_format, vs, c->v, Dv, b, hk0, heads, k0, ke);
             size_t ld = dec_rows(c, plan->k_format, ks, c->k, D, b, hk0, heads, k0 + j0, nj, s.kf, rows_of, &in_place);
             const fmha_cache_scores_ukernel_fn scores = in_place ? k_kern->scores : staged->scores;
             for (int64_t hh = 0; hh < heads; hh++) {
+                /* this head's next sub-block of K (the first of V at the tile's end) */
+                if (plan->dec_prefetch) {
+                    if (j0 + DEC_SUB < nk) dec_prefetch_head(c, plan->k_format, ks, c->k, D, b, hk0 + hh, k0 + j0 + DEC_SUB, ke);
+                    else dec_prefetch_head(c, plan->v_format, vs, c->v, Dv, b, hk0 + hh, k0, ke);
+                }
                 const float *qh = s.qf + hh * rows * D;
                 float *sh = s.s + hh * rows * DEC_TILE + j0;
                 scores((size_t)n, (size_t)nj, (size_t)D, qh, (size_t)D, rows_of[hh], ld, sh, DEC_TILE, plan->scale);
@@ -391,12 +400,14 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
         /* values in the same order; the first sub-block rescales O by alpha */
         for (int64_t j0 = 0; j0 < nk; j0 += DEC_SUB) {
             const int64_t nj = nk - j0 < DEC_SUB ? nk - j0 : DEC_SUB;
-            /* the next sub-block of V (the next tile's first of K at the end) */
-            if (j0 + DEC_SUB < nk) dec_prefetch(c, plan->v_format, vs, c->v, Dv, b, hk0, heads, k0 + j0 + DEC_SUB, ke);
-            else dec_prefetch(c, plan->k_format, ks, c->k, D, b, hk0, heads, k0 + DEC_TILE, ke);
             size_t ld = dec_rows(c, plan->v_format, vs, c->v, Dv, b, hk0, heads, k0 + j0, nj, s.vf, rows_of, &in_place);
             const fmha_cache_values_ukernel_fn values = in_place ? v_kern->values : staged->values;
             for (int64_t hh = 0; hh < heads; hh++) {
+                /* this head's next sub-block of V (the next tile's first of K at the end) */
+                if (plan->dec_prefetch) {
+                    if (j0 + DEC_SUB < nk) dec_prefetch_head(c, plan->v_format, vs, c->v, Dv, b, hk0 + hh, k0 + j0 + DEC_SUB, ke);
+                    else if (k0 + DEC_TILE < ke) dec_prefetch_head(c, plan->k_format, ks, c->k, D, b, hk0 + hh, k0 + DEC_TILE, ke);
+                }
                 float *ph = s.s + hh * rows * DEC_TILE + j0;
                 const float *ah = j0 == 0 ? s.alpha + hh * rows : s.ones;
                 if (v_scaled) dec_scale_columns(p, 1, b, hk0 + hh, k0 + j0, nj, n, ph); /* P's sums are taken */

@@ -1,7 +1,8 @@
 /* test_tuning.c: tunings per microarchitecture (src/tuning.h) and the
  * FMHA_TUNING override. ctest runs this program four times: without
- * FMHA_TUNING, with small tiles and no dense crossover
- * (block_kv=32,dense_max_scores=1), with large tiles (block_kv=256) and with
+ * FMHA_TUNING, with small tiles, no dense crossover and the decode
+ * driver's prefetch on any size (block_kv=32,dense_max_scores=1,
+ * decode_prefetch_bytes=1), with large tiles (block_kv=256) and with
  * an invalid text (block_kv=48, ignored). Each run checks
  *   - the parser on valid and invalid texts (nothing applied on error),
  *   - that every table of the registry runs the tuning the environment
@@ -34,13 +35,17 @@ static void test_parse(void) {
     tu_check(fmha_tuning_parse("dense_max_scores=0,block_kv=1024", &base, &t, name, sizeof name) == 0 &&
                  t.block_kv == 1024 && t.dense_max_scores == 0,
              "parse two keys");
+    tu_check(fmha_tuning_parse("decode_prefetch_bytes=1", &base, &t, name, sizeof name) == 0 &&
+                 t.decode_prefetch_bytes == 1 && t.block_kv == 128,
+             "parse decode_prefetch_bytes");
     tu_check(fmha_tuning_parse("generic", &base, &t, name, sizeof name) == 0 && t.block_kv == 0 &&
                  t.dense_max_scores == 0 && !strcmp(name, "generic"),
              "parse generic");
     static const char *const bad[] = {"block_kv=48",  "block_kv=0",   "block_kv=2048", "block_kv=",
                                       "block_kv=6x4", "block_kv",     "blockkv=64",    "block_kv=64,",
                                       ",block_kv=64", "block_kv=-32", "dense_max_scores=1e9",
-                                      "block_kv=64,mr=4", "GENERIC",  "block_kv=99999999999999999999"};
+                                      "block_kv=64,mr=4", "GENERIC",  "block_kv=99999999999999999999",
+                                      "decode_prefetch_bytes=-1", "decode_prefetch=1"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         t = base;
         t.block_kv = 7;
@@ -62,7 +67,8 @@ static void test_registry(void) {
         int applied = env && *env && fmha_tuning_parse(env, base, &want, name, sizeof name) == 0;
         if (!tu_check(used != NULL, "%s has a tuning", isa->name)) continue;
         tu_check(!strcmp(used->name, applied ? name : base->name) && used->block_kv == want.block_kv &&
-                     used->dense_max_scores == want.dense_max_scores,
+                     used->dense_max_scores == want.dense_max_scores &&
+                     used->decode_prefetch_bytes == want.decode_prefetch_bytes,
                  "%s runs tuning %s (block_kv %zu), FMHA_TUNING %s", isa->name, used->name, used->block_kv,
                  env ? env : "unset");
         if (want.block_kv)
