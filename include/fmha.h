@@ -73,8 +73,9 @@
  * incomplete.
  *
  * Instruction sets: the best microkernels this CPU supports are chosen once
- * at first use (cpuid); the environment variable FMHA_ISA=scalar|avx2|avx512|avx512bf16|amx|neon
- * forces a set (falling back to the best supported one if the CPU lacks it).
+ * at first use (cpuid, or the aarch64 hwcaps); the environment variable
+ * FMHA_ISA=scalar|avx2|avx512|avx512bf16|amx|neon|neonbf16 forces a set
+ * (falling back to the best supported one if the CPU lacks it).
  */
 #ifndef FMHA_H
 #define FMHA_H
