@@ -73,17 +73,20 @@
  * incomplete.
  *
  * Instruction sets: the best microkernels this CPU supports are chosen once
- * at first use (cpuid); the environment variable FMHA_ISA=scalar|avx2|avx512|avx512bf16|amx|neon
- * forces a set (falling back to the best supported one if the CPU lacks it).
+ * at first use (cpuid, or the aarch64 hwcaps); the environment variable
+ * FMHA_ISA=scalar|avx2|avx512|avx512bf16|amx|neon|neonbf16 forces a set
+ * (falling back to the best supported one if the CPU lacks it).
  * Each set runs with a tuning (keys per tile, the AUTO strategy's dense
- * crossover) chosen by the CPU's vendor, family and model, "generic" where
- * none was measured for it; FMHA_TUNING=generic or a comma-separated list of
- * block_kv=N (a multiple of 32, 32..1024) and dense_max_scores=N (AUTO runs
- * dense while Sq * Skv <= N; 0: the library's default) changes it for every
- * set. The text is read once at first use; an invalid one changes nothing.
- * fmha_plan_describe names the tuning in use. Results stay within each
- * function's stated accuracy under any tuning, but their bits may differ
- * between tunings (sums run over different tiles).
+ * crossover, the decode driver's prefetch threshold) chosen by the CPU's
+ * vendor, family and model, "generic" where none was measured for it;
+ * FMHA_TUNING=generic or a comma-separated list of block_kv=N (a multiple
+ * of 32, 32..1024), dense_max_scores=N (AUTO runs dense while Sq * Skv <= N)
+ * and decode_prefetch_bytes=N (decode prefetches K and V past N bytes; 0 in
+ * either: the library's default) changes it for every set. The text is read
+ * once at first use; an invalid one changes nothing. fmha_plan_describe
+ * names the tuning in use. Results stay within each function's stated
+ * accuracy under any tuning, but their bits may differ between tunings
+ * (sums run over different tiles).
  */
 #ifndef FMHA_H
 #define FMHA_H

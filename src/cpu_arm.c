@@ -1,6 +1,7 @@
 /* cpu_arm.c: the aarch64 ISAs and their checks, read from the kernel's
- * hardware capability words (getauxval(AT_HWCAP), AT_HWCAP2): neon
- * (Advanced SIMD, Armv8.0). The capabilities are also reported by
+ * hardware capability words (getauxval(AT_HWCAP), AT_HWCAP2), most capable
+ * first: neonbf16 (Advanced SIMD plus FEAT_BF16: BFDOT, BFMMLA, BFCVTN),
+ * neon (Advanced SIMD, Armv8.0). The capabilities are also reported by
  * fmha_plan_describe. */
 #include "cpu.h"
 #include "tuning.h"
@@ -41,7 +42,24 @@ static int arm_has_neon(void) {
 #endif
 }
 
+#if FMHA_HAVE_NEONBF16
+#if defined(__linux__) && !defined(HWCAP2_BF16)
+#define HWCAP2_BF16 (1UL << HWCAP2_BIT_BF16) /* older kernel headers lack it */
+#endif
+/* Advanced SIMD and FEAT_BF16 (HWCAP2_BF16: the BF16 instructions at EL0). */
+static int arm_has_neonbf16(void) {
+#if defined(__linux__)
+    return arm_has_neon() && (arm_hwcap2() & HWCAP2_BF16) != 0;
+#else
+    return 0;
+#endif
+}
+#endif
+
 static const fmha_arch_isa arm_isas[] = {
+#if FMHA_HAVE_NEONBF16
+    {"neonbf16", arm_has_neonbf16, &fmha_isa_neonbf16},
+#endif
     {"neon", arm_has_neon, &fmha_isa_neon},
 };
 

@@ -112,7 +112,7 @@ void fmha_f32_to_bf16_ukernel__scalar(size_t n, const float *src, uint16_t *dst)
 typedef void (*fmha_u16_interleave_ukernel_fn)(size_t n, const uint16_t *lo, const uint16_t *hi, uint32_t *dst);
 void fmha_u16_interleave_ukernel__scalar(size_t n, const uint16_t *lo, const uint16_t *hi, uint32_t *dst);
 
-/* ---- bfloat16 (AVX-512 BF16 machines) ----
+/* ---- bfloat16 (AVX-512 BF16, AMX, Arm BF16 machines) ----
  * bf16 GEMMs take both operands in pairs along k, the layout of vdpbf16ps:
  * one 32-bit word holds (X[2p], X[2p+1]) for k-steps 2p, 2p+1 (element 2p in
  * the low half). Odd k is padded with a zero pair half. C is float32. */
@@ -127,7 +127,12 @@ void fmha_u16_interleave_ukernel__scalar(size_t n, const uint16_t *lo, const uin
  * in float32, to a float32 accumulator, each addition rounded to nearest
  * even; the summation order across pair-steps is the kernel's. The
  * instruction also flushes subnormal inputs and results to zero, which the
- * scalar specification (src/uk/scalar/bf16.c) does not. */
+ * scalar specification (src/uk/scalar/bf16.c) does not.
+ * Arithmetic (Arm BFDOT / BFMMLA without FEAT_EBF16, the neonbf16 table):
+ * BFDotAdd per pair-step, its products, their sum and the addition each
+ * rounded to odd, subnormals flushed, the default NaN (FPCR not read); each
+ * accumulator starts at +0 and takes the pair-steps in order, then C is
+ * finished as above: bit for bit fmha_bf16_gemm_ukernel_4x16__arm. */
 typedef void (*fmha_bf16_gemm_ukernel_fn)(size_t m, size_t kp, const uint32_t *a, ptrdiff_t a_rs,
                                           ptrdiff_t a_cs, const uint32_t *b, size_t ldb, float *c,
                                           size_t ldc, int mode, const float *col_scale,
@@ -355,5 +360,6 @@ extern const fmha_isa_parts fmha_isa_avx512;     /* AVX-512 F/BW/VL/DQ: src/uk/a
 extern const fmha_isa_parts fmha_isa_avx512bf16; /* avx512's parts + a bf16 part: src/uk/avx512bf16 */
 extern const fmha_isa_parts fmha_isa_amx;        /* avx512bf16's parts, the pair GEMM on AMX tiles: src/uk/amx */
 extern const fmha_isa_parts fmha_isa_neon;       /* aarch64 Advanced SIMD: src/uk/neon */
+extern const fmha_isa_parts fmha_isa_neonbf16;   /* neon's parts + a BF16 part (BFMMLA, BFCVTN): src/uk/neonbf16 */
 
 #endif /* FMHA_UKERNEL_H */

@@ -10,7 +10,10 @@
  * the row-packing kernel half for half against the same rounding, at every
  * length up to NR + 3, with sentinels past each row's pairs; the scalar
  * rounding against hand-worked values; the fused softmax step bit for bit
- * against the softmax and pair-row kernels it fuses. */
+ * against the softmax and pair-row kernels it fuses. Tables with Arm BFDOT's
+ * arithmetic (neonbf16) are held to its specification bit for bit, on
+ * operands of every class too, after that specification's own hand-worked
+ * cases; the zero halves kernels make, and the registry's choice. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,17 +30,27 @@
 
 enum { SPEC_MR = FMHA_SCALAR_BF16_MR, SPEC_NR = FMHA_SCALAR_BF16_NR };
 
-/* The scalar specifications as a table of their own, so the same cases run
- * on them and on the registered tables. */
-static const fmha_ukernels bf16_spec = {
-    .isa = "scalar spec",
-    .tile = {.mr = SPEC_MR, .nr = SPEC_NR},
-    .bf16 = {.mr = SPEC_MR,
-             .gemm = fmha_bf16_gemm_ukernel_4x16__scalar,
-             .pair_rows = fmha_bf16_pair_rows_ukernel_16__scalar,
-             .pair_rows_split = fmha_bf16_pair_rows_split_ukernel_16__scalar,
-             .pack_rows = fmha_bf16_pack_rows_ukernel__scalar},
-};
+/* The scalar specifications as tables of their own, so the same cases run
+ * on them and on the registered tables: vdpbf16ps's arithmetic, and Arm
+ * BFDOT's (round to odd, flushes, the default NaN). */
+#define SPEC_TABLE(NAME, GEMM)                                                                                         \
+    {                                                                                                                  \
+        .isa = NAME, .tile = {.mr = SPEC_MR, .nr = SPEC_NR},                                                           \
+        .bf16 = {.mr = SPEC_MR,                                                                                        \
+                 .gemm = GEMM,                                                                                         \
+                 .pair_rows = fmha_bf16_pair_rows_ukernel_16__scalar,                                                  \
+                 .pair_rows_split = fmha_bf16_pair_rows_split_ukernel_16__scalar,                                      \
+                 .pack_rows = fmha_bf16_pack_rows_ukernel__scalar},                                                    \
+    }
+static const fmha_ukernels bf16_spec = SPEC_TABLE("scalar spec", fmha_bf16_gemm_ukernel_4x16__scalar);
+static const fmha_ukernels bf16_spec_arm = SPEC_TABLE("scalar arm spec", fmha_bf16_gemm_ukernel_4x16__arm);
+
+/* Does u's GEMM have Arm BFDOT's arithmetic (the neonbf16 table and its
+ * specification)? Its specification is then fmha_bf16_gemm_ukernel_4x16__arm,
+ * bit for bit, and each rounding errs by up to an ulp (to odd), not half. */
+static int arm_arithmetic(const fmha_ukernels *u) {
+    return u == &bf16_spec_arm || !strcmp(u->isa, "neonbf16");
+}
 
 static void *alloc(size_t bytes) {
     void *p = malloc(bytes ? bytes : 1);
@@ -155,6 +168,46 @@ static void test_round_spec(void) {
              (int)N_SPECIAL);
 }
 
+/* Arm's BFDotAdd against hand-worked results: each row is acc, the words
+ * a and b (low half: element 2p), and the bits wanted. */
+static const struct {
+    uint32_t acc, a, b, want;
+    const char *what;
+} bfdot_cases[] = {
+    {0x3F800000u, 0x3300u, 0x3F80u, 0x3F800001u, "1 + 2^-25: inexact, to odd (nearest even gives 1)"},
+    {0x3F800000u, 0xB300u, 0x3F80u, 0x3F7FFFFFu, "1 - 2^-25: between 1 - 2^-24 (odd) and 1"},
+    {0x4E800000u, 0xB080u, 0x3F80u, 0x4E7FFFFFu, "2^30 - 2^-30: the float below 2^30, odd"},
+    {0x7F7FFFFFu, 0x7300u, 0x3F80u, 0x7F7FFFFFu, "FLT_MAX + 2^103 (a tie): stays finite and odd"},
+    {0x7F7FFFFFu, 0x7380u, 0x3F80u, 0x7F800000u, "FLT_MAX + 2^104 = 2^128: infinity"},
+    {0x00000000u, 0x7F00u, 0x4000u, 0x7F800000u, "product 2^127 x 2 overflows to infinity"},
+    {0x3F800000u, 0x0D80u, 0x3080u, 0x3F800000u, "product 2^-130 flushed: 1 exactly"},
+    {0x3F800000u, 0x0040u, 0x7180u, 0x3F800000u, "subnormal bf16 input flushed: 1 exactly"},
+    {0x00000001u, 0x8000u, 0x3F80u, 0x00000000u, "subnormal accumulator flushed: +0"},
+    {0x80000000u, 0x80008000u, 0x3F803F80u, 0x80000000u, "-0 + (-0 + -0): -0"},
+    {0x3F800000u, 0xBF80u, 0x3F80u, 0x00000000u, "1 - 1: +0"},
+    {0x3F800000u, 0xFFC1u, 0x3F80u, 0x7FC00000u, "a NaN gives the default NaN"},
+    {0x7FC12345u, 0x3F80u, 0x3F80u, 0x7FC00000u, "a NaN accumulator too"},
+    {0x3F800000u, 0x7F80u, 0x0000u, 0x7FC00000u, "inf x 0: the default NaN"},
+    {0x3F800000u, 0x7F807F80u, 0xBF803F80u, 0x7FC00000u, "-inf + inf: the default NaN"},
+    {0xFF800000u, 0x7F80u, 0x3F80u, 0x7FC00000u, "acc -inf + inf: the default NaN"},
+    {0x40400000u, 0x3F803FC0u, 0x40003F80u, 0x40D00000u, "3 + (1.5 + 2) = 6.5 exactly"},
+};
+enum { N_BFDOT = sizeof bfdot_cases / sizeof bfdot_cases[0] };
+
+static void test_bfdot_spec(void) {
+    size_t wrong = 0;
+    for (size_t i = 0; i < N_BFDOT; i++) {
+        uint32_t got = float_bits(fmha_bf16_dot_add__arm(bits_float(bfdot_cases[i].acc), bfdot_cases[i].a,
+                                                          bfdot_cases[i].b));
+        if (got != bfdot_cases[i].want) {
+            printf("  BFDotAdd %s: 0x%08X, want 0x%08X\n", bfdot_cases[i].what, (unsigned)got,
+                   (unsigned)bfdot_cases[i].want);
+            wrong++;
+        }
+    }
+    tu_check(wrong == 0, "Arm BFDotAdd specification: %zu of %d hand-worked cases wrong", wrong, (int)N_BFDOT);
+}
+
 /* ----------------------------------------------------------------- GEMM */
 
 static const char *const mode_names[] = {"store", "accumulate", "rescale"};
@@ -165,6 +218,36 @@ static uint32_t random_pair(void) {
     uint16_t lo = fmha_bf16_round__scalar((float)tu_uniform(-1.0, 1.0));
     uint16_t hi = fmha_bf16_round__scalar((float)tu_uniform(-1.0, 1.0));
     return (uint32_t)lo | (uint32_t)hi << 16;
+}
+
+/* The Arm specification on u's operands, per 4 x 16 piece, from C's initial
+ * values c_init: the number of elements of the m x NR tile whose bits
+ * differ from u's result c (a NaN must be the same NaN). */
+static size_t spec_gemm_differs(const fmha_ukernels *u, size_t m, size_t kp, const uint32_t *a, ptrdiff_t a_rs,
+                                ptrdiff_t a_cs, const uint32_t *b, size_t ldb, const float *c_init,
+                                const float *c, size_t ldc, int mode, const float *scale, float ab_scale) {
+    const size_t nr = u->tile.nr;
+    float *c_spec = alloc(m * ldc * sizeof *c_spec);
+    memcpy(c_spec, c_init, m * ldc * sizeof *c_spec);
+    for (size_t r0 = 0; r0 < m; r0 += SPEC_MR)
+        for (size_t j0 = 0; j0 < nr; j0 += SPEC_NR) {
+            size_t rows = m - r0 < SPEC_MR ? m - r0 : SPEC_MR;
+            fmha_bf16_gemm_ukernel_4x16__arm(rows, kp, a + (ptrdiff_t)r0 * a_rs, a_rs, a_cs, b + j0, ldb,
+                                             c_spec + r0 * ldc + j0, ldc, mode,
+                                             mode == FMHA_UK_RESCALE ? scale + j0 : NULL, ab_scale);
+        }
+    size_t differ = 0;
+    for (size_t r = 0; r < m; r++)
+        for (size_t j = 0; j < nr; j++) {
+            int bad = !same_bits(c[r * ldc + j], c_spec[r * ldc + j]);
+            if (bad && differ < 4)
+                printf("  %s C[%zu][%zu] = %a (0x%08X), specification %a (0x%08X)\n", u->isa, r, j,
+                       (double)c[r * ldc + j], (unsigned)float_bits(c[r * ldc + j]), (double)c_spec[r * ldc + j],
+                       (unsigned)float_bits(c_spec[r * ldc + j]));
+            differ += (size_t)bad;
+        }
+    free(c_spec);
+    return differ;
 }
 
 /* One GEMM call of u at (m, kp, mode, pattern) against float64 and (for a
@@ -180,7 +263,9 @@ static uint32_t random_pair(void) {
  *   |c - ref| <= (2 kp + 5) u mag
  * an absolute bound that holds under cancellation (atol = (2 kp + 5) u mag,
  * rtol = 0), where a relative one would not. Kernel and specification each
- * meet it, so they differ by at most (4 kp + 10) u mag. */
+ * meet it, so they differ by at most (4 kp + 10) u mag. Arm's BFDOT rounds
+ * to odd, an error below one ulp (2u relative) rather than half: (4 kp + 5)
+ * u mag, and its kernels equal their specification bit for bit. */
 static double gemm_case(const fmha_ukernels *u, size_t m, size_t kp, int mode, int pattern,
                         float ab_scale) {
     const size_t nr = u->tile.nr, mr = u->bf16.mr, ldb = nr + 5, ldc = nr + 3, c_len = (mr + 1) * ldc;
@@ -230,7 +315,7 @@ static double gemm_case(const fmha_ukernels *u, size_t m, size_t kp, int mode, i
                 clobbered += !same_bits(x, c_init[r * ldc + j]);
                 continue;
             }
-            double tol = (double)(2 * kp + 5) * 0x1p-24 * mag[r * nr + j] + 1e-30;
+            double tol = (double)((arm_arithmetic(u) ? 4 : 2) * kp + 5) * 0x1p-24 * mag[r * nr + j] + 1e-30;
             double ratio = isfinite(x) ? fabs((double)x - ref[r * nr + j]) / tol : INFINITY;
             if (ratio > worst) worst = ratio;
         }
@@ -240,7 +325,12 @@ static double gemm_case(const fmha_ukernels *u, size_t m, size_t kp, int mode, i
              u->isa, m, kp, mode_names[mode], pattern ? "a_rs=1" : "a_cs=1", (double)ab_scale,
              worst, clobbered);
 
-    if (u != &bf16_spec) {
+    if (arm_arithmetic(u) && u != &bf16_spec_arm) {
+        size_t differ = spec_gemm_differs(u, m, kp, a, a_rs, a_cs, b, ldb, c_init, c, ldc, mode, scale, ab_scale);
+        tu_check(differ == 0, "%s bf16 gemm m=%zu kp=%zu %s %s ab_scale=%g: %zu elements differ from the Arm BFDOT "
+                 "specification", u->isa, m, kp, mode_names[mode], pattern ? "a_rs=1" : "a_cs=1", (double)ab_scale,
+                 differ);
+    } else if (u != &bf16_spec && u != &bf16_spec_arm) {
         memcpy(c_spec, c_init, c_len * sizeof *c_spec);
         for (size_t r0 = 0; r0 < m; r0 += SPEC_MR)
             for (size_t j0 = 0; j0 < nr; j0 += SPEC_NR) {
@@ -291,6 +381,70 @@ static void test_gemm(const fmha_ukernels *u) {
     printf("%s bf16 gemm: %d cases, worst error/tolerance %.3g\n", u->isa, cases, worst);
 }
 
+/* A bf16 of any class: random bits, a special value, a normal next to the
+ * overflow or flush thresholds of a product, or one in [-1, 1]. */
+static uint16_t any_bf16(void) {
+    static const uint16_t specials[] = {0x0000u, 0x8000u, 0x7F80u, 0xFF80u, 0x7FC0u, 0xFFC1u, 0x7F81u,
+                                        0x0001u, 0x8040u, 0x7F7Fu, 0x0080u, 0x3F80u, 0xBF80u};
+    switch (tu_int(0, 3)) {
+    case 0: return (uint16_t)tu_next();
+    case 1: return specials[tu_int(0, (int64_t)(sizeof specials / sizeof specials[0]) - 1)];
+    case 2: {
+        uint16_t exp = (uint16_t)(tu_int(0, 1) ? tu_int(1, 20) : tu_int(235, 254));
+        return (uint16_t)((uint16_t)(tu_int(0, 1) << 15) | (uint16_t)(exp << 7) | (uint16_t)tu_int(0, 127));
+    }
+    default: return fmha_bf16_round__scalar((float)tu_uniform(-1.0, 1.0));
+    }
+}
+
+/* Arm tables: the GEMM bit for bit against its specification on operands
+ * of every class (NaN payloads, infinities, subnormals, products that
+ * overflow or flush, exact cancellations), every m, odd and even pair
+ * counts, every mode, both stride patterns. */
+static void test_gemm_special_bits(const fmha_ukernels *u) {
+    if (!arm_arithmetic(u) || u == &bf16_spec_arm) return;
+    static const size_t kps[] = {1, 2, 3, 5, 8, 17};
+    const size_t nr = u->tile.nr, ldb = nr + 1, ldc = nr + 2;
+    size_t bad_cases = 0, cases = 0;
+    for (size_t m = 1; m <= u->bf16.mr; m++)
+        for (size_t ki = 0; ki < sizeof kps / sizeof kps[0]; ki++)
+            for (int mode = 0; mode < 3; mode++)
+                for (int pattern = 0; pattern < 2; pattern++) {
+                    const size_t kp = kps[ki];
+                    const ptrdiff_t a_rs = pattern ? 1 : (ptrdiff_t)kp, a_cs = pattern ? (ptrdiff_t)m : 1;
+                    uint32_t *a = alloc(m * kp * sizeof *a), *b = alloc(kp * ldb * sizeof *b);
+                    float *c = alloc(m * ldc * sizeof *c), *c_init = alloc(m * ldc * sizeof *c_init);
+                    float *scale = alloc(nr * sizeof *scale);
+                    /* half the cases from a few values, so that sums cancel exactly */
+                    const int few = (int)((m + ki + (size_t)mode) % 2);
+                    for (size_t i = 0; i < m * kp; i++)
+                        a[i] = few ? (tu_int(0, 1) ? 0x3F80BF80u : 0xBF803F80u)
+                                   : (uint32_t)any_bf16() | (uint32_t)any_bf16() << 16;
+                    for (size_t i = 0; i < kp * ldb; i++)
+                        b[i] = few ? (tu_int(0, 1) ? 0x3F803F80u : 0x80004000u)
+                                   : (uint32_t)any_bf16() | (uint32_t)any_bf16() << 16;
+                    tu_fill(c_init, m * ldc, -4.0, 4.0);
+                    tu_fill(scale, nr, 0.0, 2.0);
+                    memcpy(c, c_init, m * ldc * sizeof *c);
+                    const float ab_scale = mode == FMHA_UK_ACCUMULATE ? 1.0f : 0.375f;
+                    u->bf16.gemm(m, kp, a, a_rs, a_cs, b, ldb, c, ldc, mode,
+                                 mode == FMHA_UK_RESCALE ? scale : NULL, ab_scale);
+                    size_t differ =
+                        spec_gemm_differs(u, m, kp, a, a_rs, a_cs, b, ldb, c_init, c, ldc, mode, scale, ab_scale);
+                    if (differ && bad_cases++ < 4)
+                        printf("  %s special bits m=%zu kp=%zu %s %s: %zu elements differ\n", u->isa, m, kp,
+                               mode_names[mode], pattern ? "a_rs=1" : "a_cs=1", differ);
+                    cases++;
+                    free(a);
+                    free(b);
+                    free(c);
+                    free(c_init);
+                    free(scale);
+                }
+    tu_check(bad_cases == 0, "%s bf16 gemm on every class of operand vs the Arm specification: %zu of %zu cases differ",
+             u->isa, bad_cases, cases);
+}
+
 /* The kernels on a realistic forward tile: P^T rows (probabilities) paired
  * by u's pair-row kernel as B, V^T pairs as A, RESCALE with alpha; checks
  * the two kernels agree on the layout (low half = even key). */
@@ -319,7 +473,7 @@ static void test_pair_then_gemm(const fmha_ukernels *u) {
                  alpha, 1.0f, ref, mag);
     double worst = 0.0;
     for (size_t i = 0; i < rows * nr; i++) {
-        double tol = (double)(KEYS + 5) * 0x1p-24 * mag[i] + 1e-30;
+        double tol = (double)((arm_arithmetic(u) ? 2 : 1) * KEYS + 5) * 0x1p-24 * mag[i] + 1e-30;
         double ratio = isfinite(c[i]) ? fabs((double)c[i] - ref[i]) / tol : INFINITY;
         if (ratio > worst) worst = ratio;
     }
@@ -602,20 +756,86 @@ static void test_softmax_pairs(const fmha_ukernels *u) {
     free(pairs_ref);
 }
 
+/* Zero halves made by the kernels themselves (no input holds them): the
+ * high halves of pair_rows without a high row, of split pairs without b and
+ * of pack_rows' odd tail, and the last pair-row of an odd softmax_pairs, on
+ * rows of 1.0 (bf16 0x3F80). A kernel that built its zero as a constant bf16
+ * vector, which GCC 12 can miscompile, would show here. */
+static void test_zero_halves(const fmha_ukernels *u) {
+    const size_t nr = u->tile.nr;
+    float *ones = alloc(3 * nr * sizeof *ones), *m = alloc(nr * sizeof *m), *l = alloc(nr * sizeof *l);
+    float *alpha = alloc(nr * sizeof *alpha);
+    uint32_t *w = alloc(2 * nr * sizeof *w), *w2 = alloc(nr * sizeof *w2);
+    for (size_t i = 0; i < 3 * nr; i++) ones[i] = 1.0f;
+    size_t wrong = 0;
+    u->bf16.pair_rows(ones, NULL, w);
+    for (size_t i = 0; i < nr; i++) wrong += w[i] != 0x00003F80u;
+    u->bf16.pair_rows_split(ones, NULL, w, w2);
+    for (size_t i = 0; i < nr; i++) wrong += w[i] != 0x00003F80u || w2[i] != 0u;
+    for (size_t n = 1; n < nr; n += 2) {
+        for (size_t i = 0; i < nr; i++) w[i] = SENTINEL_WORD;
+        u->bf16.pack_rows(1, n, ones, nr, w, nr);
+        for (size_t p = 0; p < nr; p++)
+            wrong += w[p] != (2 * p + 1 < n ? 0x3F803F80u : 2 * p < n ? 0x00003F80u : SENTINEL_WORD);
+    }
+    if (u->bf16.softmax_pairs) {
+        for (size_t i = 0; i < nr; i++) {
+            m[i] = -INFINITY;
+            l[i] = 0.0f;
+        }
+        for (size_t i = 0; i < 2 * nr; i++) w[i] = SENTINEL_WORD;
+        u->bf16.softmax_pairs(3, ones, nr, m, l, alpha, w); /* P = exp(0) = 1 in every lane */
+        for (size_t i = 0; i < nr; i++) wrong += w[i] != 0x3F803F80u || w[nr + i] != 0x00003F80u;
+    }
+    tu_check(wrong == 0, "%s: the zero halves the bf16 kernels make (hi NULL, b NULL, odd n, odd rows): %zu wrong",
+             u->isa, wrong);
+    free(ones);
+    free(m);
+    free(l);
+    free(alpha);
+    free(w);
+    free(w2);
+}
+
 /* Every bf16 kernel of u. */
 static void test_table(const fmha_ukernels *u) {
     test_pair_rows(u);
     test_pair_rows_split(u);
     test_pack_rows(u);
+    test_zero_halves(u);
     test_gemm(u);
+    test_gemm_special_bits(u);
     test_pair_then_gemm(u);
     test_softmax_pairs(u);
+}
+
+/* The registry's choice: without FMHA_ISA the table in use is the first
+ * supported ISA; forcing one this CPU lacks fails (-1) and changes nothing. */
+static void test_dispatch(void) {
+    const fmha_ukernels *in_use = fmha_cpu_kernels();
+    if (!getenv("FMHA_ISA")) {
+        const fmha_ukernels *first = NULL;
+        for (size_t i = 0; i < fmha_isa_count() && !first; i++)
+            if (fmha_isa_supported(fmha_isa_at(i))) first = fmha_isa_at(i)->table;
+        tu_check(in_use == first, "the table in use (%s) is the first supported ISA (%s)", in_use->isa,
+                 first ? first->isa : "none");
+    }
+    for (size_t i = 0; i < fmha_isa_count(); i++) {
+        const fmha_isa *isa = fmha_isa_at(i);
+        if (fmha_isa_supported(isa)) continue;
+        tu_check(fmha_cpu_force_isa(isa->name) == -1 && fmha_cpu_kernels() == in_use,
+                 "forcing %s, which this CPU lacks, fails and keeps %s", isa->name, in_use->isa);
+    }
+    printf("table in use: %s\n", in_use->isa);
 }
 
 int main(void) {
     tu_seed();
     test_round_spec();
+    test_bfdot_spec();
+    test_dispatch();
     test_table(&bf16_spec);
+    test_table(&bf16_spec_arm);
     /* every bf16 part the build has is whole: composition drops a partial one */
     for (size_t i = 0; i < fmha_arch_isa_count(); i++) {
         const fmha_uk_bf16 *b = fmha_arch_isa_at(i)->parts->bf16;

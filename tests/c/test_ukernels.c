@@ -934,11 +934,36 @@ static void test_interleave(const fmha_ukernels *u) {
         }
 }
 
+#if defined(__aarch64__)
+/* FPCR (aarch64): read, and set for the calling thread. */
+static uint64_t fpcr_get(void) {
+    uint64_t x;
+    __asm__ volatile("mrs %0, fpcr" : "=r"(x));
+    return x;
+}
+static void fpcr_set(uint64_t x) { __asm__ volatile("msr fpcr, %0" : : "r"(x)); }
+#endif
+
 /* The optional float32 -> bf16 kernel against its specification, bit for
  * bit: ties both ways, the largest finite values (rounding to inf),
- * subnormals, infinities and NaNs with payloads; nothing written past n. */
+ * subnormals, infinities and NaNs with payloads; nothing written past n. On
+ * aarch64 also with FPCR.FZ set (a caller's flush-to-zero, as XLA's threads
+ * run): the specification keeps subnormals in integer arithmetic, so a
+ * kernel on BFCVTN, which would flush them, must not use it then. */
+static void test_to_bf16_once(const fmha_ukernels *u, const char *env);
+
 static void test_to_bf16(const fmha_ukernels *u) {
     if (!u->rows.to_bf16) return;
+    test_to_bf16_once(u, "default FPCR");
+#if defined(__aarch64__)
+    const uint64_t fpcr = fpcr_get();
+    fpcr_set(fpcr | (uint64_t)1 << 24); /* FZ */
+    test_to_bf16_once(u, "FPCR.FZ set");
+    fpcr_set(fpcr);
+#endif
+}
+
+static void test_to_bf16_once(const fmha_ukernels *u, const char *env) {
     static const uint32_t special[] = {0x00000000u, 0x80000000u, 0x3f808000u, 0x3f818000u, 0x3f80ffffu,
                                        0x7f7fffffu, 0xff7f8000u, 0x7f7f7fffu, 0x00000001u, 0x807fffffu,
                                        0x00008000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u,
@@ -957,7 +982,8 @@ static void test_to_bf16(const fmha_ukernels *u) {
         for (size_t i = 0; i < 104; i++) got[i] = want[i] = 0xabcd;
         fmha_f32_to_bf16_ukernel__scalar(n, src, want);
         u->rows.to_bf16(n, src, got);
-        tu_check(!memcmp(got, want, sizeof got), "%s: to_bf16 n=%zu differs from its specification", u->isa, n);
+        tu_check(!memcmp(got, want, sizeof got), "%s: to_bf16 n=%zu (%s) differs from its specification", u->isa, n,
+                 env);
     }
 }
 

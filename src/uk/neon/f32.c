@@ -3,14 +3,16 @@
  * vector registers; A is read as the strides allow (a column of 4 + 2 rows
  * at once when a_rs = 1, a row of 4 k-steps at once when a_cs = 1, one
  * element per row and k-step otherwise) and applied by lane (FMLA by
- * element). The online softmax and the backward's exp(s - lse) run the
- * vector exp of exp.h; dS = P (dP - Dsum) is plain lane-wise. Contract in
- * ../ukernel.h; the scalar kernels are the specification. */
+ * element). The online softmax (its pieces in softmax.h) and the
+ * backward's exp(s - lse) run the vector exp of exp.h; dS = P (dP - Dsum)
+ * is plain lane-wise. Contract in ../ukernel.h; the scalar kernels are the
+ * specification. */
 #include <arm_neon.h>
 #include <stddef.h>
 
 #include "exp.h"
 #include "neon.h"
+#include "softmax.h"
 
 enum { NEON_MR = FMHA_NEON_MR, NEON_NR = FMHA_NEON_NR, NEON_VECS = NEON_NR / 4 };
 
@@ -199,58 +201,19 @@ void fmha_f32_exp__neon(size_t n, const float *x, float *y) {
     }
 }
 
-/* Online-softmax step over S^T [rows][16]; contract in ukernel.h. FMAX
- * returns NaN when either operand is NaN, so a NaN score or running max
- * makes the lane's max NaN in pass 1 (the scalar kernel's max_nan), and
- * with it P, alpha and l; a +inf max gives exp(inf - inf) = NaN as IEEE has
- * it; m_use is 0 in lanes whose max is -inf (every score masked). */
+/* Online-softmax step over S^T [rows][16]; contract in ukernel.h. The
+ * pieces are softmax.h's: the lane-wise max (NaN-propagating), P = exp(S -
+ * m_use) in place with its lane-wise sum in row order, the running state. */
 void fmha_f32_softmax_ukernel_16__neon(size_t rows, float *s, size_t lds, float *m, float *l, float *alpha) {
-    const float32x4_t neg_inf = vdupq_n_f32(-__builtin_inff());
-    float32x4_t mx[NEON_VECS], mx2[NEON_VECS];
-#pragma GCC unroll 4
-    for (int v = 0; v < NEON_VECS; v++) {
-        mx[v] = vld1q_f32(m + 4 * v);
-        mx2[v] = neg_inf;
-    }
-    /* Pass 1: lane-wise max over the keys, two rows per step. */
-    size_t r = 0;
-    for (; r + 2 <= rows; r += 2) {
-        const float *s0 = s + r * lds, *s1 = s0 + lds;
-#pragma GCC unroll 4
-        for (int v = 0; v < NEON_VECS; v++) {
-            mx[v] = vmaxq_f32(mx[v], vld1q_f32(s0 + 4 * v));
-            mx2[v] = vmaxq_f32(mx2[v], vld1q_f32(s1 + 4 * v));
-        }
-    }
-    if (r < rows) {
-#pragma GCC unroll 4
-        for (int v = 0; v < NEON_VECS; v++) mx[v] = vmaxq_f32(mx[v], vld1q_f32(s + r * lds + 4 * v));
-    }
-    float32x4_t m_use[NEON_VECS], sum[NEON_VECS];
-#pragma GCC unroll 4
-    for (int v = 0; v < NEON_VECS; v++) {
-        mx[v] = vmaxq_f32(mx[v], mx2[v]);
-        const uint32x4_t all_masked = vceqq_f32(mx[v], neg_inf);
-        m_use[v] = vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(mx[v]), all_masked));
-        sum[v] = vdupq_n_f32(0.0f);
-    }
-    /* Pass 2: P = exp(S - m_use) in place, and its lane-wise sum in row order. */
-    for (r = 0; r < rows; r++) {
+    float32x4_t mx[NEON_VECS], m_use[NEON_VECS], sum[NEON_VECS], p[NEON_VECS];
+    neon_softmax_max(rows, s, lds, m, mx, m_use, sum);
+    for (size_t r = 0; r < rows; r++) {
         float *srow = s + r * lds;
+        neon_softmax_row(srow, m_use, sum, p);
 #pragma GCC unroll 4
-        for (int v = 0; v < NEON_VECS; v++) {
-            const float32x4_t p = neon_exp_f32(vsubq_f32(vld1q_f32(srow + 4 * v), m_use[v]));
-            vst1q_f32(srow + 4 * v, p);
-            sum[v] = vaddq_f32(sum[v], p);
-        }
+        for (int v = 0; v < NEON_VECS; v++) vst1q_f32(srow + 4 * v, p[v]);
     }
-#pragma GCC unroll 4
-    for (int v = 0; v < NEON_VECS; v++) {
-        const float32x4_t a = neon_exp_f32(vsubq_f32(vld1q_f32(m + 4 * v), m_use[v]));
-        vst1q_f32(alpha + 4 * v, a);
-        vst1q_f32(l + 4 * v, vfmaq_f32(sum[v], vld1q_f32(l + 4 * v), a));
-        vst1q_f32(m + 4 * v, mx[v]);
-    }
+    neon_softmax_update(m, l, alpha, mx, m_use, sum);
 }
 
 /* Backward: s = exp(s - sub) lane-wise, in place; contract in ukernel.h.

@@ -1,10 +1,12 @@
-/* neon/table.c: the NEON ISA's parts, each defined once: float32 tiles
- * (6 x 16), row kernels, decoding and the cache formats' kernels (2-byte
- * caches read in place). No bf16 part: bf16 runs on widened float32 tiles;
- * dropout takes the scalar kernel (64-bit multiplies, which NEON lacks). */
+/* neon/table.c: the NEON ISA's parts, each defined once (parts.h shares
+ * them with neonbf16): float32 tiles (6 x 16), row kernels, decoding and the
+ * cache formats' kernels (2-byte caches read in place). No bf16 part: bf16
+ * runs on widened float32 tiles; dropout takes the scalar kernel (64-bit
+ * multiplies, which NEON lacks). */
 #include "neon.h"
+#include "parts.h"
 
-static const fmha_uk_tile neon_tile = {
+const fmha_uk_tile fmha_uk_tile__neon = {
     .mr = FMHA_NEON_MR,
     .nr = FMHA_NEON_NR,
     .block_kv = FMHA_NEON_BLOCK_KV,
@@ -14,7 +16,7 @@ static const fmha_uk_tile neon_tile = {
     .ds = fmha_f32_ds_ukernel_16__neon,
 };
 
-static const fmha_uk_rows neon_rows = {
+const fmha_uk_rows fmha_uk_rows__neon = {
     .add_transposed = fmha_f32_add_transposed_ukernel__neon,
     .finish = fmha_f32_finish_ukernel__neon,
     .transpose = fmha_f32_transpose_ukernel__neon,
@@ -22,18 +24,18 @@ static const fmha_uk_rows neon_rows = {
     .interleave_u16 = fmha_u16_interleave_ukernel__neon,
 };
 
-static const fmha_uk_decode neon_decode = {.softmax = fmha_f32_decode_softmax__neon};
+const fmha_uk_decode fmha_uk_decode__neon = {.softmax = fmha_f32_decode_softmax__neon};
 
-static const fmha_uk_cache neon_f32 = {
+const fmha_uk_cache fmha_uk_cache_f32__neon = {
     .scores = fmha_f32_decode_scores__neon,
     .values = fmha_f32_decode_values__neon,
 };
-static const fmha_uk_cache neon_bf16 = {
+const fmha_uk_cache fmha_uk_cache_bf16__neon = {
     .load = fmha_widen_bf16__neon,
     .scores = fmha_bf16kv_decode_scores__neon,
     .values = fmha_bf16kv_decode_values__neon,
 };
-static const fmha_uk_cache neon_f16 = {
+const fmha_uk_cache fmha_uk_cache_f16__neon = {
     .load = fmha_widen_f16__neon,
     .scores = fmha_f16kv_decode_scores__neon,
     .values = fmha_f16kv_decode_values__neon,
@@ -41,8 +43,8 @@ static const fmha_uk_cache neon_f16 = {
 
 const fmha_isa_parts fmha_isa_neon = {
     .isa = "neon",
-    .tile = &neon_tile,
-    .rows = &neon_rows,
-    .decode = &neon_decode,
-    .cache = {[FMHA_FORMAT_F32] = &neon_f32, [FMHA_FORMAT_BF16] = &neon_bf16, [FMHA_FORMAT_F16] = &neon_f16},
+    .tile = &fmha_uk_tile__neon,
+    .rows = &fmha_uk_rows__neon,
+    .decode = &fmha_uk_decode__neon,
+    .cache = FMHA_NEON_CACHE_PARTS,
 };
