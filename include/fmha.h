@@ -74,7 +74,7 @@
  *
  * Instruction sets: the best microkernels this CPU supports are chosen once
  * at first use (cpuid, or the aarch64 hwcaps); the environment variable
- * FMHA_ISA=scalar|avx2|avx512|avx512bf16|amx|neon|neonbf16 forces a set
+ * FMHA_ISA=scalar|avx2|avx512|avx512bf16|amx|neon|neonbf16|sve forces a set
  * (falling back to the best supported one if the CPU lacks it).
  * Each set runs with a tuning (keys per tile, the AUTO strategy's dense
  * crossover, the decode driver's prefetch threshold) chosen by the CPU's

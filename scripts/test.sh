@@ -8,8 +8,8 @@
 # 60-second run of the libFuzzer target (scripts/fuzz.sh, clang). On an
 # x86-64 host it also cross-builds for aarch64 (cmake/aarch64-linux-gnu.cmake)
 # and runs the C tests under qemu with FMHA_TEST_QUICK=1 (smaller sizes, every
-# path): QEMU_CPU=max, and the kernel tests again as a Neoverse N1 (Armv8.2,
-# no BF16 or SVE). Exits non-zero on any failure.
+# path) on each ARM table (neonbf16, sve at 512 and 128 bits, neon as a
+# Neoverse N1). Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh test
@@ -30,9 +30,17 @@ if [ "$(uname -m)" = x86_64 ]; then
     cmake -S . -B build-aarch64 -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
         -DCMAKE_BUILD_TYPE=Release -DFMHA_BUILD_BENCH=OFF >/dev/null
     cmake --build build-aarch64 -j "$jobs"
-    FMHA_TEST_QUICK=1 QEMU_CPU=max ctest --test-dir build-aarch64 --output-on-failure -j "$jobs" || status=1
-    FMHA_TEST_QUICK=1 QEMU_CPU=neoverse-n1 ctest --test-dir build-aarch64 --output-on-failure -j "$jobs" \
-        -R '^test_(ukernels|bf16_ukernels)$' || status=1
+    # Each table where it differs from the others (FMHA_TEST_ISAS; scalar is
+    # the x86 runs' too): neonbf16, the default of BF16 cores, over every
+    # test; sve's own tile part at 512 bits (NR 64) over the tests of tiles
+    # and at 128 bits (NR 16) over the kernel and forward tests; neon alone
+    # as a Neoverse N1 (no BF16, no SVE).
+    arm_ctest() { FMHA_TEST_QUICK=1 ctest --test-dir build-aarch64 --output-on-failure -j "$jobs" "$@"; }
+    FMHA_TEST_ISAS=neonbf16 QEMU_CPU=max arm_ctest || status=1
+    FMHA_TEST_ISAS=sve QEMU_CPU=max,sve-default-vector-length=64 \
+        arm_ctest -R '^test_(ukernels|forward|backward|masks|ieee|lowp|dropout|differential|threads)$' || status=1
+    FMHA_TEST_ISAS=sve QEMU_CPU=max,sve-default-vector-length=16 arm_ctest -R '^test_(ukernels|forward)$' || status=1
+    FMHA_TEST_ISAS=neon QEMU_CPU=neoverse-n1 arm_ctest -R '^test_(ukernels|bf16_ukernels|forward)$' || status=1
 fi
 
 echo "== Python tests =="

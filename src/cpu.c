@@ -18,6 +18,8 @@ static int cpu_always(void) { return 1; }
 static fmha_isa cpu_registry[CPU_MAX_ISA + 1];
 static fmha_ukernels cpu_tables[CPU_MAX_ISA + 1];
 static int cpu_supported[CPU_MAX_ISA + 1];
+/* 0 for an ISA that fmha_cpu_limit_isas left out (tests only) */
+static int cpu_in_limit[CPU_MAX_ISA + 1];
 static size_t cpu_n_isa;
 static const fmha_ukernels *cpu_selected;
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
@@ -38,14 +40,40 @@ static const fmha_tuning *cpu_tuning(size_t i, const char *isa) {
     return own;
 }
 
+/* The ISAs that fmha_cpu_limit_isas leaves, "" for all. */
+static char cpu_limit[256];
+
+void fmha_cpu_limit_isas(const char *list) {
+    size_t n = list ? strlen(list) : 0;
+    if (n >= sizeof cpu_limit) n = sizeof cpu_limit - 1;
+    memcpy(cpu_limit, list ? list : "", n);
+    cpu_limit[n] = '\0';
+}
+
+/* Is `name` in cpu_limit (comma-separated), or is there no limit? */
+static int cpu_listed(const char *name) {
+    if (!cpu_limit[0]) return 1;
+    const size_t n = strlen(name);
+    for (const char *p = cpu_limit; *p;) {
+        const char *end = strchr(p, ',');
+        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && !strncmp(p, name, n)) return 1;
+        p += len + (end != NULL);
+    }
+    return 0;
+}
+
 static void cpu_add(const char *name, int (*detect)(void), const fmha_isa_parts *parts) {
     size_t i = cpu_n_isa++;
+    cpu_supported[i] = detect() != 0;
+    cpu_in_limit[i] = cpu_listed(name);
     fmha_ukernels_compose(parts, &cpu_tables[i]);
+    /* a vector-length-agnostic ISA's lanes, read only where it runs */
+    if (cpu_supported[i] && cpu_tables[i].tile.nr_at_run_time) cpu_tables[i].tile.nr = cpu_tables[i].tile.nr_at_run_time();
     cpu_tables[i].tuning = cpu_tuning(i, name);
     if (cpu_tables[i].tuning->block_kv) cpu_tables[i].tile.block_kv = cpu_tables[i].tuning->block_kv;
     cpu_registry[i] = (fmha_isa){name, detect, &cpu_tables[i]};
-    cpu_supported[i] = detect() != 0;
-    if (cpu_supported[i] && !cpu_selected) cpu_selected = &cpu_tables[i];
+    if (cpu_supported[i] && cpu_in_limit[i] && !cpu_selected) cpu_selected = &cpu_tables[i];
 }
 
 /* The registry entry for a name that this CPU supports, or NULL (once the
@@ -54,7 +82,8 @@ static void cpu_add(const char *name, int (*detect)(void), const fmha_isa_parts 
 static const fmha_isa *cpu_supported_named(const char *name) {
     if (!name) return NULL;
     for (size_t i = 0; i < cpu_n_isa; i++)
-        if (!strcmp(cpu_registry[i].name, name)) return cpu_supported[i] ? &cpu_registry[i] : NULL;
+        if (!strcmp(cpu_registry[i].name, name))
+            return cpu_supported[i] && (cpu_in_limit[i] || !strcmp(name, "scalar")) ? &cpu_registry[i] : NULL;
     return NULL;
 }
 
@@ -83,7 +112,7 @@ const fmha_isa *fmha_isa_at(size_t i) {
 int fmha_isa_supported(const fmha_isa *isa) {
     pthread_once(&cpu_once, cpu_init);
     for (size_t i = 0; i < cpu_n_isa; i++)
-        if (isa == &cpu_registry[i]) return cpu_supported[i];
+        if (isa == &cpu_registry[i]) return cpu_supported[i] && cpu_in_limit[i];
     return 0;
 }
 

@@ -56,6 +56,14 @@ const fmha_ukernels *fmha_cpu_kernels(void);
  * (or build) cannot run it. */
 const fmha_ukernels *fmha_cpu_kernels_for(const char *isa);
 
+/* Tests only: before the registry's first use, makes the ISAs that `list`
+ * (comma-separated names) leaves out count as unsupported here, so that an
+ * emulated test run can cover a subset of the tables (tests/c/test_util.c:
+ * FMHA_TEST_ISAS). scalar, the specification and the portable strategy's
+ * table, stays available by name (fmha_cpu_kernels_for, forcing) even
+ * then; fmha_isa_supported reports it left out. */
+void fmha_cpu_limit_isas(const char *list);
+
 /* Makes `isa` the table in use (tests run every ISA in one process).
  * Returns 0, or -1 when fmha_cpu_kernels_for(isa) is NULL. Not thread-safe
  * against concurrent attention calls. */

@@ -1,8 +1,8 @@
 /* cpu_arm.c: the aarch64 ISAs and their checks, read from the kernel's
- * hardware capability words (getauxval(AT_HWCAP), AT_HWCAP2), most capable
+ * hardware capability words (getauxval(AT_HWCAP), AT_HWCAP2), preferred
  * first: neonbf16 (Advanced SIMD plus FEAT_BF16: BFDOT, BFMMLA, BFCVTN),
- * neon (Advanced SIMD, Armv8.0). The capabilities are also reported by
- * fmha_plan_describe. */
+ * sve (SVE at any vector length), neon (Advanced SIMD, Armv8.0). The
+ * capabilities are also reported by fmha_plan_describe. */
 #include "cpu.h"
 #include "tuning.h"
 
@@ -56,9 +56,25 @@ static int arm_has_neonbf16(void) {
 }
 #endif
 
+#if FMHA_HAVE_SVE
+#include "uk/sve/sve.h"
+/* SVE (HWCAP_SVE: the SVE instructions at EL0) with vectors of 128 to 512
+ * bits, and Advanced SIMD for the neon parts the table shares. */
+static int arm_has_sve(void) { return arm_has_neon() && (arm_hwcap() >> HWCAP_BIT_SVE & 1) && fmha_sve_usable(); }
+#endif
+
+/* Preference: neonbf16 before sve. Every shipping core with BF16 and SVE
+ * (Neoverse V1: 2 x 256-bit SVE pipes; V2, N2, Graviton 4, Grace: 128-bit
+ * SVE) has the same float32 FMA peak through its 4 (V1, V2) or 2 (N2)
+ * 128-bit Advanced SIMD pipes, and neonbf16 adds BFMMLA for bf16. sve is
+ * chosen where it is wider than NEON and BF16 is absent (A64FX: 512 bits),
+ * and by FMHA_ISA=sve anywhere. */
 static const fmha_arch_isa arm_isas[] = {
 #if FMHA_HAVE_NEONBF16
     {"neonbf16", arm_has_neonbf16, &fmha_isa_neonbf16},
+#endif
+#if FMHA_HAVE_SVE
+    {"sve", arm_has_sve, &fmha_isa_sve},
 #endif
     {"neon", arm_has_neon, &fmha_isa_neon},
 };

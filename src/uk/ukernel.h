@@ -257,6 +257,9 @@ typedef enum fmha_cache_format_id {
 typedef struct fmha_uk_tile {
     size_t mr;                            /* rows of a GEMM microtile (MR) */
     size_t nr;                            /* lanes of a GEMM microtile (NR); queries per block */
+    /* A vector-length-agnostic ISA's NR (a multiple of 16, <= 64), read by
+     * the registry on a CPU that runs the ISA, in nr's place; NULL: nr. */
+    size_t (*nr_at_run_time)(void);
     size_t block_kv;                      /* keys per tile in the tiled forward (Bc) */
     fmha_f32_gemm_ukernel_fn gemm;
     fmha_f32_softmax_ukernel_fn softmax;
@@ -361,5 +364,6 @@ extern const fmha_isa_parts fmha_isa_avx512bf16; /* avx512's parts + a bf16 part
 extern const fmha_isa_parts fmha_isa_amx;        /* avx512bf16's parts, the pair GEMM on AMX tiles: src/uk/amx */
 extern const fmha_isa_parts fmha_isa_neon;       /* aarch64 Advanced SIMD: src/uk/neon */
 extern const fmha_isa_parts fmha_isa_neonbf16;   /* neon's parts + a BF16 part (BFMMLA, BFCVTN): src/uk/neonbf16 */
+extern const fmha_isa_parts fmha_isa_sve;        /* SVE float32 tiles (NR from the vector length) + neon's rest: src/uk/sve */
 
 #endif /* FMHA_UKERNEL_H */

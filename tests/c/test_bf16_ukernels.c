@@ -810,7 +810,8 @@ static void test_table(const fmha_ukernels *u) {
 }
 
 /* The registry's choice: without FMHA_ISA the table in use is the first
- * supported ISA; forcing one this CPU lacks fails (-1) and changes nothing. */
+ * supported ISA; forcing one this CPU lacks fails (-1) and changes nothing
+ * (scalar, which FMHA_TEST_ISAS leaves available by name, aside). */
 static void test_dispatch(void) {
     const fmha_ukernels *in_use = fmha_cpu_kernels();
     if (!getenv("FMHA_ISA")) {
@@ -822,7 +823,7 @@ static void test_dispatch(void) {
     }
     for (size_t i = 0; i < fmha_isa_count(); i++) {
         const fmha_isa *isa = fmha_isa_at(i);
-        if (fmha_isa_supported(isa)) continue;
+        if (fmha_isa_supported(isa) || !strcmp(isa->name, "scalar")) continue;
         tu_check(fmha_cpu_force_isa(isa->name) == -1 && fmha_cpu_kernels() == in_use,
                  "forcing %s, which this CPU lacks, fails and keeps %s", isa->name, in_use->isa);
     }

@@ -23,6 +23,9 @@ void fmha_f32_exp__avx2(size_t n, const float *x, float *y);
 void fmha_f32_exp__avx512(size_t n, const float *x, float *y);
 #elif defined(__aarch64__)
 void fmha_f32_exp__neon(size_t n, const float *x, float *y);
+#if FMHA_HAVE_SVE
+void fmha_f32_exp__sve(size_t n, const float *x, float *y);
+#endif
 #endif
 
 #define EPS32 0x1p-23        /* float32 ulp of 1 */
@@ -1045,6 +1048,9 @@ int main(void) {
         if (!strcmp(u->isa, "avx512")) test_exp("avx512", fmha_f32_exp__avx512);
 #elif defined(__aarch64__)
         if (!strcmp(u->isa, "neon")) test_exp("neon", fmha_f32_exp__neon);
+#if FMHA_HAVE_SVE
+        if (!strcmp(u->isa, "sve")) test_exp("sve", fmha_f32_exp__sve);
+#endif
 #endif
     }
     return tu_finish();

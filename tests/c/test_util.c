@@ -557,12 +557,20 @@ const char *tu_isa_best(void) {
     return "scalar";
 }
 
+/* FMHA_TEST_ISAS=a,b: the tests run only these ISAs (scalar, the
+ * specification, stays available by name); set before any test's first
+ * call. */
+__attribute__((constructor)) static void tu_limit_isas(void) {
+    const char *only = getenv("FMHA_TEST_ISAS");
+    if (only && *only) fmha_cpu_limit_isas(only);
+}
+
 void tu_each_isa(void (*fn)(const char *isa)) {
     const char *isa_default = fmha_isa_name();
     for (size_t i = 0; i < fmha_isa_count(); i++) {
         const fmha_isa *isa = fmha_isa_at(i);
         if (!fmha_isa_supported(isa)) {
-            printf("skip: %s (this CPU lacks it)\n", isa->name);
+            printf("skip: %s (this CPU lacks it, or FMHA_TEST_ISAS leaves it out)\n", isa->name);
             continue;
         }
         fmha_cpu_force_isa(isa->name);

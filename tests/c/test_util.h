@@ -78,7 +78,10 @@ const char *tu_strategy_name(int strategy);
 /* The name of the registry's first ISA this CPU runs (the default table). */
 const char *tu_isa_best(void);
 /* Runs fn(isa name) once per ISA of the registry this CPU supports, forced
- * (FMHA_ISA's way), printing the skipped ones; the default table after. */
+ * (FMHA_ISA's way), printing the skipped ones; the default table after.
+ * FMHA_TEST_ISAS (comma-separated names) limits every test to those ISAs
+ * (scalar stays available as the specification): the emulated runs of the
+ * CI share the tables out. */
 void tu_each_isa(void (*fn)(const char *isa));
 const char *tu_causal_name(int causal);
 
