@@ -32,6 +32,7 @@ if [ "${1:-test}" = test ]; then
     # the aarch64 stage on x86-64 hosts: a cross compiler and qemu's user-mode emulator
     if [ "$(uname -m)" = x86_64 ]; then
         command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+        command -v aarch64-linux-gnu-g++ >/dev/null || need+=(g++-aarch64-linux-gnu)
         command -v qemu-aarch64-static >/dev/null || need+=(qemu-user-static)
     fi
 fi

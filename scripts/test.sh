@@ -9,7 +9,8 @@
 # x86-64 host it also cross-builds for aarch64 (cmake/aarch64-linux-gnu.cmake)
 # and runs the C tests under qemu with FMHA_TEST_QUICK=1 (smaller sizes, every
 # path) on each ARM table (neonbf16, sve at 512 and 128 bits, neon as a
-# Neoverse N1). Exits non-zero on any failure.
+# Neoverse N1), then the aarch64 wheel's NumPy tests on an emulated arm64
+# Python (tests/install/arm64.sh). Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh test
@@ -41,6 +42,8 @@ if [ "$(uname -m)" = x86_64 ]; then
         arm_ctest -R '^test_(ukernels|forward|backward|masks|ieee|lowp|dropout|differential|threads)$' || status=1
     FMHA_TEST_ISAS=sve QEMU_CPU=max,sve-default-vector-length=16 arm_ctest -R '^test_(ukernels|forward)$' || status=1
     FMHA_TEST_ISAS=neon QEMU_CPU=neoverse-n1 arm_ctest -R '^test_(ukernels|bf16_ukernels|forward)$' || status=1
+    echo "== aarch64 wheel on an emulated arm64 Python =="
+    (unset FMHA_LIBRARY FMHA_BENCH PYTHONPATH; tests/install/arm64.sh) || status=1
 fi
 
 echo "== Python tests =="
