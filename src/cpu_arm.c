@@ -10,6 +10,7 @@
 #include <stdio.h>
 #if defined(__linux__)
 #include <sys/auxv.h>
+#include <sys/prctl.h>
 #endif
 
 /* AT_HWCAP: ASIMD bit 1, FPHP bit 9, SVE bit 22; AT_HWCAP2: SVE2 bit 1,
@@ -94,12 +95,24 @@ const fmha_arch_tuning *fmha_arch_tunings(size_t *n) {
     return NULL;
 }
 
+/* This thread's SVE vector length in bits (PR_SVE_GET_VL), 0 without SVE. */
+static int arm_sve_bits(void) {
+#if defined(__linux__)
+    enum { SVE_GET_VL = 51, SVE_VL_LEN_MASK = 0xffff }; /* PR_SVE_GET_VL, PR_SVE_VL_LEN_MASK */
+    const int vl = prctl(SVE_GET_VL, 0, 0, 0, 0);
+    return vl > 0 ? (vl & SVE_VL_LEN_MASK) * 8 : 0;
+#else
+    return 0;
+#endif
+}
+
 void fmha_arch_describe(char *buf, size_t n) {
     const unsigned long hw = arm_hwcap(), hw2 = arm_hwcap2();
+    char sve[24] = "no";
+    if (hw >> HWCAP_BIT_SVE & 1) snprintf(sve, sizeof sve, "%d bits", arm_sve_bits());
     snprintf(buf, n, "aarch64: asimd %s, fphp %s, bf16 %s, i8mm %s, sve %s, sve2 %s, sme %s",
              hw >> HWCAP_BIT_ASIMD & 1 ? "yes" : "no", hw >> HWCAP_BIT_FPHP & 1 ? "yes" : "no",
-             hw2 >> HWCAP2_BIT_BF16 & 1 ? "yes" : "no", hw2 >> HWCAP2_BIT_I8MM & 1 ? "yes" : "no",
-             hw >> HWCAP_BIT_SVE & 1 ? "yes" : "no", hw2 >> HWCAP2_BIT_SVE2 & 1 ? "yes" : "no",
-             hw2 >> HWCAP2_BIT_SME & 1 ? "yes" : "no");
+             hw2 >> HWCAP2_BIT_BF16 & 1 ? "yes" : "no", hw2 >> HWCAP2_BIT_I8MM & 1 ? "yes" : "no", sve,
+             hw2 >> HWCAP2_BIT_SVE2 & 1 ? "yes" : "no", hw2 >> HWCAP2_BIT_SME & 1 ? "yes" : "no");
 }
 #endif
