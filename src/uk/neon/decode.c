@@ -3,9 +3,11 @@
  * dimension and reduce them with one pairwise-add tree; values keep up to 6
  * rows x 16 value dims, each an fma chain over the keys in order (the
  * scalar kernel's bits); the softmax runs the vector exp along the rows.
- * The bf16 and f16 formats' kernels are the float32 ones with their rows
- * widened in registers (bf16: a shift, f16: FCVTL, both exact), so they
- * give the float32 kernels' bits on the loaded rows. Contract in
+ * Every cache format's kernels are the float32 ones with their rows
+ * widened in registers (bf16: a shift; f16 and fp8: FCVTL from a half;
+ * int8: sign extension; GGUF blocks: q times the block's scale, the
+ * specification's one rounding), so they give the float32 kernels' bits
+ * on the loaded rows. Contract in
  * ../ukernel.h; ../scalar/decode.c is the specification. */
 #include <arm_neon.h>
 #include <math.h>
@@ -17,18 +19,71 @@
 
 #define FMHA_INLINE static inline __attribute__((always_inline))
 
-/* Bytes of one element of a format. */
-FMHA_INLINE size_t elem_bytes(const int fmt) { return fmt == FMHA_FORMAT_F32 ? 4 : 2; }
-
-/* Elements [e, e + 4) of a row of the format, as float32. */
-FMHA_INLINE float32x4_t load4(const int fmt, const void *row, size_t e) {
-    if (fmt == FMHA_FORMAT_F32) return vld1q_f32((const float *)row + e);
-    const uint16x4_t h = vld1_u16((const uint16_t *)row + e);
-    if (fmt == FMHA_FORMAT_BF16) return vreinterpretq_f32_u32(vshll_n_u16(h, 16));
-    return vcvt_f32_f16(vreinterpret_f16_u16(h));
+/* Bytes of a format's storage unit (row strides count them; an element
+ * of the non-block formats). */
+FMHA_INLINE size_t elem_bytes(const int fmt) {
+    return fmt == FMHA_FORMAT_F32 ? 4 : fmt == FMHA_FORMAT_BF16 || fmt == FMHA_FORMAT_F16 ? 2 : 1;
 }
 
-/* Elements [e, e + n) of a row (n < 4), zeros after them; reads only those. */
+FMHA_INLINE int is_block(const int fmt) { return fmt == FMHA_FORMAT_Q8_0 || fmt == FMHA_FORMAT_Q4_0; }
+
+/* Four bytes at p in the low lanes of a vector. */
+FMHA_INLINE uint8x8_t load_bytes4(const void *p) {
+    uint32_t w;
+    memcpy(&w, p, 4);
+    return vreinterpret_u8_u32(vdup_n_u32(w));
+}
+
+/* Four fp8 values as float32 (exact). E5M2 is the top byte of a half;
+ * E4M3FN shifted into a half's exponent and mantissa is the value / 2^8
+ * (subnormals too), and S.1111.111 is its NaN. */
+FMHA_INLINE float32x4_t widen_fp8(const int fmt, uint8x8_t b8) {
+    const uint16x4_t b = vget_low_u16(vmovl_u8(b8));
+    if (fmt == FMHA_FORMAT_FP8_E5M2) return vcvt_f32_f16(vreinterpret_f16_u16(vshl_n_u16(b, 8)));
+    const uint16x4_t mag = vand_u16(b, vdup_n_u16(0x7f));
+    const uint16x4_t h = vorr_u16(vshl_n_u16(mag, 7), vshl_n_u16(vshr_n_u16(b, 7), 15));
+    const float32x4_t x = vmulq_n_f32(vcvt_f32_f16(vreinterpret_f16_u16(h)), 256.0f);
+    const uint32x4_t nan = vreinterpretq_u32_s32(vmovl_s16(vreinterpret_s16_u16(vceq_u16(mag, vdup_n_u16(0x7f)))));
+    return vbslq_f32(nan, vdupq_n_f32(NAN), x);
+}
+
+/* Values [e, e + 4) of a run of GGUF blocks (e % 4 == 0): q times the
+ * block's half scale, one rounding (the specification's product). q4_0's
+ * values 0..15 are the low nibbles of its 16 bytes, 16..31 the high ones. */
+FMHA_INLINE float32x4_t load_block4(const int fmt, const void *row, size_t e) {
+    const uint8_t *blk = (const uint8_t *)row + e / 32 * (fmt == FMHA_FORMAT_Q8_0 ? 34 : 18);
+    uint16_t dh;
+    memcpy(&dh, blk, 2);
+    const float d = fmha_f16_to_f32(dh);
+    int32x4_t q;
+    if (fmt == FMHA_FORMAT_Q8_0) {
+        q = vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_u8(load_bytes4(blk + 2 + e % 32)))));
+    } else {
+        const size_t i = e % 32;
+        uint8x8_t b = load_bytes4(blk + 2 + i % 16);
+        b = i >= 16 ? vshr_n_u8(b, 4) : vand_u8(b, vdup_n_u8(15));
+        q = vsubq_s32(vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(vmovl_u8(b)))), vdupq_n_s32(8));
+    }
+    return vmulq_n_f32(vcvtq_f32_s32(q), d);
+}
+
+/* Elements [e, e + 4) of a row of the format, as float32 (exact widening;
+ * the scales kept beside int8 and fp8 rows are the driver's). */
+FMHA_INLINE float32x4_t load4(const int fmt, const void *row, size_t e) {
+    if (fmt == FMHA_FORMAT_F32) return vld1q_f32((const float *)row + e);
+    if (fmt == FMHA_FORMAT_BF16 || fmt == FMHA_FORMAT_F16) {
+        const uint16x4_t h = vld1_u16((const uint16_t *)row + e);
+        if (fmt == FMHA_FORMAT_BF16) return vreinterpretq_f32_u32(vshll_n_u16(h, 16));
+        return vcvt_f32_f16(vreinterpret_f16_u16(h));
+    }
+    if (is_block(fmt)) return load_block4(fmt, row, e);
+    const uint8x8_t b = load_bytes4((const uint8_t *)row + e);
+    if (fmt == FMHA_FORMAT_INT8) return vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_u8(b)))));
+    return widen_fp8(fmt, b);
+}
+
+/* Elements [e, e + n) of a row (n < 4; never a block format, whose rows
+ * are whole blocks of 32), zeros after them; reads only those. */
 FMHA_INLINE float32x4_t load_part(const int fmt, const void *row, size_t e, size_t n) {
     uint8_t t[16] = {0};
     memcpy(t, (const char *)row + e * elem_bytes(fmt), n * elem_bytes(fmt));
@@ -198,6 +253,23 @@ void fmha_f16kv_decode_values__neon(size_t rows, size_t nk, size_t dv, const flo
                                     size_t ldv, float *o, size_t ldo, const float *alpha) {
     values(FMHA_FORMAT_F16, rows, nk, dv, p, ldp, v, ldv, o, ldo, alpha);
 }
+
+/* The 8-bit and GGUF formats' kernels: the float32 ones on rows widened
+ * in registers. */
+#define FORMAT_KERNELS(name, fmt)                                                                                      \
+    void fmha_##name##kv_decode_scores__neon(size_t rows, size_t nk, size_t d, const float *q, size_t ldq,              \
+                                             const void *k, size_t ldk, float *s, size_t lds, float scale) {           \
+        scores(fmt, rows, nk, d, q, ldq, k, ldk, s, lds, scale);                                                       \
+    }                                                                                                                  \
+    void fmha_##name##kv_decode_values__neon(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,            \
+                                             const void *v, size_t ldv, float *o, size_t ldo, const float *alpha) {    \
+        values(fmt, rows, nk, dv, p, ldp, v, ldv, o, ldo, alpha);                                                      \
+    }
+FORMAT_KERNELS(int8, FMHA_FORMAT_INT8)
+FORMAT_KERNELS(e4m3, FMHA_FORMAT_FP8_E4M3)
+FORMAT_KERNELS(e5m2, FMHA_FORMAT_FP8_E5M2)
+FORMAT_KERNELS(q8_0, FMHA_FORMAT_Q8_0)
+FORMAT_KERNELS(q4_0, FMHA_FORMAT_Q4_0)
 
 /* Row-wise online-softmax step; contract in ukernel.h. FMAX and FMAXV
  * return NaN when an operand is, so a NaN score or running max makes the

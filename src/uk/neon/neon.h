@@ -47,6 +47,17 @@ void fmha_f16kv_decode_scores__neon(size_t rows, size_t nk, size_t d, const floa
                                     size_t ldk, float *s, size_t lds, float scale);
 void fmha_f16kv_decode_values__neon(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp, const void *v,
                                     size_t ldv, float *o, size_t ldo, const float *alpha);
+/* the 8-bit and GGUF formats (int8, fp8 E4M3/E5M2, q8_0, q4_0), read in place */
+#define FMHA_NEON_FORMAT_DECLS(name)                                                                                   \
+    void fmha_##name##kv_decode_scores__neon(size_t rows, size_t nk, size_t d, const float *q, size_t ldq,              \
+                                             const void *k, size_t ldk, float *s, size_t lds, float scale);            \
+    void fmha_##name##kv_decode_values__neon(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,            \
+                                             const void *v, size_t ldv, float *o, size_t ldo, const float *alpha);
+FMHA_NEON_FORMAT_DECLS(int8)
+FMHA_NEON_FORMAT_DECLS(e4m3)
+FMHA_NEON_FORMAT_DECLS(e5m2)
+FMHA_NEON_FORMAT_DECLS(q8_0)
+FMHA_NEON_FORMAT_DECLS(q4_0)
 void fmha_f32_decode_softmax__neon(size_t rows, size_t nk, float *s, size_t lds, float *m, float *l,
                                    float *alpha);
 void fmha_widen_bf16__neon(size_t n, const void *src, float *dst);

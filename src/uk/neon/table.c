@@ -1,6 +1,6 @@
 /* neon/table.c: the NEON ISA's parts, each defined once (parts.h shares
- * them with neonbf16): float32 tiles (6 x 16), row kernels, decoding and the
- * cache formats' kernels (2-byte caches read in place). No bf16 part: bf16
+ * them with neonbf16 and sve): float32 tiles (6 x 16), row kernels,
+ * decoding and the cache formats' kernels (every format read in place). No bf16 part: bf16
  * runs on widened float32 tiles; dropout takes the scalar kernel (64-bit
  * multiplies, which NEON lacks). */
 #include "neon.h"
@@ -40,6 +40,19 @@ const fmha_uk_cache fmha_uk_cache_f16__neon = {
     .scores = fmha_f16kv_decode_scores__neon,
     .values = fmha_f16kv_decode_values__neon,
 };
+
+/* 8-bit and GGUF formats: in-place kernels; rows load with the scalar
+ * part's kernels where a driver needs them as float32. */
+#define NEON_FORMAT_PART(name)                                                                                         \
+    const fmha_uk_cache fmha_uk_cache_##name##__neon = {                                                               \
+        .scores = fmha_##name##kv_decode_scores__neon,                                                                 \
+        .values = fmha_##name##kv_decode_values__neon,                                                                 \
+    };
+NEON_FORMAT_PART(int8)
+NEON_FORMAT_PART(e4m3)
+NEON_FORMAT_PART(e5m2)
+NEON_FORMAT_PART(q8_0)
+NEON_FORMAT_PART(q4_0)
 
 const fmha_isa_parts fmha_isa_neon = {
     .isa = "neon",
