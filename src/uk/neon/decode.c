@@ -47,14 +47,21 @@ FMHA_INLINE float32x4_t widen_fp8(const int fmt, uint8x8_t b8) {
     return vbslq_f32(nan, vdupq_n_f32(NAN), x);
 }
 
-/* Values [e, e + 4) of a run of GGUF blocks (e % 4 == 0): q times the
- * block's half scale, one rounding (the specification's product). q4_0's
- * values 0..15 are the low nibbles of its 16 bytes, 16..31 the high ones. */
-FMHA_INLINE float32x4_t load_block4(const int fmt, const void *row, size_t e) {
-    const uint8_t *blk = (const uint8_t *)row + e / 32 * (fmt == FMHA_FORMAT_Q8_0 ? 34 : 18);
+/* The half scale of the GGUF block holding value e of a run of blocks. */
+FMHA_INLINE const uint8_t *block_at(const int fmt, const void *row, size_t e) {
+    return (const uint8_t *)row + e / 32 * (fmt == FMHA_FORMAT_Q8_0 ? 34 : 18);
+}
+FMHA_INLINE float block_scale(const int fmt, const void *row, size_t e) {
     uint16_t dh;
-    memcpy(&dh, blk, 2);
-    const float d = fmha_f16_to_f32(dh);
+    memcpy(&dh, block_at(fmt, row, e), 2);
+    return fmha_f16_to_f32(dh);
+}
+
+/* Values [e, e + 4) of a run of GGUF blocks (e % 4 == 0) before the
+ * scale: q8_0's int8, q4_0's nibble - 8 (values 0..15 the low nibbles of
+ * its 16 bytes, 16..31 the high ones), as float32 (exact). */
+FMHA_INLINE float32x4_t block_q4(const int fmt, const void *row, size_t e) {
+    const uint8_t *blk = block_at(fmt, row, e);
     int32x4_t q;
     if (fmt == FMHA_FORMAT_Q8_0) {
         q = vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_u8(load_bytes4(blk + 2 + e % 32)))));
@@ -64,7 +71,14 @@ FMHA_INLINE float32x4_t load_block4(const int fmt, const void *row, size_t e) {
         b = i >= 16 ? vshr_n_u8(b, 4) : vand_u8(b, vdup_n_u8(15));
         q = vsubq_s32(vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(vmovl_u8(b)))), vdupq_n_s32(8));
     }
-    return vmulq_n_f32(vcvtq_f32_s32(q), d);
+    return vcvtq_f32_s32(q);
+}
+
+/* The values themselves: q times the block's scale d, one rounding (the
+ * specification's product). The loops below fetch d once a block and call
+ * this with it. */
+FMHA_INLINE float32x4_t block_values4(const int fmt, const void *row, size_t e, float d) {
+    return vmulq_n_f32(block_q4(fmt, row, e), d);
 }
 
 /* Elements [e, e + 4) of a row of the format, as float32 (exact widening;
@@ -76,7 +90,7 @@ FMHA_INLINE float32x4_t load4(const int fmt, const void *row, size_t e) {
         if (fmt == FMHA_FORMAT_BF16) return vreinterpretq_f32_u32(vshll_n_u16(h, 16));
         return vcvt_f32_f16(vreinterpret_f16_u16(h));
     }
-    if (is_block(fmt)) return load_block4(fmt, row, e);
+    if (is_block(fmt)) return block_values4(fmt, row, e, block_scale(fmt, row, e));
     const uint8x8_t b = load_bytes4((const uint8_t *)row + e);
     if (fmt == FMHA_FORMAT_INT8) return vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_u8(b)))));
     return widen_fp8(fmt, b);
@@ -103,10 +117,15 @@ FMHA_INLINE void scores_block(const int fmt, const size_t R, size_t nj, size_t d
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) acc[r][j] = vdupq_n_f32(0.0f);
     size_t e = 0;
+    float dk[4] = {0}; /* block formats: each key's scale for the block of e */
     for (; e + 4 <= d; e += 4) {
         float32x4_t kv[4];
+        if (is_block(fmt) && e % 32 == 0) {
 #pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) kv[j] = load4(fmt, kr[j], e);
+            for (int j = 0; j < 4; j++) dk[j] = block_scale(fmt, kr[j], e);
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) kv[j] = is_block(fmt) ? block_values4(fmt, kr[j], e, dk[j]) : load4(fmt, kr[j], e);
 #pragma GCC unroll 4
         for (size_t r = 0; r < R; r++) {
             const float32x4_t qv = vld1q_f32(q + r * ldq + e);
@@ -172,11 +191,14 @@ FMHA_INLINE void values_block(const int fmt, const size_t R, const int VECS, siz
         for (int c = 0; c < VECS; c++) acc[r][c] = vdupq_n_f32(0.0f);
     for (size_t j = 0; j < nk; j++) {
         const char *vr = v + j * ldv_bytes;
+        /* block formats: dims [c0, c0 + 4 VECS) lie in one block (c0 % 16 == 0, or VECS 1) */
+        const float dv_j = is_block(fmt) ? block_scale(fmt, vr, c0) : 0.0f;
         float32x4_t vv[VAL_VECS];
 #pragma GCC unroll 4
         for (int c = 0; c < VECS; c++)
-            vv[c] = tail && c == VECS - 1 ? load_part(fmt, vr, c0 + 4 * (size_t)c, tail)
-                                          : load4(fmt, vr, c0 + 4 * (size_t)c);
+            vv[c] = is_block(fmt) ? block_values4(fmt, vr, c0 + 4 * (size_t)c, dv_j)
+                    : tail && c == VECS - 1 ? load_part(fmt, vr, c0 + 4 * (size_t)c, tail)
+                                            : load4(fmt, vr, c0 + 4 * (size_t)c);
 #pragma GCC unroll 6
         for (size_t r = 0; r < R; r++) {
             const float32x4_t pv = vld1q_dup_f32(p + r * ldp + j);
