@@ -47,7 +47,7 @@ FMHA_INLINE float32x4_t widen_fp8(const int fmt, uint8x8_t b8) {
     return vbslq_f32(nan, vdupq_n_f32(NAN), x);
 }
 
-/* The half scale of the GGUF block holding value e of a run of blocks. */
+/* The GGUF block holding value e of a run of blocks, and its half scale. */
 FMHA_INLINE const uint8_t *block_at(const int fmt, const void *row, size_t e) {
     return (const uint8_t *)row + e / 32 * (fmt == FMHA_FORMAT_Q8_0 ? 34 : 18);
 }
@@ -81,8 +81,10 @@ FMHA_INLINE float32x4_t block_values4(const int fmt, const void *row, size_t e, 
     return vmulq_n_f32(block_q4(fmt, row, e), d);
 }
 
-/* Elements [e, e + 4) of a row of the format, as float32 (exact widening;
- * the scales kept beside int8 and fp8 rows are the driver's). */
+/* Elements [e, e + 4) of a row of a non-block format, as float32 (exact
+ * widening; the scales kept beside int8 and fp8 rows are the driver's).
+ * The block formats go through block_values4 with a scale fetched once a
+ * block. */
 FMHA_INLINE float32x4_t load4(const int fmt, const void *row, size_t e) {
     if (fmt == FMHA_FORMAT_F32) return vld1q_f32((const float *)row + e);
     if (fmt == FMHA_FORMAT_BF16 || fmt == FMHA_FORMAT_F16) {
@@ -90,7 +92,6 @@ FMHA_INLINE float32x4_t load4(const int fmt, const void *row, size_t e) {
         if (fmt == FMHA_FORMAT_BF16) return vreinterpretq_f32_u32(vshll_n_u16(h, 16));
         return vcvt_f32_f16(vreinterpret_f16_u16(h));
     }
-    if (is_block(fmt)) return block_values4(fmt, row, e, block_scale(fmt, row, e));
     const uint8x8_t b = load_bytes4((const uint8_t *)row + e);
     if (fmt == FMHA_FORMAT_INT8) return vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_u8(b)))));
     return widen_fp8(fmt, b);
