@@ -76,6 +76,9 @@
  * at first use (cpuid, or the aarch64 hwcaps); the environment variable
  * FMHA_ISA=scalar|avx2|avx512|avx512bf16|amx|neon|neonbf16|sve forces a set
  * (falling back to the best supported one if the CPU lacks it).
+ * FMHA_ISA=amx_emu runs the amx set's kernels on a software tile unit, on
+ * any CPU with AVX512_BF16: for testing the AMX code where no AMX is (much
+ * slower than amx; never chosen without FMHA_ISA).
  * Each set runs with a tuning (keys per tile, the AUTO strategy's dense
  * crossover, the decode driver's prefetch threshold) chosen by the CPU's
  * vendor, family and model, "generic" where none was measured for it;

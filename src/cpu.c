@@ -63,7 +63,7 @@ static int cpu_listed(const char *name) {
     return 0;
 }
 
-static void cpu_add(const char *name, int (*detect)(void), const fmha_isa_parts *parts) {
+static void cpu_add(const char *name, int (*detect)(void), const fmha_isa_parts *parts, int by_name_only) {
     size_t i = cpu_n_isa++;
     cpu_supported[i] = detect() != 0;
     cpu_in_limit[i] = cpu_listed(name);
@@ -73,7 +73,7 @@ static void cpu_add(const char *name, int (*detect)(void), const fmha_isa_parts 
     cpu_tables[i].tuning = cpu_tuning(i, name);
     if (cpu_tables[i].tuning->block_kv) cpu_tables[i].tile.block_kv = cpu_tables[i].tuning->block_kv;
     cpu_registry[i] = (fmha_isa){name, detect, &cpu_tables[i]};
-    if (cpu_supported[i] && cpu_in_limit[i] && !cpu_selected) cpu_selected = &cpu_tables[i];
+    if (cpu_supported[i] && cpu_in_limit[i] && !by_name_only && !cpu_selected) cpu_selected = &cpu_tables[i];
 }
 
 /* The registry entry for a name that this CPU supports, or NULL (once the
@@ -91,9 +91,9 @@ static void cpu_init(void) {
     size_t n = fmha_arch_isa_count();
     for (size_t i = 0; i < n && i < CPU_MAX_ISA; i++) {
         const fmha_arch_isa *a = fmha_arch_isa_at(i);
-        cpu_add(a->name, a->detect, a->parts);
+        cpu_add(a->name, a->detect, a->parts, a->by_name_only);
     }
-    cpu_add("scalar", cpu_always, &fmha_isa_scalar);
+    cpu_add("scalar", cpu_always, &fmha_isa_scalar, 0);
     /* An unknown or unsupported FMHA_ISA leaves the best supported table. */
     const fmha_isa *forced = cpu_supported_named(getenv("FMHA_ISA"));
     if (forced) cpu_selected = forced->table;

@@ -16,6 +16,8 @@ typedef struct fmha_arch_isa {
     const char *name;
     int (*detect)(void);
     const fmha_isa_parts *parts;
+    /* 1: never the registry's choice, only FMHA_ISA's (amx_emu) */
+    int by_name_only;
 } fmha_arch_isa;
 
 /* The architecture's ISAs, most preferred first (cpu_x86.c, cpu_arm.c;

@@ -78,11 +78,13 @@ static int x86_has_amx_bf16(void) {
 
 static const fmha_arch_isa x86_isas[] = {
 #if FMHA_HAVE_AMX
-    {"amx", x86_has_amx_bf16, &fmha_isa_amx},
+    {"amx", x86_has_amx_bf16, &fmha_isa_amx, 0},
 #endif
-    {"avx512bf16", x86_has_avx512bf16, &fmha_isa_avx512bf16},
-    {"avx512", x86_has_avx512, &fmha_isa_avx512},
-    {"avx2", x86_has_avx2, &fmha_isa_avx2},
+    {"avx512bf16", x86_has_avx512bf16, &fmha_isa_avx512bf16, 0},
+    {"avx512", x86_has_avx512, &fmha_isa_avx512, 0},
+    {"avx2", x86_has_avx2, &fmha_isa_avx2, 0},
+    /* amx's kernels on the software tile unit: tests and FMHA_ISA only */
+    {"amx_emu", x86_has_avx512bf16, &fmha_isa_amx_emu, 1},
 };
 
 size_t fmha_arch_isa_count(void) { return sizeof x86_isas / sizeof x86_isas[0]; }

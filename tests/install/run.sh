@@ -4,9 +4,10 @@
 #      wheel, the pyproject.toml build), which auditwheel repair turns into a
 #      manylinux wheel (the library needs only libc, libm and pthreads);
 #   2. installs the manylinux wheel with numpy and jax into a throwaway
-#      virtualenv, then runs smoke.py there from a directory outside the
-#      repository, with no compiler on PATH, an empty cache and no FMHA_*
-#      variable;
+#      virtualenv, checks its library's tile configuration from the machine
+#      code (tests/python/test_amx_static.py), then runs smoke.py there from
+#      a directory outside the repository, with no compiler on PATH, an
+#      empty cache and no FMHA_* variable;
 #   3. installs the sdist with numpy into another throwaway virtualenv (a
 #      build from source, without the JAX handler to keep it short) and runs
 #      smoke.py there;
@@ -53,6 +54,11 @@ if "$python" -c "import torch" 2>/dev/null; then
         >"$("$tmp/venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/zz-dev-venv.pth"
 fi
 say "installed into a fresh virtualenv"
+# what ships: every ldtilecfg of the wheel's library reads a constant configuration
+wheel_lib=$(find "$tmp/venv" -name libfmha.so | head -1)
+"$python" "$repo/tests/python/test_amx_static.py" "$wheel_lib" >"$tmp/amx-static.log" 2>&1 \
+    || fail "$tmp/amx-static.log" "the wheel's tile configuration check failed"
+say "$(tail -1 "$tmp/amx-static.log")"
 
 mkdir -p "$tmp/work" "$tmp/home" "$tmp/cache"
 (cd "$tmp/work" && env -i HOME="$tmp/home" XDG_CACHE_HOME="$tmp/cache" LANG=C.UTF-8 \

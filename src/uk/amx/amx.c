@@ -25,38 +25,34 @@
 #include <string.h>
 
 #include "amx.h"
+#include "tile.h"
 
-/* ldtilecfg's 64-byte operand. */
-typedef struct amx_config {
-    uint8_t palette, start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_config;
+/* The one configuration of every amx kernel: tmm0..tmm7 all 16 rows x 64
+ * bytes. A constant, so nothing stored at run time can be lost. */
+static const _Alignas(64) fmha_tile_config amx_config = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
 
 /* This thread's tiles are configured for these kernels. */
 static _Thread_local int amx_configured;
 
 static void amx_configure(void) {
-    _Alignas(64) amx_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 6; t++) {
-        cfg.colsb[t] = 64;
-        cfg.rows[t] = 16;
-    }
-    _tile_loadconfig(&cfg);
+    TILE_LOADCONFIG(&amx_config);
     amx_configured = 1;
 }
 
-void fmha_amx_thread_begin(void) { amx_configure(); }
+void FMHA_AMX_FN(fmha_amx_thread_begin)(void) { amx_configure(); }
 
-void fmha_amx_thread_end(void) {
-    _tile_release();
+void FMHA_AMX_FN(fmha_amx_thread_end)(void) {
+    TILE_RELEASE();
     amx_configured = 0;
 }
 
-void fmha_amx_thread_foreign(void) { amx_configured = 0; }
+void FMHA_AMX_FN(fmha_amx_thread_foreign)(void) { amx_configured = 0; }
+
+const fmha_tile_config *FMHA_AMX_FN(fmha_amx_tile_config)(void) { return &amx_config; }
 
 /* c[r][0..64) = op(c, s * acc[r]) for r < m (acc rows 64 floats apart). */
 static void amx_epilogue(size_t m, const float *acc, float *c, size_t ldc, int mode, const float *col_scale,
@@ -73,7 +69,7 @@ static void amx_epilogue(size_t m, const float *acc, float *c, size_t ldc, int m
         }
 }
 
-void fmha_bf16_gemm_ukernel_16x64__amx(size_t m, size_t kp, const uint32_t *a, ptrdiff_t a_rs, ptrdiff_t a_cs,
+void FMHA_AMX_FN(fmha_bf16_gemm_ukernel_16x64)(size_t m, size_t kp, const uint32_t *a, ptrdiff_t a_rs, ptrdiff_t a_cs,
                                        const uint32_t *b, size_t ldb, float *c, size_t ldc, int mode,
                                        const float *col_scale, float ab_scale) {
     if (!amx_configured) amx_configure(); /* a call outside a job (tests) */
@@ -85,14 +81,14 @@ void fmha_bf16_gemm_ukernel_16x64__amx(size_t m, size_t kp, const uint32_t *a, p
     const int gather = a_cs >= 0 && a_cs <= (ptrdiff_t)(INT32_MAX / 16);
     const __m512i pair_index = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                                   _mm512_set1_epi32(gather ? (int)a_cs : 0));
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    TILE_ZERO(0);
+    TILE_ZERO(1);
+    TILE_ZERO(2);
+    TILE_ZERO(3);
     for (size_t p0 = 0; p0 < kp; p0 += 16) {
         const size_t np = kp - p0 < 16 ? kp - p0 : 16;
         if (a_cs == 1 && m == 16 && np == 16) {
-            _tile_loadd(4, a + p0, (long)a_rs * 4);
+            TILE_LOAD(4, a + p0, (long)a_rs * 4);
         } else if (gather) { /* a row of 16 pairs a_cs words apart: one gather */
             const __mmask16 pm = (__mmask16)((1u << np) - 1u);
             for (size_t r = 0; r < 16; r++) {
@@ -102,12 +98,12 @@ void fmha_bf16_gemm_ukernel_16x64__amx(size_t m, size_t kp, const uint32_t *a, p
                                                       a + (ptrdiff_t)r * a_rs + (ptrdiff_t)p0 * a_cs, 4);
                 _mm512_store_si512((__m512i *)(a_blk + r * 16), row);
             }
-            _tile_loadd(4, a_blk, 64);
+            TILE_LOAD(4, a_blk, 64);
         } else {
             for (size_t r = 0; r < 16; r++)
                 for (size_t p = 0; p < 16; p++)
                     a_blk[r * 16 + p] = r < m && p < np ? a[(ptrdiff_t)r * a_rs + (ptrdiff_t)(p0 + p) * a_cs] : 0u;
-            _tile_loadd(4, a_blk, 64);
+            TILE_LOAD(4, a_blk, 64);
         }
         const uint32_t *bp = b + p0 * ldb;
         long b_stride = (long)ldb * 4;
@@ -118,18 +114,18 @@ void fmha_bf16_gemm_ukernel_16x64__amx(size_t m, size_t kp, const uint32_t *a, p
             bp = b_blk;
             b_stride = 256;
         }
-        _tile_loadd(5, bp, b_stride);
-        _tile_dpbf16ps(0, 4, 5);
-        _tile_loadd(5, bp + 16, b_stride);
-        _tile_dpbf16ps(1, 4, 5);
-        _tile_loadd(5, bp + 32, b_stride);
-        _tile_dpbf16ps(2, 4, 5);
-        _tile_loadd(5, bp + 48, b_stride);
-        _tile_dpbf16ps(3, 4, 5);
+        TILE_LOAD(5, bp, b_stride);
+        TILE_DPBF16PS(0, 4, 5);
+        TILE_LOAD(5, bp + 16, b_stride);
+        TILE_DPBF16PS(1, 4, 5);
+        TILE_LOAD(5, bp + 32, b_stride);
+        TILE_DPBF16PS(2, 4, 5);
+        TILE_LOAD(5, bp + 48, b_stride);
+        TILE_DPBF16PS(3, 4, 5);
     }
-    _tile_stored(0, acc, 256);
-    _tile_stored(1, acc + 16, 256);
-    _tile_stored(2, acc + 32, 256);
-    _tile_stored(3, acc + 48, 256);
+    TILE_STORE(0, acc, 256);
+    TILE_STORE(1, acc + 16, 256);
+    TILE_STORE(2, acc + 32, 256);
+    TILE_STORE(3, acc + 48, 256);
     amx_epilogue(m, acc, c, ldc, mode, col_scale, ab_scale);
 }

@@ -1,6 +1,7 @@
-/* amx/amx.h: the AMX kernels (amx.c) for the amx table and the tests. Only
- * callable on CPUs with AMX-TILE and AMX-BF16, once Linux has granted the
- * tile data (the registry's check asks). */
+/* amx/amx.h: the AMX kernels (amx.c), built twice: for the tiles
+ * (suffix __amx; callable on CPUs with AMX-TILE and AMX-BF16 once Linux
+ * has granted the tile data, which the registry's check asks) and for the
+ * software tile unit (suffix __amx_emu, amx_emu/; any AVX512_BF16 CPU). */
 #ifndef FMHA_UK_AMX_H
 #define FMHA_UK_AMX_H
 
@@ -8,20 +9,26 @@
 #include <stdint.h>
 
 #include "../ukernel.h"
+#include "tile.h"
 
 /* Rows and lanes of the tile GEMM. */
 enum { FMHA_AMX_MR = 16, FMHA_AMX_NR = 64 };
 
-/* C[m x 64] (op)= ab_scale * A[m x 2kp] B[2kp x 64], 1 <= m <= 16, kp >= 0
- * (fmha_bf16_gemm_ukernel_fn) on tdpbf16ps. */
-void fmha_bf16_gemm_ukernel_16x64__amx(size_t m, size_t kp, const uint32_t *a, ptrdiff_t a_rs, ptrdiff_t a_cs,
-                                       const uint32_t *b, size_t ldb, float *c, size_t ldc, int mode,
-                                       const float *col_scale, float ab_scale);
+#define FMHA_AMX_DECLARE(SUFFIX)                                                                                       \
+    /* C[m x 64] (op)= ab_scale * A[m x 2kp] B[2kp x 64], 1 <= m <= 16, kp >= 0                                        \
+     * (fmha_bf16_gemm_ukernel_fn) on tdpbf16ps. */                                                                    \
+    void fmha_bf16_gemm_ukernel_16x64__##SUFFIX(size_t m, size_t kp, const uint32_t *a, ptrdiff_t a_rs,                 \
+                                                ptrdiff_t a_cs, const uint32_t *b, size_t ldb, float *c, size_t ldc,    \
+                                                int mode, const float *col_scale, float ab_scale);                      \
+    /* The thread part: the tile configuration loaded, then released; after                                           \
+     * a caller's callback, configured again before the next tile instruction. */                                     \
+    void fmha_amx_thread_begin__##SUFFIX(void);                                                                        \
+    void fmha_amx_thread_end__##SUFFIX(void);                                                                          \
+    void fmha_amx_thread_foreign__##SUFFIX(void);                                                                      \
+    /* The configuration every kernel loads (tests read it back). */                                                  \
+    const fmha_tile_config *fmha_amx_tile_config__##SUFFIX(void);
 
-/* The thread part: the tile configuration loaded, then released. */
-void fmha_amx_thread_begin(void);
-void fmha_amx_thread_end(void);
-/* A caller's callback ran on the thread: configure again before the next tile instruction. */
-void fmha_amx_thread_foreign(void);
+FMHA_AMX_DECLARE(amx)
+FMHA_AMX_DECLARE(amx_emu)
 
 #endif /* FMHA_UK_AMX_H */
