@@ -211,14 +211,14 @@ void fmha_bias_row(const fmha_plan *plan, int64_t b, int64_t i, int64_t h, int64
 /* A forward driver (drivers.c): whether it serves a resolved plan (filling
  * its fields of the plan when it does), its workspace and its run. */
 typedef struct fmha_fwd_driver {
-    const char *name; /* "fold", "decode", "dense", "tiled" */
+    const char *name; /* "fold", "decode", "matrix", "dense", "tiled" */
     int (*serves)(fmha_plan *plan);
     fmha_ws_size (*workspace)(const fmha_plan *plan);
     void (*run)(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse, char *ws);
 } fmha_fwd_driver;
-extern const fmha_fwd_driver fmha_fwd_driver_fold, fmha_fwd_driver_decode, fmha_fwd_driver_dense,
-    fmha_fwd_driver_tiled;
-/* Sets plan->driver to the first of fold, decode, dense, tiled that serves the
+extern const fmha_fwd_driver fmha_fwd_driver_fold, fmha_fwd_driver_decode, fmha_fwd_driver_matrix,
+    fmha_fwd_driver_dense, fmha_fwd_driver_tiled;
+/* Sets plan->driver to the first of fold, decode, matrix, dense, tiled that serves the
  * plan; FMHA_ERR_UNSUPPORTED when none does (a paged cache without decode
  * kernels). */
 fmha_status fmha_fwd_driver_choose(fmha_plan *plan);
@@ -232,6 +232,13 @@ void fmha_tiled_run(fmha_plan *run, const void *q, const void *k, const void *v,
 int fmha_fold_plan(fmha_plan *plan);
 fmha_ws_size fmha_fold_workspace(const fmha_plan *plan);
 void fmha_fold_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse, char *ws);
+/* Matrix driver (matrix.c): the table's matrix part, fused, for bf16;
+ * queries per block and keys per step of its forward. */
+enum { FMHA_MATRIX_BLOCK_Q = 32 };
+int fmha_matrix_plan(fmha_plan *plan);
+size_t fmha_matrix_block_kv(const fmha_plan *plan);
+fmha_ws_size fmha_matrix_workspace(const fmha_plan *plan);
+void fmha_matrix_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse, char *ws);
 /* Decode driver: fills the plan's dec_* fields and returns 1 when it serves
  * this (resolved) problem's forward. */
 int fmha_decode_plan(fmha_plan *plan);

@@ -25,6 +25,8 @@ size_t fmha_plan_describe(const fmha_plan *plan, char *buf, size_t buf_size) {
                  "splits=%lld",
                  (long long)plan->dec_units, (long long)plan->dec_rows, (long long)plan->dec_heads,
                  (long long)plan->dec_chunk, (long long)plan->dec_splits);
+    else if (plan->driver == &fmha_fwd_driver_matrix)
+        snprintf(shape, sizeof shape, "block_q=%d block_kv=%zu mr=16", FMHA_MATRIX_BLOCK_Q, fmha_matrix_block_kv(plan));
     else
         snprintf(shape, sizeof shape, "block_q=%zu block_kv=%zu mr=%zu", plan->uk->tile.nr,
                  plan->driver == &fmha_fwd_driver_dense ? (size_t)p->seq_kv : plan->uk->tile.block_kv,

@@ -5,6 +5,8 @@
  *   fold    a decode step of many heads on one kv head, as a problem whose
  *           queries are the heads (fold.c)
  *   decode  few queries against many keys, paged caches (decode.c)
+ *   matrix  bf16 on a matrix engine (AMX tiles), Q K V and P tile-shaped
+ *           end to end (matrix.c)
  *   dense   small problems, scores materialised per head (fwd.c)
  *   tiled   everything else (fwd.c) */
 #include "../attn.h"
@@ -15,16 +17,21 @@ static int fold_serves(fmha_plan *plan) { return fmha_fold_plan(plan); }
 static int decode_serves(fmha_plan *plan) { return fmha_decode_plan(plan); }
 
 /* auto's choice for small problems, or the caller's; never a paged cache */
+/* bf16 on a matrix engine (AMX tiles), fused: matrix.c */
+static int matrix_serves(fmha_plan *plan) { return fmha_matrix_plan(plan); }
+
 static int dense_serves(fmha_plan *plan) { return !plan->p.block_table && plan->strategy == FMHA_STRATEGY_DENSE; }
 
 static int tiled_serves(fmha_plan *plan) { return !plan->p.block_table; }
 
 const fmha_fwd_driver fmha_fwd_driver_fold = {"fold", fold_serves, fmha_fold_workspace, fmha_fold_run};
 const fmha_fwd_driver fmha_fwd_driver_decode = {"decode", decode_serves, fmha_decode_workspace, fmha_decode_run};
+const fmha_fwd_driver fmha_fwd_driver_matrix = {"matrix", matrix_serves, fmha_matrix_workspace, fmha_matrix_run};
 const fmha_fwd_driver fmha_fwd_driver_dense = {"dense", dense_serves, fmha_tiled_workspace, fmha_tiled_run};
 const fmha_fwd_driver fmha_fwd_driver_tiled = {"tiled", tiled_serves, fmha_tiled_workspace, fmha_tiled_run};
 
-static const fmha_fwd_driver *const fwd_drivers[] = {&fmha_fwd_driver_fold, &fmha_fwd_driver_decode, &fmha_fwd_driver_dense,
+static const fmha_fwd_driver *const fwd_drivers[] = {&fmha_fwd_driver_fold, &fmha_fwd_driver_decode,
+                                                     &fmha_fwd_driver_matrix, &fmha_fwd_driver_dense,
                                                      &fmha_fwd_driver_tiled};
 
 fmha_status fmha_fwd_driver_choose(fmha_plan *plan) {

@@ -39,4 +39,6 @@ void fmha_ukernels_compose(const fmha_isa_parts *parts, fmha_ukernels *out) {
         FMHA_FILL(out->cache[f], *spec->cache[f], load);
     }
     if (parts->thread) out->thread = *parts->thread;
+    const fmha_uk_matrix *mx = parts->matrix;
+    if (mx && mx->pack_q && mx->pack_k && mx->pack_v && mx->forward) out->matrix = *mx;
 }

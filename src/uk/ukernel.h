@@ -325,6 +325,59 @@ typedef struct fmha_uk_thread {
     void (*foreign)(void);
 } fmha_uk_thread;
 
+/* ---- attention on a matrix engine (AMX tiles) ----
+ * Q, K, V and P stay tile-shaped end to end: a part of its own, run by the
+ * matrix driver (driver/matrix.c), not through the GEMM contract above.
+ * bf16 pairs (32-bit words, element 2p in the low half), packed as:
+ *   Q block  [dp / 16][32][16]: per k-step (16 pairs of D), the block's
+ *            32 rows (rows past nq and pairs past D zero)
+ *   K        [round_up(nk, 32) / 16][dp][16]: per 16 keys, pair p of D of
+ *            each (keys past nk and pairs past D zero): tdpbf16ps's B
+ *   V        [round_up(nk, 32) / 32][dvp / 16][16][16]: per 32 keys and 16
+ *            columns, key pair r, column c (the VNNI B layout)
+ * with dp = D / 2 and dvp = Dv, each rounded up to 32 (two tiles a step).
+ * Keys of a head are packed from key 0; keys k0.. (k0 a multiple of 32)
+ * start at word k0 * dp of K and (k0 / 2) * dvp of V. */
+static inline size_t fmha_matrix_dp(size_t d) { return ((d + 1) / 2 + 31) / 32 * 32; }
+static inline size_t fmha_matrix_dvp(size_t dv) { return (dv + 31) / 32 * 32; }
+
+/* One query block of the forward: rows [0, nq) of 32 against keys
+ * [kb, ke), row i seeing keys [lo[i], hi[i]) (within [kb, ke); empty for a
+ * row that sees none). Runs the online softmax with raw scores s = Q K^T:
+ * P = 2^((s - m_ref) scale_log2) rounded to bf16 for the value product, l
+ * sums the unrounded P; m_ref is the row's reference maximum, raised (O
+ * and l rescaled) only when the block's maximum passes it by more than
+ * rescale_log2 / scale_log2 (0: whenever it grows; P then stays <=
+ * 2^rescale_log2). Outputs o [32][dvp] = sum P V (unnormalised), m[i] =
+ * m_ref (-inf for a row that saw no key) and l[i]. Keys are visited in
+ * steps of block_kv (a multiple of 32) on the grid of multiples of
+ * block_kv. scale_log2 = |scale| log2(e) > 0: a negative scale is the
+ * packed Q's sign. */
+typedef struct fmha_matrix_fwd_args {
+    size_t nq, dp, dvp, block_kv;
+    const uint32_t *qp, *kp, *vp; /* the packed Q block; the head's packed K and V (key 0) */
+    int64_t kb, ke;
+    const int64_t *lo, *hi;       /* [32] */
+    float scale_log2, rescale_log2;
+    float *o, *m, *l;             /* [32][dvp], [32], [32] */
+    float *s;                     /* scratch [2][32][block_kv] */
+    uint16_t *p;                  /* scratch [32][block_kv] */
+    uint32_t nonfinite;           /* out: bit i when o's row i holds a NaN or an infinity */
+    size_t blocks;                /* out: key blocks computed */
+} fmha_matrix_fwd_args;
+
+typedef struct fmha_uk_matrix {
+    /* Packs rows [0, nq) (nq <= 32) of Q, element (i, e) at q[i * rs + e * cs],
+     * negated when `negate`, into a Q block. */
+    void (*pack_q)(size_t nq, size_t d, const uint16_t *q, ptrdiff_t rs, ptrdiff_t cs, int negate, uint32_t *qp);
+    /* Packs keys [k0, k0 + nk) of a head (k0 a multiple of 32), element (j, e)
+     * of key k0 + j at k[j * rs + e * cs], into its K and V (from key k0's
+     * words, as above; nk not a multiple of 32 only for the head's last keys). */
+    void (*pack_k)(size_t nk, size_t d, const uint16_t *k, ptrdiff_t rs, ptrdiff_t cs, uint32_t *kp);
+    void (*pack_v)(size_t nk, size_t dv, const uint16_t *v, ptrdiff_t rs, ptrdiff_t cs, uint32_t *vp);
+    void (*forward)(fmha_matrix_fwd_args *a);
+} fmha_uk_matrix;
+
 /* An ISA as its parts. tile is required; NULL parts take the fallbacks. */
 typedef struct fmha_isa_parts {
     const char *isa;                      /* its name in the registry, e.g. "avx2" */
@@ -334,6 +387,7 @@ typedef struct fmha_isa_parts {
     const fmha_uk_decode *decode;
     const fmha_uk_cache *cache[FMHA_FORMAT_COUNT];
     const fmha_uk_thread *thread;
+    const fmha_uk_matrix *matrix; /* NULL: no matrix engine (the matrix driver does not serve) */
 } fmha_isa_parts;
 
 struct fmha_tuning;
@@ -350,6 +404,7 @@ typedef struct fmha_ukernels {
     fmha_uk_decode decode; /* decode.softmax NULL: no decode kernels */
     fmha_uk_cache cache[FMHA_FORMAT_COUNT]; /* load complete */
     fmha_uk_thread thread;
+    fmha_uk_matrix matrix; /* matrix.forward NULL: none */
 } fmha_ukernels;
 
 /* Composes parts into a complete table (src/uk/compose.c). */

@@ -52,6 +52,10 @@ void FMHA_AMX_FN(fmha_amx_thread_end)(void) {
 
 void FMHA_AMX_FN(fmha_amx_thread_foreign)(void) { amx_configured = 0; }
 
+void FMHA_AMX_FN(fmha_amx_ready)(void) {
+    if (!amx_configured) amx_configure();
+}
+
 const fmha_tile_config *FMHA_AMX_FN(fmha_amx_tile_config)(void) { return &amx_config; }
 
 /* c[r][0..64) = op(c, s * acc[r]) for r < m (acc rows 64 floats apart). */
@@ -72,7 +76,7 @@ static void amx_epilogue(size_t m, const float *acc, float *c, size_t ldc, int m
 void FMHA_AMX_FN(fmha_bf16_gemm_ukernel_16x64)(size_t m, size_t kp, const uint32_t *a, ptrdiff_t a_rs, ptrdiff_t a_cs,
                                        const uint32_t *b, size_t ldb, float *c, size_t ldc, int mode,
                                        const float *col_scale, float ab_scale) {
-    if (!amx_configured) amx_configure(); /* a call outside a job (tests) */
+    FMHA_AMX_FN(fmha_amx_ready)(); /* configures on a call outside a job (tests) */
     /* acc [16][64] the product; a_blk [16][16] and b_blk [16][64] gathered operands */
     _Alignas(64) float acc[16 * 64];
     _Alignas(64) uint32_t a_blk[16 * 16];

@@ -1,7 +1,7 @@
 /* amx/table.c: the ISA of CPUs with AMX-BF16: the AVX-512 parts, the
  * avx512bf16 pair kernels, a bf16 part whose GEMM runs on the tiles
- * (16 x 64, amx.c), and the thread part that configures and releases them
- * around each job.
+ * (16 x 64, amx.c), the matrix part (attention on the tiles, attn.c), and
+ * the thread part that configures and releases them around each job.
  * Built again as amx_emu (amx_emu/table.c) over the software tile unit. */
 #include "../avx512/f32.h"
 #include "../avx512/parts.h"
@@ -27,6 +27,13 @@ static const fmha_uk_bf16 amx_pairs = {
     .softmax_pairs = fmha_bf16_softmax_pairs_ukernel_64__avx512bf16,
 };
 
+static const fmha_uk_matrix amx_matrix = {
+    .pack_q = FMHA_AMX_FN(fmha_matrix_pack_q),
+    .pack_k = FMHA_AMX_FN(fmha_matrix_pack_k),
+    .pack_v = FMHA_AMX_FN(fmha_matrix_pack_v),
+    .forward = FMHA_AMX_FN(fmha_matrix_forward),
+};
+
 static const fmha_uk_thread amx_thread = {FMHA_AMX_FN(fmha_amx_thread_begin), FMHA_AMX_FN(fmha_amx_thread_end),
                                           FMHA_AMX_FN(fmha_amx_thread_foreign)};
 
@@ -38,4 +45,5 @@ const fmha_isa_parts AMX_TABLE = {
     .decode = &fmha_uk_decode__avx512,
     .cache = FMHA_AVX512_CACHE_PARTS,
     .thread = &amx_thread,
+    .matrix = &amx_matrix,
 };

@@ -1,0 +1,334 @@
+/* amx/attn.c: attention on the tiles (the matrix part of the amx table,
+ * contract and layouts in ukernel.h): Q, K, V and P tile-shaped end to
+ * end, the online softmax in AVX-512 on the scores straight from
+ * tilestored. Built twice, like amx.c: on the hardware and (amx_emu) on
+ * the software tile unit.
+ *
+ * One query block = 32 rows, two A tiles per k-step. Tiles (the one
+ * configuration of amx.c, every tile 16 x 64 bytes):
+ *   S = Q K^T   tmm0..3 C (rows 0-15 / 16-31 x keys 0-15 / 16-31 of a
+ *               32-key step), tmm4, tmm5 A (Q rows), tmm6, tmm7 B (K^T)
+ *   O += P V    tmm0..3 C (O rows x 32 columns, loaded from and stored to
+ *               the float32 O in memory), tmm4, tmm5 A (P rows, bf16 pairs
+ *               along keys), tmm6, tmm7 B (V, pairs of keys x 16 columns)
+ * Per key block the scores go to memory once (float32 [32][block_kv]), the
+ * softmax reads them, and writes P once as bf16 [32][block_kv], which is
+ * the A layout of the value product.
+ *
+ * Softmax (per row, keys along the row): the block's maximum M over the
+ * visible keys (masks as lane masks, only where a row's [lo, hi) cuts the
+ * block); the row's reference m_ref moves to M only when M passes it by
+ * more than rescale_log2 / scale_log2 (then O's row and the sums are scaled
+ * by 2^((m_ref - M) scale_log2)); P = 2^(s scale_log2 - m_ref scale_log2),
+ * one FMA, then 2^t as 2^n p(t - n) with n = round(t) and a degree-4
+ * polynomial with constant term 1 (2.9e-6 relative; P is rounded to bf16,
+ * 2e-3, next); the sums l stay 16 partial sums a row until the end. A row
+ * whose m_ref is -inf uses 0 in its place (no key seen yet, or every score
+ * -inf): -inf scores give P = 0, NaN gives NaN. */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "amx.h"
+#include "tile.h"
+
+enum { ATTN_BQ = 32 };
+
+/* ---- packing ---- */
+
+/* The 32-bit words of a 16 x 16 block transposed in place: word c of
+ * m[r] becomes word r of m[c]. */
+static inline void transpose_16x16(__m512i m[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(m[i], m[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(m[i], m[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        m[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        m[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        m[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        m[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 16; i += 8)
+        for (int j = 0; j < 4; j++) {
+            t[i + j] = _mm512_shuffle_i32x4(m[i + j], m[i + j + 4], 0x88);
+            t[i + j + 4] = _mm512_shuffle_i32x4(m[i + j], m[i + j + 4], 0xDD);
+        }
+    for (int j = 0; j < 8; j++) {
+        m[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
+        m[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xDD);
+    }
+}
+
+/* The 32 bf16 of row r at elements [32 c, 32 c + 32) (those < d; zeros
+ * past d), unit stride. */
+static inline __m512i row_chunk(const uint16_t *row, size_t d, size_t c) {
+    const size_t e0 = 32 * c;
+    if (e0 >= d) return _mm512_setzero_si512();
+    const __mmask32 keep = d - e0 >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (d - e0)) - 1u);
+    return _mm512_maskz_loadu_epi16(keep, row + e0);
+}
+
+/* Pair word p of a strided row (elements 2p, 2p + 1; zero past d). */
+static inline uint32_t pair_at(const uint16_t *row, ptrdiff_t cs, size_t d, size_t p) {
+    uint32_t lo = 2 * p < d ? row[(ptrdiff_t)(2 * p) * cs] : 0u;
+    uint32_t hi = 2 * p + 1 < d ? row[(ptrdiff_t)(2 * p + 1) * cs] : 0u;
+    return lo | hi << 16;
+}
+
+void FMHA_AMX_FN(fmha_matrix_pack_q)(size_t nq, size_t d, const uint16_t *q, ptrdiff_t rs, ptrdiff_t cs,
+                                     int negate, uint32_t *qp) {
+    const size_t dp = fmha_matrix_dp(d), steps = dp / 16;
+    const __m512i sign = _mm512_set1_epi32(negate ? (int)0x80008000u : 0);
+    for (size_t i = 0; i < ATTN_BQ; i++)
+        for (size_t t = 0; t < steps; t++) {
+            uint32_t *dst = qp + (t * ATTN_BQ + i) * 16;
+            if (i >= nq) {
+                _mm512_storeu_si512(dst, _mm512_setzero_si512());
+            } else if (cs == 1) {
+                /* the padding's zeros become -0 when negated: they meet K's zeros */
+                _mm512_storeu_si512(dst, _mm512_xor_si512(row_chunk(q + (ptrdiff_t)i * rs, d, t), sign));
+            } else {
+                for (size_t p = 0; p < 16; p++) {
+                    uint32_t w = pair_at(q + (ptrdiff_t)i * rs, cs, d, 16 * t + p);
+                    if (negate) w ^= (2 * (16 * t + p) < d ? 0x8000u : 0u) | (2 * (16 * t + p) + 1 < d ? 0x80000000u : 0u);
+                    dst[p] = w;
+                }
+            }
+        }
+}
+
+void FMHA_AMX_FN(fmha_matrix_pack_k)(size_t nk, size_t d, const uint16_t *k, ptrdiff_t rs, ptrdiff_t cs,
+                                     uint32_t *kp) {
+    const size_t dp = fmha_matrix_dp(d), tiles = (nk + 31) / 32 * 2;
+    for (size_t jt = 0; jt < tiles; jt++) {
+        uint32_t *tile = kp + jt * dp * 16;
+        for (size_t c = 0; c < dp / 16; c++) {
+            __m512i m[16];
+            for (size_t r = 0; r < 16; r++) {
+                const size_t j = jt * 16 + r;
+                if (j >= nk) {
+                    m[r] = _mm512_setzero_si512();
+                } else if (cs == 1) {
+                    m[r] = row_chunk(k + (ptrdiff_t)j * rs, d, c);
+                } else {
+                    uint32_t w[16];
+                    for (size_t p = 0; p < 16; p++) w[p] = pair_at(k + (ptrdiff_t)j * rs, cs, d, 16 * c + p);
+                    m[r] = _mm512_loadu_si512(w);
+                }
+            }
+            transpose_16x16(m);
+            for (size_t p = 0; p < 16; p++) _mm512_storeu_si512(tile + (16 * c + p) * 16, m[p]);
+        }
+    }
+}
+
+void FMHA_AMX_FN(fmha_matrix_pack_v)(size_t nk, size_t dv, const uint16_t *v, ptrdiff_t rs, ptrdiff_t cs,
+                                     uint32_t *vp) {
+    const size_t dvp = fmha_matrix_dvp(dv), ctiles = dvp / 16, ksteps = (nk + 31) / 32;
+    /* words 0-15 and 16-31 of two rows' 32 elements interleaved */
+    const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
+                                            6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi_idx = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23,
+                                            54, 22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
+    for (size_t ks = 0; ks < ksteps; ks++)
+        for (size_t r = 0; r < 16; r++) {
+            const size_t j0 = ks * 32 + 2 * r, j1 = j0 + 1;
+            for (size_t c = 0; c < dvp / 32; c++) {
+                __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
+                if (cs == 1) {
+                    if (j0 < nk) a = row_chunk(v + (ptrdiff_t)j0 * rs, dv, c);
+                    if (j1 < nk) b = row_chunk(v + (ptrdiff_t)j1 * rs, dv, c);
+                } else {
+                    uint16_t ra[32] = {0}, rb[32] = {0};
+                    for (size_t e = 0; e < 32 && 32 * c + e < dv; e++) {
+                        if (j0 < nk) ra[e] = v[(ptrdiff_t)j0 * rs + (ptrdiff_t)(32 * c + e) * cs];
+                        if (j1 < nk) rb[e] = v[(ptrdiff_t)j1 * rs + (ptrdiff_t)(32 * c + e) * cs];
+                    }
+                    a = _mm512_loadu_si512(ra);
+                    b = _mm512_loadu_si512(rb);
+                }
+                uint32_t *base = vp + (ks * ctiles + 2 * c) * 256 + r * 16;
+                _mm512_storeu_si512(base, _mm512_permutex2var_epi16(a, lo_idx, b));
+                _mm512_storeu_si512(base + 256, _mm512_permutex2var_epi16(a, hi_idx, b));
+            }
+        }
+}
+
+/* ---- the forward ---- */
+
+/* 2^t for t <= 2^7 (clamped below at -150, where 2^t is 0; NaN stays NaN),
+ * lanes outside keep 0. */
+static inline __m512 exp2_keep(__mmask16 keep, __m512 t) {
+    t = _mm512_max_ps(_mm512_set1_ps(-150.0f), t);
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(0x1.3a02cap-7f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.c9fc46p-5f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.ec0378p-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.62e12cp-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_scalef_ps(keep, p, n);
+}
+
+/* Lanes of keys [base, base + 16) inside [lo, hi). */
+static inline __mmask16 lanes_in(int64_t base, int64_t lo, int64_t hi) {
+    int64_t a = lo - base, b = hi - base;
+    if (a < 0) a = 0;
+    if (b > 16) b = 16;
+    if (b <= a) return 0;
+    return (__mmask16)(((1u << b) - 1u) & ~((1u << a) - 1u));
+}
+
+/* S [32][bk] = Q K^T for the keys [k0, k0 + bk) of the block (k0 a
+ * multiple of 32). */
+static void block_scores(const fmha_matrix_fwd_args *a, int64_t k0, size_t bk, float *s) {
+    const size_t steps = a->dp / 16;
+    for (size_t kk = 0; kk < bk; kk += 32) {
+        const uint32_t *kt = a->kp + (size_t)(k0 + (int64_t)kk) * a->dp; /* two tiles of 16 keys */
+        TILE_ZERO(0);
+        TILE_ZERO(1);
+        TILE_ZERO(2);
+        TILE_ZERO(3);
+        for (size_t t = 0; t < steps; t++) {
+            TILE_LOAD(4, a->qp + t * ATTN_BQ * 16, 64);
+            TILE_LOAD(5, a->qp + (t * ATTN_BQ + 16) * 16, 64);
+            TILE_LOAD(6, kt + t * 256, 64);
+            TILE_LOAD(7, kt + a->dp * 16 + t * 256, 64);
+            TILE_DPBF16PS(0, 4, 6);
+            TILE_DPBF16PS(1, 4, 7);
+            TILE_DPBF16PS(2, 5, 6);
+            TILE_DPBF16PS(3, 5, 7);
+        }
+        TILE_STORE(0, s + kk, bk * 4);
+        TILE_STORE(1, s + kk + 16, bk * 4);
+        TILE_STORE(2, s + 16 * bk + kk, bk * 4);
+        TILE_STORE(3, s + 16 * bk + kk + 16, bk * 4);
+    }
+}
+
+/* O [32][dvp] += P [32][bk] V for the block's keys [k0, k0 + bk). */
+static void block_values(const fmha_matrix_fwd_args *a, int64_t k0, size_t bk) {
+    const size_t ctiles = a->dvp / 16, ldo = a->dvp * 4;
+    for (size_t c = 0; c < ctiles; c += 2) {
+        float *o = a->o + c * 16;
+        TILE_LOAD(0, o, ldo);
+        TILE_LOAD(1, o + 16, ldo);
+        TILE_LOAD(2, o + 16 * a->dvp, ldo);
+        TILE_LOAD(3, o + 16 * a->dvp + 16, ldo);
+        for (size_t kk = 0; kk < bk; kk += 32) {
+            const uint32_t *vt = a->vp + ((size_t)(k0 + (int64_t)kk) / 32 * ctiles + c) * 256;
+            TILE_LOAD(4, a->p + kk, bk * 2);
+            TILE_LOAD(5, a->p + 16 * bk + kk, bk * 2);
+            TILE_LOAD(6, vt, 64);
+            TILE_LOAD(7, vt + 256, 64);
+            TILE_DPBF16PS(0, 4, 6);
+            TILE_DPBF16PS(1, 4, 7);
+            TILE_DPBF16PS(2, 5, 6);
+            TILE_DPBF16PS(3, 5, 7);
+        }
+        TILE_STORE(0, o, ldo);
+        TILE_STORE(1, o + 16, ldo);
+        TILE_STORE(2, o + 16 * a->dvp, ldo);
+        TILE_STORE(3, o + 16 * a->dvp + 16, ldo);
+    }
+}
+
+/* P = 2^((s - m_use) c1) of a row's visible keys (zeros elsewhere) as bf16
+ * into p_row, their sum added to lsum's 16 partial sums; `far` computes
+ * (s - m_use) c1 (two operations), else s c1 - m_use c1 (one FMA). */
+static inline __attribute__((always_inline)) void softmax_row_pass(size_t nv, const float *s_row, uint16_t *p_row,
+                                                                    int64_t k0, int64_t lo, int64_t hi, int full,
+                                                                    float c1, float m_use, int far, float *lsum) {
+    const __m512 c1v = _mm512_set1_ps(c1), mv = _mm512_set1_ps(m_use), mc = _mm512_set1_ps(m_use * c1);
+    __m512 sum = _mm512_loadu_ps(lsum);
+    for (size_t v = 0; v < nv; v += 2) {
+        const __mmask16 k0m = full ? 0xFFFF : lanes_in(k0 + (int64_t)(16 * v), lo, hi);
+        const __mmask16 k1m = full ? 0xFFFF : lanes_in(k0 + (int64_t)(16 * v + 16), lo, hi);
+        const __m512 s0 = _mm512_loadu_ps(s_row + 16 * v), s1 = _mm512_loadu_ps(s_row + 16 * v + 16);
+        const __m512 t0 = far ? _mm512_mul_ps(_mm512_sub_ps(s0, mv), c1v) : _mm512_fmsub_ps(s0, c1v, mc);
+        const __m512 t1 = far ? _mm512_mul_ps(_mm512_sub_ps(s1, mv), c1v) : _mm512_fmsub_ps(s1, c1v, mc);
+        const __m512 p0 = exp2_keep(k0m, t0), p1 = exp2_keep(k1m, t1);
+        sum = _mm512_add_ps(_mm512_add_ps(sum, p0), p1);
+        _mm512_storeu_si512(p_row + 16 * v, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+    }
+    _mm512_storeu_ps(lsum, sum);
+}
+
+/* The softmax of row i over the block's keys [k0, k0 + bk): P row into
+ * p_row (bf16), m_ref and the row's partial sums (lsum, 16 floats) updated,
+ * O's row rescaled when m_ref moves. */
+static void block_softmax_row(const fmha_matrix_fwd_args *a, int64_t k0, size_t bk, const float *s_row,
+                              uint16_t *p_row, int64_t lo, int64_t hi, float *m_ref, float *lsum, float *o_row) {
+    const size_t nv = bk / 16;
+    if (hi <= lo || hi <= k0 || lo >= k0 + (int64_t)bk) { /* nothing visible: P = 0 */
+        for (size_t v = 0; v < nv; v += 2) _mm512_storeu_si512(p_row + 16 * v, _mm512_setzero_si512());
+        return;
+    }
+    const int full = lo <= k0 && hi >= k0 + (int64_t)bk;
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (size_t v = 0; v < nv; v++) {
+        const __mmask16 keep = full ? 0xFFFF : lanes_in(k0 + (int64_t)(16 * v), lo, hi);
+        mx = _mm512_mask_max_ps(mx, keep, _mm512_loadu_ps(s_row + 16 * v), mx);
+    }
+    const float block_max = _mm512_reduce_max_ps(mx);
+    const float c1 = a->scale_log2;
+    if (block_max > *m_ref) {
+        if (*m_ref == -INFINITY) {
+            *m_ref = block_max; /* O and l hold nothing yet (or NaN, which stays) */
+        } else if ((block_max - *m_ref) * c1 > a->rescale_log2) {
+            const float alpha = exp2f((*m_ref - block_max) * c1);
+            const __m512 al = _mm512_set1_ps(alpha);
+            _mm512_storeu_ps(lsum, _mm512_mul_ps(_mm512_loadu_ps(lsum), al));
+            for (size_t c = 0; c < a->dvp; c += 16) _mm512_storeu_ps(o_row + c, _mm512_mul_ps(_mm512_loadu_ps(o_row + c), al));
+            *m_ref = block_max;
+        }
+    }
+    const float m_use = *m_ref == -INFINITY ? 0.0f : *m_ref;
+    /* s c1 - m c1 in one FMA errs by |m c1| 2^-24 (m c1 is rounded): a few
+     * 1e-4 at |m c1| = 2^12; past that, (s - m) c1, exact near the max */
+    if (fabsf(m_use * c1) < 0x1p12f)
+        softmax_row_pass(nv, s_row, p_row, k0, lo, hi, full, c1, m_use, 0, lsum);
+    else
+        softmax_row_pass(nv, s_row, p_row, k0, lo, hi, full, c1, m_use, 1, lsum);
+}
+
+/* The row's sums in memory: 16 floats a row. */
+enum { ATTN_LSUM = 16 };
+
+void FMHA_AMX_FN(fmha_matrix_forward)(fmha_matrix_fwd_args *a) {
+    FMHA_AMX_FN(fmha_amx_ready)();
+    const size_t bk = a->block_kv;
+    _Alignas(64) float lsum[ATTN_BQ * ATTN_LSUM];
+    memset(lsum, 0, sizeof lsum);
+    memset(a->o, 0, ATTN_BQ * a->dvp * sizeof(float));
+    for (size_t i = 0; i < ATTN_BQ; i++) a->m[i] = -INFINITY;
+    const int64_t first = a->kb / (int64_t)bk * (int64_t)bk;
+    size_t blocks = 0;
+    for (int64_t k0 = first; k0 < a->ke; k0 += (int64_t)bk) {
+        /* the last block runs to ke rounded up to 32 keys */
+        const int64_t span = a->ke - k0 < (int64_t)bk ? (a->ke - k0 + 31) / 32 * 32 : (int64_t)bk;
+        const size_t n = (size_t)span;
+        block_scores(a, k0, n, a->s);
+        for (size_t i = 0; i < ATTN_BQ; i++)
+            block_softmax_row(a, k0, n, a->s + i * n, a->p + i * n, i < a->nq ? a->lo[i] : 0, i < a->nq ? a->hi[i] : 0,
+                              &a->m[i], lsum + i * ATTN_LSUM, a->o + i * a->dvp);
+        block_values(a, k0, n);
+        blocks++;
+    }
+    uint32_t nonfinite = 0;
+    const __m512i exp_bits = _mm512_set1_epi32(0x7F800000);
+    for (size_t i = 0; i < ATTN_BQ; i++) {
+        a->l[i] = _mm512_reduce_add_ps(_mm512_loadu_ps(lsum + i * ATTN_LSUM));
+        __mmask16 bad = 0;
+        for (size_t c = 0; c < a->dvp; c += 16) {
+            const __m512i x = _mm512_and_si512(_mm512_loadu_si512(a->o + i * a->dvp + c), exp_bits);
+            bad |= _mm512_cmpeq_epi32_mask(x, exp_bits);
+        }
+        nonfinite |= (uint32_t)(bad != 0) << i;
+    }
+    a->nonfinite = nonfinite;
+    a->blocks = blocks;
+}
