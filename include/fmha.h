@@ -83,9 +83,14 @@
  * crossover, the decode driver's prefetch threshold) chosen by the CPU's
  * vendor, family and model, "generic" where none was measured for it;
  * FMHA_TUNING=generic or a comma-separated list of block_kv=N (a multiple
- * of 32, 32..1024), dense_max_scores=N (AUTO runs dense while Sq * Skv <= N)
- * and decode_prefetch_bytes=N (decode prefetches K and V past N bytes; 0 in
- * either: the library's default) changes it for every set. The text is read
+ * of 32, 32..1024), dense_max_scores=N (AUTO runs dense while Sq * Skv <= N),
+ * decode_prefetch_bytes=N (decode prefetches K and V past N bytes; 0 in
+ * either: the library's default), and the bf16 attention on AMX tiles'
+ * schedule: matrix_block_kv=N (keys per step, a multiple of 32 up to 512;
+ * 0: 128), matrix_rescale_log2=N (0..16: a row's reference maximum moves
+ * only when scores pass it by more than 2^N; 0: at every new maximum;
+ * generic 8) and matrix_overlap=0|1 (the next block's tile products during
+ * this block's softmax; generic 1) changes it for every set. The text is read
  * once at first use; an invalid one changes nothing. fmha_plan_describe
  * names the tuning in use. Results stay within each function's stated
  * accuracy under any tuning, but their bits may differ between tunings

@@ -71,7 +71,7 @@ static void cpu_add(const char *name, int (*detect)(void), const fmha_isa_parts 
     /* a vector-length-agnostic ISA's lanes, read only where it runs */
     if (cpu_supported[i] && cpu_tables[i].tile.nr_at_run_time) cpu_tables[i].tile.nr = cpu_tables[i].tile.nr_at_run_time();
     cpu_tables[i].tuning = cpu_tuning(i, name);
-    if (cpu_tables[i].tuning->block_kv) cpu_tables[i].tile.block_kv = cpu_tables[i].tuning->block_kv;
+    if (cpu_tables[i].tuning->block_kv) cpu_tables[i].tile.block_kv = (size_t)cpu_tables[i].tuning->block_kv;
     cpu_registry[i] = (fmha_isa){name, detect, &cpu_tables[i]};
     if (cpu_supported[i] && cpu_in_limit[i] && !by_name_only && !cpu_selected) cpu_selected = &cpu_tables[i];
 }

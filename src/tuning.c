@@ -3,13 +3,35 @@
  * architecture (cpu_x86.c), beside the checks that name the CPU. */
 #include "tuning.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu.h"
 
-const fmha_tuning fmha_tuning_generic = {.name = "generic"};
+/* Zero fields are the tables' and drivers' own values, but for the
+ * matrix driver's schedule, which is explicit here: rescale past 2^8 (P
+ * stays <= 256, far inside bf16's range; O's row and l are scaled about
+ * once a row instead of at every new maximum) and the software-pipelined
+ * schedule (measured on a Xeon with AMX: design.md, "The matrix driver"). */
+const fmha_tuning fmha_tuning_generic = {.name = "generic", .matrix_rescale_log2 = 8, .matrix_overlap = 1};
+
+#define FIELD(key, lo, hi, multiple) {#key, offsetof(fmha_tuning, key), lo, hi, multiple}
+static const fmha_tuning_field tuning_fields[] = {
+    FIELD(block_kv, 32, 1024, 32),
+    FIELD(dense_max_scores, 0, (int64_t)1 << 40, 1),
+    FIELD(decode_prefetch_bytes, 0, (int64_t)1 << 50, 1),
+    FIELD(matrix_block_kv, 0, 512, 32),
+    FIELD(matrix_rescale_log2, 0, 16, 1),
+    FIELD(matrix_overlap, 0, 1, 1),
+};
+#undef FIELD
+
+const fmha_tuning_field *fmha_tuning_fields(size_t *n) {
+    *n = sizeof tuning_fields / sizeof tuning_fields[0];
+    return tuning_fields;
+}
 
 const fmha_tuning *fmha_arch_tuning_for(const char *isa) {
     char vendor[16] = {0};
@@ -48,19 +70,14 @@ int fmha_tuning_parse(const char *text, const fmha_tuning *base, fmha_tuning *ou
         const char *eq = memchr(s, '=', (size_t)(end - s));
         if (!eq) return -1;
         const size_t klen = (size_t)(eq - s);
-        long long v;
-        if (klen == 8 && !memcmp(s, "block_kv", 8)) {
-            if ((v = tuning_value(eq + 1, end, 32, 1024)) < 0 || v % 32) return -1;
-            t.block_kv = (size_t)v;
-        } else if (klen == 16 && !memcmp(s, "dense_max_scores", 16)) {
-            if ((v = tuning_value(eq + 1, end, 0, (long long)1 << 40)) < 0) return -1;
-            t.dense_max_scores = v;
-        } else if (klen == 21 && !memcmp(s, "decode_prefetch_bytes", 21)) {
-            if ((v = tuning_value(eq + 1, end, 0, (long long)1 << 50)) < 0) return -1;
-            t.decode_prefetch_bytes = v;
-        } else {
-            return -1;
-        }
+        size_t n_fields;
+        const fmha_tuning_field *f = fmha_tuning_fields(&n_fields), *field = NULL;
+        for (size_t i = 0; i < n_fields && !field; i++)
+            if (strlen(f[i].key) == klen && !memcmp(s, f[i].key, klen)) field = &f[i];
+        if (!field) return -1;
+        long long v = tuning_value(eq + 1, end, field->lo, field->hi);
+        if (v < 0 || v % field->multiple) return -1;
+        *fmha_tuning_at(&t, field) = v;
         if (*end && !end[1]) return -1; /* a trailing comma */
         s = *end ? end + 1 : end;
     }

@@ -28,12 +28,14 @@
 #include "../attn.h"
 #include "../convert.h"
 #include "../pool.h"
+#include "../tuning.h"
 
-enum { MATRIX_BQ = FMHA_MATRIX_BLOCK_Q, MATRIX_PACK_KEYS = 256 };
+/* Keys per step of the forward unless the tuning says (matrix_block_kv). */
+enum { MATRIX_BQ = FMHA_MATRIX_BLOCK_Q, MATRIX_PACK_KEYS = 256, MATRIX_BLOCK_KV = 128 };
 
 size_t fmha_matrix_block_kv(const fmha_plan *plan) {
-    size_t bk = plan->uk->tile.block_kv;
-    return bk < 32 ? 32 : bk / 32 * 32;
+    const int64_t tuned = plan->uk->tuning ? plan->uk->tuning->matrix_block_kv : 0;
+    return tuned ? (size_t)tuned : MATRIX_BLOCK_KV;
 }
 
 int fmha_matrix_plan(fmha_plan *plan) {
@@ -71,7 +73,7 @@ static void matrix_carve(const fmha_plan *plan, fmha_carver *c, matrix_scratch *
     s->m = fmha_carve(c, MATRIX_BQ * sizeof(float));
     s->l = fmha_carve(c, MATRIX_BQ * sizeof(float));
     s->s = fmha_carve(c, 2 * MATRIX_BQ * bk * sizeof(float));
-    s->p = fmha_carve(c, MATRIX_BQ * bk * sizeof(uint16_t));
+    s->p = fmha_carve(c, 2 * MATRIX_BQ * bk * sizeof(uint16_t));
     s->lo = fmha_carve(c, MATRIX_BQ * sizeof(int64_t));
     s->hi = fmha_carve(c, MATRIX_BQ * sizeof(int64_t));
 }
@@ -187,7 +189,8 @@ static void matrix_fwd_task(void *vctx, size_t task, int thread) {
         .nq = (size_t)nq, .dp = fmha_matrix_dp((size_t)p->head_dim), .dvp = fmha_matrix_dvp((size_t)p->head_dim_v),
         .block_kv = fmha_matrix_block_kv(plan), .qp = s.qp, .kp = kp, .vp = kp + c->k_words, .kb = kb < ke ? kb : 0,
         .ke = kb < ke ? ke : 0, .lo = s.lo, .hi = s.hi, .scale_log2 = fabsf(plan->scale) * (float)M_LOG2E,
-        .rescale_log2 = 0.0f, .o = s.o, .m = s.m, .l = s.l, .s = s.s, .p = s.p};
+        .rescale_log2 = (float)plan->uk->tuning->matrix_rescale_log2, .overlap = (int)plan->uk->tuning->matrix_overlap,
+        .o = s.o, .m = s.m, .l = s.l, .s = s.s, .p = s.p};
     mx->forward(&a);
 
     const float abs_scale = fabsf(plan->scale);

@@ -359,9 +359,10 @@ typedef struct fmha_matrix_fwd_args {
     int64_t kb, ke;
     const int64_t *lo, *hi;       /* [32] */
     float scale_log2, rescale_log2;
+    int overlap;                  /* 1: the next block's scores and the last one's P V during the softmax */
     float *o, *m, *l;             /* [32][dvp], [32], [32] */
     float *s;                     /* scratch [2][32][block_kv] */
-    uint16_t *p;                  /* scratch [32][block_kv] */
+    uint16_t *p;                  /* scratch [2][32][block_kv] */
     uint32_t nonfinite;           /* out: bit i when o's row i holds a NaN or an infinity */
     size_t blocks;                /* out: key blocks computed */
 } fmha_matrix_fwd_args;

@@ -20,9 +20,10 @@
  * block); the row's reference m_ref moves to M only when M passes it by
  * more than rescale_log2 / scale_log2 (then O's row and the sums are scaled
  * by 2^((m_ref - M) scale_log2)); P = 2^(s scale_log2 - m_ref scale_log2),
- * one FMA, then 2^t as 2^n p(t - n) with n = round(t) and a degree-4
- * polynomial with constant term 1 (2.9e-6 relative; P is rounded to bf16,
- * 2e-3, next); the sums l stay 16 partial sums a row until the end. A row
+ * one FMA, then 2^t as 2^floor(t) p(t - floor(t)) with a degree-4
+ * polynomial (3.0e-6 relative; P is rounded to bf16, 2e-3, next), in
+ * instructions that issue on port 5 (a tile product holds port 0); the
+ * sums l stay 16 partial sums a row until the end. A row
  * whose m_ref is -inf uses 0 in its place (no key seen yet, or every score
  * -inf): -inf scores give P = 0, NaN gives NaN. */
 #include <immintrin.h>
@@ -159,18 +160,21 @@ void FMHA_AMX_FN(fmha_matrix_pack_v)(size_t nk, size_t dv, const uint16_t *v, pt
 
 /* ---- the forward ---- */
 
-/* 2^t for t <= 2^7 (clamped below at -150, where 2^t is 0; NaN stays NaN),
- * lanes outside keep 0. */
+/* 2^t (t <= 2^7), lanes outside keep 0: f = t - floor(t) in [0, 1) by
+ * vreduceps, 2^f by a degree-4 polynomial with constant term 1 (3.0e-6
+ * relative), then times 2^floor(t) by vscalefps, which takes the floor
+ * itself, underflows to 0 and gives 0 for t = -inf (f is 0 there) and NaN
+ * for NaN. vrndscaleps, the usual way to n, issues on port 0 only, which a
+ * tile product holds for its whole 16 cycles; these three issue on port 5
+ * too, so the softmax keeps running beside the tiles. */
 static inline __m512 exp2_keep(__mmask16 keep, __m512 t) {
-    t = _mm512_max_ps(_mm512_set1_ps(-150.0f), t);
-    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(0x1.3a02cap-7f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.c9fc46p-5f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.ec0378p-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.62e12cp-1f));
+    const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 p = _mm512_set1_ps(0x1.b7f732p-7f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.abf868p-5f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.ee2450p-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.62d6c6p-1f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_maskz_scalef_ps(keep, p, n);
+    return _mm512_maskz_scalef_ps(keep, p, t);
 }
 
 /* Lanes of keys [base, base + 16) inside [lo, hi). */
@@ -182,57 +186,105 @@ static inline __mmask16 lanes_in(int64_t base, int64_t lo, int64_t hi) {
     return (__mmask16)(((1u << b) - 1u) & ~((1u << a) - 1u));
 }
 
-/* S [32][bk] = Q K^T for the keys [k0, k0 + bk) of the block (k0 a
- * multiple of 32). */
-static void block_scores(const fmha_matrix_fwd_args *a, int64_t k0, size_t bk, float *s) {
-    const size_t steps = a->dp / 16;
-    for (size_t kk = 0; kk < bk; kk += 32) {
-        const uint32_t *kt = a->kp + (size_t)(k0 + (int64_t)kk) * a->dp; /* two tiles of 16 keys */
-        TILE_ZERO(0);
-        TILE_ZERO(1);
-        TILE_ZERO(2);
-        TILE_ZERO(3);
-        for (size_t t = 0; t < steps; t++) {
-            TILE_LOAD(4, a->qp + t * ATTN_BQ * 16, 64);
-            TILE_LOAD(5, a->qp + (t * ATTN_BQ + 16) * 16, 64);
-            TILE_LOAD(6, kt + t * 256, 64);
-            TILE_LOAD(7, kt + a->dp * 16 + t * 256, 64);
-            TILE_DPBF16PS(0, 4, 6);
-            TILE_DPBF16PS(1, 4, 7);
-            TILE_DPBF16PS(2, 5, 6);
-            TILE_DPBF16PS(3, 5, 7);
-        }
-        TILE_STORE(0, s + kk, bk * 4);
-        TILE_STORE(1, s + kk + 16, bk * 4);
-        TILE_STORE(2, s + 16 * bk + kk, bk * 4);
-        TILE_STORE(3, s + 16 * bk + kk + 16, bk * 4);
-    }
+/* A key block of the forward: its first key (a multiple of 32) and its keys
+ * (a multiple of 32; the last block runs to ke rounded up to 32). */
+typedef struct attn_block {
+    int64_t k0;
+    size_t n;
+} attn_block;
+
+/* The tile work of the forward as a sequence of k-steps (four products
+ * each), so that it can be issued a step at a time between rows of the
+ * softmax. Tiles are not renamed: a load into a tile waits until the
+ * products reading it have read it, so each step's loads for the next step
+ * come right after the last product that reads the tile they replace.
+ *   scores pass (32 keys of block sblk):  tmm0..3 = 0; per k-step of D:
+ *     Q rows 0-15, 16-31 (tmm4, 5) x K keys 0-15, 16-31 (tmm6, 7); S stored
+ *   values pair (32 columns of O):  tmm0..3 = O; per 32 keys of block
+ *     vblk: P rows (tmm4, 5) x V columns (tmm6, 7); O stored */
+typedef struct tile_work {
+    const fmha_matrix_fwd_args *a;
+    attn_block sblk, vblk;
+    float *s;           /* scores of sblk: [32][sblk.n] */
+    const uint16_t *p;  /* P of vblk: [32][vblk.n] bf16 */
+    size_t s_steps;     /* k-steps of a scores pass: dp / 16 */
+    size_t n_scores;    /* k-steps of the scores passes: sblk.n / 32 passes */
+    size_t v_steps;     /* k-steps of a values pair: vblk.n / 32 */
+    size_t n_total;     /* all k-steps */
+} tile_work;
+
+static tile_work tile_work_of(const fmha_matrix_fwd_args *a, attn_block sblk, float *s, attn_block vblk,
+                              const uint16_t *p) {
+    tile_work w = {a, sblk, vblk, s, p, a->dp / 16, 0, vblk.n / 32, 0};
+    w.n_scores = sblk.n / 32 * w.s_steps;
+    w.n_total = w.n_scores + (vblk.n ? a->dvp / 32 * w.v_steps : 0);
+    return w;
 }
 
-/* O [32][dvp] += P [32][bk] V for the block's keys [k0, k0 + bk). */
-static void block_values(const fmha_matrix_fwd_args *a, int64_t k0, size_t bk) {
-    const size_t ctiles = a->dvp / 16, ldo = a->dvp * 4;
-    for (size_t c = 0; c < ctiles; c += 2) {
-        float *o = a->o + c * 16;
-        TILE_LOAD(0, o, ldo);
-        TILE_LOAD(1, o + 16, ldo);
-        TILE_LOAD(2, o + 16 * a->dvp, ldo);
-        TILE_LOAD(3, o + 16 * a->dvp + 16, ldo);
-        for (size_t kk = 0; kk < bk; kk += 32) {
-            const uint32_t *vt = a->vp + ((size_t)(k0 + (int64_t)kk) / 32 * ctiles + c) * 256;
-            TILE_LOAD(4, a->p + kk, bk * 2);
-            TILE_LOAD(5, a->p + 16 * bk + kk, bk * 2);
-            TILE_LOAD(6, vt, 64);
-            TILE_LOAD(7, vt + 256, 64);
-            TILE_DPBF16PS(0, 4, 6);
-            TILE_DPBF16PS(1, 4, 7);
-            TILE_DPBF16PS(2, 5, 6);
-            TILE_DPBF16PS(3, 5, 7);
+/* Four products with the next step's loads (when `more`) placed behind the
+ * last reader of each tile: A tiles at a_next and a_next + a_half, B tiles
+ * at b_next and b_next + b_half (bytes a_ld, b_ld between rows). */
+#define TILE_STEP(more, a_next, a_half, a_ld, b_next, b_half, b_ld)                                                   \
+    do {                                                                                                               \
+        TILE_DPBF16PS(0, 4, 6);                                                                                        \
+        TILE_DPBF16PS(1, 4, 7);                                                                                        \
+        if (more) TILE_LOAD(4, a_next, a_ld);                                                                          \
+        TILE_DPBF16PS(2, 5, 6);                                                                                        \
+        if (more) TILE_LOAD(6, b_next, b_ld);                                                                          \
+        TILE_DPBF16PS(3, 5, 7);                                                                                        \
+        if (more) {                                                                                                    \
+            TILE_LOAD(5, (a_next) + (a_half), a_ld);                                                                   \
+            TILE_LOAD(7, (b_next) + (b_half), b_ld);                                                                   \
+        }                                                                                                              \
+    } while (0)
+
+/* Step i of the work (0 <= i < n_total). */
+static void tile_work_step(const tile_work *w, size_t i) {
+    const fmha_matrix_fwd_args *a = w->a;
+    if (i < w->n_scores) {
+        const size_t pass = i / w->s_steps, t = i % w->s_steps, kk = 32 * pass, ld = w->sblk.n;
+        const size_t k_tile = a->dp * 16;
+        const uint32_t *kt = a->kp + (size_t)(w->sblk.k0 + (int64_t)kk) * a->dp; /* two tiles of 16 keys */
+        if (t == 0) {
+            TILE_ZERO(0);
+            TILE_ZERO(1);
+            TILE_ZERO(2);
+            TILE_ZERO(3);
+            TILE_LOAD(4, a->qp, 64);
+            TILE_LOAD(6, kt, 64);
+            TILE_LOAD(5, a->qp + 16 * 16, 64);
+            TILE_LOAD(7, kt + k_tile, 64);
         }
-        TILE_STORE(0, o, ldo);
-        TILE_STORE(1, o + 16, ldo);
-        TILE_STORE(2, o + 16 * a->dvp, ldo);
-        TILE_STORE(3, o + 16 * a->dvp + 16, ldo);
+        TILE_STEP(t + 1 < w->s_steps, a->qp + (t + 1) * ATTN_BQ * 16, 16 * 16, 64, kt + (t + 1) * 256, k_tile, 64);
+        if (t + 1 == w->s_steps) {
+            float *s = w->s;
+            TILE_STORE(0, s + kk, ld * 4);
+            TILE_STORE(1, s + kk + 16, ld * 4);
+            TILE_STORE(2, s + 16 * ld + kk, ld * 4);
+            TILE_STORE(3, s + 16 * ld + kk + 16, ld * 4);
+        }
+    } else {
+        const size_t j = i - w->n_scores, c = 2 * (j / w->v_steps), t = j % w->v_steps, n = w->vblk.n;
+        const size_t ctiles = a->dvp / 16, ldo = a->dvp * 4, dvp = a->dvp;
+        float *o = a->o + c * 16;
+        const uint32_t *vt = a->vp + ((size_t)w->vblk.k0 / 32 * ctiles + c) * 256;
+        if (t == 0) {
+            TILE_LOAD(0, o, ldo);
+            TILE_LOAD(1, o + 16, ldo);
+            TILE_LOAD(2, o + 16 * dvp, ldo);
+            TILE_LOAD(3, o + 16 * dvp + 16, ldo);
+            TILE_LOAD(4, w->p, n * 2);
+            TILE_LOAD(6, vt, 64);
+            TILE_LOAD(5, w->p + 16 * n, n * 2);
+            TILE_LOAD(7, vt + 256, 64);
+        }
+        TILE_STEP(t + 1 < w->v_steps, w->p + 32 * (t + 1), 16 * n, n * 2, vt + (t + 1) * ctiles * 256, 256, 64);
+        if (t + 1 == w->v_steps) {
+            TILE_STORE(0, o, ldo);
+            TILE_STORE(1, o + 16, ldo);
+            TILE_STORE(2, o + 16 * dvp, ldo);
+            TILE_STORE(3, o + 16 * dvp + 16, ldo);
+        }
     }
 }
 
@@ -257,11 +309,13 @@ static inline __attribute__((always_inline)) void softmax_row_pass(size_t nv, co
     _mm512_storeu_ps(lsum, sum);
 }
 
-/* The softmax of row i over the block's keys [k0, k0 + bk): P row into
- * p_row (bf16), m_ref and the row's partial sums (lsum, 16 floats) updated,
- * O's row rescaled when m_ref moves. */
+/* The softmax of a row over the block's keys [k0, k0 + bk): P row into
+ * p_row (bf16), m_ref and the row's partial sums (lsum, 16 floats) updated;
+ * *alpha receives the factor O's row takes before this block's P V (1
+ * unless m_ref moved: O may be in the tiles' hands now). */
 static void block_softmax_row(const fmha_matrix_fwd_args *a, int64_t k0, size_t bk, const float *s_row,
-                              uint16_t *p_row, int64_t lo, int64_t hi, float *m_ref, float *lsum, float *o_row) {
+                              uint16_t *p_row, int64_t lo, int64_t hi, float *m_ref, float *lsum, float *alpha) {
+    *alpha = 1.0f;
     const size_t nv = bk / 16;
     if (hi <= lo || hi <= k0 || lo >= k0 + (int64_t)bk) { /* nothing visible: P = 0 */
         for (size_t v = 0; v < nv; v += 2) _mm512_storeu_si512(p_row + 16 * v, _mm512_setzero_si512());
@@ -279,10 +333,8 @@ static void block_softmax_row(const fmha_matrix_fwd_args *a, int64_t k0, size_t 
         if (*m_ref == -INFINITY) {
             *m_ref = block_max; /* O and l hold nothing yet (or NaN, which stays) */
         } else if ((block_max - *m_ref) * c1 > a->rescale_log2) {
-            const float alpha = exp2f((*m_ref - block_max) * c1);
-            const __m512 al = _mm512_set1_ps(alpha);
-            _mm512_storeu_ps(lsum, _mm512_mul_ps(_mm512_loadu_ps(lsum), al));
-            for (size_t c = 0; c < a->dvp; c += 16) _mm512_storeu_ps(o_row + c, _mm512_mul_ps(_mm512_loadu_ps(o_row + c), al));
+            *alpha = exp2f((*m_ref - block_max) * c1);
+            _mm512_storeu_ps(lsum, _mm512_mul_ps(_mm512_loadu_ps(lsum), _mm512_set1_ps(*alpha)));
             *m_ref = block_max;
         }
     }
@@ -298,25 +350,81 @@ static void block_softmax_row(const fmha_matrix_fwd_args *a, int64_t k0, size_t 
 /* The row's sums in memory: 16 floats a row. */
 enum { ATTN_LSUM = 16 };
 
+
+static attn_block block_at(const fmha_matrix_fwd_args *a, int64_t first, size_t b) {
+    const int64_t k0 = first + (int64_t)(b * a->block_kv);
+    const int64_t left = a->ke - k0;
+    return (attn_block){k0, left < (int64_t)a->block_kv ? (size_t)((left + 31) / 32 * 32) : a->block_kv};
+}
+
+/* Softmax of rows [r0, r1) of block b (its S in s, P into p). */
+static void softmax_rows(const fmha_matrix_fwd_args *a, attn_block b, const float *s, uint16_t *p, size_t r0, size_t r1,
+                         float *lsum, float *alpha) {
+    for (size_t i = r0; i < r1; i++)
+        block_softmax_row(a, b.k0, b.n, s + i * b.n, p + i * b.n, i < a->nq ? a->lo[i] : 0, i < a->nq ? a->hi[i] : 0,
+                          &a->m[i], lsum + i * ATTN_LSUM, &alpha[i]);
+}
+
+/* O's rows times the factors softmax_rows left (then 1). */
+static void apply_alpha(const fmha_matrix_fwd_args *a, float *alpha) {
+    for (size_t i = 0; i < ATTN_BQ; i++) {
+        if (alpha[i] == 1.0f) continue;
+        const __m512 al = _mm512_set1_ps(alpha[i]);
+        float *row = a->o + i * a->dvp;
+        for (size_t c = 0; c < a->dvp; c += 16) _mm512_storeu_ps(row + c, _mm512_mul_ps(_mm512_loadu_ps(row + c), al));
+        alpha[i] = 1.0f;
+    }
+}
+
 void FMHA_AMX_FN(fmha_matrix_forward)(fmha_matrix_fwd_args *a) {
     FMHA_AMX_FN(fmha_amx_ready)();
     const size_t bk = a->block_kv;
     _Alignas(64) float lsum[ATTN_BQ * ATTN_LSUM];
+    float alpha[ATTN_BQ];
     memset(lsum, 0, sizeof lsum);
     memset(a->o, 0, ATTN_BQ * a->dvp * sizeof(float));
-    for (size_t i = 0; i < ATTN_BQ; i++) a->m[i] = -INFINITY;
+    for (size_t i = 0; i < ATTN_BQ; i++) a->m[i] = -INFINITY, alpha[i] = 1.0f;
     const int64_t first = a->kb / (int64_t)bk * (int64_t)bk;
-    size_t blocks = 0;
-    for (int64_t k0 = first; k0 < a->ke; k0 += (int64_t)bk) {
-        /* the last block runs to ke rounded up to 32 keys */
-        const int64_t span = a->ke - k0 < (int64_t)bk ? (a->ke - k0 + 31) / 32 * 32 : (int64_t)bk;
-        const size_t n = (size_t)span;
-        block_scores(a, k0, n, a->s);
-        for (size_t i = 0; i < ATTN_BQ; i++)
-            block_softmax_row(a, k0, n, a->s + i * n, a->p + i * n, i < a->nq ? a->lo[i] : 0, i < a->nq ? a->hi[i] : 0,
-                              &a->m[i], lsum + i * ATTN_LSUM, a->o + i * a->dvp);
-        block_values(a, k0, n);
-        blocks++;
+    const size_t blocks = a->ke > first ? (size_t)((a->ke - first + (int64_t)bk - 1) / (int64_t)bk) : 0;
+    /* S and P of two blocks: [2][32][bk] each */
+    float *s_buf[2] = {a->s, a->s + ATTN_BQ * bk};
+    uint16_t *p_buf[2] = {a->p, a->p + ATTN_BQ * bk};
+    if (!a->overlap) {
+        for (size_t b = 0; b < blocks; b++) {
+            const attn_block blk = block_at(a, first, b);
+            const tile_work scores = tile_work_of(a, blk, s_buf[0], (attn_block){0, 0}, NULL);
+            for (size_t i = 0; i < scores.n_total; i++) tile_work_step(&scores, i);
+            softmax_rows(a, blk, s_buf[0], p_buf[0], 0, ATTN_BQ, lsum, alpha);
+            apply_alpha(a, alpha);
+            const tile_work values = tile_work_of(a, (attn_block){0, 0}, NULL, blk, p_buf[0]);
+            for (size_t i = 0; i < values.n_total; i++) tile_work_step(&values, i);
+        }
+    } else if (blocks) {
+        /* Software-pipelined: while the vector units run block b's softmax,
+         * the tiles compute block b + 1's scores and block b - 1's P V, a
+         * k-step at a time between rows of the softmax, so that both have
+         * work within the core's out-of-order window. */
+        attn_block prev = {0, 0}, cur = block_at(a, first, 0);
+        const tile_work first_scores = tile_work_of(a, cur, s_buf[0], prev, NULL);
+        for (size_t i = 0; i < first_scores.n_total; i++) tile_work_step(&first_scores, i);
+        for (size_t b = 0; b < blocks; b++) {
+            const attn_block next = b + 1 < blocks ? block_at(a, first, b + 1) : (attn_block){0, 0};
+            apply_alpha(a, alpha); /* block b - 1's factors, before its P V */
+            const tile_work w = tile_work_of(a, next, s_buf[(b + 1) & 1], prev, p_buf[(b + 1) & 1]);
+            const size_t steps = w.n_total ? w.n_total : 1;
+            size_t row = 0;
+            for (size_t i = 0; i < steps; i++) {
+                if (i < w.n_total) tile_work_step(&w, i);
+                const size_t row_end = ATTN_BQ * (i + 1) / steps;
+                softmax_rows(a, cur, s_buf[b & 1], p_buf[b & 1], row, row_end, lsum, alpha);
+                row = row_end;
+            }
+            prev = cur;
+            cur = next;
+        }
+        apply_alpha(a, alpha);
+        const tile_work last = tile_work_of(a, (attn_block){0, 0}, NULL, prev, p_buf[(blocks - 1) & 1]);
+        for (size_t i = 0; i < last.n_total; i++) tile_work_step(&last, i);
     }
     uint32_t nonfinite = 0;
     const __m512i exp_bits = _mm512_set1_epi32(0x7F800000);
