@@ -39,10 +39,16 @@ CASES = {
 }
 
 
+# A process started with SIGINT ignored (a background job of a
+# non-interactive shell, as CI may run the tests) passes that on, and Python
+# then installs no handler of its own: each case installs Python's.
+PROLOGUE = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_sigint_during_calls_raises_keyboard_interrupt(case):
     env = dict(os.environ, FMHA_NUM_THREADS="2")
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(CASES[case])], env=env,
+    proc = subprocess.Popen([sys.executable, "-c", PROLOGUE + textwrap.dedent(CASES[case])], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
