@@ -359,8 +359,12 @@ static void mla_case(int64_t B, int64_t hq, int64_t sq, int64_t skv, fmha_dtype 
     const char *isa_default = fmha_isa_name();
     for (size_t ii = 0; ii < fmha_isa_count(); ii++) {
         if (!fmha_isa_supported(fmha_isa_at(ii)) || fmha_cpu_force_isa(fmha_isa_at(ii)->name) != 0) continue;
-        /* one query of 64+ heads in 2+ blocks of NR: the fold driver (fold.c), else decode */
-        const int64_t nr = (int64_t)fmha_cpu_kernels()->tile.nr;
+        /* one query of 64+ heads in 2+ query blocks of the folded problem (32
+         * rows on the matrix driver, bf16 on a table with a matrix part, else
+         * NR): the fold driver (fold.c), else decode */
+        const int64_t nr = dtype == FMHA_DTYPE_BF16 && fmha_cpu_kernels()->matrix.forward
+                               ? FMHA_MATRIX_BLOCK_Q
+                               : (int64_t)fmha_cpu_kernels()->tile.nr;
         const int fold = sq == 1 && hq >= 64 && B * ((hq + nr - 1) / nr) >= 2;
         tu_check(fold ? planned_driver_is(&p, &fmha_fwd_driver_fold)
                       : planned_decode(&p) == (fmha_cpu_kernels()->decode.softmax != NULL),
@@ -400,6 +404,7 @@ static void test_mla(void) {
     mla_case(2, 16, 1, 300, FMHA_DTYPE_F32, 0);
     mla_case(2, 16, 2, 300, FMHA_DTYPE_BF16, 1);
     mla_case(1, 128, 1, 200, FMHA_DTYPE_BF16, 1);
+    mla_case(1, 64, 1, 200, FMHA_DTYPE_BF16, 1); /* two blocks of 32 on the matrix driver, one of NR = 64 */
     mla_case(1, 128, 1, 200, FMHA_DTYPE_F32, 1);
 }
 
