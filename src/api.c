@@ -237,9 +237,9 @@ fmha_status fmha_problem_check(const fmha_problem *p_in) {
         return fmha_fail(FMHA_ERR_BAD_OPTION, "alignment %s contradicts causal's %s alignment",
                          p->alignment == FMHA_ALIGN_TOP_LEFT ? "top-left" : "bottom-right",
                          p->causal == FMHA_CAUSAL_TOP_LEFT ? "top-left" : "bottom-right");
-    if ((unsigned)p->precision > FMHA_PRECISION_FAST)
+    if ((unsigned)p->precision > FMHA_PRECISION_BF16)
         return fmha_fail(FMHA_ERR_BAD_OPTION, "precision must be an fmha_precision (0..%d), got %d",
-                         FMHA_PRECISION_FAST, (int)p->precision);
+                         FMHA_PRECISION_BF16, (int)p->precision);
     {
         const char *names[5] = {"batch", "heads_q", "heads_kv", "seq_q", "seq_kv"};
         const int64_t sizes[5] = {p->batch, p->heads_q, p->heads_kv, p->seq_q, p->seq_kv};

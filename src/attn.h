@@ -37,6 +37,10 @@ struct fmha_plan {
     /* the backward's P = exp(S - lse) (uk's exp_sub, or its lowp one for bf16 FAST) */
     fmha_f32_exp_sub_ukernel_fn exp_sub;
     fmha_strategy strategy;    /* FMHA_STRATEGY_TILED or _DENSE after resolution */
+    /* p.precision as this dtype reads it: bf16 takes BF16 as FAST and
+     * BF16X3 as ACCURATE; float32 and f16 keep it (only the matrix driver
+     * reads it there) */
+    fmha_precision precision;
     const struct fmha_fwd_driver *driver; /* the forward's driver (drivers.c) */
     int threads;               /* most threads a run uses (workspace is sized for it) */
     int64_t group;             /* Hq / Hkv */
@@ -236,6 +240,9 @@ void fmha_fold_run(fmha_plan *run, const void *q, const void *k, const void *v, 
  * queries per block and keys per step of its forward. */
 enum { FMHA_MATRIX_BLOCK_Q = 32 };
 int fmha_matrix_plan(fmha_plan *plan);
+/* 1 when the table's matrix part takes the plan's dtype and precision
+ * (bf16; f16; float32 at BF16X3 or BF16): its shape and masks aside. */
+int fmha_matrix_takes(const fmha_plan *plan);
 size_t fmha_matrix_block_kv(const fmha_plan *plan);
 fmha_ws_size fmha_matrix_workspace(const fmha_plan *plan);
 void fmha_matrix_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse, char *ws);

@@ -10,6 +10,16 @@
 #include "format.h"
 #include "tuning.h"
 
+/* The precision field: the matrix driver's operands, the bf16 pair path's
+ * FAST or ACCURATE, else float32. */
+static const char *precision_name(const fmha_plan *plan) {
+    const int matrix = plan->driver == &fmha_fwd_driver_matrix;
+    if (matrix && plan->p.dtype != FMHA_DTYPE_BF16)
+        return plan->p.dtype == FMHA_DTYPE_F16 || plan->precision == FMHA_PRECISION_BF16X3 ? "bf16x3" : "bf16";
+    if (matrix || plan->path == &fmha_path_bf16) return plan->precision == FMHA_PRECISION_FAST ? "fast" : "accurate";
+    return "float32";
+}
+
 size_t fmha_plan_describe(const fmha_plan *plan, char *buf, size_t buf_size) {
     char cpu[256];
     fmha_arch_describe(cpu, sizeof cpu);
@@ -33,8 +43,8 @@ size_t fmha_plan_describe(const fmha_plan *plan, char *buf, size_t buf_size) {
                  bf16_pairs ? plan->uk->bf16.mr : plan->uk->tile.mr);
     int n = snprintf(buf, buf_size,
                      "driver=%s isa=%s path=%s precision=%s k_format=%s v_format=%s %s threads=%d cpu=\"%s\" tuning=%s",
-                     plan->driver->name, plan->uk->isa, plan->path->name,
-                     bf16_pairs ? (p->precision == FMHA_PRECISION_FAST ? "fast" : "accurate") : "float32",
+                     plan->driver->name, plan->uk->isa,
+                     plan->driver == &fmha_fwd_driver_matrix ? "matrix" : plan->path->name, precision_name(plan),
                      fmha_cache_format_at(plan->k_format)->name, fmha_cache_format_at(plan->v_format)->name, shape,
                      fmha_pool_threads(), cpu, plan->uk->tuning->name);
     return n < 0 ? 0 : (size_t)n;

@@ -192,8 +192,19 @@ def causal_fields(code):
     return code, _lib.ALIGN_CAUSAL
 
 
-# fmha_precision values (fmha.h)
-PRECISIONS = {"accurate": 0, "fast": 1}
+# fmha_precision values (fmha.h): "bf16x3" and "bf16" are float32's on a
+# matrix engine (AMX tiles); bf16 problems read them as accurate and fast
+PRECISIONS = {"accurate": 0, "fast": 1, "bf16x3": 2, "bf16": 3}
+
+
+def precision_code(precision, default="fast", context="fmha"):
+    """The fmha_precision code of a precision name; None takes `default`
+    (fast, or what a binding reads from its framework's float32 matmul
+    setting)."""
+    name = default if precision is None else precision
+    if name not in PRECISIONS:
+        raise ValueError(f"{context}: unknown precision {name!r}; use one of {sorted(PRECISIONS)}")
+    return PRECISIONS[name]
 
 
 def new_problem(dtype, sizes, q_strides, k_strides, v_strides, o_strides, *, scale, causal,
@@ -547,7 +558,7 @@ def quantize_kv(x, format, scales=None):
 def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignment, local_window_size,
              query_seq_lengths, key_value_seq_lengths, segment_ids, alibi_slopes, rel_table,
              rel_max_distance, rel_bidirectional, softcap, strategy, mask_callback, bias_callback,
-             precision="fast", sinks=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0,
+             precision=None, sinks=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0,
              block_table=None, key_format=None, value_format=None, key_scales=None, value_scales=None):
     """Validates every argument (ValueError / TypeError) without calling the
     library; returns (call, q, k, v, batched) for _describe."""
@@ -605,8 +616,7 @@ def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignmen
     scale_value = resolve_scale(scale, H)
     causal = causal_code(is_causal, causal_alignment)
     strategy_value = strategy_code(strategy)
-    if precision not in PRECISIONS:
-        raise ValueError(f"fmha: unknown precision {precision!r}; use one of {sorted(PRECISIONS)}")
+    precision_value = precision_code(precision)
     window = window_sides(local_window_size)
 
     call = _Call()
@@ -703,7 +713,7 @@ def _prepare(query, key, value, bias, mask, *, scale, is_causal, causal_alignmen
         raise TypeError("fmha: bias_callback must be a BiasCallback or a fill function")
 
     call.parts = dict(code=code, kv_code=kv_code, block_table=table, pool=k.shape[:2], sizes=(B, N, K, T, S, H, Hv), scale=scale_value, causal=causal,
-                      strategy=strategy_value, precision=PRECISIONS[precision], window=window, mask=m,
+                      strategy=strategy_value, precision=precision_value, window=window, mask=m,
                       bias=b, q_lengths=ql, kv_lengths=kl,
                       q_ids=q_ids, kv_ids=kv_ids, alibi=a, rel_table=r, sinks=z, softcap=softcap,
                       dropout=(dropout_p, int(dropout_seed), int(dropout_offset)),
@@ -799,7 +809,7 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
               causal_alignment="top_left", local_window_size=None, query_seq_lengths=None,
               key_value_seq_lengths=None, segment_ids=None, alibi_slopes=None, softcap=None,
               rel_table=None, rel_max_distance=128, rel_bidirectional=True, mask_callback=None,
-              bias_callback=None, return_lse=False, strategy="auto", precision="fast", sinks=None,
+              bias_callback=None, return_lse=False, strategy="auto", precision=None, sinks=None,
               dropout_p=0.0, dropout_seed=0, dropout_offset=0,
               block_table=None, key_format=None, value_format=None, key_scales=None, value_scales=None):
     """Scaled dot-product attention on NumPy arrays by the C library.
@@ -830,10 +840,13 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
                         arguments to attention_backward give the gradients
                         of that same draw
       strategy          'auto', 'tiled', 'dense' or 'portable'
-      precision         bf16 only: 'fast' (default: P rounded to bf16 in P V,
+      precision         bf16: 'fast' (default: P rounded to bf16 in P V,
                         as accurate as PyTorch's fused CPU kernel) or
-                        'accurate' (P as bf16 plus its residual); see
-                        fmha_precision in fmha.h
+                        'accurate' (P as bf16 plus its residual); float32 on
+                        a CPU with AMX: 'bf16x3' (Q, K, V, P split into bf16
+                        hi + lo, three tile products, about 2^-16) or 'bf16'
+                        (rounded to bf16), elsewhere float32 FMA; None:
+                        'fast'. See fmha_precision in fmha.h
       key, value        bfloat16 or float16 beside float32 query: a KV cache
                         dtype of its own (widened as read; out is float32)
       block_table       int32 [B, max_pages]: key and value are page pools
@@ -924,7 +937,7 @@ def attention_backward(query, key, value, out, lse, d_out, bias=None, mask=None,
                        query_seq_lengths=None, key_value_seq_lengths=None, segment_ids=None,
                        alibi_slopes=None, softcap=None, rel_table=None, rel_max_distance=128,
                        rel_bidirectional=True, mask_callback=None, bias_callback=None,
-                       return_bias_grads=False, strategy="auto", precision="fast", sinks=None,
+                       return_bias_grads=False, strategy="auto", precision=None, sinks=None,
                        dropout_p=0.0, dropout_seed=0, dropout_offset=0, key_format=None, value_format=None,
                        key_scales=None, value_scales=None):
     """Gradients of `attention` by the C backward (fmha_backward).

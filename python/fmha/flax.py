@@ -30,7 +30,7 @@ def _merge_batch(x, batch_shape):
 
 def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dropout=True, dropout_rng=None,
                           dropout_rate=0.0, deterministic=False, dtype=None, precision=None, module=None,
-                          is_causal=False, fmha_precision="fast", **fmha_kwargs):
+                          is_causal=False, fmha_precision=None, **fmha_kwargs):
     """flax's dot_product_attention computed by fmha.
 
     query [batch..., T, N, H], key and value [batch..., S, K, H] (K divides
@@ -38,8 +38,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
     [batch..., T, N, Hv]. bias is differentiable. dtype casts q, k, v (flax's
     computation dtype; default: their promoted dtype); precision (a lax
     dot precision, which flax always passes) is ignored: fmha accumulates
-    in float32, and fmha_precision ('fast' or 'accurate') is fmha.jax's
-    bf16 precision. fmha_kwargs go to fmha.jax.dot_product_attention
+    in float32, and fmha_precision is fmha.jax's precision ('fast',
+    'accurate', 'bf16x3', 'bf16'; None: fmha.jax's default). fmha_kwargs go to fmha.jax.dot_product_attention
     (sinks, softcap, segment_ids, ...).
 
     Dropout (dropout_rate > 0, deterministic False) is fmha's: the weights

@@ -259,11 +259,26 @@ def quantize_kv(x, format, scales=None):
     return jnp.asarray(values), None if out_scales is None else jnp.asarray(out_scales)
 
 
+# jax_default_matmul_precision values and the fmha precision a float32 call
+# takes from them when it names none
+_MATMUL_PRECISIONS = {"high": "bf16x3", "bfloat16_3x": "bf16x3", "BF16_BF16_F32_X3": "bf16x3", "bfloat16": "bf16",
+                      "BF16_BF16_F32": "bf16"}
+
+
+def _framework_precision(dtype):
+    """The precision of a call that names none: for float32, what
+    jax.default_matmul_precision asks for (read while tracing), else fast."""
+    if jnp.dtype(dtype) != jnp.float32:
+        return "fast"
+    setting = jax.config.jax_default_matmul_precision
+    return _MATMUL_PRECISIONS.get(str(setting), "fast") if setting is not None else "fast"
+
+
 def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
                           query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
                           implementation=None, return_residual=False, causal_alignment="top_left",
                           segment_ids=None, alibi_slopes=None, rel_table=None, rel_max_distance=128,
-                          rel_bidirectional=True, softcap=None, sinks=None, precision="fast", dropout_p=0.0,
+                          rel_bidirectional=True, softcap=None, sinks=None, precision=None, dropout_p=0.0,
                           dropout_rng=None, block_table=None, key_format=None, value_format=None,
                           key_scales=None, value_scales=None):
     """jax.nn.dot_product_attention computed by fmha's C kernels.
@@ -288,7 +303,14 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
       softcap           > 0: scores become softcap * tanh(scores / softcap)
       sinks             [N]: one logit per query head in every row's softmax
                         denominator, without a value (differentiable)
-      precision         'fast' (default) or 'accurate': bf16 P V rounding
+      precision         'fast' or 'accurate' (bf16 P V rounding); for
+                        float32 on a CPU with AMX 'bf16x3' or 'bf16'
+                        (fmha.attention). None: for a float32 query the
+                        matmul precision JAX is set to
+                        (jax.default_matmul_precision: 'high',
+                        'bfloat16_3x' or 'BF16_BF16_F32_X3' give 'bf16x3',
+                        'bfloat16' or 'BF16_BF16_F32' give 'bf16'), else
+                        'fast'
       dropout_p, dropout_rng  dropout on the attention weights (fmha_problem
                         .dropout_p): each dropped with probability dropout_p,
                         the rest scaled by 1 / (1 - dropout_p); dropout_rng,
@@ -437,8 +459,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
         if dropout_rng is None:
             raise ValueError("dropout_p > 0 needs dropout_rng (a jax.random key)")
         extras["dropout_seed"] = jax.random.bits(dropout_rng, (2,), jnp.uint32)
-    if precision not in api.PRECISIONS:
-        raise ValueError(f"precision must be one of {sorted(api.PRECISIONS)}, got {precision!r}")
+    precision_value = api.precision_code(precision, _framework_precision(q.dtype), "fmha.jax")
     if B * N * T * Hv == 0 or S == 0:  # an empty output, or rows that see no key: zeros
         out = jnp.zeros(output_shape[:-1] + (Hv,), q.dtype)
         return (out, jnp.full(output_shape[:-1], -jnp.inf, q.dtype)) if return_residual else out
@@ -447,7 +468,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
         scale = 1.0
     cfg = _Config(scale=api.resolve_scale(scale, H), causal=api.causal_code(is_causal, causal_alignment),
                   window=api.window_sides(local_window_size), strategy=_lib.STRATEGIES["auto"],
-                  softcap=softcap or 0.0, precision=api.PRECISIONS[precision],
+                  softcap=softcap or 0.0, precision=precision_value,
                   rel_max_distance=int(rel_max_distance), rel_bidirectional=int(bool(rel_bidirectional)),
                   dropout_p=dropout_p)
     _check_config(code, B, N, K, T, S, H, Hv, cfg, extras, kv_code, pool)

@@ -304,11 +304,30 @@ def quantize_kv(x, format, scales=None):
     return values, out_scales
 
 
+def _matmul_precision_setting():
+    return torch.get_float32_matmul_precision()
+
+
+# torch.compile reads the setting once, while tracing, as a constant (the
+# call returns a str, which Dynamo cannot put in its graph)
+if hasattr(torch, "compiler") and hasattr(torch.compiler, "assume_constant_result"):
+    _matmul_precision_setting = torch.compiler.assume_constant_result(_matmul_precision_setting)
+
+
+def _framework_precision(dtype):
+    """The precision of a call that names none: for float32,
+    torch.set_float32_matmul_precision's 'high' (bf16x3) or 'medium'
+    (bf16), else fast."""
+    if dtype != torch.float32:
+        return "fast"
+    return {"high": "bf16x3", "medium": "bf16"}.get(_matmul_precision_setting(), "fast")
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False, *, segment_ids=None, alibi_slopes=None, rel_table=None,
                                  rel_max_distance=128, rel_bidirectional=True, softcap=None,
                                  causal_alignment="top_left", local_window_size=None, query_seq_lengths=None,
-                                 key_value_seq_lengths=None, precision="fast", sinks=None, dropout_seed=None,
+                                 key_value_seq_lengths=None, precision=None, sinks=None, dropout_seed=None,
                                  dropout_offset=0, block_table=None, key_format=None, value_format=None,
                                  key_scales=None, value_scales=None):
     """torch.nn.functional.scaled_dot_product_attention by fmha's C kernels.
@@ -334,7 +353,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     'bottom_right': it places the causal mask and, with is_causal or not,
     windows, ALiBi and rel_table), local_window_size (int or (left, right)),
     query_seq_lengths / key_value_seq_lengths [B], precision ('fast' or
-    'accurate', bf16), sinks [H]. alibi_slopes, rel_table and sinks get
+    'accurate' for bf16; 'bf16x3' or 'bf16' for float32 on a CPU with AMX;
+    None: for float32, torch.get_float32_matmul_precision()'s 'high' gives
+    'bf16x3' and 'medium' 'bf16', else 'fast'), sinks [H]. alibi_slopes, rel_table and sinks get
     gradients when they require them.
 
     key and value may be bfloat16 or float16 beside a float32 query: a KV
@@ -457,8 +478,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         else:
             raise TypeError(f"fmha.torch: attn_mask must be boolean or floating point, got {attn_mask.dtype}")
     causal = api.causal_code(bool(is_causal), causal_alignment)
-    if precision not in api.PRECISIONS:
-        raise ValueError(f"fmha.torch: unknown precision {precision!r}; use one of {sorted(api.PRECISIONS)}")
+    precision_value = api.precision_code(precision, _framework_precision(q.dtype), "fmha.torch")
     window = [-1, -1] if local_window_size is None else list(api.window_sides(local_window_size))
     softcap = api.softcap_value(softcap) if softcap is not None else None
     dropout_p = float(dropout_p)
@@ -506,7 +526,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     out = _attention(*AttentionArgs(
         q, k, v, bias=bias, mask=mask, q_lengths=ql, kv_lengths=kl, q_ids=q_ids, kv_ids=kv_ids, alibi=alibi,
         rel_table=rel, sinks=sink, causal=causal, scale=float(scale), window=window, softcap=softcap or 0.0,
-        rel_options=[int(rel_max_distance), int(bool(rel_bidirectional))], precision=api.PRECISIONS[precision],
+        rel_options=[int(rel_max_distance), int(bool(rel_bidirectional))], precision=precision_value,
         dropout_p=dropout_p, dropout_seed=dropout_seed, dropout_offset=dropout_offset, block_table=table))
     return out if nd == 4 else out.reshape(tuple(query.shape[:-1]) + (v.shape[3],))
 

@@ -36,10 +36,8 @@ static int fold_problem(const fmha_plan *plan, fmha_problem *f) {
     if (bs->dense || bs->alibi_slopes || bs->rel_table || bs->callback.fill || p->sinks || p->dropout_p != 0.0f)
         return 0;
     /* the folded problem's query blocks: the matrix driver's 32 rows where
-     * it will serve (bf16 FAST on a table with a matrix part), else NR */
-    const int matrix = plan->uk->matrix.forward && p->dtype == FMHA_DTYPE_BF16 && p->precision == FMHA_PRECISION_FAST &&
-                       fmha_plan_kv_as_q(plan);
-    const int64_t per_block = matrix ? FMHA_MATRIX_BLOCK_Q : (int64_t)plan->uk->tile.nr;
+     * it will serve (fmha_matrix_takes), else NR */
+    const int64_t per_block = fmha_matrix_takes(plan) ? FMHA_MATRIX_BLOCK_Q : (int64_t)plan->uk->tile.nr;
     const int64_t blocks = p->batch * ((p->heads_q + per_block - 1) / per_block);
     if (blocks < FOLD_MIN_BLOCKS) return 0;
     *f = *p;

@@ -11,11 +11,19 @@
  *     Q block packed; the part's forward over keys [min lo, max hi);
  *     O = o / l and lse = m + log l per row (fmha_row_finish: sinks, rows
  *     that saw no key), stored in O's dtype.
- * Serves bf16 Q, K and V (K and V as Q's dtype) at precision FAST, with the
- * causal/window band and query/key lengths as the only masks, no bias,
- * softcap or dropout, no block table, the tiled strategy (asked for, or
- * auto's past the dense crossover). Everything else runs on the dense or
- * tiled drivers (whose bf16 GEMM is on the tiles too).
+ * Serves Q, K and V of one dtype with the causal/window band and query/key
+ * lengths as the only masks, no bias, softcap or dropout, no block table,
+ * the tiled strategy (asked for, or auto's past the dense crossover), in
+ * the part's operands (fmha_matrix_takes):
+ *   bf16     as they are; P as bf16 (FAST) or bf16 plus its residual
+ *            (ACCURATE)
+ *   float16  each element split exactly into bf16 hi + lo, P too: three
+ *            products per GEMM (hi hi + hi lo + lo hi)
+ *   float32  at precision BF16X3 split as float16 (to about 16 bits), at
+ *            BF16 rounded to bf16; FAST and ACCURATE stay on the IEEE FMA
+ *            path (the tiled driver)
+ * Everything else runs on the dense or tiled drivers (whose bf16 GEMM is
+ * on the tiles too).
  *
  * A row whose output is not finite while its sum is (a NaN or inf in V at a
  * key with P = 0, which the tile product still multiplies: 0 * NaN) is
@@ -38,22 +46,51 @@ size_t fmha_matrix_block_kv(const fmha_plan *plan) {
     return tuned ? (size_t)tuned : MATRIX_BLOCK_KV;
 }
 
+/* How the part reads this plan's operands. */
+typedef struct matrix_mode {
+    int src;            /* FMHA_MATRIX_SRC_*: Q's, K's and V's element format */
+    int split_inputs;   /* Q, K, V as bf16 hi + lo */
+    int split_p;        /* P as bf16 hi + lo */
+} matrix_mode;
+
+static int matrix_mode_of(const fmha_plan *plan, matrix_mode *m) {
+    if (!plan->uk->matrix.forward || !fmha_plan_kv_as_q(plan)) return 0;
+    switch (plan->p.dtype) {
+    case FMHA_DTYPE_BF16:
+        *m = (matrix_mode){FMHA_MATRIX_SRC_BF16, 0, plan->precision == FMHA_PRECISION_ACCURATE};
+        return 1;
+    case FMHA_DTYPE_F16: *m = (matrix_mode){FMHA_MATRIX_SRC_F16, 1, 1}; return 1;
+    case FMHA_DTYPE_F32:
+        if (plan->precision != FMHA_PRECISION_BF16X3 && plan->precision != FMHA_PRECISION_BF16) return 0;
+        *m = (matrix_mode){FMHA_MATRIX_SRC_F32, plan->precision == FMHA_PRECISION_BF16X3,
+                           plan->precision == FMHA_PRECISION_BF16X3};
+        return 1;
+    }
+    return 0;
+}
+
+int fmha_matrix_takes(const fmha_plan *plan) {
+    matrix_mode m;
+    return matrix_mode_of(plan, &m);
+}
+
 int fmha_matrix_plan(fmha_plan *plan) {
     const fmha_problem *p = &plan->p;
     const fmha_masks *m = &p->masks;
-    if (!plan->uk->matrix.forward || p->block_table || p->dtype != FMHA_DTYPE_BF16 || !fmha_plan_kv_as_q(plan))
-        return 0;
-    if (p->precision != FMHA_PRECISION_FAST || plan->has_bias || plan->dropout) return 0;
+    if (!fmha_matrix_takes(plan) || p->block_table || plan->has_bias || plan->dropout) return 0;
     /* the tiled strategy, asked for or auto's choice past the dense crossover */
     if (plan->strategy != FMHA_STRATEGY_TILED || p->strategy == FMHA_STRATEGY_PORTABLE) return 0;
     if (m->q_segment_ids || m->dense || m->callback.fill) return 0;
     return 1;
 }
 
+/* Scratch of one query block: qp, qp_lo [dp / 16][32][16] packed Q (and
+ * its residual), o [32][dvp], m, l [32], s [2][32][block_kv], p, p_lo
+ * [2][32][block_kv] bf16, lo, hi [32] each row's keys. */
 typedef struct matrix_scratch {
-    uint32_t *qp;
+    uint32_t *qp, *qp_lo;
     float *o, *m, *l, *s;
-    uint16_t *p;
+    uint16_t *p, *p_lo;
     int64_t *lo, *hi;
 } matrix_scratch;
 
@@ -65,23 +102,34 @@ static size_t matrix_v_words(const fmha_plan *plan) {
     return fmha_round_up((size_t)plan->p.seq_kv, 32) / 2 * fmha_matrix_dvp((size_t)plan->p.head_dim_v);
 }
 
+/* Words of one (b, kv head)'s packed unit: K, V, then (split) K_lo, V_lo. */
+static size_t matrix_unit_words(const fmha_plan *plan, const matrix_mode *m) {
+    return (matrix_k_words(plan) + matrix_v_words(plan)) * (m->split_inputs ? 2 : 1);
+}
+
 static void matrix_carve(const fmha_plan *plan, fmha_carver *c, matrix_scratch *s) {
     const size_t dp = fmha_matrix_dp((size_t)plan->p.head_dim), dvp = fmha_matrix_dvp((size_t)plan->p.head_dim_v);
     const size_t bk = fmha_matrix_block_kv(plan);
+    matrix_mode m = {0};
+    matrix_mode_of(plan, &m);
     s->qp = fmha_carve(c, dp * MATRIX_BQ * sizeof(uint32_t));
+    s->qp_lo = fmha_carve(c, m.split_inputs ? dp * MATRIX_BQ * sizeof(uint32_t) : 0);
     s->o = fmha_carve(c, MATRIX_BQ * dvp * sizeof(float));
     s->m = fmha_carve(c, MATRIX_BQ * sizeof(float));
     s->l = fmha_carve(c, MATRIX_BQ * sizeof(float));
     s->s = fmha_carve(c, 2 * MATRIX_BQ * bk * sizeof(float));
     s->p = fmha_carve(c, 2 * MATRIX_BQ * bk * sizeof(uint16_t));
+    s->p_lo = fmha_carve(c, m.split_p ? 2 * MATRIX_BQ * bk * sizeof(uint16_t) : 0);
     s->lo = fmha_carve(c, MATRIX_BQ * sizeof(int64_t));
     s->hi = fmha_carve(c, MATRIX_BQ * sizeof(int64_t));
 }
 
-/* Shared: [Toeplitz bias vectors (none served)][packed K, V of every (b, kv head)]. */
+/* Shared: the packed units of every (b, kv head). */
 static void matrix_carve_shared(const fmha_plan *plan, fmha_carver *c, uint32_t **kv) {
     const size_t units = (size_t)(plan->p.batch * plan->p.heads_kv);
-    *kv = fmha_carve(c, units * (matrix_k_words(plan) + matrix_v_words(plan)) * sizeof(uint32_t));
+    matrix_mode m = {0};
+    matrix_mode_of(plan, &m);
+    *kv = fmha_carve(c, units * matrix_unit_words(plan, &m) * sizeof(uint32_t));
 }
 
 fmha_ws_size fmha_matrix_workspace(const fmha_plan *plan) {
@@ -95,12 +143,15 @@ fmha_ws_size fmha_matrix_workspace(const fmha_plan *plan) {
 
 typedef struct matrix_ctx {
     const fmha_plan *plan;
-    const uint16_t *q, *k, *v;
+    matrix_mode mode;
+    const char *q, *k, *v;
     void *o;
     float *lse;
     char *ws;
-    uint32_t *kv;        /* per (b, kv head): K words, then V words */
-    size_t unit_words, k_words;
+    uint32_t *kv;        /* per (b, kv head): K, V words, then (split) K_lo, V_lo */
+    size_t unit_words;   /* words of a unit */
+    size_t half_words;   /* words of K and V (the residuals' offset) */
+    size_t k_words;      /* words of K (V's offset) */
     size_t q_blocks;
 } matrix_ctx;
 
@@ -117,17 +168,27 @@ static void matrix_pack_task(void *vctx, size_t task, int thread) {
     const int64_t n_read = kv_len - k0 < 0 ? 0 : kv_len - k0 < nk ? kv_len - k0 : nk;
     const int64_t *ks = p->k_strides, *vs = p->v_strides;
     const size_t dp = fmha_matrix_dp((size_t)p->head_dim), dvp = fmha_matrix_dvp((size_t)p->head_dim_v);
-    uint32_t *kp = c->kv + unit * c->unit_words + (size_t)k0 * dp, *vp = c->kv + unit * c->unit_words + c->k_words +
-                                                                       (size_t)k0 / 2 * dvp;
+    const size_t es = fmha_dtype_size(p->dtype), halves = c->mode.split_inputs ? 2 : 1;
     const size_t k_words = fmha_round_up((size_t)nk, 32) * dp, v_words = fmha_round_up((size_t)nk, 32) / 2 * dvp;
     const size_t k_read = fmha_round_up((size_t)n_read, 32) * dp, v_read = fmha_round_up((size_t)n_read, 32) / 2 * dvp;
     const fmha_uk_matrix *mx = &c->plan->uk->matrix;
-    if (n_read > 0) {
-        mx->pack_k((size_t)n_read, (size_t)p->head_dim, c->k + b * ks[0] + k0 * ks[1] + hk * ks[2], ks[1], ks[3], kp);
-        mx->pack_v((size_t)n_read, (size_t)p->head_dim_v, c->v + b * vs[0] + k0 * vs[1] + hk * vs[2], vs[1], vs[3], vp);
+    uint32_t *unit_base = c->kv + unit * c->unit_words;
+    /* K and V, and their residuals: each at its part's offset, from key k0 */
+    uint32_t *kp[2], *vp[2];
+    for (size_t h = 0; h < 2; h++) {
+        kp[h] = h < halves ? unit_base + h * c->half_words + (size_t)k0 * dp : NULL;
+        vp[h] = h < halves ? unit_base + h * c->half_words + c->k_words + (size_t)k0 / 2 * dvp : NULL;
     }
-    memset(kp + k_read, 0, (k_words - k_read) * sizeof(uint32_t));
-    memset(vp + v_read, 0, (v_words - v_read) * sizeof(uint32_t));
+    if (n_read > 0) {
+        mx->pack_k((size_t)n_read, (size_t)p->head_dim, c->k + (b * ks[0] + k0 * ks[1] + hk * ks[2]) * (int64_t)es,
+                   c->mode.src, ks[1], ks[3], kp[0], kp[1]);
+        mx->pack_v((size_t)n_read, (size_t)p->head_dim_v, c->v + (b * vs[0] + k0 * vs[1] + hk * vs[2]) * (int64_t)es,
+                   c->mode.src, vs[1], vs[3], vp[0], vp[1]);
+    }
+    for (size_t h = 0; h < halves; h++) {
+        memset(kp[h] + k_read, 0, (k_words - k_read) * sizeof(uint32_t));
+        memset(vp[h] + v_read, 0, (v_words - v_read) * sizeof(uint32_t));
+    }
 }
 
 /* Row i's output again in float32 over its keys with P != 0 (a NaN or inf
@@ -145,12 +206,12 @@ static void matrix_row_guarded(const matrix_ctx *c, int64_t b, int64_t h, int64_
     for (int64_t j = lo; j < hi; j++) {
         float s = 0.0f;
         for (int64_t e = 0; e < D; e++)
-            s += fmha_load(c->q, FMHA_DTYPE_BF16, b * qs[0] + i * qs[1] + h * qs[2] + e * qs[3]) *
-                 fmha_load(c->k, FMHA_DTYPE_BF16, b * ks[0] + j * ks[1] + hk * ks[2] + e * ks[3]);
+            s += fmha_load(c->q, p->dtype, b * qs[0] + i * qs[1] + h * qs[2] + e * qs[3]) *
+                 fmha_load(c->k, p->dtype, b * ks[0] + j * ks[1] + hk * ks[2] + e * ks[3]);
         const float pr = expf((sign * s - m_use) * scale);
         if (pr == 0.0f) continue;
         for (int64_t e = 0; e < Dv; e++)
-            acc[e] += pr * fmha_load(c->v, FMHA_DTYPE_BF16, b * vs[0] + j * vs[1] + hk * vs[2] + e * vs[3]);
+            acc[e] += pr * fmha_load(c->v, p->dtype, b * vs[0] + j * vs[1] + hk * vs[2] + e * vs[3]);
     }
     fmha_store_row_uk(plan->uk, c->o, plan->o_dtype, b * os[0] + i * os[1] + h * os[2], os[3], Dv, acc, o_scale);
 }
@@ -182,15 +243,19 @@ static void matrix_fwd_task(void *vctx, size_t task, int thread) {
     }
     const int64_t *qs = p->q_strides, *os = p->o_strides;
     const fmha_uk_matrix *mx = &plan->uk->matrix;
-    mx->pack_q((size_t)nq, (size_t)p->head_dim, c->q + b * qs[0] + q0 * qs[1] + h * qs[2], qs[1], qs[3],
-               plan->scale < 0.0f, s.qp);
+    const int64_t es = (int64_t)fmha_dtype_size(p->dtype);
+    mx->pack_q((size_t)nq, (size_t)p->head_dim, c->q + (b * qs[0] + q0 * qs[1] + h * qs[2]) * es, c->mode.src, qs[1],
+               qs[3], plan->scale < 0.0f, s.qp, c->mode.split_inputs ? s.qp_lo : NULL);
     const uint32_t *kp = c->kv + (size_t)(b * p->heads_kv + hk) * c->unit_words;
+    const uint32_t *kp_lo = c->mode.split_inputs ? kp + c->half_words : NULL;
     fmha_matrix_fwd_args a = {
         .nq = (size_t)nq, .dp = fmha_matrix_dp((size_t)p->head_dim), .dvp = fmha_matrix_dvp((size_t)p->head_dim_v),
-        .block_kv = fmha_matrix_block_kv(plan), .qp = s.qp, .kp = kp, .vp = kp + c->k_words, .kb = kb < ke ? kb : 0,
+        .block_kv = fmha_matrix_block_kv(plan), .qp = s.qp, .kp = kp, .vp = kp + c->k_words,
+        .qp_lo = c->mode.split_inputs ? s.qp_lo : NULL, .kp_lo = kp_lo, .vp_lo = kp_lo ? kp_lo + c->k_words : NULL,
+        .kb = kb < ke ? kb : 0,
         .ke = kb < ke ? ke : 0, .lo = s.lo, .hi = s.hi, .scale_log2 = fabsf(plan->scale) * (float)M_LOG2E,
         .rescale_log2 = (float)plan->uk->tuning->matrix_rescale_log2, .overlap = (int)plan->uk->tuning->matrix_overlap,
-        .o = s.o, .m = s.m, .l = s.l, .s = s.s, .p = s.p};
+        .o = s.o, .m = s.m, .l = s.l, .s = s.s, .p = s.p, .p_lo = c->mode.split_p ? s.p_lo : NULL};
     mx->forward(&a);
 
     const float abs_scale = fabsf(plan->scale);
@@ -214,8 +279,11 @@ void fmha_matrix_run(fmha_plan *run, const void *q, const void *k, const void *v
     fmha_carver sh = {ws + (size_t)run->threads * run->thread_bytes, 0};
     uint32_t *kv;
     matrix_carve_shared(run, &sh, &kv);
-    matrix_ctx c = {run, q, k, v, o, lse, ws, kv, matrix_k_words(run) + matrix_v_words(run), matrix_k_words(run),
-                    ((size_t)p->seq_q + MATRIX_BQ - 1) / MATRIX_BQ};
+    matrix_ctx c = {.plan = run, .q = q, .k = k, .v = v, .o = o, .lse = lse, .ws = ws, .kv = kv,
+                    .k_words = matrix_k_words(run), .q_blocks = ((size_t)p->seq_q + MATRIX_BQ - 1) / MATRIX_BQ};
+    matrix_mode_of(run, &c.mode);
+    c.half_words = matrix_k_words(run) + matrix_v_words(run);
+    c.unit_words = matrix_unit_words(run, &c.mode);
     const size_t chunks = ((size_t)p->seq_kv + MATRIX_PACK_KEYS - 1) / MATRIX_PACK_KEYS;
     fmha_run_parallel(run, (size_t)(p->batch * p->heads_kv) * chunks, matrix_pack_task, &c);
     fmha_run_parallel(run, (size_t)(p->batch * p->heads_q) * c.q_blocks, matrix_fwd_task, &c);

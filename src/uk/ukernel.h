@@ -339,6 +339,9 @@ typedef struct fmha_uk_thread {
  * Keys of a head are packed from key 0; keys k0.. (k0 a multiple of 32)
  * start at word k0 * dp of K and (k0 / 2) * dvp of V. */
 static inline size_t fmha_matrix_dp(size_t d) { return ((d + 1) / 2 + 31) / 32 * 32; }
+/* Element formats the packing reads: bf16, float16, float32 (the last two
+ * rounded to bf16, with their residuals when asked). */
+enum { FMHA_MATRIX_SRC_BF16 = 0, FMHA_MATRIX_SRC_F16, FMHA_MATRIX_SRC_F32 };
 static inline size_t fmha_matrix_dvp(size_t dv) { return (dv + 31) / 32 * 32; }
 
 /* One query block of the forward: rows [0, nq) of 32 against keys
@@ -356,6 +359,9 @@ static inline size_t fmha_matrix_dvp(size_t dv) { return (dv + 31) / 32 * 32; }
 typedef struct fmha_matrix_fwd_args {
     size_t nq, dp, dvp, block_kv;
     const uint32_t *qp, *kp, *vp; /* the packed Q block; the head's packed K and V (key 0) */
+    /* their residuals (x - bf16(x), packed alike) or NULL: with them Q K^T
+     * is Q K + Q K_lo + Q_lo K and P V gains P V_lo */
+    const uint32_t *qp_lo, *kp_lo, *vp_lo;
     int64_t kb, ke;
     const int64_t *lo, *hi;       /* [32] */
     float scale_log2, rescale_log2;
@@ -363,19 +369,25 @@ typedef struct fmha_matrix_fwd_args {
     float *o, *m, *l;             /* [32][dvp], [32], [32] */
     float *s;                     /* scratch [2][32][block_kv] */
     uint16_t *p;                  /* scratch [2][32][block_kv] */
+    uint16_t *p_lo;               /* scratch [2][32][block_kv] for P's residual (P V gains P_lo V), or NULL */
     uint32_t nonfinite;           /* out: bit i when o's row i holds a NaN or an infinity */
     size_t blocks;                /* out: key blocks computed */
 } fmha_matrix_fwd_args;
 
 typedef struct fmha_uk_matrix {
-    /* Packs rows [0, nq) (nq <= 32) of Q, element (i, e) at q[i * rs + e * cs],
-     * negated when `negate`, into a Q block. */
-    void (*pack_q)(size_t nq, size_t d, const uint16_t *q, ptrdiff_t rs, ptrdiff_t cs, int negate, uint32_t *qp);
+    /* Packs rows [0, nq) (nq <= 32) of Q, element (i, e) at q[i * rs + e * cs]
+     * in format src (FMHA_MATRIX_SRC_*), negated when `negate`, into a Q
+     * block: hi the bf16 nearest each, and lo (when not NULL) the bf16
+     * nearest its residual. */
+    void (*pack_q)(size_t nq, size_t d, const void *q, int src, ptrdiff_t rs, ptrdiff_t cs, int negate, uint32_t *hi,
+                   uint32_t *lo);
     /* Packs keys [k0, k0 + nk) of a head (k0 a multiple of 32), element (j, e)
      * of key k0 + j at k[j * rs + e * cs], into its K and V (from key k0's
-     * words, as above; nk not a multiple of 32 only for the head's last keys). */
-    void (*pack_k)(size_t nk, size_t d, const uint16_t *k, ptrdiff_t rs, ptrdiff_t cs, uint32_t *kp);
-    void (*pack_v)(size_t nk, size_t dv, const uint16_t *v, ptrdiff_t rs, ptrdiff_t cs, uint32_t *vp);
+     * words, as above; nk not a multiple of 32 only for the head's last
+     * keys), with residuals as pack_q. */
+    void (*pack_k)(size_t nk, size_t d, const void *k, int src, ptrdiff_t rs, ptrdiff_t cs, uint32_t *hi, uint32_t *lo);
+    void (*pack_v)(size_t nk, size_t dv, const void *v, int src, ptrdiff_t rs, ptrdiff_t cs, uint32_t *hi,
+                   uint32_t *lo);
     void (*forward)(fmha_matrix_fwd_args *a);
 } fmha_uk_matrix;
 

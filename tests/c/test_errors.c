@@ -259,13 +259,15 @@ static void forward_errors(void) {
     static const struct { const char *what; int field, value; } opts[] = {
         {"strategy 4", 0, 4}, {"strategy -1", 0, -1}, {"strategy 99", 0, 99},
         {"causal 3", 1, 3},   {"causal -1", 1, -1},   {"dtype 3", 2, 3},
-        {"dtype -1", 2, -1},  {"dtype 77", 2, 77},
+        {"dtype -1", 2, -1},  {"dtype 77", 2, 77},   {"precision 4", 3, 4},
+        {"precision -1", 3, -1},
     };
     for (int i = 0; i < (int)(sizeof opts / sizeof opts[0]); i++) {
         e = p;
         if (opts[i].field == 0) e.strategy = (fmha_strategy)opts[i].value;
         else if (opts[i].field == 1) e.causal = (fmha_causal)opts[i].value;
-        else e.dtype = (fmha_dtype)opts[i].value;
+        else if (opts[i].field == 2) e.dtype = (fmha_dtype)opts[i].value;
+        else e.precision = (fmha_precision)opts[i].value;
         expect_problem(opts[i].what, &e, FMHA_ERR_BAD_OPTION);
     }
     /* workspace */

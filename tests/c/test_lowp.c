@@ -159,6 +159,63 @@ static void check_problem(fmha_dtype t, int64_t B, int64_t Hq, int64_t Hkv, int6
     free(ro); free(rlse); free(rq); free(rk); free(rv);
 }
 
+/* float32 inputs at FMHA_PRECISION_BF16X3 and _BF16: on a table with a
+ * matrix part (AMX tiles) the forward splits (hi + lo bf16, three
+ * products) or rounds its operands; elsewhere float32 runs its FMA path.
+ * O within the precision's bound against float64 (BF16X3: relative L2
+ * 2e-5, element 1e-4 + 1e-4 |ref|; BF16: relative L2 1e-2), lse within
+ * 1e-5 (BF16X3) or 1e-2 (BF16: Q and K rounded to bf16 move each score by
+ * up to 2^-8 of its terms' magnitude) of 1 + |ref|, fully masked rows zero
+ * with lse -inf, the same bits at 1 and 3 threads, and
+ * fmha_plan_describe naming the precision the driver runs (float32 on
+ * every other driver: the dense strategy of small problems, tables
+ * without a matrix part). */
+static void check_f32_precision(fmha_precision prec, int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, int64_t Skv,
+                                int64_t D, int64_t Dv, fmha_causal causal, const char *isa) {
+    fmha_problem p;
+    fmha_problem_init(&p, B, Hq, Hkv, Sq, Skv, D, Dv, FMHA_LAYOUT_BSHD);
+    p.causal = causal;
+    p.precision = prec;
+    float *q = tu_new_input(&p, 'q', -2, 2), *k = tu_new_input(&p, 'k', -2, 2), *v = tu_new_input(&p, 'v', -1, 1);
+    const size_t no = (size_t)(B * Sq * Hq * Dv), nl = (size_t)(B * Hq * Sq);
+    float *o = malloc(no * 4), *o3 = malloc(no * 4), *lse = malloc(nl * 4), *lse3 = malloc(nl * 4);
+    double *ro = malloc(no * 8), *rlse = malloc(nl * 8);
+    fmha_ref_forward(&p, q, k, v, ro, rlse);
+    const int x3 = prec == FMHA_PRECISION_BF16X3;
+    char what[160];
+    snprintf(what, sizeof what, "float32 %s %s B%lld H%lld/%lld Sq%lld Skv%lld D%lld/%lld causal%d", x3 ? "bf16x3" : "bf16",
+             isa, (long long)B, (long long)Hq, (long long)Hkv, (long long)Sq, (long long)Skv, (long long)D,
+             (long long)Dv, (int)causal);
+    fmha_set_num_threads(1);
+    fmha_status st = tu_forward(&p, q, k, v, o, lse, NULL, 0);
+    fmha_set_num_threads(3);
+    fmha_status st3 = tu_forward(&p, q, k, v, o3, lse3, NULL, 0);
+    fmha_set_num_threads(0);
+    if (tu_check(st == FMHA_OK && st3 == FMHA_OK, "%s: status %d, %d", what, (int)st, (int)st3)) {
+        const double rel = tu_rel_l2(o, ro, no), worst = tu_worst_ratio(o, ro, no, 1e-4, 1e-4);
+        tu_check(x3 ? rel <= 2e-5 && worst <= 1.0 : rel <= 1e-2, "%s: O relative L2 %.3g, worst element %.3g of 1e-4",
+                 what, rel, worst);
+        const double lse_tol = x3 ? 1e-5 : 1e-2;
+        size_t bad_lse = 0;
+        for (size_t i = 0; i < nl; i++)
+            bad_lse += isinf(rlse[i]) ? !(isinf(lse[i]) && lse[i] < 0) : !(fabs(lse[i] - rlse[i]) <= lse_tol * (1 + fabs(rlse[i])));
+        tu_check(bad_lse == 0, "%s: %zu lse off by more than %g", what, bad_lse, lse_tol);
+        tu_check(!memcmp(o, o3, no * 4) && !memcmp(lse, lse3, nl * 4), "%s: 3 threads differ from 1", what);
+        fmha_plan *plan;
+        if (fmha_plan_create(&p, &plan) == FMHA_OK) {
+            char line[1024];
+            fmha_plan_describe(plan, line, sizeof line);
+            const int matrix = strstr(line, "driver=matrix ") != NULL;
+            const int tiled_on_matrix_table = fmha_cpu_kernels()->matrix.forward && strstr(line, "driver=tiled ");
+            tu_check(matrix ? strstr(line, x3 ? " precision=bf16x3 " : " precision=bf16 ") != NULL
+                            : strstr(line, " precision=float32 ") != NULL && !tiled_on_matrix_table,
+                     "%s: describe %s", what, line);
+            fmha_plan_destroy(plan);
+        }
+    }
+    free(q), free(k), free(v), free(o), free(o3), free(lse), free(lse3), free(ro), free(rlse);
+}
+
 /* bf16 scores near 1e30 must neither overflow nor give NaN (float32 range). */
 static void check_large_logits(const char *isa) {
     fmha_problem p;
@@ -334,6 +391,11 @@ int main(void) {
                     check_guarded_dq((fmha_dtype)t, isa, s, (fmha_precision)pr);
             }
         check_large_logits(isa);
+        for (int pr = FMHA_PRECISION_BF16X3; pr <= FMHA_PRECISION_BF16; pr++) {
+            check_f32_precision((fmha_precision)pr, 2, 4, 2, 150, 300, 64, 64, FMHA_CAUSAL_NONE, isa);
+            check_f32_precision((fmha_precision)pr, 1, 2, 1, 77, 200, 33, 40, FMHA_CAUSAL_TOP_LEFT, isa);
+            check_f32_precision((fmha_precision)pr, 1, 3, 3, 90, 61, 128, 96, FMHA_CAUSAL_BOTTOM_RIGHT, isa);
+        }
     }
     return tu_finish();
 }

@@ -433,3 +433,24 @@ def test_bottom_right_window_and_alibi_without_causal(T, S):
     assert rel_error(out, ref["o"]) < TOL
     for got, name in zip(grads, ("dq", "dk", "dv")):
         assert rel_error(got, ref[name]) < TOL, name
+
+
+# A float32 call that names no precision takes JAX's matmul precision:
+# 'high' (and 'BF16_BF16_F32_X3') as bf16x3, 'bfloat16' as bf16, the
+# default as fast: the same bits as naming that precision.
+@pytest.mark.parametrize("setting, precision", [("high", "bf16x3"), ("BF16_BF16_F32_X3", "bf16x3"),
+                                                 ("bfloat16", "bf16"), (None, "fast")])
+def test_default_matmul_precision_picks_the_float32_precision(setting, precision):
+    rng = np.random.default_rng(3)
+    q, k, v = (jnp.asarray(uniform(rng, (1, 200, 2, 32))) for _ in range(3))
+    named = np.asarray(fj.dot_product_attention(q, k, v, is_causal=True, precision=precision))
+    with jax.default_matmul_precision(setting):
+        taken = np.asarray(jax.jit(lambda q, k, v: fj.dot_product_attention(q, k, v, is_causal=True))(q, k, v))
+    np.testing.assert_array_equal(taken, named)
+    # a bf16 query keeps fast whatever the setting
+    qb, kb, vb = (x.astype(jnp.bfloat16) for x in (q, k, v))
+    with jax.default_matmul_precision(setting):
+        got = fj.dot_product_attention(qb, kb, vb, is_causal=True)
+    np.testing.assert_array_equal(np.asarray(got, np.float32),
+                                  np.asarray(fj.dot_product_attention(qb, kb, vb, is_causal=True, precision="fast"),
+                                             np.float32))

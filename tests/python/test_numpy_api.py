@@ -671,3 +671,28 @@ def test_precision_fast_is_bf16_accurate_and_bad_precision_raises():
         assert rel_error(out, exact) < 1e-2, precision
     with pytest.raises(ValueError, match="precision"):
         fmha.attention(q, k, v, precision="medium")
+
+
+# float32 at the matrix engine's precisions (fmha_precision BF16X3, BF16):
+# split into bf16 hi + lo (three tile products) or rounded to bf16 where the
+# CPU has AMX tiles, float32 FMA elsewhere; within each precision's bound of
+# the float64 reference (relative L2: 2e-5 for bf16x3, 1e-2 for bf16).
+@pytest.mark.parametrize("precision, bound", [("bf16x3", 2e-5), ("bf16", 1e-2)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_float32_matrix_precisions(precision, bound, causal):
+    rng = np.random.default_rng(11 + causal)
+    q, k, v = (uniform(rng, (2, 300, 4, 64)) for _ in range(3))
+    ref = reference(q, k, v, is_causal=causal)
+    out, lse = fmha.attention(q, k, v, is_causal=causal, precision=precision, return_lse=True)
+    assert rel_error(out, ref["o"]) < bound
+    assert rel_error(lse, ref["lse"]) < bound
+    line = fmha.describe(q, k, v, is_causal=causal, precision=precision)
+    assert f" precision={precision} " in line if "driver=matrix" in line else " precision=float32 " in line
+    # the default keeps float32's FMA path
+    assert " precision=float32 " in fmha.describe(q, k, v, is_causal=causal)
+
+
+def test_unknown_precision_is_refused():
+    q = np.zeros((1, 4, 1, 8), np.float32)
+    with pytest.raises(ValueError, match="unknown precision 'bf32'"):
+        fmha.attention(q, q, q, precision="bf32")

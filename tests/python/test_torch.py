@@ -286,3 +286,20 @@ def test_errors():
         big = rnd(gen, 1, 1, 4, 600)
         FT.scaled_dot_product_attention(big, big, big)
     assert np.isfinite(FT.scaled_dot_product_attention(q, k, v, enable_gqa=True).numpy()).all()
+
+
+# A float32 call that names no precision takes torch's float32 matmul
+# precision: 'high' as bf16x3, 'medium' as bf16, 'highest' as fast.
+@needs_torch
+@pytest.mark.parametrize("setting, precision", [("high", "bf16x3"), ("medium", "bf16"), ("highest", "fast")])
+def test_float32_matmul_precision_picks_the_precision(setting, precision):
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (rnd(g, 1, 2, 200, 32) for _ in range(3))
+    named = FT.scaled_dot_product_attention(q, k, v, is_causal=True, precision=precision)
+    old = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision(setting)
+        taken = FT.scaled_dot_product_attention(q, k, v, is_causal=True)
+    finally:
+        torch.set_float32_matmul_precision(old)
+    assert torch.equal(taken, named)

@@ -32,7 +32,7 @@ typedef struct bench_options {
     const char *kv_dtype;      /* --kv-dtype: K and V in their own dtype; NULL: the row's */
     const char *kv_format;     /* --kv-format: K and V quantized (int8, fp8_*, q8_0, q4_0); NULL: none */
     int threads;               /* 0: the library's default */
-    const char *precision;     /* --precision: "accurate" or "fast" (bf16 rows) */
+    const char *precision;     /* --precision: "accurate", "fast", "bf16x3" or "bf16" */
     int no_ref, peaks, max_fit, append, explain;
     double peak_timeout_s;
     double mem_budget_mb;      /* 0: MemAvailable */
@@ -46,7 +46,7 @@ typedef struct bench_options {
 typedef struct bench_case {
     const char *impl, *mode, *variant, *dtype;
     int64_t batch, seq, heads, head_dim;
-    const char *precision;     /* bf16 rows: "accurate" (NULL) or "fast" */
+    const char *precision;     /* "accurate" (NULL), "fast", "bf16x3" or "bf16" */
     int64_t seq_q, heads_kv;   /* queries and kv heads; 0: seq and heads */
     int64_t page_size;         /* keys per page of a paged cache; 0: contiguous */
     const char *kv_dtype;      /* dtype of K and V; NULL: dtype */

@@ -73,7 +73,8 @@ static void usage(FILE *f)
             "  --explain               print what serves each row (driver, ISA, operand path,\n"
             "                          cache formats, tiles, threads, CPU: fmha_plan_describe)\n"
             "                          to stderr; every row records it as \"plan\"\n"
-            "  --precision P           fast (default) or accurate: fmha_precision of bfloat16 rows\n"
+            "  --precision P           fast (default), accurate, bf16x3 or bf16: fmha_precision\n"
+            "                          (bfloat16 rows; float32 rows on AMX tiles with bf16x3 or bf16)\n"
             "  --peaks                 also run each (impl, seq) of --peak-seqs x --peak-impls\n"
             "                          (and record the memory read bandwidth, mem_read_gbs)\n"
             "                          in a child process: peak_rss_mb and wall_s (no rel_err)\n"
@@ -379,9 +380,12 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
         else if (strcmp(flag, "--portable-max-seq") == 0)
             rc = parse_int_option(flag, value, 0, 1 << 30, &o->portable_max_seq);
         else if (strcmp(flag, "--precision") == 0) {
-            if (strcmp(value, "accurate") != 0 && strcmp(value, "fast") != 0)
-                return usage_error("--precision wants accurate or fast, got '%s'", value);
-            o->precision = strcmp(value, "fast") == 0 ? "fast" : "accurate";
+            static const char *const precisions[] = {"accurate", "fast", "bf16x3", "bf16"};
+            o->precision = NULL;
+            for (size_t i = 0; i < COUNT_OF(precisions); i++)
+                if (strcmp(value, precisions[i]) == 0) o->precision = precisions[i];
+            if (!o->precision)
+                return usage_error("--precision wants accurate, fast, bf16x3 or bf16, got '%s'", value);
         } else if (strcmp(flag, "--threads") == 0) {
             rc = parse_int_option(flag, value, 1, 1024, &n);
             o->threads = (int)n;

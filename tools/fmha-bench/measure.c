@@ -126,8 +126,11 @@ void bench_case_problem(const bench_case *c, const bench_inputs *in, fmha_proble
         if (in)
             p->k_scales = in->k_scales, p->v_scales = in->v_scales;
     }
-    p->precision = c->precision && strcmp(c->precision, "fast") == 0 ? FMHA_PRECISION_FAST
-                                                                     : FMHA_PRECISION_ACCURATE;
+    p->precision = !c->precision                       ? FMHA_PRECISION_ACCURATE
+                   : strcmp(c->precision, "fast") == 0   ? FMHA_PRECISION_FAST
+                   : strcmp(c->precision, "bf16x3") == 0 ? FMHA_PRECISION_BF16X3
+                   : strcmp(c->precision, "bf16") == 0   ? FMHA_PRECISION_BF16
+                                                         : FMHA_PRECISION_ACCURATE;
     int strategy = bench_impl_strategy(c->impl, &wrong);
     p->strategy = strategy < 0 ? FMHA_STRATEGY_AUTO : (fmha_strategy)strategy;
     set_variant(c, in, p);

@@ -30,12 +30,12 @@ enum { FMHA_AMX_MR = 16, FMHA_AMX_NR = 64 };
     const fmha_tile_config *fmha_amx_tile_config__##SUFFIX(void);                                                      \
     void fmha_amx_ready__##SUFFIX(void);                                                                               \
     /* The matrix part (attn.c; contract in ukernel.h). */                                                             \
-    void fmha_matrix_pack_q__##SUFFIX(size_t nq, size_t d, const uint16_t *q, ptrdiff_t rs, ptrdiff_t cs, int negate,  \
-                                      uint32_t *qp);                                                                   \
-    void fmha_matrix_pack_k__##SUFFIX(size_t nk, size_t d, const uint16_t *k, ptrdiff_t rs, ptrdiff_t cs,              \
-                                      uint32_t *kp);                                                                   \
-    void fmha_matrix_pack_v__##SUFFIX(size_t nk, size_t dv, const uint16_t *v, ptrdiff_t rs, ptrdiff_t cs,             \
-                                      uint32_t *vp);                                                                   \
+    void fmha_matrix_pack_q__##SUFFIX(size_t nq, size_t d, const void *q, int src, ptrdiff_t rs, ptrdiff_t cs,         \
+                                      int negate, uint32_t *hi, uint32_t *lo);                                         \
+    void fmha_matrix_pack_k__##SUFFIX(size_t nk, size_t d, const void *k, int src, ptrdiff_t rs, ptrdiff_t cs,         \
+                                      uint32_t *hi, uint32_t *lo);                                                     \
+    void fmha_matrix_pack_v__##SUFFIX(size_t nk, size_t dv, const void *v, int src, ptrdiff_t rs, ptrdiff_t cs,        \
+                                      uint32_t *hi, uint32_t *lo);                                                     \
     void fmha_matrix_forward__##SUFFIX(fmha_matrix_fwd_args *a);
 
 FMHA_AMX_DECLARE(amx)

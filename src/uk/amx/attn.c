@@ -63,72 +63,102 @@ static inline void transpose_16x16(__m512i m[16]) {
     }
 }
 
-/* The 32 bf16 of row r at elements [32 c, 32 c + 32) (those < d; zeros
- * past d), unit stride. */
-static inline __m512i row_chunk(const uint16_t *row, size_t d, size_t c) {
-    const size_t e0 = 32 * c;
-    if (e0 >= d) return _mm512_setzero_si512();
-    const __mmask32 keep = d - e0 >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (d - e0)) - 1u);
-    return _mm512_maskz_loadu_epi16(keep, row + e0);
+/* Lanes [0, n) of 16 and of 32. */
+static inline __mmask16 lanes16(size_t n) { return n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1u); }
+static inline __mmask32 lanes32(size_t n) { return n >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << n) - 1u); }
+
+/* Element e of a row as float32 (a strided row of any source format). */
+static inline float element_at(const void *row, int src, ptrdiff_t at) {
+    if (src == FMHA_MATRIX_SRC_F32) return ((const float *)row)[at];
+    const uint16_t h = ((const uint16_t *)row)[at];
+    if (src == FMHA_MATRIX_SRC_F16) return _cvtsh_ss(h);
+    const uint32_t w = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &w, 4);
+    return x;
 }
 
-/* Pair word p of a strided row (elements 2p, 2p + 1; zero past d). */
-static inline uint32_t pair_at(const uint16_t *row, ptrdiff_t cs, size_t d, size_t p) {
-    uint32_t lo = 2 * p < d ? row[(ptrdiff_t)(2 * p) * cs] : 0u;
-    uint32_t hi = 2 * p + 1 < d ? row[(ptrdiff_t)(2 * p + 1) * cs] : 0u;
-    return lo | hi << 16;
-}
-
-void FMHA_AMX_FN(fmha_matrix_pack_q)(size_t nq, size_t d, const uint16_t *q, ptrdiff_t rs, ptrdiff_t cs,
-                                     int negate, uint32_t *qp) {
-    const size_t dp = fmha_matrix_dp(d), steps = dp / 16;
-    const __m512i sign = _mm512_set1_epi32(negate ? (int)0x80008000u : 0);
-    for (size_t i = 0; i < ATTN_BQ; i++)
-        for (size_t t = 0; t < steps; t++) {
-            uint32_t *dst = qp + (t * ATTN_BQ + i) * 16;
-            if (i >= nq) {
-                _mm512_storeu_si512(dst, _mm512_setzero_si512());
-            } else if (cs == 1) {
-                /* the padding's zeros become -0 when negated: they meet K's zeros */
-                _mm512_storeu_si512(dst, _mm512_xor_si512(row_chunk(q + (ptrdiff_t)i * rs, d, t), sign));
-            } else {
-                for (size_t p = 0; p < 16; p++) {
-                    uint32_t w = pair_at(q + (ptrdiff_t)i * rs, cs, d, 16 * t + p);
-                    if (negate) w ^= (2 * (16 * t + p) < d ? 0x8000u : 0u) | (2 * (16 * t + p) + 1 < d ? 0x80000000u : 0u);
-                    dst[p] = w;
-                }
-            }
-        }
-}
-
-void FMHA_AMX_FN(fmha_matrix_pack_k)(size_t nk, size_t d, const uint16_t *k, ptrdiff_t rs, ptrdiff_t cs,
-                                     uint32_t *kp) {
-    const size_t dp = fmha_matrix_dp(d), tiles = (nk + 31) / 32 * 2;
-    for (size_t jt = 0; jt < tiles; jt++) {
-        uint32_t *tile = kp + jt * dp * 16;
-        for (size_t c = 0; c < dp / 16; c++) {
-            __m512i m[16];
-            for (size_t r = 0; r < 16; r++) {
-                const size_t j = jt * 16 + r;
-                if (j >= nk) {
-                    m[r] = _mm512_setzero_si512();
-                } else if (cs == 1) {
-                    m[r] = row_chunk(k + (ptrdiff_t)j * rs, d, c);
-                } else {
-                    uint32_t w[16];
-                    for (size_t p = 0; p < 16; p++) w[p] = pair_at(k + (ptrdiff_t)j * rs, cs, d, 16 * c + p);
-                    m[r] = _mm512_loadu_si512(w);
-                }
-            }
-            transpose_16x16(m);
-            for (size_t p = 0; p < 16; p++) _mm512_storeu_si512(tile + (16 * c + p) * 16, m[p]);
-        }
+/* The 32 elements [32 c, 32 c + 32) of a row, element e at row[e * cs]
+ * (zeros past d), as bf16: *hi each rounded to nearest even and, when lo
+ * is not NULL, *lo the residual x - hi rounded likewise (hi + lo holds a
+ * float16 exactly and a float32 to 16 bits). bf16 rows are moved, not
+ * rounded (their residual is 0). */
+static inline void row_chunk(const void *row, int src, ptrdiff_t cs, size_t d, size_t c, __m512i *hi, __m512i *lo) {
+    const size_t e0 = 32 * c, n = e0 >= d ? 0 : d - e0 < 32 ? d - e0 : 32;
+    if (src == FMHA_MATRIX_SRC_BF16 && cs == 1) {
+        *hi = n ? _mm512_maskz_loadu_epi16(lanes32(n), (const uint16_t *)row + e0) : _mm512_setzero_si512();
+        if (lo) *lo = _mm512_setzero_si512();
+        return;
+    }
+    __m512 x0, x1; /* elements 0-15 and 16-31 */
+    if (src == FMHA_MATRIX_SRC_F32 && cs == 1) {
+        x0 = _mm512_maskz_loadu_ps(lanes16(n), (const float *)row + e0);
+        x1 = _mm512_maskz_loadu_ps(lanes16(n > 16 ? n - 16 : 0), (const float *)row + e0 + 16);
+    } else if (src == FMHA_MATRIX_SRC_F16 && cs == 1) {
+        const __m512i h = _mm512_maskz_loadu_epi16(lanes32(n), (const uint16_t *)row + e0);
+        x0 = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+        x1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+    } else {
+        float t[32] = {0};
+        for (size_t e = 0; e < n; e++) t[e] = element_at(row, src, (ptrdiff_t)(e0 + e) * cs);
+        x0 = _mm512_loadu_ps(t);
+        x1 = _mm512_loadu_ps(t + 16);
+    }
+    const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+    *hi = h;
+    if (lo) {
+        const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
+        const __m512 h1 =
+            _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
+        *lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, h1), _mm512_sub_ps(x0, h0));
     }
 }
 
-void FMHA_AMX_FN(fmha_matrix_pack_v)(size_t nk, size_t dv, const uint16_t *v, ptrdiff_t rs, ptrdiff_t cs,
-                                     uint32_t *vp) {
-    const size_t dvp = fmha_matrix_dvp(dv), ctiles = dvp / 16, ksteps = (nk + 31) / 32;
+/* Bytes of one element of a source format. */
+static inline size_t src_bytes(int src) { return src == FMHA_MATRIX_SRC_F32 ? 4 : 2; }
+
+void FMHA_AMX_FN(fmha_matrix_pack_q)(size_t nq, size_t d, const void *q, int src, ptrdiff_t rs, ptrdiff_t cs,
+                                     int negate, uint32_t *hi, uint32_t *lo) {
+    const size_t dp = fmha_matrix_dp(d), steps = dp / 16;
+    /* the sign of every bf16 (the padding's zeros become -0: they meet K's zeros) */
+    const __m512i sign = _mm512_set1_epi32(negate ? (int)0x80008000u : 0);
+    for (size_t i = 0; i < ATTN_BQ; i++)
+        for (size_t t = 0; t < steps; t++) {
+            const size_t at = (t * ATTN_BQ + i) * 16;
+            __m512i h = _mm512_setzero_si512(), l = _mm512_setzero_si512();
+            if (i < nq) {
+                row_chunk((const char *)q + (ptrdiff_t)i * rs * (ptrdiff_t)src_bytes(src), src, cs, d, t, &h, lo ? &l : NULL);
+                h = _mm512_xor_si512(h, sign);
+                l = _mm512_xor_si512(l, sign);
+            }
+            _mm512_storeu_si512(hi + at, h);
+            if (lo) _mm512_storeu_si512(lo + at, l);
+        }
+}
+
+void FMHA_AMX_FN(fmha_matrix_pack_k)(size_t nk, size_t d, const void *k, int src, ptrdiff_t rs, ptrdiff_t cs,
+                                     uint32_t *hi, uint32_t *lo) {
+    const size_t dp = fmha_matrix_dp(d), tiles = (nk + 31) / 32 * 2, es = src_bytes(src);
+    for (size_t jt = 0; jt < tiles; jt++)
+        for (size_t c = 0; c < dp / 16; c++) {
+            __m512i mh[16], ml[16];
+            for (size_t r = 0; r < 16; r++) {
+                const size_t j = jt * 16 + r;
+                mh[r] = ml[r] = _mm512_setzero_si512();
+                if (j < nk) row_chunk((const char *)k + (ptrdiff_t)j * rs * (ptrdiff_t)es, src, cs, d, c, &mh[r], lo ? &ml[r] : NULL);
+            }
+            transpose_16x16(mh);
+            for (size_t p = 0; p < 16; p++) _mm512_storeu_si512(hi + (jt * dp + 16 * c + p) * 16, mh[p]);
+            if (lo) {
+                transpose_16x16(ml);
+                for (size_t p = 0; p < 16; p++) _mm512_storeu_si512(lo + (jt * dp + 16 * c + p) * 16, ml[p]);
+            }
+        }
+}
+
+void FMHA_AMX_FN(fmha_matrix_pack_v)(size_t nk, size_t dv, const void *v, int src, ptrdiff_t rs, ptrdiff_t cs,
+                                     uint32_t *hi, uint32_t *lo) {
+    const size_t dvp = fmha_matrix_dvp(dv), ctiles = dvp / 16, ksteps = (nk + 31) / 32, es = src_bytes(src);
     /* words 0-15 and 16-31 of two rows' 32 elements interleaved */
     const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
                                             6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
@@ -138,22 +168,16 @@ void FMHA_AMX_FN(fmha_matrix_pack_v)(size_t nk, size_t dv, const uint16_t *v, pt
         for (size_t r = 0; r < 16; r++) {
             const size_t j0 = ks * 32 + 2 * r, j1 = j0 + 1;
             for (size_t c = 0; c < dvp / 32; c++) {
-                __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
-                if (cs == 1) {
-                    if (j0 < nk) a = row_chunk(v + (ptrdiff_t)j0 * rs, dv, c);
-                    if (j1 < nk) b = row_chunk(v + (ptrdiff_t)j1 * rs, dv, c);
-                } else {
-                    uint16_t ra[32] = {0}, rb[32] = {0};
-                    for (size_t e = 0; e < 32 && 32 * c + e < dv; e++) {
-                        if (j0 < nk) ra[e] = v[(ptrdiff_t)j0 * rs + (ptrdiff_t)(32 * c + e) * cs];
-                        if (j1 < nk) rb[e] = v[(ptrdiff_t)j1 * rs + (ptrdiff_t)(32 * c + e) * cs];
-                    }
-                    a = _mm512_loadu_si512(ra);
-                    b = _mm512_loadu_si512(rb);
+                __m512i ah = _mm512_setzero_si512(), bh = ah, al = ah, bl = ah;
+                if (j0 < nk) row_chunk((const char *)v + (ptrdiff_t)j0 * rs * (ptrdiff_t)es, src, cs, dv, c, &ah, lo ? &al : NULL);
+                if (j1 < nk) row_chunk((const char *)v + (ptrdiff_t)j1 * rs * (ptrdiff_t)es, src, cs, dv, c, &bh, lo ? &bl : NULL);
+                const size_t at = (ks * ctiles + 2 * c) * 256 + r * 16;
+                _mm512_storeu_si512(hi + at, _mm512_permutex2var_epi16(ah, lo_idx, bh));
+                _mm512_storeu_si512(hi + at + 256, _mm512_permutex2var_epi16(ah, hi_idx, bh));
+                if (lo) {
+                    _mm512_storeu_si512(lo + at, _mm512_permutex2var_epi16(al, lo_idx, bl));
+                    _mm512_storeu_si512(lo + at + 256, _mm512_permutex2var_epi16(al, hi_idx, bl));
                 }
-                uint32_t *base = vp + (ks * ctiles + 2 * c) * 256 + r * 16;
-                _mm512_storeu_si512(base, _mm512_permutex2var_epi16(a, lo_idx, b));
-                _mm512_storeu_si512(base + 256, _mm512_permutex2var_epi16(a, hi_idx, b));
             }
         }
 }
@@ -198,65 +222,99 @@ typedef struct attn_block {
  * softmax. Tiles are not renamed: a load into a tile waits until the
  * products reading it have read it, so each step's loads for the next step
  * come right after the last product that reads the tile they replace.
- *   scores pass (32 keys of block sblk):  tmm0..3 = 0; per k-step of D:
- *     Q rows 0-15, 16-31 (tmm4, 5) x K keys 0-15, 16-31 (tmm6, 7); S stored
+ *   scores pass (32 keys of block sblk):  tmm0..3 = 0; per k-step of D
+ *     and term: Q rows 0-15, 16-31 (tmm4, 5) x K keys 0-15, 16-31 (tmm6,
+ *     7); S stored
  *   values pair (32 columns of O):  tmm0..3 = O; per 32 keys of block
- *     vblk: P rows (tmm4, 5) x V columns (tmm6, 7); O stored */
+ *     vblk and term: P rows (tmm4, 5) x V columns (tmm6, 7); O stored
+ * Split operands (hi + lo bf16) add terms: Q K^T takes hi hi, hi lo and
+ * lo hi, P V takes P hi V hi, then P hi V lo and P lo V hi where there
+ * are lo parts. */
 typedef struct tile_work {
     const fmha_matrix_fwd_args *a;
     attn_block sblk, vblk;
-    float *s;           /* scores of sblk: [32][sblk.n] */
-    const uint16_t *p;  /* P of vblk: [32][vblk.n] bf16 */
-    size_t s_steps;     /* k-steps of a scores pass: dp / 16 */
-    size_t n_scores;    /* k-steps of the scores passes: sblk.n / 32 passes */
-    size_t v_steps;     /* k-steps of a values pair: vblk.n / 32 */
-    size_t n_total;     /* all k-steps */
+    float *s;                   /* scores of sblk: [32][sblk.n] */
+    const uint16_t *p, *p_lo;   /* P of vblk: [32][vblk.n] bf16 (p_lo NULL: no residual) */
+    size_t s_terms, s_steps;    /* terms of Q K^T; its k-steps a pass: dp / 16 x terms */
+    size_t n_scores;            /* k-steps of the scores passes: sblk.n / 32 passes */
+    size_t v_terms, v_steps;    /* terms of P V; its k-steps a pair: vblk.n / 32 x terms */
+    size_t n_total;             /* all k-steps */
 } tile_work;
 
 static tile_work tile_work_of(const fmha_matrix_fwd_args *a, attn_block sblk, float *s, attn_block vblk,
-                              const uint16_t *p) {
-    tile_work w = {a, sblk, vblk, s, p, a->dp / 16, 0, vblk.n / 32, 0};
+                              const uint16_t *p, const uint16_t *p_lo) {
+    const size_t s_terms = a->qp_lo ? 3 : 1, v_terms = 1 + (a->vp_lo != NULL) + (p_lo != NULL);
+    tile_work w = {a, sblk, vblk, s, p, p_lo, s_terms, a->dp / 16 * s_terms, 0, v_terms, vblk.n / 32 * v_terms, 0};
     w.n_scores = sblk.n / 32 * w.s_steps;
     w.n_total = w.n_scores + (vblk.n ? a->dvp / 32 * w.v_steps : 0);
     return w;
 }
 
+/* The A and B tiles of one k-step: A rows 0-15 at a, 16-31 at a + a_half,
+ * a_ld bytes apart; B at b and b + b_half, 64 bytes a row. */
+typedef struct step_tiles {
+    const char *a, *b;
+    size_t a_half, a_ld, b_half;
+} step_tiles;
+
+/* Step s of a scores pass over the keys at kt (K's words of 32 keys). */
+static step_tiles scores_tiles(const tile_work *w, size_t kk, size_t s) {
+    const fmha_matrix_fwd_args *a = w->a;
+    const size_t t = s / w->s_terms, u = s % w->s_terms, at = (size_t)(w->sblk.k0 + (int64_t)kk) * a->dp;
+    const uint32_t *q = u == 2 ? a->qp_lo : a->qp, *k = u == 1 ? a->kp_lo : a->kp;
+    return (step_tiles){(const char *)(q + t * ATTN_BQ * 16), (const char *)(k + at + t * 256), 16 * 16 * 4, 64,
+                        a->dp * 16 * 4};
+}
+
+/* Step s of a values pair (columns 16 c..) over block vblk. */
+static step_tiles values_tiles(const tile_work *w, size_t c, size_t s) {
+    const fmha_matrix_fwd_args *a = w->a;
+    const size_t t = s / w->v_terms, u = s % w->v_terms, n = w->vblk.n, ctiles = a->dvp / 16;
+    /* term 0: P V; term 1: P V_lo (or P_lo V without V_lo); term 2: P_lo V */
+    const int p_lo = (u == 1 && !a->vp_lo) || u == 2, v_lo = u == 1 && a->vp_lo;
+    const uint16_t *p = p_lo ? w->p_lo : w->p;
+    const uint32_t *v = v_lo ? a->vp_lo : a->vp;
+    return (step_tiles){(const char *)(p + 32 * t), (const char *)(v + ((size_t)w->vblk.k0 / 32 * ctiles + t * ctiles + c) * 256),
+                        16 * n * 2, n * 2, 256 * 4};
+}
+
 /* Four products with the next step's loads (when `more`) placed behind the
- * last reader of each tile: A tiles at a_next and a_next + a_half, B tiles
- * at b_next and b_next + b_half (bytes a_ld, b_ld between rows). */
-#define TILE_STEP(more, a_next, a_half, a_ld, b_next, b_half, b_ld)                                                   \
-    do {                                                                                                               \
-        TILE_DPBF16PS(0, 4, 6);                                                                                        \
-        TILE_DPBF16PS(1, 4, 7);                                                                                        \
-        if (more) TILE_LOAD(4, a_next, a_ld);                                                                          \
-        TILE_DPBF16PS(2, 5, 6);                                                                                        \
-        if (more) TILE_LOAD(6, b_next, b_ld);                                                                          \
-        TILE_DPBF16PS(3, 5, 7);                                                                                        \
-        if (more) {                                                                                                    \
-            TILE_LOAD(5, (a_next) + (a_half), a_ld);                                                                   \
-            TILE_LOAD(7, (b_next) + (b_half), b_ld);                                                                   \
-        }                                                                                                              \
-    } while (0)
+ * last reader of each tile. */
+static inline __attribute__((always_inline)) void tile_products(int more, step_tiles next) {
+    TILE_DPBF16PS(0, 4, 6);
+    TILE_DPBF16PS(1, 4, 7);
+    if (more) TILE_LOAD(4, next.a, next.a_ld);
+    TILE_DPBF16PS(2, 5, 6);
+    if (more) TILE_LOAD(6, next.b, 64);
+    TILE_DPBF16PS(3, 5, 7);
+    if (more) {
+        TILE_LOAD(5, next.a + next.a_half, next.a_ld);
+        TILE_LOAD(7, next.b + next.b_half, 64);
+    }
+}
+
+static inline __attribute__((always_inline)) void tile_loads(step_tiles st) {
+    TILE_LOAD(4, st.a, st.a_ld);
+    TILE_LOAD(6, st.b, 64);
+    TILE_LOAD(5, st.a + st.a_half, st.a_ld);
+    TILE_LOAD(7, st.b + st.b_half, 64);
+}
 
 /* Step i of the work (0 <= i < n_total). */
 static void tile_work_step(const tile_work *w, size_t i) {
     const fmha_matrix_fwd_args *a = w->a;
     if (i < w->n_scores) {
         const size_t pass = i / w->s_steps, t = i % w->s_steps, kk = 32 * pass, ld = w->sblk.n;
-        const size_t k_tile = a->dp * 16;
-        const uint32_t *kt = a->kp + (size_t)(w->sblk.k0 + (int64_t)kk) * a->dp; /* two tiles of 16 keys */
         if (t == 0) {
             TILE_ZERO(0);
             TILE_ZERO(1);
             TILE_ZERO(2);
             TILE_ZERO(3);
-            TILE_LOAD(4, a->qp, 64);
-            TILE_LOAD(6, kt, 64);
-            TILE_LOAD(5, a->qp + 16 * 16, 64);
-            TILE_LOAD(7, kt + k_tile, 64);
+            tile_loads(scores_tiles(w, kk, 0));
         }
-        TILE_STEP(t + 1 < w->s_steps, a->qp + (t + 1) * ATTN_BQ * 16, 16 * 16, 64, kt + (t + 1) * 256, k_tile, 64);
-        if (t + 1 == w->s_steps) {
+        const int more = t + 1 < w->s_steps;
+        tile_products(more, more ? scores_tiles(w, kk, t + 1) : (step_tiles){0});
+        if (!more) {
             float *s = w->s;
             TILE_STORE(0, s + kk, ld * 4);
             TILE_STORE(1, s + kk + 16, ld * 4);
@@ -264,22 +322,19 @@ static void tile_work_step(const tile_work *w, size_t i) {
             TILE_STORE(3, s + 16 * ld + kk + 16, ld * 4);
         }
     } else {
-        const size_t j = i - w->n_scores, c = 2 * (j / w->v_steps), t = j % w->v_steps, n = w->vblk.n;
-        const size_t ctiles = a->dvp / 16, ldo = a->dvp * 4, dvp = a->dvp;
+        const size_t j = i - w->n_scores, c = 2 * (j / w->v_steps), t = j % w->v_steps;
+        const size_t ldo = a->dvp * 4, dvp = a->dvp;
         float *o = a->o + c * 16;
-        const uint32_t *vt = a->vp + ((size_t)w->vblk.k0 / 32 * ctiles + c) * 256;
         if (t == 0) {
             TILE_LOAD(0, o, ldo);
             TILE_LOAD(1, o + 16, ldo);
             TILE_LOAD(2, o + 16 * dvp, ldo);
             TILE_LOAD(3, o + 16 * dvp + 16, ldo);
-            TILE_LOAD(4, w->p, n * 2);
-            TILE_LOAD(6, vt, 64);
-            TILE_LOAD(5, w->p + 16 * n, n * 2);
-            TILE_LOAD(7, vt + 256, 64);
+            tile_loads(values_tiles(w, c, 0));
         }
-        TILE_STEP(t + 1 < w->v_steps, w->p + 32 * (t + 1), 16 * n, n * 2, vt + (t + 1) * ctiles * 256, 256, 64);
-        if (t + 1 == w->v_steps) {
+        const int more = t + 1 < w->v_steps;
+        tile_products(more, more ? values_tiles(w, c, t + 1) : (step_tiles){0});
+        if (!more) {
             TILE_STORE(0, o, ldo);
             TILE_STORE(1, o + 16, ldo);
             TILE_STORE(2, o + 16 * dvp, ldo);
@@ -292,8 +347,9 @@ static void tile_work_step(const tile_work *w, size_t i) {
  * into p_row, their sum added to lsum's 16 partial sums; `far` computes
  * (s - m_use) c1 (two operations), else s c1 - m_use c1 (one FMA). */
 static inline __attribute__((always_inline)) void softmax_row_pass(size_t nv, const float *s_row, uint16_t *p_row,
-                                                                    int64_t k0, int64_t lo, int64_t hi, int full,
-                                                                    float c1, float m_use, int far, float *lsum) {
+                                                                    uint16_t *p_lo_row, int64_t k0, int64_t lo,
+                                                                    int64_t hi, int full, float c1, float m_use, int far,
+                                                                    float *lsum) {
     const __m512 c1v = _mm512_set1_ps(c1), mv = _mm512_set1_ps(m_use), mc = _mm512_set1_ps(m_use * c1);
     __m512 sum = _mm512_loadu_ps(lsum);
     for (size_t v = 0; v < nv; v += 2) {
@@ -304,7 +360,15 @@ static inline __attribute__((always_inline)) void softmax_row_pass(size_t nv, co
         const __m512 t1 = far ? _mm512_mul_ps(_mm512_sub_ps(s1, mv), c1v) : _mm512_fmsub_ps(s1, c1v, mc);
         const __m512 p0 = exp2_keep(k0m, t0), p1 = exp2_keep(k1m, t1);
         sum = _mm512_add_ps(_mm512_add_ps(sum, p0), p1);
-        _mm512_storeu_si512(p_row + 16 * v, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+        const __m512i ph = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
+        _mm512_storeu_si512(p_row + 16 * v, ph);
+        if (p_lo_row) { /* the residual P - bf16(P), rounded */
+            const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(ph)), 16));
+            const __m512 h1 =
+                _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(ph, 1)), 16));
+            _mm512_storeu_si512(p_lo_row + 16 * v,
+                                (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(p1, h1), _mm512_sub_ps(p0, h0)));
+        }
     }
     _mm512_storeu_ps(lsum, sum);
 }
@@ -314,11 +378,15 @@ static inline __attribute__((always_inline)) void softmax_row_pass(size_t nv, co
  * *alpha receives the factor O's row takes before this block's P V (1
  * unless m_ref moved: O may be in the tiles' hands now). */
 static void block_softmax_row(const fmha_matrix_fwd_args *a, int64_t k0, size_t bk, const float *s_row,
-                              uint16_t *p_row, int64_t lo, int64_t hi, float *m_ref, float *lsum, float *alpha) {
+                              uint16_t *p_row, uint16_t *p_lo_row, int64_t lo, int64_t hi, float *m_ref, float *lsum,
+                              float *alpha) {
     *alpha = 1.0f;
     const size_t nv = bk / 16;
     if (hi <= lo || hi <= k0 || lo >= k0 + (int64_t)bk) { /* nothing visible: P = 0 */
-        for (size_t v = 0; v < nv; v += 2) _mm512_storeu_si512(p_row + 16 * v, _mm512_setzero_si512());
+        for (size_t v = 0; v < nv; v += 2) {
+            _mm512_storeu_si512(p_row + 16 * v, _mm512_setzero_si512());
+            if (p_lo_row) _mm512_storeu_si512(p_lo_row + 16 * v, _mm512_setzero_si512());
+        }
         return;
     }
     const int full = lo <= k0 && hi >= k0 + (int64_t)bk;
@@ -342,9 +410,9 @@ static void block_softmax_row(const fmha_matrix_fwd_args *a, int64_t k0, size_t 
     /* s c1 - m c1 in one FMA errs by |m c1| 2^-24 (m c1 is rounded): a few
      * 1e-4 at |m c1| = 2^12; past that, (s - m) c1, exact near the max */
     if (fabsf(m_use * c1) < 0x1p12f)
-        softmax_row_pass(nv, s_row, p_row, k0, lo, hi, full, c1, m_use, 0, lsum);
+        softmax_row_pass(nv, s_row, p_row, p_lo_row, k0, lo, hi, full, c1, m_use, 0, lsum);
     else
-        softmax_row_pass(nv, s_row, p_row, k0, lo, hi, full, c1, m_use, 1, lsum);
+        softmax_row_pass(nv, s_row, p_row, p_lo_row, k0, lo, hi, full, c1, m_use, 1, lsum);
 }
 
 /* The row's sums in memory: 16 floats a row. */
@@ -357,12 +425,13 @@ static attn_block block_at(const fmha_matrix_fwd_args *a, int64_t first, size_t 
     return (attn_block){k0, left < (int64_t)a->block_kv ? (size_t)((left + 31) / 32 * 32) : a->block_kv};
 }
 
-/* Softmax of rows [r0, r1) of block b (its S in s, P into p). */
-static void softmax_rows(const fmha_matrix_fwd_args *a, attn_block b, const float *s, uint16_t *p, size_t r0, size_t r1,
-                         float *lsum, float *alpha) {
+/* Softmax of rows [r0, r1) of block b (its S in s, P into p and its
+ * residual into p_lo when that is not NULL). */
+static void softmax_rows(const fmha_matrix_fwd_args *a, attn_block b, const float *s, uint16_t *p, uint16_t *p_lo,
+                         size_t r0, size_t r1, float *lsum, float *alpha) {
     for (size_t i = r0; i < r1; i++)
-        block_softmax_row(a, b.k0, b.n, s + i * b.n, p + i * b.n, i < a->nq ? a->lo[i] : 0, i < a->nq ? a->hi[i] : 0,
-                          &a->m[i], lsum + i * ATTN_LSUM, &alpha[i]);
+        block_softmax_row(a, b.k0, b.n, s + i * b.n, p + i * b.n, p_lo ? p_lo + i * b.n : NULL,
+                          i < a->nq ? a->lo[i] : 0, i < a->nq ? a->hi[i] : 0, &a->m[i], lsum + i * ATTN_LSUM, &alpha[i]);
 }
 
 /* O's rows times the factors softmax_rows left (then 1). */
@@ -386,17 +455,19 @@ void FMHA_AMX_FN(fmha_matrix_forward)(fmha_matrix_fwd_args *a) {
     for (size_t i = 0; i < ATTN_BQ; i++) a->m[i] = -INFINITY, alpha[i] = 1.0f;
     const int64_t first = a->kb / (int64_t)bk * (int64_t)bk;
     const size_t blocks = a->ke > first ? (size_t)((a->ke - first + (int64_t)bk - 1) / (int64_t)bk) : 0;
-    /* S and P of two blocks: [2][32][bk] each */
+    /* S and P (and P's residual) of two blocks: [2][32][bk] each */
     float *s_buf[2] = {a->s, a->s + ATTN_BQ * bk};
     uint16_t *p_buf[2] = {a->p, a->p + ATTN_BQ * bk};
+    uint16_t *pl_buf[2] = {a->p_lo, a->p_lo ? a->p_lo + ATTN_BQ * bk : NULL};
+    const attn_block none = {0, 0};
     if (!a->overlap) {
         for (size_t b = 0; b < blocks; b++) {
             const attn_block blk = block_at(a, first, b);
-            const tile_work scores = tile_work_of(a, blk, s_buf[0], (attn_block){0, 0}, NULL);
+            const tile_work scores = tile_work_of(a, blk, s_buf[0], none, NULL, NULL);
             for (size_t i = 0; i < scores.n_total; i++) tile_work_step(&scores, i);
-            softmax_rows(a, blk, s_buf[0], p_buf[0], 0, ATTN_BQ, lsum, alpha);
+            softmax_rows(a, blk, s_buf[0], p_buf[0], pl_buf[0], 0, ATTN_BQ, lsum, alpha);
             apply_alpha(a, alpha);
-            const tile_work values = tile_work_of(a, (attn_block){0, 0}, NULL, blk, p_buf[0]);
+            const tile_work values = tile_work_of(a, none, NULL, blk, p_buf[0], pl_buf[0]);
             for (size_t i = 0; i < values.n_total; i++) tile_work_step(&values, i);
         }
     } else if (blocks) {
@@ -404,26 +475,26 @@ void FMHA_AMX_FN(fmha_matrix_forward)(fmha_matrix_fwd_args *a) {
          * the tiles compute block b + 1's scores and block b - 1's P V, a
          * k-step at a time between rows of the softmax, so that both have
          * work within the core's out-of-order window. */
-        attn_block prev = {0, 0}, cur = block_at(a, first, 0);
-        const tile_work first_scores = tile_work_of(a, cur, s_buf[0], prev, NULL);
+        attn_block prev = none, cur = block_at(a, first, 0);
+        const tile_work first_scores = tile_work_of(a, cur, s_buf[0], none, NULL, NULL);
         for (size_t i = 0; i < first_scores.n_total; i++) tile_work_step(&first_scores, i);
         for (size_t b = 0; b < blocks; b++) {
-            const attn_block next = b + 1 < blocks ? block_at(a, first, b + 1) : (attn_block){0, 0};
+            const attn_block next = b + 1 < blocks ? block_at(a, first, b + 1) : none;
             apply_alpha(a, alpha); /* block b - 1's factors, before its P V */
-            const tile_work w = tile_work_of(a, next, s_buf[(b + 1) & 1], prev, p_buf[(b + 1) & 1]);
+            const tile_work w = tile_work_of(a, next, s_buf[(b + 1) & 1], prev, p_buf[(b + 1) & 1], pl_buf[(b + 1) & 1]);
             const size_t steps = w.n_total ? w.n_total : 1;
             size_t row = 0;
             for (size_t i = 0; i < steps; i++) {
                 if (i < w.n_total) tile_work_step(&w, i);
                 const size_t row_end = ATTN_BQ * (i + 1) / steps;
-                softmax_rows(a, cur, s_buf[b & 1], p_buf[b & 1], row, row_end, lsum, alpha);
+                softmax_rows(a, cur, s_buf[b & 1], p_buf[b & 1], pl_buf[b & 1], row, row_end, lsum, alpha);
                 row = row_end;
             }
             prev = cur;
             cur = next;
         }
         apply_alpha(a, alpha);
-        const tile_work last = tile_work_of(a, (attn_block){0, 0}, NULL, prev, p_buf[(blocks - 1) & 1]);
+        const tile_work last = tile_work_of(a, none, NULL, prev, p_buf[(blocks - 1) & 1], pl_buf[(blocks - 1) & 1]);
         for (size_t i = 0; i < last.n_total; i++) tile_work_step(&last, i);
     }
     uint32_t nonfinite = 0;
