@@ -707,6 +707,8 @@ FMHA_API size_t fmha_plan_workspace_held(const fmha_plan *plan);
  *              sets the CPU and OS allow (AMX included)
  *   tuning     the table's tuning: "generic", a microarchitecture's name,
  *              or either with "+FMHA_TUNING" when the environment changed it
+ *   backward   the backward's driver: "matrix" (bf16 FAST on a matrix
+ *              engine: AMX tiles) or "tiled"
  * Writes at most buf_size bytes, NUL-terminated (buf may be NULL when
  * buf_size is 0) and returns the length of the whole line, as snprintf. A
  * NULL plan describes the CPU alone. Fields may be added at the end. */

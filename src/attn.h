@@ -256,6 +256,16 @@ void fmha_decode_run(fmha_plan *run, const void *q, const void *k, const void *v
  * a = i + off - j (see fmha.h). */
 int64_t fmha_causal_off(const fmha_plan *plan, int64_t b);
 fmha_ws_size fmha_bwd_workspace(const fmha_plan *plan);
+/* The backward's drivers: tiled (bwd.c: every problem) and matrix
+ * (matrix_bwd.c: bf16 FAST on a matrix engine, fmha_matrix_bwd_plan; its
+ * run returns 0, having written nothing, when K or V is not finite). */
+fmha_ws_size fmha_tiled_bwd_workspace(const fmha_plan *plan);
+void fmha_tiled_bwd_run(fmha_plan *run, const void *q, const void *k, const void *v, const void *o,
+                        const void *d_o, const float *lse, void *dq, void *dk, void *dv, char *ws);
+int fmha_matrix_bwd_plan(const fmha_plan *plan);
+fmha_ws_size fmha_matrix_bwd_workspace(const fmha_plan *plan);
+int fmha_matrix_bwd_run(fmha_plan *run, const void *q, const void *k, const void *v, const void *o, const void *d_o,
+                        const float *lse, void *dq, void *dk, void *dv, char *ws);
 /* The forward on the plan's driver. */
 void fmha_fwd_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse,
                   char *ws);

@@ -206,7 +206,7 @@ static void bwd_ctx_init(bwd_ctx *c, const fmha_plan *plan) {
     c->store_scale = plan->scale;
 }
 
-fmha_ws_size fmha_bwd_workspace(const fmha_plan *plan) {
+fmha_ws_size fmha_tiled_bwd_workspace(const fmha_plan *plan) {
     bwd_ctx c;
     bwd_ctx_init(&c, plan);
     fmha_carver t = {0}, sh = {0};
@@ -517,8 +517,8 @@ static void bwd_zero_dense_grad(const fmha_plan *plan) {
                 for (int64_t j = 0; j < ext[3]; j++) g->d_dense[b * s[0] + h * s[1] + i * s[2] + j * s[3]] = 0.0f;
 }
 
-void fmha_bwd_run(fmha_plan *run, const void *q, const void *k, const void *v, const void *o,
-                  const void *d_o, const float *lse, void *dq, void *dk, void *dv, char *ws) {
+void fmha_tiled_bwd_run(fmha_plan *run, const void *q, const void *k, const void *v, const void *o,
+                        const void *d_o, const float *lse, void *dq, void *dk, void *dv, char *ws) {
     const fmha_problem *p = &run->p;
     bwd_ctx c;
     bwd_ctx_init(&c, run);

@@ -47,6 +47,23 @@ fmha_status fmha_fwd_driver_choose(fmha_plan *plan) {
 
 fmha_ws_size fmha_fwd_workspace(const fmha_plan *plan) { return plan->driver->workspace(plan); }
 
+/* The backward: the matrix driver's where it serves (matrix_bwd.c), with
+ * the tiled backward's room too, which serves a call whose K or V is not
+ * finite; else the tiled backward (bwd.c). */
+fmha_ws_size fmha_bwd_workspace(const fmha_plan *plan) {
+    fmha_ws_size tiled = fmha_tiled_bwd_workspace(plan);
+    if (!fmha_matrix_bwd_plan(plan)) return tiled;
+    fmha_ws_size m = fmha_matrix_bwd_workspace(plan);
+    return (fmha_ws_size){m.thread_bytes > tiled.thread_bytes ? m.thread_bytes : tiled.thread_bytes,
+                          m.shared_bytes > tiled.shared_bytes ? m.shared_bytes : tiled.shared_bytes};
+}
+
+void fmha_bwd_run(fmha_plan *run, const void *q, const void *k, const void *v, const void *o, const void *d_o,
+                  const float *lse, void *dq, void *dk, void *dv, char *ws) {
+    if (fmha_matrix_bwd_plan(run) && fmha_matrix_bwd_run(run, q, k, v, o, d_o, lse, dq, dk, dv, ws)) return;
+    fmha_tiled_bwd_run(run, q, k, v, o, d_o, lse, dq, dk, dv, ws);
+}
+
 void fmha_fwd_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse, char *ws) {
     run->driver->run(run, q, k, v, o, lse, ws);
 }

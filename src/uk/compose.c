@@ -40,5 +40,9 @@ void fmha_ukernels_compose(const fmha_isa_parts *parts, fmha_ukernels *out) {
     }
     if (parts->thread) out->thread = *parts->thread;
     const fmha_uk_matrix *mx = parts->matrix;
-    if (mx && mx->pack_q && mx->pack_k && mx->pack_v && mx->forward) out->matrix = *mx;
+    if (mx && mx->pack_q && mx->pack_k && mx->pack_v && mx->forward) {
+        out->matrix = *mx;
+        if (!(mx->pack_t && mx->backward && mx->nonfinite)) /* a partial backward counts as none */
+            out->matrix.pack_t = NULL, out->matrix.backward = NULL, out->matrix.nonfinite = NULL;
+    }
 }

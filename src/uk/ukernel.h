@@ -374,6 +374,46 @@ typedef struct fmha_matrix_fwd_args {
     size_t blocks;                /* out: key blocks computed */
 } fmha_matrix_fwd_args;
 
+/* The backward on the tiles (bf16, P and dS rounded to bf16: precision
+ * FAST). Per key block of n keys (k0 a multiple of 32, n a multiple of 32)
+ * and up to 4 query blocks of 32 rows, in the layouts above and:
+ *   X^T block  [xr / 16][16][16] words, xr = fmha_matrix_dvp(D or Dv):
+ *              row e, pair p = (X[2p][e], X[2p + 1][e]) of the block's 32
+ *              rows (fmha_uk_matrix.pack_t); the A operand of dK^T, dV^T
+ * the kernel computes, with S = Q K^T raw (Q negated for a negative scale),
+ * P = e^(S |scale| - lse) on each row's keys [lo, hi) (0
+ * elsewhere), dP = dO V^T and dS = P (dP - dsum):
+ *   dvt [dvr][n] += dO^T P,  dkt [dr][n] += Q^T dS  (float32, in memory)
+ *   dq rows [32][ldq] += dS K                        (float32, in memory)
+ * dK = scale dkt^T and dQ = scale dq are the caller's to scale and store. */
+typedef struct fmha_matrix_bwd_qblock {
+    const uint32_t *q, *d_o;      /* Q (negated for a negative scale), dO: query blocks as packed for the forward */
+    const uint32_t *qt, *d_ot;    /* Q^T (not negated), dO^T: X^T blocks */
+    const float *lse;             /* [32] the forward's lse; rows past the block's: anything (lo = hi there) */
+    const float *dsum;            /* [32] rowsum(dO O) */
+    const int64_t *lo, *hi;       /* [32] each row's visible keys */
+    float *dq;                    /* [32][ldq] accumulator rows */
+} fmha_matrix_bwd_qblock;
+
+typedef struct fmha_matrix_bwd_args {
+    size_t dp, dpv;               /* fmha_matrix_dp(D), fmha_matrix_dp(Dv): pairs of Q and K, of dO and V */
+    size_t dvp, dr;               /* fmha_matrix_dvp(Dv), fmha_matrix_dvp(D): rows of dvt, of dkt (columns of K packed as V) */
+    size_t n;                     /* keys */
+    int64_t k0;                   /* the block's first key (the masks') */
+    /* the block's keys packed from their first words: K as the forward's
+     * (pack_k), V as K is (pack_k over Dv), K as V is (pack_v over D) */
+    const uint32_t *kp, *vk, *kv;
+    size_t nqb;                   /* query blocks, 1..4 */
+    const fmha_matrix_bwd_qblock *qb;
+    size_t ldq;                   /* floats between dq rows */
+    float abs_scale, scale_log2;  /* |scale|, |scale| log2(e) */
+    float *dvt, *dkt;             /* [fmha_matrix_dvp(Dv)][ldt], [fmha_matrix_dvp(D)][ldt] float32 accumulators */
+    size_t ldt;                   /* floats between their rows (>= n) */
+    float *s, *dp_buf;            /* scratch [4][32][n] each */
+    uint32_t *p_pairs, *ds_pairs; /* scratch [4][16][n]: P, dS as pairs of rows (the B of dV^T, dK^T) */
+    uint16_t *ds;                 /* scratch [4][32][n] bf16: dS rows (the A of dQ) */
+} fmha_matrix_bwd_args;
+
 typedef struct fmha_uk_matrix {
     /* Packs rows [0, nq) (nq <= 32) of Q, element (i, e) at q[i * rs + e * cs]
      * in format src (FMHA_MATRIX_SRC_*), negated when `negate`, into a Q
@@ -389,6 +429,13 @@ typedef struct fmha_uk_matrix {
     void (*pack_v)(size_t nk, size_t dv, const void *v, int src, ptrdiff_t rs, ptrdiff_t cs, uint32_t *hi,
                    uint32_t *lo);
     void (*forward)(fmha_matrix_fwd_args *a);
+    /* The backward (optional: NULL, the tiled backward serves): X^T
+     * blocks of rows [0, nq) of X (as pack_q, never negated); one key
+     * block's products; 1 when rows [0, n) of d elements (as pack_k reads
+     * them) hold a NaN or an infinity, else 0. */
+    void (*pack_t)(size_t nq, size_t d, const void *x, int src, ptrdiff_t rs, ptrdiff_t cs, uint32_t *xt);
+    void (*backward)(const fmha_matrix_bwd_args *a);
+    int (*nonfinite)(size_t n, size_t d, const void *x, int src, ptrdiff_t rs, ptrdiff_t cs);
 } fmha_uk_matrix;
 
 /* An ISA as its parts. tile is required; NULL parts take the fallbacks. */

@@ -12,8 +12,8 @@
  *     several tiles with causal and key-length masks, against the float64
  *     reference: O within 2e-5 + 2e-5 |ref|, lse within 1e-5 + 1e-5 |ref|,
  *     dQ, dK, dV within a relative L2 error of 2e-5 (test_backward's bar);
- *     bf16 forward (FAST) within a relative L2 error of 1e-2 (test_lowp's),
- *     its lse within 1e-4 + 1e-4 |ref|,
+ *     bf16 forward and backward (FAST) within a relative L2 error of 1e-2
+ *     (test_lowp's), the lse within 1e-4 + 1e-4 |ref|,
  *   - bitwise identical results for 1, 2 and 3 threads.
  * A fifth run sets the matrix driver's schedule away from the generic one
  * (matrix_block_kv=32, matrix_rescale_log2=0, matrix_overlap=0), which the
@@ -188,6 +188,11 @@ static void bf16_case(const tuning_case *c, const char *isa) {
     fmha_problem_init(&p, c->B, c->hq, c->hkv, c->sq, c->skv, c->d, c->d, FMHA_LAYOUT_BSHD);
     p.causal = c->causal;
     p.strategy = FMHA_STRATEGY_TILED;
+    int32_t kv_len[3];
+    if (c->ragged) {
+        tu_ragged_kv_lengths(c->B, c->skv, kv_len);
+        p.masks.kv_lengths = kv_len;
+    }
     const size_t nq = (size_t)(c->B * c->sq * c->hq * c->d), nk = (size_t)(c->B * c->skv * c->hkv * c->d);
     const size_t nl = (size_t)(c->B * c->hq * c->sq);
     float *x[3] = {tu_new_input(&p, 'q', -1, 1), tu_new_input(&p, 'k', -1, 1), tu_new_input(&p, 'v', -1, 1)};
@@ -201,16 +206,31 @@ static void bf16_case(const tuning_case *c, const char *isa) {
         }
     }
     double *ro = malloc(nq * sizeof(double)), *rl = malloc(nl * sizeof(double));
+    /* dO, and the reference gradients [B, S, H, D] */
+    float *d_of = tu_new_input(&p, 'o', -1, 1);
+    uint16_t *d_o = malloc(nq * sizeof(uint16_t));
+    for (size_t i = 0; i < nq; i++) {
+        d_o[i] = fmha_f32_to_bf16(d_of[i]);
+        d_of[i] = fmha_bf16_to_f32(d_o[i]);
+    }
+    double *rg[3] = {malloc(nq * sizeof(double)), malloc(nk * sizeof(double)), malloc(nk * sizeof(double))};
     fmha_problem rp = p;
     rp.dtype = FMHA_DTYPE_F32;
     fmha_ref_forward_full(&rp, x[0], x[1], x[2], ro, rl);
+    fmha_ref_backward_full(&rp, x[0], x[1], x[2], d_of, rg[0], rg[1], rg[2], NULL, NULL, NULL);
     p.dtype = FMHA_DTYPE_BF16;
     uint16_t *o = malloc(nq * sizeof(uint16_t)), *o1 = malloc(nq * sizeof(uint16_t));
     float *of = malloc(nq * sizeof(float)), *lse = malloc(nl * sizeof(float)), *lse1 = malloc(nl * sizeof(float));
+    /* dQ, dK, dV and their bits at 1 thread */
+    const size_t ng[3] = {nq, nk, nk};
+    uint16_t *g[3], *g1[3];
+    for (int t = 0; t < 3; t++) g[t] = malloc(ng[t] * 2), g1[t] = malloc(ng[t] * 2);
     for (int threads = 1; threads <= 3; threads++) {
         fmha_set_num_threads(threads);
         fmha_status st = tu_forward(&p, h[0], h[1], h[2], o, lse, NULL, 0);
         if (!tu_check(st == FMHA_OK, "%s bf16: status %d", isa, (int)st)) break;
+        st = tu_backward(&p, h[0], h[1], h[2], o, d_o, lse, g[0], g[1], g[2], NULL, NULL, 0);
+        if (!tu_check(st == FMHA_OK, "%s bf16 backward: status %d", isa, (int)st)) break;
         if (threads == 1) {
             for (size_t i = 0; i < nq; i++) of[i] = fmha_bf16_to_f32(o[i]);
             double rel = tu_rel_l2(of, ro, nq);
@@ -221,14 +241,25 @@ static void bf16_case(const tuning_case *c, const char *isa) {
                      isa, (long long)c->sq, (long long)c->skv, (long long)c->d, rel, bad_lse);
             memcpy(o1, o, nq * sizeof(uint16_t));
             memcpy(lse1, lse, nl * sizeof(float));
+            for (int t = 0; t < 3; t++) {
+                float *gf = malloc(ng[t] * sizeof(float));
+                for (size_t i = 0; i < ng[t]; i++) gf[i] = fmha_bf16_to_f32(g[t][i]);
+                const double grel = tu_rel_l2(gf, rg[t], ng[t]);
+                tu_check(grel <= 1e-2, "%s bf16 Sq %lld Skv %lld D %lld: d%c rel L2 %.3g", isa, (long long)c->sq,
+                         (long long)c->skv, (long long)c->d, "QKV"[t], grel);
+                memcpy(g1[t], g[t], ng[t] * 2);
+                free(gf);
+            }
         } else {
             tu_check(!memcmp(o, o1, nq * sizeof(uint16_t)) && !memcmp(lse, lse1, nl * sizeof(float)),
                      "%s bf16: O and lse at %d threads have the bits of 1 thread", isa, threads);
+            tu_check(!memcmp(g[0], g1[0], nq * 2) && !memcmp(g[1], g1[1], nk * 2) && !memcmp(g[2], g1[2], nk * 2),
+                     "%s bf16: dQ, dK, dV at %d threads have the bits of 1 thread", isa, threads);
         }
     }
     fmha_set_num_threads(0);
-    for (int t = 0; t < 3; t++) free(x[t]), free(h[t]);
-    free(ro), free(rl), free(o), free(o1), free(of), free(lse), free(lse1);
+    for (int t = 0; t < 3; t++) free(x[t]), free(h[t]), free(rg[t]), free(g[t]), free(g1[t]);
+    free(ro), free(rl), free(o), free(o1), free(of), free(lse), free(lse1), free(d_o), free(d_of);
 }
 
 static void run_isa(const char *isa) {

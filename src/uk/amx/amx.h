@@ -36,7 +36,12 @@ enum { FMHA_AMX_MR = 16, FMHA_AMX_NR = 64 };
                                       uint32_t *hi, uint32_t *lo);                                                     \
     void fmha_matrix_pack_v__##SUFFIX(size_t nk, size_t dv, const void *v, int src, ptrdiff_t rs, ptrdiff_t cs,        \
                                       uint32_t *hi, uint32_t *lo);                                                     \
-    void fmha_matrix_forward__##SUFFIX(fmha_matrix_fwd_args *a);
+    void fmha_matrix_forward__##SUFFIX(fmha_matrix_fwd_args *a);                                                      \
+    /* The matrix part's backward (attn_bwd.c). */                                                                    \
+    void fmha_matrix_pack_t__##SUFFIX(size_t nq, size_t d, const void *x, int src, ptrdiff_t rs, ptrdiff_t cs,         \
+                                      uint32_t *xt);                                                                   \
+    void fmha_matrix_backward__##SUFFIX(const fmha_matrix_bwd_args *a);                                                \
+    int fmha_matrix_nonfinite__##SUFFIX(size_t n, size_t d, const void *x, int src, ptrdiff_t rs, ptrdiff_t cs);
 
 FMHA_AMX_DECLARE(amx)
 FMHA_AMX_DECLARE(amx_emu)

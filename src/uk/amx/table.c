@@ -32,6 +32,9 @@ static const fmha_uk_matrix amx_matrix = {
     .pack_k = FMHA_AMX_FN(fmha_matrix_pack_k),
     .pack_v = FMHA_AMX_FN(fmha_matrix_pack_v),
     .forward = FMHA_AMX_FN(fmha_matrix_forward),
+    .pack_t = FMHA_AMX_FN(fmha_matrix_pack_t),
+    .backward = FMHA_AMX_FN(fmha_matrix_backward),
+    .nonfinite = FMHA_AMX_FN(fmha_matrix_nonfinite),
 };
 
 static const fmha_uk_thread amx_thread = {FMHA_AMX_FN(fmha_amx_thread_begin), FMHA_AMX_FN(fmha_amx_thread_end),

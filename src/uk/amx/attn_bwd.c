@@ -1,0 +1,219 @@
+/* amx/attn_bwd.c: the backward on the tiles (the matrix part's backward;
+ * contract and layouts in ukernel.h), bf16 with P and dS rounded to bf16
+ * (precision FAST). Built twice, like attn.c.
+ *
+ * Derivation (as driver/bwd.c): with S = scale Q K^T, P = softmax(S),
+ * O = P V and dO = dL/dO,
+ *   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - Dsum), Dsum = rowsum(dO * O),
+ *   dQ = scale dS K,  dK = scale dS^T Q,
+ * with P recomputed from the forward's lse. On the tiles each product keeps
+ * its operands in the layouts the tiles read, so nothing is transposed in
+ * the inner loop:
+ *   S   [32 q][n]  = Q K^T         A = Q (as the forward's), B = K (the forward's)
+ *   dP  [32 q][n]  = dO V^T        A = dO (as Q), B = V packed as K
+ *   dV^T [Dv][n]  += dO^T P        A = dO^T block (pack_t), B = P as pairs of rows
+ *   dK^T [D][n]   += Q^T dS        A = Q^T block, B = dS as pairs of rows
+ *   dQ  [32 q][D] += dS K          A = dS rows (bf16 pairs along keys), B = K packed as V
+ * dV^T and dK^T sum over the query blocks of a call (up to 4, one k-step
+ * each) before their tiles go back to memory; the caller transposes them
+ * once per key block. */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "amx.h"
+#include "attn_common.h"
+#include "tile.h"
+
+enum { BWD_MAX_QB = 4 };
+
+/* words 0-15 and 16-31 of two rows' 32 bf16 interleaved: (a[w], b[w]) */
+static inline __m512i pairs_lo(__m512i a, __m512i b) {
+    const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                         37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    return _mm512_permutex2var_epi16(a, idx, b);
+}
+static inline __m512i pairs_hi(__m512i a, __m512i b) {
+    const __m512i idx = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54,
+                                         22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
+    return _mm512_permutex2var_epi16(a, idx, b);
+}
+
+void FMHA_AMX_FN(fmha_matrix_pack_t)(size_t nq, size_t d, const void *x, int src, ptrdiff_t rs, ptrdiff_t cs,
+                                     uint32_t *xt) {
+    const size_t xr = fmha_matrix_dvp(d), es = src_bytes(src);
+    for (size_t c = 0; c < xr / 32; c++) {
+        /* m0[p], m1[p]: pair p's words over elements 32c..32c+15, 32c+16..32c+31 */
+        __m512i m0[16], m1[16];
+        for (size_t p = 0; p < 16; p++) {
+            __m512i a = _mm512_setzero_si512(), b = a;
+            if (2 * p < nq) row_chunk((const char *)x + (ptrdiff_t)(2 * p) * rs * (ptrdiff_t)es, src, cs, d, c, &a, NULL);
+            if (2 * p + 1 < nq)
+                row_chunk((const char *)x + (ptrdiff_t)(2 * p + 1) * rs * (ptrdiff_t)es, src, cs, d, c, &b, NULL);
+            m0[p] = pairs_lo(a, b);
+            m1[p] = pairs_hi(a, b);
+        }
+        transpose_16x16(m0);
+        transpose_16x16(m1);
+        for (size_t e = 0; e < 16; e++) {
+            _mm512_storeu_si512(xt + ((2 * c) * 16 + e) * 16, m0[e]);
+            _mm512_storeu_si512(xt + ((2 * c + 1) * 16 + e) * 16, m1[e]);
+        }
+    }
+}
+
+int FMHA_AMX_FN(fmha_matrix_nonfinite)(size_t n, size_t d, const void *x, int src, ptrdiff_t rs, ptrdiff_t cs) {
+    const size_t es = src_bytes(src);
+    const __m512i exp_bits = _mm512_set1_epi16(0x7F80);
+    __mmask32 bad = 0;
+    for (size_t j = 0; j < n; j++)
+        for (size_t c = 0; c < (d + 31) / 32; c++) {
+            __m512i h;
+            row_chunk((const char *)x + (ptrdiff_t)j * rs * (ptrdiff_t)es, src, cs, d, c, &h, NULL);
+            bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(h, exp_bits), exp_bits);
+        }
+    return bad != 0;
+}
+
+/* C [32][n] = A B over the keys of the block, 32 keys a pass: A query rows
+ * as packed for the forward (k-steps of [32][16] words), B packed as K
+ * (`pairs` pair-rows per 16-key tile). */
+static void rows_by_keys(const uint32_t *a, const uint32_t *b, size_t pairs, size_t n, float *c) {
+    const size_t steps = pairs / 16;
+    for (size_t kk = 0; kk < n; kk += 32) {
+        const uint32_t *bt = b + kk * pairs;
+        const step_tiles first = {(const char *)a, (const char *)bt, 16 * 16 * 4, 64, pairs * 16 * 4, 64};
+        TILE_ZERO(0);
+        TILE_ZERO(1);
+        TILE_ZERO(2);
+        TILE_ZERO(3);
+        tile_loads(first);
+        for (size_t t = 0; t < steps; t++) {
+            const int more = t + 1 < steps;
+            const step_tiles next = {(const char *)(a + (t + 1) * ATTN_BQ * 16), (const char *)(bt + (t + 1) * 256),
+                                     16 * 16 * 4, 64, pairs * 16 * 4, 64};
+            tile_products(more, next);
+        }
+        TILE_STORE(0, c + kk, n * 4);
+        TILE_STORE(1, c + kk + 16, n * 4);
+        TILE_STORE(2, c + 16 * n + kk, n * 4);
+        TILE_STORE(3, c + 16 * n + kk + 16, n * 4);
+    }
+}
+
+/* P and dS of one query block from its S and dP ([32][n]): dS rows as bf16
+ * into ds [32][n], P and dS as pairs of rows into p_pairs, ds_pairs
+ * [16][n] (word (p, k) = rows 2p, 2p + 1 at key k). */
+static void block_p_ds(const fmha_matrix_bwd_args *a, const fmha_matrix_bwd_qblock *q, const float *s,
+                       const float *dp, uint16_t *ds, uint32_t *p_pairs, uint32_t *ds_pairs) {
+    const size_t n = a->n;
+    const __m512 c1 = _mm512_set1_ps(a->scale_log2), sc = _mm512_set1_ps(a->abs_scale),
+                 log2e = _mm512_set1_ps((float)M_LOG2E);
+    for (size_t pr = 0; pr < 16; pr++) {
+        __m512i p_bf[2], ds_bf[2]; /* rows 2 pr, 2 pr + 1: 32 keys each */
+        for (size_t kk = 0; kk < n; kk += 32) {
+            for (int half = 0; half < 2; half++) {
+                const size_t r = 2 * pr + (size_t)half;
+                const int64_t lo = q->lo[r], hi = q->hi[r], base = a->k0 + (int64_t)kk;
+                const __mmask16 m0 = lanes_in(base, lo, hi), m1 = lanes_in(base + 16, lo, hi);
+                const float lse = q->lse[r];
+                const __m512 dsum = _mm512_set1_ps(q->dsum[r]);
+                __m512 p[2], g[2];
+                for (int v = 0; v < 2; v++) {
+                    const __mmask16 keep = v ? m1 : m0;
+                    const __m512 sv = _mm512_loadu_ps(s + r * n + kk + 16 * (size_t)v);
+                    /* s c1 - lse log2(e) in one FMA errs by |lse| 2^-23 (the rounded
+                     * lse log2(e)); past |lse| = 64, (s |scale| - lse) log2(e): the
+                     * FMA's difference is exact where P matters */
+                    const __m512 t = fabsf(lse) < 64.0f
+                                         ? _mm512_fmsub_ps(sv, c1, _mm512_set1_ps(lse * (float)M_LOG2E))
+                                         : _mm512_mul_ps(_mm512_fmsub_ps(sv, sc, _mm512_set1_ps(lse)), log2e);
+                    p[v] = exp2_keep(keep, t, 0);
+                    const __m512 dpv = _mm512_loadu_ps(dp + r * n + kk + 16 * (size_t)v);
+                    g[v] = _mm512_maskz_mul_ps(keep, p[v], _mm512_sub_ps(dpv, dsum)); /* hidden keys: 0, even for NaN dP */
+                }
+                p_bf[half] = (__m512i)_mm512_cvtne2ps_pbh(p[1], p[0]);
+                ds_bf[half] = (__m512i)_mm512_cvtne2ps_pbh(g[1], g[0]);
+                _mm512_storeu_si512(ds + r * n + kk, ds_bf[half]);
+            }
+            uint32_t *pw = p_pairs + pr * n + kk, *dw = ds_pairs + pr * n + kk;
+            _mm512_storeu_si512(pw, pairs_lo(p_bf[0], p_bf[1]));
+            _mm512_storeu_si512(pw + 16, pairs_hi(p_bf[0], p_bf[1]));
+            _mm512_storeu_si512(dw, pairs_lo(ds_bf[0], ds_bf[1]));
+            _mm512_storeu_si512(dw + 16, pairs_hi(ds_bf[0], ds_bf[1]));
+        }
+    }
+}
+
+/* dq [32][ldq] += dS K: per 32 columns of D, k-steps of 32 keys. */
+static void block_dq(const fmha_matrix_bwd_args *a, const uint16_t *ds, float *dq) {
+    const size_t n = a->n, ctiles = a->dr / 16, steps = n / 32, ldq = a->ldq * 4;
+    for (size_t c = 0; c < ctiles; c += 2) {
+        float *o = dq + c * 16;
+        const uint32_t *kt = a->kv + c * 256;
+        TILE_LOAD(0, o, ldq);
+        TILE_LOAD(1, o + 16, ldq);
+        TILE_LOAD(2, o + 16 * a->ldq, ldq);
+        TILE_LOAD(3, o + 16 * a->ldq + 16, ldq);
+        tile_loads((step_tiles){(const char *)ds, (const char *)kt, 16 * n * 2, n * 2, 256 * 4, 64});
+        for (size_t t = 0; t < steps; t++) {
+            const int more = t + 1 < steps;
+            tile_products(more, (step_tiles){(const char *)(ds + 32 * (t + 1)), (const char *)(kt + (t + 1) * ctiles * 256),
+                                             16 * n * 2, n * 2, 256 * 4, 64});
+        }
+        TILE_STORE(0, o, ldq);
+        TILE_STORE(1, o + 16, ldq);
+        TILE_STORE(2, o + 16 * a->ldq, ldq);
+        TILE_STORE(3, o + 16 * a->ldq + 16, ldq);
+    }
+}
+
+/* acc [rows][n] += sum over the query blocks of X_g^T Y_g: A = X^T blocks
+ * (xt[g]), B = Y_g as pairs of rows (yp[g], [16][n]); per 32 rows x 32
+ * keys of acc, one k-step per query block. */
+static void block_xt_y(const fmha_matrix_bwd_args *a, const uint32_t *const *xt, const uint32_t *const *yp,
+                       size_t rows, float *acc) {
+    const size_t n = a->n, ld = n * 4, ldt = a->ldt, ldc = ldt * 4;
+    for (size_t r = 0; r < rows; r += 32)
+        for (size_t kk = 0; kk < n; kk += 32) {
+            float *c = acc + r * ldt + kk;
+            TILE_LOAD(0, c, ldc);
+            TILE_LOAD(1, c + 16, ldc);
+            TILE_LOAD(2, c + 16 * ldt, ldc);
+            TILE_LOAD(3, c + 16 * ldt + 16, ldc);
+            tile_loads((step_tiles){(const char *)(xt[0] + r * 16), (const char *)(yp[0] + kk), 16 * 16 * 4, 64, 16 * 4, ld});
+            for (size_t g = 0; g < a->nqb; g++) {
+                const int more = g + 1 < a->nqb;
+                tile_products(more, more ? (step_tiles){(const char *)(xt[g + 1] + r * 16), (const char *)(yp[g + 1] + kk),
+                                                        16 * 16 * 4, 64, 16 * 4, ld}
+                                         : (step_tiles){0});
+            }
+            TILE_STORE(0, c, ldc);
+            TILE_STORE(1, c + 16, ldc);
+            TILE_STORE(2, c + 16 * ldt, ldc);
+            TILE_STORE(3, c + 16 * ldt + 16, ldc);
+        }
+}
+
+void FMHA_AMX_FN(fmha_matrix_backward)(const fmha_matrix_bwd_args *a) {
+    FMHA_AMX_FN(fmha_amx_ready)();
+    const size_t n = a->n;
+    const uint32_t *dot[BWD_MAX_QB], *pp[BWD_MAX_QB], *qt[BWD_MAX_QB], *dsp[BWD_MAX_QB];
+    for (size_t g = 0; g < a->nqb; g++) {
+        const fmha_matrix_bwd_qblock *q = &a->qb[g];
+        float *s = a->s + g * ATTN_BQ * n, *dp = a->dp_buf + g * ATTN_BQ * n;
+        uint16_t *ds = a->ds + g * ATTN_BQ * n;
+        uint32_t *p_pairs = a->p_pairs + g * 16 * n, *ds_pairs = a->ds_pairs + g * 16 * n;
+        rows_by_keys(q->q, a->kp, a->dp, n, s);
+        rows_by_keys(q->d_o, a->vk, a->dpv, n, dp);
+        block_p_ds(a, q, s, dp, ds, p_pairs, ds_pairs);
+        block_dq(a, ds, q->dq);
+        dot[g] = q->d_ot;
+        qt[g] = q->qt;
+        pp[g] = p_pairs;
+        dsp[g] = ds_pairs;
+    }
+    block_xt_y(a, dot, pp, a->dvp, a->dvt);
+    block_xt_y(a, qt, dsp, a->dr, a->dkt);
+}
