@@ -20,11 +20,11 @@
  * block); the row's reference m_ref moves to M only when M passes it by
  * more than rescale_log2 / scale_log2 (then O's row and the sums are scaled
  * by 2^((m_ref - M) scale_log2)); P = 2^(s scale_log2 - m_ref scale_log2),
- * one FMA, then 2^t as 2^floor(t) p(t - floor(t)) with a degree-3
- * polynomial (8.6e-5 relative; P is rounded to bf16, 2e-3, next; degree 4,
- * 3.0e-6, where P's residual is kept), in instructions that issue on port
- * 5 (a tile product holds port 0); the sums l stay 16 partial sums a row
- * until the end. A row
+ * one FMA, then 2^t as 2^floor(t) p(t - floor(t)) with a degree-4
+ * polynomial (3.0e-6 relative: P is rounded to bf16, 2e-3, next, but l
+ * sums the unrounded P and lse = m + log l keeps 1e-5), in instructions
+ * that issue on port 5 (a tile product holds port 0); the sums l stay 16
+ * partial sums a row until the end. A row
  * whose m_ref is -inf uses 0 in its place (no key seen yet, or every score
  * -inf): -inf scores give P = 0, NaN gives NaN. */
 #include <immintrin.h>
@@ -232,7 +232,8 @@ static inline __attribute__((always_inline)) void softmax_row_pass(size_t nv, co
         const __m512 s0 = _mm512_loadu_ps(s_row + 16 * v), s1 = _mm512_loadu_ps(s_row + 16 * v + 16);
         const __m512 t0 = far ? _mm512_mul_ps(_mm512_sub_ps(s0, mv), c1v) : _mm512_fmsub_ps(s0, c1v, mc);
         const __m512 t1 = far ? _mm512_mul_ps(_mm512_sub_ps(s1, mv), c1v) : _mm512_fmsub_ps(s1, c1v, mc);
-        const __m512 p0 = exp2_keep(k0m, t0, p_lo_row != NULL), p1 = exp2_keep(k1m, t1, p_lo_row != NULL);
+        /* degree 4: l sums these P, and lse = m + log l keeps 1e-5 */
+        const __m512 p0 = exp2_keep(k0m, t0, 1), p1 = exp2_keep(k1m, t1, 1);
         sum = _mm512_add_ps(_mm512_add_ps(sum, p0), p1);
         const __m512i ph = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
         _mm512_storeu_si512(p_row + 16 * v, ph);

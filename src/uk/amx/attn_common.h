@@ -108,9 +108,9 @@ static inline void prefetch_row(const void *row, ptrdiff_t cs, size_t bytes) {
  * vreduceps, 2^f by a polynomial with constant term 1, then times
  * 2^floor(t) by vscalefps, which takes the floor itself, underflows to 0
  * and gives 0 for t = -inf (f is 0 there) and NaN for NaN. The polynomial:
- * degree 3 (8.6e-5 relative) where P is rounded to bf16 (2e-3) next and
- * only its sum keeps more; degree 4 (3.0e-6) where P's residual is kept
- * (`fine`). vrndscaleps, the usual way to n, issues on port 0 only, which
+ * degree 4 (3.0e-6 relative) with `fine` (the forward: l sums P, and lse
+ * keeps 1e-5), else degree 3 (8.6e-5: the backward's P and dS, rounded to
+ * bf16, 2e-3, next). vrndscaleps, the usual way to n, issues on port 0 only, which
  * a tile product holds for its whole 16 cycles; these issue on port 5
  * too, so the softmax keeps running beside the tiles. */
 static inline __attribute__((always_inline)) __m512 exp2_keep(__mmask16 keep, __m512 t, int fine) {
