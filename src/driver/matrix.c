@@ -5,10 +5,13 @@
  *
  *   pre-pass, tasks (b, kv head, 256 keys): K and V of every (b, kv head)
  *     packed once into the tile layouts, in the shared workspace
- *   tasks (b, query head, block of 32 queries), head-major (causal: the
- *     longest blocks of a head first):
+ *   tasks (b, kv head, block of 32 rows): a unit's rows are its group's
+ *     query heads' queries, head by head, so that a decode step's few
+ *     queries of each head (GQA) fill the tiles together (causal: the
+ *     longest blocks of a unit first):
  *     each row's visible keys [lo, hi) from the band and the lengths;
- *     Q block packed; the part's forward over keys [min lo, max hi);
+ *     Q block packed from its rows; the part's forward over keys
+ *     [min lo, max hi);
  *     O = o / l and lse = m + log l per row (fmha_row_finish: sinks, rows
  *     that saw no key), stored in O's dtype.
  * Serves Q, K and V of one dtype with the causal/window band and query/key
@@ -152,7 +155,7 @@ typedef struct matrix_ctx {
     size_t unit_words;   /* words of a unit */
     size_t half_words;   /* words of K and V (the residuals' offset) */
     size_t k_words;      /* words of K (V's offset) */
-    size_t q_blocks;
+    size_t q_blocks;     /* blocks of 32 rows of a unit (b, kv head): its group's heads' queries */
 } matrix_ctx;
 
 static void matrix_pack_task(void *vctx, size_t task, int thread) {
@@ -216,37 +219,51 @@ static void matrix_row_guarded(const matrix_ctx *c, int64_t b, int64_t h, int64_
     fmha_store_row_uk(plan->uk, c->o, plan->o_dtype, b * os[0] + i * os[1] + h * os[2], os[3], Dv, acc, o_scale);
 }
 
+/* Row r of a unit (b, kv head hk): its query head and query. The unit's
+ * rows are its group's heads' queries, head by head (r = g Sq + i), so a
+ * block of 32 rows may hold two heads' queries and a decode step's few
+ * queries of each head fill the tiles together. */
+static void matrix_row(const fmha_plan *plan, int64_t hk, int64_t r, int64_t *h, int64_t *i) {
+    *h = hk * plan->group + r / plan->p.seq_q;
+    *i = r % plan->p.seq_q;
+}
+
 static void matrix_fwd_task(void *vctx, size_t task, int thread) {
     const matrix_ctx *c = vctx;
     const fmha_plan *plan = c->plan;
     const fmha_problem *p = &plan->p;
-    size_t blk = task % c->q_blocks, bh = task / c->q_blocks;
+    size_t blk = task % c->q_blocks, unit = task / c->q_blocks;
     if (p->causal != FMHA_CAUSAL_NONE) blk = c->q_blocks - 1 - blk;
-    const int64_t b = (int64_t)(bh / (size_t)p->heads_q), h = (int64_t)(bh % (size_t)p->heads_q);
-    const int64_t hk = h / plan->group, q0 = (int64_t)blk * MATRIX_BQ;
-    const int64_t nq = p->seq_q - q0 < MATRIX_BQ ? p->seq_q - q0 : MATRIX_BQ;
+    const int64_t b = (int64_t)unit / p->heads_kv, hk = (int64_t)unit % p->heads_kv;
+    const int64_t unit_rows = plan->group * p->seq_q, r0 = (int64_t)blk * MATRIX_BQ;
+    const int64_t nq = unit_rows - r0 < MATRIX_BQ ? unit_rows - r0 : MATRIX_BQ;
     matrix_scratch s;
     fmha_carver carver = {c->ws + (size_t)thread * plan->thread_bytes, 0};
     matrix_carve(plan, &carver, &s);
 
-    /* each row's keys; the block's span */
-    int64_t kb = p->seq_kv, ke = 0;
+    /* each row's head, query, keys and Q row; the block's span */
+    const int64_t *qs = p->q_strides, *os = p->o_strides;
+    const int64_t es = (int64_t)fmha_dtype_size(p->dtype);
     const int64_t q_len = p->masks.q_lengths ? p->masks.q_lengths[b] : p->seq_q;
-    for (int64_t i = 0; i < nq; i++) {
-        fmha_tile_pos row = {b, h, q0 + i, 1, 0, 0};
-        fmha_mask_kv_range(plan, &row, &s.lo[i], &s.hi[i]);
-        if (q0 + i >= q_len) s.lo[i] = s.hi[i] = 0;
-        if (s.hi[i] > s.lo[i]) {
-            if (s.lo[i] < kb) kb = s.lo[i];
-            if (s.hi[i] > ke) ke = s.hi[i];
+    int64_t kb = p->seq_kv, ke = 0, heads[MATRIX_BQ], queries[MATRIX_BQ];
+    const void *q_rows[MATRIX_BQ];
+    for (int64_t r = 0; r < nq; r++) {
+        int64_t h, i;
+        matrix_row(plan, hk, r0 + r, &h, &i);
+        heads[r] = h, queries[r] = i;
+        q_rows[r] = c->q + (b * qs[0] + i * qs[1] + h * qs[2]) * es;
+        fmha_tile_pos row = {b, h, i, 1, 0, 0};
+        fmha_mask_kv_range(plan, &row, &s.lo[r], &s.hi[r]);
+        if (i >= q_len) s.lo[r] = s.hi[r] = 0;
+        if (s.hi[r] > s.lo[r]) {
+            if (s.lo[r] < kb) kb = s.lo[r];
+            if (s.hi[r] > ke) ke = s.hi[r];
         }
     }
-    const int64_t *qs = p->q_strides, *os = p->o_strides;
     const fmha_uk_matrix *mx = &plan->uk->matrix;
-    const int64_t es = (int64_t)fmha_dtype_size(p->dtype);
-    mx->pack_q((size_t)nq, (size_t)p->head_dim, c->q + (b * qs[0] + q0 * qs[1] + h * qs[2]) * es, c->mode.src, qs[1],
-               qs[3], plan->scale < 0.0f, s.qp, c->mode.split_inputs ? s.qp_lo : NULL);
-    const uint32_t *kp = c->kv + (size_t)(b * p->heads_kv + hk) * c->unit_words;
+    mx->pack_q((size_t)nq, (size_t)p->head_dim, q_rows, c->mode.src, qs[3], plan->scale < 0.0f, s.qp,
+               c->mode.split_inputs ? s.qp_lo : NULL);
+    const uint32_t *kp = c->kv + unit * c->unit_words;
     const uint32_t *kp_lo = c->mode.split_inputs ? kp + c->half_words : NULL;
     fmha_matrix_fwd_args a = {
         .nq = (size_t)nq, .dp = fmha_matrix_dp((size_t)p->head_dim), .dvp = fmha_matrix_dvp((size_t)p->head_dim_v),
@@ -259,16 +276,17 @@ static void matrix_fwd_task(void *vctx, size_t task, int thread) {
     mx->forward(&a);
 
     const float abs_scale = fabsf(plan->scale);
-    for (int64_t i = 0; i < nq; i++) {
-        const float m_nat = s.m[i] == -INFINITY ? -INFINITY : s.m[i] * abs_scale;
+    for (int64_t r = 0; r < nq; r++) {
+        const int64_t h = heads[r], i = queries[r];
+        const float m_nat = s.m[r] == -INFINITY ? -INFINITY : s.m[r] * abs_scale;
         float o_scale, row_lse;
-        fmha_row_finish(plan, h, m_nat, s.l[i], &o_scale, &row_lse);
-        if (c->lse) c->lse[(b * p->heads_q + h) * p->seq_q + q0 + i] = row_lse;
-        const float *orow = s.o + (size_t)i * a.dvp;
-        if ((a.nonfinite >> i & 1) && isfinite(s.l[i]))
-            matrix_row_guarded(c, b, h, q0 + i, s.lo[i], s.hi[i], s.m[i], o_scale);
+        fmha_row_finish(plan, h, m_nat, s.l[r], &o_scale, &row_lse);
+        if (c->lse) c->lse[(b * p->heads_q + h) * p->seq_q + i] = row_lse;
+        const float *orow = s.o + (size_t)r * a.dvp;
+        if ((a.nonfinite >> r & 1) && isfinite(s.l[r]))
+            matrix_row_guarded(c, b, h, i, s.lo[r], s.hi[r], s.m[r], o_scale);
         else
-            fmha_store_row_uk(plan->uk, c->o, plan->o_dtype, b * os[0] + (q0 + i) * os[1] + h * os[2], os[3],
+            fmha_store_row_uk(plan->uk, c->o, plan->o_dtype, b * os[0] + i * os[1] + h * os[2], os[3],
                               p->head_dim_v, orow, o_scale);
     }
     fmha_tiles_count((long long)a.blocks);
@@ -280,11 +298,12 @@ void fmha_matrix_run(fmha_plan *run, const void *q, const void *k, const void *v
     uint32_t *kv;
     matrix_carve_shared(run, &sh, &kv);
     matrix_ctx c = {.plan = run, .q = q, .k = k, .v = v, .o = o, .lse = lse, .ws = ws, .kv = kv,
-                    .k_words = matrix_k_words(run), .q_blocks = ((size_t)p->seq_q + MATRIX_BQ - 1) / MATRIX_BQ};
+                    .k_words = matrix_k_words(run),
+                    .q_blocks = ((size_t)(run->group * p->seq_q) + MATRIX_BQ - 1) / MATRIX_BQ};
     matrix_mode_of(run, &c.mode);
     c.half_words = matrix_k_words(run) + matrix_v_words(run);
     c.unit_words = matrix_unit_words(run, &c.mode);
     const size_t chunks = ((size_t)p->seq_kv + MATRIX_PACK_KEYS - 1) / MATRIX_PACK_KEYS;
     fmha_run_parallel(run, (size_t)(p->batch * p->heads_kv) * chunks, matrix_pack_task, &c);
-    fmha_run_parallel(run, (size_t)(p->batch * p->heads_q) * c.q_blocks, matrix_fwd_task, &c);
+    fmha_run_parallel(run, (size_t)(p->batch * p->heads_kv) * c.q_blocks, matrix_fwd_task, &c);
 }

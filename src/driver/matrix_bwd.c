@@ -222,9 +222,10 @@ static void mbwd_prepare_task(void *vctx, size_t task, int thread) {
         mbwd_qblock blk = mbwd_qblock_at(c, b, h, qb);
         const char *qrow = c->q + (b * qs[0] + q0 * qs[1] + h * qs[2]) * es;
         const char *dorow = c->d_o + (b * os[0] + q0 * os[1] + h * os[2]) * es;
-        mx->pack_q((size_t)nq, (size_t)p->head_dim, qrow, FMHA_MATRIX_SRC_BF16, qs[1], qs[3], plan->scale < 0.0f,
-                   blk.q, NULL);
-        mx->pack_q((size_t)nq, (size_t)p->head_dim_v, dorow, FMHA_MATRIX_SRC_BF16, os[1], os[3], 0, blk.d_o, NULL);
+        const void *q_rows[MBWD_BQ], *do_rows[MBWD_BQ];
+        for (int64_t i = 0; i < nq; i++) q_rows[i] = qrow + i * qs[1] * es, do_rows[i] = dorow + i * os[1] * es;
+        mx->pack_q((size_t)nq, (size_t)p->head_dim, q_rows, FMHA_MATRIX_SRC_BF16, qs[3], plan->scale < 0.0f, blk.q, NULL);
+        mx->pack_q((size_t)nq, (size_t)p->head_dim_v, do_rows, FMHA_MATRIX_SRC_BF16, os[3], 0, blk.d_o, NULL);
         mx->pack_t((size_t)nq, (size_t)p->head_dim, qrow, FMHA_MATRIX_SRC_BF16, qs[1], qs[3], blk.qt);
         mx->pack_t((size_t)nq, (size_t)p->head_dim_v, dorow, FMHA_MATRIX_SRC_BF16, os[1], os[3], blk.d_ot);
         for (int64_t i = 0; i < MBWD_BQ; i++) {

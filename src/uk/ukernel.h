@@ -415,11 +415,11 @@ typedef struct fmha_matrix_bwd_args {
 } fmha_matrix_bwd_args;
 
 typedef struct fmha_uk_matrix {
-    /* Packs rows [0, nq) (nq <= 32) of Q, element (i, e) at q[i * rs + e * cs]
-     * in format src (FMHA_MATRIX_SRC_*), negated when `negate`, into a Q
-     * block: hi the bf16 nearest each, and lo (when not NULL) the bf16
-     * nearest its residual. */
-    void (*pack_q)(size_t nq, size_t d, const void *q, int src, ptrdiff_t rs, ptrdiff_t cs, int negate, uint32_t *hi,
+    /* Packs rows [0, nq) (nq <= 32) of Q, element e of row i at
+     * rows[i][e * cs] in format src (FMHA_MATRIX_SRC_*), negated when
+     * `negate`, into a Q block: hi the bf16 nearest each, and lo (when not
+     * NULL) the bf16 nearest its residual. */
+    void (*pack_q)(size_t nq, size_t d, const void *const *rows, int src, ptrdiff_t cs, int negate, uint32_t *hi,
                    uint32_t *lo);
     /* Packs keys [k0, k0 + nk) of a head (k0 a multiple of 32), element (j, e)
      * of key k0 + j at k[j * rs + e * cs], into its K and V (from key k0's

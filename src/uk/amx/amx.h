@@ -30,8 +30,8 @@ enum { FMHA_AMX_MR = 16, FMHA_AMX_NR = 64 };
     const fmha_tile_config *fmha_amx_tile_config__##SUFFIX(void);                                                      \
     void fmha_amx_ready__##SUFFIX(void);                                                                               \
     /* The matrix part (attn.c; contract in ukernel.h). */                                                             \
-    void fmha_matrix_pack_q__##SUFFIX(size_t nq, size_t d, const void *q, int src, ptrdiff_t rs, ptrdiff_t cs,         \
-                                      int negate, uint32_t *hi, uint32_t *lo);                                         \
+    void fmha_matrix_pack_q__##SUFFIX(size_t nq, size_t d, const void *const *rows, int src, ptrdiff_t cs, int negate, \
+                                      uint32_t *hi, uint32_t *lo);                                                     \
     void fmha_matrix_pack_k__##SUFFIX(size_t nk, size_t d, const void *k, int src, ptrdiff_t rs, ptrdiff_t cs,         \
                                       uint32_t *hi, uint32_t *lo);                                                     \
     void fmha_matrix_pack_v__##SUFFIX(size_t nk, size_t dv, const void *v, int src, ptrdiff_t rs, ptrdiff_t cs,        \

@@ -38,18 +38,18 @@
 
 /* ---- packing ---- */
 
-void FMHA_AMX_FN(fmha_matrix_pack_q)(size_t nq, size_t d, const void *q, int src, ptrdiff_t rs, ptrdiff_t cs,
-                                     int negate, uint32_t *hi, uint32_t *lo) {
+void FMHA_AMX_FN(fmha_matrix_pack_q)(size_t nq, size_t d, const void *const *rows, int src, ptrdiff_t cs, int negate,
+                                     uint32_t *hi, uint32_t *lo) {
     const size_t dp = fmha_matrix_dp(d), steps = dp / 16;
     /* the sign of every bf16 (the padding's zeros become -0: they meet K's zeros) */
     const __m512i sign = _mm512_set1_epi32(negate ? (int)0x80008000u : 0);
-    for (size_t i = 0; i < nq; i++) prefetch_row((const char *)q + (ptrdiff_t)i * rs * (ptrdiff_t)src_bytes(src), cs, d * src_bytes(src));
+    for (size_t i = 0; i < nq; i++) prefetch_row(rows[i], cs, d * src_bytes(src));
     for (size_t i = 0; i < ATTN_BQ; i++)
         for (size_t t = 0; t < steps; t++) {
             const size_t at = (t * ATTN_BQ + i) * 16;
             __m512i h = _mm512_setzero_si512(), l = _mm512_setzero_si512();
             if (i < nq) {
-                row_chunk((const char *)q + (ptrdiff_t)i * rs * (ptrdiff_t)src_bytes(src), src, cs, d, t, &h, lo ? &l : NULL);
+                row_chunk(rows[i], src, cs, d, t, &h, lo ? &l : NULL);
                 h = _mm512_xor_si512(h, sign);
                 l = _mm512_xor_si512(l, sign);
             }
