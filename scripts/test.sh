@@ -96,7 +96,7 @@ if [ "$(uname -m)" = x86_64 ]; then
     run_stage "aarch64 neon as a Neoverse N1 (qemu)" \
         arm_ctest 90 neoverse-n1 neon -R '^test_(ukernels|bf16_ukernels|forward)$'
     run_stage "aarch64 wheel on an emulated arm64 Python" \
-        budget 600 env -u FMHA_LIBRARY -u FMHA_BENCH -u PYTHONPATH tests/install/arm64.sh
+        budget 600 env -u FMHA_LIBRARY -u FMHA_BENCH -u PYTHONPATH tests/install/arm64.sh build-aarch64
 fi
 
 python_tests() {
