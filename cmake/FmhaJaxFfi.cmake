@@ -62,6 +62,9 @@ set_target_properties(fmha_jax_ffi PROPERTIES
   INSTALL_RPATH "$ORIGIN/..")   # libfmha.so sits in the package, one level up
 target_include_directories(fmha_jax_ffi SYSTEM PRIVATE ${FMHA_JAX_INCLUDE})
 target_link_libraries(fmha_jax_ffi PRIVATE fmha)
+# only fmha_ffi_* leave the handler (a static C++ runtime in it stays private)
+target_link_options(fmha_jax_ffi PRIVATE "-Wl,--version-script=${CMAKE_CURRENT_SOURCE_DIR}/cmake/fmha_jax_ffi.map")
+set_property(TARGET fmha_jax_ffi APPEND PROPERTY LINK_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/cmake/fmha_jax_ffi.map)
 file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/fmha_jax_ffi.json
      "{\"jaxlib\": \"${FMHA_JAXLIB_VERSION}\", \"ffi_api\": [${_fmha_major}, ${_fmha_minor}]}\n")
 install(TARGETS fmha_jax_ffi LIBRARY DESTINATION fmha/_ffi)

@@ -4,7 +4,8 @@
 # UndefinedBehaviorSanitizer, and optimised (Release: what ships). Runs the
 # C tests (ctest) on both, the Python tests (bindings, fmha-bench, report)
 # on the optimised one, the packaging checks (tests/install/run.sh: the
-# sdist and the manylinux wheel each in a throwaway virtualenv, C consumers
+# sdist and the manylinux_2_28 wheel, compiled by zig, each in a throwaway
+# virtualenv, the Python tests again on the wheel's library; C consumers
 # of an installed fmha through find_package and pkg-config, built and run)
 # and a 60-second run of the libFuzzer target (scripts/fuzz.sh, clang).
 # Every kernel table this CPU can run is tested, amx_emu included (the amx
@@ -96,7 +97,7 @@ if [ "$(uname -m)" = x86_64 ]; then
     run_stage "aarch64 neon as a Neoverse N1 (qemu)" \
         arm_ctest 90 neoverse-n1 neon -R '^test_(ukernels|bf16_ukernels|forward)$'
     run_stage "aarch64 wheel on an emulated arm64 Python" \
-        budget 600 env -u FMHA_LIBRARY -u FMHA_BENCH -u PYTHONPATH tests/install/arm64.sh
+        budget 600 env -u FMHA_LIBRARY -u FMHA_BENCH -u PYTHONPATH tests/install/arm64.sh build-aarch64
 fi
 
 python_tests() {

@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
 # arm64.sh: the aarch64 package as an ARM user meets it, on an x86-64 host
 # under qemu's user-mode emulator (scripts/test.sh runs it there):
-#   1. cross-builds the wheel (pip wheel of the repository with
-#      cmake/aarch64-linux-gnu.cmake; the JAX FFI handler is compiled against
-#      the host jaxlib's XLA FFI headers, which are the same on every
-#      platform) and repairs it into a manylinux aarch64 wheel;
+#   1. cross-builds the wheel (tests/install/build_wheel.sh: pip wheel of
+#      the repository compiled by zig for aarch64 and glibc 2.28; the JAX
+#      FFI handler is compiled against the host jaxlib's XLA FFI headers,
+#      which are the same on every platform) and repairs it into a
+#      manylinux_2_28 (or older) aarch64 wheel;
 #   2. unpacks Debian's arm64 Python 3.11 and the libraries it loads into a
 #      folder of its own (apt with its own lists, cache and status: nothing
 #      on the system changes);
 #   3. installs the wheel, NumPy, ml_dtypes and pytest built for that Python
-#      into another folder (pip --target --platform);
+#      into another folder (pip --target --platform, as pip on a glibc 2.28
+#      system would choose them);
 #   4. from a directory outside the repository, with no FMHA_* variable and
-#      no compiler on PATH, runs tests/install/smoke.py and the NumPy binding
+#      no compiler on PATH, checks that the wheel's library runs every
+#      FMHA_ISA table that BUILD_DIR's (the CMake cross build's, GCC) runs
+#      (isa_names.py), runs tests/install/smoke.py and the NumPy binding
 #      tests as a CPU with every extension (QEMU_CPU=max: the neonbf16
 #      table), then the smoke test on the sve table at 512 and 128 bits and
 #      as a Neoverse N1 (the neon table).
 # The emulated Python runs through a script that names itself as argv[0],
 # so that sys.executable and the tests' subprocesses run emulated too.
 # One line per step; exits non-zero on the first failure.
-#   usage: tests/install/arm64.sh
+#   usage: tests/install/arm64.sh BUILD_DIR(the aarch64 CMake build: cmake/aarch64-linux-gnu.cmake)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
+build="$(cd "${1:?usage: arm64.sh BUILD_DIR}" && pwd)"
 python="$repo/.venv/bin/python"
 qemu="$(command -v qemu-aarch64-static)"
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/fmha-arm64.XXXXXX")"
@@ -30,17 +35,8 @@ say() { echo "arm64: $* ($((SECONDS - t0)) s)"; }
 fail() { cat "$1"; echo "arm64: $2" >&2; exit 1; }
 
 # ---- 1. the wheel ------------------------------------------------------------------
-_PYTHON_HOST_PLATFORM=linux-aarch64 "$python" -m pip wheel -q --no-deps -w "$tmp/dist" \
-    -C cmake.define.CMAKE_TOOLCHAIN_FILE="$repo/cmake/aarch64-linux-gnu.cmake" -C build-dir="$tmp/build" \
-    "$repo" >"$tmp/wheel.log" 2>&1 || fail "$tmp/wheel.log" "cross-building the aarch64 wheel failed"
-built=$(ls "$tmp"/dist/fmha-*-linux_aarch64.whl)
-PATH="$(dirname "$python"):$PATH" "$python" -m auditwheel repair -w "$tmp/wheelhouse" "$built" \
-    >"$tmp/repair.log" 2>&1 || fail "$tmp/repair.log" "auditwheel repair failed"
-wheel=$(ls "$tmp"/wheelhouse/fmha-*.whl)
-case "$(basename "$wheel")" in
-    *-manylinux_2_[0-9]*_aarch64.whl) ;;
-    *) echo "arm64: $(basename "$wheel") is not a manylinux aarch64 wheel" >&2; exit 1 ;;
-esac
+"$repo/tests/install/build_wheel.sh" "$repo" aarch64 "$tmp/wheel" >"$tmp/build-wheel.out"
+wheel=$(tail -1 "$tmp/build-wheel.out")
 # ELF e_machine (bytes 18-19, little-endian) 183 is AArch64
 "$python" - "$wheel" <<'EOF' || exit 1
 import sys, zipfile
@@ -52,26 +48,16 @@ for so in ("fmha/libfmha.so", "fmha/_ffi/fmha_jax_ffi.so"):
     if head[:4] != b"\x7fELF" or int.from_bytes(head[18:20], "little") != 183:
         sys.exit(f"arm64: {so} is not an aarch64 object")
 EOF
-say "built $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB; libfmha.so and the JAX FFI handler for aarch64)"
+say "built $(basename "$wheel") with zig ($(du -k "$wheel" | cut -f1) KiB; libfmha.so and the JAX FFI handler for aarch64)"
+say "$(grep '^build_wheel: auditwheel show' "$tmp/build-wheel.out")"
 
 # ---- 2. Debian's arm64 Python in a folder ------------------------------------------
-apt_dir="$tmp/apt" root="$tmp/root"
-mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/debs" "$root"
-: >"$apt_dir/status"
-echo "deb [arch=arm64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm main" \
-    >"$apt_dir/sources.list"
-apt_opts=(-o APT::Architecture=arm64 -o APT::Architectures::=arm64 -o Dir::State::Lists="$apt_dir/lists"
-          -o Dir::State::status="$apt_dir/status" -o Dir::Cache="$apt_dir/cache"
-          -o Dir::Etc::sourcelist="$apt_dir/sources.list" -o Dir::Etc::sourceparts=/nonexistent
-          -o Debug::NoLocking=1 -o APT::Sandbox::User=root)
-apt-get "${apt_opts[@]}" -q update >"$tmp/apt.log" 2>&1 || fail "$tmp/apt.log" "apt-get update (arm64 lists) failed"
 # python3.11 and what it and its standard modules load
-(cd "$apt_dir/debs" && apt-get "${apt_opts[@]}" -q download python3.11-minimal libpython3.11-minimal \
+"$repo/tests/install/debian_root.sh" arm64 bookworm "$tmp/debian" python3.11-minimal libpython3.11-minimal \
     libpython3.11-stdlib libc6 libgcc-s1 libstdc++6 zlib1g libexpat1 libffi8 libssl3 libbz2-1.0 liblzma5 \
     libuuid1 libcrypt1 libsqlite3-0 libncursesw6 libtinfo6 libreadline8 libtirpc3 libnsl2 libdb5.3 \
-    libgssapi-krb5-2 libkrb5-3 libk5crypto3 libcom-err2 libkrb5support0 libkeyutils1) \
-    >>"$tmp/apt.log" 2>&1 || fail "$tmp/apt.log" "downloading the arm64 packages failed"
-for deb in "$apt_dir"/debs/*.deb; do dpkg-deb -x "$deb" "$root"; done
+    libgssapi-krb5-2 libkrb5-3 libk5crypto3 libcom-err2 libkrb5support0 libkeyutils1
+root="$tmp/debian/root"
 arm_python="$tmp/python3"
 cat >"$arm_python" <<EOF
 #!/bin/sh
@@ -81,8 +67,11 @@ chmod +x "$arm_python"
 say "Debian's arm64 $(QEMU_CPU=max "$arm_python" -c 'import platform; print("Python", platform.python_version(), "on", platform.machine())')"
 
 # ---- 3. the packages for it ---------------------------------------------------------
+# the platforms pip grants on glibc 2.28 (--platform takes each exactly)
+glibc_228=(--platform manylinux2014_aarch64)
+for minor in $(seq 17 28); do glibc_228+=(--platform "manylinux_2_${minor}_aarch64"); done
 "$python" -m pip install -q --target "$tmp/site" --only-binary=:all: --python-version 3.11 --implementation cp \
-    --abi cp311 --abi abi3 --abi none --platform manylinux_2_34_aarch64 --platform manylinux2014_aarch64 \
+    --abi cp311 --abi abi3 --abi none "${glibc_228[@]}" \
     "$wheel" numpy ml_dtypes pytest >"$tmp/pip.log" 2>&1 || fail "$tmp/pip.log" "installing for arm64 failed"
 say "installed the wheel, numpy, ml_dtypes and pytest for it"
 
@@ -94,6 +83,10 @@ run() { # QEMU_CPU, then the command's arguments
     (cd "$tmp/work" && env -i HOME="$tmp/home" LANG=C.UTF-8 PATH=/usr/bin/no-such PYTHONPATH="$tmp/site" \
         QEMU_CPU="$cpu" ${FORCE_ISA:+FMHA_ISA=$FORCE_ISA} "$arm_python" "$@")
 }
+wheel_lib="$tmp/site/fmha/libfmha.so"
+run max "$repo/tests/install/isa_names.py" "$repo/include/fmha.h" "$build/libfmha.so" "$wheel_lib" \
+    >"$tmp/isa.log" 2>&1 || fail "$tmp/isa.log" "the wheel's library and $build/libfmha.so differ in the FMHA_ISA tables they run"
+say "$(tail -1 "$tmp/isa.log")"
 run max "$repo/tests/install/smoke.py" --source-tree "$repo"
 numpy_tests=("$repo"/tests/python/{test_numpy_api,test_kv_formats,test_paged_cache,test_argument_rules,test_describe_errors,test_spec,test_plan_cache}.py)
 run max -m pytest -q -p no:cacheprovider "${numpy_tests[@]}"
