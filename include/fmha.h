@@ -163,7 +163,12 @@ typedef enum fmha_strategy {
                                  (Sq <= 16, Skv >= 8 Sq: decoding) runs the decode driver,
                                  split over the keys (docs/design.md, "Decode"); one query
                                  of 64 or more heads on one kv head (MLA, MQA) runs the
-                                 tiled forward with the heads as its queries ("fold") */
+                                 tiled forward with the heads as its queries ("fold");
+                                 on a matrix engine (AMX), bf16 decoding at precision FAST
+                                 with 8 or more query rows a kv head (group x Sq), D a
+                                 multiple of 32, contiguous cache rows and no bias,
+                                 dropout, segments or mask callback runs on the tiles
+                                 ("matrix_decode", before both) */
     FMHA_STRATEGY_TILED,      /* online softmax over query x key tiles; workspace O(threads x tile),
                                  plus K and V in the kernels' layout per call where the dtype's
                                  path copies them (float32: V only, at most 64 MiB) */
@@ -685,10 +690,11 @@ FMHA_API const fmha_problem *fmha_plan_problem(const fmha_plan *plan);
 FMHA_API size_t fmha_plan_workspace_held(const fmha_plan *plan);
 
 /* What a plan runs, as one line of space-separated key=value fields:
- *   driver     the forward's driver: "fold" (one query of many heads on
- *              one kv head), "decode" (few queries, many keys; paged
- *              caches), "matrix" (Q, K, V and P on a matrix engine: AMX
- *              tiles), "dense" (small problems) or "tiled"
+ *   driver     the forward's driver: "matrix_decode" (decoding on a
+ *              matrix engine, K and V read in place), "fold" (one query
+ *              of many heads on one kv head), "decode" (few queries, many
+ *              keys; paged caches), "matrix" (Q, K, V and P on a matrix
+ *              engine: AMX tiles), "dense" (small problems) or "tiled"
  *   isa        the kernel table ("avx512bf16", "avx2", "scalar", ...)
  *   path       how the products read their operands: "f32", "bf16"
  *              (bf16 pairs on the bf16 dot-product instructions),
@@ -701,7 +707,8 @@ FMHA_API size_t fmha_plan_workspace_held(const fmha_plan *plan);
  *              "int8", "fp8_e4m3", "fp8_e5m2", "q8_0", "q4_0")
  *   block_q, block_kv, mr (rows of the path's GEMM: 16 on AMX tiles)
  *              (tiled, dense) or decode_units, rows_per_unit,
- *              heads_per_unit, keys_per_split, splits (decode)
+ *              heads_per_unit, keys_per_split, splits (decode; the same
+ *              but heads_per_unit on matrix_decode)
  *   threads    the thread count a run would use now
  *   cpu        in double quotes: vendor, family, model and the instruction
  *              sets the CPU and OS allow (AMX included)

@@ -221,10 +221,10 @@ typedef struct fmha_fwd_driver {
     void (*run)(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse, char *ws);
 } fmha_fwd_driver;
 extern const fmha_fwd_driver fmha_fwd_driver_fold, fmha_fwd_driver_decode, fmha_fwd_driver_matrix,
-    fmha_fwd_driver_dense, fmha_fwd_driver_tiled;
-/* Sets plan->driver to the first of fold, decode, matrix, dense, tiled that serves the
- * plan; FMHA_ERR_UNSUPPORTED when none does (a paged cache without decode
- * kernels). */
+    fmha_fwd_driver_matrix_decode, fmha_fwd_driver_dense, fmha_fwd_driver_tiled;
+/* Sets plan->driver to the first of matrix_decode, fold, decode, matrix,
+ * dense, tiled that serves the plan; FMHA_ERR_UNSUPPORTED when none does (a
+ * paged cache without decode kernels). */
 fmha_status fmha_fwd_driver_choose(fmha_plan *plan);
 /* Workspace of the forward (the plan's driver's); of the backward for plan->grads. */
 fmha_ws_size fmha_fwd_workspace(const fmha_plan *plan);
@@ -243,6 +243,14 @@ int fmha_matrix_plan(fmha_plan *plan);
 /* 1 when the table's matrix part takes the plan's dtype and precision
  * (bf16; f16; float32 at BF16X3 or BF16): its shape and masks aside. */
 int fmha_matrix_takes(const fmha_plan *plan);
+/* Decoding on a matrix engine (matrix.c): bf16 FAST, 8+ rows a kv head,
+ * contiguous K and V read in place. */
+int fmha_matrix_decode_plan(const fmha_plan *plan);
+/* Its split of a unit's keys: *splits chunks of *chunk keys. */
+void fmha_matrix_decode_split(const fmha_plan *plan, int64_t *splits, int64_t *chunk);
+fmha_ws_size fmha_matrix_decode_workspace(const fmha_plan *plan);
+void fmha_matrix_decode_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse,
+                            char *ws);
 size_t fmha_matrix_block_kv(const fmha_plan *plan);
 fmha_ws_size fmha_matrix_workspace(const fmha_plan *plan);
 void fmha_matrix_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse, char *ws);

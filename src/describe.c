@@ -13,7 +13,7 @@
 /* The precision field: the matrix driver's operands, the bf16 pair path's
  * FAST or ACCURATE, else float32. */
 static const char *precision_name(const fmha_plan *plan) {
-    const int matrix = plan->driver == &fmha_fwd_driver_matrix;
+    const int matrix = plan->driver == &fmha_fwd_driver_matrix || plan->driver == &fmha_fwd_driver_matrix_decode;
     if (matrix && plan->p.dtype != FMHA_DTYPE_BF16)
         return plan->p.dtype == FMHA_DTYPE_F16 || plan->precision == FMHA_PRECISION_BF16X3 ? "bf16x3" : "bf16";
     if (matrix || plan->path == &fmha_path_bf16) return plan->precision == FMHA_PRECISION_FAST ? "fast" : "accurate";
@@ -35,7 +35,13 @@ size_t fmha_plan_describe(const fmha_plan *plan, char *buf, size_t buf_size) {
                  "splits=%lld",
                  (long long)plan->dec_units, (long long)plan->dec_rows, (long long)plan->dec_heads,
                  (long long)plan->dec_chunk, (long long)plan->dec_splits);
-    else if (plan->driver == &fmha_fwd_driver_matrix)
+    else if (plan->driver == &fmha_fwd_driver_matrix_decode) {
+        int64_t splits, chunk;
+        fmha_matrix_decode_split(plan, &splits, &chunk);
+        snprintf(shape, sizeof shape, "decode_units=%lld rows_per_unit=%lld keys_per_split=%lld splits=%lld",
+                 (long long)(p->batch * p->heads_kv), (long long)(plan->group * p->seq_q), (long long)chunk,
+                 (long long)splits);
+    } else if (plan->driver == &fmha_fwd_driver_matrix)
         snprintf(shape, sizeof shape, "block_q=%d block_kv=%zu mr=16", FMHA_MATRIX_BLOCK_Q, fmha_matrix_block_kv(plan));
     else
         snprintf(shape, sizeof shape, "block_q=%zu block_kv=%zu mr=%zu", plan->uk->tile.nr,
@@ -45,7 +51,10 @@ size_t fmha_plan_describe(const fmha_plan *plan, char *buf, size_t buf_size) {
                      "driver=%s isa=%s path=%s precision=%s k_format=%s v_format=%s %s threads=%d cpu=\"%s\" tuning=%s "
                      "backward=%s",
                      plan->driver->name, plan->uk->isa,
-                     plan->driver == &fmha_fwd_driver_matrix ? "matrix" : plan->path->name, precision_name(plan),
+                     plan->driver == &fmha_fwd_driver_matrix || plan->driver == &fmha_fwd_driver_matrix_decode
+                         ? "matrix"
+                         : plan->path->name,
+                     precision_name(plan),
                      fmha_cache_format_at(plan->k_format)->name, fmha_cache_format_at(plan->v_format)->name, shape,
                      fmha_pool_threads(), cpu, plan->uk->tuning->name, fmha_matrix_bwd_plan(plan) ? "matrix" : "tiled");
     return n < 0 ? 0 : (size_t)n;

@@ -25,6 +25,7 @@ static const fmha_tuning_field tuning_fields[] = {
     FIELD(matrix_block_kv, 0, 512, 32),
     FIELD(matrix_rescale_log2, 0, 16, 1),
     FIELD(matrix_overlap, 0, 1, 1),
+    FIELD(matrix_decode_rows, 0, (int64_t)1 << 20, 1),
 };
 #undef FIELD
 

@@ -24,6 +24,9 @@ typedef struct fmha_tuning {
     int64_t matrix_block_kv;
     int64_t matrix_rescale_log2;
     int64_t matrix_overlap;
+    /* Decoding runs on the matrix driver when a KV head's query rows
+     * (group * Sq) reach this many; 0: the default, 8. */
+    int64_t matrix_decode_rows;
 } fmha_tuning;
 
 /* A field of fmha_tuning as FMHA_TUNING (and wisdom) names it: its key, its
@@ -61,7 +64,8 @@ const fmha_tuning *fmha_arch_tuning_for(const char *isa);
  * fmha_tuning_fields (block_kv=N, a multiple of 32 in 32..1024;
  * dense_max_scores=N >= 0; decode_prefetch_bytes=N >= 0;
  * matrix_block_kv=N, 0 or a multiple of 32 in 32..512;
- * matrix_rescale_log2=N in 0..16; matrix_overlap=0|1) replace those
+ * matrix_rescale_log2=N in 0..16; matrix_overlap=0|1;
+ * matrix_decode_rows=N >= 0) replace those
  * fields. Returns 0, or -1 (nothing applied) on an unknown key or a value
  * out of range. `name` receives the tuning's new name. */
 int fmha_tuning_parse(const char *text, const fmha_tuning *base, fmha_tuning *out, char *name, size_t name_size);

@@ -2,6 +2,8 @@
  * turn whether it serves the resolved plan (a driver that does fills its
  * own fields of the plan) and the first that does is the plan's; the run
  * and the workspace are the chosen driver's. Most specialised first:
+ *   matrix_decode  a decode step of 8+ rows a kv head (GQA x queries,
+ *           MLA's heads) on a matrix engine, K and V read in place (matrix.c)
  *   fold    a decode step of many heads on one kv head, as a problem whose
  *           queries are the heads (fold.c)
  *   decode  few queries against many keys, paged caches (decode.c)
@@ -20,6 +22,9 @@ static int decode_serves(fmha_plan *plan) { return fmha_decode_plan(plan); }
 /* bf16 on a matrix engine (AMX tiles), fused: matrix.c */
 static int matrix_serves(fmha_plan *plan) { return fmha_matrix_plan(plan); }
 
+/* a decode step of 8+ rows a kv head on a matrix engine, K and V read in place: matrix.c */
+static int matrix_decode_serves(fmha_plan *plan) { return fmha_matrix_decode_plan(plan); }
+
 static int dense_serves(fmha_plan *plan) { return !plan->p.block_table && plan->strategy == FMHA_STRATEGY_DENSE; }
 
 static int tiled_serves(fmha_plan *plan) { return !plan->p.block_table; }
@@ -27,10 +32,13 @@ static int tiled_serves(fmha_plan *plan) { return !plan->p.block_table; }
 const fmha_fwd_driver fmha_fwd_driver_fold = {"fold", fold_serves, fmha_fold_workspace, fmha_fold_run};
 const fmha_fwd_driver fmha_fwd_driver_decode = {"decode", decode_serves, fmha_decode_workspace, fmha_decode_run};
 const fmha_fwd_driver fmha_fwd_driver_matrix = {"matrix", matrix_serves, fmha_matrix_workspace, fmha_matrix_run};
+const fmha_fwd_driver fmha_fwd_driver_matrix_decode = {"matrix_decode", matrix_decode_serves,
+                                                       fmha_matrix_decode_workspace, fmha_matrix_decode_run};
 const fmha_fwd_driver fmha_fwd_driver_dense = {"dense", dense_serves, fmha_tiled_workspace, fmha_tiled_run};
 const fmha_fwd_driver fmha_fwd_driver_tiled = {"tiled", tiled_serves, fmha_tiled_workspace, fmha_tiled_run};
 
-static const fmha_fwd_driver *const fwd_drivers[] = {&fmha_fwd_driver_fold, &fmha_fwd_driver_decode,
+static const fmha_fwd_driver *const fwd_drivers[] = {&fmha_fwd_driver_matrix_decode, &fmha_fwd_driver_fold,
+                                                     &fmha_fwd_driver_decode,
                                                      &fmha_fwd_driver_matrix, &fmha_fwd_driver_dense,
                                                      &fmha_fwd_driver_tiled};
 

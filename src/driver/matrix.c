@@ -307,3 +307,235 @@ void fmha_matrix_run(fmha_plan *run, const void *q, const void *k, const void *v
     fmha_run_parallel(run, (size_t)(p->batch * p->heads_kv) * chunks, matrix_pack_task, &c);
     fmha_run_parallel(run, (size_t)(p->batch * p->heads_kv) * c.q_blocks, matrix_fwd_task, &c);
 }
+
+/* ---- decoding on the tiles ----
+ *
+ * A decode step (few queries, many keys) reads every key once for a few
+ * rows: packing K and V per call, as the forward does, would read and write
+ * the cache twice. The part's decode reads them in place instead, and the
+ * work is split over keys so that few units still fill the threads:
+ *   tasks (b, kv head, chunk of keys): the unit's rows (its group's heads'
+ *     queries, as matrix_row), in groups of FMHA_MATRIX_DEC_BLOCKS blocks
+ *     of 32, each group one call over the chunk's visible keys; partial
+ *     O [dvp], m and l of every row and chunk to the shared workspace
+ *   tasks (b, kv head, block of 32 rows): each row's chunks merged,
+ *     M = max_c m_c, w_c = 2^((m_c - M) |scale| log2 e), O = sum_c w_c O_c,
+ *     l = sum_c w_c l_c,
+ *   and finished as the forward does. Bits do not depend on the thread
+ *   count: the chunks are fixed by the shape. */
+
+enum { MDEC_MIN_ROWS = 8, MDEC_MAX_SQ = 16, MDEC_KV_PER_Q = 8, MDEC_TASKS = 64, MDEC_MIN_CHUNK = 256,
+       MDEC_BK = 128 };
+
+/* Chunks of keys a unit's keys split into, and keys a chunk (a multiple of MDEC_BK). */
+void fmha_matrix_decode_split(const fmha_plan *plan, int64_t *splits, int64_t *chunk) {
+    const fmha_problem *p = &plan->p;
+    const int64_t units = p->batch * p->heads_kv;
+    int64_t n = (MDEC_TASKS + units - 1) / units, most = (p->seq_kv + MDEC_MIN_CHUNK - 1) / MDEC_MIN_CHUNK;
+    if (n > most) n = most;
+    if (n < 1) n = 1;
+    int64_t c = (p->seq_kv + n - 1) / n;
+    c = (c + MDEC_BK - 1) / MDEC_BK * MDEC_BK;
+    *chunk = c;
+    *splits = (p->seq_kv + c - 1) / c;
+}
+
+int fmha_matrix_decode_plan(const fmha_plan *plan) {
+    const fmha_problem *p = &plan->p;
+    const fmha_masks *m = &p->masks;
+    if (!plan->uk->matrix.decode || p->dtype != FMHA_DTYPE_BF16 || !fmha_plan_kv_as_q(plan)) return 0;
+    if (plan->precision != FMHA_PRECISION_FAST || p->strategy != FMHA_STRATEGY_AUTO || p->block_table) return 0;
+    if (p->head_dim % 32 || p->k_strides[3] != 1 || p->v_strides[3] != 1) return 0;
+    if (plan->has_bias || plan->dropout || m->q_segment_ids || m->dense || m->callback.fill) return 0;
+    if (p->seq_q > MDEC_MAX_SQ || p->seq_kv < MDEC_KV_PER_Q * p->seq_q) return 0;
+    const int64_t tuned = plan->uk->tuning ? plan->uk->tuning->matrix_decode_rows : 0;
+    return plan->group * p->seq_q >= (tuned ? tuned : MDEC_MIN_ROWS);
+}
+
+/* Scratch of a task, for up to NB = FMHA_MATRIX_DEC_BLOCKS row blocks: qt
+ * [NB][D / 32][2][16][16] words; o [NB][32][dvp]; m, l, lo, hi [NB][32];
+ * s [128][32]; p [32][128] bf16; vb [4][dvp / 16][16][16] words; k_tail
+ * [32][D] bf16. */
+typedef struct mdec_scratch {
+    uint32_t *qt, *vb;
+    float *o, *m, *l, *s;
+    uint16_t *p, *k_tail;
+    int64_t *lo, *hi;
+} mdec_scratch;
+
+static void mdec_carve(const fmha_plan *plan, fmha_carver *c, mdec_scratch *s) {
+    const size_t d = (size_t)plan->p.head_dim, dvp = fmha_matrix_dvp((size_t)plan->p.head_dim_v);
+    const size_t nb = FMHA_MATRIX_DEC_BLOCKS;
+    s->qt = fmha_carve(c, nb * d / 32 * 512 * sizeof(uint32_t));
+    s->vb = fmha_carve(c, MDEC_BK / 32 * dvp / 16 * 256 * sizeof(uint32_t));
+    s->o = fmha_carve(c, nb * MATRIX_BQ * dvp * sizeof(float));
+    s->m = fmha_carve(c, nb * MATRIX_BQ * sizeof(float));
+    s->l = fmha_carve(c, nb * MATRIX_BQ * sizeof(float));
+    s->s = fmha_carve(c, MDEC_BK * MATRIX_BQ * sizeof(float));
+    s->p = fmha_carve(c, MATRIX_BQ * MDEC_BK * sizeof(uint16_t));
+    s->k_tail = fmha_carve(c, MATRIX_BQ * d * sizeof(uint16_t));
+    s->lo = fmha_carve(c, nb * MATRIX_BQ * sizeof(int64_t));
+    s->hi = fmha_carve(c, nb * MATRIX_BQ * sizeof(int64_t));
+}
+
+/* Shared: every (unit, chunk, row)'s partial O [dvp], m and l. */
+static size_t mdec_rows(const fmha_plan *plan) {
+    return (size_t)fmha_round_up((size_t)(plan->group * plan->p.seq_q), MATRIX_BQ);
+}
+
+static void mdec_carve_shared(const fmha_plan *plan, fmha_carver *c, float **part_o, float **part_ml) {
+    int64_t splits, chunk;
+    fmha_matrix_decode_split(plan, &splits, &chunk);
+    const size_t n = (size_t)(plan->p.batch * plan->p.heads_kv) * (size_t)splits * mdec_rows(plan);
+    *part_o = fmha_carve(c, n * fmha_matrix_dvp((size_t)plan->p.head_dim_v) * sizeof(float));
+    *part_ml = fmha_carve(c, 2 * n * sizeof(float));
+}
+
+fmha_ws_size fmha_matrix_decode_workspace(const fmha_plan *plan) {
+    fmha_carver t = {0}, sh = {0};
+    mdec_scratch s;
+    float *o, *ml;
+    mdec_carve(plan, &t, &s);
+    mdec_carve_shared(plan, &sh, &o, &ml);
+    return (fmha_ws_size){t.used, sh.used};
+}
+
+typedef struct mdec_ctx {
+    matrix_ctx m;        /* plan, tensors, workspace (the guarded rows' reads) */
+    int64_t splits, chunk;
+    size_t rows;         /* rows of a unit, whole blocks */
+    float *part_o, *part_ml;
+} mdec_ctx;
+
+/* The partials of (unit, chunk, row). */
+static size_t mdec_at(const mdec_ctx *c, size_t unit, int64_t split, size_t row) {
+    return (unit * (size_t)c->splits + (size_t)split) * c->rows + row;
+}
+
+static void mdec_task(void *vctx, size_t task, int thread) {
+    const mdec_ctx *c = vctx;
+    const fmha_plan *plan = c->m.plan;
+    const fmha_problem *p = &plan->p;
+    const size_t unit = task / (size_t)c->splits;
+    const int64_t split = (int64_t)(task % (size_t)c->splits);
+    const int64_t b = (int64_t)unit / p->heads_kv, hk = (int64_t)unit % p->heads_kv;
+    const int64_t c0 = split * c->chunk, c1 = c0 + c->chunk < p->seq_kv ? c0 + c->chunk : p->seq_kv;
+    const int64_t unit_rows = plan->group * p->seq_q, es = 2;
+    const int64_t *qs = p->q_strides, *ks = p->k_strides, *vs = p->v_strides;
+    const size_t dvp = fmha_matrix_dvp((size_t)p->head_dim_v);
+    const int64_t q_len = p->masks.q_lengths ? p->masks.q_lengths[b] : p->seq_q;
+    mdec_scratch s;
+    fmha_carver carver = {c->m.ws + (size_t)thread * plan->thread_bytes, 0};
+    mdec_carve(plan, &carver, &s);
+    const fmha_uk_matrix *mx = &plan->uk->matrix;
+    const int64_t group_rows = (int64_t)FMHA_MATRIX_DEC_BLOCKS * MATRIX_BQ;
+    for (int64_t g0 = 0; g0 < unit_rows; g0 += group_rows) {
+        const int64_t n_rows = unit_rows - g0 < group_rows ? unit_rows - g0 : group_rows;
+        const size_t nb = (size_t)((n_rows + MATRIX_BQ - 1) / MATRIX_BQ);
+        /* each row's visible keys within the chunk; the call's keys: their union */
+        int64_t kb = c1, ke = c0;
+        for (size_t blk = 0; blk < nb; blk++) {
+            const int64_t r0 = g0 + (int64_t)blk * MATRIX_BQ;
+            const int64_t nq = unit_rows - r0 < MATRIX_BQ ? unit_rows - r0 : MATRIX_BQ;
+            const void *q_rows[MATRIX_BQ];
+            int64_t *lo = s.lo + blk * MATRIX_BQ, *hi = s.hi + blk * MATRIX_BQ;
+            for (int64_t r = 0; r < nq; r++) {
+                int64_t h, i;
+                matrix_row(plan, hk, r0 + r, &h, &i);
+                q_rows[r] = c->m.q + (b * qs[0] + i * qs[1] + h * qs[2]) * es;
+                fmha_tile_pos row = {b, h, i, 1, 0, 0};
+                fmha_mask_kv_range(plan, &row, &lo[r], &hi[r]);
+                if (i >= q_len) lo[r] = hi[r] = 0;
+                if (lo[r] < c0) lo[r] = c0;
+                if (hi[r] > c1) hi[r] = c1;
+                if (hi[r] > lo[r]) {
+                    if (lo[r] < kb) kb = lo[r];
+                    if (hi[r] > ke) ke = hi[r];
+                }
+            }
+            mx->pack_qt((size_t)nq, (size_t)p->head_dim, q_rows, qs[3], plan->scale < 0.0f,
+                        s.qt + blk * (size_t)p->head_dim / 32 * 512);
+        }
+        if (ke < kb) ke = kb;
+        fmha_matrix_dec_args a = {
+            .nb = nb, .nq = (size_t)(n_rows - (int64_t)(nb - 1) * MATRIX_BQ), .d = (size_t)p->head_dim,
+            .dv = (size_t)p->head_dim_v, .dvp = dvp, .qt = s.qt,
+            .k = c->m.k + (b * ks[0] + kb * ks[1] + hk * ks[2]) * es,
+            .v = c->m.v + (b * vs[0] + kb * vs[1] + hk * vs[2]) * es, .k_rs = (ptrdiff_t)(ks[1] * es),
+            .v_rs = (ptrdiff_t)(vs[1] * es), .kb = kb, .ke = ke, .lo = s.lo, .hi = s.hi,
+            .scale_log2 = fabsf(plan->scale) * (float)M_LOG2E,
+            .rescale_log2 = (float)plan->uk->tuning->matrix_rescale_log2, .o = s.o, .m = s.m, .l = s.l, .s = s.s,
+            .p = s.p, .vb = s.vb, .k_tail = s.k_tail};
+        mx->decode(&a);
+        for (int64_t r = 0; r < n_rows; r++) {
+            const size_t at = mdec_at(c, unit, split, (size_t)(g0 + r));
+            memcpy(c->part_o + at * dvp, s.o + (size_t)r * dvp, dvp * sizeof(float));
+            c->part_ml[2 * at] = s.m[r];
+            c->part_ml[2 * at + 1] = s.l[r];
+        }
+    }
+}
+
+/* Task (unit, row block): each row's chunks merged in order, finished and stored. */
+static void mdec_merge_task(void *vctx, size_t task, int thread) {
+    const mdec_ctx *c = vctx;
+    const fmha_plan *plan = c->m.plan;
+    const fmha_problem *p = &plan->p;
+    const size_t blocks = c->rows / MATRIX_BQ, unit = task / blocks;
+    const int64_t b = (int64_t)unit / p->heads_kv, hk = (int64_t)unit % p->heads_kv;
+    const int64_t r0 = (int64_t)(task % blocks) * MATRIX_BQ, unit_rows = plan->group * p->seq_q;
+    const size_t dvp = fmha_matrix_dvp((size_t)p->head_dim_v);
+    const int64_t *os = p->o_strides;
+    const float abs_scale = fabsf(plan->scale), c1 = abs_scale * (float)M_LOG2E;
+    mdec_scratch s;
+    fmha_carver carver = {c->m.ws + (size_t)thread * plan->thread_bytes, 0};
+    mdec_carve(plan, &carver, &s);
+    float *o = s.o; /* one row [dvp] */
+    for (int64_t r = r0; r < r0 + MATRIX_BQ && r < unit_rows; r++) {
+        int64_t h, i;
+        matrix_row(plan, hk, r, &h, &i);
+        float m_max = -INFINITY;
+        for (int64_t sp = 0; sp < c->splits; sp++) {
+            const float m = c->part_ml[2 * mdec_at(c, unit, sp, (size_t)r)];
+            if (m > m_max) m_max = m;
+        }
+        float l = 0.0f;
+        int nonfinite = 0;
+        memset(o, 0, dvp * sizeof(float));
+        for (int64_t sp = 0; sp < c->splits; sp++) {
+            const size_t at = mdec_at(c, unit, sp, (size_t)r);
+            const float m = c->part_ml[2 * at];
+            if (m == -INFINITY) continue; /* a chunk this row saw no key of */
+            const float w = m_max == -INFINITY ? 1.0f : exp2f((m - m_max) * c1);
+            l += w * c->part_ml[2 * at + 1];
+            const float *po = c->part_o + at * dvp;
+            for (size_t e = 0; e < dvp; e++) o[e] += w * po[e];
+        }
+        for (int64_t e = 0; e < p->head_dim_v; e++) nonfinite |= !isfinite(o[e]);
+        float o_scale, row_lse;
+        fmha_row_finish(plan, h, m_max == -INFINITY ? -INFINITY : m_max * abs_scale, l, &o_scale, &row_lse);
+        if (c->m.lse) c->m.lse[(b * p->heads_q + h) * p->seq_q + i] = row_lse;
+        if (nonfinite && isfinite(l)) { /* a NaN or inf of V at a key with P = 0 */
+            fmha_tile_pos row = {b, h, i, 1, 0, 0};
+            int64_t lo, hi;
+            fmha_mask_kv_range(plan, &row, &lo, &hi);
+            matrix_row_guarded(&c->m, b, h, i, lo, hi, m_max, o_scale);
+        } else {
+            fmha_store_row_uk(plan->uk, c->m.o, plan->o_dtype, b * os[0] + i * os[1] + h * os[2], os[3], p->head_dim_v,
+                              o, o_scale);
+        }
+    }
+}
+
+void fmha_matrix_decode_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse,
+                            char *ws) {
+    const fmha_problem *p = &run->p;
+    mdec_ctx c = {.m = {.plan = run, .q = q, .k = k, .v = v, .o = o, .lse = lse, .ws = ws}};
+    fmha_matrix_decode_split(run, &c.splits, &c.chunk);
+    c.rows = mdec_rows(run);
+    fmha_carver sh = {ws + (size_t)run->threads * run->thread_bytes, 0};
+    mdec_carve_shared(run, &sh, &c.part_o, &c.part_ml);
+    const size_t units = (size_t)(p->batch * p->heads_kv);
+    fmha_run_parallel(run, units * (size_t)c.splits, mdec_task, &c);
+    fmha_run_parallel(run, units * (c.rows / MATRIX_BQ), mdec_merge_task, &c);
+}

@@ -44,5 +44,6 @@ void fmha_ukernels_compose(const fmha_isa_parts *parts, fmha_ukernels *out) {
         out->matrix = *mx;
         if (!(mx->pack_t && mx->backward && mx->nonfinite)) /* a partial backward counts as none */
             out->matrix.pack_t = NULL, out->matrix.backward = NULL, out->matrix.nonfinite = NULL;
+        if (!(mx->pack_qt && mx->decode)) out->matrix.pack_qt = NULL, out->matrix.decode = NULL;
     }
 }

@@ -414,6 +414,35 @@ typedef struct fmha_matrix_bwd_args {
     uint16_t *ds;                 /* scratch [4][32][n] bf16: dS rows (the A of dQ) */
 } fmha_matrix_bwd_args;
 
+/* Decoding on the tiles: nb blocks of up to 32 rows (the queries of one kv
+ * head) against keys [kb, ke) read in place as A tiles: S^T = K Q^T
+ * ([keys][rows], the softmax's lanes over rows), then O = P V with P's
+ * rows from a register transpose and V's key pairs interleaved a block of
+ * 128 keys at a time (no copy of K or V per call). Each key block is read
+ * from memory once for all nb row blocks. Key j's rows at k + (j - kb) k_rs
+ * and v + (j - kb) v_rs bytes, unit stride, D a multiple of 32.
+ *   Q^T block  [D / 32][2][16][16] words: k-step t, rows 16 h..16 h + 15,
+ *              word (p, r) = (Q[16 h + r][32 t + 2 p], Q[..][32 t + 2 p + 1])
+ *              (pack_qt; zero past nq; negated for a negative scale)
+ * Outputs as the forward's, per row block: o [32][dvp] unnormalised, m
+ * (raw score units, -inf for a row that saw no key), l. */
+enum { FMHA_MATRIX_DEC_BLOCKS = 4 };
+typedef struct fmha_matrix_dec_args {
+    size_t nb;                    /* row blocks, 1..FMHA_MATRIX_DEC_BLOCKS */
+    size_t nq, d, dv, dvp;        /* nq: rows of the last block (all others 32) */
+    const uint32_t *qt;           /* [nb] Q^T blocks */
+    const char *k, *v;            /* key kb's rows */
+    ptrdiff_t k_rs, v_rs;         /* bytes between key rows */
+    int64_t kb, ke;
+    const int64_t *lo, *hi;       /* [nb][32] rows' key ranges */
+    float scale_log2, rescale_log2;
+    float *o, *m, *l;             /* [nb][32][dvp], [nb][32], [nb][32] */
+    float *s;                     /* scratch [128][32] */
+    uint16_t *p;                  /* scratch [32][128] bf16 */
+    uint32_t *vb;                 /* scratch [4][dvp / 16][16][16] words */
+    uint16_t *k_tail;             /* scratch [32][D] bf16: the last keys short of 32, zero-padded */
+} fmha_matrix_dec_args;
+
 typedef struct fmha_uk_matrix {
     /* Packs rows [0, nq) (nq <= 32) of Q, element e of row i at
      * rows[i][e * cs] in format src (FMHA_MATRIX_SRC_*), negated when
@@ -436,6 +465,11 @@ typedef struct fmha_uk_matrix {
     void (*pack_t)(size_t nq, size_t d, const void *x, int src, ptrdiff_t rs, ptrdiff_t cs, uint32_t *xt);
     void (*backward)(const fmha_matrix_bwd_args *a);
     int (*nonfinite)(size_t n, size_t d, const void *x, int src, ptrdiff_t rs, ptrdiff_t cs);
+    /* Decoding (optional: NULL, the decode driver serves): Q^T blocks of
+     * bf16 rows[i] (element e at rows[i][e * cs]), and nb blocks of rows
+     * against a range of keys. */
+    void (*pack_qt)(size_t nq, size_t d, const void *const *rows, ptrdiff_t cs, int negate, uint32_t *qt);
+    void (*decode)(fmha_matrix_dec_args *a);
 } fmha_uk_matrix;
 
 /* An ISA as its parts. tile is required; NULL parts take the fallbacks. */

@@ -206,6 +206,16 @@ static int planned_driver_is(const fmha_problem *p, const fmha_fwd_driver *drive
 
 static int planned_decode(const fmha_problem *p) { return planned_driver_is(p, &fmha_fwd_driver_decode); }
 
+/* The documented rule for decoding on the tiles (fmha.h, fmha_plan_describe's
+ * drivers): bf16 at FAST, auto, a table with a matrix decode, Sq <= 16,
+ * Skv >= 8 Sq, 8+ rows a kv head (group x Sq), D a multiple of 32, K and V
+ * of unit stride, no bias, dropout, segments or callback (as these cases). */
+static int matrix_decode_expected(const fmha_problem *p) {
+    const int64_t rows = p->heads_q / p->heads_kv * p->seq_q;
+    return fmha_cpu_kernels()->matrix.decode && p->dtype == FMHA_DTYPE_BF16 && p->seq_q <= 16 &&
+           p->seq_kv >= 8 * p->seq_q && rows >= 8 && p->head_dim % 32 == 0 && p->strategy == FMHA_STRATEGY_AUTO;
+}
+
 static void run_case(const dec_case *dc) {
     fmha_problem p;
     fmha_problem_init(&p, dc->batch, dc->hq, dc->hkv, dc->sq, dc->skv, dc->d, dc->dv,
@@ -249,8 +259,12 @@ static void run_case(const dec_case *dc) {
         if (!fmha_isa_supported(fmha_isa_at(ii)) || fmha_cpu_force_isa(fmha_isa_at(ii)->name) != 0) continue;
         const fmha_ukernels *uk = fmha_cpu_kernels();
         int want = uk->cache[FMHA_FORMAT_F32].scores != NULL && dc->sq <= 16 && dc->skv >= 8 * dc->sq;
-        tu_check(planned_decode(&p) == want, "%s %s: decode planned %d, wanted %d", fmha_isa_at(ii)->name,
-                 what, planned_decode(&p), want);
+        if (matrix_decode_expected(&p))
+            tu_check(planned_driver_is(&p, &fmha_fwd_driver_matrix_decode) == 1, "%s %s: matrix_decode planned",
+                     fmha_isa_at(ii)->name, what);
+        else
+            tu_check(planned_decode(&p) == want, "%s %s: decode planned %d, wanted %d", fmha_isa_at(ii)->name,
+                     what, planned_decode(&p), want);
         for (int threads = 1; threads <= 3; threads++) {
             fmha_set_num_threads(threads);
             memset(o, 0x7f, no * esize);
@@ -272,11 +286,15 @@ static void run_case(const dec_case *dc) {
                 tu_check(tu_worst_ratio(of, ref_o, no, otol, otol) <= 1.0, "%s %s: O ratio %g",
                          fmha_isa_at(ii)->name, what, tu_worst_ratio(of, ref_o, no, otol, otol));
                 int lse_ok = 1;
+                size_t bad = 0;
                 for (size_t i = 0; i < nl; i++) {
-                    if (isinf(ref_lse[i])) lse_ok &= isinf(lse[i]) && lse[i] < 0;
-                    else lse_ok &= fabs((double)lse[i] - ref_lse[i]) <= 1e-5 * (1 + fabs(ref_lse[i]));
+                    const int ok = isinf(ref_lse[i]) ? isinf(lse[i]) && lse[i] < 0
+                                                     : fabs((double)lse[i] - ref_lse[i]) <= 1e-5 * (1 + fabs(ref_lse[i]));
+                    if (!ok && lse_ok) bad = i;
+                    lse_ok &= ok;
                 }
-                tu_check(lse_ok, "%s %s: lse", fmha_isa_at(ii)->name, what);
+                tu_check(lse_ok, "%s %s: lse[%zu] %.9g, reference %.9g", fmha_isa_at(ii)->name, what, bad,
+                         (double)lse[bad], ref_lse[bad]);
             } else {
                 tu_check(!memcmp(o, o_first, no * esize) && !memcmp(lse, lse_first, nl * sizeof(float)),
                          "%s %s: %d threads differ from 1", fmha_isa_at(ii)->name, what, threads);
@@ -321,6 +339,10 @@ static void test_shapes(void) {
     big.ragged_kv = 1;
     big.sq = 4;
     run_case(&big);
+    /* bf16 on the tiles: 192 rows a kv head (two calls of up to four row
+     * blocks), a window crossing the key chunks, Dv short of a tile */
+    dec_case rows = {2, 16, 1, 12, 1500, 96, 40, FMHA_CAUSAL_BOTTOM_RIGHT, 1, 1, 1, 0, FMHA_DTYPE_BF16};
+    run_case(&rows);
 }
 
 /* ---- MLA: V inside K ---- */
@@ -359,16 +381,20 @@ static void mla_case(int64_t B, int64_t hq, int64_t sq, int64_t skv, fmha_dtype 
     const char *isa_default = fmha_isa_name();
     for (size_t ii = 0; ii < fmha_isa_count(); ii++) {
         if (!fmha_isa_supported(fmha_isa_at(ii)) || fmha_cpu_force_isa(fmha_isa_at(ii)->name) != 0) continue;
-        /* one query of 64+ heads in 2+ query blocks of the folded problem (32
+        /* bf16 with a matrix decode: decoding on the tiles; otherwise one
+         * query of 64+ heads in 2+ query blocks of the folded problem (32
          * rows on the matrix driver, bf16 on a table with a matrix part, else
          * NR): the fold driver (fold.c), else decode */
         const int64_t nr = dtype == FMHA_DTYPE_BF16 && fmha_cpu_kernels()->matrix.forward
                                ? FMHA_MATRIX_BLOCK_Q
                                : (int64_t)fmha_cpu_kernels()->tile.nr;
         const int fold = sq == 1 && hq >= 64 && B * ((hq + nr - 1) / nr) >= 2;
-        tu_check(fold ? planned_driver_is(&p, &fmha_fwd_driver_fold)
-                      : planned_decode(&p) == (fmha_cpu_kernels()->decode.softmax != NULL),
-                 "%s %s: %s planned", fmha_isa_at(ii)->name, what, fold ? "fold" : "decode");
+        const int on_tiles = matrix_decode_expected(&p);
+        tu_check(on_tiles ? planned_driver_is(&p, &fmha_fwd_driver_matrix_decode)
+                 : fold   ? planned_driver_is(&p, &fmha_fwd_driver_fold)
+                          : planned_decode(&p) == (fmha_cpu_kernels()->decode.softmax != NULL),
+                 "%s %s: %s planned", fmha_isa_at(ii)->name, what,
+                 on_tiles ? "matrix_decode" : fold ? "fold" : "decode");
         fmha_problem ptl = p;
         ptl.strategy = FMHA_STRATEGY_TILED;
         fmha_set_num_threads(2);

@@ -35,6 +35,8 @@ static const fmha_uk_matrix amx_matrix = {
     .pack_t = FMHA_AMX_FN(fmha_matrix_pack_t),
     .backward = FMHA_AMX_FN(fmha_matrix_backward),
     .nonfinite = FMHA_AMX_FN(fmha_matrix_nonfinite),
+    .pack_qt = FMHA_AMX_FN(fmha_matrix_pack_qt),
+    .decode = FMHA_AMX_FN(fmha_matrix_decode),
 };
 
 static const fmha_uk_thread amx_thread = {FMHA_AMX_FN(fmha_amx_thread_begin), FMHA_AMX_FN(fmha_amx_thread_end),

@@ -1,0 +1,257 @@
+/* amx/attn_dec.c: decoding on the tiles (the matrix part's decode;
+ * contract in ukernel.h), bf16, P rounded to bf16 (FAST). Built twice,
+ * like attn.c.
+ *
+ * A decode step reads each key once for a few rows, so K and V are read in
+ * place, never packed per call: K's rows are already the A operand of
+ * S^T = K Q^T (16 keys x 32 elements of D a tile, the cache's row stride),
+ * and Q^T (packed once per step) is B. Per block of 128 keys:
+ *   S^T [128 keys][32 rows]   tmm0..3 C (keys 0-15 / 16-31 of a 32-key pass
+ *                             x rows 0-15 / 16-31), tmm4, 5 A (K), tmm6, 7 B
+ *   softmax over keys         lanes over rows (two vectors): column maxima,
+ *                             the lazy rescale of the forward, P^T = 2^t
+ *   P rows                    each key pair's two P^T rows rounded and
+ *                             interleaved (a column of the A tile), then a
+ *                             16 x 16 word transpose: P [32 rows][128 keys]
+ *   V                         pairs of key rows interleaved (pack_v) into
+ *                             the B layout, in L1, once for all row blocks
+ *   O [32 rows][Dv] += P V    tmm0..3 C per 32 columns of O (in memory),
+ *                             tmm4, 5 A (P), tmm6, 7 B (V), 4 k-steps
+ * The row blocks take the key block in turn (K from L1 or L2 after the
+ * first); the first also sends the next key block towards L2. The last
+ * keys short of 32 are copied into a zero-padded block first (a tile load
+ * reads 16 rows whatever the keys). */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "amx.h"
+#include "attn_common.h"
+#include "tile.h"
+
+enum { DEC_BK = 128 };
+
+/* One block of 32 rows: its Q^T, key ranges [lo, hi), O [32][dvp], m. */
+typedef struct dec_rows {
+    size_t nq;
+    const uint32_t *qt;
+    const int64_t *lo, *hi;
+    float *o, *m;
+} dec_rows;
+
+void FMHA_AMX_FN(fmha_matrix_pack_qt)(size_t nq, size_t d, const void *const *rows, ptrdiff_t cs, int negate,
+                                      uint32_t *qt) {
+    const __m512i sign = _mm512_set1_epi32(negate ? (int)0x80008000u : 0);
+    for (size_t t = 0; t < d / 32; t++)
+        for (size_t h = 0; h < 2; h++) {
+            __m512i m[16]; /* m[r]: row 16 h + r's 16 pairs of k-step t */
+            for (size_t r = 0; r < 16; r++) {
+                m[r] = _mm512_setzero_si512();
+                if (16 * h + r < nq) {
+                    row_chunk(rows[16 * h + r], FMHA_MATRIX_SRC_BF16, cs, d, t, &m[r], NULL);
+                    m[r] = _mm512_xor_si512(m[r], sign);
+                }
+            }
+            transpose_16x16(m); /* m[p]: pair p over the rows */
+            for (size_t p = 0; p < 16; p++) _mm512_storeu_si512(qt + ((t * 2 + h) * 16 + p) * 16, m[p]);
+        }
+}
+
+/* Rows [r0, r1) of a cache block (rows rs bytes apart, `bytes` each) to
+ * L2 (inlined, as prefetch_row is). */
+static inline __attribute__((always_inline)) void prefetch_block_rows(const char *base, ptrdiff_t rs, size_t r0, size_t r1, size_t bytes) {
+    if (!base) return;
+    for (size_t r = r0; r < r1; r++)
+        for (size_t b = 0; b < bytes; b += 64) _mm_prefetch(base + (ptrdiff_t)r * rs + (ptrdiff_t)b, _MM_HINT_T1);
+}
+
+/* s = S^T [n][32] of keys k (n a multiple of 32, rows k_rs bytes apart):
+ * 32-key passes, D / 32 k-steps of 2 x 2 products each. Each pass also
+ * sends 32 rows of the next block's K (next, NULL: none) towards L2. */
+static void dec_scores(const fmha_matrix_dec_args *a, const dec_rows *rb, const char *k, ptrdiff_t k_rs, size_t n,
+                       float *s, const char *next, size_t next_n) {
+    const size_t steps = a->d / 32;
+    for (size_t kk = 0; kk < n; kk += 32) {
+        const char *kt = k + (ptrdiff_t)kk * k_rs;
+        prefetch_block_rows(next, a->k_rs, kk, kk + 32 < next_n ? kk + 32 : next_n, a->d * 2);
+        TILE_ZERO(0);
+        TILE_ZERO(1);
+        TILE_ZERO(2);
+        TILE_ZERO(3);
+        tile_loads((step_tiles){kt, (const char *)rb->qt, (size_t)(16 * k_rs), (size_t)k_rs, 256 * 4, 64});
+        for (size_t t = 0; t < steps; t++) {
+            const int more = t + 1 < steps;
+            tile_products(more, (step_tiles){kt + 64 * (t + 1), (const char *)(rb->qt + (t + 1) * 512),
+                                             (size_t)(16 * k_rs), (size_t)k_rs, 256 * 4, 64});
+        }
+        /* C0: keys 0-15 x rows 0-15, C1: x rows 16-31, C2, C3: keys 16-31 */
+        TILE_STORE(0, s + kk * 32, 128);
+        TILE_STORE(1, s + kk * 32 + 16, 128);
+        TILE_STORE(2, s + (kk + 16) * 32, 128);
+        TILE_STORE(3, s + (kk + 16) * 32 + 16, 128);
+    }
+}
+
+/* O [32][dvp] += P [32][n] V over n keys (V interleaved in vb); the next
+ * block's V rows (next_n of them from next) go towards L2 meanwhile. */
+static void dec_values(const fmha_matrix_dec_args *a, const dec_rows *rb, size_t n, const char *next, size_t next_n) {
+    const size_t ctiles = a->dvp / 16, ldo = a->dvp * 4, steps = n / 32, ldp = DEC_BK * 2;
+    const size_t per = (next_n + ctiles / 2 - 1) / (ctiles / 2);
+    for (size_t c = 0; c < ctiles; c += 2) {
+        float *o = rb->o + c * 16;
+        const size_t r0 = c / 2 * per;
+        prefetch_block_rows(next, a->v_rs, r0 < next_n ? r0 : next_n, r0 + per < next_n ? r0 + per : next_n, a->dv * 2);
+        TILE_LOAD(0, o, ldo);
+        TILE_LOAD(1, o + 16, ldo);
+        TILE_LOAD(2, o + 16 * a->dvp, ldo);
+        TILE_LOAD(3, o + 16 * a->dvp + 16, ldo);
+        tile_loads((step_tiles){(const char *)a->p, (const char *)(a->vb + c * 256), 16 * ldp, ldp, 256 * 4, 64});
+        for (size_t t = 0; t < steps; t++) {
+            const int more = t + 1 < steps;
+            tile_products(more, (step_tiles){(const char *)(a->p + 32 * (t + 1)),
+                                             (const char *)(a->vb + ((t + 1) * ctiles + c) * 256), 16 * ldp, ldp,
+                                             256 * 4, 64});
+        }
+        TILE_STORE(0, o, ldo);
+        TILE_STORE(1, o + 16, ldo);
+        TILE_STORE(2, o + 16 * a->dvp, ldo);
+        TILE_STORE(3, o + 16 * a->dvp + 16, ldo);
+    }
+}
+
+/* Rows' key ranges [lo, hi) relative to key k0, clamped to the block's n
+ * keys (the padding past ke never kept): two int32 vectors of 16 rows each. */
+static void dec_ranges(const dec_rows *rb, int64_t k0, size_t n, __m512i lo[2], __m512i hi[2]) {
+    int32_t l[32], h[32];
+    for (size_t r = 0; r < 32; r++) {
+        int64_t x = r < rb->nq ? rb->lo[r] - k0 : 0, y = r < rb->nq ? rb->hi[r] - k0 : 0;
+        if (x < 0) x = 0;
+        if (y > (int64_t)n) y = (int64_t)n;
+        if (y < x) y = x;
+        l[r] = (int32_t)x;
+        h[r] = (int32_t)y;
+    }
+    for (int v = 0; v < 2; v++) {
+        lo[v] = _mm512_loadu_si512(l + 16 * v);
+        hi[v] = _mm512_loadu_si512(h + 16 * v);
+    }
+}
+
+/* The softmax of a block of n keys over S^T, lanes over rows: m, the sums
+ * and O's rows (by alpha, in memory) updated, P [32][n] written as bf16. */
+static void dec_softmax(const fmha_matrix_dec_args *a, const dec_rows *rb, int64_t k0, size_t n, float *lsum) {
+    __m512i lo[2], hi[2];
+    dec_ranges(rb, k0, a->ke - k0 < (int64_t)n ? (size_t)(a->ke - k0) : n, lo, hi);
+    const __m512 c1 = _mm512_set1_ps(a->scale_log2), neg_inf = _mm512_set1_ps(-INFINITY);
+    __m512 mx[2] = {neg_inf, neg_inf};
+    for (size_t j = 0; j < n; j++) {
+        const __m512i jv = _mm512_set1_epi32((int)j);
+        for (int v = 0; v < 2; v++) {
+            const __mmask16 keep = _mm512_cmple_epi32_mask(lo[v], jv) & _mm512_cmpgt_epi32_mask(hi[v], jv);
+            mx[v] = _mm512_mask_max_ps(mx[v], keep, _mm512_loadu_ps(a->s + j * 32 + 16 * v), mx[v]);
+        }
+    }
+    __m512 m_use[2], mc[2], sum[2];
+    float alpha[32];
+    for (int v = 0; v < 2; v++) {
+        const __m512 m_old = _mm512_loadu_ps(rb->m + 16 * v);
+        const __mmask16 grew = _mm512_cmp_ps_mask(mx[v], m_old, _CMP_GT_OQ);
+        const __mmask16 first = grew & _mm512_cmp_ps_mask(m_old, neg_inf, _CMP_EQ_OQ);
+        const __mmask16 moved =
+            first | (grew & _mm512_cmp_ps_mask(_mm512_mul_ps(_mm512_sub_ps(mx[v], m_old), c1),
+                                               _mm512_set1_ps(a->rescale_log2), _CMP_GT_OQ));
+        /* alpha: 1, or 2^((m_old - m_new) c1) where a finite reference moved */
+        __m512 al = _mm512_set1_ps(1.0f);
+        const __mmask16 scaled = moved & ~first;
+        if (scaled) {
+            float d[16], e[16];
+            _mm512_storeu_ps(d, _mm512_mul_ps(_mm512_sub_ps(m_old, mx[v]), c1));
+            for (int r = 0; r < 16; r++) e[r] = scaled >> r & 1 ? exp2f(d[r]) : 1.0f;
+            al = _mm512_loadu_ps(e);
+        }
+        _mm512_storeu_ps(alpha + 16 * v, al);
+        sum[v] = _mm512_mul_ps(_mm512_loadu_ps(lsum + 16 * v), al);
+        const __m512 m_new = _mm512_mask_mov_ps(m_old, moved, mx[v]);
+        _mm512_storeu_ps(rb->m + 16 * v, m_new);
+        m_use[v] = _mm512_mask_mov_ps(m_new, _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ), _mm512_setzero_ps());
+        mc[v] = _mm512_mul_ps(m_use[v], c1);
+    }
+    for (size_t r = 0; r < 32; r++) /* O's rows before this block's P V */
+        if (alpha[r] != 1.0f)
+            for (size_t c = 0; c < a->dvp; c += 16)
+                _mm512_storeu_ps(rb->o + r * a->dvp + c, _mm512_mul_ps(_mm512_loadu_ps(rb->o + r * a->dvp + c),
+                                                                       _mm512_set1_ps(alpha[r])));
+    /* P^T = 2^(s c1 - m c1) (or (s - m) c1 past |m c1| = 2^12), two keys a
+     * step: their rows rounded and interleaved into one word vector a half
+     * (rows 0-15, 16-31), 16 of them transposed into the A tile's rows */
+    const __m512i pair_idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                              22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    float far_check[32];
+    _mm512_storeu_ps(far_check, _mm512_abs_ps(mc[0]));
+    _mm512_storeu_ps(far_check + 16, _mm512_abs_ps(mc[1]));
+    int far = 0;
+    for (int r = 0; r < 32; r++) far |= far_check[r] >= 0x1p12f;
+    for (size_t kk = 0; kk < n; kk += 32) {
+        __m512i cols[2][16];
+        for (size_t pr = 0; pr < 16; pr++) {
+            __m512 p[2][2]; /* [key of the pair][half] */
+            for (int e = 0; e < 2; e++) {
+                const size_t j = kk + 2 * pr + (size_t)e;
+                const __m512i jv = _mm512_set1_epi32((int)j);
+                for (int v = 0; v < 2; v++) {
+                    const __mmask16 keep = _mm512_cmple_epi32_mask(lo[v], jv) & _mm512_cmpgt_epi32_mask(hi[v], jv);
+                    const __m512 sv = _mm512_loadu_ps(a->s + j * 32 + 16 * v);
+                    const __m512 t = far ? _mm512_mul_ps(_mm512_sub_ps(sv, m_use[v]), c1) : _mm512_fmsub_ps(sv, c1, mc[v]);
+                    p[e][v] = exp2_keep(keep, t, 1);
+                    sum[v] = _mm512_add_ps(sum[v], p[e][v]);
+                }
+            }
+            for (int v = 0; v < 2; v++)
+                cols[v][pr] = _mm512_permutexvar_epi16(pair_idx, (__m512i)_mm512_cvtne2ps_pbh(p[1][v], p[0][v]));
+        }
+        for (int v = 0; v < 2; v++) {
+            transpose_16x16(cols[v]); /* cols[v][r]: row 16 v + r's 16 key pairs */
+            for (size_t r = 0; r < 16; r++) _mm512_storeu_si512(a->p + (16 * (size_t)v + r) * DEC_BK + kk, cols[v][r]);
+        }
+    }
+    _mm512_storeu_ps(lsum, sum[0]);
+    _mm512_storeu_ps(lsum + 16, sum[1]);
+}
+
+void FMHA_AMX_FN(fmha_matrix_decode)(fmha_matrix_dec_args *a) {
+    FMHA_AMX_FN(fmha_amx_ready)();
+    const size_t qt_words = a->d / 32 * 512;
+    dec_rows rows[FMHA_MATRIX_DEC_BLOCKS];
+    for (size_t i = 0; i < a->nb; i++) {
+        rows[i] = (dec_rows){i + 1 < a->nb ? 32 : a->nq, a->qt + i * qt_words, a->lo + 32 * i, a->hi + 32 * i,
+                             a->o + i * 32 * a->dvp, a->m + 32 * i};
+        memset(rows[i].o, 0, 32 * a->dvp * sizeof(float));
+        for (size_t r = 0; r < 32; r++) {
+            rows[i].m[r] = -INFINITY;
+            a->l[32 * i + r] = 0.0f;
+        }
+    }
+    for (int64_t k0 = a->kb; k0 < a->ke; k0 += DEC_BK) {
+        const size_t nk = (size_t)(a->ke - k0 < DEC_BK ? a->ke - k0 : DEC_BK), n = (nk + 31) / 32 * 32;
+        const char *k = a->k + (k0 - a->kb) * a->k_rs, *v = a->v + (k0 - a->kb) * a->v_rs;
+        /* the next block's keys, fetched while this one computes */
+        const size_t next_n = (size_t)(a->ke - k0 - (int64_t)nk < DEC_BK ? a->ke - k0 - (int64_t)nk : DEC_BK);
+        const char *next_k = next_n ? k + DEC_BK * a->k_rs : NULL, *next_v = next_n ? v + DEC_BK * a->v_rs : NULL;
+        /* whole passes in place; the keys short of 32 from a zero-padded copy */
+        const size_t whole = nk / 32 * 32, row_bytes = a->d * 2;
+        if (whole < nk) {
+            memset(a->k_tail, 0, 32 * row_bytes);
+            for (size_t j = whole; j < nk; j++)
+                memcpy((char *)a->k_tail + (j - whole) * row_bytes, k + (ptrdiff_t)j * a->k_rs, row_bytes);
+        }
+        FMHA_AMX_FN(fmha_matrix_pack_v)(nk, a->dv, v, FMHA_MATRIX_SRC_BF16, a->v_rs / 2, 1, a->vb, NULL);
+        for (size_t i = 0; i < a->nb; i++) {
+            const int first = i == 0;
+            if (whole) dec_scores(a, &rows[i], k, a->k_rs, whole, a->s, first ? next_k : NULL, next_n);
+            if (whole < nk) dec_scores(a, &rows[i], (const char *)a->k_tail, (ptrdiff_t)row_bytes, 32, a->s + whole * 32, NULL, 0);
+            dec_softmax(a, &rows[i], k0, n, a->l + 32 * i);
+            dec_values(a, &rows[i], n, first ? next_v : NULL, next_n);
+        }
+    }
+}
