@@ -353,12 +353,12 @@ int fmha_matrix_decode_plan(const fmha_plan *plan) {
 }
 
 /* Scratch of a task, for up to NB = FMHA_MATRIX_DEC_BLOCKS row blocks: qt
- * [NB][D / 32][2][16][16] words; o [NB][32][dvp]; m, l, lo, hi [NB][32];
- * s [128][32]; p [32][128] bf16; vb [4][dvp / 16][16][16] words; k_tail
- * [32][D] bf16. */
+ * [NB][D / 32][2][16][16] words; lo, hi [NB][32]; s [128][32]; p [32][128]
+ * bf16; vb [4][dvp / 16][16][16] words; k_tail [32][D] bf16; o [dvp] (the
+ * merge's row). */
 typedef struct mdec_scratch {
     uint32_t *qt, *vb;
-    float *o, *m, *l, *s;
+    float *o, *s;
     uint16_t *p, *k_tail;
     int64_t *lo, *hi;
 } mdec_scratch;
@@ -368,9 +368,7 @@ static void mdec_carve(const fmha_plan *plan, fmha_carver *c, mdec_scratch *s) {
     const size_t nb = FMHA_MATRIX_DEC_BLOCKS;
     s->qt = fmha_carve(c, nb * d / 32 * 512 * sizeof(uint32_t));
     s->vb = fmha_carve(c, MDEC_BK / 32 * dvp / 16 * 256 * sizeof(uint32_t));
-    s->o = fmha_carve(c, nb * MATRIX_BQ * dvp * sizeof(float));
-    s->m = fmha_carve(c, nb * MATRIX_BQ * sizeof(float));
-    s->l = fmha_carve(c, nb * MATRIX_BQ * sizeof(float));
+    s->o = fmha_carve(c, dvp * sizeof(float));
     s->s = fmha_carve(c, MDEC_BK * MATRIX_BQ * sizeof(float));
     s->p = fmha_carve(c, MATRIX_BQ * MDEC_BK * sizeof(uint16_t));
     s->k_tail = fmha_carve(c, MATRIX_BQ * d * sizeof(uint16_t));
@@ -378,25 +376,28 @@ static void mdec_carve(const fmha_plan *plan, fmha_carver *c, mdec_scratch *s) {
     s->hi = fmha_carve(c, nb * MATRIX_BQ * sizeof(int64_t));
 }
 
-/* Shared: every (unit, chunk, row)'s partial O [dvp], m and l. */
+/* Shared: every (unit, chunk, row)'s partial O [dvp], m and l (the part's
+ * outputs, written in place: a unit's rows are whole blocks). */
 static size_t mdec_rows(const fmha_plan *plan) {
     return (size_t)fmha_round_up((size_t)(plan->group * plan->p.seq_q), MATRIX_BQ);
 }
 
-static void mdec_carve_shared(const fmha_plan *plan, fmha_carver *c, float **part_o, float **part_ml) {
+static void mdec_carve_shared(const fmha_plan *plan, fmha_carver *c, float **part_o, float **part_m,
+                              float **part_l) {
     int64_t splits, chunk;
     fmha_matrix_decode_split(plan, &splits, &chunk);
     const size_t n = (size_t)(plan->p.batch * plan->p.heads_kv) * (size_t)splits * mdec_rows(plan);
     *part_o = fmha_carve(c, n * fmha_matrix_dvp((size_t)plan->p.head_dim_v) * sizeof(float));
-    *part_ml = fmha_carve(c, 2 * n * sizeof(float));
+    *part_m = fmha_carve(c, n * sizeof(float));
+    *part_l = fmha_carve(c, n * sizeof(float));
 }
 
 fmha_ws_size fmha_matrix_decode_workspace(const fmha_plan *plan) {
     fmha_carver t = {0}, sh = {0};
     mdec_scratch s;
-    float *o, *ml;
+    float *o, *m, *l;
     mdec_carve(plan, &t, &s);
-    mdec_carve_shared(plan, &sh, &o, &ml);
+    mdec_carve_shared(plan, &sh, &o, &m, &l);
     return (fmha_ws_size){t.used, sh.used};
 }
 
@@ -404,7 +405,7 @@ typedef struct mdec_ctx {
     matrix_ctx m;        /* plan, tensors, workspace (the guarded rows' reads) */
     int64_t splits, chunk;
     size_t rows;         /* rows of a unit, whole blocks */
-    float *part_o, *part_ml;
+    float *part_o, *part_m, *part_l;
 } mdec_ctx;
 
 /* The partials of (unit, chunk, row). */
@@ -457,6 +458,7 @@ static void mdec_task(void *vctx, size_t task, int thread) {
                         s.qt + blk * (size_t)p->head_dim / 32 * 512);
         }
         if (ke < kb) ke = kb;
+        const size_t at = mdec_at(c, unit, split, (size_t)g0);
         fmha_matrix_dec_args a = {
             .nb = nb, .nq = (size_t)(n_rows - (int64_t)(nb - 1) * MATRIX_BQ), .d = (size_t)p->head_dim,
             .dv = (size_t)p->head_dim_v, .dvp = dvp, .qt = s.qt,
@@ -464,16 +466,15 @@ static void mdec_task(void *vctx, size_t task, int thread) {
             .v = c->m.v + (b * vs[0] + kb * vs[1] + hk * vs[2]) * es, .k_rs = (ptrdiff_t)(ks[1] * es),
             .v_rs = (ptrdiff_t)(vs[1] * es), .kb = kb, .ke = ke, .lo = s.lo, .hi = s.hi,
             .scale_log2 = fabsf(plan->scale) * (float)M_LOG2E,
-            .rescale_log2 = (float)plan->uk->tuning->matrix_rescale_log2, .o = s.o, .m = s.m, .l = s.l, .s = s.s,
-            .p = s.p, .vb = s.vb, .k_tail = s.k_tail};
+            .rescale_log2 = (float)plan->uk->tuning->matrix_rescale_log2, .o = c->part_o + at * dvp,
+            .m = c->part_m + at, .l = c->part_l + at, .s = s.s, .p = s.p, .vb = s.vb, .k_tail = s.k_tail};
         mx->decode(&a);
-        for (int64_t r = 0; r < n_rows; r++) {
-            const size_t at = mdec_at(c, unit, split, (size_t)(g0 + r));
-            memcpy(c->part_o + at * dvp, s.o + (size_t)r * dvp, dvp * sizeof(float));
-            c->part_ml[2 * at] = s.m[r];
-            c->part_ml[2 * at + 1] = s.l[r];
-        }
     }
+}
+
+/* o += w x over n floats (restrict: the compiler's vectorizer takes it at -O2). */
+static void mdec_axpy(float *restrict o, const float *restrict x, float w, size_t n) {
+    for (size_t e = 0; e < n; e++) o[e] += w * x[e];
 }
 
 /* Task (unit, row block): each row's chunks merged in order, finished and stored. */
@@ -496,7 +497,7 @@ static void mdec_merge_task(void *vctx, size_t task, int thread) {
         matrix_row(plan, hk, r, &h, &i);
         float m_max = -INFINITY;
         for (int64_t sp = 0; sp < c->splits; sp++) {
-            const float m = c->part_ml[2 * mdec_at(c, unit, sp, (size_t)r)];
+            const float m = c->part_m[mdec_at(c, unit, sp, (size_t)r)];
             if (m > m_max) m_max = m;
         }
         float l = 0.0f;
@@ -504,12 +505,11 @@ static void mdec_merge_task(void *vctx, size_t task, int thread) {
         memset(o, 0, dvp * sizeof(float));
         for (int64_t sp = 0; sp < c->splits; sp++) {
             const size_t at = mdec_at(c, unit, sp, (size_t)r);
-            const float m = c->part_ml[2 * at];
+            const float m = c->part_m[at];
             if (m == -INFINITY) continue; /* a chunk this row saw no key of */
             const float w = m_max == -INFINITY ? 1.0f : exp2f((m - m_max) * c1);
-            l += w * c->part_ml[2 * at + 1];
-            const float *po = c->part_o + at * dvp;
-            for (size_t e = 0; e < dvp; e++) o[e] += w * po[e];
+            l += w * c->part_l[at];
+            mdec_axpy(o, c->part_o + at * dvp, w, dvp);
         }
         for (int64_t e = 0; e < p->head_dim_v; e++) nonfinite |= !isfinite(o[e]);
         float o_scale, row_lse;
@@ -534,7 +534,7 @@ void fmha_matrix_decode_run(fmha_plan *run, const void *q, const void *k, const 
     fmha_matrix_decode_split(run, &c.splits, &c.chunk);
     c.rows = mdec_rows(run);
     fmha_carver sh = {ws + (size_t)run->threads * run->thread_bytes, 0};
-    mdec_carve_shared(run, &sh, &c.part_o, &c.part_ml);
+    mdec_carve_shared(run, &sh, &c.part_o, &c.part_m, &c.part_l);
     const size_t units = (size_t)(p->batch * p->heads_kv);
     fmha_run_parallel(run, units * (size_t)c.splits, mdec_task, &c);
     fmha_run_parallel(run, units * (c.rows / MATRIX_BQ), mdec_merge_task, &c);

@@ -199,6 +199,9 @@ def test_unwritable_output_fails_before_running(tmp_path):
     ["--variants", "sparse"],
     ["--modes", "bwd"],
     ["--heads", "0"],
+    ["--dim-v", "0"],
+    ["--dim-v", "32", "--kv-format", "int8"],
+    ["--dim-v", "32", "--page-size", "16"],
     ["--threads", "-1"],
     ["--peak-timeout", "-1"],
     ["--mem-budget-mb", "x"],
@@ -292,6 +295,28 @@ def test_decode_rows(tmp_path):
                    "--modes", "fwd", "--impls", "fmha_auto", "--variants", "decode")
     (r,) = [r for r in doc["results"] if r["seq"] == 100 and r.get("page_size") == 7]
     assert r["seq_q"] == 3 and r["status"] == "ok" and r["rel_err"] < 1e-5, r
+
+
+def test_value_head_dim_rows(tmp_path):
+    """--dim-v: V and O of their own head dim (MLA's 576 / 512 shape); rows
+    carry head_dim_v, match the float64 reference of that shape, count
+    2 * B * H * pairs * (D + Dv) flops and K + V bytes of each dim; peak
+    children get the option too."""
+    doc, proc = bench(tmp_path, "--seqs", "200", "--dims", "64", "--dim-v", "40", "--heads-kv", "1",
+                      "--modes", "fwd,fwdbwd", "--impls", "fmha_auto,fmha_tiled", "--variants", "decode,plain",
+                      "--dtypes", "float32,bfloat16", "--peaks", "--peak-seqs", "100", "--peak-impls", "fmha_auto",
+                      "--peak-timeout", "120")
+    assert doc["config"]["dim_v"] == 40 and "64/40" in proc.stdout
+    for r in doc["results"]:
+        assert r["head_dim"] == 64 and r["head_dim_v"] == 40 and r["status"] == "ok", r
+        if r.get("kind") == "peak":
+            continue
+        assert r["rel_err"] < (1e-5 if r["dtype"] == "float32" else 4e-3), r
+        pairs = 200 if r["variant"] == "decode" else 200 * 200
+        flops = 2 * 2 * pairs * (64 + 40) * (3.5 if r["mode"] == "fwdbwd" else 1)
+        assert r["gflops"] == pytest.approx(flops / (r["median_ms"] * 1e6), rel=0.02), r
+        size = 4 if r["dtype"] == "float32" else 2
+        assert r["kv_gbs"] == pytest.approx(200 * (64 + 40) * size / (r["median_ms"] * 1e6), rel=0.02), r
 
 
 def test_kv_dtype_rows(tmp_path):

@@ -28,6 +28,7 @@ typedef struct bench_options {
     bench_name_list dtypes, variants, modes, impls, peak_impls, fit_impls;
     int64_t batch, heads, portable_max_seq;
     int64_t seq_q, heads_kv;   /* --seq-q, --heads-kv; 0: the seq, the heads */
+    int64_t dim_v;             /* --dim-v: V's head dim (MLA: 512 beside 576); 0: each row's head dim */
     int64_t page_size;         /* --page-size: K and V in a paged cache; 0: contiguous */
     const char *kv_dtype;      /* --kv-dtype: K and V in their own dtype; NULL: the row's */
     const char *kv_format;     /* --kv-format: K and V quantized (int8, fp8_*, q8_0, q4_0); NULL: none */
@@ -51,6 +52,7 @@ typedef struct bench_case {
     int64_t page_size;         /* keys per page of a paged cache; 0: contiguous */
     const char *kv_dtype;      /* dtype of K and V; NULL: dtype */
     const char *kv_format;     /* K and V quantized into this cache format; NULL: none */
+    int64_t head_dim_v;        /* V's and O's head dim; 0: head_dim */
 } bench_case;
 
 /* A case's query length and kv heads (seq and heads unless set). */
@@ -60,6 +62,7 @@ static inline int64_t bench_seq_q(const bench_case *c) {
     return c->seq_q ? c->seq_q : bench_is_decode(c) ? 1 : c->seq;
 }
 static inline int64_t bench_heads_kv(const bench_case *c) { return c->heads_kv ? c->heads_kv : c->heads; }
+static inline int64_t bench_head_dim_v(const bench_case *c) { return c->head_dim_v ? c->head_dim_v : c->head_dim; }
 
 /* Random inputs of one (variant, dtype, seq, head dim) and their reference,
  * computed on first use and shared by every mode and impl. */
@@ -74,7 +77,7 @@ typedef struct bench_inputs {
     float *k_scales, *v_scales;
     void *kv_stored[2];
     size_t elem_size, kv_elem_size; /* bytes of one element in each */
-    size_t q_elems, kv_elems, o_elems;
+    size_t q_elems, kv_elems, o_elems, v_elems; /* kv_elems: K's (and V's unless --dim-v) */
     /* The inputs as float32, already rounded to the dtype (the reference's). */
     float *q, *k, *v, *d_o;
     /* The inputs in the dtype (the same arrays as above for float32). */

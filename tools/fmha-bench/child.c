@@ -148,7 +148,7 @@ int bench_child_main(const bench_options *o, const bench_case *c)
 json_value *bench_peak_row(const bench_options *o, const bench_case *c, const char *exe)
 {
     char spec[512], batch[32], heads[32], samples[32], sample_ms[64], threads[32], seq_q[32], heads_kv[32],
-         page_size[32];
+         page_size[32], dim_v[32];
     snprintf(spec, sizeof spec, "%s,%s,%s,%s,%lld,%lld", c->impl, c->mode, c->variant, c->dtype,
              (long long)c->seq, (long long)c->head_dim);
     snprintf(batch, sizeof batch, "%lld", (long long)c->batch);
@@ -159,9 +159,10 @@ json_value *bench_peak_row(const bench_options *o, const bench_case *c, const ch
     snprintf(seq_q, sizeof seq_q, "%lld", (long long)bench_seq_q(c));
     snprintf(heads_kv, sizeof heads_kv, "%lld", (long long)bench_heads_kv(c));
     snprintf(page_size, sizeof page_size, "%lld", (long long)c->page_size);
+    snprintf(dim_v, sizeof dim_v, "%lld", (long long)c->head_dim_v);
     char *argv[] = {(char *)exe, "--child-row", spec, "--batch", batch, "--heads", heads,
                     "--min-samples", samples, "--min-sample-ms", sample_ms, NULL, NULL, NULL, NULL,
-                    NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+                    NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     int argc = 11;
     if (c->seq_q) {
         argv[argc++] = "--seq-q";
@@ -170,6 +171,10 @@ json_value *bench_peak_row(const bench_options *o, const bench_case *c, const ch
     if (c->heads_kv) {
         argv[argc++] = "--heads-kv";
         argv[argc++] = heads_kv;
+    }
+    if (c->head_dim_v) {
+        argv[argc++] = "--dim-v";
+        argv[argc++] = dim_v;
     }
     if (c->page_size) {
         argv[argc++] = "--page-size";

@@ -39,7 +39,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: fmha-bench [options]\n"
             "Times fmha's strategies on random BSHD inputs (float32, bfloat16 or float16:\n"
-            "--dtypes; D = Dv = head dim) and writes one JSON record: device, config,\n"
+            "--dtypes; D = Dv = head dim unless --dim-v) and writes one JSON record: device, config,\n"
             "results, configs, note. The table gives each row's median, q1..q3 and spread\n"
             "((q3 - q1) / median, marked '!' past 25%%); skipped rows say why.\n"
             "\n"
@@ -58,6 +58,8 @@ static void usage(FILE *f)
             "  --heads N               heads (default 8)\n"
             "  --seq-q N               query length (default: the seq, 1 for decode rows)\n"
             "  --heads-kv N            key/value heads (default: the heads; fewer for GQA)\n"
+            "  --dim-v N               V's (and O's) head dim, 1.." FMHA_STR(FMHA_MAX_HEAD_DIM) " (default: each\n"
+            "                          row's head dim; MLA: --dims 576 --dim-v 512 --heads-kv 1)\n"
             "  --page-size N           K and V in a paged cache of N keys a page, pages in\n"
             "                          shuffled order (forward only; default: contiguous)\n"
             "  --kv-dtype T            K and V in bfloat16 or float16 beside float32 rows\n"
@@ -315,7 +317,7 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
         }
         static const char *const valued[] = {
             "--seqs", "--dims", "--dtypes", "--variants", "--modes", "--batch", "--heads", "--impls",
-            "--seq-q", "--heads-kv", "--page-size", "--kv-dtype", "--kv-format",
+            "--seq-q", "--heads-kv", "--dim-v", "--page-size", "--kv-dtype", "--kv-format",
             "--portable-max-seq", "--threads", "--peak-seqs", "--peak-impls", "--peak-timeout", "--fit-seqs",
             "--fit-impls", "--mem-budget-mb", "--out", "--note", "--min-samples", "--min-sample-ms",
             "--child-row", "--precision"};
@@ -361,6 +363,8 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
             rc = parse_int_option(flag, value, 1, 1 << 30, &o->seq_q);
         else if (strcmp(flag, "--heads-kv") == 0)
             rc = parse_int_option(flag, value, 1, 1 << 20, &o->heads_kv);
+        else if (strcmp(flag, "--dim-v") == 0)
+            rc = parse_int_option(flag, value, 1, FMHA_MAX_HEAD_DIM, &o->dim_v);
         else if (strcmp(flag, "--page-size") == 0)
             rc = parse_int_option(flag, value, 1, 1 << 30, &o->page_size);
         else if (strcmp(flag, "--kv-dtype") == 0) {
@@ -418,12 +422,15 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
     }
     if (o->kv_format && (o->page_size || o->kv_dtype))
         return usage_error("--kv-format reads a contiguous cache of its own: not with --page-size or --kv-dtype");
+    if (o->dim_v && (o->kv_format || o->page_size))
+        return usage_error("--dim-v needs K and V as plain tensors: not with --kv-format or --page-size");
     if (*kind == RUN_BENCH && child_spec) {
         *kind = RUN_CHILD;
         child->batch = o->batch;
         child->heads = o->heads;
         child->seq_q = o->seq_q;
         child->heads_kv = o->heads_kv;
+        child->head_dim_v = o->dim_v;
         child->page_size = o->page_size;
         child->kv_dtype = o->kv_dtype;
         child->kv_format = o->kv_format;
@@ -471,6 +478,8 @@ static json_value *config_json(const bench_options *o)
         json_set_number(c, "seq_q", (double)o->seq_q);
     if (o->heads_kv)
         json_set_number(c, "heads_kv", (double)o->heads_kv);
+    if (o->dim_v)
+        json_set_number(c, "dim_v", (double)o->dim_v);
     if (o->page_size)
         json_set_number(c, "page_size", (double)o->page_size);
     if (o->kv_dtype)
@@ -687,6 +696,11 @@ static void print_time_row(const json_value *row)
 {
     char d[32], seq[32], median[32], range[80], spread[32], gflops[32], gbs[32], rel[32], peak[32], wall[32];
     format_number(d, sizeof d, row, "head_dim", "%.0f");
+    if (json_object_get(row, "head_dim_v")) { /* D/Dv */
+        char dv[16];
+        format_number(dv, sizeof dv, row, "head_dim_v", "%.0f");
+        snprintf(d + strlen(d), sizeof d - strlen(d), "/%s", dv);
+    }
     format_number(seq, sizeof seq, row, "seq", "%.0f");
     format_number(median, sizeof median, row, "median_ms", "%.4g");
     format_spread(range, sizeof range, spread, sizeof spread, row);
@@ -711,7 +725,10 @@ static void print_time_row(const json_value *row)
 static void print_skipped_row(const bench_case *c, const char *reason)
 {
     char d[32], seq[32];
-    snprintf(d, sizeof d, "%lld", (long long)c->head_dim);
+    if (c->head_dim_v)
+        snprintf(d, sizeof d, "%lld/%lld", (long long)c->head_dim, (long long)c->head_dim_v);
+    else
+        snprintf(d, sizeof d, "%lld", (long long)c->head_dim);
     snprintf(seq, sizeof seq, "%lld", (long long)c->seq);
     printf(TABLE_FORMAT " (%s)\n", c->impl, c->mode, c->variant, c->dtype, d, seq, "-", "-", "-", "-", "-", "-",
            "skipped", reason);
@@ -819,7 +836,7 @@ static void run_time_rows(const bench_options *o, json_value *results, progress 
                 for (int s = 0; s < o->seqs.count; s++) {
                     bench_case c = {NULL, NULL, o->variants.names[v], o->dtypes.names[t], o->batch,
                                     o->seqs.values[s], o->heads, o->dims.values[d], o->precision,
-                                    o->seq_q, o->heads_kv, o->page_size, o->kv_dtype, o->kv_format};
+                                    o->seq_q, o->heads_kv, o->page_size, o->kv_dtype, o->kv_format, o->dim_v};
                     c.impl = o->impls.names[0];
                     c.mode = o->modes.names[0];
                     /* One set of inputs (and reference) per (variant, seq, dim), every mode and impl. */
@@ -863,7 +880,7 @@ static void run_peak_rows(const bench_options *o, json_value *results, progress 
                             bench_case c = {o->peak_impls.names[i], o->modes.names[m], o->variants.names[v],
                                             o->dtypes.names[t], o->batch, o->peak_seqs.values[s], o->heads,
                                             o->dims.values[d], o->precision, o->seq_q, o->heads_kv,
-                                            o->page_size, o->kv_dtype, o->kv_format};
+                                            o->page_size, o->kv_dtype, o->kv_format, o->dim_v};
                             if (portable_skipped(o, c.impl, c.seq)) {
                                 print_skipped_row(&c, portable_reason);
                                 skipped++;
@@ -887,7 +904,7 @@ static void run_fit_rows(const bench_options *o, json_value *results, progress *
                 for (int i = 0; i < o->fit_impls.count; i++) {
                     bench_case c = {o->fit_impls.names[i], o->modes.names[m], "plain", o->dtypes.names[t],
                                     o->batch, 0, o->heads, o->dims.values[d], o->precision, o->seq_q,
-                                    o->heads_kv, o->page_size, o->kv_dtype, o->kv_format};
+                                    o->heads_kv, o->page_size, o->kv_dtype, o->kv_format, o->dim_v};
                     char what[128];
                     snprintf(what, sizeof what, "%s %s max-fit", c.impl, c.mode);
                     print_progress(pr, what);

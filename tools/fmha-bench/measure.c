@@ -109,7 +109,7 @@ void bench_case_problem(const bench_case *c, const bench_inputs *in, fmha_proble
 {
     int wrong;
     fmha_problem_init(p, c->batch, c->heads, bench_heads_kv(c), bench_seq_q(c), c->seq, c->head_dim,
-                      c->head_dim, FMHA_LAYOUT_BSHD);
+                      bench_head_dim_v(c), FMHA_LAYOUT_BSHD);
     p->dtype = dtype_of(c->dtype);
     if (c->kv_dtype)
         p->kv_dtype = (fmha_kv_dtype)(dtype_of(c->kv_dtype) + 1);
@@ -154,7 +154,8 @@ fmha_status bench_case_plan(const bench_case *c, const bench_inputs *in, size_t 
     fmha_status st = fmha_forward_workspace_size(&p, &fwd_ws);
     if (st != FMHA_OK)
         return st;
-    /* q, o, dq, dO: tensor bytes; k, v, dk, dv: kv_tensor bytes */
+    /* q, dq: tensor bytes; o, dO: o_tensor; k, dk: kv_tensor; v, dv: v_tensor (Dv for D) */
+    const double dv_per_d = (double)bench_head_dim_v(c) / (double)c->head_dim;
     size_t tensor = (size_t)(c->batch * bench_seq_q(c) * c->heads * c->head_dim) * dtype_size(p.dtype);
     size_t kv_tensor = (size_t)(c->batch * c->seq * bench_heads_kv(c) * c->head_dim) * dtype_size(kv_dtype_of(&p));
     if (c->kv_format) /* the rows as stored (the scales are small beside them) */
@@ -166,8 +167,8 @@ fmha_status bench_case_plan(const bench_case *c, const bench_inputs *in, size_t 
         extras = (size_t)c->batch * sizeof(int32_t) + (size_t)(c->heads * T5_BUCKETS) * sizeof(float);
     if (!is_fwdbwd(c)) {
         *workspace = fwd_ws;
-        *args = tensor + 2 * kv_tensor + extras; /* q, k, v */
-        *outs = tensor;                  /* o */
+        *args = tensor + (size_t)((double)kv_tensor * (1.0 + dv_per_d)) + extras; /* q, k, v */
+        *outs = (size_t)((double)tensor * dv_per_d);                              /* o */
         return FMHA_OK;
     }
     st = fmha_backward_workspace_size(&p, &bwd_ws);
@@ -175,8 +176,8 @@ fmha_status bench_case_plan(const bench_case *c, const bench_inputs *in, size_t 
         return st;
     /* fmha_forward_backward allocates the two workspaces one after the other. */
     *workspace = fwd_ws > bwd_ws ? fwd_ws : bwd_ws;
-    *args = 2 * tensor + 2 * kv_tensor + extras; /* q, k, v, dO */
-    *outs = 2 * tensor + 2 * kv_tensor + lse;    /* o, dq, dk, dv, lse */
+    *args = (size_t)((double)tensor * (1.0 + dv_per_d) + (double)kv_tensor * (1.0 + dv_per_d)) + extras; /* q, k, v, dO */
+    *outs = (size_t)((double)tensor * (1.0 + dv_per_d) + (double)kv_tensor * (1.0 + dv_per_d)) + lse; /* o, dq, dk, dv, lse */
     if (is_masked_bias(c))
         *outs += (size_t)(c->heads * T5_BUCKETS) * sizeof(float); /* the table's gradient */
     return FMHA_OK;
@@ -345,11 +346,13 @@ int bench_inputs_init(bench_inputs *in, const bench_case *c, int with_d_o)
     in->elem_size = dtype_size(in->dtype);
     in->kv_dtype = c->kv_dtype ? dtype_of(c->kv_dtype) : in->dtype;
     in->kv_elem_size = dtype_size(in->kv_dtype);
-    in->q_elems = in->o_elems = (size_t)(c->batch * bench_seq_q(c) * c->heads * c->head_dim);
+    in->q_elems = (size_t)(c->batch * bench_seq_q(c) * c->heads * c->head_dim);
+    in->o_elems = (size_t)(c->batch * bench_seq_q(c) * c->heads * bench_head_dim_v(c));
     in->kv_elems = (size_t)(c->batch * c->seq * bench_heads_kv(c) * c->head_dim);
+    in->v_elems = (size_t)(c->batch * c->seq * bench_heads_kv(c) * bench_head_dim_v(c));
     in->q = malloc(in->q_elems * sizeof(float));
     in->k = malloc(in->kv_elems * sizeof(float));
-    in->v = malloc(in->kv_elems * sizeof(float));
+    in->v = malloc(in->v_elems * sizeof(float));
     in->d_o = with_d_o ? malloc(in->o_elems * sizeof(float)) : NULL;
     int failed = !in->q || !in->k || !in->v || (with_d_o && !in->d_o);
     if (bench_is_decode(c)) {
@@ -368,7 +371,7 @@ int bench_inputs_init(bench_inputs *in, const bench_case *c, int with_d_o)
     }
     if (in->kv_dtype != FMHA_DTYPE_F32 && !failed) {
         in->k_in = malloc(in->kv_elems * in->kv_elem_size);
-        in->v_in = malloc(in->kv_elems * in->kv_elem_size);
+        in->v_in = malloc(in->v_elems * in->kv_elem_size);
         failed |= !in->k_in || !in->v_in;
     }
     if (failed) {
@@ -378,7 +381,7 @@ int bench_inputs_init(bench_inputs *in, const bench_case *c, int with_d_o)
     uint64_t state = INPUT_SEED;
     fill_uniform(in->q, in->q_elems, &state);
     fill_uniform(in->k, in->kv_elems, &state);
-    fill_uniform(in->v, in->kv_elems, &state);
+    fill_uniform(in->v, in->v_elems, &state);
     if (in->d_o)
         fill_uniform(in->d_o, in->o_elems, &state);
     else
@@ -396,7 +399,7 @@ int bench_inputs_init(bench_inputs *in, const bench_case *c, int with_d_o)
         in->v_in = in->v;
     } else {
         round_to_dtype(in->kv_dtype, in->k, in->k_in, in->kv_elems);
-        round_to_dtype(in->kv_dtype, in->v, in->v_in, in->kv_elems);
+        round_to_dtype(in->kv_dtype, in->v, in->v_in, in->v_elems);
     }
     if (bench_is_decode(c))
         for (int64_t b = 0; b < c->batch; b++)
@@ -418,7 +421,7 @@ int bench_inputs_init(bench_inputs *in, const bench_case *c, int with_d_o)
     }
     /* The reference sees the same (rounded) values, masks and bias in float32. */
     fmha_problem_init(&in->ref_problem, c->batch, c->heads, bench_heads_kv(c), bench_seq_q(c), c->seq,
-                      c->head_dim, c->head_dim, FMHA_LAYOUT_BSHD);
+                      c->head_dim, bench_head_dim_v(c), FMHA_LAYOUT_BSHD);
     set_variant(c, in, &in->ref_problem);
     return 0;
 }
@@ -486,7 +489,7 @@ static int ensure_gradient_ref(bench_inputs *in)
     const fmha_problem *p = &in->ref_problem;
     in->dq_ref = malloc(in->q_elems * sizeof(double));
     in->dk_ref = malloc(in->kv_elems * sizeof(double));
-    in->dv_ref = malloc(in->kv_elems * sizeof(double));
+    in->dv_ref = malloc(in->v_elems * sizeof(double));
     int rc = -1;
     if (!in->dq_ref || !in->dk_ref || !in->dv_ref || !in->d_o) {
         rc = -1;
@@ -552,6 +555,8 @@ json_value *bench_row_header(const bench_case *c)
     json_set_number(row, "seq", (double)c->seq);
     json_set_number(row, "heads", (double)c->heads);
     json_set_number(row, "head_dim", (double)c->head_dim);
+    if (c->head_dim_v)
+        json_set_number(row, "head_dim_v", (double)c->head_dim_v);
     if (c->seq_q || bench_is_decode(c))
         json_set_number(row, "seq_q", (double)bench_seq_q(c));
     if (c->heads_kv)
@@ -686,7 +691,7 @@ json_value *bench_measure(const bench_options *o, const bench_case *c, bench_inp
         r.lse = malloc((size_t)(c->batch * c->heads * bench_seq_q(c)) * sizeof(float));
         r.dq = malloc(in->q_elems * in->elem_size);
         r.dk = malloc(in->kv_elems * in->kv_elem_size);
-        r.dv = malloc(in->kv_elems * in->kv_elem_size);
+        r.dv = malloc(in->v_elems * in->kv_elem_size);
         alloc_failed |= !r.lse || !r.dq || !r.dk || !r.dv;
         if (r.p.biases.rel_table) {
             r.grads.d_rel_table = malloc((size_t)(c->heads * T5_BUCKETS) * sizeof(float));
@@ -758,9 +763,10 @@ json_value *bench_measure(const bench_options *o, const bench_case *c, bench_inp
             pairs += (double)(seen < 0 ? 0 : seen > c->seq ? c->seq : seen);
         }
     }
-    double flops = 4.0 * (double)c->batch * (double)c->heads * pairs * (double)c->head_dim;
+    /* 2 flops a multiply-add: Q K^T over D, P V over Dv */
+    double flops = 2.0 * (double)c->batch * (double)c->heads * pairs * (double)(c->head_dim + bench_head_dim_v(c));
     /* K and V of every (batch, kv head), read once: the floor of any forward */
-    double kv_bytes = 2.0 * (double)in->kv_elems * (double)in->kv_elem_size;
+    double kv_bytes = (double)(in->kv_elems + in->v_elems) * (double)in->kv_elem_size;
     if (in->kv_format) /* as stored: the rows, and int8's scale per row */
         kv_bytes = 2.0 * (double)(in->kv_elems / (size_t)c->head_dim) *
                    ((double)in->kv_row_bytes + (in->kv_format == FMHA_KV_FORMAT_INT8 ? 4.0 : 0.0));
@@ -784,7 +790,7 @@ json_value *bench_measure(const bench_options *o, const bench_case *c, bench_inp
         } else if (ref_state == 1) {
             accumulate_error(in->dtype, r.dq, in->dq_ref, in->q_elems, &err2, &ref2);
             accumulate_error(in->kv_dtype, r.dk, in->dk_ref, in->kv_elems, &err2, &ref2);
-            accumulate_error(in->kv_dtype, r.dv, in->dv_ref, in->kv_elems, &err2, &ref2);
+            accumulate_error(in->kv_dtype, r.dv, in->dv_ref, in->v_elems, &err2, &ref2);
         }
         if (ref_state == 1) {
             json_set_number(row, "rel_err", relative_error(err2, ref2));

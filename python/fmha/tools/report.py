@@ -72,9 +72,10 @@ class Row:
 
     @property
     def group(self):
-        """(variant, dtype, head dim, mode, batch, heads, query length, kv heads):
-        rows comparable in one table. The last two are 0 when absent (the
-        query length is the seq, the kv heads are the heads)."""
+        """(variant, dtype, head dim, mode, batch, heads, query length, kv heads,
+        value head dim): rows comparable in one table. The last three are 0
+        when absent (the query length is the seq, the kv heads are the heads,
+        V's head dim is the head dim)."""
         return (
             str(self.get("variant", "plain")),
             str(self.get("dtype", "float32")),
@@ -84,6 +85,7 @@ class Row:
             int(self.get("heads", 0) or 0),
             int(self.get("seq_q", 0) or 0),
             int(self.get("heads_kv", 0) or 0),
+            int(self.get("head_dim_v", 0) or 0),
         )
 
 
@@ -152,8 +154,9 @@ def impl_order(labels) -> list:
 
 
 def flops(row: Row) -> float:
-    """4*B*H*Sq*S*D forward (scores seen: half when causal and square,
-    per query under bottom-right), x3.5 for fwdbwd."""
+    """2*B*H*Sq*S*(D + Dv) forward (4*B*H*Sq*S*D when Dv = D; scores seen:
+    half when causal and square, per query under bottom-right), x3.5 for
+    fwdbwd."""
     b = float(row.get("batch", 1) or 1)
     h = float(row.get("heads", 1) or 1)
     s = float(row.get("seq", 0) or 0)
@@ -165,7 +168,8 @@ def flops(row: Row) -> float:
         pairs = sum(min(s, max(0.0, i + s - sq + 1)) for i in range(int(sq)))
     else:
         pairs = sq * s
-    f = 4.0 * b * h * pairs * d
+    dv = float(row.get("head_dim_v") or d)
+    f = 2.0 * b * h * pairs * (d + dv)
     if row.get("mode") == "fwdbwd":
         f *= 3.5
     return f
@@ -204,15 +208,18 @@ def fmt(x, digits=4) -> str:
 
 def group_order(group):
     """plain, causal, masked_bias, decode; float32 first; then head dim, fwd before fwdbwd."""
-    variant, dtype, dim, mode, batch, heads, seq_q, heads_kv = group
+    variant, dtype, dim, mode, batch, heads, seq_q, heads_kv, dim_v = group
     ranks = {"plain": 0, "causal": 1, "masked_bias": 2, "decode": 3}
-    return (ranks.get(variant, 3), variant, dtype != "float32", dtype, dim, mode, batch, heads, seq_q, heads_kv)
+    return (ranks.get(variant, 3), variant, dtype != "float32", dtype, dim, mode, batch, heads, seq_q, heads_kv,
+            dim_v)
 
 
 def shape_suffix(group, sep=", ") -> str:
-    """The query length and kv heads of a group when they differ from seq and heads."""
-    seq_q, heads_kv = group[6], group[7]
-    parts = ([f"Sq={seq_q}"] if seq_q else []) + ([f"Hkv={heads_kv}"] if heads_kv else [])
+    """The query length, kv heads and V's head dim of a group when they
+    differ from seq, heads and the head dim."""
+    seq_q, heads_kv, dim_v = group[6], group[7], group[8]
+    parts = (([f"Sq={seq_q}"] if seq_q else []) + ([f"Hkv={heads_kv}"] if heads_kv else [])
+             + ([f"Dv={dim_v}"] if dim_v else []))
     return "".join(sep + p for p in parts)
 
 
