@@ -327,11 +327,17 @@ void fmha_matrix_run(fmha_plan *run, const void *q, const void *k, const void *v
 enum { MDEC_MIN_ROWS = 8, MDEC_MAX_SQ = 16, MDEC_KV_PER_Q = 8, MDEC_TASKS = 64, MDEC_MIN_CHUNK = 256,
        MDEC_BK = 128 };
 
-/* Chunks of keys a unit's keys split into, and keys a chunk (a multiple of MDEC_BK). */
+/* Chunks of keys a unit's keys split into, and keys a chunk (a multiple of
+ * MDEC_BK): about MDEC_TASKS tasks, a chunk at least MDEC_MIN_CHUNK keys and
+ * at least 8x its partials' bytes in K and V (MLA's 128 rows of 512 floats
+ * a chunk cost as much memory traffic as 1000 keys of the cache). */
 void fmha_matrix_decode_split(const fmha_plan *plan, int64_t *splits, int64_t *chunk) {
     const fmha_problem *p = &plan->p;
-    const int64_t units = p->batch * p->heads_kv;
-    int64_t n = (MDEC_TASKS + units - 1) / units, most = (p->seq_kv + MDEC_MIN_CHUNK - 1) / MDEC_MIN_CHUNK;
+    const int64_t units = p->batch * p->heads_kv, rows = plan->group * p->seq_q;
+    const int64_t partial_bytes = rows * (int64_t)fmha_matrix_dvp((size_t)p->head_dim_v) * 4;
+    int64_t least = 8 * partial_bytes / ((p->head_dim + p->head_dim_v) * 2);
+    if (least < MDEC_MIN_CHUNK) least = MDEC_MIN_CHUNK;
+    int64_t n = (MDEC_TASKS + units - 1) / units, most = (p->seq_kv + least - 1) / least;
     if (n > most) n = most;
     if (n < 1) n = 1;
     int64_t c = (p->seq_kv + n - 1) / n;
@@ -353,8 +359,8 @@ int fmha_matrix_decode_plan(const fmha_plan *plan) {
 }
 
 /* Scratch of a task, for up to NB = FMHA_MATRIX_DEC_BLOCKS row blocks: qt
- * [NB][D / 32][2][16][16] words; lo, hi [NB][32]; s [128][32]; p [32][128]
- * bf16; vb [4][dvp / 16][16][16] words; k_tail [32][D] bf16; o [dvp] (the
+ * [NB][D / 32][2][16][16] words; lo, hi [NB][32]; s [NB][128][32]; p
+ * [NB][32][128] bf16; vb [4][dvp / 16][16][16] words; k_tail [32][D] bf16; o [dvp] (the
  * merge's row). */
 typedef struct mdec_scratch {
     uint32_t *qt, *vb;
@@ -369,8 +375,8 @@ static void mdec_carve(const fmha_plan *plan, fmha_carver *c, mdec_scratch *s) {
     s->qt = fmha_carve(c, nb * d / 32 * 512 * sizeof(uint32_t));
     s->vb = fmha_carve(c, MDEC_BK / 32 * dvp / 16 * 256 * sizeof(uint32_t));
     s->o = fmha_carve(c, dvp * sizeof(float));
-    s->s = fmha_carve(c, MDEC_BK * MATRIX_BQ * sizeof(float));
-    s->p = fmha_carve(c, MATRIX_BQ * MDEC_BK * sizeof(uint16_t));
+    s->s = fmha_carve(c, nb * MDEC_BK * MATRIX_BQ * sizeof(float));
+    s->p = fmha_carve(c, nb * MATRIX_BQ * MDEC_BK * sizeof(uint16_t));
     s->k_tail = fmha_carve(c, MATRIX_BQ * d * sizeof(uint16_t));
     s->lo = fmha_carve(c, nb * MATRIX_BQ * sizeof(int64_t));
     s->hi = fmha_carve(c, nb * MATRIX_BQ * sizeof(int64_t));

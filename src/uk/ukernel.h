@@ -437,8 +437,8 @@ typedef struct fmha_matrix_dec_args {
     const int64_t *lo, *hi;       /* [nb][32] rows' key ranges */
     float scale_log2, rescale_log2;
     float *o, *m, *l;             /* [nb][32][dvp], [nb][32], [nb][32] */
-    float *s;                     /* scratch [128][32] */
-    uint16_t *p;                  /* scratch [32][128] bf16 */
+    float *s;                     /* scratch [nb][128][32] */
+    uint16_t *p;                  /* scratch [nb][32][128] bf16 */
     uint32_t *vb;                 /* scratch [4][dvp / 16][16][16] words */
     uint16_t *k_tail;             /* scratch [32][D] bf16: the last keys short of 32, zero-padded */
 } fmha_matrix_dec_args;

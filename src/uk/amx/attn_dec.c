@@ -32,12 +32,14 @@
 
 enum { DEC_BK = 128 };
 
-/* One block of 32 rows: its Q^T, key ranges [lo, hi), O [32][dvp], m. */
+/* One block of 32 rows: its Q^T, key ranges [lo, hi), O [32][dvp], m, and
+ * its S^T [128][32] and P [32][128] of the key block. */
 typedef struct dec_rows {
     size_t nq;
     const uint32_t *qt;
     const int64_t *lo, *hi;
-    float *o, *m;
+    float *o, *m, *s;
+    uint16_t *p;
 } dec_rows;
 
 void FMHA_AMX_FN(fmha_matrix_pack_qt)(size_t nq, size_t d, const void *const *rows, ptrdiff_t cs, int negate,
@@ -66,58 +68,49 @@ static inline __attribute__((always_inline)) void prefetch_block_rows(const char
         for (size_t b = 0; b < bytes; b += 64) _mm_prefetch(base + (ptrdiff_t)r * rs + (ptrdiff_t)b, _MM_HINT_T1);
 }
 
-/* s = S^T [n][32] of keys k (n a multiple of 32, rows k_rs bytes apart):
- * 32-key passes, D / 32 k-steps of 2 x 2 products each. Each pass also
- * sends 32 rows of the next block's K (next, NULL: none) towards L2. */
-static void dec_scores(const fmha_matrix_dec_args *a, const dec_rows *rb, const char *k, ptrdiff_t k_rs, size_t n,
-                       float *s, const char *next, size_t next_n) {
+/* One 32-key pass of S^T for a row block: s [32 keys][32 rows] (row
+ * stride 32 floats) of the keys at k (rows k_rs bytes apart), D / 32
+ * k-steps of 2 x 2 products. */
+static void dec_scores_pass(const fmha_matrix_dec_args *a, const dec_rows *rb, const char *kt, ptrdiff_t k_rs,
+                            float *s) {
     const size_t steps = a->d / 32;
-    for (size_t kk = 0; kk < n; kk += 32) {
-        const char *kt = k + (ptrdiff_t)kk * k_rs;
-        prefetch_block_rows(next, a->k_rs, kk, kk + 32 < next_n ? kk + 32 : next_n, a->d * 2);
-        TILE_ZERO(0);
-        TILE_ZERO(1);
-        TILE_ZERO(2);
-        TILE_ZERO(3);
-        tile_loads((step_tiles){kt, (const char *)rb->qt, (size_t)(16 * k_rs), (size_t)k_rs, 256 * 4, 64});
-        for (size_t t = 0; t < steps; t++) {
-            const int more = t + 1 < steps;
-            tile_products(more, (step_tiles){kt + 64 * (t + 1), (const char *)(rb->qt + (t + 1) * 512),
-                                             (size_t)(16 * k_rs), (size_t)k_rs, 256 * 4, 64});
-        }
-        /* C0: keys 0-15 x rows 0-15, C1: x rows 16-31, C2, C3: keys 16-31 */
-        TILE_STORE(0, s + kk * 32, 128);
-        TILE_STORE(1, s + kk * 32 + 16, 128);
-        TILE_STORE(2, s + (kk + 16) * 32, 128);
-        TILE_STORE(3, s + (kk + 16) * 32 + 16, 128);
+    TILE_ZERO(0);
+    TILE_ZERO(1);
+    TILE_ZERO(2);
+    TILE_ZERO(3);
+    tile_loads((step_tiles){kt, (const char *)rb->qt, (size_t)(16 * k_rs), (size_t)k_rs, 256 * 4, 64});
+    for (size_t t = 0; t < steps; t++) {
+        const int more = t + 1 < steps;
+        tile_products(more, (step_tiles){kt + 64 * (t + 1), (const char *)(rb->qt + (t + 1) * 512),
+                                         (size_t)(16 * k_rs), (size_t)k_rs, 256 * 4, 64});
     }
+    /* C0: keys 0-15 x rows 0-15, C1: x rows 16-31, C2, C3: keys 16-31 */
+    TILE_STORE(0, s, 128);
+    TILE_STORE(1, s + 16, 128);
+    TILE_STORE(2, s + 16 * 32, 128);
+    TILE_STORE(3, s + 16 * 32 + 16, 128);
 }
 
-/* O [32][dvp] += P [32][n] V over n keys (V interleaved in vb); the next
- * block's V rows (next_n of them from next) go towards L2 meanwhile. */
-static void dec_values(const fmha_matrix_dec_args *a, const dec_rows *rb, size_t n, const char *next, size_t next_n) {
+/* Columns [16 c, 16 c + 32) of a row block's O [32][dvp] += P [32][n] V
+ * over n keys (V interleaved in vb). */
+static void dec_values_cols(const fmha_matrix_dec_args *a, const dec_rows *rb, size_t n, size_t c) {
     const size_t ctiles = a->dvp / 16, ldo = a->dvp * 4, steps = n / 32, ldp = DEC_BK * 2;
-    const size_t per = (next_n + ctiles / 2 - 1) / (ctiles / 2);
-    for (size_t c = 0; c < ctiles; c += 2) {
-        float *o = rb->o + c * 16;
-        const size_t r0 = c / 2 * per;
-        prefetch_block_rows(next, a->v_rs, r0 < next_n ? r0 : next_n, r0 + per < next_n ? r0 + per : next_n, a->dv * 2);
-        TILE_LOAD(0, o, ldo);
-        TILE_LOAD(1, o + 16, ldo);
-        TILE_LOAD(2, o + 16 * a->dvp, ldo);
-        TILE_LOAD(3, o + 16 * a->dvp + 16, ldo);
-        tile_loads((step_tiles){(const char *)a->p, (const char *)(a->vb + c * 256), 16 * ldp, ldp, 256 * 4, 64});
-        for (size_t t = 0; t < steps; t++) {
-            const int more = t + 1 < steps;
-            tile_products(more, (step_tiles){(const char *)(a->p + 32 * (t + 1)),
-                                             (const char *)(a->vb + ((t + 1) * ctiles + c) * 256), 16 * ldp, ldp,
-                                             256 * 4, 64});
-        }
-        TILE_STORE(0, o, ldo);
-        TILE_STORE(1, o + 16, ldo);
-        TILE_STORE(2, o + 16 * a->dvp, ldo);
-        TILE_STORE(3, o + 16 * a->dvp + 16, ldo);
+    float *o = rb->o + c * 16;
+    TILE_LOAD(0, o, ldo);
+    TILE_LOAD(1, o + 16, ldo);
+    TILE_LOAD(2, o + 16 * a->dvp, ldo);
+    TILE_LOAD(3, o + 16 * a->dvp + 16, ldo);
+    tile_loads((step_tiles){(const char *)rb->p, (const char *)(a->vb + c * 256), 16 * ldp, ldp, 256 * 4, 64});
+    for (size_t t = 0; t < steps; t++) {
+        const int more = t + 1 < steps;
+        tile_products(more, (step_tiles){(const char *)(rb->p + 32 * (t + 1)),
+                                         (const char *)(a->vb + ((t + 1) * ctiles + c) * 256), 16 * ldp, ldp,
+                                         256 * 4, 64});
     }
+    TILE_STORE(0, o, ldo);
+    TILE_STORE(1, o + 16, ldo);
+    TILE_STORE(2, o + 16 * a->dvp, ldo);
+    TILE_STORE(3, o + 16 * a->dvp + 16, ldo);
 }
 
 /* Rows' key ranges [lo, hi) relative to key k0, clamped to the block's n
@@ -149,7 +142,7 @@ static void dec_softmax(const fmha_matrix_dec_args *a, const dec_rows *rb, int64
         const __m512i jv = _mm512_set1_epi32((int)j);
         for (int v = 0; v < 2; v++) {
             const __mmask16 keep = _mm512_cmple_epi32_mask(lo[v], jv) & _mm512_cmpgt_epi32_mask(hi[v], jv);
-            mx[v] = _mm512_mask_max_ps(mx[v], keep, _mm512_loadu_ps(a->s + j * 32 + 16 * v), mx[v]);
+            mx[v] = _mm512_mask_max_ps(mx[v], keep, _mm512_loadu_ps(rb->s + j * 32 + 16 * v), mx[v]);
         }
     }
     __m512 m_use[2], mc[2], sum[2];
@@ -201,7 +194,7 @@ static void dec_softmax(const fmha_matrix_dec_args *a, const dec_rows *rb, int64
                 const __m512i jv = _mm512_set1_epi32((int)j);
                 for (int v = 0; v < 2; v++) {
                     const __mmask16 keep = _mm512_cmple_epi32_mask(lo[v], jv) & _mm512_cmpgt_epi32_mask(hi[v], jv);
-                    const __m512 sv = _mm512_loadu_ps(a->s + j * 32 + 16 * v);
+                    const __m512 sv = _mm512_loadu_ps(rb->s + j * 32 + 16 * v);
                     const __m512 t = far ? _mm512_mul_ps(_mm512_sub_ps(sv, m_use[v]), c1) : _mm512_fmsub_ps(sv, c1, mc[v]);
                     p[e][v] = exp2_keep(keep, t, 1);
                     sum[v] = _mm512_add_ps(sum[v], p[e][v]);
@@ -212,7 +205,7 @@ static void dec_softmax(const fmha_matrix_dec_args *a, const dec_rows *rb, int64
         }
         for (int v = 0; v < 2; v++) {
             transpose_16x16(cols[v]); /* cols[v][r]: row 16 v + r's 16 key pairs */
-            for (size_t r = 0; r < 16; r++) _mm512_storeu_si512(a->p + (16 * (size_t)v + r) * DEC_BK + kk, cols[v][r]);
+            for (size_t r = 0; r < 16; r++) _mm512_storeu_si512(rb->p + (16 * (size_t)v + r) * DEC_BK + kk, cols[v][r]);
         }
     }
     _mm512_storeu_ps(lsum, sum[0]);
@@ -221,11 +214,11 @@ static void dec_softmax(const fmha_matrix_dec_args *a, const dec_rows *rb, int64
 
 void FMHA_AMX_FN(fmha_matrix_decode)(fmha_matrix_dec_args *a) {
     FMHA_AMX_FN(fmha_amx_ready)();
-    const size_t qt_words = a->d / 32 * 512;
+    const size_t qt_words = a->d / 32 * 512, nb = a->nb, ctiles = a->dvp / 16;
     dec_rows rows[FMHA_MATRIX_DEC_BLOCKS];
-    for (size_t i = 0; i < a->nb; i++) {
-        rows[i] = (dec_rows){i + 1 < a->nb ? 32 : a->nq, a->qt + i * qt_words, a->lo + 32 * i, a->hi + 32 * i,
-                             a->o + i * 32 * a->dvp, a->m + 32 * i};
+    for (size_t i = 0; i < nb; i++) {
+        rows[i] = (dec_rows){i + 1 < nb ? 32 : a->nq, a->qt + i * qt_words, a->lo + 32 * i, a->hi + 32 * i,
+                             a->o + i * 32 * a->dvp, a->m + 32 * i, a->s + i * DEC_BK * 32, a->p + i * 32 * DEC_BK};
         memset(rows[i].o, 0, 32 * a->dvp * sizeof(float));
         for (size_t r = 0; r < 32; r++) {
             rows[i].m[r] = -INFINITY;
@@ -235,23 +228,35 @@ void FMHA_AMX_FN(fmha_matrix_decode)(fmha_matrix_dec_args *a) {
     for (int64_t k0 = a->kb; k0 < a->ke; k0 += DEC_BK) {
         const size_t nk = (size_t)(a->ke - k0 < DEC_BK ? a->ke - k0 : DEC_BK), n = (nk + 31) / 32 * 32;
         const char *k = a->k + (k0 - a->kb) * a->k_rs, *v = a->v + (k0 - a->kb) * a->v_rs;
-        /* the next block's keys, fetched while this one computes */
+        /* the next block's keys, sent towards L2 while this one computes */
         const size_t next_n = (size_t)(a->ke - k0 - (int64_t)nk < DEC_BK ? a->ke - k0 - (int64_t)nk : DEC_BK);
-        const char *next_k = next_n ? k + DEC_BK * a->k_rs : NULL, *next_v = next_n ? v + DEC_BK * a->v_rs : NULL;
-        /* whole passes in place; the keys short of 32 from a zero-padded copy */
+        const char *next_k = k + DEC_BK * a->k_rs, *next_v = v + DEC_BK * a->v_rs;
+        FMHA_AMX_FN(fmha_matrix_pack_v)(nk, a->dv, v, FMHA_MATRIX_SRC_BF16, a->v_rs / 2, 1, a->vb, NULL);
+        /* S^T pass by pass, each pass's 32 keys (in L1) for every row block;
+         * the keys short of 32 from a zero-padded copy */
         const size_t whole = nk / 32 * 32, row_bytes = a->d * 2;
+        for (size_t kk = 0; kk < whole; kk += 32) {
+            prefetch_block_rows(next_k, a->k_rs, kk < next_n ? kk : next_n, kk + 32 < next_n ? kk + 32 : next_n,
+                                row_bytes);
+            for (size_t i = 0; i < nb; i++)
+                dec_scores_pass(a, &rows[i], k + (ptrdiff_t)kk * a->k_rs, a->k_rs, rows[i].s + kk * 32);
+        }
         if (whole < nk) {
             memset(a->k_tail, 0, 32 * row_bytes);
             for (size_t j = whole; j < nk; j++)
                 memcpy((char *)a->k_tail + (j - whole) * row_bytes, k + (ptrdiff_t)j * a->k_rs, row_bytes);
+            for (size_t i = 0; i < nb; i++)
+                dec_scores_pass(a, &rows[i], (const char *)a->k_tail, (ptrdiff_t)row_bytes, rows[i].s + whole * 32);
         }
-        FMHA_AMX_FN(fmha_matrix_pack_v)(nk, a->dv, v, FMHA_MATRIX_SRC_BF16, a->v_rs / 2, 1, a->vb, NULL);
-        for (size_t i = 0; i < a->nb; i++) {
-            const int first = i == 0;
-            if (whole) dec_scores(a, &rows[i], k, a->k_rs, whole, a->s, first ? next_k : NULL, next_n);
-            if (whole < nk) dec_scores(a, &rows[i], (const char *)a->k_tail, (ptrdiff_t)row_bytes, 32, a->s + whole * 32, NULL, 0);
-            dec_softmax(a, &rows[i], k0, n, a->l + 32 * i);
-            dec_values(a, &rows[i], n, first ? next_v : NULL, next_n);
+        for (size_t i = 0; i < nb; i++) dec_softmax(a, &rows[i], k0, n, a->l + 32 * i);
+        /* P V a pair of column tiles at a time, its V slice (in L1) for
+         * every row block; the next block's V rows spread over the pairs */
+        const size_t per = (next_n + ctiles / 2 - 1) / (ctiles / 2);
+        for (size_t c = 0; c < ctiles; c += 2) {
+            const size_t r0 = c / 2 * per;
+            prefetch_block_rows(next_v, a->v_rs, r0 < next_n ? r0 : next_n, r0 + per < next_n ? r0 + per : next_n,
+                                a->dv * 2);
+            for (size_t i = 0; i < nb; i++) dec_values_cols(a, &rows[i], n, c);
         }
     }
 }
