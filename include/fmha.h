@@ -681,6 +681,10 @@ FMHA_API size_t fmha_plan_workspace_held(const fmha_plan *plan);
  *              sets the CPU and OS allow (AMX included)
  *   tuning     the table's tuning: "generic", a microarchitecture's name,
  *              or either with "+FMHA_TUNING" when the environment changed it
+ *   scores     how Q K^T is taken: "float32" (the query in float32 against
+ *              the cache's values), or "integer" (decode under precision
+ *              FAST: the query quantized as q8_0 against int8, q8_0 or q4_0
+ *              keys in integer dot products; see fmha_precision)
  * Writes at most buf_size bytes, NUL-terminated (buf may be NULL when
  * buf_size is 0) and returns the length of the whole line, as snprintf. A
  * NULL plan describes the CPU alone. Fields may be added at the end. */

@@ -47,10 +47,20 @@ static int x86_has_avx512(void) {
     return avx512f && avx512dq && avx512bw && avx512vl;
 }
 
-/* AVX-512 as above plus AVX512_BF16 (cpuid leaf 7, subleaf 1). */
-static int x86_has_avx512bf16(void) {
+/* AVX-512 as above plus AVX512-VNNI (cpuid leaf 7: ecx bit 11). */
+static int x86_has_avx512vnni(void) {
     unsigned int r[4];
     if (!x86_has_avx512()) return 0;
+    x86_leaf7(0, r);
+    return (r[2] >> 11) & 1;
+}
+
+/* AVX-512 and AVX512-VNNI as above plus AVX512_BF16 (cpuid leaf 7,
+ * subleaf 1): every CPU with BF16 has VNNI, whose cache parts the table
+ * shares. */
+static int x86_has_avx512bf16(void) {
+    unsigned int r[4];
+    if (!x86_has_avx512vnni()) return 0;
     x86_leaf7(1, r);
     return (r[0] >> 5) & 1;
 }
@@ -81,6 +91,7 @@ static const fmha_arch_isa x86_isas[] = {
     {"amx", x86_has_amx_bf16, &fmha_isa_amx, 0},
 #endif
     {"avx512bf16", x86_has_avx512bf16, &fmha_isa_avx512bf16, 0},
+    {"avx512vnni", x86_has_avx512vnni, &fmha_isa_avx512vnni, 0},
     {"avx512", x86_has_avx512, &fmha_isa_avx512, 0},
     {"avx2", x86_has_avx2, &fmha_isa_avx2, 0},
     /* amx's kernels on the software tile unit: tests and FMHA_ISA only */
@@ -126,8 +137,9 @@ void fmha_arch_describe(char *buf, size_t n) {
     char vendor[16];
     unsigned family, model;
     fmha_arch_cpu_id(vendor, sizeof vendor, &family, &model);
-    snprintf(buf, n, "%s family %u model %u: avx2 %s, avx512 %s, avx512bf16 %s, amx-bf16 %s", vendor, family,
-             model, x86_has_avx2() ? "yes" : "no", x86_has_avx512() ? "yes" : "no",
-             x86_has_avx512bf16() ? "yes" : "no", x86_has_amx_bf16() ? "yes" : "no");
+    snprintf(buf, n, "%s family %u model %u: avx2 %s, avx512 %s, avx512vnni %s, avx512bf16 %s, amx-bf16 %s", vendor,
+             family, model, x86_has_avx2() ? "yes" : "no", x86_has_avx512() ? "yes" : "no",
+             x86_has_avx512vnni() ? "yes" : "no", x86_has_avx512bf16() ? "yes" : "no",
+             x86_has_amx_bf16() ? "yes" : "no");
 }
 #endif

@@ -35,6 +35,11 @@ typedef struct fmha_cache_format {
     /* the bits that are all ones in a NaN or inf element (0: the format
      * holds none, or only in a block's scale) */
     uint32_t nonfinite_bits;
+    /* 1: under precision FAST its keys may meet the query quantized as
+     * q8_0 in integer dot products (uk->cache[id].scores_q8), since the
+     * error that adds is no more than llama.cpp's own arithmetic adds on a
+     * q8_0 cache (the table in fmha.h, fmha_precision) */
+    int q8_scores;
 } fmha_cache_format;
 
 /* The descriptor of a format id (id < FMHA_FORMAT_COUNT). */
@@ -73,6 +78,19 @@ void fmha_kv_scales_of(const fmha_problem *p, int which, int64_t b, int64_t hk, 
  * kv head) is finite and >= 0: FMHA_ERR_BAD_SCALE naming the first that is
  * not. */
 fmha_status fmha_kv_scales_check(const fmha_problem *p);
+
+/* One block of 32 values as ggml's quantize_row_q8_0_ref quantizes it:
+ * d = max |x| / 127, q[j] = round(x[j] / d) (x times 1 / d, rounded half
+ * away from zero; all 0 when d is 0). Returns d, in float32 (a q8_0 block
+ * stores it rounded to a half). x finite. */
+float fmha_q8_0_block(const float *x, int8_t *q);
+
+/* A query row x [d] (d a multiple of 32) quantized for the integer scores
+ * (fmha_q8_rows, uk/ukernel.h): q [d], and per block of 32 its scale
+ * qd [d / 32] and the sum of its q, sum [d / 32]. Returns 0, with nothing
+ * meaningful written, when x holds a NaN or an infinity (the float32
+ * query's kernels then serve, so that it propagates as IEEE says). */
+int fmha_q8_quantize_row(const float *x, int64_t d, int8_t *q, float *qd, int32_t *sum);
 
 /* OCP float8 bits to float32, exactly (the specifications). */
 float fmha_fp8_e4m3_to_f32(uint8_t b);

@@ -41,14 +41,9 @@ static uint8_t f32_to_fp8(float y, int m, int bias, float top, uint8_t top_bits,
 
 /* ggml's quantize_row_q8_0_ref on one block of 32 */
 static void block_q8_0(const float *x, uint8_t *blk) {
-    float amax = 0.0f;
-    for (int j = 0; j < 32; j++) amax = amax > fabsf(x[j]) ? amax : fabsf(x[j]); /* MAX(amax, |x|) */
-    const float d = amax / 127;
-    const float id = d ? 1.0f / d : 0.0f;
-    const uint16_t dh = fmha_f32_to_f16(d);
+    const uint16_t dh = fmha_f32_to_f16(fmha_q8_0_block(x, (int8_t *)(blk + 2)));
     blk[0] = (uint8_t)(dh & 0xff);
     blk[1] = (uint8_t)(dh >> 8);
-    for (int j = 0; j < 32; j++) blk[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
 }
 
 /* ggml's quantize_row_q4_0_ref on one block of 32 */

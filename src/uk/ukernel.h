@@ -202,6 +202,32 @@ typedef void (*fmha_cache_values_ukernel_fn)(size_t rows, size_t nk, size_t dv, 
                                              size_t ldp, const void *v, size_t ldv, float *o,
                                              size_t ldo, const float *alpha);
 
+/* ---- integer scores on a quantized query ----
+ * Under precision FAST the decode driver quantizes each query row once a
+ * step as GGUF q8_0 quantizes (llama.cpp's dot-product type for q8_0 and
+ * q4_0 keys): blocks of 32 values, each with its scale d = max |x| / 127
+ * kept in float32 (not rounded to a half as a q8_0 block stores it) and
+ * q = round(x / d), half away from zero (format.h: fmha_q8_quantize_row).
+ * The 8-bit and 4-bit formats' keys then meet it in integer dot products. */
+typedef struct fmha_q8_rows {
+    const int8_t *q;    /* [rows][ld]: row r's values from q + r * ld */
+    const float *d;     /* [rows][ld / 32]: the blocks' scales */
+    const int32_t *sum; /* [rows][ld / 32]: each block's sum of q (for offsets) */
+    size_t ld;          /* a multiple of 32 */
+} fmha_q8_rows;
+
+/* s[r][j] = scale * acc(r, j), r < rows, j < nk, where over the blocks
+ * b < d / 32 in order, from acc = 0,
+ *   acc = fmaf((float)isum(r, j, b), q->d[r][b] * kd(j, b), acc)
+ *   isum(r, j, b) = sum over e of block b of q->q[r][e] * kq(j, e)
+ * (an exact int32 sum: every kernel gives these bits), kq(j, e) the
+ * integer of element e of the key row at k + j * ldk (bytes) and kd(j, b)
+ * its block's scale: int8 the element and 1 (the per-key scale is the
+ * driver's, as for the float kernels), q8_0 q and the block's half d,
+ * q4_0 nibble - 8 and d. d is a multiple of 32. */
+typedef void (*fmha_cache_scores_q8_ukernel_fn)(size_t rows, size_t nk, size_t d, const fmha_q8_rows *q,
+                                                const void *k, size_t ldk, float *s, size_t lds, float scale);
+
 /* dst[i] = element i of the row at src as float32, i < n (a multiple of 32
  * for the block formats, src at a block): exact for the float formats (a
  * NaN stays a NaN, possibly quieted); the format's dequantisation
@@ -306,11 +332,16 @@ typedef struct fmha_uk_decode {
 
 /* One cache format's kernels. load: fallback the scalar part's. scores and
  * values come together or not at all; fallback: none (rows are loaded into
- * float32 rows for the float32 format's kernels). */
+ * float32 rows for the float32 format's kernels). scores_q8: integer
+ * scores on the quantized query (precision FAST, where the format allows
+ * it: format.h), reading the format's bytes (in place, or gathered across
+ * pages) whether or not the table has scores and values; fallback: none
+ * (the float32 query's kernels serve). */
 typedef struct fmha_uk_cache {
     fmha_cache_load_ukernel_fn load;
     fmha_cache_scores_ukernel_fn scores;
     fmha_cache_values_ukernel_fn values;
+    fmha_cache_scores_q8_ukernel_fn scores_q8;
 } fmha_uk_cache;
 
 /* Per-thread set-up and tear-down around a job's tasks, for kernels with
@@ -415,6 +446,7 @@ void fmha_ukernels_compose(const fmha_isa_parts *parts, fmha_ukernels *out);
 extern const fmha_isa_parts fmha_isa_scalar;     /* any CPU: src/uk/scalar */
 extern const fmha_isa_parts fmha_isa_avx2;       /* AVX2 + FMA: src/uk/avx2 */
 extern const fmha_isa_parts fmha_isa_avx512;     /* AVX-512 F/BW/VL/DQ: src/uk/avx512 */
+extern const fmha_isa_parts fmha_isa_avx512vnni; /* avx512's parts, integer scores (AVX512-VNNI): src/uk/avx512vnni */
 extern const fmha_isa_parts fmha_isa_avx512bf16; /* avx512's parts + a bf16 part: src/uk/avx512bf16 */
 extern const fmha_isa_parts fmha_isa_amx;        /* avx512bf16's parts, the pair GEMM on AMX tiles: src/uk/amx */
 extern const fmha_isa_parts fmha_isa_amx_emu;    /* amx's kernels on the software tile unit: src/uk/amx_emu */

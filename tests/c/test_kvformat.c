@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "convert.h"
 #include "cpu.h"
 #include "format.h"
 #include "fmha_ref_masks.h"
@@ -169,6 +170,33 @@ typedef struct fmt_case {
     int64_t page;                           /* > 0: also paged, whose bits must match */
 } fmt_case;
 
+/* 1 when a plan of p takes the integer scores (fmha_plan_describe). */
+static int integer_scores(const fmha_problem *p) {
+    fmha_plan *plan = NULL;
+    char line[1024] = "";
+    if (fmha_plan_create(p, &plan) == FMHA_OK) fmha_plan_describe(plan, line, sizeof line);
+    fmha_plan_destroy(plan);
+    return strstr(line, " scores=integer") != NULL;
+}
+
+/* x [rows][d] as llama.cpp's arithmetic sees a query: each block of 32
+ * quantized as ggml's q8_0 (its scale rounded to a half), then dequantized. */
+static void llama_q8_0_query(const float *x, size_t rows, int64_t d, float *out) {
+    for (size_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < d / 32; b++) {
+            int8_t q[32];
+            const float dh = fmha_f16_to_f32(fmha_f32_to_f16(fmha_q8_0_block(x + r * d + 32 * b, q)));
+            for (int j = 0; j < 32; j++) out[r * d + 32 * b + j] = (float)q[j] * dh;
+        }
+}
+
+static double max_abs_diff(const double *a, const double *b, size_t n) {
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++)
+        if (isfinite(b[i])) worst = fmax(worst, fabs(a[i] - b[i]));
+    return worst;
+}
+
 static void run_case(const fmt_case *fc, const char *isa) {
     const int64_t B = fc->B, skv = fc->skv, D = fc->D, Dv = fc->Dv, hkv = fc->hkv;
     fmha_problem p;
@@ -220,48 +248,81 @@ static void run_case(const fmt_case *fc, const char *isa) {
     const void *qin = fc->bf16_q ? (const void *)qb : q;
     float *o = malloc(no * sizeof(float)), *lse = malloc(nl * sizeof(float));
     uint16_t *ob = (uint16_t *)o;
-    fmha_status st = tu_forward(&pq, qin, ck.bytes, cv.bytes, o, lse, NULL, 0);
-    float *of = o;
-    if (fc->bf16_q) { /* widen the bf16 output */
-        of = malloc(no * sizeof(float));
-        for (size_t i = 0; i < no; i++) {
-            uint32_t u = (uint32_t)ob[i] << 16;
-            memcpy(&of[i], &u, 4);
+    float *of = fc->bf16_q ? malloc(no * sizeof(float)) : o;
+    /* ACCURATE: the float32 query against the cache's values; FAST: the
+     * same where it takes no integer scores, else the query quantized as
+     * q8_0, whose error is held to llama.cpp's arithmetic on this cache
+     * (the query as ggml's q8_0 blocks, products exact: a float64
+     * reference on that query) */
+    for (int fast = 0; fast < 2; fast++) {
+        pq.precision = fast ? FMHA_PRECISION_FAST : FMHA_PRECISION_ACCURATE;
+        const int integer = fast && integer_scores(&pq);
+        if (fast && !integer) continue; /* ACCURATE's arithmetic: checked */
+        fmha_status st = tu_forward(&pq, qin, ck.bytes, cv.bytes, o, lse, NULL, 0);
+        if (fc->bf16_q) /* widen the bf16 output */
+            for (size_t i = 0; i < no; i++) {
+                uint32_t u = (uint32_t)ob[i] << 16;
+                memcpy(&of[i], &u, 4);
+            }
+        int lse_ok = 1;
+        double ratio;
+        if (!integer) {
+            for (size_t i = 0; i < nl; i++)
+                lse_ok &= rl[i] == -INFINITY ? lse[i] == -INFINITY
+                                             : fabs((double)lse[i] - rl[i]) <= 1e-5 * (1 + fabs(rl[i]));
+            /* float32 accumulation (and for bf16 Q, O's rounding to bf16) alone */
+            ratio = fc->bf16_q ? tu_worst_ratio(of, ro, no, 4e-3, 8e-3) : tu_worst_ratio(of, ro, no, 2e-5, 2e-5);
+        } else {
+            float *ql = malloc(nq * sizeof(float));
+            double *lo = malloc(no * sizeof(double)), *ll = malloc(nl * sizeof(double));
+            llama_q8_0_query(q, (size_t)(B * fc->sq * fc->hq), D, ql);
+            fmha_ref_forward_full(&p, ql, ck.value, vval, lo, ll);
+            /* no more than 1.25x llama.cpp's error (O's rounding to bf16 aside) */
+            const double norm = tu_norm_l2(ro, no), bf16_o = fc->bf16_q ? 4e-3 * norm : 0.0;
+            double err_l = 0.0;
+            for (size_t i = 0; i < no; i++) err_l += (lo[i] - ro[i]) * (lo[i] - ro[i]);
+            ratio = tu_err_l2(of, ro, no) / (1.25 * sqrt(err_l) + bf16_o + 1e-7 * norm);
+            double worst_l = 0.0;
+            for (size_t i = 0; i < nl; i++) {
+                if (rl[i] == -INFINITY) lse_ok &= lse[i] == -INFINITY;
+                else worst_l = fmax(worst_l, fabs((double)lse[i] - rl[i]));
+            }
+            lse_ok &= worst_l <= 1.25 * max_abs_diff(ll, rl, nl) + 1e-5;
+            free(ql), free(lo), free(ll);
         }
-    }
-    int lse_ok = 1;
-    for (size_t i = 0; i < nl; i++)
-        lse_ok &= rl[i] == -INFINITY ? lse[i] == -INFINITY : fabs((double)lse[i] - rl[i]) <= 1e-5 * (1 + fabs(rl[i]));
-    /* float32 accumulation (and for bf16 Q, O's rounding to bf16) alone */
-    double ratio = fc->bf16_q ? tu_worst_ratio(of, ro, no, 4e-3, 8e-3) : tu_worst_ratio(of, ro, no, 2e-5, 2e-5);
 
-    int paged_same = 1;
-    if (fc->page > 0 && st == FMHA_OK) {
-        int64_t stride, pages;
-        int32_t *table = tu_page_table(B, skv, fc->page, kv_len, &stride, &pages);
-        pool pk = pool_new(&ck, fc->page, table, stride, pages), pv = pool_new(&cv, fc->page, table, stride, pages);
-        fmha_problem pp = pq;
-        pp.block_table = table, pp.block_table_stride = stride, pp.page_size = fc->page, pp.num_pages = pages;
-        pool_attach(&pp, 0, &ck, &pk, fc->page);
-        pool_attach(&pp, 1, &cv, &pv, fc->page);
-        const void *vin = pv.bytes;
-        if (fc->mla) memcpy(pp.v_strides, pp.k_strides, sizeof pp.k_strides), vin = pk.bytes, pp.v_scales = pp.k_scales,
-                     memcpy(pp.v_scale_strides, pp.k_scale_strides, sizeof pp.k_scale_strides);
-        float *o2 = malloc(no * sizeof(float)), *lse2 = malloc(nl * sizeof(float));
-        fmha_status st2 = tu_forward(&pp, qin, pk.bytes, vin, o2, lse2, NULL, 0);
-        /* the decode driver reads both; the tiled forward's rounding differs */
-        const int decode = fc->strategy == FMHA_STRATEGY_AUTO && fc->sq <= 16 && skv >= 8 * fc->sq;
-        size_t obytes = no * (fc->bf16_q ? 2 : 4);
-        paged_same = st2 == FMHA_OK && (!decode || (!memcmp(o, o2, obytes) && !memcmp(lse, lse2, nl * sizeof(float))));
-        free(o2), free(lse2), free(table), free(pk.bytes), free(pk.scales), free(pv.bytes), free(pv.scales);
+        int paged_same = 1;
+        if (fc->page > 0 && st == FMHA_OK) {
+            int64_t stride, pages;
+            int32_t *table = tu_page_table(B, skv, fc->page, kv_len, &stride, &pages);
+            pool pk = pool_new(&ck, fc->page, table, stride, pages), pv = pool_new(&cv, fc->page, table, stride, pages);
+            fmha_problem pp = pq;
+            pp.block_table = table, pp.block_table_stride = stride, pp.page_size = fc->page, pp.num_pages = pages;
+            pool_attach(&pp, 0, &ck, &pk, fc->page);
+            pool_attach(&pp, 1, &cv, &pv, fc->page);
+            const void *vin = pv.bytes;
+            if (fc->mla)
+                memcpy(pp.v_strides, pp.k_strides, sizeof pp.k_strides), vin = pk.bytes, pp.v_scales = pp.k_scales,
+                    memcpy(pp.v_scale_strides, pp.k_scale_strides, sizeof pp.k_scale_strides);
+            float *o2 = malloc(no * sizeof(float)), *lse2 = malloc(nl * sizeof(float));
+            fmha_status st2 = tu_forward(&pp, qin, pk.bytes, vin, o2, lse2, NULL, 0);
+            /* the decode driver reads both; the tiled forward's rounding differs */
+            const int decode = fc->strategy == FMHA_STRATEGY_AUTO && fc->sq <= 16 && skv >= 8 * fc->sq;
+            size_t obytes = no * (fc->bf16_q ? 2 : 4);
+            paged_same =
+                st2 == FMHA_OK && (!decode || (!memcmp(o, o2, obytes) && !memcmp(lse, lse2, nl * sizeof(float))));
+            free(o2), free(lse2), free(table), free(pk.bytes), free(pk.scales), free(pv.bytes), free(pv.scales);
+        }
+        tu_check(st == FMHA_OK && ratio <= 1.0 && lse_ok && paged_same,
+                 "format K %s V %s %s %s %s B %lld Hq %lld Hkv %lld Sq %lld Skv %lld D %lld Dv %lld%s%s%s%s%s page "
+                 "%lld: status %d, O ratio %g, lse %s, paged %s",
+                 fmt_name(fc->fk), fmt_name(fc->fv), isa, tu_strategy_name(fc->strategy),
+                 integer ? "fast (integer scores)" : "accurate", (long long)B, (long long)fc->hq, (long long)hkv,
+                 (long long)fc->sq, (long long)skv, (long long)D, (long long)Dv, fc->causal ? " causal" : "",
+                 fc->sinks ? " sinks" : "", fc->window ? " window" : "", fc->bf16_q ? " bf16-q" : "",
+                 fc->mla ? " mla" : "", (long long)fc->page, (int)st, ratio, lse_ok ? "ok" : "off",
+                 paged_same ? "same" : "differs");
     }
-    tu_check(st == FMHA_OK && ratio <= 1.0 && lse_ok && paged_same,
-             "format K %s V %s %s %s B %lld Hq %lld Hkv %lld Sq %lld Skv %lld D %lld Dv %lld%s%s%s%s%s page %lld: "
-             "status %d, O ratio %g, lse %s, paged %s",
-             fmt_name(fc->fk), fmt_name(fc->fv), isa, tu_strategy_name(fc->strategy), (long long)B, (long long)fc->hq,
-             (long long)hkv, (long long)fc->sq, (long long)skv, (long long)D, (long long)Dv, fc->causal ? " causal" : "",
-             fc->sinks ? " sinks" : "", fc->window ? " window" : "", fc->bf16_q ? " bf16-q" : "", fc->mla ? " mla" : "",
-             (long long)fc->page, (int)st, ratio, lse_ok ? "ok" : "off", paged_same ? "same" : "differs");
     if (of != o) free(of);
     if (fc->mla) free(vval);
     else cache_free(&cv);
@@ -404,6 +465,67 @@ static void test_format_kernels(const char *isa) {
             }
         }
         free(bytes), free(w1), free(w2);
+    }
+}
+
+/* Per ISA: the integer scores on the q8_0 query (scores_q8, where the
+ * table has them) give the scalar specification's bits: random key bytes
+ * (int8's -128 included; block scales of every half class, NaN and inf
+ * too), query rows quantized by the driver's rule and rows at the
+ * extremes (every q = +-127: the largest sums), 1..19 rows (every row
+ * group), 1..40 keys (a partial group of 16), D 32..320, any row stride. */
+static void test_scores_q8(const char *isa) {
+    const fmha_ukernels *uk = fmha_cpu_kernels();
+    const fmha_ukernels *spec = fmha_cpu_kernels_for("scalar");
+    static const fmha_kv_format fmts[] = {FMHA_KV_FORMAT_INT8, FMHA_KV_FORMAT_Q8_0, FMHA_KV_FORMAT_Q4_0};
+    enum { ROWS = 19, KEYS = 40, D = 320, LD = D + 64 };
+    for (int fi = 0; fi < 3; fi++) {
+        const fmha_kv_format f = fmts[fi];
+        const fmha_cache_format_id id = (fmha_cache_format_id)(f - FMHA_KV_FORMAT_F32);
+        if (!uk->cache[id].scores_q8) continue;
+        tu_check(spec->cache[id].scores_q8 != NULL, "%s: the specification of %s's integer scores", isa, fmt_name(f));
+        const size_t nbytes = f == FMHA_KV_FORMAT_Q8_0 ? 34 : f == FMHA_KV_FORMAT_Q4_0 ? 18 : 32;
+        const size_t ldk_max = D / 32 * nbytes + 50;
+        uint8_t *k = malloc(KEYS * ldk_max);
+        int8_t *qi = malloc(ROWS * LD);
+        float x[LD], qd[ROWS * LD / 32], s1[ROWS * KEYS], s2[ROWS * KEYS];
+        int32_t qsum[ROWS * LD / 32];
+        size_t bad = 0;
+        for (int c = 0; c < 40; c++) {
+            const size_t rows = (size_t)tu_int(1, ROWS), nk = (size_t)tu_int(1, KEYS), d = 32 * (size_t)tu_int(1, D / 32);
+            const size_t ldk = d / 32 * nbytes + (size_t)tu_int(0, 50), lds = KEYS;
+            for (size_t i = 0; i < KEYS * ldk_max; i++) k[i] = (uint8_t)tu_int(0, 255);
+            if (nbytes != 32) /* block scales: normal, subnormal, zero, negative, NaN and inf halves */
+                for (size_t j = 0; j < nk; j++)
+                    for (size_t b = 0; b < d / 32; b++) {
+                        static const uint16_t halves[] = {0x3c00, 0x2e66, 0x0003, 0x0000, 0xb555, 0x1400, 0x7e00, 0xfc00};
+                        const uint16_t h = halves[tu_int(0, c % 4 ? 5 : 7)];
+                        k[j * ldk + b * nbytes] = (uint8_t)(h & 0xff), k[j * ldk + b * nbytes + 1] = (uint8_t)(h >> 8);
+                    }
+            for (size_t r = 0; r < rows; r++) {
+                tu_fill(x, d, -2, 2);
+                if (c % 5 == 0) x[tu_int(0, (int64_t)d - 1)] = 40.0f; /* an outlier block */
+                fmha_q8_quantize_row(x, (int64_t)d, qi + r * LD, qd + r * (LD / 32), qsum + r * (LD / 32));
+                if (c % 7 == 3) /* the extremes */
+                    for (size_t e = 0; e < d; e++) qi[r * LD + e] = (int8_t)(e % 3 ? -127 : 127);
+                if (c % 7 == 3)
+                    for (size_t b = 0; b < d / 32; b++) {
+                        int32_t t = 0;
+                        for (size_t e = 0; e < 32; e++) t += qi[r * LD + 32 * b + e];
+                        qsum[r * (LD / 32) + b] = t;
+                    }
+            }
+            const fmha_q8_rows q = {qi, qd, qsum, LD};
+            tu_fill(s1, ROWS * KEYS, 0, 1);
+            memcpy(s2, s1, sizeof s1);
+            const float scale = (float)tu_uniform(0.05, 2);
+            spec->cache[id].scores_q8(rows, nk, d, &q, k, ldk, s1, lds, scale);
+            uk->cache[id].scores_q8(rows, nk, d, &q, k, ldk, s2, lds, scale);
+            for (size_t i = 0; i < ROWS * KEYS; i++)
+                bad += memcmp(&s1[i], &s2[i], sizeof(float)) && !(isnan(s1[i]) && isnan(s2[i]));
+        }
+        tu_check(bad == 0, "%s %s integer scores: %zu differ from the specification's bits", isa, fmt_name(f), bad);
+        free(k), free(qi);
     }
 }
 
@@ -579,6 +701,7 @@ static void test_errors(void) {
 int main(void) {
     tu_seed();
     tu_each_isa(test_format_kernels);
+    tu_each_isa(test_scores_q8);
     tu_each_isa(test_cases);
     tu_each_isa(test_mla);
     tu_each_isa(test_fold);

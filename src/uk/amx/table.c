@@ -6,6 +6,7 @@
 #include "../avx512/f32.h"
 #include "../avx512/parts.h"
 #include "../avx512bf16/bf16.h"
+#include "../avx512vnni/decode.h"
 #include "amx.h"
 
 #if FMHA_AMX_EMULATED
@@ -43,7 +44,7 @@ const fmha_isa_parts AMX_TABLE = {
     .bf16 = &amx_pairs,
     .rows = &fmha_uk_rows__avx512,
     .decode = &fmha_uk_decode__avx512,
-    .cache = FMHA_AVX512_CACHE_PARTS,
+    .cache = FMHA_AVX512VNNI_CACHE_PARTS,
     .thread = &amx_thread,
     .matrix = &amx_matrix,
 };

@@ -1,8 +1,10 @@
-/* avx512bf16/table.c: the ISA of CPUs with AVX512_BF16: the AVX-512 parts
- * (avx512/parts.h: same MR, NR and tile sizes) plus the bf16 part of this
- * directory's vdpbf16ps kernels. */
+/* avx512bf16/table.c: the ISA of CPUs with AVX512_BF16 (and AVX512-VNNI,
+ * which every one of them has): the AVX-512 parts (avx512/parts.h: same MR,
+ * NR and tile sizes) with avx512vnni's cache parts, plus the bf16 part of
+ * this directory's vdpbf16ps kernels. */
 #include "../avx512/f32.h"
 #include "../avx512/parts.h"
+#include "../avx512vnni/decode.h"
 #include "bf16.h"
 
 _Static_assert((int)FMHA_AVX512BF16_MR == (int)FMHA_AVX512_MR &&
@@ -23,5 +25,5 @@ const fmha_isa_parts fmha_isa_avx512bf16 = {
     .bf16 = &avx512bf16_pairs,
     .rows = &fmha_uk_rows__avx512,
     .decode = &fmha_uk_decode__avx512,
-    .cache = FMHA_AVX512_CACHE_PARTS,
+    .cache = FMHA_AVX512VNNI_CACHE_PARTS,
 };

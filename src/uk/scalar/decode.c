@@ -81,3 +81,46 @@ FORMAT_LOAD(e4m3, FMHA_FORMAT_FP8_E4M3)
 FORMAT_LOAD(e5m2, FMHA_FORMAT_FP8_E5M2)
 FORMAT_LOAD(q8_0, FMHA_FORMAT_Q8_0)
 FORMAT_LOAD(q4_0, FMHA_FORMAT_Q4_0)
+
+/* ---- integer scores on the q8_0 query (the specification of every ISA's
+ * scores_q8: exact int32 block sums, then the float32 steps in block order) ---- */
+
+/* Key j's integer of element e (kq) and block b's scale (kd) in each format. */
+static int32_t kq_int8(const uint8_t *row, size_t e) { return (int8_t)row[e]; }
+static float kd_one(const uint8_t *row, size_t b) { return (void)row, (void)b, 1.0f; }
+static int32_t kq_q8_0(const uint8_t *row, size_t e) { return (int8_t)row[e / 32 * 34 + 2 + e % 32]; }
+static int32_t kq_q4_0(const uint8_t *row, size_t e) {
+    const uint8_t byte = row[e / 32 * 18 + 2 + e % 16];
+    return (e % 32 < 16 ? byte & 15 : byte >> 4) - 8;
+}
+static float half_at(const uint8_t *p) { return fmha_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
+static float kd_q8_0(const uint8_t *row, size_t b) { return half_at(row + b * 34); }
+static float kd_q4_0(const uint8_t *row, size_t b) { return half_at(row + b * 18); }
+
+static void scores_q8(int32_t (*kq)(const uint8_t *, size_t), float (*kd)(const uint8_t *, size_t), size_t rows,
+                      size_t nk, size_t d, const fmha_q8_rows *q, const void *k, size_t ldk, float *s, size_t lds,
+                      float scale) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < nk; j++) {
+            const uint8_t *row = (const uint8_t *)k + j * ldk;
+            float acc = 0.0f;
+            for (size_t b = 0; b < d / 32; b++) {
+                int32_t isum = 0;
+                for (size_t e = 32 * b; e < 32 * b + 32; e++) isum += q->q[r * q->ld + e] * kq(row, e);
+                acc = fmaf((float)isum, q->d[r * (q->ld / 32) + b] * kd(row, b), acc);
+            }
+            s[r * lds + j] = acc * scale;
+        }
+}
+
+#define SCORES_Q8(name)                                                                                               \
+    void fmha_##name##kv_scores_q8__scalar(size_t rows, size_t nk, size_t d, const fmha_q8_rows *q, const void *k,    \
+                                           size_t ldk, float *s, size_t lds, float scale) {                           \
+        scores_q8(kq_##name, KD_##name, rows, nk, d, q, k, ldk, s, lds, scale);                                       \
+    }
+#define KD_int8 kd_one
+#define KD_q8_0 kd_q8_0
+#define KD_q4_0 kd_q4_0
+SCORES_Q8(int8)
+SCORES_Q8(q8_0)
+SCORES_Q8(q4_0)
