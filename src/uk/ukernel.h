@@ -271,6 +271,7 @@ typedef enum fmha_cache_format_id {
     FMHA_FORMAT_Q4_0,     /* GGUF block_q4_0: blocks of 32, 18 bytes */
     FMHA_FORMAT_COUNT
 } fmha_cache_format_id;
+_Static_assert(FMHA_FORMAT_COUNT == 8, "FMHA_CACHE_PARTS lists every format");
 
 /* ---- a table's parts ----
  * An ISA's table is composed of parts, each defined once in its ISA's
@@ -409,6 +410,12 @@ typedef struct fmha_uk_matrix {
     void (*forward)(fmha_matrix_fwd_args *a);
 } fmha_uk_matrix;
 
+/* An ISA's cache parts from an array of fmha_uk_cache [FMHA_FORMAT_COUNT]. */
+#define FMHA_CACHE_PARTS(caches)                                                                                       \
+    {                                                                                                                  \
+        &(caches)[0], &(caches)[1], &(caches)[2], &(caches)[3], &(caches)[4], &(caches)[5], &(caches)[6], &(caches)[7] \
+    }
+
 /* An ISA as its parts. tile is required; NULL parts take the fallbacks. */
 typedef struct fmha_isa_parts {
     const char *isa;                      /* its name in the registry, e.g. "avx2" */
@@ -445,6 +452,7 @@ void fmha_ukernels_compose(const fmha_isa_parts *parts, fmha_ukernels *out);
  * only usable if the CPU supports it (the registry, src/cpu.h). */
 extern const fmha_isa_parts fmha_isa_scalar;     /* any CPU: src/uk/scalar */
 extern const fmha_isa_parts fmha_isa_avx2;       /* AVX2 + FMA: src/uk/avx2 */
+extern const fmha_isa_parts fmha_isa_avx2vnni;   /* avx2's parts, integer scores (AVX-VNNI): src/uk/avx2vnni */
 extern const fmha_isa_parts fmha_isa_avx512;     /* AVX-512 F/BW/VL/DQ: src/uk/avx512 */
 extern const fmha_isa_parts fmha_isa_avx512vnni; /* avx512's parts, integer scores (AVX512-VNNI): src/uk/avx512vnni */
 extern const fmha_isa_parts fmha_isa_avx512bf16; /* avx512's parts + a bf16 part: src/uk/avx512bf16 */

@@ -44,7 +44,7 @@ const fmha_isa_parts AMX_TABLE = {
     .bf16 = &amx_pairs,
     .rows = &fmha_uk_rows__avx512,
     .decode = &fmha_uk_decode__avx512,
-    .cache = FMHA_AVX512VNNI_CACHE_PARTS,
+    .cache = FMHA_CACHE_PARTS(fmha_uk_caches__avx512vnni),
     .thread = &amx_thread,
     .matrix = &amx_matrix,
 };

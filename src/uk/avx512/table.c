@@ -37,5 +37,5 @@ const fmha_isa_parts fmha_isa_avx512 = {
     .tile = &fmha_uk_tile__avx512,
     .rows = &fmha_uk_rows__avx512,
     .decode = &fmha_uk_decode__avx512,
-    .cache = FMHA_AVX512_CACHE_PARTS,
+    .cache = FMHA_CACHE_PARTS(fmha_uk_caches__avx512),
 };

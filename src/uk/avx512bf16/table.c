@@ -25,5 +25,5 @@ const fmha_isa_parts fmha_isa_avx512bf16 = {
     .bf16 = &avx512bf16_pairs,
     .rows = &fmha_uk_rows__avx512,
     .decode = &fmha_uk_decode__avx512,
-    .cache = FMHA_AVX512VNNI_CACHE_PARTS,
+    .cache = FMHA_CACHE_PARTS(fmha_uk_caches__avx512vnni),
 };

@@ -16,13 +16,4 @@ void fmha_q4_0kv_scores_q8__avx512vnni(size_t rows, size_t nk, size_t d, const f
 /* every cache format's kernels: AVX-512's, with the integer scores */
 extern const fmha_uk_cache fmha_uk_caches__avx512vnni[FMHA_FORMAT_COUNT];
 
-/* The cache parts of a table built on AVX512-VNNI. */
-#define FMHA_AVX512VNNI_CACHE_PARTS                                                                                    \
-    {                                                                                                                  \
-        &fmha_uk_caches__avx512vnni[0], &fmha_uk_caches__avx512vnni[1], &fmha_uk_caches__avx512vnni[2],                \
-            &fmha_uk_caches__avx512vnni[3], &fmha_uk_caches__avx512vnni[4], &fmha_uk_caches__avx512vnni[5],            \
-            &fmha_uk_caches__avx512vnni[6], &fmha_uk_caches__avx512vnni[7]                                             \
-    }
-_Static_assert(FMHA_FORMAT_COUNT == 8, "FMHA_AVX512VNNI_CACHE_PARTS lists every format");
-
 #endif /* FMHA_UK_AVX512VNNI_DECODE_H */
