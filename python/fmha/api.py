@@ -830,10 +830,13 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
                         arguments to attention_backward give the gradients
                         of that same draw
       strategy          'auto', 'tiled', 'dense' or 'portable'
-      precision         bf16 only: 'fast' (default: P rounded to bf16 in P V,
-                        as accurate as PyTorch's fused CPU kernel) or
-                        'accurate' (P as bf16 plus its residual); see
-                        fmha_precision in fmha.h
+      precision         'fast' (default) or 'accurate'; see fmha_precision in
+                        fmha.h. bf16: 'fast' rounds P to bf16 in P V (as
+                        accurate as PyTorch's fused CPU kernel), 'accurate'
+                        adds its residual. int8, q8_0 and q4_0 key caches
+                        (decoding): 'fast' quantizes the query as q8_0 for
+                        integer dot products (llama.cpp's arithmetic, and
+                        its error), 'accurate' keeps it in float32
       key, value        bfloat16 or float16 beside float32 query: a KV cache
                         dtype of its own (widened as read; out is float32)
       block_table       int32 [B, max_pages]: key and value are page pools

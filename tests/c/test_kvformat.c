@@ -361,6 +361,56 @@ static void test_cases(const char *isa) {
     }
 }
 
+/* The errors behind precision FAST's choice (the table in fmha.h,
+ * design.md and the README), on the table in use: one decode step, B 1,
+ * Hq 32 / Hkv 8, D 128, Skv 4096, Sq 1, Q, K, V uniform in [-1, 1), the
+ * relative L2 error of O against float64 on the values each cache holds,
+ * for ACCURATE, FAST and llama.cpp's arithmetic (the query as ggml's q8_0
+ * blocks, exact products), and FAST against ACCURATE. FAST's may be no
+ * worse than llama.cpp's (within 5%: the two quantize the same integers,
+ * with scales in float32 and in a half). */
+static void test_precision_table(void) {
+    const int64_t B = 1, hq = 32, hkv = 8, S = 4096, D = 128;
+    const size_t nq = (size_t)(B * hq * D), nkv = (size_t)(B * S * hkv * D);
+    float *q = malloc(nq * sizeof(float)), *ql = malloc(nq * sizeof(float)), *xk = malloc(nkv * sizeof(float));
+    float *xv = malloc(nkv * sizeof(float)), *oa = malloc(nq * sizeof(float)), *of = malloc(nq * sizeof(float));
+    double *ro = malloc(nq * sizeof(double)), *lo = malloc(nq * sizeof(double));
+    float lse[32];
+    tu_fill(q, nq, -1, 1), tu_fill(xk, nkv, -1, 1), tu_fill(xv, nkv, -1, 1);
+    llama_q8_0_query(q, (size_t)(B * hq), D, ql);
+    printf("precision table (%s): rel. L2 error of O vs float64, Hq 32 / Hkv 8, D 128, Skv 4096\n", fmha_isa_name());
+    printf("  format    accurate   fast       llama.cpp  fast / llama.cpp  fast vs accurate\n");
+    static const fmha_kv_format fmts[] = {FMHA_KV_FORMAT_INT8, FMHA_KV_FORMAT_Q8_0, FMHA_KV_FORMAT_Q4_0};
+    for (int fi = 0; fi < 3; fi++) {
+        cache ck = cache_new(fmts[fi], B, S, hkv, D, xk), cv = cache_new(fmts[fi], B, S, hkv, D, xv);
+        fmha_problem p;
+        fmha_problem_init(&p, B, hq, hkv, 1, S, D, D, FMHA_LAYOUT_BSHD);
+        fmha_ref_forward_full(&p, q, ck.value, cv.value, ro, NULL);
+        fmha_ref_forward_full(&p, ql, ck.value, cv.value, lo, NULL);
+        cache_attach(&p, 0, &ck);
+        cache_attach(&p, 1, &cv);
+        p.precision = FMHA_PRECISION_ACCURATE;
+        fmha_status st = tu_forward(&p, q, ck.bytes, cv.bytes, oa, lse, NULL, 0);
+        p.precision = FMHA_PRECISION_FAST;
+        st |= tu_forward(&p, q, ck.bytes, cv.bytes, of, lse, NULL, 0);
+        const int integer = integer_scores(&p);
+        double norm = tu_norm_l2(ro, nq), el = 0.0, fa = 0.0, na = 0.0;
+        for (size_t i = 0; i < nq; i++) {
+            el += (lo[i] - ro[i]) * (lo[i] - ro[i]);
+            fa += ((double)of[i] - oa[i]) * ((double)of[i] - oa[i]), na += (double)oa[i] * oa[i];
+        }
+        const double ea = tu_err_l2(oa, ro, nq) / norm, ef = tu_err_l2(of, ro, nq) / norm;
+        el = sqrt(el) / norm;
+        printf("  %-9s %.2e   %.2e   %.2e   %.3f             %.2e%s\n", fmt_name(fmts[fi]), ea, ef, el, ef / el,
+               sqrt(fa / na),
+               integer ? "" : " (fast: float32 scores here)");
+        tu_check(st == FMHA_OK && ea < 1e-5 && (!integer || ef <= 1.05 * el),
+                 "precision table %s: accurate %.2e, fast %.2e, llama.cpp %.2e", fmt_name(fmts[fi]), ea, ef, el);
+        cache_free(&ck), cache_free(&cv);
+    }
+    free(q), free(ql), free(xk), free(xv), free(oa), free(of), free(ro), free(lo);
+}
+
 /* MLA decode: one latent head of 576, V its first 512 columns (the same
  * memory), 16 query heads, Sq 1 and 4, contiguous and paged. */
 static void test_mla(const char *isa) {
@@ -705,6 +755,7 @@ int main(void) {
     tu_each_isa(test_cases);
     tu_each_isa(test_mla);
     tu_each_isa(test_fold);
+    test_precision_table();
     test_ggml_vectors();
     test_quantize_rules();
     test_errors();
