@@ -685,6 +685,9 @@ FMHA_API size_t fmha_plan_workspace_held(const fmha_plan *plan);
  *              the cache's values), or "integer" (decode under precision
  *              FAST: the query quantized as q8_0 against int8, q8_0 or q4_0
  *              keys in integer dot products; see fmha_precision)
+ *   values     how P V is taken: "float32", or "integer" (decode under
+ *              precision FAST: P quantized to 16 bits against int8, q8_0
+ *              or q4_0 values)
  * Writes at most buf_size bytes, NUL-terminated (buf may be NULL when
  * buf_size is 0) and returns the length of the whole line, as snprintf. A
  * NULL plan describes the CPU alone. Fields may be added at the end. */

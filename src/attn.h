@@ -60,11 +60,12 @@ struct fmha_plan {
      * each (rows of a kv head: group x Sq, in dec_units units); keys in
      * dec_splits chunks of dec_chunk keys (split-KV); all from the shape.
      * dec_prefetch: the driver asks for each head's next sub-block ahead
-     * (K and V past the tuning's decode_prefetch_bytes). dec_q8: scores
-     * in integer dot products on the query quantized as q8_0
-     * (uk->cache[k_format].scores_q8; precision FAST). */
+     * (K and V past the tuning's decode_prefetch_bytes). Precision FAST:
+     * dec_q8, scores in integer dot products on the query quantized as
+     * q8_0 (uk->cache[k_format].scores_q8); dec_vint, P V in integers on
+     * 16-bit P (uk->cache[v_format].values_int). */
     int64_t dec_heads, dec_rows, dec_units, dec_chunk, dec_splits;
-    int dec_prefetch, dec_q8;
+    int dec_prefetch, dec_q8, dec_vint;
 
     /* ---- per run ---- */
     size_t thread_bytes;       /* this run's direction: bytes per thread */

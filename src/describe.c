@@ -34,10 +34,11 @@ size_t fmha_plan_describe(const fmha_plan *plan, char *buf, size_t buf_size) {
     const int decode = plan->driver == &fmha_fwd_driver_decode;
     int n = snprintf(buf, buf_size,
                      "driver=%s isa=%s path=%s precision=%s k_format=%s v_format=%s %s threads=%d cpu=\"%s\" tuning=%s "
-                     "scores=%s",
+                     "scores=%s values=%s",
                      plan->driver->name, plan->uk->isa, plan->path->name,
                      bf16_pairs ? (p->precision == FMHA_PRECISION_FAST ? "fast" : "accurate") : "float32",
                      fmha_cache_format_at(plan->k_format)->name, fmha_cache_format_at(plan->v_format)->name, shape,
-                     fmha_pool_threads(), cpu, plan->uk->tuning->name, decode && plan->dec_q8 ? "integer" : "float32");
+                     fmha_pool_threads(), cpu, plan->uk->tuning->name, decode && plan->dec_q8 ? "integer" : "float32",
+                     decode && plan->dec_vint ? "integer" : "float32");
     return n < 0 ? 0 : (size_t)n;
 }

@@ -43,7 +43,7 @@ static float dequant_q4_0(const void *x, int64_t idx) {
     return (float)((j < 16 ? byte & 15 : byte >> 4) - 8) * block_scale(blk);
 }
 
-/* q8_scores: the integer formats (the errors behind it: fmha.h) */
+/* fast_integer: the integer formats (the errors behind it: fmha.h) */
 static const fmha_cache_format formats[FMHA_FORMAT_COUNT] = {
     [FMHA_FORMAT_F32] = {FMHA_FORMAT_F32, "f32", 4, 1, 1, FMHA_SCALES_NONE, dequant_f32, 0x7f800000u, 0},
     [FMHA_FORMAT_BF16] = {FMHA_FORMAT_BF16, "bf16", 2, 1, 1, FMHA_SCALES_NONE, dequant_bf16, 0x7f80u, 0},

@@ -35,11 +35,12 @@ typedef struct fmha_cache_format {
     /* the bits that are all ones in a NaN or inf element (0: the format
      * holds none, or only in a block's scale) */
     uint32_t nonfinite_bits;
-    /* 1: under precision FAST its keys may meet the query quantized as
-     * q8_0 in integer dot products (uk->cache[id].scores_q8), since the
-     * error that adds is no more than llama.cpp's own arithmetic adds on a
-     * q8_0 cache (the table in fmha.h, fmha_precision) */
-    int q8_scores;
+    /* 1: under precision FAST its rows may take integer dot products:
+     * keys against the query quantized as q8_0 (uk->cache[id].scores_q8),
+     * whose error is no more than llama.cpp's own arithmetic makes on a
+     * q8_0 cache, and values against P quantized to 16 bits (values_int),
+     * which adds next to none (the table in fmha.h, fmha_precision) */
+    int fast_integer;
 } fmha_cache_format;
 
 /* The descriptor of a format id (id < FMHA_FORMAT_COUNT). */

@@ -139,10 +139,11 @@ int fmha_decode_plan(fmha_plan *plan) {
                               fmha_format_row_units(vf, p->head_dim_v) * (int64_t)vf->unit_bytes);
     const int64_t tuned = uk->tuning ? uk->tuning->decode_prefetch_bytes : 0;
     plan->dec_prefetch = kv_bytes > (tuned ? tuned : DEC_PREFETCH_BYTES);
-    /* integer scores: precision FAST, a format that allows them (format.h)
-     * and a kernel for it, whole blocks of 32 in the head dim */
-    plan->dec_q8 = p->precision == FMHA_PRECISION_FAST && kf->q8_scores && uk->cache[plan->k_format].scores_q8 &&
-                   p->head_dim % 32 == 0;
+    /* integer dot products: precision FAST, a format that allows them
+     * (format.h) and a kernel for it; scores in whole blocks of 32 */
+    const int fast = p->precision == FMHA_PRECISION_FAST;
+    plan->dec_q8 = fast && kf->fast_integer && uk->cache[plan->k_format].scores_q8 && p->head_dim % 32 == 0;
+    plan->dec_vint = fast && vf->fast_integer && uk->cache[plan->v_format].values_int != NULL;
     return 1;
 }
 
@@ -473,9 +474,11 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
         /* values in the same order; the first sub-block rescales O by alpha */
         for (int64_t j0 = 0; j0 < nk; j0 += DEC_SUB) {
             const int64_t nj = nk - j0 < DEC_SUB ? nk - j0 : DEC_SUB;
-            size_t ld = dec_rows(c, plan->v_format, vs, c->v, Dv, b, hk0, heads, k0 + j0, nj, 0, s.vf, rows_of,
-                                 &in_place);
-            const fmha_cache_values_ukernel_fn values = in_place ? v_kern->values : staged->values;
+            size_t ld = dec_rows(c, plan->v_format, vs, c->v, Dv, b, hk0, heads, k0 + j0, nj, plan->dec_vint, s.vf,
+                                 rows_of, &in_place);
+            const fmha_cache_values_ukernel_fn values = plan->dec_vint ? v_kern->values_int
+                                                        : in_place     ? v_kern->values
+                                                                       : staged->values;
             for (int64_t hh = 0; hh < heads; hh++) {
                 /* this head's next sub-block of V (the next tile's first of K at the end) */
                 if (plan->dec_prefetch) {

@@ -228,6 +228,26 @@ typedef struct fmha_q8_rows {
 typedef void (*fmha_cache_scores_q8_ukernel_fn)(size_t rows, size_t nk, size_t d, const fmha_q8_rows *q,
                                                 const void *k, size_t ldk, float *s, size_t lds, float scale);
 
+/* P V in integers on P quantized to 16 bits (precision FAST, with the
+ * integer scores): for each row r and block b of 32 value columns (the
+ * last block of an int8 row may be shorter), over the call's keys j < nk:
+ *   w_j = p[r][j] * vd(j, b)               (float32; vd: V's block scale,
+ *                                          1 for int8: its per-key scale is
+ *                                          the driver's, already in P)
+ *   m = max_j |p[r][j]| * max_j |vd(j, b)| (at least every |w_j|), and
+ *   when m is finite: s = m / 32767,
+ *   inv = m > 0 ? 32767 / m : 0, P'_j = (int32)rintf(w_j * inv) (to
+ *   nearest even, |P'_j| <= 32767); when it is not: P'_j = 0, s = NaN
+ *   isum(c) = sum_j P'_j * vq(j, c)          (exact int32)
+ *   o[r][c] = fmaf(o[r][c], alpha[r], (float)isum(c) * s)
+ * vq, vd as scores_q8's kq, kd. P' keeps 15 bits of each block's largest
+ * weight: about float32's error on O at a fraction of its products. 1 <=
+ * nk <= 64; rows >= 1. A non-finite block scale makes its columns NaN (the
+ * driver then recomputes the row, fmha_cache_values_ukernel_fn's rule). */
+typedef void (*fmha_cache_values_int_ukernel_fn)(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                                 const void *v, size_t ldv, float *o, size_t ldo,
+                                                 const float *alpha);
+
 /* dst[i] = element i of the row at src as float32, i < n (a multiple of 32
  * for the block formats, src at a block): exact for the float formats (a
  * NaN stays a NaN, possibly quieted); the format's dequantisation
@@ -337,12 +357,15 @@ typedef struct fmha_uk_decode {
  * scores on the quantized query (precision FAST, where the format allows
  * it: format.h), reading the format's bytes (in place, or gathered across
  * pages) whether or not the table has scores and values; fallback: none
- * (the float32 query's kernels serve). */
+ * (the float32 query's kernels serve). values_int: P V in integers beside
+ * the integer scores, reading V's bytes likewise; fallback: none (the
+ * format's values, or float32 rows). */
 typedef struct fmha_uk_cache {
     fmha_cache_load_ukernel_fn load;
     fmha_cache_scores_ukernel_fn scores;
     fmha_cache_values_ukernel_fn values;
     fmha_cache_scores_q8_ukernel_fn scores_q8;
+    fmha_cache_values_int_ukernel_fn values_int;
 } fmha_uk_cache;
 
 /* Per-thread set-up and tear-down around a job's tasks, for kernels with

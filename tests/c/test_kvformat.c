@@ -579,6 +579,58 @@ static void test_scores_q8(const char *isa) {
     }
 }
 
+/* Per ISA: P V in integers (values_int, where the table has it) gives the
+ * scalar specification's bits: random value bytes (block scales of every
+ * half class, NaN and inf too), P in [0, 1) with zeros, rows of zeros and
+ * rows of tiny or huge weights, 1..19 rows, 1..64 keys (odd counts: a
+ * pair's pad), any Dv for int8 (partial blocks and vectors), any row
+ * stride. */
+static void test_values_int(const char *isa) {
+    const fmha_ukernels *uk = fmha_cpu_kernels();
+    const fmha_ukernels *spec = fmha_cpu_kernels_for("scalar");
+    static const fmha_kv_format fmts[] = {FMHA_KV_FORMAT_INT8, FMHA_KV_FORMAT_Q8_0, FMHA_KV_FORMAT_Q4_0};
+    enum { ROWS = 19, KEYS = 64, DV = 320 };
+    for (int fi = 0; fi < 3; fi++) {
+        const fmha_kv_format f = fmts[fi];
+        const fmha_cache_format_id id = (fmha_cache_format_id)(f - FMHA_KV_FORMAT_F32);
+        if (!uk->cache[id].values_int) continue;
+        tu_check(spec->cache[id].values_int != NULL, "%s: the specification of %s's integer values", isa, fmt_name(f));
+        const size_t nbytes = f == FMHA_KV_FORMAT_Q8_0 ? 34 : f == FMHA_KV_FORMAT_Q4_0 ? 18 : 32;
+        const size_t ldv_max = DV / 32 * nbytes + 50;
+        uint8_t *v = malloc(KEYS * ldv_max);
+        float *p = malloc(ROWS * KEYS * sizeof(float)), *o1 = malloc(ROWS * DV * sizeof(float));
+        float *o2 = malloc(ROWS * DV * sizeof(float)), alpha[ROWS];
+        size_t bad = 0;
+        for (int c = 0; c < 40; c++) {
+            const size_t rows = (size_t)tu_int(1, ROWS), nk = (size_t)tu_int(1, KEYS);
+            const size_t dv = nbytes == 32 ? (size_t)tu_int(1, DV) : 32 * (size_t)tu_int(1, DV / 32);
+            const size_t ldv = (dv + 31) / 32 * nbytes + (size_t)tu_int(0, 50);
+            for (size_t i = 0; i < KEYS * ldv_max; i++) v[i] = (uint8_t)tu_int(0, 255);
+            if (nbytes != 32)
+                for (size_t j = 0; j < nk; j++)
+                    for (size_t b = 0; b < dv / 32; b++) {
+                        static const uint16_t halves[] = {0x3c00, 0x2e66, 0x0003, 0x0000, 0xb555, 0x1400, 0x7e00, 0xfc00};
+                        const uint16_t h = halves[tu_int(0, c % 4 ? 5 : 7)];
+                        v[j * ldv + b * nbytes] = (uint8_t)(h & 0xff), v[j * ldv + b * nbytes + 1] = (uint8_t)(h >> 8);
+                    }
+            tu_fill(p, ROWS * KEYS, 0, 1);
+            for (size_t i = 0; i < ROWS * KEYS; i++)
+                if (tu_int(0, 3) == 0) p[i] = 0.0f;
+            for (size_t j = 0; j < nk; j++) p[j] = 0.0f;                            /* row 0: no weight */
+            for (size_t j = 0; j < nk && rows > 1; j++) p[KEYS + j] *= c % 2 ? 1e-30f : 1e30f; /* tiny, huge */
+            tu_fill(o1, ROWS * DV, -1, 1);
+            memcpy(o2, o1, ROWS * DV * sizeof(float));
+            tu_fill(alpha, ROWS, 0, 1);
+            spec->cache[id].values_int(rows, nk, dv, p, KEYS, v, ldv, o1, DV, alpha);
+            uk->cache[id].values_int(rows, nk, dv, p, KEYS, v, ldv, o2, DV, alpha);
+            for (size_t i = 0; i < ROWS * DV; i++)
+                bad += memcmp(&o1[i], &o2[i], sizeof(float)) && !(isnan(o1[i]) && isnan(o2[i]));
+        }
+        tu_check(bad == 0, "%s %s integer values: %zu differ from the specification's bits", isa, fmt_name(f), bad);
+        free(v), free(p), free(o1), free(o2);
+    }
+}
+
 /* ---- the quantizers ---- */
 
 /* ggml's quantize_row_q8_0_ref and quantize_row_q4_0_ref on x[i] =
@@ -752,6 +804,7 @@ int main(void) {
     tu_seed();
     tu_each_isa(test_format_kernels);
     tu_each_isa(test_scores_q8);
+    tu_each_isa(test_values_int);
     tu_each_isa(test_cases);
     tu_each_isa(test_mla);
     tu_each_isa(test_fold);

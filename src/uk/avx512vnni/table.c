@@ -1,14 +1,16 @@
 /* avx512vnni/table.c: the ISA of AVX-512 CPUs with AVX512-VNNI (Ice Lake,
  * Cascade Lake, Zen 4 and later): the AVX-512 parts, and cache parts whose
- * 8-bit and 4-bit keys take integer scores (decode_q8.c) under precision
- * FAST. avx512bf16 and amx build on these cache parts too. */
+ * 8-bit and 4-bit rows take integer dot products under precision FAST:
+ * scores on the q8_0 query (decode_q8.c), P V on 16-bit P (values_int.c). avx512bf16 and amx build on these cache parts too. */
 #include "../avx512/decode.h"
 #include "../avx512/parts.h"
 #include "decode.h"
 
-/* AVX-512's kernels of each format, and the integer scores */
-const fmha_uk_cache fmha_uk_caches__avx512vnni[FMHA_FORMAT_COUNT] = FMHA_AVX512_CACHES(
-    fmha_int8kv_scores_q8__avx512vnni, fmha_q8_0kv_scores_q8__avx512vnni, fmha_q4_0kv_scores_q8__avx512vnni);
+/* AVX-512's kernels of each format, and the integer ones (scores on the
+ * q8_0 query, P V on 16-bit P) */
+#define INTEGER(name) fmha_##name##kv_scores_q8__avx512vnni, fmha_##name##kv_values_int__avx512vnni
+const fmha_uk_cache fmha_uk_caches__avx512vnni[FMHA_FORMAT_COUNT] =
+    FMHA_AVX512_CACHES(INTEGER(int8), INTEGER(q8_0), INTEGER(q4_0));
 
 const fmha_isa_parts fmha_isa_avx512vnni = {
     .isa = "avx512vnni",
