@@ -682,9 +682,11 @@ FMHA_API size_t fmha_plan_workspace_held(const fmha_plan *plan);
  *   tuning     the table's tuning: "generic", a microarchitecture's name,
  *              or either with "+FMHA_TUNING" when the environment changed it
  *   scores     how Q K^T is taken: "float32" (the query in float32 against
- *              the cache's values), or "integer" (decode under precision
+ *              the cache's values), "integer" (decode under precision
  *              FAST: the query quantized as q8_0 against int8, q8_0 or q4_0
- *              keys in integer dot products; see fmha_precision)
+ *              keys in integer dot products) or "bf16" (decode under FAST:
+ *              the query rounded to bf16 against float8 keys); see
+ *              fmha_precision
  *   values     how P V is taken: "float32", or "integer" (decode under
  *              precision FAST: P quantized to 16 bits against int8, q8_0
  *              or q4_0 values)

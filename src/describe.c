@@ -38,7 +38,9 @@ size_t fmha_plan_describe(const fmha_plan *plan, char *buf, size_t buf_size) {
                      plan->driver->name, plan->uk->isa, plan->path->name,
                      bf16_pairs ? (p->precision == FMHA_PRECISION_FAST ? "fast" : "accurate") : "float32",
                      fmha_cache_format_at(plan->k_format)->name, fmha_cache_format_at(plan->v_format)->name, shape,
-                     fmha_pool_threads(), cpu, plan->uk->tuning->name, decode && plan->dec_q8 ? "integer" : "float32",
+                     fmha_pool_threads(), cpu, plan->uk->tuning->name,
+                     !decode ? "float32" : plan->dec_scores == FMHA_DEC_SCORES_Q8 ? "integer"
+                                         : plan->dec_scores == FMHA_DEC_SCORES_BF16 ? "bf16" : "float32",
                      decode && plan->dec_vint ? "integer" : "float32");
     return n < 0 ? 0 : (size_t)n;
 }

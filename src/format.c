@@ -43,16 +43,17 @@ static float dequant_q4_0(const void *x, int64_t idx) {
     return (float)((j < 16 ? byte & 15 : byte >> 4) - 8) * block_scale(blk);
 }
 
-/* fast_integer: the integer formats (the errors behind it: fmha.h) */
+/* fast_integer, fast_bf16: the formats FAST reads in integer or bf16 dot
+ * products (the errors behind them: fmha.h) */
 static const fmha_cache_format formats[FMHA_FORMAT_COUNT] = {
-    [FMHA_FORMAT_F32] = {FMHA_FORMAT_F32, "f32", 4, 1, 1, FMHA_SCALES_NONE, dequant_f32, 0x7f800000u, 0},
-    [FMHA_FORMAT_BF16] = {FMHA_FORMAT_BF16, "bf16", 2, 1, 1, FMHA_SCALES_NONE, dequant_bf16, 0x7f80u, 0},
-    [FMHA_FORMAT_F16] = {FMHA_FORMAT_F16, "f16", 2, 1, 1, FMHA_SCALES_NONE, dequant_f16, 0x7c00u, 0},
-    [FMHA_FORMAT_INT8] = {FMHA_FORMAT_INT8, "int8", 1, 1, 1, FMHA_SCALES_PER_KEY, dequant_int8, 0, 1},
-    [FMHA_FORMAT_FP8_E4M3] = {FMHA_FORMAT_FP8_E4M3, "fp8_e4m3", 1, 1, 1, FMHA_SCALES_PER_HEAD, dequant_e4m3, 0x7fu, 0},
-    [FMHA_FORMAT_FP8_E5M2] = {FMHA_FORMAT_FP8_E5M2, "fp8_e5m2", 1, 1, 1, FMHA_SCALES_PER_HEAD, dequant_e5m2, 0x7cu, 0},
-    [FMHA_FORMAT_Q8_0] = {FMHA_FORMAT_Q8_0, "q8_0", 1, 32, 34, FMHA_SCALES_IN_BLOCK, dequant_q8_0, 0, 1},
-    [FMHA_FORMAT_Q4_0] = {FMHA_FORMAT_Q4_0, "q4_0", 1, 32, 18, FMHA_SCALES_IN_BLOCK, dequant_q4_0, 0, 1},
+    [FMHA_FORMAT_F32] = {FMHA_FORMAT_F32, "f32", 4, 1, 1, FMHA_SCALES_NONE, dequant_f32, 0x7f800000u, 0, 0},
+    [FMHA_FORMAT_BF16] = {FMHA_FORMAT_BF16, "bf16", 2, 1, 1, FMHA_SCALES_NONE, dequant_bf16, 0x7f80u, 0, 0},
+    [FMHA_FORMAT_F16] = {FMHA_FORMAT_F16, "f16", 2, 1, 1, FMHA_SCALES_NONE, dequant_f16, 0x7c00u, 0, 0},
+    [FMHA_FORMAT_INT8] = {FMHA_FORMAT_INT8, "int8", 1, 1, 1, FMHA_SCALES_PER_KEY, dequant_int8, 0, 1, 0},
+    [FMHA_FORMAT_FP8_E4M3] = {FMHA_FORMAT_FP8_E4M3, "fp8_e4m3", 1, 1, 1, FMHA_SCALES_PER_HEAD, dequant_e4m3, 0x7fu, 0, 1},
+    [FMHA_FORMAT_FP8_E5M2] = {FMHA_FORMAT_FP8_E5M2, "fp8_e5m2", 1, 1, 1, FMHA_SCALES_PER_HEAD, dequant_e5m2, 0x7cu, 0, 1},
+    [FMHA_FORMAT_Q8_0] = {FMHA_FORMAT_Q8_0, "q8_0", 1, 32, 34, FMHA_SCALES_IN_BLOCK, dequant_q8_0, 0, 1, 0},
+    [FMHA_FORMAT_Q4_0] = {FMHA_FORMAT_Q4_0, "q4_0", 1, 32, 18, FMHA_SCALES_IN_BLOCK, dequant_q4_0, 0, 1, 0},
 };
 
 const fmha_cache_format *fmha_cache_format_at(fmha_cache_format_id id) { return &formats[id]; }

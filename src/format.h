@@ -41,6 +41,10 @@ typedef struct fmha_cache_format {
      * q8_0 cache, and values against P quantized to 16 bits (values_int),
      * which adds next to none (the table in fmha.h, fmha_precision) */
     int fast_integer;
+    /* 1: under precision FAST its keys may meet the query rounded to bf16
+     * in bf16 dot products (scores_bf16): every float8 value is a bf16
+     * value, and a bf16 query errs less than a q8_0 one (fmha.h) */
+    int fast_bf16;
 } fmha_cache_format;
 
 /* The descriptor of a format id (id < FMHA_FORMAT_COUNT). */

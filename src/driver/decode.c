@@ -141,8 +141,11 @@ int fmha_decode_plan(fmha_plan *plan) {
     plan->dec_prefetch = kv_bytes > (tuned ? tuned : DEC_PREFETCH_BYTES);
     /* integer dot products: precision FAST, a format that allows them
      * (format.h) and a kernel for it; scores in whole blocks of 32 */
-    const int fast = p->precision == FMHA_PRECISION_FAST;
-    plan->dec_q8 = fast && kf->fast_integer && uk->cache[plan->k_format].scores_q8 && p->head_dim % 32 == 0;
+    const int fast = p->precision == FMHA_PRECISION_FAST, blocks = p->head_dim % 32 == 0;
+    const fmha_uk_cache *kc = &uk->cache[plan->k_format];
+    plan->dec_scores = fast && blocks && kf->fast_integer && kc->scores_q8 ? FMHA_DEC_SCORES_Q8
+                       : fast && blocks && kf->fast_bf16 && kc->scores_bf16 ? FMHA_DEC_SCORES_BF16
+                                                                             : FMHA_DEC_SCORES_F32;
     plan->dec_vint = fast && vf->fast_integer && uk->cache[plan->v_format].values_int != NULL;
     return 1;
 }
@@ -159,13 +162,16 @@ typedef struct dec_scratch {
 
 /* Partials in the shared area, per (unit, chunk):
  *   po [units][splits][heads x rows][Dv], pm and pl [units][splits][heads x rows];
- * with dec_q8 each unit's query rows quantized once a call (fmha_q8_rows):
- *   qi [units][heads x rows][D], qd and qsum [units][heads x rows][D / 32],
- *   q_ok [units]: 0 when a row holds a NaN or inf (the float32 kernels serve) */
+ * with integer scores each unit's query rows quantized once a call
+ * (fmha_q8_rows): qi [units][heads x rows][D], qd and qsum [units][heads x
+ * rows][D / 32]; with bf16 scores rounded, qb [units][heads x rows][D / 2]
+ * bf16 pairs; q_ok [units]: 0 when a row holds a NaN or inf (the float32
+ * kernels serve) */
 typedef struct dec_partials {
     float *po, *pm, *pl, *qd;
     int8_t *qi;
     int32_t *qsum, *q_ok;
+    uint32_t *qb;
 } dec_partials;
 
 static void dec_carve(const fmha_plan *plan, fmha_carver *c, dec_scratch *s) {
@@ -192,11 +198,14 @@ static void dec_carve_shared(const fmha_plan *plan, fmha_carver *c, dec_partials
     pt->po = fmha_carve(c, n * (size_t)plan->p.head_dim_v * sizeof(float));
     pt->pm = fmha_carve(c, n * sizeof(float));
     pt->pl = fmha_carve(c, n * sizeof(float));
-    const size_t units = plan->dec_q8 ? (size_t)(plan->p.batch * plan->p.heads_kv / plan->dec_heads * plan->dec_units) : 0;
+    const size_t units = plan->dec_scores ? (size_t)(plan->p.batch * plan->p.heads_kv / plan->dec_heads * plan->dec_units)
+                                          : 0;
     const size_t q_rows = units * (size_t)(plan->dec_heads * plan->dec_rows), D = (size_t)plan->p.head_dim;
-    pt->qi = fmha_carve(c, q_rows * D);
-    pt->qd = fmha_carve(c, q_rows * (D / 32) * sizeof(float));
-    pt->qsum = fmha_carve(c, q_rows * (D / 32) * sizeof(int32_t));
+    const size_t q8 = plan->dec_scores == FMHA_DEC_SCORES_Q8 ? q_rows : 0;
+    pt->qi = fmha_carve(c, q8 * D);
+    pt->qd = fmha_carve(c, q8 * (D / 32) * sizeof(float));
+    pt->qsum = fmha_carve(c, q8 * (D / 32) * sizeof(int32_t));
+    pt->qb = fmha_carve(c, (plan->dec_scores == FMHA_DEC_SCORES_BF16 ? q_rows : 0) * (D / 2) * sizeof(uint32_t));
     pt->q_ok = fmha_carve(c, units * sizeof(int32_t));
 }
 
@@ -348,8 +357,9 @@ static void dec_load_query(const dec_ctx *c, int64_t b, int64_t hk0, int64_t rho
         }
 }
 
-/* Unit u's query rows quantized for the integer scores, once a call for
- * every chunk (the shared qi, qd, qsum; q_ok[u] 0 when a row is not finite). */
+/* Unit u's query rows quantized for the integer scores (the shared qi,
+ * qd, qsum) or rounded to bf16 pairs (qb), once a call for every chunk;
+ * q_ok[u] 0 when a row is not finite. */
 static void dec_quantize_task(void *vctx, size_t unit, int thread) {
     const dec_ctx *c = vctx;
     const fmha_plan *plan = c->plan;
@@ -365,8 +375,19 @@ static void dec_quantize_task(void *vctx, size_t unit, int thread) {
     for (int64_t hh = 0; hh < plan->dec_heads; hh++)
         for (int64_t r = 0; r < n; r++) {
             const size_t x = first + (size_t)(hh * rows + r);
-            ok &= fmha_q8_quantize_row(s.qf + (hh * rows + r) * D, D, c->pt.qi + x * (size_t)D,
-                                       c->pt.qd + x * (size_t)(D / 32), c->pt.qsum + x * (size_t)(D / 32));
+            const float *row = s.qf + (hh * rows + r) * D;
+            if (plan->dec_scores == FMHA_DEC_SCORES_Q8) {
+                ok &= fmha_q8_quantize_row(row, D, c->pt.qi + x * (size_t)D, c->pt.qd + x * (size_t)(D / 32),
+                                           c->pt.qsum + x * (size_t)(D / 32));
+                continue;
+            }
+            uint32_t *pairs = c->pt.qb + x * (size_t)(D / 2);
+            float finite = 0.0f; /* x * 0: 0 for finite x, NaN otherwise */
+            for (int64_t e = 0; e < D; e += 2) {
+                finite += row[e] * 0.0f + row[e + 1] * 0.0f;
+                pairs[e / 2] = (uint32_t)fmha_f32_to_bf16(row[e]) | (uint32_t)fmha_f32_to_bf16(row[e + 1]) << 16;
+            }
+            ok &= finite == 0.0f;
         }
     c->pt.q_ok[unit] = ok;
 }
@@ -413,9 +434,9 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
 
     /* query rows: widened, qf [heads][rows][D], or quantized once a call
      * (dec_quantize_task) for the integer scores */
-    const int q8 = plan->dec_q8 && c->pt.q_ok[unit];
+    const int qscores = plan->dec_scores && c->pt.q_ok[unit] ? plan->dec_scores : FMHA_DEC_SCORES_F32;
     const size_t q_at = (size_t)(unit * heads * rows); /* this unit's first quantized row */
-    if (!q8) dec_load_query(c, b, hk0, rho0, n, s.qf);
+    if (!qscores) dec_load_query(c, b, hk0, rho0, n, s.qf);
 
     const int64_t *ks = p->k_strides, *vs = p->v_strides;
     long long computed = 0;
@@ -433,8 +454,8 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
          * so that a cache interleaving the heads is read in address order */
         for (int64_t j0 = 0; j0 < nk; j0 += DEC_SUB) {
             const int64_t nj = nk - j0 < DEC_SUB ? nk - j0 : DEC_SUB;
-            size_t ld = dec_rows(c, plan->k_format, ks, c->k, D, b, hk0, heads, k0 + j0, nj, q8, s.kf, rows_of,
-                                 &in_place);
+            size_t ld = dec_rows(c, plan->k_format, ks, c->k, D, b, hk0, heads, k0 + j0, nj, qscores != 0, s.kf,
+                                 rows_of, &in_place);
             const fmha_cache_scores_ukernel_fn scores = in_place ? k_kern->scores : staged->scores;
             for (int64_t hh = 0; hh < heads; hh++) {
                 /* this head's next sub-block of K (the first of V at the tile's end) */
@@ -444,12 +465,15 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
                 }
                 const float *qh = s.qf + hh * rows * D;
                 float *sh = s.s + hh * rows * DEC_TILE + j0;
-                if (q8) {
-                    const size_t x = q_at + (size_t)(hh * rows);
+                const size_t x = q_at + (size_t)(hh * rows); /* its first quantized row */
+                if (qscores == FMHA_DEC_SCORES_Q8) {
                     const fmha_q8_rows qq = {c->pt.qi + x * (size_t)D, c->pt.qd + x * (size_t)(D / 32),
                                              c->pt.qsum + x * (size_t)(D / 32), (size_t)D};
                     k_kern->scores_q8((size_t)n, (size_t)nj, (size_t)D, &qq, rows_of[hh], ld, sh, DEC_TILE,
                                       plan->scale);
+                } else if (qscores == FMHA_DEC_SCORES_BF16) {
+                    k_kern->scores_bf16((size_t)n, (size_t)nj, (size_t)D, c->pt.qb + x * (size_t)(D / 2),
+                                        (size_t)(D / 2), rows_of[hh], ld, sh, DEC_TILE, plan->scale);
                 } else {
                     scores((size_t)n, (size_t)nj, (size_t)D, qh, (size_t)D, rows_of[hh], ld, sh, DEC_TILE,
                            plan->scale);
@@ -608,7 +632,7 @@ void fmha_decode_run(fmha_plan *run, const void *q, const void *k, const void *v
     dec_ctx c = {run, q, k, v, o, lse, ws, {0}};
     dec_carve_shared(run, &sh, &c.pt);
     size_t units = (size_t)(run->p.batch * run->p.heads_kv / run->dec_heads * run->dec_units);
-    if (run->dec_q8) fmha_run_parallel(run, units, dec_quantize_task, &c);
+    if (run->dec_scores) fmha_run_parallel(run, units, dec_quantize_task, &c);
     fmha_run_parallel(run, units * (size_t)run->dec_splits, dec_split_task, &c);
     fmha_run_parallel(run, units, dec_merge_task, &c);
 }

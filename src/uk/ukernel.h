@@ -228,6 +228,20 @@ typedef struct fmha_q8_rows {
 typedef void (*fmha_cache_scores_q8_ukernel_fn)(size_t rows, size_t nk, size_t d, const fmha_q8_rows *q,
                                                 const void *k, size_t ldk, float *s, size_t lds, float scale);
 
+/* Scores of float8 keys on the query rounded to bf16 (precision FAST;
+ * every float8 value is a bf16 value): q [rows][ldq] words, each a pair of
+ * bf16 (element 2p in the low half, 2p + 1 in the high), rounded to
+ * nearest even by the driver. With vdpbf16ps's arithmetic (each product
+ * exact in float32, added high half first, one rounding each) in 16
+ * lanes: lane i sums, over the steps t < d / 32 in order, the pairs of
+ * elements 32 t + 2 i and 32 t + 2 i + 1 from 0; the lanes' sum is taken
+ * as ((G0 + G1) + (G2 + G3)), Gg = (x[4g] + x[4g + 2]) + (x[4g + 1] +
+ * x[4g + 3]); then s[r][j] = sum * scale. d a multiple of 32. The
+ * specification holds for operands and sums that stay normal (as the bf16
+ * GEMM's, ../scalar/bf16.h). */
+typedef void (*fmha_cache_scores_bf16_ukernel_fn)(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
+                                                  const void *k, size_t ldk, float *s, size_t lds, float scale);
+
 /* P V in integers on P quantized to 16 bits (precision FAST, with the
  * integer scores): for each row r and block b of 32 value columns (the
  * last block of an int8 row may be shorter), over the call's keys j < nk:
@@ -359,13 +373,16 @@ typedef struct fmha_uk_decode {
  * pages) whether or not the table has scores and values; fallback: none
  * (the float32 query's kernels serve). values_int: P V in integers beside
  * the integer scores, reading V's bytes likewise; fallback: none (the
- * format's values, or float32 rows). */
+ * format's values, or float32 rows). scores_bf16: float8 keys' scores on
+ * the query rounded to bf16 (precision FAST), read as scores_q8 reads;
+ * fallback: none. */
 typedef struct fmha_uk_cache {
     fmha_cache_load_ukernel_fn load;
     fmha_cache_scores_ukernel_fn scores;
     fmha_cache_values_ukernel_fn values;
     fmha_cache_scores_q8_ukernel_fn scores_q8;
     fmha_cache_values_int_ukernel_fn values_int;
+    fmha_cache_scores_bf16_ukernel_fn scores_bf16;
 } fmha_uk_cache;
 
 /* Per-thread set-up and tear-down around a job's tasks, for kernels with

@@ -7,15 +7,16 @@
  * on either side, key lengths of 0 and full, bottom-right offsets of either
  * sign (Sq above and below Skv), alignment without causal, query lengths,
  * K and V in bf16 or f16 beside float32 Q, or quantized (int8, q8_0, q4_0,
- * D 32 or 64) under either precision, and decode shapes (Sq 1..16,
+ * fp8 e4m3 and e5m2, D 32 or 64) under either precision, and decode shapes (Sq 1..16,
  * Skv >= 8 Sq) often enough to reach the decode driver.
  *
  * Tolerances: O within 2e-5 + 2e-5 |ref| (float32 products and sums over at
  * most a few hundred keys); lse within 1e-5 + 1e-5 |ref|, and -inf exactly
- * where the reference has no key. A run that takes integer scores (precision
- * FAST on int8, q8_0 or q4_0 keys) is held instead to twice the largest
- * error llama.cpp's arithmetic makes on the same output (the reference on
- * the query as ggml's q8_0 blocks) on top of those. The reference reads
+ * where the reference has no key. A run whose scores take a quantized
+ * query (precision FAST: q8_0 for int8, q8_0 or q4_0 keys, bf16 for float8
+ * ones) is held instead to twice the largest error llama.cpp's arithmetic
+ * makes on the same output (the reference on the query as ggml's q8_0
+ * blocks) on top of those. The reference reads
  * the values the caches hold. Paged and contiguous caches give the same
  * bits (the decode driver reads them in the same order). */
 #include <math.h>
@@ -51,7 +52,8 @@ typedef struct diff_case {
 /* K or V of p (which 'k' or 'v': float32 values x at p's strides) quantized
  * into format f, each batch element's rows in p's layout with rows of
  * whole blocks; x becomes the values the cache holds (with int8's scales,
- * *scales [B, Skv, Hkv]), and p's strides count the format's bytes. */
+ * *scales [B, Skv, Hkv]; float8's scale 1), and p's strides count the
+ * format's bytes. */
 static void *quantize_as(fmha_problem *p, char which, float *x, fmha_kv_format f, float **scales) {
     int64_t *st = which == 'k' ? p->k_strides : p->v_strides;
     const int64_t B = p->batch, S = p->seq_kv, H = p->heads_kv, D = which == 'k' ? p->head_dim : p->head_dim_v;
@@ -100,8 +102,9 @@ static int draw_case(diff_case *c) {
     const int64_t skv = decode ? tu_int(8 * sq, 8 * sq + 200) : tu_int(1, 90);
     static const int64_t dims[] = {8, 16, 24, 64};
     /* a quantized cache now and then (head dims of whole blocks) */
-    static const fmha_kv_format formats[] = {FMHA_KV_FORMAT_INT8, FMHA_KV_FORMAT_Q8_0, FMHA_KV_FORMAT_Q4_0};
-    c->kv_f = tu_int(0, 3) == 0 ? formats[tu_int(0, 2)] : FMHA_KV_FORMAT_DTYPE;
+    static const fmha_kv_format formats[] = {FMHA_KV_FORMAT_INT8, FMHA_KV_FORMAT_Q8_0, FMHA_KV_FORMAT_Q4_0,
+                                             FMHA_KV_FORMAT_FP8_E4M3, FMHA_KV_FORMAT_FP8_E5M2};
+    c->kv_f = tu_int(0, 3) == 0 ? formats[tu_int(0, 4)] : FMHA_KV_FORMAT_DTYPE;
     const int64_t D = c->kv_f ? 32 * tu_int(1, 2) : dims[tu_int(0, 3)];
     fmha_problem *p = &c->p;
     fmha_problem_init(p, B, hq, hkv, sq, skv, D, D, tu_int(0, 1) ? FMHA_LAYOUT_BSHD : FMHA_LAYOUT_BHSD);
@@ -184,13 +187,14 @@ static void free_case(diff_case *c) {
     free(c->q), free(c->k), free(c->v), free(c->ref_o), free(c->ref_lse), free(c->k_sc), free(c->v_sc);
 }
 
-/* 1 when a plan of p takes the integer scores (fmha_plan_describe). */
-static int integer_scores(const fmha_problem *p) {
+/* 1 when a plan of p takes its scores on a quantized query: integer
+ * (q8_0) or bf16 (fmha_plan_describe). */
+static int quantized_query(const fmha_problem *p) {
     fmha_plan *plan = NULL;
     char line[1024] = "";
     if (fmha_plan_create(p, &plan) == FMHA_OK) fmha_plan_describe(plan, line, sizeof line);
     fmha_plan_destroy(plan);
-    return strstr(line, " scores=integer") != NULL;
+    return strstr(line, " scores=integer") != NULL || strstr(line, " scores=bf16") != NULL;
 }
 
 /* O (contiguous [B, Sq, Hq, Dv] after gathering) and lse against the
@@ -201,7 +205,7 @@ static int agrees(const diff_case *c, const fmha_problem *run, const float *o, c
     const int64_t *st = tu_shape(p, 'o', n);
     float *og = malloc(c->no * sizeof(float));
     tu_gather(o, st, n, og);
-    const int integer = c->kv_f && integer_scores(run);
+    const int integer = c->kv_f && quantized_query(run);
     double ratio = tu_worst_ratio(og, c->ref_o, c->no, 2e-5 + (integer ? 2.0 * c->llama_o : 0.0), 2e-5);
     size_t bad_lse = 0;
     for (size_t i = 0; i < c->nl; i++) {

@@ -170,13 +170,14 @@ typedef struct fmt_case {
     int64_t page;                           /* > 0: also paged, whose bits must match */
 } fmt_case;
 
-/* 1 when a plan of p takes the integer scores (fmha_plan_describe). */
-static int integer_scores(const fmha_problem *p) {
+/* 1 when a plan of p takes its scores on a quantized query: integer
+ * (q8_0) or bf16 (fmha_plan_describe). */
+static int quantized_query(const fmha_problem *p) {
     fmha_plan *plan = NULL;
     char line[1024] = "";
     if (fmha_plan_create(p, &plan) == FMHA_OK) fmha_plan_describe(plan, line, sizeof line);
     fmha_plan_destroy(plan);
-    return strstr(line, " scores=integer") != NULL;
+    return strstr(line, " scores=integer") != NULL || strstr(line, " scores=bf16") != NULL;
 }
 
 /* x [rows][d] as llama.cpp's arithmetic sees a query: each block of 32
@@ -250,13 +251,13 @@ static void run_case(const fmt_case *fc, const char *isa) {
     uint16_t *ob = (uint16_t *)o;
     float *of = fc->bf16_q ? malloc(no * sizeof(float)) : o;
     /* ACCURATE: the float32 query against the cache's values; FAST: the
-     * same where it takes no integer scores, else the query quantized as
-     * q8_0, whose error is held to llama.cpp's arithmetic on this cache
-     * (the query as ggml's q8_0 blocks, products exact: a float64
-     * reference on that query) */
+     * same where it takes no quantized query, else the query quantized as
+     * q8_0 (or rounded to bf16 for float8 keys), whose error is held to
+     * llama.cpp's arithmetic on this cache (the query as ggml's q8_0
+     * blocks, products exact: a float64 reference on that query) */
     for (int fast = 0; fast < 2; fast++) {
         pq.precision = fast ? FMHA_PRECISION_FAST : FMHA_PRECISION_ACCURATE;
-        const int integer = fast && integer_scores(&pq);
+        const int integer = fast && quantized_query(&pq);
         if (fast && !integer) continue; /* ACCURATE's arithmetic: checked */
         fmha_status st = tu_forward(&pq, qin, ck.bytes, cv.bytes, o, lse, NULL, 0);
         if (fc->bf16_q) /* widen the bf16 output */
@@ -317,7 +318,7 @@ static void run_case(const fmt_case *fc, const char *isa) {
                  "format K %s V %s %s %s %s B %lld Hq %lld Hkv %lld Sq %lld Skv %lld D %lld Dv %lld%s%s%s%s%s page "
                  "%lld: status %d, O ratio %g, lse %s, paged %s",
                  fmt_name(fc->fk), fmt_name(fc->fv), isa, tu_strategy_name(fc->strategy),
-                 integer ? "fast (integer scores)" : "accurate", (long long)B, (long long)fc->hq, (long long)hkv,
+                 integer ? "fast (quantized query)" : "accurate", (long long)B, (long long)fc->hq, (long long)hkv,
                  (long long)fc->sq, (long long)skv, (long long)D, (long long)Dv, fc->causal ? " causal" : "",
                  fc->sinks ? " sinks" : "", fc->window ? " window" : "", fc->bf16_q ? " bf16-q" : "",
                  fc->mla ? " mla" : "", (long long)fc->page, (int)st, ratio, lse_ok ? "ok" : "off",
@@ -367,8 +368,9 @@ static void test_cases(const char *isa) {
  * relative L2 error of O against float64 on the values each cache holds,
  * for ACCURATE, FAST and llama.cpp's arithmetic (the query as ggml's q8_0
  * blocks, exact products), and FAST against ACCURATE. FAST's may be no
- * worse than llama.cpp's (within 5%: the two quantize the same integers,
- * with scales in float32 and in a half). */
+ * worse than llama.cpp's (within 5%: for the integer formats the two
+ * quantize the same integers, with scales in float32 and in a half; the
+ * float8 formats' bf16 query errs less). */
 static void test_precision_table(void) {
     const int64_t B = 1, hq = 32, hkv = 8, S = 4096, D = 128;
     const size_t nq = (size_t)(B * hq * D), nkv = (size_t)(B * S * hkv * D);
@@ -380,8 +382,9 @@ static void test_precision_table(void) {
     llama_q8_0_query(q, (size_t)(B * hq), D, ql);
     printf("precision table (%s): rel. L2 error of O vs float64, Hq 32 / Hkv 8, D 128, Skv 4096\n", fmha_isa_name());
     printf("  format    accurate   fast       llama.cpp  fast / llama.cpp  fast vs accurate\n");
-    static const fmha_kv_format fmts[] = {FMHA_KV_FORMAT_INT8, FMHA_KV_FORMAT_Q8_0, FMHA_KV_FORMAT_Q4_0};
-    for (int fi = 0; fi < 3; fi++) {
+    for (int fi = 0; fi < 5; fi++) {
+        const fmha_kv_format fmts[] = {FMHA_KV_FORMAT_INT8, FMHA_KV_FORMAT_Q8_0, FMHA_KV_FORMAT_Q4_0,
+                                       FMHA_KV_FORMAT_FP8_E4M3, FMHA_KV_FORMAT_FP8_E5M2};
         cache ck = cache_new(fmts[fi], B, S, hkv, D, xk), cv = cache_new(fmts[fi], B, S, hkv, D, xv);
         fmha_problem p;
         fmha_problem_init(&p, B, hq, hkv, 1, S, D, D, FMHA_LAYOUT_BSHD);
@@ -393,7 +396,7 @@ static void test_precision_table(void) {
         fmha_status st = tu_forward(&p, q, ck.bytes, cv.bytes, oa, lse, NULL, 0);
         p.precision = FMHA_PRECISION_FAST;
         st |= tu_forward(&p, q, ck.bytes, cv.bytes, of, lse, NULL, 0);
-        const int integer = integer_scores(&p);
+        const int integer = quantized_query(&p);
         double norm = tu_norm_l2(ro, nq), el = 0.0, fa = 0.0, na = 0.0;
         for (size_t i = 0; i < nq; i++) {
             el += (lo[i] - ro[i]) * (lo[i] - ro[i]);
@@ -403,7 +406,7 @@ static void test_precision_table(void) {
         el = sqrt(el) / norm;
         printf("  %-9s %.2e   %.2e   %.2e   %.3f             %.2e%s\n", fmt_name(fmts[fi]), ea, ef, el, ef / el,
                sqrt(fa / na),
-               integer ? "" : " (fast: float32 scores here)");
+               integer ? "" : " (fast: the float32 query here)");
         tu_check(st == FMHA_OK && ea < 1e-5 && (!integer || ef <= 1.05 * el),
                  "precision table %s: accurate %.2e, fast %.2e, llama.cpp %.2e", fmt_name(fmts[fi]), ea, ef, el);
         cache_free(&ck), cache_free(&cv);
@@ -631,6 +634,50 @@ static void test_values_int(const char *isa) {
     }
 }
 
+/* Per ISA: float8 keys' scores on the bf16 query (scores_bf16, where the
+ * table has it) give the scalar specification's bits: every byte of both
+ * formats (NaN and inf codes now and then), query pairs rounded from
+ * uniform rows, 1..9 rows (blocks of 4 and single rows), 1..40 keys, D
+ * 32..320, any row stride. */
+static void test_scores_bf16(const char *isa) {
+    const fmha_ukernels *uk = fmha_cpu_kernels();
+    const fmha_ukernels *spec = fmha_cpu_kernels_for("scalar");
+    static const fmha_kv_format fmts[] = {FMHA_KV_FORMAT_FP8_E4M3, FMHA_KV_FORMAT_FP8_E5M2};
+    enum { ROWS = 9, KEYS = 40, D = 320 };
+    for (int fi = 0; fi < 2; fi++) {
+        const fmha_kv_format f = fmts[fi];
+        const fmha_cache_format_id id = (fmha_cache_format_id)(f - FMHA_KV_FORMAT_F32);
+        if (!uk->cache[id].scores_bf16) continue;
+        tu_check(spec->cache[id].scores_bf16 != NULL, "%s: the specification of %s's bf16 scores", isa, fmt_name(f));
+        uint8_t *k = malloc(KEYS * (D + 50));
+        uint32_t q[ROWS * D / 2];
+        float x[ROWS * D], s1[ROWS * KEYS], s2[ROWS * KEYS];
+        size_t bad = 0;
+        for (int c = 0; c < 40; c++) {
+            const size_t rows = (size_t)tu_int(1, ROWS), nk = (size_t)tu_int(1, KEYS), d = 32 * (size_t)tu_int(1, D / 32);
+            const size_t ldk = d + (size_t)tu_int(0, 50), ldq = D / 2;
+            for (size_t i = 0; i < KEYS * (D + 50); i++) {
+                k[i] = (uint8_t)tu_int(0, 255);
+                if (c % 4 && fmha_cache_format_at(id)->dequant(k + i, 0) != fmha_cache_format_at(id)->dequant(k + i, 0))
+                    k[i] &= 0xbf; /* NaN codes in one case of four */
+                if (c % 4 && isinf(fmha_cache_format_at(id)->dequant(k + i, 0))) k[i] &= 0xbf;
+            }
+            tu_fill(x, ROWS * D, -2, 2);
+            for (size_t i = 0; i < ROWS * D / 2; i++)
+                q[i] = (uint32_t)fmha_f32_to_bf16(x[2 * i]) | (uint32_t)fmha_f32_to_bf16(x[2 * i + 1]) << 16;
+            tu_fill(s1, ROWS * KEYS, 0, 1);
+            memcpy(s2, s1, sizeof s1);
+            const float scale = (float)tu_uniform(0.05, 2);
+            spec->cache[id].scores_bf16(rows, nk, d, q, ldq, k, ldk, s1, KEYS, scale);
+            uk->cache[id].scores_bf16(rows, nk, d, q, ldq, k, ldk, s2, KEYS, scale);
+            for (size_t i = 0; i < ROWS * KEYS; i++)
+                bad += memcmp(&s1[i], &s2[i], sizeof(float)) && !(isnan(s1[i]) && isnan(s2[i]));
+        }
+        tu_check(bad == 0, "%s %s bf16 scores: %zu differ from the specification's bits", isa, fmt_name(f), bad);
+        free(k);
+    }
+}
+
 /* ---- the quantizers ---- */
 
 /* ggml's quantize_row_q8_0_ref and quantize_row_q4_0_ref on x[i] =
@@ -805,6 +852,7 @@ int main(void) {
     tu_each_isa(test_format_kernels);
     tu_each_isa(test_scores_q8);
     tu_each_isa(test_values_int);
+    tu_each_isa(test_scores_bf16);
     tu_each_isa(test_cases);
     tu_each_isa(test_mla);
     tu_each_isa(test_fold);

@@ -310,10 +310,11 @@ static void check_untouched(const buf *b, const char *what) {
  * Dv columns of O do not change), buffers of exactly their size. The forward
  * on them must match the float64 reference on the values they hold (the
  * format's dequantisation times its scales), or, for a bad scale drawn now
- * and then, refuse the call with O untouched. A call that takes integer
- * scores (precision FAST, int8, q8_0 or q4_0 keys: the query quantized as
- * q8_0) may also err by twice the largest error llama.cpp's arithmetic
- * makes on that output (the reference on the query as ggml's q8_0 blocks). */
+ * and then, refuse the call with O untouched. A call whose scores take a
+ * quantized query (precision FAST: q8_0 for int8, q8_0 or q4_0 keys, bf16
+ * for float8 ones) may also err by twice the largest error llama.cpp's
+ * arithmetic makes on that output (the reference on the query as ggml's
+ * q8_0 blocks). */
 static void check_formats(reader *r, const fmha_problem *p, float *const f32[4], const void *q_in, double tol) {
     const fmha_kv_format fk = (fmha_kv_format)(FMHA_KV_FORMAT_INT8 + take(r, 1) % 5),
                          fv = (fmha_kv_format)(FMHA_KV_FORMAT_INT8 + take(r, 1) % 5);
@@ -406,7 +407,9 @@ static void check_formats(reader *r, const fmha_problem *p, float *const f32[4],
         char line[1024] = "";
         if (fmha_plan_create(&pf, &plan) == FMHA_OK) fmha_plan_describe(plan, line, sizeof line);
         fmha_plan_destroy(plan);
-        if (strstr(line, " scores=integer")) { /* the padded query's blocks as ggml's q8_0, a half scale */
+        if (strstr(line, " scores=integer") || strstr(line, " scores=bf16")) {
+            /* the query quantized (q8_0) or rounded (bf16): twice the error of the padded query's blocks
+             * as ggml's q8_0 (a half scale), which a bf16 query's is below */
             double *rq = malloc(n_o * sizeof(double)), worst = 0.0, m = 0.0;
             if (!rq) fail("out of memory");
             for (int64_t rr = 0; rr < B * sq * Hq; rr++)

@@ -8,9 +8,9 @@
 
 /* AVX-512's kernels of each format, and the integer ones (scores on the
  * q8_0 query, P V on 16-bit P) */
-#define INTEGER(name) fmha_##name##kv_scores_q8__avx512vnni, fmha_##name##kv_values_int__avx512vnni
 const fmha_uk_cache fmha_uk_caches__avx512vnni[FMHA_FORMAT_COUNT] =
-    FMHA_AVX512_CACHES(INTEGER(int8), INTEGER(q8_0), INTEGER(q4_0));
+    FMHA_AVX512_CACHES(FMHA_AVX512VNNI_INTEGER(int8), FMHA_AVX512VNNI_INTEGER(q8_0), FMHA_AVX512VNNI_INTEGER(q4_0),
+                       NULL, NULL);
 
 const fmha_isa_parts fmha_isa_avx512vnni = {
     .isa = "avx512vnni",

@@ -159,3 +159,39 @@ static void values_int(int32_t (*vq)(const uint8_t *, size_t), float (*vd)(const
 VALUES_INT(int8)
 VALUES_INT(q8_0)
 VALUES_INT(q4_0)
+
+/* ---- float8 keys on the bf16 query (the specification of scores_bf16) ---- */
+static float bf16_half(uint32_t w, int hi) {
+    const uint32_t u = (hi ? w >> 16 : w & 0xffffu) << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+static void scores_bf16(float (*value)(uint8_t), size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
+                        const void *k, size_t ldk, float *s, size_t lds, float scale) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < nk; j++) {
+            const uint8_t *row = (const uint8_t *)k + j * ldk;
+            float lane[16] = {0};
+            for (size_t t = 0; t < d / 32; t++)
+                for (size_t i = 0; i < 16; i++) {
+                    const uint32_t w = q[r * ldq + 16 * t + i];
+                    lane[i] += bf16_half(w, 1) * value(row[32 * t + 2 * i + 1]);
+                    lane[i] += bf16_half(w, 0) * value(row[32 * t + 2 * i]);
+                }
+            float g[4];
+            for (int x = 0; x < 4; x++) g[x] = (lane[4 * x] + lane[4 * x + 2]) + (lane[4 * x + 1] + lane[4 * x + 3]);
+            s[r * lds + j] = ((g[0] + g[1]) + (g[2] + g[3])) * scale;
+        }
+}
+
+void fmha_e4m3kv_scores_bf16__scalar(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq, const void *k,
+                                     size_t ldk, float *s, size_t lds, float scale) {
+    scores_bf16(fmha_fp8_e4m3_to_f32, rows, nk, d, q, ldq, k, ldk, s, lds, scale);
+}
+
+void fmha_e5m2kv_scores_bf16__scalar(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq, const void *k,
+                                     size_t ldk, float *s, size_t lds, float scale) {
+    scores_bf16(fmha_fp8_e5m2_to_f32, rows, nk, d, q, ldq, k, ldk, s, lds, scale);
+}
