@@ -499,6 +499,7 @@ extern const fmha_isa_parts fmha_isa_avx512bf16; /* avx512's parts + a bf16 part
 extern const fmha_isa_parts fmha_isa_amx;        /* avx512bf16's parts, the pair GEMM on AMX tiles: src/uk/amx */
 extern const fmha_isa_parts fmha_isa_amx_emu;    /* amx's kernels on the software tile unit: src/uk/amx_emu */
 extern const fmha_isa_parts fmha_isa_neon;       /* aarch64 Advanced SIMD: src/uk/neon */
+extern const fmha_isa_parts fmha_isa_neondot;    /* neon's parts, integer scores on SDOT: src/uk/neondot */
 extern const fmha_isa_parts fmha_isa_neonbf16;   /* neon's parts + a BF16 part (BFMMLA, BFCVTN): src/uk/neonbf16 */
 extern const fmha_isa_parts fmha_isa_sve;        /* SVE float32 tiles (NR from the vector length) + neon's rest: src/uk/sve */
 
