@@ -351,7 +351,8 @@ typedef struct fmha_param_grads {
     float *d_rel_table;
 } fmha_param_grads;
 
-/* How bf16 products round (float32 and f16 problems ignore it).
+/* How bf16 products round, and how a decode step reads a quantized cache
+ * (float32 and f16 problems ignore it otherwise).
  * FAST (fmha_problem_init's default): P enters the P V product as bf16
  *   alone (half the P V work on AVX-512 BF16), which leaves O up to about
  *   1.6x the error of rounding the exact O to bf16 (on AVX-512 BF16 the
@@ -368,7 +369,31 @@ typedef struct fmha_param_grads {
  *              O        dQ       dK       dV
  *   PyTorch    2.0e-3   2.7e-3   4.7e-3   4.7e-3
  *   FAST       2.0e-3   2.4e-3   2.4e-3   2.4e-3
- *   ACCURATE   1.6e-3   1.8e-3   1.8e-3   1.7e-3 */
+ *   ACCURATE   1.6e-3   1.8e-3   1.8e-3   1.7e-3
+ *
+ * Quantized caches (k_format / v_format), on the decode driver: ACCURATE
+ * takes the float32 query against the cache's values (float32 products).
+ * FAST quantizes each query row once a call as llama.cpp does for its
+ * q8_0 and q4_0 caches (blocks of 32, scale max|x| / 127, kept in float32
+ * where a q8_0 block rounds it to a half) and takes the scores of int8,
+ * q8_0 and q4_0 keys in integer dot products (VNNI, AVX-VNNI, SDOT),
+ * and P V of int8, q8_0 and q4_0 values on P quantized to 16 bits per
+ * block of 32 columns; float8 keys meet the query rounded to bf16 where
+ * the table's bf16 dot product pays (the avx512bf16 table). A query row
+ * holding a NaN or inf, and a head dim that is not a multiple of 32, keep
+ * ACCURATE's arithmetic. FAST takes a format's integer path only because
+ * its error is no worse than llama.cpp's own arithmetic on the same cache
+ * (the query as q8_0 blocks, integer products): relative L2 error of O
+ * against float64 on the values each cache holds (Hq 32 / Hkv 8, D 128,
+ * Skv 4096, Sq 1, Q, K, V uniform in [-1, 1); test_kvformat prints it):
+ *              ACCURATE  FAST     llama.cpp  FAST vs ACCURATE
+ *   int8       1.6e-7    1.27e-3  1.27e-3    1.27e-3
+ *   q8_0       1.5e-7    1.27e-3  1.27e-3    1.27e-3
+ *   q4_0       1.6e-7    1.26e-3  1.26e-3    1.26e-3
+ *   fp8_e4m3   1.6e-7    5.1e-4   1.27e-3    5.1e-4   (bf16 query)
+ *   fp8_e5m2   1.6e-7    5.1e-4   1.27e-3    5.1e-4   (bf16 query)
+ * FAST's error over llama.cpp's is 0.998-1.001 (the same integers, scales
+ * in float32 against halves); 16-bit P adds no measurable error to it. */
 typedef enum fmha_precision {
     FMHA_PRECISION_ACCURATE = 0,
     FMHA_PRECISION_FAST
