@@ -63,15 +63,7 @@ float fmha_q8_0_block(const float *x, int8_t *q) {
     for (int j = 0; j < 32; j++) amax = amax > fabsf(x[j]) ? amax : fabsf(x[j]); /* ggml's MAX(amax, |x|) */
     const float d = amax / 127;
     const float id = d ? 1.0f / d : 0.0f;
-    for (int j = 0; j < 32; j++) {
-        /* roundf(y) for |y| <= 127.5, in steps that vectorise: the
-         * truncation, then one away from zero when the (exact) fraction
-         * is at least a half */
-        const float y = x[j] * id;
-        const int t = (int)y;
-        const float frac = y - (float)t;
-        q[j] = (int8_t)(t + (frac >= 0.5f) - (frac <= -0.5f));
-    }
+    for (int j = 0; j < 32; j++) q[j] = (int8_t)fmha_round_away(x[j] * id); /* |x id| <= 127 */
     return d;
 }
 

@@ -84,6 +84,15 @@ void fmha_kv_scales_of(const fmha_problem *p, int which, int64_t b, int64_t hk, 
  * not. */
 fmha_status fmha_kv_scales_check(const fmha_problem *p);
 
+/* roundf(y) as an integer, |y| < 2^30, in steps that vectorise: the
+ * truncation, then one away from zero when the (exact) fraction is at
+ * least a half. */
+static inline int32_t fmha_round_away(float y) {
+    const int32_t t = (int32_t)y;
+    const float frac = y - (float)t;
+    return t + (frac >= 0.5f) - (frac <= -0.5f);
+}
+
 /* One block of 32 values as ggml's quantize_row_q8_0_ref quantizes it:
  * d = max |x| / 127, q[j] = round(x[j] / d) (x times 1 / d, rounded half
  * away from zero; all 0 when d is 0). Returns d, in float32 (a q8_0 block
