@@ -106,6 +106,10 @@ float fmha_q8_0_block(const float *x, int8_t *q);
  * query's kernels then serve, so that it propagates as IEEE says). */
 int fmha_q8_quantize_row(const float *x, int64_t d, int8_t *q, float *qd, int32_t *sum);
 
+/* The tiles of rows [0, rows) of q (fmha_q8_rows.tiles' layout, ukernel.h)
+ * into out: fmha_q8_tiles_group_bytes(d) bytes for each group of 16 rows. */
+void fmha_q8_tiles_pack(size_t rows, size_t d, const fmha_q8_rows *q, void *out);
+
 /* OCP float8 bits to float32, exactly (the specifications). */
 float fmha_fp8_e4m3_to_f32(uint8_t b);
 float fmha_fp8_e5m2_to_f32(uint8_t b);

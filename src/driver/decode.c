@@ -166,12 +166,14 @@ typedef struct dec_scratch {
  * (fmha_q8_rows): qi [units][heads x rows][D], qd and qsum [units][heads x
  * rows][D / 32]; with bf16 scores rounded, qb [units][heads x rows][D / 2]
  * bf16 pairs; q_ok [units]: 0 when a row holds a NaN or inf (the float32
- * kernels serve) */
+ * kernels serve); where K's kernel reads them, the integer query's tiles
+ * qt [units][heads][groups of 16 rows][fmha_q8_tiles_group_bytes(D)] */
 typedef struct dec_partials {
     float *po, *pm, *pl, *qd;
     int8_t *qi;
     int32_t *qsum, *q_ok;
     uint32_t *qb;
+    uint8_t *qt;
 } dec_partials;
 
 static void dec_carve(const fmha_plan *plan, fmha_carver *c, dec_scratch *s) {
@@ -192,6 +194,17 @@ static void dec_carve(const fmha_plan *plan, fmha_carver *c, dec_scratch *s) {
     s->acc = fmha_carve(c, Dv * sizeof(float));
 }
 
+/* 1 when the integer scores' kernel reads the query's tiles. */
+static int dec_q8_tiles(const fmha_plan *plan) {
+    return plan->dec_scores == FMHA_DEC_SCORES_Q8 && plan->uk->cache[plan->k_format].q8_tiles;
+}
+
+/* Bytes of a unit's query tiles (every head's rows in groups of 16). */
+static size_t dec_tiles_bytes(const fmha_plan *plan) {
+    const size_t groups = (size_t)(plan->dec_rows + 15) / 16;
+    return (size_t)plan->dec_heads * groups * fmha_q8_tiles_group_bytes((size_t)plan->p.head_dim);
+}
+
 static void dec_carve_shared(const fmha_plan *plan, fmha_carver *c, dec_partials *pt) {
     size_t n = (size_t)(plan->p.batch * plan->p.heads_kv * plan->dec_units * plan->dec_splits) *
                (size_t)plan->dec_rows; /* units x heads = B x Hkv x dec_units */
@@ -206,6 +219,7 @@ static void dec_carve_shared(const fmha_plan *plan, fmha_carver *c, dec_partials
     pt->qd = fmha_carve(c, q8 * (D / 32) * sizeof(float));
     pt->qsum = fmha_carve(c, q8 * (D / 32) * sizeof(int32_t));
     pt->qb = fmha_carve(c, (plan->dec_scores == FMHA_DEC_SCORES_BF16 ? q_rows : 0) * (D / 2) * sizeof(uint32_t));
+    pt->qt = fmha_carve(c, dec_q8_tiles(plan) ? dec_tiles_bytes(plan) * units : 0);
     pt->q_ok = fmha_carve(c, units * sizeof(int32_t));
 }
 
@@ -389,6 +403,13 @@ static void dec_quantize_task(void *vctx, size_t unit, int thread) {
             }
             ok &= finite == 0.0f;
         }
+    if (ok && dec_q8_tiles(plan)) /* the tiles the kernel reads, head by head */
+        for (int64_t hh = 0; hh < plan->dec_heads; hh++) {
+            const size_t x = first + (size_t)(hh * rows), tb = dec_tiles_bytes(plan) / (size_t)plan->dec_heads;
+            const fmha_q8_rows qq = {c->pt.qi + x * (size_t)D, c->pt.qd + x * (size_t)(D / 32),
+                                     c->pt.qsum + x * (size_t)(D / 32), (size_t)D, NULL};
+            fmha_q8_tiles_pack((size_t)n, (size_t)D, &qq, c->pt.qt + unit * dec_tiles_bytes(plan) + (size_t)hh * tb);
+        }
     c->pt.q_ok[unit] = ok;
 }
 
@@ -467,8 +488,11 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
                 float *sh = s.s + hh * rows * DEC_TILE + j0;
                 const size_t x = q_at + (size_t)(hh * rows); /* its first quantized row */
                 if (qscores == FMHA_DEC_SCORES_Q8) {
+                    const size_t tb = dec_tiles_bytes(plan) / (size_t)heads; /* a head's tiles */
                     const fmha_q8_rows qq = {c->pt.qi + x * (size_t)D, c->pt.qd + x * (size_t)(D / 32),
-                                             c->pt.qsum + x * (size_t)(D / 32), (size_t)D};
+                                             c->pt.qsum + x * (size_t)(D / 32), (size_t)D,
+                                             dec_q8_tiles(plan) ? c->pt.qt + (size_t)unit * dec_tiles_bytes(plan) + (size_t)hh * tb
+                                                                : NULL};
                     k_kern->scores_q8((size_t)n, (size_t)nj, (size_t)D, &qq, rows_of[hh], ld, sh, DEC_TILE,
                                       plan->scale);
                 } else if (qscores == FMHA_DEC_SCORES_BF16) {

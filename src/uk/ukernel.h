@@ -214,7 +214,20 @@ typedef struct fmha_q8_rows {
     const float *d;     /* [rows][ld / 32]: the blocks' scales */
     const int32_t *sum; /* [rows][ld / 32]: each block's sum of q (for offsets) */
     size_t ld;          /* a multiple of 32 */
+    const void *tiles;  /* the same rows in the tile layout below, where the cache part asks for it, else NULL */
 } fmha_q8_rows;
+
+/* The query rows as AMX kernels read them (fmha_q8_rows.tiles; made by
+ * fmha_q8_tiles_pack, format.h, where fmha_uk_cache.q8_tiles is set):
+ * per group of 16 rows (the last padded with zero rows), for each chunk c
+ * of 64 values (d / 64 rounded up), two tiles B[h] [16][64] int8 (h = 0, 1:
+ * blocks 2c and 2c + 1), tdpbssd's B operand: bytes 4n..4n+3 of tile row kk
+ * hold values 64c + 4kk .. 64c + 4kk + 3 of row n when kk / 8 == h, else 0;
+ * then for each block b its rows' d [16] float32 and sum [16] int32 (0 for
+ * the padding rows). */
+static inline size_t fmha_q8_tiles_group_bytes(size_t d) {
+    return (d + 63) / 64 * 2048 + (d / 32) * 16 * (sizeof(float) + sizeof(int32_t));
+}
 
 /* s[r][j] = scale * acc(r, j), r < rows, j < nk, where over the blocks
  * b < d / 32 in order, from acc = 0,
@@ -250,7 +263,7 @@ typedef void (*fmha_cache_scores_bf16_ukernel_fn)(size_t rows, size_t nk, size_t
  *                                          the driver's, already in P)
  *   m = max_j |p[r][j]| * max_j |vd(j, b)| (at least every |w_j|), and
  *   when m is finite: s = m / 32767,
- *   inv = m > 0 ? 32767 / m : 0, P'_j = (int32)rintf(w_j * inv) (to
+ *   inv = m >= 2^-100 ? 32767 / m : 0, P'_j = (int32)rintf(w_j * inv) (to
  *   nearest even, |P'_j| <= 32767); when it is not: P'_j = 0, s = NaN
  *   isum(c) = sum_j P'_j * vq(j, c)          (exact int32)
  *   o[r][c] = fmaf(o[r][c], alpha[r], (float)isum(c) * s)
@@ -375,7 +388,8 @@ typedef struct fmha_uk_decode {
  * the integer scores, reading V's bytes likewise; fallback: none (the
  * format's values, or float32 rows). scores_bf16: float8 keys' scores on
  * the query rounded to bf16 (precision FAST), read as scores_q8 reads;
- * fallback: none. */
+ * fallback: none. q8_tiles: the driver makes the query's tiles for
+ * scores_q8. */
 typedef struct fmha_uk_cache {
     fmha_cache_load_ukernel_fn load;
     fmha_cache_scores_ukernel_fn scores;
@@ -383,6 +397,7 @@ typedef struct fmha_uk_cache {
     fmha_cache_scores_q8_ukernel_fn scores_q8;
     fmha_cache_values_int_ukernel_fn values_int;
     fmha_cache_scores_bf16_ukernel_fn scores_bf16;
+    int q8_tiles; /* 1: scores_q8 reads the query's tiles (fmha_q8_rows.tiles) */
 } fmha_uk_cache;
 
 /* Per-thread set-up and tear-down around a job's tasks, for kernels with

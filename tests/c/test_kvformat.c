@@ -527,7 +527,9 @@ static void test_format_kernels(const char *isa) {
  * (int8's -128 included; block scales of every half class, NaN and inf
  * too), query rows quantized by the driver's rule and rows at the
  * extremes (every q = +-127: the largest sums), 1..19 rows (every row
- * group), 1..40 keys (a partial group of 16), D 32..320, any row stride. */
+ * group; tiles from 8 rows, their groups of 16 and a partial one), 1..40
+ * keys (a partial group of 16), D 32..320 (an odd count of blocks: a
+ * chunk's half left zero), any row stride. */
 static void test_scores_q8(const char *isa) {
     const fmha_ukernels *uk = fmha_cpu_kernels();
     const fmha_ukernels *spec = fmha_cpu_kernels_for("scalar");
@@ -542,6 +544,7 @@ static void test_scores_q8(const char *isa) {
         const size_t ldk_max = D / 32 * nbytes + 50;
         uint8_t *k = malloc(KEYS * ldk_max);
         int8_t *qi = malloc(ROWS * LD);
+        uint8_t *tiles = malloc(2 * fmha_q8_tiles_group_bytes(D)); /* 19 rows: 2 groups of 16 */
         float x[LD], qd[ROWS * LD / 32], s1[ROWS * KEYS], s2[ROWS * KEYS];
         int32_t qsum[ROWS * LD / 32];
         size_t bad = 0;
@@ -569,7 +572,11 @@ static void test_scores_q8(const char *isa) {
                         qsum[r * (LD / 32) + b] = t;
                     }
             }
-            const fmha_q8_rows q = {qi, qd, qsum, LD};
+            fmha_q8_rows q = {qi, qd, qsum, LD, NULL};
+            if (uk->cache[id].q8_tiles) { /* the table's kernel reads the query's tiles */
+                fmha_q8_tiles_pack(rows, d, &q, tiles);
+                q.tiles = tiles;
+            }
             tu_fill(s1, ROWS * KEYS, 0, 1);
             memcpy(s2, s1, sizeof s1);
             const float scale = (float)tu_uniform(0.05, 2);
@@ -579,7 +586,7 @@ static void test_scores_q8(const char *isa) {
                 bad += memcmp(&s1[i], &s2[i], sizeof(float)) && !(isnan(s1[i]) && isnan(s2[i]));
         }
         tu_check(bad == 0, "%s %s integer scores: %zu differ from the specification's bits", isa, fmt_name(f), bad);
-        free(k), free(qi);
+        free(k), free(qi), free(tiles);
     }
 }
 

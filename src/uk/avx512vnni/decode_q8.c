@@ -163,12 +163,12 @@ FMHA_INLINE void scores_q8(const int kind, size_t rows, size_t nk, size_t d, con
         const __m512i offsets = _mm512_loadu_si512(off);
         size_t r = 0;
         for (; r + 8 <= rows; r += 8) {
-            const fmha_q8_rows qr = {q->q + r * q->ld, q->d + r * (q->ld / 32), q->sum + r * (q->ld / 32), q->ld};
+            const fmha_q8_rows qr = {q->q + r * q->ld, q->d + r * (q->ld / 32), q->sum + r * (q->ld / 32), q->ld, NULL};
             rows_block(kind, 8, nj, d, &qr, kr, offsets, gather, s + r * lds + j0, lds, scale);
         }
         for (int g = 4; g >= 1; g /= 2)
             if (rows - r >= (size_t)g) {
-                const fmha_q8_rows qr = {q->q + r * q->ld, q->d + r * (q->ld / 32), q->sum + r * (q->ld / 32), q->ld};
+                const fmha_q8_rows qr = {q->q + r * q->ld, q->d + r * (q->ld / 32), q->sum + r * (q->ld / 32), q->ld, NULL};
                 if (g == 4) rows_block(kind, 4, nj, d, &qr, kr, offsets, gather, s + r * lds + j0, lds, scale);
                 else if (g == 2) rows_block(kind, 2, nj, d, &qr, kr, offsets, gather, s + r * lds + j0, lds, scale);
                 else rows_block(kind, 1, nj, d, &qr, kr, offsets, gather, s + r * lds + j0, lds, scale);

@@ -42,7 +42,7 @@ FMHA_INLINE void quantize_row(size_t nk, const float *p, const __m512 vd[MAX_KEY
     const float mx = pm * dm;
     const int finite = mx <= 3.40282347e38f;
     *s = finite ? mx / 32767.0f : NAN;
-    const __m512 inv = _mm512_set1_ps(finite && mx > 0.0f ? 32767.0f / mx : 0.0f);
+    const __m512 inv = _mm512_set1_ps(finite && mx >= 0x1p-100f ? 32767.0f / mx : 0.0f);
     for (size_t c = 0; c * 16 < nk; c++) {
         const __mmask16 keys = nk - 16 * c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nk - 16 * c)) - 1u);
         const __m512 w = _mm512_mul_ps(_mm512_maskz_loadu_ps(keys, p + 16 * c), vd[c]);

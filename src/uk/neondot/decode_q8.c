@@ -120,16 +120,16 @@ FMHA_INLINE void scores_q8(const int kind, size_t rows, size_t nk, size_t d, con
         for (size_t i = 0; i < 4; i++) kr[i] = k8 + (j0 + (i < nj ? i : nj - 1)) * ldk;
         size_t r = 0;
         for (; r + 4 <= rows; r += 4) {
-            const fmha_q8_rows qr = {q->q + r * q->ld, q->d + r * (q->ld / 32), q->sum + r * (q->ld / 32), q->ld};
+            const fmha_q8_rows qr = {q->q + r * q->ld, q->d + r * (q->ld / 32), q->sum + r * (q->ld / 32), q->ld, NULL};
             rows_block(kind, 4, nj, d, &qr, kr, s + r * lds + j0, lds, scale);
         }
         if (rows - r >= 2) {
-            const fmha_q8_rows qr = {q->q + r * q->ld, q->d + r * (q->ld / 32), q->sum + r * (q->ld / 32), q->ld};
+            const fmha_q8_rows qr = {q->q + r * q->ld, q->d + r * (q->ld / 32), q->sum + r * (q->ld / 32), q->ld, NULL};
             rows_block(kind, 2, nj, d, &qr, kr, s + r * lds + j0, lds, scale);
             r += 2;
         }
         if (rows - r == 1) {
-            const fmha_q8_rows qr = {q->q + r * q->ld, q->d + r * (q->ld / 32), q->sum + r * (q->ld / 32), q->ld};
+            const fmha_q8_rows qr = {q->q + r * q->ld, q->d + r * (q->ld / 32), q->sum + r * (q->ld / 32), q->ld, NULL};
             rows_block(kind, 1, nj, d, &qr, kr, s + r * lds + j0, lds, scale);
         }
     }

@@ -141,7 +141,8 @@ static void values_int(int32_t (*vq)(const uint8_t *, size_t), float (*vd)(const
             }
             const float m = pm * dm; /* at least every |w_j| */
             const int finite = m <= 3.40282347e38f;
-            const float s = finite ? m / 32767.0f : NAN, inv = finite && m > 0.0f ? 32767.0f / m : 0.0f;
+            /* weights below 2^-100 count as 0 (32767 / m would overflow) */
+            const float s = finite ? m / 32767.0f : NAN, inv = finite && m >= 0x1p-100f ? 32767.0f / m : 0.0f;
             for (size_t j = 0; j < nk; j++) pq[j] = finite ? (int32_t)rintf(w[j] * inv) : 0;
             for (size_t c = 32 * b; c < dv && c < 32 * b + 32; c++) {
                 int32_t isum = 0;
