@@ -74,8 +74,10 @@
  *
  * Instruction sets: the best microkernels this CPU supports are chosen once
  * at first use (cpuid, or the aarch64 hwcaps); the environment variable
- * FMHA_ISA=scalar|avx2|avx512|avx512bf16|amx|neon|neonbf16|sve forces a set
- * (falling back to the best supported one if the CPU lacks it).
+ * FMHA_ISA=scalar|avx2|avx2vnni|avx512|avx512vnni|avx512bf16|amx|neon|
+ * neondot|neonbf16|sve forces a set (falling back to the best supported one
+ * if the CPU lacks it); the *vnni and neondot sets add integer dot products
+ * for quantized caches (see fmha_precision).
  * FMHA_ISA=amx_emu runs the amx set's kernels on a software tile unit, on
  * any CPU with AVX512_BF16: for testing the AMX code where no AMX is (much
  * slower than amx; never chosen without FMHA_ISA).
@@ -729,7 +731,7 @@ FMHA_API void fmha_plan_destroy(fmha_plan *plan);
 FMHA_API fmha_status fmha_set_num_threads(int n);
 FMHA_API int fmha_get_num_threads(void);
 
-/* The name of the kernel table in use (the best this CPU runs, or FMHA_ISA's choice): "amx",
+/* The name of the kernel table in use (the best this CPU runs, or FMHA_ISA's choice): "amx", "avx512vnni",
  * "avx512bf16", "avx512", "avx2", "scalar", ... (fmha_plan_describe tells the CPU's instruction sets). */
 FMHA_API const char *fmha_isa_name(void);
 
