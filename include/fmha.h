@@ -74,8 +74,10 @@
  *
  * Instruction sets: the best microkernels this CPU supports are chosen once
  * at first use (cpuid, or the aarch64 hwcaps); the environment variable
- * FMHA_ISA=scalar|avx2|avx512|avx512bf16|amx|neon|neonbf16|sve forces a set
- * (falling back to the best supported one if the CPU lacks it).
+ * FMHA_ISA=scalar|avx2|avx2vnni|avx512|avx512vnni|avx512bf16|amx|neon|
+ * neondot|neonbf16|sve forces a set (falling back to the best supported one
+ * if the CPU lacks it); the *vnni and neondot sets add integer dot products
+ * for quantized caches (see fmha_precision).
  * FMHA_ISA=amx_emu runs the amx set's kernels on a software tile unit, on
  * any CPU with AVX512_BF16: for testing the AMX code where no AMX is (much
  * slower than amx; never chosen without FMHA_ISA).
@@ -361,7 +363,8 @@ typedef struct fmha_param_grads {
     float *d_rel_table;
 } fmha_param_grads;
 
-/* How bf16 products round (float32 and f16 problems ignore it).
+/* How bf16 products round, and how a decode step reads a quantized cache
+ * (float32 and f16 problems ignore it otherwise).
  * FAST (fmha_problem_init's default): P enters the P V product as bf16
  *   alone (half the P V work on AVX-512 BF16), which leaves O up to about
  *   1.6x the error of rounding the exact O to bf16 (on AVX-512 BF16 the
@@ -385,7 +388,31 @@ typedef struct fmha_param_grads {
  *   bf16 FAST 2.1e-3, bf16 ACCURATE 1.6e-3 (O stored as bf16);
  *   float16 (any precision: split into bf16 hi + lo, P too) 2.0e-4 (O
  *   stored as float16, whose own rounding dominates);
- *   float32 FAST or ACCURATE (IEEE FMA) 3.1e-7, BF16X3 4.2e-6, BF16 2.1e-3. */
+ *   float32 FAST or ACCURATE (IEEE FMA) 3.1e-7, BF16X3 4.2e-6, BF16 2.1e-3.
+ *
+ * Quantized caches (k_format / v_format), on the decode driver: ACCURATE
+ * takes the float32 query against the cache's values (float32 products).
+ * FAST quantizes each query row once a call as llama.cpp does for its
+ * q8_0 and q4_0 caches (blocks of 32, scale max|x| / 127, kept in float32
+ * where a q8_0 block rounds it to a half) and takes the scores of int8,
+ * q8_0 and q4_0 keys in integer dot products (VNNI, AVX-VNNI, SDOT),
+ * and P V of int8, q8_0 and q4_0 values on P quantized to 16 bits per
+ * block of 32 columns; float8 keys meet the query rounded to bf16 where
+ * the table's bf16 dot product pays (the avx512bf16 table). A query row
+ * holding a NaN or inf, and a head dim that is not a multiple of 32, keep
+ * ACCURATE's arithmetic. FAST takes a format's integer path only because
+ * its error is no worse than llama.cpp's own arithmetic on the same cache
+ * (the query as q8_0 blocks, integer products): relative L2 error of O
+ * against float64 on the values each cache holds (Hq 32 / Hkv 8, D 128,
+ * Skv 4096, Sq 1, Q, K, V uniform in [-1, 1); test_kvformat prints it):
+ *              ACCURATE  FAST     llama.cpp  FAST vs ACCURATE
+ *   int8       1.6e-7    1.27e-3  1.27e-3    1.27e-3
+ *   q8_0       1.5e-7    1.27e-3  1.27e-3    1.27e-3
+ *   q4_0       1.6e-7    1.26e-3  1.26e-3    1.26e-3
+ *   fp8_e4m3   1.6e-7    5.1e-4   1.27e-3    5.1e-4   (bf16 query)
+ *   fp8_e5m2   1.6e-7    5.1e-4   1.27e-3    5.1e-4   (bf16 query)
+ * FAST's error over llama.cpp's is 0.998-1.001 (the same integers, scales
+ * in float32 against halves); 16-bit P adds no measurable error to it. */
 typedef enum fmha_precision {
     FMHA_PRECISION_ACCURATE = 0,
     FMHA_PRECISION_FAST,
@@ -716,6 +743,15 @@ FMHA_API size_t fmha_plan_workspace_held(const fmha_plan *plan);
  *              or either with "+FMHA_TUNING" when the environment changed it
  *   backward   the backward's driver: "matrix" (bf16 FAST on a matrix
  *              engine: AMX tiles) or "tiled"
+ *   scores     how Q K^T is taken: "float32" (the query in float32 against
+ *              the cache's values), "integer" (decode under precision
+ *              FAST: the query quantized as q8_0 against int8, q8_0 or q4_0
+ *              keys in integer dot products) or "bf16" (decode under FAST:
+ *              the query rounded to bf16 against float8 keys); see
+ *              fmha_precision
+ *   values     how P V is taken: "float32", or "integer" (decode under
+ *              precision FAST: P quantized to 16 bits against int8, q8_0
+ *              or q4_0 values)
  * Writes at most buf_size bytes, NUL-terminated (buf may be NULL when
  * buf_size is 0) and returns the length of the whole line, as snprintf. A
  * NULL plan describes the CPU alone. Fields may be added at the end. */
@@ -730,7 +766,7 @@ FMHA_API void fmha_plan_destroy(fmha_plan *plan);
 FMHA_API fmha_status fmha_set_num_threads(int n);
 FMHA_API int fmha_get_num_threads(void);
 
-/* The name of the kernel table in use (the best this CPU runs, or FMHA_ISA's choice): "amx",
+/* The name of the kernel table in use (the best this CPU runs, or FMHA_ISA's choice): "amx", "avx512vnni",
  * "avx512bf16", "avx512", "avx2", "scalar", ... (fmha_plan_describe tells the CPU's instruction sets). */
 FMHA_API const char *fmha_isa_name(void);
 

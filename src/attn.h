@@ -64,9 +64,11 @@ struct fmha_plan {
      * each (rows of a kv head: group x Sq, in dec_units units); keys in
      * dec_splits chunks of dec_chunk keys (split-KV); all from the shape.
      * dec_prefetch: the driver asks for each head's next sub-block ahead
-     * (K and V past the tuning's decode_prefetch_bytes). */
+     * (K and V past the tuning's decode_prefetch_bytes). Precision FAST:
+     * dec_scores, how the scores are taken (fmha_dec_scores); dec_vint,
+     * P V in integers on 16-bit P (uk->cache[v_format].values_int). */
     int64_t dec_heads, dec_rows, dec_units, dec_chunk, dec_splits;
-    int dec_prefetch;
+    int dec_prefetch, dec_scores, dec_vint;
 
     /* ---- per run ---- */
     size_t thread_bytes;       /* this run's direction: bytes per thread */
@@ -254,6 +256,17 @@ void fmha_matrix_decode_run(fmha_plan *run, const void *q, const void *k, const 
 size_t fmha_matrix_block_kv(const fmha_plan *plan);
 fmha_ws_size fmha_matrix_workspace(const fmha_plan *plan);
 void fmha_matrix_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse, char *ws);
+/* How a decode step takes its scores (plan->dec_scores): the float32
+ * query against the cache's values, or (precision FAST) the query
+ * quantized as q8_0 once a call against int8, q8_0 or q4_0 keys in
+ * integer dot products (uk->cache[k].scores_q8), or rounded to bf16
+ * against float8 keys (scores_bf16). */
+typedef enum fmha_dec_scores {
+    FMHA_DEC_SCORES_F32 = 0,
+    FMHA_DEC_SCORES_Q8,
+    FMHA_DEC_SCORES_BF16
+} fmha_dec_scores;
+
 /* Decode driver: fills the plan's dec_* fields and returns 1 when it serves
  * this (resolved) problem's forward. */
 int fmha_decode_plan(fmha_plan *plan);

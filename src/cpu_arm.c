@@ -13,9 +13,9 @@
 #include <sys/prctl.h>
 #endif
 
-/* AT_HWCAP: ASIMD bit 1, FPHP bit 9, SVE bit 22; AT_HWCAP2: SVE2 bit 1,
- * I8MM bit 13, BF16 bit 14, SME bit 23 */
-enum { HWCAP_BIT_ASIMD = 1, HWCAP_BIT_FPHP = 9, HWCAP_BIT_SVE = 22 };
+/* AT_HWCAP: ASIMD bit 1, FPHP bit 9, ASIMDDP bit 20, SVE bit 22;
+ * AT_HWCAP2: SVE2 bit 1, I8MM bit 13, BF16 bit 14, SME bit 23 */
+enum { HWCAP_BIT_ASIMD = 1, HWCAP_BIT_FPHP = 9, HWCAP_BIT_ASIMDDP = 20, HWCAP_BIT_SVE = 22 };
 enum { HWCAP2_BIT_SVE2 = 1, HWCAP2_BIT_I8MM = 13, HWCAP2_BIT_BF16 = 14, HWCAP2_BIT_SME = 23 };
 
 static unsigned long arm_hwcap(void) {
@@ -43,14 +43,20 @@ static int arm_has_neon(void) {
 #endif
 }
 
+#if FMHA_HAVE_NEONDOT
+/* Advanced SIMD and the dot product (HWCAP_ASIMDDP: SDOT and UDOT at EL0). */
+static int arm_has_neondot(void) { return arm_has_neon() && (arm_hwcap() >> HWCAP_BIT_ASIMDDP & 1); }
+#endif
+
 #if FMHA_HAVE_NEONBF16
 #if defined(__linux__) && !defined(HWCAP2_BF16)
 #define HWCAP2_BF16 (1UL << HWCAP2_BIT_BF16) /* older kernel headers lack it */
 #endif
-/* Advanced SIMD and FEAT_BF16 (HWCAP2_BF16: the BF16 instructions at EL0). */
+/* Advanced SIMD, the dot product (whose integer scores the table has; every
+ * BF16 core has it) and FEAT_BF16 (HWCAP2_BF16: the BF16 instructions at EL0). */
 static int arm_has_neonbf16(void) {
-#if defined(__linux__)
-    return arm_has_neon() && (arm_hwcap2() & HWCAP2_BF16) != 0;
+#if defined(__linux__) && FMHA_HAVE_NEONDOT
+    return arm_has_neondot() && (arm_hwcap2() & HWCAP2_BF16) != 0;
 #else
     return 0;
 #endif
@@ -76,6 +82,9 @@ static const fmha_arch_isa arm_isas[] = {
 #endif
 #if FMHA_HAVE_SVE
     {"sve", arm_has_sve, &fmha_isa_sve, 0},
+#endif
+#if FMHA_HAVE_NEONDOT
+    {"neondot", arm_has_neondot, &fmha_isa_neondot, 0},
 #endif
     {"neon", arm_has_neon, &fmha_isa_neon, 0},
 };
@@ -110,8 +119,9 @@ void fmha_arch_describe(char *buf, size_t n) {
     const unsigned long hw = arm_hwcap(), hw2 = arm_hwcap2();
     char sve[24] = "no";
     if (hw >> HWCAP_BIT_SVE & 1) snprintf(sve, sizeof sve, "%d bits", arm_sve_bits());
-    snprintf(buf, n, "aarch64: asimd %s, fphp %s, bf16 %s, i8mm %s, sve %s, sve2 %s, sme %s",
+    snprintf(buf, n, "aarch64: asimd %s, fphp %s, asimddp %s, bf16 %s, i8mm %s, sve %s, sve2 %s, sme %s",
              hw >> HWCAP_BIT_ASIMD & 1 ? "yes" : "no", hw >> HWCAP_BIT_FPHP & 1 ? "yes" : "no",
+             hw >> HWCAP_BIT_ASIMDDP & 1 ? "yes" : "no",
              hw2 >> HWCAP2_BIT_BF16 & 1 ? "yes" : "no", hw2 >> HWCAP2_BIT_I8MM & 1 ? "yes" : "no", sve,
              hw2 >> HWCAP2_BIT_SVE2 & 1 ? "yes" : "no", hw2 >> HWCAP2_BIT_SME & 1 ? "yes" : "no");
 }

@@ -37,6 +37,14 @@ static int x86_has_avx2(void) {
     return (r[1] >> 5) & 1;
 }
 
+/* AVX2 plus AVX-VNNI (cpuid leaf 7, subleaf 1: eax bit 4). */
+static int x86_has_avx2vnni(void) {
+    unsigned int r[4];
+    if (!x86_has_avx2()) return 0;
+    x86_leaf7(1, r);
+    return (r[0] >> 4) & 1;
+}
+
 /* AVX2 plus AVX-512 F, DQ, BW, VL, and the OS saves the zmm state. */
 static int x86_has_avx512(void) {
     unsigned int r[4];
@@ -47,10 +55,20 @@ static int x86_has_avx512(void) {
     return avx512f && avx512dq && avx512bw && avx512vl;
 }
 
-/* AVX-512 as above plus AVX512_BF16 (cpuid leaf 7, subleaf 1). */
-static int x86_has_avx512bf16(void) {
+/* AVX-512 as above plus AVX512-VNNI (cpuid leaf 7: ecx bit 11). */
+static int x86_has_avx512vnni(void) {
     unsigned int r[4];
     if (!x86_has_avx512()) return 0;
+    x86_leaf7(0, r);
+    return (r[2] >> 11) & 1;
+}
+
+/* AVX-512 and AVX512-VNNI as above plus AVX512_BF16 (cpuid leaf 7,
+ * subleaf 1): every CPU with BF16 has VNNI, whose cache parts the table
+ * shares. */
+static int x86_has_avx512bf16(void) {
+    unsigned int r[4];
+    if (!x86_has_avx512vnni()) return 0;
     x86_leaf7(1, r);
     return (r[0] >> 5) & 1;
 }
@@ -81,7 +99,11 @@ static const fmha_arch_isa x86_isas[] = {
     {"amx", x86_has_amx_bf16, &fmha_isa_amx, 0},
 #endif
     {"avx512bf16", x86_has_avx512bf16, &fmha_isa_avx512bf16, 0},
+    {"avx512vnni", x86_has_avx512vnni, &fmha_isa_avx512vnni, 0},
     {"avx512", x86_has_avx512, &fmha_isa_avx512, 0},
+#if FMHA_HAVE_AVX2VNNI
+    {"avx2vnni", x86_has_avx2vnni, &fmha_isa_avx2vnni, 0},
+#endif
     {"avx2", x86_has_avx2, &fmha_isa_avx2, 0},
     /* amx's kernels on the software tile unit: tests and FMHA_ISA only */
     {"amx_emu", x86_has_avx512bf16, &fmha_isa_amx_emu, 1},
@@ -126,8 +148,9 @@ void fmha_arch_describe(char *buf, size_t n) {
     char vendor[16];
     unsigned family, model;
     fmha_arch_cpu_id(vendor, sizeof vendor, &family, &model);
-    snprintf(buf, n, "%s family %u model %u: avx2 %s, avx512 %s, avx512bf16 %s, amx-bf16 %s", vendor, family,
-             model, x86_has_avx2() ? "yes" : "no", x86_has_avx512() ? "yes" : "no",
+    snprintf(buf, n, "%s family %u model %u: avx2 %s, avx-vnni %s, avx512 %s, avx512vnni %s, avx512bf16 %s, amx-bf16 %s",
+             vendor, family, model, x86_has_avx2() ? "yes" : "no", x86_has_avx2vnni() ? "yes" : "no",
+             x86_has_avx512() ? "yes" : "no", x86_has_avx512vnni() ? "yes" : "no",
              x86_has_avx512bf16() ? "yes" : "no", x86_has_amx_bf16() ? "yes" : "no");
 }
 #endif

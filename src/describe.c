@@ -47,15 +47,19 @@ size_t fmha_plan_describe(const fmha_plan *plan, char *buf, size_t buf_size) {
         snprintf(shape, sizeof shape, "block_q=%zu block_kv=%zu mr=%zu", plan->uk->tile.nr,
                  plan->driver == &fmha_fwd_driver_dense ? (size_t)p->seq_kv : plan->uk->tile.block_kv,
                  bf16_pairs ? plan->uk->bf16.mr : plan->uk->tile.mr);
+    const int decode = plan->driver == &fmha_fwd_driver_decode;
     int n = snprintf(buf, buf_size,
                      "driver=%s isa=%s path=%s precision=%s k_format=%s v_format=%s %s threads=%d cpu=\"%s\" tuning=%s "
-                     "backward=%s",
+                     "backward=%s scores=%s values=%s",
                      plan->driver->name, plan->uk->isa,
                      plan->driver == &fmha_fwd_driver_matrix || plan->driver == &fmha_fwd_driver_matrix_decode
                          ? "matrix"
                          : plan->path->name,
                      precision_name(plan),
                      fmha_cache_format_at(plan->k_format)->name, fmha_cache_format_at(plan->v_format)->name, shape,
-                     fmha_pool_threads(), cpu, plan->uk->tuning->name, fmha_matrix_bwd_plan(plan) ? "matrix" : "tiled");
+                     fmha_pool_threads(), cpu, plan->uk->tuning->name, fmha_matrix_bwd_plan(plan) ? "matrix" : "tiled",
+                     !decode ? "float32" : plan->dec_scores == FMHA_DEC_SCORES_Q8 ? "integer"
+                                         : plan->dec_scores == FMHA_DEC_SCORES_BF16 ? "bf16" : "float32",
+                     decode && plan->dec_vint ? "integer" : "float32");
     return n < 0 ? 0 : (size_t)n;
 }

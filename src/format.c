@@ -43,18 +43,65 @@ static float dequant_q4_0(const void *x, int64_t idx) {
     return (float)((j < 16 ? byte & 15 : byte >> 4) - 8) * block_scale(blk);
 }
 
+/* fast_integer, fast_bf16: the formats FAST reads in integer or bf16 dot
+ * products (the errors behind them: fmha.h) */
 static const fmha_cache_format formats[FMHA_FORMAT_COUNT] = {
-    [FMHA_FORMAT_F32] = {FMHA_FORMAT_F32, "f32", 4, 1, 1, FMHA_SCALES_NONE, dequant_f32, 0x7f800000u},
-    [FMHA_FORMAT_BF16] = {FMHA_FORMAT_BF16, "bf16", 2, 1, 1, FMHA_SCALES_NONE, dequant_bf16, 0x7f80u},
-    [FMHA_FORMAT_F16] = {FMHA_FORMAT_F16, "f16", 2, 1, 1, FMHA_SCALES_NONE, dequant_f16, 0x7c00u},
-    [FMHA_FORMAT_INT8] = {FMHA_FORMAT_INT8, "int8", 1, 1, 1, FMHA_SCALES_PER_KEY, dequant_int8, 0},
-    [FMHA_FORMAT_FP8_E4M3] = {FMHA_FORMAT_FP8_E4M3, "fp8_e4m3", 1, 1, 1, FMHA_SCALES_PER_HEAD, dequant_e4m3, 0x7fu},
-    [FMHA_FORMAT_FP8_E5M2] = {FMHA_FORMAT_FP8_E5M2, "fp8_e5m2", 1, 1, 1, FMHA_SCALES_PER_HEAD, dequant_e5m2, 0x7cu},
-    [FMHA_FORMAT_Q8_0] = {FMHA_FORMAT_Q8_0, "q8_0", 1, 32, 34, FMHA_SCALES_IN_BLOCK, dequant_q8_0, 0},
-    [FMHA_FORMAT_Q4_0] = {FMHA_FORMAT_Q4_0, "q4_0", 1, 32, 18, FMHA_SCALES_IN_BLOCK, dequant_q4_0, 0},
+    [FMHA_FORMAT_F32] = {FMHA_FORMAT_F32, "f32", 4, 1, 1, FMHA_SCALES_NONE, dequant_f32, 0x7f800000u, 0, 0},
+    [FMHA_FORMAT_BF16] = {FMHA_FORMAT_BF16, "bf16", 2, 1, 1, FMHA_SCALES_NONE, dequant_bf16, 0x7f80u, 0, 0},
+    [FMHA_FORMAT_F16] = {FMHA_FORMAT_F16, "f16", 2, 1, 1, FMHA_SCALES_NONE, dequant_f16, 0x7c00u, 0, 0},
+    [FMHA_FORMAT_INT8] = {FMHA_FORMAT_INT8, "int8", 1, 1, 1, FMHA_SCALES_PER_KEY, dequant_int8, 0, 1, 0},
+    [FMHA_FORMAT_FP8_E4M3] = {FMHA_FORMAT_FP8_E4M3, "fp8_e4m3", 1, 1, 1, FMHA_SCALES_PER_HEAD, dequant_e4m3, 0x7fu, 0, 1},
+    [FMHA_FORMAT_FP8_E5M2] = {FMHA_FORMAT_FP8_E5M2, "fp8_e5m2", 1, 1, 1, FMHA_SCALES_PER_HEAD, dequant_e5m2, 0x7cu, 0, 1},
+    [FMHA_FORMAT_Q8_0] = {FMHA_FORMAT_Q8_0, "q8_0", 1, 32, 34, FMHA_SCALES_IN_BLOCK, dequant_q8_0, 0, 1, 0},
+    [FMHA_FORMAT_Q4_0] = {FMHA_FORMAT_Q4_0, "q4_0", 1, 32, 18, FMHA_SCALES_IN_BLOCK, dequant_q4_0, 0, 1, 0},
 };
 
 const fmha_cache_format *fmha_cache_format_at(fmha_cache_format_id id) { return &formats[id]; }
+
+float fmha_q8_0_block(const float *x, int8_t *q) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) amax = amax > fabsf(x[j]) ? amax : fabsf(x[j]); /* ggml's MAX(amax, |x|) */
+    const float d = amax / 127;
+    const float id = d ? 1.0f / d : 0.0f;
+    for (int j = 0; j < 32; j++) q[j] = (int8_t)fmha_round_away(x[j] * id); /* |x id| <= 127 */
+    return d;
+}
+
+void fmha_q8_tiles_pack(size_t rows, size_t d, const fmha_q8_rows *q, void *out) {
+    const size_t chunks = (d + 63) / 64, nb = d / 32, ldd = q->ld / 32;
+    for (size_t g = 0; g * 16 < rows; g++) {
+        int8_t *b = (int8_t *)out + g * fmha_q8_tiles_group_bytes(d);
+        memset(b, 0, chunks * 2048);
+        for (size_t c = 0; c < chunks; c++)
+            for (size_t n = 0; n < 16 && 16 * g + n < rows; n++)
+                for (size_t kk = 0; kk < 16; kk++) {
+                    const size_t e = 64 * c + 4 * kk; /* values e..e+3 of row 16g + n, in block e / 32 */
+                    if (e >= d) continue;
+                    memcpy(b + ((2 * c + kk / 8) * 16 + kk) * 64 + 4 * n, q->q + (16 * g + n) * q->ld + e, 4);
+                }
+        float *qd = (float *)(b + chunks * 2048);
+        int32_t *sum = (int32_t *)(qd + nb * 16);
+        for (size_t blk = 0; blk < nb; blk++)
+            for (size_t n = 0; n < 16; n++) {
+                const int real = 16 * g + n < rows;
+                qd[blk * 16 + n] = real ? q->d[(16 * g + n) * ldd + blk] : 0.0f;
+                sum[blk * 16 + n] = real ? q->sum[(16 * g + n) * ldd + blk] : 0;
+            }
+    }
+}
+
+int fmha_q8_quantize_row(const float *x, int64_t d, int8_t *q, float *qd, int32_t *sum) {
+    float finite = 0.0f; /* x * 0: 0 for finite x, NaN otherwise */
+    for (int64_t e = 0; e < d; e++) finite += x[e] * 0.0f;
+    if (finite != 0.0f) return 0;
+    for (int64_t b = 0; b < d / 32; b++) {
+        qd[b] = fmha_q8_0_block(x + 32 * b, q + 32 * b);
+        int32_t s = 0;
+        for (int j = 0; j < 32; j++) s += q[32 * b + j];
+        sum[b] = s;
+    }
+    return 1;
+}
 
 fmha_cache_format_id fmha_cache_format_of_dtype(fmha_dtype t) {
     switch (t) {

@@ -35,6 +35,16 @@ typedef struct fmha_cache_format {
     /* the bits that are all ones in a NaN or inf element (0: the format
      * holds none, or only in a block's scale) */
     uint32_t nonfinite_bits;
+    /* 1: under precision FAST its rows may take integer dot products:
+     * keys against the query quantized as q8_0 (uk->cache[id].scores_q8),
+     * whose error is no more than llama.cpp's own arithmetic makes on a
+     * q8_0 cache, and values against P quantized to 16 bits (values_int),
+     * which adds next to none (the table in fmha.h, fmha_precision) */
+    int fast_integer;
+    /* 1: under precision FAST its keys may meet the query rounded to bf16
+     * in bf16 dot products (scores_bf16): every float8 value is a bf16
+     * value, and a bf16 query errs less than a q8_0 one (fmha.h) */
+    int fast_bf16;
 } fmha_cache_format;
 
 /* The descriptor of a format id (id < FMHA_FORMAT_COUNT). */
@@ -73,6 +83,32 @@ void fmha_kv_scales_of(const fmha_problem *p, int which, int64_t b, int64_t hk, 
  * kv head) is finite and >= 0: FMHA_ERR_BAD_SCALE naming the first that is
  * not. */
 fmha_status fmha_kv_scales_check(const fmha_problem *p);
+
+/* roundf(y) as an integer, |y| < 2^30, in steps that vectorise: the
+ * truncation, then one away from zero when the (exact) fraction is at
+ * least a half. */
+static inline int32_t fmha_round_away(float y) {
+    const int32_t t = (int32_t)y;
+    const float frac = y - (float)t;
+    return t + (frac >= 0.5f) - (frac <= -0.5f);
+}
+
+/* One block of 32 values as ggml's quantize_row_q8_0_ref quantizes it:
+ * d = max |x| / 127, q[j] = round(x[j] / d) (x times 1 / d, rounded half
+ * away from zero; all 0 when d is 0). Returns d, in float32 (a q8_0 block
+ * stores it rounded to a half). x finite. */
+float fmha_q8_0_block(const float *x, int8_t *q);
+
+/* A query row x [d] (d a multiple of 32) quantized for the integer scores
+ * (fmha_q8_rows, uk/ukernel.h): q [d], and per block of 32 its scale
+ * qd [d / 32] and the sum of its q, sum [d / 32]. Returns 0, with nothing
+ * meaningful written, when x holds a NaN or an infinity (the float32
+ * query's kernels then serve, so that it propagates as IEEE says). */
+int fmha_q8_quantize_row(const float *x, int64_t d, int8_t *q, float *qd, int32_t *sum);
+
+/* The tiles of rows [0, rows) of q (fmha_q8_rows.tiles' layout, ukernel.h)
+ * into out: fmha_q8_tiles_group_bytes(d) bytes for each group of 16 rows. */
+void fmha_q8_tiles_pack(size_t rows, size_t d, const fmha_q8_rows *q, void *out);
 
 /* OCP float8 bits to float32, exactly (the specifications). */
 float fmha_fp8_e4m3_to_f32(uint8_t b);

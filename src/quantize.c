@@ -20,35 +20,37 @@ size_t fmha_kv_format_row_bytes(fmha_kv_format format, int64_t dim) {
 
 /* OCP float8 with m mantissa bits, exponent bias `bias`, largest finite
  * `top` (its bits `top_bits`), NaN bits `nan_bits`: y rounded to nearest
- * even on the format's grid, saturated to +-top. */
+ * even on the format's grid, saturated to +-top. On the float's bits (no
+ * libm call: a cache of a billion values quantizes in seconds); equal to
+ * rint(|y| / quantum) * quantum on every float. */
 static uint8_t f32_to_fp8(float y, int m, int bias, float top, uint8_t top_bits, uint8_t nan_bits) {
-    const uint8_t sign = signbit(y) ? 0x80 : 0;
-    if (isnan(y)) return sign | nan_bits;
-    float a = fabsf(y);
-    const int emin = 1 - bias; /* exponent of the smallest normal */
+    uint32_t u;
+    memcpy(&u, &y, sizeof u);
+    const uint8_t sign = (uint8_t)(u >> 24 & 0x80u);
+    u &= 0x7fffffffu; /* |y| */
+    if (u > 0x7f800000u) return sign | nan_bits;
+    float a;
+    memcpy(&a, &u, sizeof a);
     if (a >= top) return sign | top_bits;
-    int e;
-    frexpf(a, &e); /* a = f 2^e, f in [0.5, 1): the exponent of a is e - 1 */
-    const int ex = a == 0.0f || e - 1 < emin ? emin : e - 1;
-    const float quantum = ldexpf(1.0f, ex - m);
-    const float r = rintf(a / quantum) * quantum; /* exact division: quantum is a power of 2 */
-    if (r > top) return sign | top_bits;
-    if (r < ldexpf(1.0f, emin)) return sign | (uint8_t)(r / ldexpf(1.0f, emin - m)); /* subnormal or zero */
-    frexpf(r, &e);
-    const int mant = (int)(r / ldexpf(1.0f, e - 1 - m)) - (1 << m);
-    return sign | (uint8_t)((e - 1 + bias) << m | mant);
+    const int emin = 1 - bias; /* exponent of the smallest normal */
+    if (u < (uint32_t)(127 + emin) << 23) {
+        /* subnormal or zero: a multiple of 2^(emin - m), to nearest even
+         * (the scaling is exact; adding 2^23 rounds to an integer) */
+        const float t = a * (float)(1u << (m - emin)), magic = 8388608.0f;
+        return sign | (uint8_t)(int)((t + magic) - magic);
+    }
+    /* the mantissa rounded to m bits, to nearest even (a carry moves the exponent) */
+    const int shift = 23 - m;
+    u += (1u << (shift - 1)) - 1u + (u >> shift & 1u);
+    const uint32_t e = (u >> 23) - 127u + (uint32_t)bias, mant = u >> shift & ((1u << m) - 1u);
+    return sign | (uint8_t)(e << m | mant);
 }
 
 /* ggml's quantize_row_q8_0_ref on one block of 32 */
 static void block_q8_0(const float *x, uint8_t *blk) {
-    float amax = 0.0f;
-    for (int j = 0; j < 32; j++) amax = amax > fabsf(x[j]) ? amax : fabsf(x[j]); /* MAX(amax, |x|) */
-    const float d = amax / 127;
-    const float id = d ? 1.0f / d : 0.0f;
-    const uint16_t dh = fmha_f32_to_f16(d);
+    const uint16_t dh = fmha_f32_to_f16(fmha_q8_0_block(x, (int8_t *)(blk + 2)));
     blk[0] = (uint8_t)(dh & 0xff);
     blk[1] = (uint8_t)(dh >> 8);
-    for (int j = 0; j < 32; j++) blk[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
 }
 
 /* ggml's quantize_row_q4_0_ref on one block of 32 */
@@ -86,7 +88,7 @@ static void quantize_row(fmha_cache_format_id id, const float *row, int64_t dim,
         float amax = 0.0f;
         for (int64_t e = 0; e < dim; e++) amax = amax > fabsf(row[e]) ? amax : fabsf(row[e]);
         const float d = amax / 127, id8 = d ? 1.0f / d : 0.0f;
-        for (int64_t e = 0; e < dim; e++) ((int8_t *)out)[e] = (int8_t)roundf(row[e] * id8);
+        for (int64_t e = 0; e < dim; e++) ((int8_t *)out)[e] = (int8_t)fmha_round_away(row[e] * id8); /* |.| <= 127 */
         *scale = d;
         return;
     }

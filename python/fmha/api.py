@@ -840,13 +840,18 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
                         arguments to attention_backward give the gradients
                         of that same draw
       strategy          'auto', 'tiled', 'dense' or 'portable'
-      precision         bf16: 'fast' (default: P rounded to bf16 in P V,
-                        as accurate as PyTorch's fused CPU kernel) or
-                        'accurate' (P as bf16 plus its residual); float32 on
-                        a CPU with AMX: 'bf16x3' (Q, K, V, P split into bf16
-                        hi + lo, three tile products, about 2^-16) or 'bf16'
-                        (rounded to bf16), elsewhere float32 FMA; None:
-                        'fast'. See fmha_precision in fmha.h
+      precision         'fast' (default; None is 'fast') or 'accurate', and for
+                        float32 on a CPU with AMX 'bf16x3' or 'bf16'; see
+                        fmha_precision in fmha.h. bf16: 'fast' rounds P to
+                        bf16 in P V (as accurate as PyTorch's fused CPU
+                        kernel), 'accurate' adds its residual. float32 with
+                        AMX: 'bf16x3' splits Q, K, V, P into bf16 hi + lo
+                        (three tile products, about 2^-16), 'bf16' rounds
+                        them; elsewhere float32 FMA. int8, q8_0 and q4_0
+                        key caches (decoding): 'fast' quantizes the query as
+                        q8_0 for integer dot products (llama.cpp's
+                        arithmetic, and its error), 'accurate' keeps it in
+                        float32
       key, value        bfloat16 or float16 beside float32 query: a KV cache
                         dtype of its own (widened as read; out is float32)
       block_table       int32 [B, max_pages]: key and value are page pools

@@ -139,6 +139,14 @@ int fmha_decode_plan(fmha_plan *plan) {
                               fmha_format_row_units(vf, p->head_dim_v) * (int64_t)vf->unit_bytes);
     const int64_t tuned = uk->tuning ? uk->tuning->decode_prefetch_bytes : 0;
     plan->dec_prefetch = kv_bytes > (tuned ? tuned : DEC_PREFETCH_BYTES);
+    /* integer dot products: precision FAST, a format that allows them
+     * (format.h) and a kernel for it; scores in whole blocks of 32 */
+    const int fast = p->precision == FMHA_PRECISION_FAST, blocks = p->head_dim % 32 == 0;
+    const fmha_uk_cache *kc = &uk->cache[plan->k_format];
+    plan->dec_scores = fast && blocks && kf->fast_integer && kc->scores_q8 ? FMHA_DEC_SCORES_Q8
+                       : fast && blocks && kf->fast_bf16 && kc->scores_bf16 ? FMHA_DEC_SCORES_BF16
+                                                                             : FMHA_DEC_SCORES_F32;
+    plan->dec_vint = fast && vf->fast_integer && uk->cache[plan->v_format].values_int != NULL;
     return 1;
 }
 
@@ -153,9 +161,19 @@ typedef struct dec_scratch {
 } dec_scratch;
 
 /* Partials in the shared area, per (unit, chunk):
- *   po [units][splits][heads x rows][Dv], pm and pl [units][splits][heads x rows] */
+ *   po [units][splits][heads x rows][Dv], pm and pl [units][splits][heads x rows];
+ * with integer scores each unit's query rows quantized once a call
+ * (fmha_q8_rows): qi [units][heads x rows][D], qd and qsum [units][heads x
+ * rows][D / 32]; with bf16 scores rounded, qb [units][heads x rows][D / 2]
+ * bf16 pairs; q_ok [units]: 0 when a row holds a NaN or inf (the float32
+ * kernels serve); where K's kernel reads them, the integer query's tiles
+ * qt [units][heads][groups of 16 rows][fmha_q8_tiles_group_bytes(D)] */
 typedef struct dec_partials {
-    float *po, *pm, *pl;
+    float *po, *pm, *pl, *qd;
+    int8_t *qi;
+    int32_t *qsum, *q_ok;
+    uint32_t *qb;
+    uint8_t *qt;
 } dec_partials;
 
 static void dec_carve(const fmha_plan *plan, fmha_carver *c, dec_scratch *s) {
@@ -176,12 +194,33 @@ static void dec_carve(const fmha_plan *plan, fmha_carver *c, dec_scratch *s) {
     s->acc = fmha_carve(c, Dv * sizeof(float));
 }
 
+/* 1 when the integer scores' kernel reads the query's tiles. */
+static int dec_q8_tiles(const fmha_plan *plan) {
+    return plan->dec_scores == FMHA_DEC_SCORES_Q8 && plan->uk->cache[plan->k_format].q8_tiles;
+}
+
+/* Bytes of a unit's query tiles (every head's rows in groups of 16). */
+static size_t dec_tiles_bytes(const fmha_plan *plan) {
+    const size_t groups = (size_t)(plan->dec_rows + 15) / 16;
+    return (size_t)plan->dec_heads * groups * fmha_q8_tiles_group_bytes((size_t)plan->p.head_dim);
+}
+
 static void dec_carve_shared(const fmha_plan *plan, fmha_carver *c, dec_partials *pt) {
     size_t n = (size_t)(plan->p.batch * plan->p.heads_kv * plan->dec_units * plan->dec_splits) *
                (size_t)plan->dec_rows; /* units x heads = B x Hkv x dec_units */
     pt->po = fmha_carve(c, n * (size_t)plan->p.head_dim_v * sizeof(float));
     pt->pm = fmha_carve(c, n * sizeof(float));
     pt->pl = fmha_carve(c, n * sizeof(float));
+    const size_t units = plan->dec_scores ? (size_t)(plan->p.batch * plan->p.heads_kv / plan->dec_heads * plan->dec_units)
+                                          : 0;
+    const size_t q_rows = units * (size_t)(plan->dec_heads * plan->dec_rows), D = (size_t)plan->p.head_dim;
+    const size_t q8 = plan->dec_scores == FMHA_DEC_SCORES_Q8 ? q_rows : 0;
+    pt->qi = fmha_carve(c, q8 * D);
+    pt->qd = fmha_carve(c, q8 * (D / 32) * sizeof(float));
+    pt->qsum = fmha_carve(c, q8 * (D / 32) * sizeof(int32_t));
+    pt->qb = fmha_carve(c, (plan->dec_scores == FMHA_DEC_SCORES_BF16 ? q_rows : 0) * (D / 2) * sizeof(uint32_t));
+    pt->qt = fmha_carve(c, dec_q8_tiles(plan) ? dec_tiles_bytes(plan) * units : 0);
+    pt->q_ok = fmha_carve(c, units * sizeof(int32_t));
 }
 
 fmha_ws_size fmha_decode_workspace(const fmha_plan *plan) {
@@ -227,28 +266,42 @@ static void dec_row_range(const fmha_plan *plan, int64_t b, int64_t i, int64_t *
 /* The rows of keys [k0, k0 + nj) of K or V (x in format fmt, strides st in
  * its storage units, rows of len values), heads [hk0, hk0 + heads), as the kernels read
  * them: rows[hh] for head hk0 + hh, rows ld elements apart (returned).
- * Rows inside one page of a format with scores/values kernels are read in
- * place (*in_place = 1: the caller runs the format's kernels). The rest is
+ * Rows inside one page of a format with scores/values kernels, or read by
+ * a kernel of the format's bytes (`raw`: the integer scores), are read in
+ * place (*in_place = 1: the caller runs the format's kernels); raw rows
+ * that cross pages are gathered as they are stored into buf [nj][heads]
+ * [row bytes], so the kernel reads the same bytes. The rest is
  * loaded into buf [nj][heads][len] float32 (the format's load kernel,
  * gathered across pages) in address order: the whole sub-block in one run
  * when it is one in memory (the unit's heads and the keys adjacent, one
  * page), else key by key, or row by row; the caller then runs the float32
  * format's kernels. */
 static size_t dec_rows(const dec_ctx *c, fmha_cache_format_id fmt, const int64_t *st, const void *x, int64_t len,
-                       int64_t b, int64_t hk0, int64_t heads, int64_t k0, int64_t nj, float *buf, const void **rows,
-                       int *in_place) {
+                       int64_t b, int64_t hk0, int64_t heads, int64_t k0, int64_t nj, int raw, float *buf,
+                       const void **rows, int *in_place) {
     const fmha_plan *plan = c->plan;
     const fmha_problem *p = &plan->p;
     const fmha_cache_format *f = fmha_cache_format_at(fmt);
     const fmha_uk_cache *kern = &plan->uk->cache[fmt];
     const int one_page = dec_one_page(p, k0, nj);
-    *in_place = one_page && kern->scores;
+    const int64_t w = heads * len, units = fmha_format_row_units(f, len); /* one staged key; a row stored */
+    *in_place = one_page && (raw || kern->scores);
     if (*in_place) {
         for (int64_t hh = 0; hh < heads; hh++)
             rows[hh] = (const char *)x + (size_t)dec_key_at(p, st, b, hk0 + hh, k0) * f->unit_bytes;
         return (size_t)st[1];
     }
-    const int64_t w = heads * len, units = fmha_format_row_units(f, len); /* one staged key; a row stored */
+    if (raw) { /* the stored bytes, key by key across the pages */
+        const size_t bytes = (size_t)units * f->unit_bytes;
+        char *to = (char *)buf;
+        *in_place = 1;
+        for (int64_t j = 0; j < nj; j++)
+            for (int64_t hh = 0; hh < heads; hh++)
+                memcpy(to + (size_t)(j * heads + hh) * bytes,
+                       (const char *)x + (size_t)dec_key_at(p, st, b, hk0 + hh, k0 + j) * f->unit_bytes, bytes);
+        for (int64_t hh = 0; hh < heads; hh++) rows[hh] = to + (size_t)hh * bytes;
+        return (size_t)(heads * units);
+    }
     const int heads_adjacent = heads == 1 || st[2] == units;
     if (heads_adjacent && st[1] == heads * units && one_page)
         dec_stage_row(f, kern, nj * w, x, dec_key_at(p, st, b, hk0, k0), buf);
@@ -304,6 +357,62 @@ static void dec_prefetch_head(const dec_ctx *c, fmha_cache_format_id fmt, const 
     }
 }
 
+/* The query rows of a unit (batch b, kv heads from hk0, rows [rho0, rho0 + n)
+ * of each), widened: qf [heads][rows][D]. */
+static void dec_load_query(const dec_ctx *c, int64_t b, int64_t hk0, int64_t rho0, int64_t n, float *qf) {
+    const fmha_plan *plan = c->plan;
+    const fmha_problem *p = &plan->p;
+    const int64_t *qs = p->q_strides, D = p->head_dim;
+    for (int64_t hh = 0; hh < plan->dec_heads; hh++)
+        for (int64_t r = 0; r < n; r++) {
+            int64_t i = (rho0 + r) / plan->group, h = (hk0 + hh) * plan->group + (rho0 + r) % plan->group;
+            int64_t first = b * qs[0] + i * qs[1] + h * qs[2];
+            fmha_load_row_uk(plan->uk, c->q, p->dtype, first, qs[3], D, qf + (hh * plan->dec_rows + r) * D);
+        }
+}
+
+/* Unit u's query rows quantized for the integer scores (the shared qi,
+ * qd, qsum) or rounded to bf16 pairs (qb), once a call for every chunk;
+ * q_ok[u] 0 when a row is not finite. */
+static void dec_quantize_task(void *vctx, size_t unit, int thread) {
+    const dec_ctx *c = vctx;
+    const fmha_plan *plan = c->plan;
+    const int64_t D = plan->p.head_dim, rows = plan->dec_rows;
+    int64_t b, hk0, rho0, n;
+    dec_unit(plan, (int64_t)unit, &b, &hk0, &rho0, &n);
+    dec_scratch s;
+    fmha_carver carver = {c->ws + (size_t)thread * plan->thread_bytes, 0};
+    dec_carve(plan, &carver, &s);
+    dec_load_query(c, b, hk0, rho0, n, s.qf);
+    int ok = 1;
+    const size_t first = unit * (size_t)(plan->dec_heads * rows);
+    for (int64_t hh = 0; hh < plan->dec_heads; hh++)
+        for (int64_t r = 0; r < n; r++) {
+            const size_t x = first + (size_t)(hh * rows + r);
+            const float *row = s.qf + (hh * rows + r) * D;
+            if (plan->dec_scores == FMHA_DEC_SCORES_Q8) {
+                ok &= fmha_q8_quantize_row(row, D, c->pt.qi + x * (size_t)D, c->pt.qd + x * (size_t)(D / 32),
+                                           c->pt.qsum + x * (size_t)(D / 32));
+                continue;
+            }
+            uint32_t *pairs = c->pt.qb + x * (size_t)(D / 2);
+            float finite = 0.0f; /* x * 0: 0 for finite x, NaN otherwise */
+            for (int64_t e = 0; e < D; e += 2) {
+                finite += row[e] * 0.0f + row[e + 1] * 0.0f;
+                pairs[e / 2] = (uint32_t)fmha_f32_to_bf16(row[e]) | (uint32_t)fmha_f32_to_bf16(row[e + 1]) << 16;
+            }
+            ok &= finite == 0.0f;
+        }
+    if (ok && dec_q8_tiles(plan)) /* the tiles the kernel reads, head by head */
+        for (int64_t hh = 0; hh < plan->dec_heads; hh++) {
+            const size_t x = first + (size_t)(hh * rows), tb = dec_tiles_bytes(plan) / (size_t)plan->dec_heads;
+            const fmha_q8_rows qq = {c->pt.qi + x * (size_t)D, c->pt.qd + x * (size_t)(D / 32),
+                                     c->pt.qsum + x * (size_t)(D / 32), (size_t)D, NULL};
+            fmha_q8_tiles_pack((size_t)n, (size_t)D, &qq, c->pt.qt + unit * dec_tiles_bytes(plan) + (size_t)hh * tb);
+        }
+    c->pt.q_ok[unit] = ok;
+}
+
 static void dec_split_task(void *vctx, size_t task, int thread) {
     const dec_ctx *c = vctx;
     const fmha_plan *plan = c->plan;
@@ -344,14 +453,11 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
     if (kb >= ke) return;
     kb = kb / DEC_TILE * DEC_TILE; /* tiles on the chunk's grid */
 
-    /* query rows, widened: qf [heads][rows][D] */
-    const int64_t *qs = p->q_strides;
-    for (int64_t hh = 0; hh < heads; hh++)
-        for (int64_t r = 0; r < n; r++) {
-            int64_t i = (rho0 + r) / group, h = (hk0 + hh) * group + (rho0 + r) % group;
-            int64_t first = b * qs[0] + i * qs[1] + h * qs[2];
-            fmha_load_row_uk(uk, c->q, p->dtype, first, qs[3], D, s.qf + (hh * rows + r) * D);
-        }
+    /* query rows: widened, qf [heads][rows][D], or quantized once a call
+     * (dec_quantize_task) for the integer scores */
+    const int qscores = plan->dec_scores && c->pt.q_ok[unit] ? plan->dec_scores : FMHA_DEC_SCORES_F32;
+    const size_t q_at = (size_t)(unit * heads * rows); /* this unit's first quantized row */
+    if (!qscores) dec_load_query(c, b, hk0, rho0, n, s.qf);
 
     const int64_t *ks = p->k_strides, *vs = p->v_strides;
     long long computed = 0;
@@ -369,7 +475,8 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
          * so that a cache interleaving the heads is read in address order */
         for (int64_t j0 = 0; j0 < nk; j0 += DEC_SUB) {
             const int64_t nj = nk - j0 < DEC_SUB ? nk - j0 : DEC_SUB;
-            size_t ld = dec_rows(c, plan->k_format, ks, c->k, D, b, hk0, heads, k0 + j0, nj, s.kf, rows_of, &in_place);
+            size_t ld = dec_rows(c, plan->k_format, ks, c->k, D, b, hk0, heads, k0 + j0, nj, qscores != 0, s.kf,
+                                 rows_of, &in_place);
             const fmha_cache_scores_ukernel_fn scores = in_place ? k_kern->scores : staged->scores;
             for (int64_t hh = 0; hh < heads; hh++) {
                 /* this head's next sub-block of K (the first of V at the tile's end) */
@@ -379,7 +486,22 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
                 }
                 const float *qh = s.qf + hh * rows * D;
                 float *sh = s.s + hh * rows * DEC_TILE + j0;
-                scores((size_t)n, (size_t)nj, (size_t)D, qh, (size_t)D, rows_of[hh], ld, sh, DEC_TILE, plan->scale);
+                const size_t x = q_at + (size_t)(hh * rows); /* its first quantized row */
+                if (qscores == FMHA_DEC_SCORES_Q8) {
+                    const size_t tb = dec_tiles_bytes(plan) / (size_t)heads; /* a head's tiles */
+                    const fmha_q8_rows qq = {c->pt.qi + x * (size_t)D, c->pt.qd + x * (size_t)(D / 32),
+                                             c->pt.qsum + x * (size_t)(D / 32), (size_t)D,
+                                             dec_q8_tiles(plan) ? c->pt.qt + (size_t)unit * dec_tiles_bytes(plan) + (size_t)hh * tb
+                                                                : NULL};
+                    k_kern->scores_q8((size_t)n, (size_t)nj, (size_t)D, &qq, rows_of[hh], ld, sh, DEC_TILE,
+                                      plan->scale);
+                } else if (qscores == FMHA_DEC_SCORES_BF16) {
+                    k_kern->scores_bf16((size_t)n, (size_t)nj, (size_t)D, c->pt.qb + x * (size_t)(D / 2),
+                                        (size_t)(D / 2), rows_of[hh], ld, sh, DEC_TILE, plan->scale);
+                } else {
+                    scores((size_t)n, (size_t)nj, (size_t)D, qh, (size_t)D, rows_of[hh], ld, sh, DEC_TILE,
+                           plan->scale);
+                }
                 if (k_scaled) dec_scale_columns(p, 0, b, hk0 + hh, k0 + j0, nj, n, sh);
             }
         }
@@ -400,8 +522,11 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
         /* values in the same order; the first sub-block rescales O by alpha */
         for (int64_t j0 = 0; j0 < nk; j0 += DEC_SUB) {
             const int64_t nj = nk - j0 < DEC_SUB ? nk - j0 : DEC_SUB;
-            size_t ld = dec_rows(c, plan->v_format, vs, c->v, Dv, b, hk0, heads, k0 + j0, nj, s.vf, rows_of, &in_place);
-            const fmha_cache_values_ukernel_fn values = in_place ? v_kern->values : staged->values;
+            size_t ld = dec_rows(c, plan->v_format, vs, c->v, Dv, b, hk0, heads, k0 + j0, nj, plan->dec_vint, s.vf,
+                                 rows_of, &in_place);
+            const fmha_cache_values_ukernel_fn values = plan->dec_vint ? v_kern->values_int
+                                                        : in_place     ? v_kern->values
+                                                                       : staged->values;
             for (int64_t hh = 0; hh < heads; hh++) {
                 /* this head's next sub-block of V (the next tile's first of K at the end) */
                 if (plan->dec_prefetch) {
@@ -531,6 +656,7 @@ void fmha_decode_run(fmha_plan *run, const void *q, const void *k, const void *v
     dec_ctx c = {run, q, k, v, o, lse, ws, {0}};
     dec_carve_shared(run, &sh, &c.pt);
     size_t units = (size_t)(run->p.batch * run->p.heads_kv / run->dec_heads * run->dec_units);
+    if (run->dec_scores) fmha_run_parallel(run, units, dec_quantize_task, &c);
     fmha_run_parallel(run, units * (size_t)run->dec_splits, dec_split_task, &c);
     fmha_run_parallel(run, units, dec_merge_task, &c);
 }

@@ -202,6 +202,79 @@ typedef void (*fmha_cache_values_ukernel_fn)(size_t rows, size_t nk, size_t dv, 
                                              size_t ldp, const void *v, size_t ldv, float *o,
                                              size_t ldo, const float *alpha);
 
+/* ---- integer scores on a quantized query ----
+ * Under precision FAST the decode driver quantizes each query row once a
+ * step as GGUF q8_0 quantizes (llama.cpp's dot-product type for q8_0 and
+ * q4_0 keys): blocks of 32 values, each with its scale d = max |x| / 127
+ * kept in float32 (not rounded to a half as a q8_0 block stores it) and
+ * q = round(x / d), half away from zero (format.h: fmha_q8_quantize_row).
+ * The 8-bit and 4-bit formats' keys then meet it in integer dot products. */
+typedef struct fmha_q8_rows {
+    const int8_t *q;    /* [rows][ld]: row r's values from q + r * ld */
+    const float *d;     /* [rows][ld / 32]: the blocks' scales */
+    const int32_t *sum; /* [rows][ld / 32]: each block's sum of q (for offsets) */
+    size_t ld;          /* a multiple of 32 */
+    const void *tiles;  /* the same rows in the tile layout below, where the cache part asks for it, else NULL */
+} fmha_q8_rows;
+
+/* The query rows as AMX kernels read them (fmha_q8_rows.tiles; made by
+ * fmha_q8_tiles_pack, format.h, where fmha_uk_cache.q8_tiles is set):
+ * per group of 16 rows (the last padded with zero rows), for each chunk c
+ * of 64 values (d / 64 rounded up), two tiles B[h] [16][64] int8 (h = 0, 1:
+ * blocks 2c and 2c + 1), tdpbssd's B operand: bytes 4n..4n+3 of tile row kk
+ * hold values 64c + 4kk .. 64c + 4kk + 3 of row n when kk / 8 == h, else 0;
+ * then for each block b its rows' d [16] float32 and sum [16] int32 (0 for
+ * the padding rows). */
+static inline size_t fmha_q8_tiles_group_bytes(size_t d) {
+    return (d + 63) / 64 * 2048 + (d / 32) * 16 * (sizeof(float) + sizeof(int32_t));
+}
+
+/* s[r][j] = scale * acc(r, j), r < rows, j < nk, where over the blocks
+ * b < d / 32 in order, from acc = 0,
+ *   acc = fmaf((float)isum(r, j, b), q->d[r][b] * kd(j, b), acc)
+ *   isum(r, j, b) = sum over e of block b of q->q[r][e] * kq(j, e)
+ * (an exact int32 sum: every kernel gives these bits), kq(j, e) the
+ * integer of element e of the key row at k + j * ldk (bytes) and kd(j, b)
+ * its block's scale: int8 the element and 1 (the per-key scale is the
+ * driver's, as for the float kernels), q8_0 q and the block's half d,
+ * q4_0 nibble - 8 and d. d is a multiple of 32. */
+typedef void (*fmha_cache_scores_q8_ukernel_fn)(size_t rows, size_t nk, size_t d, const fmha_q8_rows *q,
+                                                const void *k, size_t ldk, float *s, size_t lds, float scale);
+
+/* Scores of float8 keys on the query rounded to bf16 (precision FAST;
+ * every float8 value is a bf16 value): q [rows][ldq] words, each a pair of
+ * bf16 (element 2p in the low half, 2p + 1 in the high), rounded to
+ * nearest even by the driver. With vdpbf16ps's arithmetic (each product
+ * exact in float32, added high half first, one rounding each) in 16
+ * lanes: lane i sums, over the steps t < d / 32 in order, the pairs of
+ * elements 32 t + 2 i and 32 t + 2 i + 1 from 0; the lanes' sum is taken
+ * as ((G0 + G1) + (G2 + G3)), Gg = (x[4g] + x[4g + 2]) + (x[4g + 1] +
+ * x[4g + 3]); then s[r][j] = sum * scale. d a multiple of 32. The
+ * specification holds for operands and sums that stay normal (as the bf16
+ * GEMM's, ../scalar/bf16.h). */
+typedef void (*fmha_cache_scores_bf16_ukernel_fn)(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
+                                                  const void *k, size_t ldk, float *s, size_t lds, float scale);
+
+/* P V in integers on P quantized to 16 bits (precision FAST, with the
+ * integer scores): for each row r and block b of 32 value columns (the
+ * last block of an int8 row may be shorter), over the call's keys j < nk:
+ *   w_j = p[r][j] * vd(j, b)               (float32; vd: V's block scale,
+ *                                          1 for int8: its per-key scale is
+ *                                          the driver's, already in P)
+ *   m = max_j |p[r][j]| * max_j |vd(j, b)| (at least every |w_j|), and
+ *   when m is finite: s = m / 32767,
+ *   inv = m >= 2^-100 ? 32767 / m : 0, P'_j = (int32)rintf(w_j * inv) (to
+ *   nearest even, |P'_j| <= 32767); when it is not: P'_j = 0, s = NaN
+ *   isum(c) = sum_j P'_j * vq(j, c)          (exact int32)
+ *   o[r][c] = fmaf(o[r][c], alpha[r], (float)isum(c) * s)
+ * vq, vd as scores_q8's kq, kd. P' keeps 15 bits of each block's largest
+ * weight: about float32's error on O at a fraction of its products. 1 <=
+ * nk <= 64; rows >= 1. A non-finite block scale makes its columns NaN (the
+ * driver then recomputes the row, fmha_cache_values_ukernel_fn's rule). */
+typedef void (*fmha_cache_values_int_ukernel_fn)(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                                 const void *v, size_t ldv, float *o, size_t ldo,
+                                                 const float *alpha);
+
 /* dst[i] = element i of the row at src as float32, i < n (a multiple of 32
  * for the block formats, src at a block): exact for the float formats (a
  * NaN stays a NaN, possibly quieted); the format's dequantisation
@@ -245,6 +318,7 @@ typedef enum fmha_cache_format_id {
     FMHA_FORMAT_Q4_0,     /* GGUF block_q4_0: blocks of 32, 18 bytes */
     FMHA_FORMAT_COUNT
 } fmha_cache_format_id;
+_Static_assert(FMHA_FORMAT_COUNT == 8, "FMHA_CACHE_PARTS lists every format");
 
 /* ---- a table's parts ----
  * An ISA's table is composed of parts, each defined once in its ISA's
@@ -306,11 +380,24 @@ typedef struct fmha_uk_decode {
 
 /* One cache format's kernels. load: fallback the scalar part's. scores and
  * values come together or not at all; fallback: none (rows are loaded into
- * float32 rows for the float32 format's kernels). */
+ * float32 rows for the float32 format's kernels). scores_q8: integer
+ * scores on the quantized query (precision FAST, where the format allows
+ * it: format.h), reading the format's bytes (in place, or gathered across
+ * pages) whether or not the table has scores and values; fallback: none
+ * (the float32 query's kernels serve). values_int: P V in integers beside
+ * the integer scores, reading V's bytes likewise; fallback: none (the
+ * format's values, or float32 rows). scores_bf16: float8 keys' scores on
+ * the query rounded to bf16 (precision FAST), read as scores_q8 reads;
+ * fallback: none. q8_tiles: the driver makes the query's tiles for
+ * scores_q8. */
 typedef struct fmha_uk_cache {
     fmha_cache_load_ukernel_fn load;
     fmha_cache_scores_ukernel_fn scores;
     fmha_cache_values_ukernel_fn values;
+    fmha_cache_scores_q8_ukernel_fn scores_q8;
+    fmha_cache_values_int_ukernel_fn values_int;
+    fmha_cache_scores_bf16_ukernel_fn scores_bf16;
+    int q8_tiles; /* 1: scores_q8 reads the query's tiles (fmha_q8_rows.tiles) */
 } fmha_uk_cache;
 
 /* Per-thread set-up and tear-down around a job's tasks, for kernels with
@@ -472,6 +559,12 @@ typedef struct fmha_uk_matrix {
     void (*decode)(fmha_matrix_dec_args *a);
 } fmha_uk_matrix;
 
+/* An ISA's cache parts from an array of fmha_uk_cache [FMHA_FORMAT_COUNT]. */
+#define FMHA_CACHE_PARTS(caches)                                                                                       \
+    {                                                                                                                  \
+        &(caches)[0], &(caches)[1], &(caches)[2], &(caches)[3], &(caches)[4], &(caches)[5], &(caches)[6], &(caches)[7] \
+    }
+
 /* An ISA as its parts. tile is required; NULL parts take the fallbacks. */
 typedef struct fmha_isa_parts {
     const char *isa;                      /* its name in the registry, e.g. "avx2" */
@@ -508,11 +601,14 @@ void fmha_ukernels_compose(const fmha_isa_parts *parts, fmha_ukernels *out);
  * only usable if the CPU supports it (the registry, src/cpu.h). */
 extern const fmha_isa_parts fmha_isa_scalar;     /* any CPU: src/uk/scalar */
 extern const fmha_isa_parts fmha_isa_avx2;       /* AVX2 + FMA: src/uk/avx2 */
+extern const fmha_isa_parts fmha_isa_avx2vnni;   /* avx2's parts, integer scores (AVX-VNNI): src/uk/avx2vnni */
 extern const fmha_isa_parts fmha_isa_avx512;     /* AVX-512 F/BW/VL/DQ: src/uk/avx512 */
+extern const fmha_isa_parts fmha_isa_avx512vnni; /* avx512's parts, integer scores (AVX512-VNNI): src/uk/avx512vnni */
 extern const fmha_isa_parts fmha_isa_avx512bf16; /* avx512's parts + a bf16 part: src/uk/avx512bf16 */
 extern const fmha_isa_parts fmha_isa_amx;        /* avx512bf16's parts, the pair GEMM on AMX tiles: src/uk/amx */
 extern const fmha_isa_parts fmha_isa_amx_emu;    /* amx's kernels on the software tile unit: src/uk/amx_emu */
 extern const fmha_isa_parts fmha_isa_neon;       /* aarch64 Advanced SIMD: src/uk/neon */
+extern const fmha_isa_parts fmha_isa_neondot;    /* neon's parts, integer scores on SDOT: src/uk/neondot */
 extern const fmha_isa_parts fmha_isa_neonbf16;   /* neon's parts + a BF16 part (BFMMLA, BFCVTN): src/uk/neonbf16 */
 extern const fmha_isa_parts fmha_isa_sve;        /* SVE float32 tiles (NR from the vector length) + neon's rest: src/uk/sve */
 

@@ -482,9 +482,9 @@ int main(void) {
         return tu_finish();
     printf("ISAs:");
     for (int i = 0; i < n_isa; i++)
-        if ((isa_ok[i] = fmha_isa_supported(fmha_isa_at((size_t)i)))) printf(" %s", isa_name(i));
+        if ((isa_ok[i] = tu_isa_runs(fmha_isa_at((size_t)i)))) printf(" %s", isa_name(i));
     for (int i = 0; i < n_isa; i++)
-        if (!isa_ok[i]) printf(" [%s: not supported here, skipped]", isa_name(i));
+        if (!isa_ok[i]) printf(" [%s: not run here, skipped]", isa_name(i));
     isa_default = fmha_cpu_kernels()->isa;
     printf(" (default %s), threads %d\n", isa_default, fmha_get_num_threads());
     errors();

@@ -256,7 +256,7 @@ static void run_case(const dec_case *dc) {
     double *lse_d = malloc(nl * sizeof(double));
     const char *isa_default = fmha_isa_name();
     for (size_t ii = 0; ii < fmha_isa_count(); ii++) {
-        if (!fmha_isa_supported(fmha_isa_at(ii)) || fmha_cpu_force_isa(fmha_isa_at(ii)->name) != 0) continue;
+        if (!tu_isa_runs(fmha_isa_at(ii)) || fmha_cpu_force_isa(fmha_isa_at(ii)->name) != 0) continue;
         const fmha_ukernels *uk = fmha_cpu_kernels();
         int want = uk->cache[FMHA_FORMAT_F32].scores != NULL && dc->sq <= 16 && dc->skv >= 8 * dc->sq;
         if (matrix_decode_expected(&p))
@@ -380,7 +380,7 @@ static void mla_case(int64_t B, int64_t hq, int64_t sq, int64_t skv, fmha_dtype 
     const double tol = dtype == FMHA_DTYPE_F32 ? 2e-5 : 8e-3;
     const char *isa_default = fmha_isa_name();
     for (size_t ii = 0; ii < fmha_isa_count(); ii++) {
-        if (!fmha_isa_supported(fmha_isa_at(ii)) || fmha_cpu_force_isa(fmha_isa_at(ii)->name) != 0) continue;
+        if (!tu_isa_runs(fmha_isa_at(ii)) || fmha_cpu_force_isa(fmha_isa_at(ii)->name) != 0) continue;
         /* bf16 with a matrix decode: decoding on the tiles; otherwise one
          * query of 64+ heads in 2+ query blocks of the folded problem (32
          * rows on the matrix driver, bf16 on a table with a matrix part, else

@@ -6,12 +6,18 @@
  * drawn with their extremes: windows of 0, 1, INT64_MAX - 1 and INT64_MAX
  * on either side, key lengths of 0 and full, bottom-right offsets of either
  * sign (Sq above and below Skv), alignment without causal, query lengths,
- * K and V in bf16 or f16 beside float32 Q, and decode shapes (Sq 1..16,
+ * K and V in bf16 or f16 beside float32 Q, or quantized (int8, q8_0, q4_0,
+ * fp8 e4m3 and e5m2, D 32 or 64) under either precision, and decode shapes (Sq 1..16,
  * Skv >= 8 Sq) often enough to reach the decode driver.
  *
  * Tolerances: O within 2e-5 + 2e-5 |ref| (float32 products and sums over at
  * most a few hundred keys); lse within 1e-5 + 1e-5 |ref|, and -inf exactly
- * where the reference has no key. Paged and contiguous caches give the same
+ * where the reference has no key. A run whose scores take a quantized
+ * query (precision FAST: q8_0 for int8, q8_0 or q4_0 keys, bf16 for float8
+ * ones) is held instead to twice the largest error llama.cpp's arithmetic
+ * makes on the same output (the reference on the query as ggml's q8_0
+ * blocks) on top of those. The reference reads
+ * the values the caches hold. Paged and contiguous caches give the same
  * bits (the decode driver reads them in the same order). */
 #include <math.h>
 #include <stdio.h>
@@ -22,6 +28,7 @@
 #include "convert.h"
 #include "cpu.h"
 #include "fmha_ref_masks.h"
+#include "format.h"
 #include "test_util.h"
 
 static const int64_t windows[] = {-1, 0, 1, 2, 7, INT64_MAX - 1, INT64_MAX};
@@ -32,12 +39,48 @@ static int64_t draw_window(void) { return windows[tu_int(0, (int64_t)(sizeof win
 typedef struct diff_case {
     fmha_problem p;
     fmha_dtype kv_t;           /* K and V storage */
+    fmha_kv_format kv_f;       /* or a quantized format (0: kv_t) */
     int32_t kv_len[3], q_len[3];
-    float *q, *k, *v;          /* float32 inputs; k, v already rounded to kv_t */
-    void *k_t, *v_t;           /* K and V as stored (kv_t) */
+    float *q, *k, *v;          /* float32 inputs; k, v already rounded to kv_t (the values a format holds) */
+    void *k_t, *v_t;           /* K and V as stored (kv_t, or kv_f's bytes) */
+    float *k_sc, *v_sc;        /* int8's scales [B, Skv, Hkv] */
     double *ref_o, *ref_lse;   /* [B, Sq, Hq, Dv], [B, Hq, Sq] */
+    double llama_o, llama_lse; /* the largest errors of O and lse on the query as ggml's q8_0 blocks (kv_f) */
     size_t no, nl;
 } diff_case;
+
+/* K or V of p (which 'k' or 'v': float32 values x at p's strides) quantized
+ * into format f, each batch element's rows in p's layout with rows of
+ * whole blocks; x becomes the values the cache holds (with int8's scales,
+ * *scales [B, Skv, Hkv]; float8's scale 1), and p's strides count the
+ * format's bytes. */
+static void *quantize_as(fmha_problem *p, char which, float *x, fmha_kv_format f, float **scales) {
+    int64_t *st = which == 'k' ? p->k_strides : p->v_strides;
+    const int64_t B = p->batch, S = p->seq_kv, H = p->heads_kv, D = which == 'k' ? p->head_dim : p->head_dim_v;
+    const int64_t row = (int64_t)fmha_kv_format_row_bytes(f, D), bshd = st[1] > st[2];
+    const int64_t bs[4] = {S * H * row, bshd ? H * row : row, bshd ? row : S * row, 1};
+    uint8_t *bytes = malloc((size_t)(B * S * H * row));
+    *scales = f == FMHA_KV_FORMAT_INT8 ? malloc((size_t)(B * S * H) * sizeof(float)) : NULL;
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t xs[3] = {st[1], st[2], st[3]}, vs[3] = {bs[1], bs[2], 1}, ss[2] = {H, 1};
+        fmha_kv_quantize(f, S, H, D, x + b * st[0], xs, bytes + b * bs[0], vs, *scales ? *scales + b * S * H : NULL,
+                         *scales ? ss : NULL);
+    }
+    const fmha_cache_format *cf = fmha_cache_format_at((fmha_cache_format_id)(f - FMHA_KV_FORMAT_F32));
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t j = 0; j < S; j++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t e = 0; e < D; e++)
+                    x[b * st[0] + j * st[1] + h * st[2] + e * st[3]] =
+                        cf->dequant(bytes + b * bs[0] + j * bs[1] + h * bs[2], e) *
+                        (*scales ? (*scales)[(b * S + j) * H + h] : 1.0f);
+    memcpy(st, bs, sizeof bs);
+    if (which == 'k') p->k_format = f, p->k_scales = *scales;
+    else p->v_format = f, p->v_scales = *scales;
+    int64_t *ss = which == 'k' ? p->k_scale_strides : p->v_scale_strides;
+    ss[0] = S * H, ss[1] = H, ss[2] = 1;
+    return bytes;
+}
 
 /* Stores K or V (float32 values x of n elements) as kv_t, and rounds x to
  * what that storage holds. */
@@ -58,7 +101,11 @@ static int draw_case(diff_case *c) {
     const int64_t sq = decode ? tu_int(1, 16) : tu_int(1, 70);
     const int64_t skv = decode ? tu_int(8 * sq, 8 * sq + 200) : tu_int(1, 90);
     static const int64_t dims[] = {8, 16, 24, 64};
-    const int64_t D = dims[tu_int(0, 3)];
+    /* a quantized cache now and then (head dims of whole blocks) */
+    static const fmha_kv_format formats[] = {FMHA_KV_FORMAT_INT8, FMHA_KV_FORMAT_Q8_0, FMHA_KV_FORMAT_Q4_0,
+                                             FMHA_KV_FORMAT_FP8_E4M3, FMHA_KV_FORMAT_FP8_E5M2};
+    c->kv_f = tu_int(0, 3) == 0 ? formats[tu_int(0, 4)] : FMHA_KV_FORMAT_DTYPE;
+    const int64_t D = c->kv_f ? 32 * tu_int(1, 2) : dims[tu_int(0, 3)];
     fmha_problem *p = &c->p;
     fmha_problem_init(p, B, hq, hkv, sq, skv, D, D, tu_int(0, 1) ? FMHA_LAYOUT_BSHD : FMHA_LAYOUT_BHSD);
     p->causal = (fmha_causal)tu_int(0, 2);
@@ -82,7 +129,9 @@ static int draw_case(diff_case *c) {
         p->masks.q_lengths = c->q_len;
     }
     c->kv_t = FMHA_DTYPE_F32;
-    if (tu_int(0, 2) == 0) {
+    if (c->kv_f) {
+        p->precision = tu_int(0, 1) ? FMHA_PRECISION_FAST : FMHA_PRECISION_ACCURATE;
+    } else if (tu_int(0, 2) == 0) {
         c->kv_t = tu_int(0, 1) ? FMHA_DTYPE_BF16 : FMHA_DTYPE_F16;
         p->kv_dtype = c->kv_t == FMHA_DTYPE_BF16 ? FMHA_KV_DTYPE_BF16 : FMHA_KV_DTYPE_F16;
     }
@@ -95,55 +144,93 @@ static int draw_case(diff_case *c) {
     size_t nk = tu_span(p->k_strides, n);
     tu_shape(p, 'v', n);
     size_t nv = tu_span(p->v_strides, n);
-    c->k_t = store_as(c->k, nk, c->kv_t);
-    c->v_t = store_as(c->v, nv, c->kv_t);
+    fmha_problem rp = *p; /* the reference reads the rounded float32 copies at p's strides */
+    rp.kv_dtype = FMHA_KV_DTYPE_SAME;
+    c->k_t = c->kv_f ? quantize_as(p, 'k', c->k, c->kv_f, &c->k_sc) : store_as(c->k, nk, c->kv_t);
+    c->v_t = c->kv_f ? quantize_as(p, 'v', c->v, c->kv_f, &c->v_sc) : store_as(c->v, nv, c->kv_t);
     c->no = (size_t)(B * sq * hq * D);
     c->nl = (size_t)(B * hq * sq);
     c->ref_o = malloc(c->no * sizeof(double));
     c->ref_lse = malloc(c->nl * sizeof(double));
-    fmha_problem rp = *p;
-    rp.kv_dtype = FMHA_KV_DTYPE_SAME; /* the reference reads the rounded float32 copies */
-    return fmha_ref_forward_full(&rp, c->q, c->k, c->v, c->ref_o, c->ref_lse) == 0;
+    if (fmha_ref_forward_full(&rp, c->q, c->k, c->v, c->ref_o, c->ref_lse) != 0) return 0;
+    if (c->kv_f) { /* llama.cpp's arithmetic: the query's blocks as ggml's q8_0 (a half scale) */
+        tu_shape(p, 'q', n);
+        float *ql = malloc(tu_span(p->q_strides, n) * sizeof(float));
+        double *lo = malloc(c->no * sizeof(double)), *ll = malloc(c->nl * sizeof(double));
+        memcpy(ql, c->q, tu_span(p->q_strides, n) * sizeof(float));
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t i = 0; i < sq; i++)
+                for (int64_t h = 0; h < hq; h++)
+                    for (int64_t e0 = 0; e0 < D; e0 += 32) {
+                        float x[32];
+                        int8_t qi[32];
+                        float *at = ql + b * p->q_strides[0] + i * p->q_strides[1] + h * p->q_strides[2];
+                        for (int e = 0; e < 32; e++) x[e] = at[(e0 + e) * p->q_strides[3]];
+                        const float dh = fmha_f16_to_f32(fmha_f32_to_f16(fmha_q8_0_block(x, qi)));
+                        for (int e = 0; e < 32; e++) at[(e0 + e) * p->q_strides[3]] = (float)qi[e] * dh;
+                    }
+        int ok = fmha_ref_forward_full(&rp, ql, c->k, c->v, lo, ll) == 0;
+        c->llama_o = c->llama_lse = 0.0;
+        for (size_t i = 0; i < c->no; i++)
+            if (isfinite(c->ref_o[i])) c->llama_o = fmax(c->llama_o, fabs(lo[i] - c->ref_o[i]));
+        for (size_t i = 0; i < c->nl; i++)
+            if (isfinite(c->ref_lse[i])) c->llama_lse = fmax(c->llama_lse, fabs(ll[i] - c->ref_lse[i]));
+        free(ql), free(lo), free(ll);
+        return ok;
+    }
+    return 1;
 }
 
 static void free_case(diff_case *c) {
     if (c->k_t != c->k) free(c->k_t);
     if (c->v_t != c->v) free(c->v_t);
-    free(c->q), free(c->k), free(c->v), free(c->ref_o), free(c->ref_lse);
+    free(c->q), free(c->k), free(c->v), free(c->ref_o), free(c->ref_lse), free(c->k_sc), free(c->v_sc);
 }
 
-/* O (contiguous [B, Sq, Hq, Dv] after gathering) and lse against the reference. */
-static int agrees(const diff_case *c, const float *o, const float *lse, const char *what) {
+/* 1 when a plan of p takes its scores on a quantized query: integer
+ * (q8_0) or bf16 (fmha_plan_describe). */
+static int quantized_query(const fmha_problem *p) {
+    fmha_plan *plan = NULL;
+    char line[1024] = "";
+    if (fmha_plan_create(p, &plan) == FMHA_OK) fmha_plan_describe(plan, line, sizeof line);
+    fmha_plan_destroy(plan);
+    return strstr(line, " scores=integer") != NULL || strstr(line, " scores=bf16") != NULL;
+}
+
+/* O (contiguous [B, Sq, Hq, Dv] after gathering) and lse against the
+ * reference (p: the problem as run). */
+static int agrees(const diff_case *c, const fmha_problem *run, const float *o, const float *lse, const char *what) {
     const fmha_problem *p = &c->p;
     int64_t n[4];
     const int64_t *st = tu_shape(p, 'o', n);
     float *og = malloc(c->no * sizeof(float));
     tu_gather(o, st, n, og);
-    double ratio = tu_worst_ratio(og, c->ref_o, c->no, 2e-5, 2e-5);
+    const int integer = c->kv_f && quantized_query(run);
+    double ratio = tu_worst_ratio(og, c->ref_o, c->no, 2e-5 + (integer ? 2.0 * c->llama_o : 0.0), 2e-5);
     size_t bad_lse = 0;
     for (size_t i = 0; i < c->nl; i++) {
         double r = c->ref_lse[i], x = lse[i];
         if (isinf(r) || isinf(x)) bad_lse += !(r == x);
-        else bad_lse += !(fabs(x - r) <= 1e-5 + 1e-5 * fabs(r));
+        else bad_lse += !(fabs(x - r) <= 1e-5 + 1e-5 * fabs(r) + (integer ? 2.0 * c->llama_lse : 0.0));
     }
     if (getenv("FMHA_TEST_VERBOSE") && (ratio > 1.0 || bad_lse))
         for (size_t i = 0; i < c->nl; i++) printf("  lse[%zu] %g ref %g\n", i, (double)lse[i], c->ref_lse[i]);
     free(og);
     return tu_check(ratio <= 1.0 && bad_lse == 0,
                     "%s: B %lld Hq %lld Hkv %lld Sq %lld Skv %lld D %lld causal %d align %lld window (%lld, %lld) "
-                    "kv_len %s q_len %s kv %d: O worst/tol %.3g, %zu lse off",
+                    "kv_len %s q_len %s kv %d format %d: O worst/tol %.3g, %zu lse off",
                     what, (long long)p->batch, (long long)p->heads_q, (long long)p->heads_kv, (long long)p->seq_q,
                     (long long)p->seq_kv, (long long)p->head_dim, (int)p->causal, (long long)p->alignment,
                     (long long)p->masks.window_left, (long long)p->masks.window_right,
-                    p->masks.kv_lengths ? "on" : "off", p->masks.q_lengths ? "on" : "off", (int)c->kv_t, ratio,
-                    bad_lse);
+                    p->masks.kv_lengths ? "on" : "off", p->masks.q_lengths ? "on" : "off", (int)c->kv_t, (int)c->kv_f,
+                    ratio, bad_lse);
 }
 
 /* The case from a paged pool (pages of 3..20 keys, shuffled): the bits of
  * the contiguous run. BSHD caches only (the pool's rows are [page, Hkv, D]). */
 static void paged_case(const diff_case *c, const float *o_contig, const float *lse_contig) {
     const fmha_problem *p = &c->p;
-    if (p->k_strides[2] != p->head_dim) return; /* BHSD: no pool layout here */
+    if (p->k_strides[2] != p->head_dim || c->kv_f) return; /* BHSD, formats (test_kvformat): no pool here */
     int64_t ps = tu_int(3, 20), stride, pages;
     int32_t full[3];
     for (int64_t b = 0; b < p->batch; b++) full[b] = (int32_t)p->seq_kv;
@@ -192,7 +279,7 @@ int main(void) {
             continue;
         }
         for (size_t ii = 0; ii < fmha_isa_count(); ii++) {
-            if (!fmha_isa_supported(fmha_isa_at(ii)) || fmha_cpu_force_isa(fmha_isa_at(ii)->name) != 0) continue;
+            if (!tu_isa_runs(fmha_isa_at(ii)) || fmha_cpu_force_isa(fmha_isa_at(ii)->name) != 0) continue;
             for (int s = FMHA_STRATEGY_AUTO; s <= FMHA_STRATEGY_PORTABLE; s++) {
                 fmha_problem p = c.p;
                 p.strategy = (fmha_strategy)s;
@@ -201,7 +288,7 @@ int main(void) {
                 char what[96];
                 snprintf(what, sizeof what, "case %d %s %s", ci, fmha_isa_at(ii)->name, tu_strategy_name(s));
                 if (tu_check(st == FMHA_OK, "%s: status %d (%s)", what, (int)st, fmha_last_error_message()) &&
-                    agrees(&c, o, lse, what)) {
+                    agrees(&c, &p, o, lse, what)) {
                     fmha_plan *plan = NULL;
                     if (fmha_plan_create(&p, &plan) == FMHA_OK) {
                         decode_runs += plan->driver == &fmha_fwd_driver_decode;

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "convert.h"
 #include "cpu.h"
 #include "format.h"
 #include "fmha_ref_masks.h"
@@ -169,6 +170,27 @@ typedef struct fmt_case {
     int64_t page;                           /* > 0: also paged, whose bits must match */
 } fmt_case;
 
+/* 1 when a plan of p takes its scores on a quantized query: integer
+ * (q8_0) or bf16 (fmha_plan_describe). */
+static int quantized_query(const fmha_problem *p) {
+    fmha_plan *plan = NULL;
+    char line[1024] = "";
+    if (fmha_plan_create(p, &plan) == FMHA_OK) fmha_plan_describe(plan, line, sizeof line);
+    fmha_plan_destroy(plan);
+    return strstr(line, " scores=integer") != NULL || strstr(line, " scores=bf16") != NULL;
+}
+
+/* x [rows][d] as llama.cpp's arithmetic sees a query: each block of 32
+ * quantized as ggml's q8_0 (its scale rounded to a half), then dequantized. */
+static void llama_q8_0_query(const float *x, size_t rows, int64_t d, float *out) {
+    for (size_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < d / 32; b++) {
+            int8_t q[32];
+            const float dh = fmha_f16_to_f32(fmha_f32_to_f16(fmha_q8_0_block(x + r * d + 32 * b, q)));
+            for (int j = 0; j < 32; j++) out[r * d + 32 * b + j] = (float)q[j] * dh;
+        }
+}
+
 static void run_case(const fmt_case *fc, const char *isa) {
     const int64_t B = fc->B, skv = fc->skv, D = fc->D, Dv = fc->Dv, hkv = fc->hkv;
     fmha_problem p;
@@ -220,48 +242,86 @@ static void run_case(const fmt_case *fc, const char *isa) {
     const void *qin = fc->bf16_q ? (const void *)qb : q;
     float *o = malloc(no * sizeof(float)), *lse = malloc(nl * sizeof(float));
     uint16_t *ob = (uint16_t *)o;
-    fmha_status st = tu_forward(&pq, qin, ck.bytes, cv.bytes, o, lse, NULL, 0);
-    float *of = o;
-    if (fc->bf16_q) { /* widen the bf16 output */
-        of = malloc(no * sizeof(float));
-        for (size_t i = 0; i < no; i++) {
-            uint32_t u = (uint32_t)ob[i] << 16;
-            memcpy(&of[i], &u, 4);
+    float *of = fc->bf16_q ? malloc(no * sizeof(float)) : o;
+    /* ACCURATE: the float32 query against the cache's values; FAST: the
+     * same where it takes no quantized query, else the query quantized as
+     * q8_0 (or rounded to bf16 for float8 keys), whose error is held to
+     * llama.cpp's arithmetic on this cache (the query as ggml's q8_0
+     * blocks, products exact: a float64 reference on that query) */
+    for (int fast = 0; fast < 2; fast++) {
+        pq.precision = fast ? FMHA_PRECISION_FAST : FMHA_PRECISION_ACCURATE;
+        const int integer = fast && quantized_query(&pq);
+        if (fast && !integer) continue; /* ACCURATE's arithmetic: checked */
+        fmha_status st = tu_forward(&pq, qin, ck.bytes, cv.bytes, o, lse, NULL, 0);
+        if (fc->bf16_q) /* widen the bf16 output */
+            for (size_t i = 0; i < no; i++) {
+                uint32_t u = (uint32_t)ob[i] << 16;
+                memcpy(&of[i], &u, 4);
+            }
+        int lse_ok = 1;
+        double ratio;
+        if (!integer) {
+            for (size_t i = 0; i < nl; i++)
+                lse_ok &= rl[i] == -INFINITY ? lse[i] == -INFINITY
+                                             : fabs((double)lse[i] - rl[i]) <= 1e-5 * (1 + fabs(rl[i]));
+            /* float32 accumulation (and for bf16 Q, O's rounding to bf16) alone */
+            ratio = fc->bf16_q ? tu_worst_ratio(of, ro, no, 4e-3, 8e-3) : tu_worst_ratio(of, ro, no, 2e-5, 2e-5);
+        } else {
+            float *ql = malloc(nq * sizeof(float));
+            double *lo = malloc(no * sizeof(double)), *ll = malloc(nl * sizeof(double));
+            llama_q8_0_query(q, (size_t)(B * fc->sq * fc->hq), D, ql);
+            fmha_ref_forward_full(&p, ql, ck.value, vval, lo, ll);
+            /* no more than 1.25x llama.cpp's error (O's rounding to bf16 aside) */
+            const double norm = tu_norm_l2(ro, no), bf16_o = fc->bf16_q ? 4e-3 * norm : 0.0;
+            double err_l = 0.0;
+            for (size_t i = 0; i < no; i++) err_l += (lo[i] - ro[i]) * (lo[i] - ro[i]);
+            ratio = tu_err_l2(of, ro, no) / (1.25 * sqrt(err_l) + bf16_o + 1e-7 * norm);
+            /* lse likewise, as the L2 error over the rows */
+            double el2 = 0.0, ll2 = 0.0;
+            for (size_t i = 0; i < nl; i++) {
+                if (rl[i] == -INFINITY) {
+                    lse_ok &= lse[i] == -INFINITY;
+                    continue;
+                }
+                el2 += ((double)lse[i] - rl[i]) * ((double)lse[i] - rl[i]);
+                ll2 += (ll[i] - rl[i]) * (ll[i] - rl[i]);
+            }
+            lse_ok &= sqrt(el2) <= 1.25 * sqrt(ll2) + 1e-5 * sqrt((double)nl);
+            free(ql), free(lo), free(ll);
         }
-    }
-    int lse_ok = 1;
-    for (size_t i = 0; i < nl; i++)
-        lse_ok &= rl[i] == -INFINITY ? lse[i] == -INFINITY : fabs((double)lse[i] - rl[i]) <= 1e-5 * (1 + fabs(rl[i]));
-    /* float32 accumulation (and for bf16 Q, O's rounding to bf16) alone */
-    double ratio = fc->bf16_q ? tu_worst_ratio(of, ro, no, 4e-3, 8e-3) : tu_worst_ratio(of, ro, no, 2e-5, 2e-5);
 
-    int paged_same = 1;
-    if (fc->page > 0 && st == FMHA_OK) {
-        int64_t stride, pages;
-        int32_t *table = tu_page_table(B, skv, fc->page, kv_len, &stride, &pages);
-        pool pk = pool_new(&ck, fc->page, table, stride, pages), pv = pool_new(&cv, fc->page, table, stride, pages);
-        fmha_problem pp = pq;
-        pp.block_table = table, pp.block_table_stride = stride, pp.page_size = fc->page, pp.num_pages = pages;
-        pool_attach(&pp, 0, &ck, &pk, fc->page);
-        pool_attach(&pp, 1, &cv, &pv, fc->page);
-        const void *vin = pv.bytes;
-        if (fc->mla) memcpy(pp.v_strides, pp.k_strides, sizeof pp.k_strides), vin = pk.bytes, pp.v_scales = pp.k_scales,
-                     memcpy(pp.v_scale_strides, pp.k_scale_strides, sizeof pp.k_scale_strides);
-        float *o2 = malloc(no * sizeof(float)), *lse2 = malloc(nl * sizeof(float));
-        fmha_status st2 = tu_forward(&pp, qin, pk.bytes, vin, o2, lse2, NULL, 0);
-        /* the decode driver reads both; the tiled forward's rounding differs */
-        const int decode = fc->strategy == FMHA_STRATEGY_AUTO && fc->sq <= 16 && skv >= 8 * fc->sq;
-        size_t obytes = no * (fc->bf16_q ? 2 : 4);
-        paged_same = st2 == FMHA_OK && (!decode || (!memcmp(o, o2, obytes) && !memcmp(lse, lse2, nl * sizeof(float))));
-        free(o2), free(lse2), free(table), free(pk.bytes), free(pk.scales), free(pv.bytes), free(pv.scales);
+        int paged_same = 1;
+        if (fc->page > 0 && st == FMHA_OK) {
+            int64_t stride, pages;
+            int32_t *table = tu_page_table(B, skv, fc->page, kv_len, &stride, &pages);
+            pool pk = pool_new(&ck, fc->page, table, stride, pages), pv = pool_new(&cv, fc->page, table, stride, pages);
+            fmha_problem pp = pq;
+            pp.block_table = table, pp.block_table_stride = stride, pp.page_size = fc->page, pp.num_pages = pages;
+            pool_attach(&pp, 0, &ck, &pk, fc->page);
+            pool_attach(&pp, 1, &cv, &pv, fc->page);
+            const void *vin = pv.bytes;
+            if (fc->mla)
+                memcpy(pp.v_strides, pp.k_strides, sizeof pp.k_strides), vin = pk.bytes, pp.v_scales = pp.k_scales,
+                    memcpy(pp.v_scale_strides, pp.k_scale_strides, sizeof pp.k_scale_strides);
+            float *o2 = malloc(no * sizeof(float)), *lse2 = malloc(nl * sizeof(float));
+            fmha_status st2 = tu_forward(&pp, qin, pk.bytes, vin, o2, lse2, NULL, 0);
+            /* the decode driver reads both; the tiled forward's rounding differs */
+            const int decode = fc->strategy == FMHA_STRATEGY_AUTO && fc->sq <= 16 && skv >= 8 * fc->sq;
+            size_t obytes = no * (fc->bf16_q ? 2 : 4);
+            paged_same =
+                st2 == FMHA_OK && (!decode || (!memcmp(o, o2, obytes) && !memcmp(lse, lse2, nl * sizeof(float))));
+            free(o2), free(lse2), free(table), free(pk.bytes), free(pk.scales), free(pv.bytes), free(pv.scales);
+        }
+        tu_check(st == FMHA_OK && ratio <= 1.0 && lse_ok && paged_same,
+                 "format K %s V %s %s %s %s B %lld Hq %lld Hkv %lld Sq %lld Skv %lld D %lld Dv %lld%s%s%s%s%s page "
+                 "%lld: status %d, O ratio %g, lse %s, paged %s",
+                 fmt_name(fc->fk), fmt_name(fc->fv), isa, tu_strategy_name(fc->strategy),
+                 integer ? "fast (quantized query)" : "accurate", (long long)B, (long long)fc->hq, (long long)hkv,
+                 (long long)fc->sq, (long long)skv, (long long)D, (long long)Dv, fc->causal ? " causal" : "",
+                 fc->sinks ? " sinks" : "", fc->window ? " window" : "", fc->bf16_q ? " bf16-q" : "",
+                 fc->mla ? " mla" : "", (long long)fc->page, (int)st, ratio, lse_ok ? "ok" : "off",
+                 paged_same ? "same" : "differs");
     }
-    tu_check(st == FMHA_OK && ratio <= 1.0 && lse_ok && paged_same,
-             "format K %s V %s %s %s B %lld Hq %lld Hkv %lld Sq %lld Skv %lld D %lld Dv %lld%s%s%s%s%s page %lld: "
-             "status %d, O ratio %g, lse %s, paged %s",
-             fmt_name(fc->fk), fmt_name(fc->fv), isa, tu_strategy_name(fc->strategy), (long long)B, (long long)fc->hq,
-             (long long)hkv, (long long)fc->sq, (long long)skv, (long long)D, (long long)Dv, fc->causal ? " causal" : "",
-             fc->sinks ? " sinks" : "", fc->window ? " window" : "", fc->bf16_q ? " bf16-q" : "", fc->mla ? " mla" : "",
-             (long long)fc->page, (int)st, ratio, lse_ok ? "ok" : "off", paged_same ? "same" : "differs");
     if (of != o) free(of);
     if (fc->mla) free(vval);
     else cache_free(&cv);
@@ -298,6 +358,59 @@ static void test_cases(const char *isa) {
         fc.page = 0;
         run_case(&fc, isa);
     }
+}
+
+/* The errors behind precision FAST's choice (the table in fmha.h,
+ * design.md and the README), on the table in use: one decode step, B 1,
+ * Hq 32 / Hkv 8, D 128, Skv 4096 (512 emulated), Sq 1, Q, K, V uniform in [-1, 1), the
+ * relative L2 error of O against float64 on the values each cache holds,
+ * for ACCURATE, FAST and llama.cpp's arithmetic (the query as ggml's q8_0
+ * blocks, exact products), and FAST against ACCURATE. FAST's may be no
+ * worse than llama.cpp's (within 5%: for the integer formats the two
+ * quantize the same integers, with scales in float32 and in a half; the
+ * float8 formats' bf16 query errs less). */
+static void test_precision_table(void) {
+    const int64_t B = 1, hq = 32, hkv = 8, S = tu_quick_pick(4096, 512), D = 128;
+    const size_t nq = (size_t)(B * hq * D), nkv = (size_t)(B * S * hkv * D);
+    float *q = malloc(nq * sizeof(float)), *ql = malloc(nq * sizeof(float)), *xk = malloc(nkv * sizeof(float));
+    float *xv = malloc(nkv * sizeof(float)), *oa = malloc(nq * sizeof(float)), *of = malloc(nq * sizeof(float));
+    double *ro = malloc(nq * sizeof(double)), *lo = malloc(nq * sizeof(double));
+    float lse[32];
+    tu_fill(q, nq, -1, 1), tu_fill(xk, nkv, -1, 1), tu_fill(xv, nkv, -1, 1);
+    llama_q8_0_query(q, (size_t)(B * hq), D, ql);
+    printf("precision table (%s): rel. L2 error of O vs float64, Hq 32 / Hkv 8, D 128, Skv %lld\n", fmha_isa_name(),
+           (long long)S);
+    printf("  format    accurate   fast       llama.cpp  fast / llama.cpp  fast vs accurate\n");
+    for (int fi = 0; fi < 5; fi++) {
+        const fmha_kv_format fmts[] = {FMHA_KV_FORMAT_INT8, FMHA_KV_FORMAT_Q8_0, FMHA_KV_FORMAT_Q4_0,
+                                       FMHA_KV_FORMAT_FP8_E4M3, FMHA_KV_FORMAT_FP8_E5M2};
+        cache ck = cache_new(fmts[fi], B, S, hkv, D, xk), cv = cache_new(fmts[fi], B, S, hkv, D, xv);
+        fmha_problem p;
+        fmha_problem_init(&p, B, hq, hkv, 1, S, D, D, FMHA_LAYOUT_BSHD);
+        fmha_ref_forward_full(&p, q, ck.value, cv.value, ro, NULL);
+        fmha_ref_forward_full(&p, ql, ck.value, cv.value, lo, NULL);
+        cache_attach(&p, 0, &ck);
+        cache_attach(&p, 1, &cv);
+        p.precision = FMHA_PRECISION_ACCURATE;
+        fmha_status st = tu_forward(&p, q, ck.bytes, cv.bytes, oa, lse, NULL, 0);
+        p.precision = FMHA_PRECISION_FAST;
+        st |= tu_forward(&p, q, ck.bytes, cv.bytes, of, lse, NULL, 0);
+        const int integer = quantized_query(&p);
+        double norm = tu_norm_l2(ro, nq), el = 0.0, fa = 0.0, na = 0.0;
+        for (size_t i = 0; i < nq; i++) {
+            el += (lo[i] - ro[i]) * (lo[i] - ro[i]);
+            fa += ((double)of[i] - oa[i]) * ((double)of[i] - oa[i]), na += (double)oa[i] * oa[i];
+        }
+        const double ea = tu_err_l2(oa, ro, nq) / norm, ef = tu_err_l2(of, ro, nq) / norm;
+        el = sqrt(el) / norm;
+        printf("  %-9s %.2e   %.2e   %.2e   %.3f             %.2e%s\n", fmt_name(fmts[fi]), ea, ef, el, ef / el,
+               sqrt(fa / na),
+               integer ? "" : " (fast: the float32 query here)");
+        tu_check(st == FMHA_OK && ea < 1e-5 && (!integer || ef <= 1.05 * el),
+                 "precision table %s: accurate %.2e, fast %.2e, llama.cpp %.2e", fmt_name(fmts[fi]), ea, ef, el);
+        cache_free(&ck), cache_free(&cv);
+    }
+    free(q), free(ql), free(xk), free(xv), free(oa), free(of), free(ro), free(lo);
 }
 
 /* MLA decode: one latent head of 576, V its first 512 columns (the same
@@ -404,6 +517,170 @@ static void test_format_kernels(const char *isa) {
             }
         }
         free(bytes), free(w1), free(w2);
+    }
+}
+
+/* Per ISA: the integer scores on the q8_0 query (scores_q8, where the
+ * table has them) give the scalar specification's bits: random key bytes
+ * (int8's -128 included; block scales of every half class, NaN and inf
+ * too), query rows quantized by the driver's rule and rows at the
+ * extremes (every q = +-127: the largest sums), 1..19 rows (every row
+ * group; tiles from 8 rows, their groups of 16 and a partial one), 1..40
+ * keys (a partial group of 16), D 32..320 (an odd count of blocks: a
+ * chunk's half left zero), any row stride. */
+static void test_scores_q8(const char *isa) {
+    const fmha_ukernels *uk = fmha_cpu_kernels();
+    const fmha_ukernels *spec = fmha_cpu_kernels_for("scalar");
+    static const fmha_kv_format fmts[] = {FMHA_KV_FORMAT_INT8, FMHA_KV_FORMAT_Q8_0, FMHA_KV_FORMAT_Q4_0};
+    enum { ROWS = 19, KEYS = 40, D = 320, LD = D + 64 };
+    for (int fi = 0; fi < 3; fi++) {
+        const fmha_kv_format f = fmts[fi];
+        const fmha_cache_format_id id = (fmha_cache_format_id)(f - FMHA_KV_FORMAT_F32);
+        if (!uk->cache[id].scores_q8) continue;
+        tu_check(spec->cache[id].scores_q8 != NULL, "%s: the specification of %s's integer scores", isa, fmt_name(f));
+        const size_t nbytes = f == FMHA_KV_FORMAT_Q8_0 ? 34 : f == FMHA_KV_FORMAT_Q4_0 ? 18 : 32;
+        const size_t ldk_max = D / 32 * nbytes + 50;
+        uint8_t *k = malloc(KEYS * ldk_max);
+        int8_t *qi = malloc(ROWS * LD);
+        uint8_t *tiles = malloc(2 * fmha_q8_tiles_group_bytes(D)); /* 19 rows: 2 groups of 16 */
+        float x[LD], qd[ROWS * LD / 32], s1[ROWS * KEYS], s2[ROWS * KEYS];
+        int32_t qsum[ROWS * LD / 32];
+        size_t bad = 0;
+        for (int c = 0; c < 40; c++) {
+            const size_t rows = (size_t)tu_int(1, ROWS), nk = (size_t)tu_int(1, KEYS), d = 32 * (size_t)tu_int(1, D / 32);
+            const size_t ldk = d / 32 * nbytes + (size_t)tu_int(0, 50), lds = KEYS;
+            for (size_t i = 0; i < KEYS * ldk_max; i++) k[i] = (uint8_t)tu_int(0, 255);
+            if (nbytes != 32) /* block scales: normal, subnormal, zero, negative, NaN and inf halves */
+                for (size_t j = 0; j < nk; j++)
+                    for (size_t b = 0; b < d / 32; b++) {
+                        static const uint16_t halves[] = {0x3c00, 0x2e66, 0x0003, 0x0000, 0xb555, 0x1400, 0x7e00, 0xfc00};
+                        const uint16_t h = halves[tu_int(0, c % 4 ? 5 : 7)];
+                        k[j * ldk + b * nbytes] = (uint8_t)(h & 0xff), k[j * ldk + b * nbytes + 1] = (uint8_t)(h >> 8);
+                    }
+            for (size_t r = 0; r < rows; r++) {
+                tu_fill(x, d, -2, 2);
+                if (c % 5 == 0) x[tu_int(0, (int64_t)d - 1)] = 40.0f; /* an outlier block */
+                fmha_q8_quantize_row(x, (int64_t)d, qi + r * LD, qd + r * (LD / 32), qsum + r * (LD / 32));
+                if (c % 7 == 3) /* the extremes */
+                    for (size_t e = 0; e < d; e++) qi[r * LD + e] = (int8_t)(e % 3 ? -127 : 127);
+                if (c % 7 == 3)
+                    for (size_t b = 0; b < d / 32; b++) {
+                        int32_t t = 0;
+                        for (size_t e = 0; e < 32; e++) t += qi[r * LD + 32 * b + e];
+                        qsum[r * (LD / 32) + b] = t;
+                    }
+            }
+            fmha_q8_rows q = {qi, qd, qsum, LD, NULL};
+            if (uk->cache[id].q8_tiles) { /* the table's kernel reads the query's tiles */
+                fmha_q8_tiles_pack(rows, d, &q, tiles);
+                q.tiles = tiles;
+            }
+            tu_fill(s1, ROWS * KEYS, 0, 1);
+            memcpy(s2, s1, sizeof s1);
+            const float scale = (float)tu_uniform(0.05, 2);
+            spec->cache[id].scores_q8(rows, nk, d, &q, k, ldk, s1, lds, scale);
+            uk->cache[id].scores_q8(rows, nk, d, &q, k, ldk, s2, lds, scale);
+            for (size_t i = 0; i < ROWS * KEYS; i++)
+                bad += memcmp(&s1[i], &s2[i], sizeof(float)) && !(isnan(s1[i]) && isnan(s2[i]));
+        }
+        tu_check(bad == 0, "%s %s integer scores: %zu differ from the specification's bits", isa, fmt_name(f), bad);
+        free(k), free(qi), free(tiles);
+    }
+}
+
+/* Per ISA: P V in integers (values_int, where the table has it) gives the
+ * scalar specification's bits: random value bytes (block scales of every
+ * half class, NaN and inf too), P in [0, 1) with zeros, rows of zeros and
+ * rows of tiny or huge weights, 1..19 rows, 1..64 keys (odd counts: a
+ * pair's pad), any Dv for int8 (partial blocks and vectors), any row
+ * stride. */
+static void test_values_int(const char *isa) {
+    const fmha_ukernels *uk = fmha_cpu_kernels();
+    const fmha_ukernels *spec = fmha_cpu_kernels_for("scalar");
+    static const fmha_kv_format fmts[] = {FMHA_KV_FORMAT_INT8, FMHA_KV_FORMAT_Q8_0, FMHA_KV_FORMAT_Q4_0};
+    enum { ROWS = 19, KEYS = 64, DV = 320 };
+    for (int fi = 0; fi < 3; fi++) {
+        const fmha_kv_format f = fmts[fi];
+        const fmha_cache_format_id id = (fmha_cache_format_id)(f - FMHA_KV_FORMAT_F32);
+        if (!uk->cache[id].values_int) continue;
+        tu_check(spec->cache[id].values_int != NULL, "%s: the specification of %s's integer values", isa, fmt_name(f));
+        const size_t nbytes = f == FMHA_KV_FORMAT_Q8_0 ? 34 : f == FMHA_KV_FORMAT_Q4_0 ? 18 : 32;
+        const size_t ldv_max = DV / 32 * nbytes + 50;
+        uint8_t *v = malloc(KEYS * ldv_max);
+        float *p = malloc(ROWS * KEYS * sizeof(float)), *o1 = malloc(ROWS * DV * sizeof(float));
+        float *o2 = malloc(ROWS * DV * sizeof(float)), alpha[ROWS];
+        size_t bad = 0;
+        for (int c = 0; c < 40; c++) {
+            const size_t rows = (size_t)tu_int(1, ROWS), nk = (size_t)tu_int(1, KEYS);
+            const size_t dv = nbytes == 32 ? (size_t)tu_int(1, DV) : 32 * (size_t)tu_int(1, DV / 32);
+            const size_t ldv = (dv + 31) / 32 * nbytes + (size_t)tu_int(0, 50);
+            for (size_t i = 0; i < KEYS * ldv_max; i++) v[i] = (uint8_t)tu_int(0, 255);
+            if (nbytes != 32)
+                for (size_t j = 0; j < nk; j++)
+                    for (size_t b = 0; b < dv / 32; b++) {
+                        static const uint16_t halves[] = {0x3c00, 0x2e66, 0x0003, 0x0000, 0xb555, 0x1400, 0x7e00, 0xfc00};
+                        const uint16_t h = halves[tu_int(0, c % 4 ? 5 : 7)];
+                        v[j * ldv + b * nbytes] = (uint8_t)(h & 0xff), v[j * ldv + b * nbytes + 1] = (uint8_t)(h >> 8);
+                    }
+            tu_fill(p, ROWS * KEYS, 0, 1);
+            for (size_t i = 0; i < ROWS * KEYS; i++)
+                if (tu_int(0, 3) == 0) p[i] = 0.0f;
+            for (size_t j = 0; j < nk; j++) p[j] = 0.0f;                            /* row 0: no weight */
+            for (size_t j = 0; j < nk && rows > 1; j++) p[KEYS + j] *= c % 2 ? 1e-30f : 1e30f; /* tiny, huge */
+            tu_fill(o1, ROWS * DV, -1, 1);
+            memcpy(o2, o1, ROWS * DV * sizeof(float));
+            tu_fill(alpha, ROWS, 0, 1);
+            spec->cache[id].values_int(rows, nk, dv, p, KEYS, v, ldv, o1, DV, alpha);
+            uk->cache[id].values_int(rows, nk, dv, p, KEYS, v, ldv, o2, DV, alpha);
+            for (size_t i = 0; i < ROWS * DV; i++)
+                bad += memcmp(&o1[i], &o2[i], sizeof(float)) && !(isnan(o1[i]) && isnan(o2[i]));
+        }
+        tu_check(bad == 0, "%s %s integer values: %zu differ from the specification's bits", isa, fmt_name(f), bad);
+        free(v), free(p), free(o1), free(o2);
+    }
+}
+
+/* Per ISA: float8 keys' scores on the bf16 query (scores_bf16, where the
+ * table has it) give the scalar specification's bits: every byte of both
+ * formats (NaN and inf codes now and then), query pairs rounded from
+ * uniform rows, 1..9 rows (blocks of 4 and single rows), 1..40 keys, D
+ * 32..320, any row stride. */
+static void test_scores_bf16(const char *isa) {
+    const fmha_ukernels *uk = fmha_cpu_kernels();
+    const fmha_ukernels *spec = fmha_cpu_kernels_for("scalar");
+    static const fmha_kv_format fmts[] = {FMHA_KV_FORMAT_FP8_E4M3, FMHA_KV_FORMAT_FP8_E5M2};
+    enum { ROWS = 9, KEYS = 40, D = 320 };
+    for (int fi = 0; fi < 2; fi++) {
+        const fmha_kv_format f = fmts[fi];
+        const fmha_cache_format_id id = (fmha_cache_format_id)(f - FMHA_KV_FORMAT_F32);
+        if (!uk->cache[id].scores_bf16) continue;
+        tu_check(spec->cache[id].scores_bf16 != NULL, "%s: the specification of %s's bf16 scores", isa, fmt_name(f));
+        uint8_t *k = malloc(KEYS * (D + 50));
+        uint32_t q[ROWS * D / 2];
+        float x[ROWS * D], s1[ROWS * KEYS], s2[ROWS * KEYS];
+        size_t bad = 0;
+        for (int c = 0; c < 40; c++) {
+            const size_t rows = (size_t)tu_int(1, ROWS), nk = (size_t)tu_int(1, KEYS), d = 32 * (size_t)tu_int(1, D / 32);
+            const size_t ldk = d + (size_t)tu_int(0, 50), ldq = D / 2;
+            for (size_t i = 0; i < KEYS * (D + 50); i++) {
+                k[i] = (uint8_t)tu_int(0, 255);
+                if (c % 4 && fmha_cache_format_at(id)->dequant(k + i, 0) != fmha_cache_format_at(id)->dequant(k + i, 0))
+                    k[i] &= 0xbf; /* NaN codes in one case of four */
+                if (c % 4 && isinf(fmha_cache_format_at(id)->dequant(k + i, 0))) k[i] &= 0xbf;
+            }
+            tu_fill(x, ROWS * D, -2, 2);
+            for (size_t i = 0; i < ROWS * D / 2; i++)
+                q[i] = (uint32_t)fmha_f32_to_bf16(x[2 * i]) | (uint32_t)fmha_f32_to_bf16(x[2 * i + 1]) << 16;
+            tu_fill(s1, ROWS * KEYS, 0, 1);
+            memcpy(s2, s1, sizeof s1);
+            const float scale = (float)tu_uniform(0.05, 2);
+            spec->cache[id].scores_bf16(rows, nk, d, q, ldq, k, ldk, s1, KEYS, scale);
+            uk->cache[id].scores_bf16(rows, nk, d, q, ldq, k, ldk, s2, KEYS, scale);
+            for (size_t i = 0; i < ROWS * KEYS; i++)
+                bad += memcmp(&s1[i], &s2[i], sizeof(float)) && !(isnan(s1[i]) && isnan(s2[i]));
+        }
+        tu_check(bad == 0, "%s %s bf16 scores: %zu differ from the specification's bits", isa, fmt_name(f), bad);
+        free(k);
     }
 }
 
@@ -578,10 +855,15 @@ static void test_errors(void) {
 
 int main(void) {
     tu_seed();
+    tu_isa_variants = 1; /* every table: the float32 kernels of avx512 and the integer ones of avx512vnni */
     tu_each_isa(test_format_kernels);
+    tu_each_isa(test_scores_q8);
+    tu_each_isa(test_values_int);
+    tu_each_isa(test_scores_bf16);
     tu_each_isa(test_cases);
     tu_each_isa(test_mla);
     tu_each_isa(test_fold);
+    test_precision_table();
     test_ggml_vectors();
     test_quantize_rules();
     test_errors();

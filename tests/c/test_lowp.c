@@ -363,8 +363,8 @@ int main(void) {
     /* every ISA of the registry that this CPU runs */
     for (size_t ii = 0; ii < fmha_isa_count(); ii++) {
         const char *isa = fmha_isa_at(ii)->name;
-        if (!fmha_isa_supported(fmha_isa_at(ii))) {
-            printf("skip ISA %s: not supported by this CPU\n", isa);
+        if (!tu_isa_runs(fmha_isa_at(ii))) {
+            printf("skip ISA %s: not run here (unsupported, or another table has its kernels)\n", isa);
             continue;
         }
         fmha_cpu_force_isa(isa);

@@ -1245,8 +1245,8 @@ int main(void) {
         return tu_finish();
     for (int i = 0; i < n_isa; i++) {
         const fmha_ukernels *u = fmha_isa_at((size_t)i)->table;
-        isa_ok[i] = fmha_isa_supported(fmha_isa_at((size_t)i));
-        if (!isa_ok[i]) printf("%s: not supported here, skipped\n", isa_name(i));
+        isa_ok[i] = tu_isa_runs(fmha_isa_at((size_t)i));
+        if (!isa_ok[i]) printf("%s: not run here, skipped\n", isa_name(i));
         for (int j = 0; j < i && isa_ok[i]; j++)
             if (isa_ok[j] && same_f32_kernels(u, fmha_isa_at((size_t)j)->table)) {
                 printf("%s: the float32 kernels of %s, skipped\n", isa_name(i), isa_name(j));

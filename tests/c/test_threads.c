@@ -44,8 +44,8 @@ int main(void) {
         /* every ISA of the registry that this CPU runs */
         for (size_t ii = 0; ii < fmha_isa_count(); ii++) {
             const fmha_isa *isa = fmha_isa_at(ii);
-            if (!fmha_isa_supported(isa)) {
-                if (c == 0) printf("%s: not supported here, skipped\n", isa->name);
+            if (!tu_isa_runs(isa)) {
+                if (c == 0) printf("%s: not run here (unsupported, or another table has its kernels), skipped\n", isa->name);
                 continue;
             }
             fmha_cpu_force_isa(isa->name);

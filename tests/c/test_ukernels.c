@@ -1025,8 +1025,8 @@ int main(void) {
     for (size_t i = 0; i < fmha_isa_count(); i++) {
         const fmha_isa *isa = fmha_isa_at(i);
         const fmha_ukernels *u = isa->table;
-        if (!fmha_isa_supported(isa)) {
-            printf("%s: not supported here, skipped\n", isa->name);
+        if (!tu_isa_runs(isa)) {
+            printf("%s: not run here (unsupported, or another table has its kernels), skipped\n", isa->name);
             continue;
         }
         printf("%s: MR=%zu NR=%zu block_kv=%zu\n", u->isa, u->tile.mr, u->tile.nr, u->tile.block_kv);

@@ -565,12 +565,43 @@ __attribute__((constructor)) static void tu_limit_isas(void) {
     if (only && *only) fmha_cpu_limit_isas(only);
 }
 
+int tu_isa_variants;
+
+/* 1 when tables a and b differ in no more than the quantized caches'
+ * integer and bf16 kernels (avx512vnni and avx512, neondot and neon). */
+static int tu_same_but_quantized(const fmha_ukernels *a, const fmha_ukernels *b) {
+    fmha_ukernels x = *a, y = *b;
+    for (int f = 0; f < FMHA_FORMAT_COUNT; f++) {
+        x.cache[f].scores_q8 = y.cache[f].scores_q8 = NULL;
+        x.cache[f].values_int = y.cache[f].values_int = NULL;
+        x.cache[f].scores_bf16 = y.cache[f].scores_bf16 = NULL;
+    }
+    x.isa = y.isa = NULL, x.tuning = y.tuning = NULL;
+    return !memcmp(&x, &y, sizeof x);
+}
+
+int tu_isa_runs(const fmha_isa *isa) {
+    if (!fmha_isa_supported(isa)) return 0;
+    /* a table that differs from another only in the quantized caches'
+     * kernels runs once: the one with them (or the first) */
+    const int mine = isa->table->cache[FMHA_FORMAT_INT8].scores_q8 != NULL;
+    for (size_t j = 0; j < fmha_isa_count() && !tu_isa_variants; j++) {
+        const fmha_isa *other = fmha_isa_at(j);
+        const int theirs = other->table->cache[FMHA_FORMAT_INT8].scores_q8 != NULL;
+        if (other != isa && fmha_isa_supported(other) && tu_same_but_quantized(isa->table, other->table) &&
+            (theirs > mine || (theirs == mine && other < isa)))
+            return 0;
+    }
+    return 1;
+}
+
 void tu_each_isa(void (*fn)(const char *isa)) {
     const char *isa_default = fmha_isa_name();
     for (size_t i = 0; i < fmha_isa_count(); i++) {
         const fmha_isa *isa = fmha_isa_at(i);
-        if (!fmha_isa_supported(isa)) {
-            printf("skip: %s (this CPU lacks it, or FMHA_TEST_ISAS leaves it out)\n", isa->name);
+        if (!tu_isa_runs(isa)) {
+            printf("skip: %s (this CPU lacks it, FMHA_TEST_ISAS leaves it out, or another table has its kernels)\n",
+                   isa->name);
             continue;
         }
         fmha_cpu_force_isa(isa->name);

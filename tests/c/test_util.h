@@ -81,8 +81,16 @@ const char *tu_isa_best(void);
  * (FMHA_ISA's way), printing the skipped ones; the default table after.
  * FMHA_TEST_ISAS (comma-separated names) limits every test to those ISAs
  * (scalar stays available as the specification): the emulated runs of the
- * CI share the tables out. */
+ * CI share the tables out. Of tables that differ only in the quantized
+ * caches' integer and bf16 kernels (avx512vnni and avx512, avx2vnni and
+ * avx2, neondot and neon) it runs the one with them, unless a test that
+ * reads quantized caches sets tu_isa_variants. */
 void tu_each_isa(void (*fn)(const char *isa));
+extern int tu_isa_variants;
+/* 1 when the tests run isa: supported here and in FMHA_TEST_ISAS, and not
+ * the variant tu_each_isa leaves out (the tests' own ISA loops ask this). */
+struct fmha_isa;
+int tu_isa_runs(const struct fmha_isa *isa);
 const char *tu_causal_name(int causal);
 
 /* ---- every call also through a plan ----------------------------------------

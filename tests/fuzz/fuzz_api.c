@@ -310,7 +310,11 @@ static void check_untouched(const buf *b, const char *what) {
  * Dv columns of O do not change), buffers of exactly their size. The forward
  * on them must match the float64 reference on the values they hold (the
  * format's dequantisation times its scales), or, for a bad scale drawn now
- * and then, refuse the call with O untouched. */
+ * and then, refuse the call with O untouched. A call whose scores take a
+ * quantized query (precision FAST: q8_0 for int8, q8_0 or q4_0 keys, bf16
+ * for float8 ones) may also err by twice the largest error llama.cpp's
+ * arithmetic makes on that output (the reference on the query as ggml's
+ * q8_0 blocks). */
 static void check_formats(reader *r, const fmha_problem *p, float *const f32[4], const void *q_in, double tol) {
     const fmha_kv_format fk = (fmha_kv_format)(FMHA_KV_FORMAT_INT8 + take(r, 1) % 5),
                          fv = (fmha_kv_format)(FMHA_KV_FORMAT_INT8 + take(r, 1) % 5);
@@ -399,6 +403,26 @@ static void check_formats(reader *r, const fmha_problem *p, float *const f32[4],
         for (int d = 0; d < 4; d++) pr.q_strides[d] = (int64_t[4]){sq * Hq * D, Hq * D, D, 1}[d];
         if (fmha_ref_forward_full(&pr, qr, val[0], val[1], ro, rl) != 0) fail("reference failed");
         const int64_t n4[4] = {B, sq, Hq, Dv};
+        fmha_plan *plan = NULL;
+        char line[1024] = "";
+        if (fmha_plan_create(&pf, &plan) == FMHA_OK) fmha_plan_describe(plan, line, sizeof line);
+        fmha_plan_destroy(plan);
+        if (strstr(line, " scores=integer") || strstr(line, " scores=bf16")) {
+            /* the query quantized (q8_0) or rounded (bf16): twice the error of the padded query's blocks
+             * as ggml's q8_0 (a half scale), which a bf16 query's is below */
+            double *rq = malloc(n_o * sizeof(double)), worst = 0.0, m = 0.0;
+            if (!rq) fail("out of memory");
+            for (int64_t rr = 0; rr < B * sq * Hq; rr++)
+                for (int64_t e0 = 0; e0 < Dp; e0 += 32) {
+                    int8_t qi[32];
+                    const float dh = fmha_f16_to_f32(fmha_f32_to_f16(fmha_q8_0_block(q + rr * Dp + e0, qi)));
+                    for (int64_t e = e0; e < e0 + 32 && e < D; e++) qr[rr * D + e] = (float)qi[e - e0] * dh;
+                }
+            if (fmha_ref_forward_full(&pr, qr, val[0], val[1], rq, rl) != 0) fail("reference failed");
+            for (size_t e = 0; e < n_o; e++) worst = fmax(worst, fabs(rq[e] - ro[e])), m = fmax(m, fabs(ro[e]));
+            tol += 2.0 * worst / (1.0 + m);
+            free(rq);
+        }
         compare_tensor("formats O", o.p, FMHA_DTYPE_F32, n4, pf.o_strides, ro, 0.0, tol);
         free(ro), free(rl), free(qr);
     }

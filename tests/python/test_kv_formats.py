@@ -1,9 +1,12 @@
 """Quantized KV caches through NumPy fmha.attention (key_format=,
 value_format=, key_scales=, value_scales=) and fmha.quantize_kv, against the
 float64 reference on the values the caches hold, decoded here independently
-(ml_dtypes for float8, NumPy for int8 and the GGUF blocks). Paged caches,
-GQA, MLA's latent head with V a view of K, bf16 queries, and the clear
-errors of bad formats, shapes and scales."""
+(ml_dtypes for float8, NumPy for int8 and the GGUF blocks): precision
+'accurate' (the float32 query) to float32's rounding, 'fast' (the query
+quantized as q8_0 for integer scores of 8-bit and 4-bit keys) to no more
+than llama.cpp's arithmetic adds. Paged caches, GQA, MLA's latent head with
+V a view of K, bf16 queries, and the clear errors of bad formats, shapes
+and scales."""
 import numpy as np
 import pytest
 
@@ -52,7 +55,7 @@ def test_format_matches_reference(fmt, T, N, K, S, H, Hv):
     lengths = np.array([S, S // 3], np.int32)
     out, lse = fmha.attention(q, kq, vq, key_format=fmt, value_format=fmt, key_scales=ks, value_scales=vs,
                               key_value_seq_lengths=lengths, is_causal=True, causal_alignment="bottom_right",
-                              return_lse=True)
+                              return_lse=True, precision="accurate")
     ref = reference(q, decode(kq, ks, fmt, H), decode(vq, vs, fmt, Hv), kv_lengths=lengths, is_causal=True,
                     causal_alignment="bottom_right")
     assert out.shape == (B, T, N, Hv) and out.dtype == np.float32
@@ -70,6 +73,39 @@ def pool_of(x, table, lengths, page):
         for j in range(int(lengths[b])):
             pool[table[b, j // page], j % page] = x[b, j]
     return pool
+
+
+def llama_q8_0(x):
+    """x [..., H] as llama.cpp's arithmetic sees a query: blocks of 32
+    quantized as ggml's q8_0 (d = max |x| / 127 rounded to a half, q =
+    round(x / d) half away from zero), dequantized in float64."""
+    blocks = x.astype(np.float32).reshape(*x.shape[:-1], -1, 32)
+    d = np.max(np.abs(blocks), axis=-1, keepdims=True) / np.float32(127)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    y = blocks * inv
+    q = np.trunc(y) + np.where(np.abs(y - np.trunc(y)) >= 0.5, np.sign(y), 0)
+    return (q * d.astype(np.float16).astype(np.float64)).reshape(x.shape)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "q8_0", "q4_0"])
+@pytest.mark.parametrize("T,N,K,S,H", [(1, 8, 2, 300, 64), (4, 32, 8, 200, 32)])
+def test_fast_integer_scores_no_worse_than_llama_cpp(fmt, T, N, K, S, H):
+    rng = np.random.default_rng(hash((fmt, T, 1)) % 2**32)
+    B = 2
+    q = uniform(rng, (B, T, N, H))
+    _, kq, ks = stored(rng, (B, S, K, H), fmt)
+    _, vq, vs = stored(rng, (B, S, K, H), fmt)
+    lengths = np.array([S, S // 3], np.int32)
+    common = dict(key_format=fmt, value_format=fmt, key_scales=ks, value_scales=vs, key_value_seq_lengths=lengths,
+                  is_causal=True, causal_alignment="bottom_right")
+    assert "scores=integer" in fmha.describe(q, kq, vq, **common)
+    assert "scores=float32" in fmha.describe(q, kq, vq, precision="accurate", **common)
+    out = fmha.attention(q, kq, vq, **common)
+    kd, vd = decode(kq, ks, fmt, H), decode(vq, vs, fmt, H)
+    ref = reference(q, kd, vd, kv_lengths=lengths, is_causal=True, causal_alignment="bottom_right")["o"]
+    llama = reference(llama_q8_0(q), kd, vd, kv_lengths=lengths, is_causal=True, causal_alignment="bottom_right")["o"]
+    assert rel_error(out, ref) <= 1.25 * rel_error(llama, ref)
+    assert rel_error(out, ref) < 1e-2
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -103,13 +139,13 @@ def test_mixed_formats_float8_arrays_and_bf16_query():
     _, kq, ks = stored(rng, (B, S, K, H), "q8_0")
     _, vq, vs = stored(rng, (B, S, K, H), "fp8_e4m3")
     out = fmha.attention(q, kq, vq.view(ml_dtypes.float8_e4m3fn), key_format="q8_0", value_format="fp8_e4m3",
-                         value_scales=vs)
+                         value_scales=vs, precision="accurate")
     ref = reference(q.astype(np.float32), decode(kq, None, "q8_0", H), decode(vq, vs, "fp8_e4m3", H))
     assert out.dtype == q.dtype
     assert rel_error(out.astype(np.float32), ref["o"]) < 8e-3  # O rounded to bf16
     # one side quantized, the other float32
     v32 = uniform(rng, (B, S, K, H))
-    out = fmha.attention(q.astype(np.float32), kq, v32, key_format="q8_0")
+    out = fmha.attention(q.astype(np.float32), kq, v32, key_format="q8_0", precision="accurate")
     ref = reference(q.astype(np.float32), decode(kq, None, "q8_0", H), v32)
     assert rel_error(out, ref["o"]) < 2e-5
 
@@ -124,7 +160,7 @@ def test_mla_latent_head_with_value_a_view_of_key(fmt):
     v_view = kq[..., :units]  # the first 512 columns of the latent rows, the same memory
     assert np.shares_memory(v_view, kq)
     out = fmha.attention(q, kq, v_view, key_format=fmt, value_format=fmt, key_scales=ks, value_scales=ks,
-                         scale=0.05, is_causal=True, causal_alignment="bottom_right")
+                         scale=0.05, is_causal=True, causal_alignment="bottom_right", precision="accurate")
     kd = decode(kq, ks, fmt, D)
     ref = reference(q, kd, kd[..., :Dv], scale=0.05, is_causal=True, causal_alignment="bottom_right")
     assert rel_error(out, ref["o"]) < 2e-5

@@ -45,7 +45,15 @@ enum { FMHA_AMX_MR = 16, FMHA_AMX_NR = 64 };
     /* The matrix part's decode (attn_dec.c). */                                                                      \
     void fmha_matrix_pack_qt__##SUFFIX(size_t nq, size_t d, const void *const *rows, ptrdiff_t cs, int negate,         \
                                        uint32_t *qt);                                                                  \
-    void fmha_matrix_decode__##SUFFIX(fmha_matrix_dec_args *a);
+    void fmha_matrix_decode__##SUFFIX(fmha_matrix_dec_args *a);                                                       \
+    /* Integer scores on tiles from 16 rows (decode_q8.c; fmha_cache_scores_q8_ukernel_fn,                             \
+     * reading the query's tiles). */                                                                                  \
+    void fmha_int8kv_scores_q8__##SUFFIX(size_t rows, size_t nk, size_t d, const fmha_q8_rows *q, const void *k,        \
+                                         size_t ldk, float *s, size_t lds, float scale);                               \
+    void fmha_q8_0kv_scores_q8__##SUFFIX(size_t rows, size_t nk, size_t d, const fmha_q8_rows *q, const void *k,        \
+                                         size_t ldk, float *s, size_t lds, float scale);                               \
+    void fmha_q4_0kv_scores_q8__##SUFFIX(size_t rows, size_t nk, size_t d, const fmha_q8_rows *q, const void *k,        \
+                                         size_t ldk, float *s, size_t lds, float scale);
 
 FMHA_AMX_DECLARE(amx)
 FMHA_AMX_DECLARE(amx_emu)

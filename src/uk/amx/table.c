@@ -3,9 +3,11 @@
  * (16 x 64, amx.c), the matrix part (attention on the tiles, attn.c), and
  * the thread part that configures and releases them around each job.
  * Built again as amx_emu (amx_emu/table.c) over the software tile unit. */
+#include "../avx512/decode.h"
 #include "../avx512/f32.h"
 #include "../avx512/parts.h"
 #include "../avx512bf16/bf16.h"
+#include "../avx512vnni/decode.h"
 #include "amx.h"
 
 #if FMHA_AMX_EMULATED
@@ -39,6 +41,12 @@ static const fmha_uk_matrix amx_matrix = {
     .decode = FMHA_AMX_FN(fmha_matrix_decode),
 };
 
+/* avx512vnni's cache parts, with the integer scores on tiles (from 16 rows) */
+#define AMX_INTEGER(name)                                                                                              \
+    FMHA_AMX_FN(fmha_##name##kv_scores_q8), fmha_##name##kv_values_int__avx512vnni, .q8_tiles = 1
+static const fmha_uk_cache amx_caches[FMHA_FORMAT_COUNT] =
+    FMHA_AVX512_CACHES(AMX_INTEGER(int8), AMX_INTEGER(q8_0), AMX_INTEGER(q4_0), NULL, NULL);
+
 static const fmha_uk_thread amx_thread = {FMHA_AMX_FN(fmha_amx_thread_begin), FMHA_AMX_FN(fmha_amx_thread_end),
                                           FMHA_AMX_FN(fmha_amx_thread_foreign)};
 
@@ -48,7 +56,7 @@ const fmha_isa_parts AMX_TABLE = {
     .bf16 = &amx_pairs,
     .rows = &fmha_uk_rows__avx512,
     .decode = &fmha_uk_decode__avx512,
-    .cache = FMHA_AVX512_CACHE_PARTS,
+    .cache = FMHA_CACHE_PARTS(amx_caches),
     .thread = &amx_thread,
     .matrix = &amx_matrix,
 };

@@ -9,6 +9,7 @@
 
 #include "../ukernel.h"
 #include "decode.h"
+#include "parts.h"
 
 /* MR = 6: 12 accumulators + 2 B rows + 1 broadcast of the 16 ymm. Measured
  * on Zen 5: 6x16 runs at 91-98% of the 256-bit FMA peak, 4x16 at 88-91%. */
@@ -330,8 +331,8 @@ static void fmha_f32_ds_ukernel_16__avx2(size_t rows, const float *p, float *dp,
 }
 
 /* ---- the avx2 ISA's parts (rows, the scalar part's; no bf16 part, no
- * 2-byte cache kernels) ---- */
-static const fmha_uk_tile avx2_tile = {
+ * in-place cache kernels), shared with avx2vnni (parts.h) ---- */
+const fmha_uk_tile fmha_uk_tile__avx2 = {
     .mr = AVX2_MR,
     .nr = AVX2_NR,
     .block_kv = 128,
@@ -341,29 +342,12 @@ static const fmha_uk_tile avx2_tile = {
     .ds = fmha_f32_ds_ukernel_16__avx2,
 };
 
-static const fmha_uk_decode avx2_decode = {.softmax = fmha_f32_decode_softmax__avx2};
-static const fmha_uk_cache avx2_f32 = {
-    .scores = fmha_f32_decode_scores__avx2,
-    .values = fmha_f32_decode_values__avx2,
-};
-static const fmha_uk_cache avx2_bf16 = {.load = fmha_widen_bf16__avx2};
-static const fmha_uk_cache avx2_f16 = {.load = fmha_widen_f16__avx2};
-static const fmha_uk_cache avx2_int8 = {.load = fmha_widen_int8__avx2};
-static const fmha_uk_cache avx2_e4m3 = {.load = fmha_widen_e4m3__avx2};
-static const fmha_uk_cache avx2_e5m2 = {.load = fmha_widen_e5m2__avx2};
-static const fmha_uk_cache avx2_q8_0 = {.load = fmha_widen_q8_0__avx2};
-static const fmha_uk_cache avx2_q4_0 = {.load = fmha_widen_q4_0__avx2};
+const fmha_uk_decode fmha_uk_decode__avx2 = {.softmax = fmha_f32_decode_softmax__avx2};
+const fmha_uk_cache fmha_uk_caches__avx2[FMHA_FORMAT_COUNT] = FMHA_AVX2_CACHES(NULL, NULL, NULL);
 
 const fmha_isa_parts fmha_isa_avx2 = {
     .isa = "avx2",
-    .tile = &avx2_tile,
-    .decode = &avx2_decode,
-    .cache = {[FMHA_FORMAT_F32] = &avx2_f32,
-              [FMHA_FORMAT_BF16] = &avx2_bf16,
-              [FMHA_FORMAT_F16] = &avx2_f16,
-              [FMHA_FORMAT_INT8] = &avx2_int8,
-              [FMHA_FORMAT_FP8_E4M3] = &avx2_e4m3,
-              [FMHA_FORMAT_FP8_E5M2] = &avx2_e5m2,
-              [FMHA_FORMAT_Q8_0] = &avx2_q8_0,
-              [FMHA_FORMAT_Q4_0] = &avx2_q4_0},
+    .tile = &fmha_uk_tile__avx2,
+    .decode = &fmha_uk_decode__avx2,
+    .cache = FMHA_CACHE_PARTS(fmha_uk_caches__avx2),
 };

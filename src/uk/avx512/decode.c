@@ -14,31 +14,9 @@
 
 #include "decode.h"
 #include "exp.h"
+#include "reduce.h"
 
 #define FMHA_INLINE static inline __attribute__((always_inline))
-
-/* 16 vectors a[0..15] -> one vector whose lane j is the sum of a[j]'s lanes. */
-FMHA_INLINE __m512 reduce16(__m512 a[16]) {
-    __m512 s2[8], s4[4];
-    /* pairs: per 128-bit lane [x0+x2, y0+y2, x1+x3, y1+y3] */
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++)
-        s2[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
-                              _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-    /* quads: per 128-bit lane the partial sums of 4 consecutive vectors */
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        __m512d x = _mm512_castps_pd(s2[2 * i]), y = _mm512_castps_pd(s2[2 * i + 1]);
-        s4[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                              _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-    }
-    /* across the four 128-bit lanes */
-    __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(s4[0], s4[1], 0x88),
-                              _mm512_shuffle_f32x4(s4[0], s4[1], 0xDD));
-    __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(s4[2], s4[3], 0x88),
-                              _mm512_shuffle_f32x4(s4[2], s4[3], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
-}
 
 /* The element type of K or V rows: float32, or a narrower format widened
  * in registers (bf16: the bits shifted up; half: vcvtph2ps; int8: sign
@@ -157,7 +135,7 @@ FMHA_INLINE void scores_block(const int kind, const int R, size_t nr, size_t nj,
         for (int jj = 0; jj < J; jj++) kv[jj] = maskz_load_kv(kind, tail, kr[jj], e);
         scores_step(R, J, qv, kv, acc);
     }
-    const __m512 sum = _mm512_mul_ps(reduce16(acc), sv);
+    const __m512 sum = _mm512_mul_ps(fmha_avx512_reduce16(acc), sv);
     const __mmask16 keys = (__mmask16)((1u << nj) - 1u);
     if (R == 1) {
         _mm512_mask_storeu_ps(s, keys, sum);

@@ -34,6 +34,25 @@ FMHA_AVX512_FORMAT_DECLS(e4m3)
 FMHA_AVX512_FORMAT_DECLS(e5m2)
 FMHA_AVX512_FORMAT_DECLS(q8_0)
 FMHA_AVX512_FORMAT_DECLS(q4_0)
+/* Every format's AVX-512 kernels, an fmha_uk_cache [FMHA_FORMAT_COUNT]
+ * initializer (float32 rows need no load kernel: the scalar copy), with
+ * the integer kernels (scores_q8, values_int) of int8, q8_0 and q4_0 rows
+ * (each a pair; FMHA_NO_INTEGER: none) and the bf16 scores of float8 keys
+ * (NULL: none). */
+#define FMHA_NO_INTEGER NULL, NULL
+#define FMHA_AVX512_FORMAT(name) \
+    fmha_widen_##name##__avx512, fmha_##name##kv_decode_scores__avx512, fmha_##name##kv_decode_values__avx512
+#define FMHA_AVX512_CACHES(int8_int, q8_0_int, q4_0_int, e4m3_bf16, e5m2_bf16)                                        \
+    {                                                                                                                  \
+        [FMHA_FORMAT_F32] = {.scores = fmha_f32_decode_scores__avx512, .values = fmha_f32_decode_values__avx512},     \
+        [FMHA_FORMAT_BF16] = {FMHA_AVX512_FORMAT(bf16)}, [FMHA_FORMAT_F16] = {FMHA_AVX512_FORMAT(f16)},                \
+        [FMHA_FORMAT_INT8] = {FMHA_AVX512_FORMAT(int8), int8_int},                                                     \
+        [FMHA_FORMAT_FP8_E4M3] = {FMHA_AVX512_FORMAT(e4m3), .scores_bf16 = e4m3_bf16},                                 \
+        [FMHA_FORMAT_FP8_E5M2] = {FMHA_AVX512_FORMAT(e5m2), .scores_bf16 = e5m2_bf16},                                 \
+        [FMHA_FORMAT_Q8_0] = {FMHA_AVX512_FORMAT(q8_0), q8_0_int},                                                     \
+        [FMHA_FORMAT_Q4_0] = {FMHA_AVX512_FORMAT(q4_0), q4_0_int}                                                      \
+    }
+
 /* y[i] = exp(x[i]) (f32.c) */
 void fmha_f32_exp__avx512(size_t n, const float *x, float *y);
 

@@ -11,13 +11,5 @@ extern const fmha_uk_decode fmha_uk_decode__avx512;
 /* every cache format's kernels, indexed by fmha_cache_format_id */
 extern const fmha_uk_cache fmha_uk_caches__avx512[FMHA_FORMAT_COUNT];
 
-/* The cache parts of a table built on AVX-512. */
-#define FMHA_AVX512_CACHE_PARTS                                                                                        \
-    {                                                                                                                  \
-        &fmha_uk_caches__avx512[0], &fmha_uk_caches__avx512[1], &fmha_uk_caches__avx512[2],                            \
-            &fmha_uk_caches__avx512[3], &fmha_uk_caches__avx512[4], &fmha_uk_caches__avx512[5],                        \
-            &fmha_uk_caches__avx512[6], &fmha_uk_caches__avx512[7]                                                     \
-    }
-_Static_assert(FMHA_FORMAT_COUNT == 8, "FMHA_AVX512_CACHE_PARTS lists every format");
 
 #endif /* FMHA_UK_AVX512_PARTS_H */

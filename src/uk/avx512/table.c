@@ -29,25 +29,13 @@ const fmha_uk_rows fmha_uk_rows__avx512 = {
 
 const fmha_uk_decode fmha_uk_decode__avx512 = {.softmax = fmha_f32_decode_softmax__avx512};
 
-/* float32 rows need no load kernel (the scalar copy); every other format
- * is widened in registers, read in place */
-const fmha_uk_cache fmha_uk_caches__avx512[FMHA_FORMAT_COUNT] = {
-    [FMHA_FORMAT_F32] = {.scores = fmha_f32_decode_scores__avx512, .values = fmha_f32_decode_values__avx512},
-    [FMHA_FORMAT_BF16] = {fmha_widen_bf16__avx512, fmha_bf16kv_decode_scores__avx512, fmha_bf16kv_decode_values__avx512},
-    [FMHA_FORMAT_F16] = {fmha_widen_f16__avx512, fmha_f16kv_decode_scores__avx512, fmha_f16kv_decode_values__avx512},
-    [FMHA_FORMAT_INT8] = {fmha_widen_int8__avx512, fmha_int8kv_decode_scores__avx512, fmha_int8kv_decode_values__avx512},
-    [FMHA_FORMAT_FP8_E4M3] = {fmha_widen_e4m3__avx512, fmha_e4m3kv_decode_scores__avx512,
-                              fmha_e4m3kv_decode_values__avx512},
-    [FMHA_FORMAT_FP8_E5M2] = {fmha_widen_e5m2__avx512, fmha_e5m2kv_decode_scores__avx512,
-                              fmha_e5m2kv_decode_values__avx512},
-    [FMHA_FORMAT_Q8_0] = {fmha_widen_q8_0__avx512, fmha_q8_0kv_decode_scores__avx512, fmha_q8_0kv_decode_values__avx512},
-    [FMHA_FORMAT_Q4_0] = {fmha_widen_q4_0__avx512, fmha_q4_0kv_decode_scores__avx512, fmha_q4_0kv_decode_values__avx512},
-};
+/* every format read in place, widened in registers */
+const fmha_uk_cache fmha_uk_caches__avx512[FMHA_FORMAT_COUNT] = FMHA_AVX512_CACHES(FMHA_NO_INTEGER, FMHA_NO_INTEGER, FMHA_NO_INTEGER, NULL, NULL);
 
 const fmha_isa_parts fmha_isa_avx512 = {
     .isa = "avx512",
     .tile = &fmha_uk_tile__avx512,
     .rows = &fmha_uk_rows__avx512,
     .decode = &fmha_uk_decode__avx512,
-    .cache = FMHA_AVX512_CACHE_PARTS,
+    .cache = FMHA_CACHE_PARTS(fmha_uk_caches__avx512),
 };

@@ -36,4 +36,17 @@ void fmha_bf16_pair_rows_split_ukernel_64__avx512bf16(const float *a, const floa
 void fmha_bf16_softmax_pairs_ukernel_64__avx512bf16(size_t rows, const float *s, size_t lds, float *m, float *l,
                                                     float *alpha, uint32_t *pairs);
 
+/* Scores of float8 keys on the bf16 query (decode_fp8.c; fmha_cache_scores_bf16_ukernel_fn). */
+void fmha_e4m3kv_scores_bf16__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
+                                         const void *k, size_t ldk, float *s, size_t lds, float scale);
+void fmha_e5m2kv_scores_bf16__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
+                                         const void *k, size_t ldk, float *s, size_t lds, float scale);
+
+/* every cache format's kernels (table.c): avx512vnni's, with the bf16
+ * scores of float8 keys (not the amx table's: on Sapphire Rapids
+ * vdpbf16ps issues at a quarter of the FMA's rate, a product pair taking
+ * twice an FMA's time) */
+#include "../ukernel.h"
+extern const fmha_uk_cache fmha_uk_caches__avx512bf16[FMHA_FORMAT_COUNT];
+
 #endif /* FMHA_UK_AVX512BF16_BF16_H */

@@ -1,9 +1,17 @@
-/* avx512bf16/table.c: the ISA of CPUs with AVX512_BF16: the AVX-512 parts
- * (avx512/parts.h: same MR, NR and tile sizes) plus the bf16 part of this
- * directory's vdpbf16ps kernels. */
+/* avx512bf16/table.c: the ISA of CPUs with AVX512_BF16 (and AVX512-VNNI,
+ * which every one of them has): the AVX-512 parts (avx512/parts.h: same MR,
+ * NR and tile sizes) with avx512vnni's integer kernels and this
+ * directory's bf16 scores of float8 keys in the cache parts, plus the bf16
+ * part of its vdpbf16ps kernels. */
+#include "../avx512/decode.h"
 #include "../avx512/f32.h"
 #include "../avx512/parts.h"
+#include "../avx512vnni/decode.h"
 #include "bf16.h"
+
+const fmha_uk_cache fmha_uk_caches__avx512bf16[FMHA_FORMAT_COUNT] =
+    FMHA_AVX512_CACHES(FMHA_AVX512VNNI_INTEGER(int8), FMHA_AVX512VNNI_INTEGER(q8_0), FMHA_AVX512VNNI_INTEGER(q4_0),
+                       fmha_e4m3kv_scores_bf16__avx512bf16, fmha_e5m2kv_scores_bf16__avx512bf16);
 
 _Static_assert((int)FMHA_AVX512BF16_MR == (int)FMHA_AVX512_MR &&
                    (int)FMHA_AVX512BF16_NR == (int)FMHA_AVX512_NR,
@@ -23,5 +31,5 @@ const fmha_isa_parts fmha_isa_avx512bf16 = {
     .bf16 = &avx512bf16_pairs,
     .rows = &fmha_uk_rows__avx512,
     .decode = &fmha_uk_decode__avx512,
-    .cache = FMHA_AVX512_CACHE_PARTS,
+    .cache = FMHA_CACHE_PARTS(fmha_uk_caches__avx512bf16),
 };

@@ -1,11 +1,13 @@
 /* neonbf16/table.c: the ISA of aarch64 CPUs with FEAT_BF16 (Armv8.6, or
- * 8.2 with BF16: Neoverse V1/V2/N2, Graviton 3/4, Grace): the neon parts
- * (neon/parts.h: same MR, NR and tile sizes, the decode and cache kernels,
- * whose contract asks for the float32 kernels' bits on widened rows) plus a
+ * 8.2 with BF16: Neoverse V1/V2/N2, Graviton 3/4, Grace; every one has the
+ * dot product too): the neon parts (neon/parts.h: same MR, NR and tile
+ * sizes, the decode and cache kernels, whose contract asks for the float32
+ * kernels' bits on widened rows) with neondot's integer scores, plus a
  * bf16 part of this directory's BFMMLA GEMM and BFCVTN conversions, and
  * to_bf16 on BFCVTN in the neon row kernels' place. */
 #include "../neon/neon.h"
 #include "../neon/parts.h"
+#include "../neondot/neondot.h"
 #include "neonbf16.h"
 
 _Static_assert((int)FMHA_NEONBF16_MR == (int)FMHA_NEON_MR && (int)FMHA_NEONBF16_NR == (int)FMHA_NEON_NR,
@@ -33,5 +35,5 @@ const fmha_isa_parts fmha_isa_neonbf16 = {
     .bf16 = &neonbf16_pairs,
     .rows = &neonbf16_rows,
     .decode = &fmha_uk_decode__neon,
-    .cache = FMHA_NEON_CACHE_PARTS,
+    .cache = FMHA_NEONDOT_CACHE_PARTS,
 };

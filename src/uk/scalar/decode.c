@@ -81,3 +81,118 @@ FORMAT_LOAD(e4m3, FMHA_FORMAT_FP8_E4M3)
 FORMAT_LOAD(e5m2, FMHA_FORMAT_FP8_E5M2)
 FORMAT_LOAD(q8_0, FMHA_FORMAT_Q8_0)
 FORMAT_LOAD(q4_0, FMHA_FORMAT_Q4_0)
+
+/* ---- integer scores on the q8_0 query (the specification of every ISA's
+ * scores_q8: exact int32 block sums, then the float32 steps in block order) ---- */
+
+/* Key j's integer of element e (kq) and block b's scale (kd) in each format. */
+static int32_t kq_int8(const uint8_t *row, size_t e) { return (int8_t)row[e]; }
+static float kd_one(const uint8_t *row, size_t b) { return (void)row, (void)b, 1.0f; }
+static int32_t kq_q8_0(const uint8_t *row, size_t e) { return (int8_t)row[e / 32 * 34 + 2 + e % 32]; }
+static int32_t kq_q4_0(const uint8_t *row, size_t e) {
+    const uint8_t byte = row[e / 32 * 18 + 2 + e % 16];
+    return (e % 32 < 16 ? byte & 15 : byte >> 4) - 8;
+}
+static float half_at(const uint8_t *p) { return fmha_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
+static float kd_q8_0(const uint8_t *row, size_t b) { return half_at(row + b * 34); }
+static float kd_q4_0(const uint8_t *row, size_t b) { return half_at(row + b * 18); }
+
+static void scores_q8(int32_t (*kq)(const uint8_t *, size_t), float (*kd)(const uint8_t *, size_t), size_t rows,
+                      size_t nk, size_t d, const fmha_q8_rows *q, const void *k, size_t ldk, float *s, size_t lds,
+                      float scale) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < nk; j++) {
+            const uint8_t *row = (const uint8_t *)k + j * ldk;
+            float acc = 0.0f;
+            for (size_t b = 0; b < d / 32; b++) {
+                int32_t isum = 0;
+                for (size_t e = 32 * b; e < 32 * b + 32; e++) isum += q->q[r * q->ld + e] * kq(row, e);
+                acc = fmaf((float)isum, q->d[r * (q->ld / 32) + b] * kd(row, b), acc);
+            }
+            s[r * lds + j] = acc * scale;
+        }
+}
+
+#define SCORES_Q8(name)                                                                                               \
+    void fmha_##name##kv_scores_q8__scalar(size_t rows, size_t nk, size_t d, const fmha_q8_rows *q, const void *k,    \
+                                           size_t ldk, float *s, size_t lds, float scale) {                           \
+        scores_q8(kq_##name, KD_##name, rows, nk, d, q, k, ldk, s, lds, scale);                                       \
+    }
+#define KD_int8 kd_one
+#define KD_q8_0 kd_q8_0
+#define KD_q4_0 kd_q4_0
+SCORES_Q8(int8)
+SCORES_Q8(q8_0)
+SCORES_Q8(q4_0)
+
+/* ---- P V in integers on 16-bit P (the specification of values_int) ---- */
+static void values_int(int32_t (*vq)(const uint8_t *, size_t), float (*vd)(const uint8_t *, size_t), size_t rows,
+                       size_t nk, size_t dv, const float *p, size_t ldp, const void *v, size_t ldv, float *o,
+                       size_t ldo, const float *alpha) {
+    int32_t pq[64];
+    for (size_t r = 0; r < rows; r++)
+        for (size_t b = 0; b < (dv + 31) / 32; b++) {
+            float w[64], pm = 0.0f, dm = 0.0f;
+            for (size_t j = 0; j < nk; j++) {
+                const float pj = p[r * ldp + j], dj = vd((const uint8_t *)v + j * ldv, b);
+                w[j] = pj * dj;
+                pm = isnan(pj) || isnan(pm) ? NAN : fmaxf(pm, fabsf(pj));
+                dm = isnan(dj) || isnan(dm) ? NAN : fmaxf(dm, fabsf(dj));
+            }
+            const float m = pm * dm; /* at least every |w_j| */
+            const int finite = m <= 3.40282347e38f;
+            /* weights below 2^-100 count as 0 (32767 / m would overflow) */
+            const float s = finite ? m / 32767.0f : NAN, inv = finite && m >= 0x1p-100f ? 32767.0f / m : 0.0f;
+            for (size_t j = 0; j < nk; j++) pq[j] = finite ? (int32_t)rintf(w[j] * inv) : 0;
+            for (size_t c = 32 * b; c < dv && c < 32 * b + 32; c++) {
+                int32_t isum = 0;
+                for (size_t j = 0; j < nk; j++) isum += pq[j] * vq((const uint8_t *)v + j * ldv, c);
+                o[r * ldo + c] = fmaf(o[r * ldo + c], alpha[r], (float)isum * s);
+            }
+        }
+}
+
+#define VALUES_INT(name)                                                                                              \
+    void fmha_##name##kv_values_int__scalar(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,          \
+                                            const void *v, size_t ldv, float *o, size_t ldo, const float *alpha) {  \
+        values_int(kq_##name, KD_##name, rows, nk, dv, p, ldp, v, ldv, o, ldo, alpha);                              \
+    }
+VALUES_INT(int8)
+VALUES_INT(q8_0)
+VALUES_INT(q4_0)
+
+/* ---- float8 keys on the bf16 query (the specification of scores_bf16) ---- */
+static float bf16_half(uint32_t w, int hi) {
+    const uint32_t u = (hi ? w >> 16 : w & 0xffffu) << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+static void scores_bf16(float (*value)(uint8_t), size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
+                        const void *k, size_t ldk, float *s, size_t lds, float scale) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < nk; j++) {
+            const uint8_t *row = (const uint8_t *)k + j * ldk;
+            float lane[16] = {0};
+            for (size_t t = 0; t < d / 32; t++)
+                for (size_t i = 0; i < 16; i++) {
+                    const uint32_t w = q[r * ldq + 16 * t + i];
+                    lane[i] += bf16_half(w, 1) * value(row[32 * t + 2 * i + 1]);
+                    lane[i] += bf16_half(w, 0) * value(row[32 * t + 2 * i]);
+                }
+            float g[4];
+            for (int x = 0; x < 4; x++) g[x] = (lane[4 * x] + lane[4 * x + 2]) + (lane[4 * x + 1] + lane[4 * x + 3]);
+            s[r * lds + j] = ((g[0] + g[1]) + (g[2] + g[3])) * scale;
+        }
+}
+
+void fmha_e4m3kv_scores_bf16__scalar(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq, const void *k,
+                                     size_t ldk, float *s, size_t lds, float scale) {
+    scores_bf16(fmha_fp8_e4m3_to_f32, rows, nk, d, q, ldq, k, ldk, s, lds, scale);
+}
+
+void fmha_e5m2kv_scores_bf16__scalar(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq, const void *k,
+                                     size_t ldk, float *s, size_t lds, float scale) {
+    scores_bf16(fmha_fp8_e5m2_to_f32, rows, nk, d, q, ldq, k, ldk, s, lds, scale);
+}

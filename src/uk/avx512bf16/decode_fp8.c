@@ -1,0 +1,134 @@
+/* avx512bf16/decode_fp8.c: scores of float8 keys (OCP e4m3fn, e5m2) on the
+ * query rounded to bf16 (fmha_cache_scores_bf16_ukernel_fn; contract and
+ * specification in ../ukernel.h and ../scalar/decode.c), with vdpbf16ps.
+ *
+ * Every float8 value is a bf16 value (3 or 2 mantissa bits, exponents
+ * inside bf16's), so 32 bytes of a key become 32 bf16 exactly, in order:
+ * each byte's magnitude (7 bits) indexes a 128-entry table of bf16 bits
+ * (two vpermt2w of 64 entries and a blend; NaN and inf codes included),
+ * and its sign bit is or-ed in. A block of 4 rows x 4 keys (or 1 row x 16
+ * keys) keeps 16 accumulators over the head dim, one vdpbf16ps per 32
+ * values a (row, key), and ends with avx512/decode.c's transposing sum. */
+#include <immintrin.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../avx512/reduce.h"
+#include "bf16.h"
+
+#define FMHA_INLINE static inline __attribute__((always_inline))
+
+/* bf16 bits of every float8 magnitude m < 128: fmha_fp8_e4m3_to_f32(m)
+ * and fmha_fp8_e5m2_to_f32(m) (format.c), NaN as 0x7fc0 */
+static const uint16_t e4m3_bf16[128] __attribute__((aligned(64))) = {
+    0x0000, 0x3b00, 0x3b80, 0x3bc0, 0x3c00, 0x3c20, 0x3c40, 0x3c60, 0x3c80, 0x3c90, 0x3ca0, 0x3cb0, 0x3cc0, 0x3cd0,
+    0x3ce0, 0x3cf0, 0x3d00, 0x3d10, 0x3d20, 0x3d30, 0x3d40, 0x3d50, 0x3d60, 0x3d70, 0x3d80, 0x3d90, 0x3da0, 0x3db0,
+    0x3dc0, 0x3dd0, 0x3de0, 0x3df0, 0x3e00, 0x3e10, 0x3e20, 0x3e30, 0x3e40, 0x3e50, 0x3e60, 0x3e70, 0x3e80, 0x3e90,
+    0x3ea0, 0x3eb0, 0x3ec0, 0x3ed0, 0x3ee0, 0x3ef0, 0x3f00, 0x3f10, 0x3f20, 0x3f30, 0x3f40, 0x3f50, 0x3f60, 0x3f70,
+    0x3f80, 0x3f90, 0x3fa0, 0x3fb0, 0x3fc0, 0x3fd0, 0x3fe0, 0x3ff0, 0x4000, 0x4010, 0x4020, 0x4030, 0x4040, 0x4050,
+    0x4060, 0x4070, 0x4080, 0x4090, 0x40a0, 0x40b0, 0x40c0, 0x40d0, 0x40e0, 0x40f0, 0x4100, 0x4110, 0x4120, 0x4130,
+    0x4140, 0x4150, 0x4160, 0x4170, 0x4180, 0x4190, 0x41a0, 0x41b0, 0x41c0, 0x41d0, 0x41e0, 0x41f0, 0x4200, 0x4210,
+    0x4220, 0x4230, 0x4240, 0x4250, 0x4260, 0x4270, 0x4280, 0x4290, 0x42a0, 0x42b0, 0x42c0, 0x42d0, 0x42e0, 0x42f0,
+    0x4300, 0x4310, 0x4320, 0x4330, 0x4340, 0x4350, 0x4360, 0x4370, 0x4380, 0x4390, 0x43a0, 0x43b0, 0x43c0, 0x43d0,
+    0x43e0, 0x7fc0};
+static const uint16_t e5m2_bf16[128] __attribute__((aligned(64))) = {
+    0x0000, 0x3780, 0x3800, 0x3840, 0x3880, 0x38a0, 0x38c0, 0x38e0, 0x3900, 0x3920, 0x3940, 0x3960, 0x3980, 0x39a0,
+    0x39c0, 0x39e0, 0x3a00, 0x3a20, 0x3a40, 0x3a60, 0x3a80, 0x3aa0, 0x3ac0, 0x3ae0, 0x3b00, 0x3b20, 0x3b40, 0x3b60,
+    0x3b80, 0x3ba0, 0x3bc0, 0x3be0, 0x3c00, 0x3c20, 0x3c40, 0x3c60, 0x3c80, 0x3ca0, 0x3cc0, 0x3ce0, 0x3d00, 0x3d20,
+    0x3d40, 0x3d60, 0x3d80, 0x3da0, 0x3dc0, 0x3de0, 0x3e00, 0x3e20, 0x3e40, 0x3e60, 0x3e80, 0x3ea0, 0x3ec0, 0x3ee0,
+    0x3f00, 0x3f20, 0x3f40, 0x3f60, 0x3f80, 0x3fa0, 0x3fc0, 0x3fe0, 0x4000, 0x4020, 0x4040, 0x4060, 0x4080, 0x40a0,
+    0x40c0, 0x40e0, 0x4100, 0x4120, 0x4140, 0x4160, 0x4180, 0x41a0, 0x41c0, 0x41e0, 0x4200, 0x4220, 0x4240, 0x4260,
+    0x4280, 0x42a0, 0x42c0, 0x42e0, 0x4300, 0x4320, 0x4340, 0x4360, 0x4380, 0x43a0, 0x43c0, 0x43e0, 0x4400, 0x4420,
+    0x4440, 0x4460, 0x4480, 0x44a0, 0x44c0, 0x44e0, 0x4500, 0x4520, 0x4540, 0x4560, 0x4580, 0x45a0, 0x45c0, 0x45e0,
+    0x4600, 0x4620, 0x4640, 0x4660, 0x4680, 0x46a0, 0x46c0, 0x46e0, 0x4700, 0x4720, 0x4740, 0x4760, 0x7f80, 0x7fc0,
+    0x7fc0, 0x7fc0};
+
+/* A format's table in 4 vectors of 32 entries. */
+typedef struct fp8_table {
+    __m512i t[4];
+} fp8_table;
+
+FMHA_INLINE fp8_table table_of(const uint16_t *bits) {
+    fp8_table tb;
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) tb.t[i] = _mm512_load_si512((const void *)(bits + 32 * i));
+    return tb;
+}
+
+/* 32 float8 bytes at x as 32 bf16, in order. */
+FMHA_INLINE __m512bh fp8_to_bf16(const fp8_table *tb, const uint8_t *x) {
+    const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)x));
+    const __m512i lo = _mm512_permutex2var_epi16(tb->t[0], w, tb->t[1]); /* magnitudes 0-63 (index bits 5:0) */
+    const __m512i hi = _mm512_permutex2var_epi16(tb->t[2], w, tb->t[3]); /* 64-127 */
+    const __m512i mag = _mm512_mask_mov_epi16(lo, _mm512_test_epi16_mask(w, _mm512_set1_epi16(0x40)), hi);
+    /* the sign: bit 7 of the byte to bit 15 of the word */
+    return (__m512bh)_mm512_ternarylogic_epi32(mag, _mm512_slli_epi16(w, 8), _mm512_set1_epi16((short)0x8000), 0xF8);
+}
+
+/* acc[r * J + jj] += q_r . k_jj over one step of 32 values. */
+FMHA_INLINE void step(const int R, const int J, const __m512bh qv[4], const __m512bh kv[16], __m512 acc[16]) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 16
+        for (int jj = 0; jj < J; jj++) acc[r * J + jj] = _mm512_dpbf16_ps(acc[r * J + jj], qv[r], kv[jj]);
+}
+
+/* R rows x 16 / R keys (R = 4 or 1; rows past nr and keys past nj repeat
+ * the last, not stored); row r's keys in lanes [r * J, (r + 1) * J) after
+ * the reduction. */
+FMHA_INLINE void scores_block(const int R, const fp8_table *tb, size_t nr, size_t nj, size_t d, const uint32_t *q,
+                              size_t ldq, const uint8_t *k, size_t ldk, float *s, size_t lds, float scale) {
+    const int J = 16 / R;
+    const uint32_t *qr[4];
+    const uint8_t *kr[16];
+    for (int r = 0; r < R; r++) qr[r] = q + ((size_t)r < nr ? (size_t)r : nr - 1) * ldq;
+    for (int jj = 0; jj < J; jj++) kr[jj] = k + ((size_t)jj < nj ? (size_t)jj : nj - 1) * ldk;
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int x = 0; x < 16; x++) acc[x] = _mm512_setzero_ps();
+    for (size_t e = 0; e < d; e += 32) {
+        __m512bh qv[4], kv[16];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) qv[r] = (__m512bh)_mm512_loadu_si512(qr[r] + e / 2);
+#pragma GCC unroll 16
+        for (int jj = 0; jj < J; jj++) kv[jj] = fp8_to_bf16(tb, kr[jj] + e);
+        step(R, J, qv, kv, acc);
+    }
+    const __m512 sum = _mm512_mul_ps(fmha_avx512_reduce16(acc), _mm512_set1_ps(scale));
+    const __mmask16 keys = (__mmask16)((1u << nj) - 1u);
+    if (R == 1) {
+        _mm512_mask_storeu_ps(s, keys, sum);
+        return;
+    }
+    _mm_mask_storeu_ps(s, (__mmask8)keys, _mm512_castps512_ps128(sum));
+    if (nr > 1) _mm_mask_storeu_ps(s + lds, (__mmask8)keys, _mm512_extractf32x4_ps(sum, 1));
+    if (nr > 2) _mm_mask_storeu_ps(s + 2 * lds, (__mmask8)keys, _mm512_extractf32x4_ps(sum, 2));
+    if (nr > 3) _mm_mask_storeu_ps(s + 3 * lds, (__mmask8)keys, _mm512_extractf32x4_ps(sum, 3));
+}
+
+/* Rows in blocks of 4 (a last block of 3 with a repeated row) against 4
+ * keys at a time, then the rows left one at a time against 16. */
+FMHA_INLINE void scores_bf16(const uint16_t *bits, size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
+                             const void *k, size_t ldk, float *s, size_t lds, float scale) {
+    const fp8_table tb = table_of(bits);
+    const uint8_t *k8 = k;
+    const size_t blocked = rows >= 3 ? (rows + 1) / 4 * 4 : 0;
+    for (size_t r0 = 0; r0 < blocked; r0 += 4)
+        for (size_t j0 = 0; j0 < nk; j0 += 4)
+            scores_block(4, &tb, rows - r0 < 4 ? rows - r0 : 4, nk - j0 < 4 ? nk - j0 : 4, d, q + r0 * ldq, ldq,
+                         k8 + j0 * ldk, ldk, s + r0 * lds + j0, lds, scale);
+    for (size_t r = blocked; r < rows; r++)
+        for (size_t j0 = 0; j0 < nk; j0 += 16)
+            scores_block(1, &tb, 1, nk - j0 < 16 ? nk - j0 : 16, d, q + r * ldq, ldq, k8 + j0 * ldk, ldk,
+                         s + r * lds + j0, lds, scale);
+}
+
+void fmha_e4m3kv_scores_bf16__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
+                                         const void *k, size_t ldk, float *s, size_t lds, float scale) {
+    scores_bf16(e4m3_bf16, rows, nk, d, q, ldq, k, ldk, s, lds, scale);
+}
+
+void fmha_e5m2kv_scores_bf16__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
+                                         const void *k, size_t ldk, float *s, size_t lds, float scale) {
+    scores_bf16(e5m2_bf16, rows, nk, d, q, ldq, k, ldk, s, lds, scale);
+}

@@ -1,0 +1,198 @@
+/* avx512vnni/values_int.c: P V in integers for int8, q8_0 and q4_0 values
+ * (fmha_cache_values_int_ukernel_fn; contract and specification in
+ * ../ukernel.h and ../scalar/decode.c) with AVX512-VNNI's vpdpwssd.
+ *
+ * Each row's P, times each block's scale, is quantized to 16 bits per
+ * block of 32 columns (int8: one scale for the row), as pairs of keys in
+ * a dword; V's bytes widen to 16 bits and two keys' rows interleave, so
+ * that one vpdpwssd adds two keys' products for 16 columns (in the order
+ * the 16-bit unpacks leave them: 0-3, 8-11, 16-19, 24-27 and 4-7, 12-15,
+ * 20-23, 28-31 of a block, put back in order once at the end). Blocks of
+ * 4 rows x 64 columns keep 16 int32 accumulators. */
+#include <immintrin.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "decode.h"
+
+#define FMHA_INLINE static inline __attribute__((always_inline))
+
+enum { V_INT8, V_Q8_0, V_Q4_0 };
+enum { MAX_KEYS = 64, MAX_BLOCKS = 18 }; /* the contract's nk; D <= 576 */
+
+FMHA_INLINE size_t block_bytes(const int kind) { return kind == V_INT8 ? 32 : kind == V_Q8_0 ? 34 : 18; }
+
+/* Columns [32 b, 32 b + 32) of row x as 16-bit integers (int8: the lanes
+ * of cm, the others 0). */
+FMHA_INLINE __m512i widen_block(const int kind, const uint8_t *x, size_t b, __mmask32 cm) {
+    if (kind == V_INT8) return _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(cm, x + 32 * b));
+    const uint8_t *at = x + b * block_bytes(kind) + 2;
+    if (kind == V_Q8_0) return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)at));
+    const __m256i n = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)at));
+    const __m256i lo = _mm256_and_si256(n, _mm256_set1_epi16(15)), hi = _mm256_srli_epi16(n, 4);
+    return _mm512_sub_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi16(8));
+}
+
+/* Row r's P' for block b (keys in pairs: pw [nk / 2 rounded up] dwords, the
+ * pad 0) and its scale *s, from the row's largest |P| pm and the block's
+ * largest |scale| dm. vd: the 16-key chunks' block scales (int8: ones). */
+FMHA_INLINE void quantize_row(size_t nk, const float *p, const __m512 vd[MAX_KEYS / 16], float pm, float dm,
+                              int32_t *pw, float *s) {
+    const float mx = pm * dm;
+    const int finite = mx <= 3.40282347e38f;
+    *s = finite ? mx / 32767.0f : NAN;
+    const __m512 inv = _mm512_set1_ps(finite && mx >= 0x1p-100f ? 32767.0f / mx : 0.0f);
+    for (size_t c = 0; c * 16 < nk; c++) {
+        const __mmask16 keys = nk - 16 * c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nk - 16 * c)) - 1u);
+        const __m512 w = _mm512_mul_ps(_mm512_maskz_loadu_ps(keys, p + 16 * c), vd[c]);
+        const __m512i q = finite ? _mm512_cvtps_epi32(_mm512_mul_ps(w, inv)) : _mm512_setzero_si512();
+        _mm256_storeu_si256((__m256i *)((int16_t *)pw + 16 * c), _mm512_cvtepi32_epi16(q));
+    }
+}
+
+/* The largest |x_i| of n <= MAX_KEYS floats, NaN when one is NaN. */
+FMHA_INLINE float abs_max(size_t n, const float *x) {
+    __m512 m = _mm512_setzero_ps();
+    __mmask16 nan = 0;
+    for (size_t c = 0; c * 16 < n; c++) {
+        const __mmask16 keys = n - 16 * c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - 16 * c)) - 1u);
+        const __m512 v = _mm512_maskz_loadu_ps(keys, x + 16 * c);
+        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        m = _mm512_max_ps(m, _mm512_abs_ps(v));
+    }
+    return nan ? NAN : _mm512_reduce_max_ps(m);
+}
+
+/* Output lanes 0-15 and 16-31 of a block from the unpacks' lo and hi. */
+FMHA_INLINE __m512 in_order(__m512 lo, __m512 hi, int half) {
+    const __m512i idx = half ? _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31)
+                             : _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    return _mm512_permutex2var_ps(lo, idx, hi);
+}
+
+/* Rows [0, R) (R = 4 or 1; rows past nr repeat the last, not stored),
+ * columns [c0, c0 + 64): blocks b0 = c0 / 32 and b0 + 1 (if any). */
+FMHA_INLINE void values_block(const int kind, const int R, size_t nr, size_t nk, size_t dv, size_t c0,
+                              const uint8_t *v, size_t ldv, int32_t pw[4][MAX_BLOCKS][MAX_KEYS / 2],
+                              const float s[4][MAX_BLOCKS], float *o, size_t ldo, const float *alpha) {
+    const size_t b0 = c0 / 32, nb = dv - c0 > 32 ? 2 : 1; /* blocks in these columns */
+    const size_t pb0 = kind == V_INT8 ? 0 : b0, pb1 = kind == V_INT8 ? 0 : b0 + 1; /* their P' */
+    const __mmask32 cm0 = dv - c0 >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (dv - c0)) - 1u);
+    const __mmask32 cm1 = nb < 2 ? 0 : dv - c0 >= 64 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (dv - c0 - 32)) - 1u);
+    __m512i acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = _mm512_setzero_si512();
+    for (size_t j = 0; j < nk; j += 2) {
+        const uint8_t *x0 = v + j * ldv, *x1 = j + 1 < nk ? x0 + ldv : x0; /* the pad's P' is 0 */
+        const __m512i a0 = widen_block(kind, x0, b0, cm0), a1 = widen_block(kind, x1, b0, cm0);
+        const __m512i lo0 = _mm512_unpacklo_epi16(a0, a1), hi0 = _mm512_unpackhi_epi16(a0, a1);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const __m512i pr = _mm512_set1_epi32(pw[r][pb0][j / 2]);
+            acc[r][0] = _mm512_dpwssd_epi32(acc[r][0], lo0, pr);
+            acc[r][1] = _mm512_dpwssd_epi32(acc[r][1], hi0, pr);
+        }
+        if (nb > 1) {
+            const __m512i e0 = widen_block(kind, x0, b0 + 1, cm1), e1 = widen_block(kind, x1, b0 + 1, cm1);
+            const __m512i lo1 = _mm512_unpacklo_epi16(e0, e1), hi1 = _mm512_unpackhi_epi16(e0, e1);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const __m512i pr = _mm512_set1_epi32(pw[r][pb1][j / 2]);
+                acc[r][2] = _mm512_dpwssd_epi32(acc[r][2], lo1, pr);
+                acc[r][3] = _mm512_dpwssd_epi32(acc[r][3], hi1, pr);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        if ((size_t)r >= nr) break;
+        const __m512 a = _mm512_set1_ps(alpha[r]);
+#pragma GCC unroll 2
+        for (int bb = 0; bb < 2; bb++) { /* each block: its int32 sums, times its scale */
+            if ((size_t)bb >= nb) break;
+            const __m512 sv = _mm512_set1_ps(s[r][bb ? pb1 : pb0]);
+            const __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][2 * bb]), sv);
+            const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][2 * bb + 1]), sv);
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) { /* 16 columns at a time, in order */
+                const size_t c = c0 + 32 * (size_t)bb + 16 * (size_t)h;
+                if (c >= dv) break;
+                const __mmask16 cm = dv - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (dv - c)) - 1u);
+                float *orow = o + r * ldo + c;
+                const __m512 old = _mm512_maskz_loadu_ps(cm, orow);
+                _mm512_mask_storeu_ps(orow, cm, _mm512_fmadd_ps(old, a, in_order(lo, hi, h)));
+            }
+        }
+    }
+}
+
+/* Rows in blocks of 4 (the last 1-3 one at a time), each block's P'
+ * quantized once, then 64 columns at a time. */
+FMHA_INLINE void values_int(const int kind, size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                            const void *v, size_t ldv, float *o, size_t ldo, const float *alpha) {
+    const uint8_t *v8 = v;
+    const size_t nb = kind == V_INT8 ? 1 : dv / 32; /* blocks with a P' of their own */
+    /* the keys' block scales, 16 keys a vector (int8: ones), and each block's largest */
+    __m512 vd[MAX_BLOCKS][MAX_KEYS / 16];
+    float dm[MAX_BLOCKS];
+    int32_t off[16];
+    for (size_t i = 0; i < 16; i++) off[i] = (int32_t)(i * ldv);
+    const int gather = ldv <= (size_t)INT32_MAX / 64;
+    for (size_t b = 0; b < nb; b++) {
+        __m512 m = _mm512_setzero_ps();
+        __mmask16 nan = 0;
+        for (size_t c = 0; c * 16 < nk; c++) {
+            const __mmask16 keys = nk - 16 * c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nk - 16 * c)) - 1u);
+            if (kind == V_INT8) {
+                vd[b][c] = _mm512_set1_ps(1.0f);
+                continue;
+            }
+            const uint8_t *at = v8 + 16 * c * ldv + b * block_bytes(kind);
+            __m256i h;
+            if (gather) {
+                h = _mm512_cvtepi32_epi16(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), keys,
+                                                                      _mm512_loadu_si512(off), at, 1));
+            } else {
+                uint16_t hs[16] = {0};
+                for (size_t i = 0; i < 16 && 16 * c + i < nk; i++) __builtin_memcpy(&hs[i], at + i * ldv, 2);
+                h = _mm256_loadu_si256((const __m256i *)hs);
+            }
+            vd[b][c] = _mm512_cvtph_ps(h);
+            nan |= _mm512_cmp_ps_mask(vd[b][c], vd[b][c], _CMP_UNORD_Q);
+            m = _mm512_max_ps(m, _mm512_abs_ps(vd[b][c]));
+        }
+        dm[b] = kind == V_INT8 ? 1.0f : nan ? NAN : _mm512_reduce_max_ps(m);
+    }
+    int32_t pw[4][MAX_BLOCKS][MAX_KEYS / 2];
+    float s[4][MAX_BLOCKS];
+    for (size_t r0 = 0; r0 < rows; r0 += 4) {
+        const size_t nr = rows - r0 < 4 ? rows - r0 : 4;
+        for (size_t r = 0; r < nr; r++) {
+            const float pm = abs_max(nk, p + (r0 + r) * ldp);
+            for (size_t b = 0; b < nb; b++) quantize_row(nk, p + (r0 + r) * ldp, vd[b], pm, dm[b], pw[r][b], &s[r][b]);
+        }
+        for (size_t c0 = 0; c0 < dv; c0 += 64) {
+            if (nr == 4) values_block(kind, 4, 4, nk, dv, c0, v8, ldv, pw, s, o + r0 * ldo, ldo, alpha + r0);
+            else
+                for (size_t r = 0; r < nr; r++) /* one row: its P' moved to the first slot */
+                    values_block(kind, 1, 1, nk, dv, c0, v8, ldv, (int32_t(*)[MAX_BLOCKS][MAX_KEYS / 2])pw[r],
+                                 (const float(*)[MAX_BLOCKS])s[r], o + (r0 + r) * ldo, ldo, alpha + r0 + r);
+        }
+    }
+}
+
+void fmha_int8kv_values_int__avx512vnni(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp, const void *v,
+                                        size_t ldv, float *o, size_t ldo, const float *alpha) {
+    values_int(V_INT8, rows, nk, dv, p, ldp, v, ldv, o, ldo, alpha);
+}
+
+void fmha_q8_0kv_values_int__avx512vnni(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp, const void *v,
+                                        size_t ldv, float *o, size_t ldo, const float *alpha) {
+    values_int(V_Q8_0, rows, nk, dv, p, ldp, v, ldv, o, ldo, alpha);
+}
+
+void fmha_q4_0kv_values_int__avx512vnni(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp, const void *v,
+                                        size_t ldv, float *o, size_t ldo, const float *alpha) {
+    values_int(V_Q4_0, rows, nk, dv, p, ldp, v, ldv, o, ldo, alpha);
+}
