@@ -83,6 +83,8 @@ static const fmha_arch_isa x86_isas[] = {
     {"avx512bf16", x86_has_avx512bf16, &fmha_isa_avx512bf16, 0},
     {"avx512", x86_has_avx512, &fmha_isa_avx512, 0},
     {"avx2", x86_has_avx2, &fmha_isa_avx2, 0},
+    {"avx512_12x32", x86_has_avx512, &fmha_isa_avx512_12x32, 1},
+    {"avx512_14x32", x86_has_avx512, &fmha_isa_avx512_14x32, 1},
     /* amx's kernels on the software tile unit: tests and FMHA_ISA only */
     {"amx_emu", x86_has_avx512bf16, &fmha_isa_amx_emu, 1},
 };

@@ -18,6 +18,18 @@ const fmha_uk_tile fmha_uk_tile__avx512 = {
     .exp_sub_lowp = fmha_f32_exp_sub_lowp_ukernel_64__avx512,
 };
 
+/* The tall tiles (f32_tall.c): 32 lanes, MR 12 or 14. */
+#define TALL_TILE(MR)                                                                                                  \
+    {                                                                                                                  \
+        .mr = MR, .nr = FMHA_AVX512_TALL_NR, .block_kv = FMHA_AVX512_BLOCK_KV,                                        \
+        .gemm = fmha_f32_gemm_ukernel_##MR##x32__avx512, .softmax = fmha_f32_softmax_ukernel_32__avx512,               \
+        .exp_sub = fmha_f32_exp_sub_ukernel_32__avx512, .ds = fmha_f32_ds_ukernel_32__avx512,                          \
+        .softmax_lowp = fmha_f32_softmax_lowp_ukernel_32__avx512,                                                      \
+        .exp_sub_lowp = fmha_f32_exp_sub_lowp_ukernel_32__avx512,                                                      \
+    }
+static const fmha_uk_tile avx512_tile_12x32 = TALL_TILE(12);
+static const fmha_uk_tile avx512_tile_14x32 = TALL_TILE(14);
+
 const fmha_uk_rows fmha_uk_rows__avx512 = {
     .add_transposed = fmha_f32_add_transposed_ukernel__avx512,
     .finish = fmha_f32_finish_ukernel__avx512,
@@ -47,6 +59,24 @@ const fmha_uk_cache fmha_uk_caches__avx512[FMHA_FORMAT_COUNT] = {
 const fmha_isa_parts fmha_isa_avx512 = {
     .isa = "avx512",
     .tile = &fmha_uk_tile__avx512,
+    .rows = &fmha_uk_rows__avx512,
+    .decode = &fmha_uk_decode__avx512,
+    .cache = FMHA_AVX512_CACHE_PARTS,
+};
+
+/* The float32 variants: avx512's parts with a tall tile (no bf16 part: the
+ * registry serves float32 plans from them, cpu.c). */
+const fmha_isa_parts fmha_isa_avx512_12x32 = {
+    .isa = "avx512_12x32",
+    .tile = &avx512_tile_12x32,
+    .rows = &fmha_uk_rows__avx512,
+    .decode = &fmha_uk_decode__avx512,
+    .cache = FMHA_AVX512_CACHE_PARTS,
+};
+
+const fmha_isa_parts fmha_isa_avx512_14x32 = {
+    .isa = "avx512_14x32",
+    .tile = &avx512_tile_14x32,
     .rows = &fmha_uk_rows__avx512,
     .decode = &fmha_uk_decode__avx512,
     .cache = FMHA_AVX512_CACHE_PARTS,
