@@ -43,10 +43,11 @@ size_t fmha_plan_describe(const fmha_plan *plan, char *buf, size_t buf_size) {
                  bf16_pairs ? plan->uk->bf16.mr : plan->uk->tile.mr);
     int n = snprintf(buf, buf_size,
                      "driver=%s isa=%s path=%s precision=%s k_format=%s v_format=%s %s threads=%d cpu=\"%s\" tuning=%s "
-                     "backward=%s",
+                     "backward=%s tuning_source=%s",
                      plan->driver->name, plan->uk->isa,
                      plan->driver == &fmha_fwd_driver_matrix ? "matrix" : plan->path->name, precision_name(plan),
                      fmha_cache_format_at(plan->k_format)->name, fmha_cache_format_at(plan->v_format)->name, shape,
-                     fmha_pool_threads(), cpu, plan->uk->tuning->name, fmha_matrix_bwd_plan(plan) ? "matrix" : "tiled");
+                     fmha_pool_threads(), cpu, plan->uk->tuning->name, fmha_matrix_bwd_plan(plan) ? "matrix" : "tiled",
+                     fmha_tuning_source_name(plan->uk->tuning->source));
     return n < 0 ? 0 : (size_t)n;
 }

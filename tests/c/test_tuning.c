@@ -29,6 +29,9 @@
 #include "test_util.h"
 #include "tuning.h"
 
+/* every float32 variant too (test_util.h) */
+const int tu_runs_variants = 1;
+
 static void test_parse(void) {
     const fmha_tuning base = {.name = "base", .block_kv = 128, .dense_max_scores = 5};
     fmha_tuning t;
@@ -75,16 +78,19 @@ static void test_registry(void) {
     const char *env = getenv("FMHA_TUNING");
     for (size_t i = 0; i < fmha_isa_count(); i++) {
         const fmha_isa *isa = fmha_isa_at(i);
-        const fmha_tuning *base = fmha_arch_tuning_for(isa->name), *used = isa->table->tuning;
-        fmha_tuning want = *base;
-        char name[48];
-        int applied = env && *env && fmha_tuning_parse(env, base, &want, name, sizeof name) == 0;
+        const fmha_tuning *used = isa->table->tuning;
+        fmha_tuning base, want;
+        char name[48], base_name[48];
+        fmha_tuning_lookup(isa->name, &base, base_name, sizeof base_name);
+        want = base;
+        int applied = env && *env && fmha_tuning_parse(env, &base, &want, name, sizeof name) == 0;
         if (!tu_check(used != NULL, "%s has a tuning", isa->name)) continue;
         size_t n_fields, differ = 0;
         const fmha_tuning_field *f = fmha_tuning_fields(&n_fields);
         for (size_t j = 0; j < n_fields; j++)
             differ += *fmha_tuning_at((fmha_tuning *)used, &f[j]) != *fmha_tuning_at(&want, &f[j]);
-        tu_check(!strcmp(used->name, applied ? name : base->name) && differ == 0,
+        tu_check(!strcmp(used->name, applied ? name : base.name) && differ == 0 &&
+                     used->source == (applied ? FMHA_TUNING_ENV : base.source),
                  "%s runs tuning %s (block_kv %lld, %zu fields differ), FMHA_TUNING %s", isa->name, used->name,
                  (long long)used->block_kv, differ, env ? env : "unset");
         if (want.block_kv)

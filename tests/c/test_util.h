@@ -83,6 +83,9 @@ const char *tu_isa_best(void);
  * (scalar stays available as the specification): the emulated runs of the
  * CI share the tables out. */
 void tu_each_isa(void (*fn)(const char *isa));
+/* 1 in a test that walks the float32 variants too (it defines it; the
+ * others do not, and see them as unsupported). */
+extern const int tu_runs_variants __attribute__((weak));
 const char *tu_causal_name(int causal);
 
 /* ---- every call also through a plan ----------------------------------------
