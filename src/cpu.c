@@ -46,11 +46,16 @@ static char cpu_tuning_names[CPU_MAX_ISA + 1][48];
  * tuning in use). */
 static const fmha_tuning *cpu_tuning(size_t i, const char *isa) {
     fmha_tuning *own = &cpu_tunings[i];
-    fmha_tuning_lookup(isa, own, cpu_tuning_names[i], sizeof cpu_tuning_names[i]);
-    const fmha_tuning base = *own;
+    char base_name[sizeof cpu_tuning_names[i]];
+    fmha_tuning_lookup(isa, own, base_name, sizeof base_name);
+    fmha_tuning base = *own;
+    snprintf(cpu_tuning_names[i], sizeof cpu_tuning_names[i], "%s", base.name);
+    own->name = base.name = cpu_tuning_names[i];
     const char *env = getenv("FMHA_TUNING");
-    if (env && *env && fmha_tuning_parse(env, &base, own, cpu_tuning_names[i], sizeof cpu_tuning_names[i]) == 0)
+    if (env && *env && fmha_tuning_parse(env, &base, own, base_name, sizeof base_name) == 0) {
+        snprintf(cpu_tuning_names[i], sizeof cpu_tuning_names[i], "%s", base_name);
         own->name = cpu_tuning_names[i];
+    }
     return own;
 }
 

@@ -27,6 +27,7 @@
 #include "cpu.h"
 #include "error.h"
 #include "fmha.h"
+#include "tune.h"
 #include "tuning.h"
 #include "wisdom.h"
 
@@ -36,7 +37,7 @@ enum { TUNE_ROUNDS = 3, TUNE_CALLS = 2, TUNE_MAX_ROWS = 16, TUNE_MAX_CANDIDATES 
 
 /* One problem the tuner times. */
 typedef struct tune_row {
-    const char *what;     /* "float32 fwd S=1024 D=128" */
+    char what[64];        /* "float32 fwd S=1024 D=128" */
     fmha_problem p;
     int backward;         /* forward+backward */
     int bf16;             /* operands bf16, else float32 */
@@ -58,6 +59,7 @@ typedef struct tuner {
     tune_row rows[TUNE_MAX_ROWS];
     int n_rows;
     tune_rows f32_rows, bf16_rows, dense_rows, decode_rows;
+    int64_t shrink;       /* sequence lengths divided by this (tests: tune.h) */
 } tuner;
 
 static double tune_now(void) {
@@ -103,12 +105,20 @@ static void row_free(tune_row *r) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
 }
 
-/* Adds a row of B 1, hq heads (hkv for K and V), Sq x Skv, D; returns its
- * index, or -1 when memory ran out. */
-static int add_row(tuner *tn, const char *what, int bf16, int backward, int64_t hq, int64_t hkv, int64_t sq,
-                   int64_t skv, int64_t d) {
+/* Adds a row of B 1, hq heads (hkv for K and V), Sq x Skv (each divided by
+ * the tuner's shrink, at least 1 and 16), D; returns its index, or -1 when
+ * memory ran out. */
+static int add_row(tuner *tn, int bf16, int backward, int64_t hq, int64_t hkv, int64_t sq, int64_t skv, int64_t d) {
     tune_row *r = &tn->rows[tn->n_rows];
-    *r = (tune_row){.what = what, .backward = backward, .bf16 = bf16};
+    *r = (tune_row){.backward = backward, .bf16 = bf16};
+    sq = sq > 1 && sq / tn->shrink < 16 ? 16 : sq > 1 ? sq / tn->shrink : 1;
+    skv = skv / tn->shrink < 16 ? 16 : skv / tn->shrink;
+    if (sq == 1)
+        snprintf(r->what, sizeof r->what, "%s decode Sq=1 Skv=%lld Hq=%lld Hkv=%lld D=%lld", bf16 ? "bfloat16" : "float32",
+                 (long long)skv, (long long)hq, (long long)hkv, (long long)d);
+    else
+        snprintf(r->what, sizeof r->what, "%s %s S=%lld D=%lld", bf16 ? "bfloat16" : "float32",
+                 backward ? "fwdbwd" : "fwd", (long long)sq, (long long)d);
     fmha_problem_init(&r->p, 1, hq, hkv, sq, skv, d, d, FMHA_LAYOUT_BSHD);
     r->p.dtype = bf16 ? FMHA_DTYPE_BF16 : FMHA_DTYPE_F32;
     const size_t nq = (size_t)(sq * hq * d), nk = (size_t)(skv * hkv * d), es = bf16 ? 2 : 4;
@@ -360,39 +370,31 @@ static void make_parent(const char *path) {
 
 /* ---- fmha_tune ---- */
 
+/* The rows: float32 S 128..2048, D 64 and 128, forward and
+ * forward+backward; bf16 on tables with bf16 kernels; two small heads for
+ * AUTO's crossover; one decode step against 64 MiB of float32 cache (past
+ * the prefetch threshold). */
 static int add_rows(tuner *tn, const fmha_ukernels *uk) {
-    /* float32: S 128..2048, D 64 and 128, forward and forward+backward */
-    static const struct { const char *what; int backward; int64_t s, d; } f32[] = {
-        {"float32 fwd S=128 D=64", 0, 128, 64},       {"float32 fwd S=1024 D=64", 0, 1024, 64},
-        {"float32 fwd S=1024 D=128", 0, 1024, 128},   {"float32 fwd S=2048 D=128", 0, 2048, 128},
-        {"float32 fwdbwd S=1024 D=64", 1, 1024, 64}, {"float32 fwdbwd S=1024 D=128", 1, 1024, 128},
+    static const struct { int bf16, backward; int64_t s, d; } tiled[] = {
+        {0, 0, 128, 64},  {0, 0, 1024, 64},  {0, 0, 1024, 128}, {0, 0, 2048, 128},
+        {0, 1, 1024, 64}, {0, 1, 1024, 128}, {1, 0, 1024, 128}, {1, 0, 2048, 64}, {1, 1, 1024, 128},
     };
-    for (size_t i = 0; i < sizeof f32 / sizeof f32[0]; i++) {
-        const int r = add_row(tn, f32[i].what, 0, f32[i].backward, 8, 8, f32[i].s, f32[i].s, f32[i].d);
+    const int bf16_kernels = uk->bf16.gemm || uk->matrix.forward;
+    for (size_t i = 0; i < sizeof tiled / sizeof tiled[0]; i++) {
+        if (tiled[i].bf16 && !bf16_kernels) continue;
+        const int r = add_row(tn, tiled[i].bf16, tiled[i].backward, 8, 8, tiled[i].s, tiled[i].s, tiled[i].d);
         if (r < 0) return -1;
-        tn->f32_rows |= 1u << r;
+        if (tiled[i].bf16) tn->bf16_rows |= 1u << r;
+        else tn->f32_rows |= 1u << r;
     }
-    if (uk->bf16.gemm || uk->matrix.forward) {
-        static const struct { const char *what; int backward; int64_t s, d; } bf16[] = {
-            {"bfloat16 fwd S=1024 D=128", 0, 1024, 128}, {"bfloat16 fwd S=2048 D=64", 0, 2048, 64},
-            {"bfloat16 fwdbwd S=1024 D=128", 1, 1024, 128},
-        };
-        for (size_t i = 0; i < sizeof bf16 / sizeof bf16[0]; i++) {
-            const int r = add_row(tn, bf16[i].what, 1, bf16[i].backward, 8, 8, bf16[i].s, bf16[i].s, bf16[i].d);
-            if (r < 0) return -1;
-            tn->bf16_rows |= 1u << r;
-        }
-    }
-    /* AUTO's crossover: small heads */
-    static const struct { const char *what; int64_t s; } dense[] = {
-        {"float32 fwd S=96 D=64", 96}, {"float32 fwd S=160 D=64", 160}};
+    static const int64_t dense[] = {96, 160};
     for (size_t i = 0; i < sizeof dense / sizeof dense[0]; i++) {
-        const int r = add_row(tn, dense[i].what, 0, 0, 8, 8, dense[i].s, dense[i].s, 64);
+        const int r = add_row(tn, 0, 0, 8, 8, dense[i], dense[i], 64);
         if (r < 0) return -1;
         tn->dense_rows |= 1u << r;
     }
-    if (uk->decode.softmax) { /* one step against 64 MiB of float32 cache: past the prefetch threshold */
-        const int r = add_row(tn, "float32 decode Sq=1 Skv=8192 Hq=32 Hkv=8 D=128", 0, 0, 32, 8, 1, 8192, 128);
+    if (uk->decode.softmax) {
+        const int r = add_row(tn, 0, 0, 32, 8, 1, 8192, 128);
         if (r < 0) return -1;
         tn->decode_rows |= 1u << r;
     }
@@ -401,6 +403,11 @@ static int add_rows(tuner *tn, const fmha_ukernels *uk) {
 
 fmha_status fmha_tune(const char *path, double budget_s, fmha_tune_progress_fn progress, void *user) {
     fmha_error_clear();
+    return fmha_tune_shrunk(path, budget_s, progress, user, 1);
+}
+
+fmha_status fmha_tune_shrunk(const char *path, double budget_s, fmha_tune_progress_fn progress, void *user,
+                             int64_t shrink) {
     char user_path[512];
     if (!path) {
         if (fmha_wisdom_user_path(user_path, sizeof user_path))
@@ -424,6 +431,7 @@ fmha_status fmha_tune(const char *path, double budget_s, fmha_tune_progress_fn p
     tn->budget_s = budget_s > 0.0 ? budget_s : TUNE_DEFAULT_BUDGET_S;
     tn->progress = progress;
     tn->user = user;
+    tn->shrink = shrink > 1 ? shrink : 1;
     fmha_status st = FMHA_OK;
     if (add_rows(tn, uk)) {
         st = fmha_fail(FMHA_ERR_OUT_OF_MEMORY, "the tuner's problems could not be allocated");

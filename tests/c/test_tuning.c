@@ -1,9 +1,13 @@
 /* test_tuning.c: tunings per microarchitecture (src/tuning.h) and the
- * FMHA_TUNING override. ctest runs this program four times: without
- * FMHA_TUNING, with small tiles, no dense crossover and the decode
- * driver's prefetch on any size (block_kv=32,dense_max_scores=1,
- * decode_prefetch_bytes=1), with large tiles (block_kv=256) and with
- * an invalid text (block_kv=48, ignored). Each run checks
+ * FMHA_TUNING override. ctest runs this program six times: without
+ * FMHA_TUNING; with small tiles, K copied, no dense crossover, the decode
+ * driver's prefetch on any size and small decode splits (block_kv=32,
+ * k_copy_bytes=1,dense_max_scores=1,decode_prefetch_bytes=1,
+ * decode_split_keys=128); with large tiles on the 14 x 32 float32 variant
+ * (block_kv=256,tile_mr=14,tile_nr=32,k_copy_bytes=4096); on the 12 x 32
+ * variant (tile_mr=12,tile_nr=32,k_copy_bytes=1); and with an invalid text
+ * (block_kv=48, ignored). The float32 variants also run as tables of their
+ * own (tu_runs_variants). Each run checks
  *   - the parser on valid and invalid texts (nothing applied on error),
  *   - that every table of the registry runs the tuning the environment
  *     asks for (or its CPU's when the text is invalid), and that
@@ -53,6 +57,11 @@ static void test_parse(void) {
                                sizeof name) == 0 &&
                  t.matrix_block_kv == 0 && t.matrix_rescale_log2 == 0 && t.matrix_overlap == 0,
              "parse the matrix driver's fields at 0");
+    tu_check(fmha_tuning_parse("tile_mr=12,tile_nr=32,k_copy_bytes=1,decode_split_keys=256", &base, &t, name,
+                               sizeof name) == 0 &&
+                 t.tile_mr == 12 && t.tile_nr == 32 && t.k_copy_bytes == 1 && t.decode_split_keys == 256 &&
+                 t.block_kv == 128 && t.source == FMHA_TUNING_ENV,
+             "parse the variant, K's copy and decode's split");
     tu_check(fmha_tuning_parse("generic", &base, &t, name, sizeof name) == 0 && t.block_kv == 0 &&
                  t.dense_max_scores == 0 && !strcmp(name, "generic"),
              "parse generic");
@@ -62,7 +71,8 @@ static void test_parse(void) {
                                       "block_kv=64,mr=4", "GENERIC",  "block_kv=99999999999999999999",
                                       "decode_prefetch_bytes=-1", "decode_prefetch=1", "matrix_block_kv=48",
                                       "matrix_block_kv=544", "matrix_rescale_log2=17", "matrix_overlap=2",
-                                      "matrix_overlap"};
+                                      "matrix_overlap", "tile_nr=24", "tile_nr=80", "tile_mr=17",
+                                      "k_copy_bytes=-1", "decode_split_keys=100", "decode_split_keys=2097152"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         t = base;
         t.block_kv = 7;
