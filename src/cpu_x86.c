@@ -148,7 +148,9 @@ void fmha_arch_cache_sizes(fmha_cache_sizes *c) {
  *         Xeon with AMX (48 KiB L1D, 2 MiB L2): fmha-bench --tune, the
  *         measurements in design.md. */
 #define ZEN4 {.name = "zen4", .matrix_rescale_log2 = 8, .matrix_overlap = 1}
-#define XEON_6_167 {.name = "xeon-6-167", .k_copy_bytes = 256 << 10, .matrix_rescale_log2 = 8, .matrix_overlap = 1}
+#define XEON_6_167                                                                                                     \
+    {.name = "xeon-6-167", .k_copy_bytes = 256 << 10, .matrix_block_kv = 256, .matrix_rescale_log2 = 8,               \
+     .matrix_overlap = 1}
 static const fmha_arch_tuning x86_tunings[] = {
     {"avx512bf16", "AuthenticAMD", 25, 17, 17, ZEN4},
     {"avx512", "AuthenticAMD", 25, 17, 17, ZEN4},

@@ -3,13 +3,14 @@
  * plans see them, the registry and other threads do not) on the problems
  * each field matters to, field after field from generic (coordinate
  * descent, FFTW's "measure" in spirit): every candidate value of a field
- * runs every row of that field in alternation, three rounds, and a row's
- * time is its fastest call; a candidate replaces the incumbent when the
- * geometric mean of its times over the incumbent's is below 0.97, and its
- * outputs agree with generic's (a variant that computes wrong is never
- * kept). Then tuned and generic are timed once more, alternating, for the
- * wisdom file's rows, which is written with the fields that differ from
- * generic (wisdom.h's format), keeping the file's other entries.
+ * runs every row of that field back to back with the others, five rounds
+ * (compare: a paired comparison, since the machine may be shared), and
+ * replaces the incumbent when it runs in under 0.97 of its time in the
+ * median round and faster in every round, its outputs agreeing with
+ * generic's (a variant that computes wrong is never kept). Then tuned and
+ * generic are timed once more, alternating, for the wisdom file's rows,
+ * which is written with the fields that differ from generic (wisdom.h's
+ * format), keeping the file's other entries.
  *
  * Budget: the rows are sized for about 60 s on 2 cores of a Xeon; a field
  * whose turn comes after the budget is spent keeps its incumbent. */
@@ -31,7 +32,7 @@
 #include "tuning.h"
 #include "wisdom.h"
 
-enum { TUNE_ROUNDS = 3, TUNE_CALLS = 2, TUNE_MAX_ROWS = 16, TUNE_MAX_CANDIDATES = 8 };
+enum { TUNE_ROUNDS = 5, TUNE_CALLS = 1, TUNE_MAX_ROWS = 16, TUNE_MAX_CANDIDATES = 8 };
 #define TUNE_DEFAULT_BUDGET_S 90.0
 #define TUNE_KEEP 0.97 /* a candidate must run in 97% of the incumbent's time */
 
@@ -194,42 +195,52 @@ done:
     return best;
 }
 
-/* Candidates of one field (or the tile pair): tunings to compare. Returns
- * the index of the one kept; ms[c][row] the fastest times. */
+static int compare_doubles(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Candidates of one field (or the tile pair), cand[0] the incumbent: a
+ * paired comparison, robust to a machine shared with other work. Each
+ * round times every row under every candidate back to back (the order
+ * rotating), so a burst of other work meets them all alike; a round's
+ * ratio of a candidate is the geometric mean over the rows of its time
+ * over the incumbent's in that round. A candidate is kept when the median
+ * of its rounds' ratios is below TUNE_KEEP and no round had it slower than
+ * the incumbent. Returns the index kept. */
 static int compare(tuner *tn, const char *field, fmha_tuning *cand, const char *const *labels, int n, tune_rows rows) {
-    double ms[TUNE_MAX_CANDIDATES][TUNE_MAX_ROWS];
+    double ratio[TUNE_MAX_CANDIDATES][TUNE_ROUNDS], ms[TUNE_MAX_CANDIDATES];
     int ok[TUNE_MAX_CANDIDATES];
-    for (int c = 0; c < n; c++) {
-        ok[c] = 1;
-        for (int i = 0; i < tn->n_rows; i++) ms[c][i] = INFINITY;
-    }
-    for (int round = 0; round < TUNE_ROUNDS; round++)
-        for (int c = 0; c < n; c++)
-            for (int i = 0; i < tn->n_rows && ok[c]; i++) {
-                if (!(rows >> i & 1)) continue;
-                const double t = time_row(tn->isa, &cand[c], &tn->rows[i], round == 0, round == 0);
-                if (t < 0.0) ok[c] = c == 0; /* the incumbent stays a candidate */
-                else if (t < ms[c][i]) ms[c][i] = t;
+    for (int c = 0; c < n; c++) ok[c] = 1;
+    for (int round = 0; round < TUNE_ROUNDS; round++) {
+        double log_sum[TUNE_MAX_CANDIDATES] = {0};
+        int counted = 0;
+        for (int i = 0; i < tn->n_rows; i++) {
+            if (!(rows >> i & 1)) continue;
+            for (int k = 0; k < n; k++) {
+                const int c = (k + round) % n;
+                ms[c] = ok[c] ? time_row(tn->isa, &cand[c], &tn->rows[i], round == 0, round == 0) : -1.0;
+                if (ms[c] < 0.0) ok[c] = c == 0; /* the incumbent stays a candidate */
             }
+            if (ms[0] <= 0.0) continue;
+            for (int c = 0; c < n; c++)
+                if (ok[c]) log_sum[c] += log(ms[c] / ms[0]);
+            counted++;
+        }
+        for (int c = 0; c < n; c++) ratio[c][round] = counted ? exp(log_sum[c] / counted) : INFINITY;
+    }
     int keep = 0;
     double best = 1.0;
     char line[384];
     int at = snprintf(line, sizeof line, "%s:", field);
     for (int c = 0; c < n; c++) {
-        double log_sum = 0.0;
-        int counted = 0;
-        for (int i = 0; i < tn->n_rows; i++)
-            if (rows >> i & 1 && isfinite(ms[c][i]) && isfinite(ms[0][i])) {
-                log_sum += log(ms[c][i] / ms[0][i]);
-                counted++;
-            }
-        const double ratio = counted ? exp(log_sum / counted) : INFINITY;
+        qsort(ratio[c], TUNE_ROUNDS, sizeof(double), compare_doubles);
+        const double median = ratio[c][TUNE_ROUNDS / 2], worst = ratio[c][TUNE_ROUNDS - 1];
         if (at < (int)sizeof line)
-            at += snprintf(line + at, sizeof line - (size_t)at, " %s %s", labels[c],
-                           ok[c] ? "" : "(disagrees or fails)");
-        if (ok[c] && at < (int)sizeof line) at += snprintf(line + at, sizeof line - (size_t)at, "%.3f", ratio);
-        if (ok[c] && c > 0 && ratio < TUNE_KEEP && ratio < best) {
-            best = ratio;
+            at += ok[c] ? snprintf(line + at, sizeof line - (size_t)at, " %s %.3f", labels[c], median)
+                        : snprintf(line + at, sizeof line - (size_t)at, " %s (disagrees or fails)", labels[c]);
+        if (ok[c] && c > 0 && median < TUNE_KEEP && worst < 1.0 && median < best) {
+            best = median;
             keep = c;
         }
     }
@@ -306,6 +317,12 @@ static void json_string(FILE *f, const char *s) {
     fputc('"', f);
 }
 
+/* A time, or null for a row that failed (no number in JSON). */
+static void json_ms(FILE *f, double ms) {
+    if (isfinite(ms)) fprintf(f, "%.4g", ms);
+    else fprintf(f, "null");
+}
+
 /* Writes old's other entries and this one to path (through path.tmp). */
 static fmha_status write_wisdom(const tuner *tn, const char *path, const fmha_wisdom *old, const fmha_tuning *t) {
     char vendor[16] = {0}, cpu[256], tmp[600];
@@ -345,7 +362,11 @@ static fmha_status write_wisdom(const tuner *tn, const char *path, const fmha_wi
         const tune_row *r = &tn->rows[i];
         fprintf(f, "%s\n       {\"row\": ", i ? "," : "");
         json_string(f, r->what);
-        fprintf(f, ", \"generic_ms\": %.4g, \"tuned_ms\": %.4g}", r->generic_ms, r->tuned_ms);
+        fprintf(f, ", \"generic_ms\": ");
+        json_ms(f, r->generic_ms);
+        fprintf(f, ", \"tuned_ms\": ");
+        json_ms(f, r->tuned_ms);
+        fprintf(f, "}");
     }
     fprintf(f, "]}\n  ]\n}\n");
     const int bad = ferror(f) | (fclose(f) != 0);

@@ -66,18 +66,10 @@ const fmha_isa_parts fmha_isa_avx512 = {
 
 /* The float32 variants: avx512's parts with a tall tile (no bf16 part: the
  * registry serves float32 plans from them, cpu.c). */
-const fmha_isa_parts fmha_isa_avx512_12x32 = {
-    .isa = "avx512_12x32",
-    .tile = &avx512_tile_12x32,
-    .rows = &fmha_uk_rows__avx512,
-    .decode = &fmha_uk_decode__avx512,
-    .cache = FMHA_AVX512_CACHE_PARTS,
-};
-
-const fmha_isa_parts fmha_isa_avx512_14x32 = {
-    .isa = "avx512_14x32",
-    .tile = &avx512_tile_14x32,
-    .rows = &fmha_uk_rows__avx512,
-    .decode = &fmha_uk_decode__avx512,
-    .cache = FMHA_AVX512_CACHE_PARTS,
-};
+#define AVX512_F32_VARIANT(NAME, TILE)                                                                                 \
+    {                                                                                                                  \
+        .isa = NAME, .tile = &TILE, .rows = &fmha_uk_rows__avx512, .decode = &fmha_uk_decode__avx512,                  \
+        .cache = FMHA_AVX512_CACHE_PARTS,                                                                              \
+    }
+const fmha_isa_parts fmha_isa_avx512_12x32 = AVX512_F32_VARIANT("avx512_12x32", avx512_tile_12x32);
+const fmha_isa_parts fmha_isa_avx512_14x32 = AVX512_F32_VARIANT("avx512_14x32", avx512_tile_14x32);
