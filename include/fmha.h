@@ -77,26 +77,47 @@
  * FMHA_ISA=scalar|avx2|avx2vnni|avx512|avx512vnni|avx512bf16|amx|neon|
  * neondot|neonbf16|sve forces a set (falling back to the best supported one
  * if the CPU lacks it); the *vnni and neondot sets add integer dot products
- * for quantized caches (see fmha_precision).
+ * for quantized caches (see fmha_precision). avx512_12x32 and avx512_14x32
+ * are avx512 with float32 tiles of those shapes (no bf16 kernels), which a
+ * tuning may also choose for float32 calls.
  * FMHA_ISA=amx_emu runs the amx set's kernels on a software tile unit, on
  * any CPU with AVX512_BF16: for testing the AMX code where no AMX is (much
  * slower than amx; never chosen without FMHA_ISA).
- * Each set runs with a tuning (keys per tile, the AUTO strategy's dense
- * crossover, the decode driver's prefetch threshold) chosen by the CPU's
- * vendor, family and model, "generic" where none was measured for it;
- * FMHA_TUNING=generic or a comma-separated list of block_kv=N (a multiple
- * of 32, 32..1024), dense_max_scores=N (AUTO runs dense while Sq * Skv <= N),
- * decode_prefetch_bytes=N (decode prefetches K and V past N bytes; 0 in
- * either: the library's default), and the bf16 attention on AMX tiles'
- * schedule: matrix_block_kv=N (keys per step, a multiple of 32 up to 512;
- * 0: 128), matrix_rescale_log2=N (0..16: a row's reference maximum moves
- * only when scores pass it by more than 2^N; 0: at every new maximum;
- * generic 8) and matrix_overlap=0|1 (the next block's tile products during
- * this block's softmax; generic 1) changes it for every set. The text is read
- * once at first use; an invalid one changes nothing. fmha_plan_describe
- * names the tuning in use. Results stay within each function's stated
- * accuracy under any tuning, but their bits may differ between tunings
- * (sums run over different tiles).
+ * Each set runs with a tuning (the float32 tile variant, keys per tile,
+ * K's copy, the AUTO strategy's dense crossover, the decode driver's split
+ * and prefetch, the AMX schedule), the first found of, in order:
+ *   1. FMHA_TUNING (below), over the tuning the next ones give;
+ *   2. the wisdom file FMHA_WISDOM=path names;
+ *   3. the per-user wisdom file, $XDG_CACHE_HOME/fmha/wisdom.json, or
+ *      $HOME/.cache/fmha/wisdom.json when XDG_CACHE_HOME is unset;
+ *   4. the tunings compiled in for the CPUs the project measured;
+ *   5. a heuristic from this CPU's L1D and L2 sizes (cpuid, or sysfs);
+ *   6. "generic".
+ * Wisdom files (JSON, keyed by the CPU's vendor, family and model and the
+ * set's name) are written by fmha_tune; an unreadable or malformed one is
+ * not used at all, and the reason is in fmha_tuning_status() (the library
+ * prints nothing). fmha_plan_describe names the tuning in use and where it
+ * came from (tuning=, tuning_source=).
+ * FMHA_TUNING=generic or a comma-separated list of tile_mr=N, tile_nr=N
+ * (float32 calls run on the registered variant of the set's float32 tiles
+ * of MR x NR, e.g. tile_mr=12,tile_nr=32 on avx512_12x32; 0 or a shape
+ * without a variant: the set's own), block_kv=N (a multiple of 32,
+ * 32..1024), k_copy_bytes=N (the float32 forward copies K once per call,
+ * rows contiguous, when one head's K holds N bytes or more; 0: never),
+ * dense_max_scores=N (AUTO runs dense while Sq * Skv <= N),
+ * decode_prefetch_bytes=N (decode prefetches K and V past N bytes),
+ * decode_split_keys=N (decode's key splits hold at least N keys, a
+ * multiple of 128; 0 in any of the last three: the library's default), and
+ * the bf16 attention on AMX tiles' schedule: matrix_block_kv=N (keys per
+ * step, a multiple of 32 up to 512; 0: 128), matrix_rescale_log2=N
+ * (0..16: a row's reference maximum moves only when scores pass it by more
+ * than 2^N; 0: at every new maximum; generic 8) and matrix_overlap=0|1 (the
+ * next block's tile products during this block's softmax; generic 1)
+ * changes it for every set. The environment and the files are read once at
+ * first use; an invalid FMHA_TUNING changes nothing. Results stay within
+ * each function's stated accuracy under any tuning, and are bitwise the
+ * same for every thread count under one tuning, but their bits may differ
+ * between tunings (sums run over different tiles).
  */
 #ifndef FMHA_H
 #define FMHA_H
@@ -142,9 +163,11 @@ typedef enum fmha_status {
     FMHA_ERR_CALLBACK,              /* a mask callback returned an invalid tile class */
     FMHA_ERR_STRUCT_SIZE,           /* problem->struct_size is not one this library knows: the problem
                                        was not filled by fmha_problem_init (see "ABI" below) */
-    FMHA_ERR_BAD_PAGE               /* a paged KV cache's page size, page count or table width is < 1,
+    FMHA_ERR_BAD_PAGE,              /* a paged KV cache's page size, page count or table width is < 1,
                                        the table is too narrow for seq_kv, or an entry a sequence uses
                                        is outside [0, num_pages) */
+    FMHA_ERR_BAD_FILE               /* fmha_tune's wisdom file holds something else, or cannot be
+                                       written */
 } fmha_status;
 
 /* A sentence describing a status; never NULL (unknown codes get a generic text). */
@@ -740,7 +763,8 @@ FMHA_API size_t fmha_plan_workspace_held(const fmha_plan *plan);
  *   cpu        in double quotes: vendor, family, model and the instruction
  *              sets the CPU and OS allow (AMX included)
  *   tuning     the table's tuning: "generic", a microarchitecture's name,
- *              or either with "+FMHA_TUNING" when the environment changed it
+ *              "wisdom", "heuristic", or any of them with "+FMHA_TUNING"
+ *              when the environment changed it
  *   backward   the backward's driver: "matrix" (bf16 FAST on a matrix
  *              engine: AMX tiles) or "tiled"
  *   scores     how Q K^T is taken: "float32" (the query in float32 against
@@ -752,6 +776,9 @@ FMHA_API size_t fmha_plan_workspace_held(const fmha_plan *plan);
  *   values     how P V is taken: "float32", or "integer" (decode under
  *              precision FAST: P quantized to 16 bits against int8, q8_0
  *              or q4_0 values)
+ *   tuning_source  where the tuning came from: "env" (FMHA_TUNING),
+ *              "wisdom" (a wisdom file), "builtin" (measured and compiled
+ *              in), "heuristic" (from the cache sizes) or "generic"
  * Writes at most buf_size bytes, NUL-terminated (buf may be NULL when
  * buf_size is 0) and returns the length of the whole line, as snprintf. A
  * NULL plan describes the CPU alone. Fields may be added at the end. */
@@ -769,6 +796,37 @@ FMHA_API int fmha_get_num_threads(void);
 /* The name of the kernel table in use (the best this CPU runs, or FMHA_ISA's choice): "amx", "avx512vnni",
  * "avx512bf16", "avx512", "avx2", "scalar", ... (fmha_plan_describe tells the CPU's instruction sets). */
 FMHA_API const char *fmha_isa_name(void);
+
+/* Where the kernel table in use took its tuning, and what became of the
+ * wisdom files, in one line: "amx: tuning xeon-6-167 (source builtin),
+ * float32 on amx; FMHA_WISDOM: none; user wisdom /home/u/.cache/fmha/
+ * wisdom.json: not found; caches L1d 48 KiB, L2 2048 KiB". A refused file
+ * says "refused, nothing of it used: " and why (the byte or entry, the key,
+ * the range). The string is the library's, valid until the next fmha_tune. */
+FMHA_API const char *fmha_tuning_status(void);
+
+/* fmha_tune's progress: one line (no newline) per step measured. */
+typedef void (*fmha_tune_progress_fn)(void *user, const char *line);
+
+/* Measures this CPU: times the kernel table in use under the tunings worth
+ * trying (its float32 tile variants, keys per tile, K's copy, the dense
+ * crossover, the decode split and prefetch, the AMX schedule on a CPU with
+ * AMX) on float32 and bf16 problems of 8 heads (S 128..2048, D 64 and 128,
+ * forward and forward+backward, decode), keeps for each field the value
+ * that ran fastest (a change must win by 3% over alternating repetitions,
+ * its results within tolerance of the generic ones), and writes them with
+ * the times measured into the wisdom file at `path` (NULL: the per-user
+ * one, its directory created), keyed by this CPU and the table's name;
+ * entries of other CPUs or tables already in the file are kept. Runs
+ * within about budget_s seconds (<= 0: 90) on the current thread count,
+ * calling progress (when not NULL) as it goes. Measuring happens only
+ * here, never inside an attention call. The tunings of this process stay
+ * as they were; processes started afterwards read the file (as FMHA_WISDOM
+ * or the per-user file). Call it when no other fmha call runs: the
+ * timings would mean nothing. Returns FMHA_OK, FMHA_ERR_BAD_FILE (path
+ * holds a file that is not a wisdom file, or cannot be written: nothing
+ * written) or FMHA_ERR_OUT_OF_MEMORY. */
+FMHA_API fmha_status fmha_tune(const char *path, double budget_s, fmha_tune_progress_fn progress, void *user);
 
 /* "major.minor.patch" */
 FMHA_API const char *fmha_version_string(void);

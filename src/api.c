@@ -35,6 +35,7 @@ const char *fmha_status_string(fmha_status status) {
     case FMHA_ERR_CALLBACK: return "a mask callback returned an invalid tile class";
     case FMHA_ERR_STRUCT_SIZE: return "problem->struct_size is unknown: fill the problem with fmha_problem_init";
     case FMHA_ERR_BAD_PAGE: return "a paged KV cache's page size, page count, block table width or a block table entry is invalid";
+    case FMHA_ERR_BAD_FILE: return "the wisdom file holds something else than wisdom, or cannot be written";
     }
     return "unknown fmha status code";
 }

@@ -18,6 +18,11 @@ typedef struct fmha_arch_isa {
     const fmha_isa_parts *parts;
     /* 1: never the registry's choice, only FMHA_ISA's (amx_emu) */
     int by_name_only;
+    /* A float32 variant: the ISA whose float32 tiles it replaces (its tile
+     * part another shape, the other parts that ISA's; no bf16 part). Float32
+     * plans of every table with that ISA's tile part run on it when their
+     * tuning names its MR x NR (tuning.h); NULL for the others. */
+    const char *variant_of;
 } fmha_arch_isa;
 
 /* The architecture's ISAs, most preferred first (cpu_x86.c, cpu_arm.c;
@@ -51,8 +56,22 @@ const fmha_isa *fmha_isa_at(size_t i);
 int fmha_isa_supported(const fmha_isa *isa);
 
 /* The table in use: the first supported ISA of the registry, or FMHA_ISA's
- * choice when it names a supported one. */
+ * choice when it names a supported one (a tuning trial's table on a thread
+ * that set one: fmha_cpu_set_trial). */
 const fmha_ukernels *fmha_cpu_kernels(void);
+
+/* The table float32 plans of `uk` run on: the float32 variant its tuning
+ * names (tile_mr, tile_nr), composed with uk's tuning, or uk itself. */
+const fmha_ukernels *fmha_cpu_f32_kernels(const fmha_ukernels *uk);
+
+/* Tuning trials (fmha_tune, tune.c): composes the supported ISA `isa` with
+ * tuning t (which must outlive them) into *base, and into *f32 the table
+ * its float32 plans run on under t. Returns 0, or -1 when `isa` is not a
+ * supported ISA here. fmha_cpu_set_trial makes them the calling thread's
+ * tables for the plans it makes (NULL, NULL: the registry's again); the
+ * registry's tables and other threads are untouched. */
+int fmha_cpu_trial_tables(const char *isa, const struct fmha_tuning *t, fmha_ukernels *base, fmha_ukernels *f32);
+void fmha_cpu_set_trial(const fmha_ukernels *base, const fmha_ukernels *f32);
 
 /* The table for an ISA name, or NULL when the name is unknown or this CPU
  * (or build) cannot run it. */
@@ -65,6 +84,11 @@ const fmha_ukernels *fmha_cpu_kernels_for(const char *isa);
  * table, stays available by name (fmha_cpu_kernels_for, forcing) even
  * then; fmha_isa_supported reports it left out. */
 void fmha_cpu_limit_isas(const char *list);
+
+/* Tests only: before the registry's first use, makes the float32 variants
+ * (fmha_arch_isa.variant_of) count as unsupported here, so that a test
+ * that does not ask for them skips them (tests/c/test_util.c). */
+void fmha_cpu_skip_variants(void);
 
 /* Makes `isa` the table in use (tests run every ISA in one process).
  * Returns 0, or -1 when fmha_cpu_kernels_for(isa) is NULL. Not thread-safe

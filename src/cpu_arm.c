@@ -8,6 +8,7 @@
 
 #if defined(__aarch64__)
 #include <stdio.h>
+#include <string.h>
 #if defined(__linux__)
 #include <sys/auxv.h>
 #include <sys/prctl.h>
@@ -78,30 +79,95 @@ static int arm_has_sve(void) { return arm_has_neon() && (arm_hwcap() >> HWCAP_BI
  * and by FMHA_ISA=sve anywhere. */
 static const fmha_arch_isa arm_isas[] = {
 #if FMHA_HAVE_NEONBF16
-    {"neonbf16", arm_has_neonbf16, &fmha_isa_neonbf16, 0},
+    {"neonbf16", arm_has_neonbf16, &fmha_isa_neonbf16, 0, NULL},
 #endif
 #if FMHA_HAVE_SVE
-    {"sve", arm_has_sve, &fmha_isa_sve, 0},
+    {"sve", arm_has_sve, &fmha_isa_sve, 0, NULL},
 #endif
 #if FMHA_HAVE_NEONDOT
-    {"neondot", arm_has_neondot, &fmha_isa_neondot, 0},
+    {"neondot", arm_has_neondot, &fmha_isa_neondot, 0, NULL},
 #endif
-    {"neon", arm_has_neon, &fmha_isa_neon, 0},
+    {"neon", arm_has_neon, &fmha_isa_neon, 0, NULL},
 };
 
 size_t fmha_arch_isa_count(void) { return sizeof arm_isas / sizeof arm_isas[0]; }
 
 const fmha_arch_isa *fmha_arch_isa_at(size_t i) { return i < fmha_arch_isa_count() ? &arm_isas[i] : NULL; }
 
-/* No aarch64 CPU has a tuning of its own yet: each runs the generic one. */
-void fmha_arch_cpu_id(char *vendor, size_t vendor_size, unsigned *family, unsigned *model) {
-    if (vendor_size) vendor[0] = '\0';
-    *family = *model = 0;
+/* MIDR_EL1: from sysfs (Linux 4.7+), else by MRS, which Linux emulates
+ * for EL0 where HWCAP_CPUID (bit 11) is set; 0 when neither answers. */
+static unsigned long long arm_midr(void) {
+    unsigned long long midr = 0;
+#if defined(__linux__)
+    FILE *f = fopen("/sys/devices/system/cpu/cpu0/regs/identification/midr_el1", "r");
+    if (f) {
+        if (fscanf(f, "%llx", &midr) != 1) midr = 0;
+        fclose(f);
+    }
+    if (!midr && (arm_hwcap() >> 11 & 1)) __asm__ volatile("mrs %0, midr_el1" : "=r"(midr));
+#endif
+    return midr;
 }
 
+/* The CPU's key from MIDR: the implementer's name (its code in hex when
+ * unknown), the implementer code as the family and the part number as the
+ * model (Neoverse N1: "ARM" family 65 model 3340 = 0xd0c). */
+void fmha_arch_cpu_id(char *vendor, size_t vendor_size, unsigned *family, unsigned *model) {
+    static const struct { unsigned code; const char *name; } implementers[] = {
+        {0x41, "ARM"}, {0x42, "Broadcom"}, {0x43, "Cavium"}, {0x46, "Fujitsu"}, {0x48, "HiSilicon"},
+        {0x4E, "NVIDIA"}, {0x51, "Qualcomm"}, {0x61, "Apple"}, {0x6D, "Microsoft"}, {0xC0, "Ampere"},
+    };
+    const unsigned long long midr = arm_midr();
+    const unsigned code = (unsigned)(midr >> 24 & 0xFF);
+    *family = code;
+    *model = (unsigned)(midr >> 4 & 0xFFF);
+    if (vendor_size) vendor[0] = '\0';
+    if (!midr) return;
+    snprintf(vendor, vendor_size, "0x%02x", code);
+    for (size_t i = 0; i < sizeof implementers / sizeof implementers[0]; i++)
+        if (implementers[i].code == code) snprintf(vendor, vendor_size, "%s", implementers[i].name);
+}
+
+/* No aarch64 CPU has a tuning of its own yet: each runs wisdom's, the
+ * heuristic's or the generic one. */
 const fmha_arch_tuning *fmha_arch_tunings(size_t *n) {
     *n = 0;
     return NULL;
+}
+
+/* A size in sysfs' words ("48K", "1024K", "2M") in bytes, 0 if unreadable. */
+static int64_t arm_sysfs_size(const char *path) {
+    FILE *f = fopen(path, "r");
+    long long v = 0;
+    char unit = 0;
+    if (!f) return 0;
+    if (fscanf(f, "%lld%c", &v, &unit) < 1) v = 0;
+    fclose(f);
+    return unit == 'K' ? v << 10 : unit == 'M' ? v << 20 : v;
+}
+
+/* L1D and L2 from /sys/devices/system/cpu/cpu0/cache/index<i>/{level,type,size}. */
+void fmha_arch_cache_sizes(fmha_cache_sizes *c) {
+    c->l1d = c->l2 = 0;
+#if defined(__linux__)
+    for (int i = 0; i < 8; i++) {
+        char path[96], type[16] = "";
+        int level = 0;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+        FILE *f = fopen(path, "r");
+        if (!f) break;
+        if (fscanf(f, "%d", &level) != 1) level = 0;
+        fclose(f);
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", i);
+        if ((f = fopen(path, "r"))) {
+            if (fscanf(f, "%15s", type) != 1) type[0] = '\0';
+            fclose(f);
+        }
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        if (level == 1 && !strcmp(type, "Data")) c->l1d = arm_sysfs_size(path);
+        if (level == 2 && (!strcmp(type, "Unified") || !strcmp(type, "Data"))) c->l2 = arm_sysfs_size(path);
+    }
+#endif
 }
 
 /* This thread's SVE vector length in bits (PR_SVE_GET_VL), 0 without SVE. */
@@ -119,9 +185,13 @@ void fmha_arch_describe(char *buf, size_t n) {
     const unsigned long hw = arm_hwcap(), hw2 = arm_hwcap2();
     char sve[24] = "no";
     if (hw >> HWCAP_BIT_SVE & 1) snprintf(sve, sizeof sve, "%d bits", arm_sve_bits());
-    snprintf(buf, n, "aarch64: asimd %s, fphp %s, asimddp %s, bf16 %s, i8mm %s, sve %s, sve2 %s, sme %s",
-             hw >> HWCAP_BIT_ASIMD & 1 ? "yes" : "no", hw >> HWCAP_BIT_FPHP & 1 ? "yes" : "no",
-             hw >> HWCAP_BIT_ASIMDDP & 1 ? "yes" : "no",
+    char vendor[16];
+    unsigned implementer, part;
+    fmha_arch_cpu_id(vendor, sizeof vendor, &implementer, &part);
+    snprintf(buf, n, "aarch64 %s family %u model %u: asimd %s, fphp %s, asimddp %s, bf16 %s, i8mm %s, sve %s, sve2 %s, "
+             "sme %s",
+             vendor[0] ? vendor : "unknown", implementer, part, hw >> HWCAP_BIT_ASIMD & 1 ? "yes" : "no",
+             hw >> HWCAP_BIT_FPHP & 1 ? "yes" : "no", hw >> HWCAP_BIT_ASIMDDP & 1 ? "yes" : "no",
              hw2 >> HWCAP2_BIT_BF16 & 1 ? "yes" : "no", hw2 >> HWCAP2_BIT_I8MM & 1 ? "yes" : "no", sve,
              hw2 >> HWCAP2_BIT_SVE2 & 1 ? "yes" : "no", hw2 >> HWCAP2_BIT_SME & 1 ? "yes" : "no");
 }

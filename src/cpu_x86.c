@@ -96,17 +96,21 @@ static int x86_has_amx_bf16(void) {
 
 static const fmha_arch_isa x86_isas[] = {
 #if FMHA_HAVE_AMX
-    {"amx", x86_has_amx_bf16, &fmha_isa_amx, 0},
+    {"amx", x86_has_amx_bf16, &fmha_isa_amx, 0, NULL},
 #endif
-    {"avx512bf16", x86_has_avx512bf16, &fmha_isa_avx512bf16, 0},
-    {"avx512vnni", x86_has_avx512vnni, &fmha_isa_avx512vnni, 0},
-    {"avx512", x86_has_avx512, &fmha_isa_avx512, 0},
+    {"avx512bf16", x86_has_avx512bf16, &fmha_isa_avx512bf16, 0, NULL},
+    {"avx512vnni", x86_has_avx512vnni, &fmha_isa_avx512vnni, 0, NULL},
+    {"avx512", x86_has_avx512, &fmha_isa_avx512, 0, NULL},
 #if FMHA_HAVE_AVX2VNNI
-    {"avx2vnni", x86_has_avx2vnni, &fmha_isa_avx2vnni, 0},
+    {"avx2vnni", x86_has_avx2vnni, &fmha_isa_avx2vnni, 0, NULL},
 #endif
-    {"avx2", x86_has_avx2, &fmha_isa_avx2, 0},
+    {"avx2", x86_has_avx2, &fmha_isa_avx2, 0, NULL},
+    /* avx512's float32 tiles in other shapes: a tuning's choice for the
+     * float32 plans of every table on avx512's tile part (cpu.c) */
+    {"avx512_12x32", x86_has_avx512, &fmha_isa_avx512_12x32, 1, "avx512"},
+    {"avx512_14x32", x86_has_avx512, &fmha_isa_avx512_14x32, 1, "avx512"},
     /* amx's kernels on the software tile unit: tests and FMHA_ISA only */
-    {"amx_emu", x86_has_avx512bf16, &fmha_isa_amx_emu, 1},
+    {"amx_emu", x86_has_avx512bf16, &fmha_isa_amx_emu, 1, NULL},
 };
 
 size_t fmha_arch_isa_count(void) { return sizeof x86_isas / sizeof x86_isas[0]; }
@@ -130,17 +134,59 @@ void fmha_arch_cpu_id(char *vendor, size_t vendor_size, unsigned *family, unsign
     }
 }
 
+/* Cache sizes from cpuid's deterministic cache parameters: leaf 4 (Intel),
+ * leaf 0x8000001D (AMD's topology extensions), else AMD's 0x80000005 and
+ * 0x80000006. */
+void fmha_arch_cache_sizes(fmha_cache_sizes *c) {
+    unsigned a = 0, b = 0, cx = 0, d = 0;
+    c->l1d = c->l2 = 0;
+    unsigned leaf = 0;
+    if (__get_cpuid_max(0, NULL) >= 4) leaf = 4;
+    if (__get_cpuid(0x80000001, &a, &b, &cx, &d) && (cx >> 22 & 1) && __get_cpuid_max(0x80000000, NULL) >= 0x8000001D)
+        leaf = 0x8000001D;
+    for (unsigned sub = 0; leaf && sub < 16; sub++) {
+        __cpuid_count(leaf, sub, a, b, cx, d);
+        const unsigned type = a & 0x1F, level = a >> 5 & 7;
+        if (!type) break;
+        const int64_t bytes = (int64_t)((b >> 22) + 1) * ((b >> 12 & 0x3FF) + 1) * ((b & 0xFFF) + 1) * ((int64_t)cx + 1);
+        if (level == 1 && type == 1) c->l1d = bytes;
+        if (level == 2 && (type == 3 || type == 1)) c->l2 = bytes;
+    }
+    if (!c->l1d && __get_cpuid_max(0x80000000, NULL) >= 0x80000006) {
+        __get_cpuid(0x80000005, &a, &b, &cx, &d);
+        c->l1d = (int64_t)(cx >> 24) << 10;
+        __get_cpuid(0x80000006, &a, &b, &cx, &d);
+        c->l2 = (int64_t)(cx >> 16) << 10;
+    }
+}
+
 /* Tunings per microarchitecture, each measured with fmha-bench on the CPU
  * it names (design.md, "Tunings"), as {isa, vendor, family, models lo..hi,
- * {name, block_kv, dense_max_scores}}; every other CPU runs the generic
- * one. None yet: on Zen 4 (AuthenticAMD family 25 model 17) keys per tile
- * of 64..256 and the dense crossover measured within noise of the generic
- * values, and no Intel core has been measured. */
-static const fmha_arch_tuning *const x86_tunings = NULL;
-static const size_t x86_n_tunings = 0;
+ * tuning}; a CPU without one gets wisdom's or the heuristic's.
+ *   zen4: AuthenticAMD family 25 model 17 (EPYC): keys per tile of 64..256
+ *         and the dense crossover measured within noise of generic, K read
+ *         in place at 82-89% of the FMA peak: the generic values.
+ *   xeon-6-167: GenuineIntel family 6 model 167 as a KVM guest reports a
+ *         Xeon with AMX (48 KiB L1D, 2 MiB L2): fmha-bench --tune, the
+ *         measurements in design.md. */
+#define ZEN4 {.name = "zen4", .matrix_rescale_log2 = 8, .matrix_overlap = 1}
+#define XEON_6_167                                                                                                     \
+    {.name = "xeon-6-167", .k_copy_bytes = 256 << 10, .matrix_block_kv = 256, .matrix_rescale_log2 = 8,               \
+     .matrix_overlap = 1}
+static const fmha_arch_tuning x86_tunings[] = {
+    {"avx512bf16", "AuthenticAMD", 25, 17, 17, ZEN4},
+    {"avx512", "AuthenticAMD", 25, 17, 17, ZEN4},
+    {"avx2", "AuthenticAMD", 25, 17, 17, ZEN4},
+    {"amx", "GenuineIntel", 6, 167, 167, XEON_6_167},
+    {"avx512bf16", "GenuineIntel", 6, 167, 167, XEON_6_167},
+    {"avx512", "GenuineIntel", 6, 167, 167, XEON_6_167},
+    {"avx2", "GenuineIntel", 6, 167, 167, XEON_6_167},
+};
+#undef ZEN4
+#undef XEON_6_167
 
 const fmha_arch_tuning *fmha_arch_tunings(size_t *n) {
-    *n = x86_n_tunings;
+    *n = sizeof x86_tunings / sizeof x86_tunings[0];
     return x86_tunings;
 }
 

@@ -50,7 +50,7 @@ size_t fmha_plan_describe(const fmha_plan *plan, char *buf, size_t buf_size) {
     const int decode = plan->driver == &fmha_fwd_driver_decode;
     int n = snprintf(buf, buf_size,
                      "driver=%s isa=%s path=%s precision=%s k_format=%s v_format=%s %s threads=%d cpu=\"%s\" tuning=%s "
-                     "backward=%s scores=%s values=%s",
+                     "backward=%s scores=%s values=%s tuning_source=%s",
                      plan->driver->name, plan->uk->isa,
                      plan->driver == &fmha_fwd_driver_matrix || plan->driver == &fmha_fwd_driver_matrix_decode
                          ? "matrix"
@@ -60,6 +60,7 @@ size_t fmha_plan_describe(const fmha_plan *plan, char *buf, size_t buf_size) {
                      fmha_pool_threads(), cpu, plan->uk->tuning->name, fmha_matrix_bwd_plan(plan) ? "matrix" : "tiled",
                      !decode ? "float32" : plan->dec_scores == FMHA_DEC_SCORES_Q8 ? "integer"
                                          : plan->dec_scores == FMHA_DEC_SCORES_BF16 ? "bf16" : "float32",
-                     decode && plan->dec_vint ? "integer" : "float32");
+                     decode && plan->dec_vint ? "integer" : "float32",
+                     fmha_tuning_source_name(plan->uk->tuning->source));
     return n < 0 ? 0 : (size_t)n;
 }

@@ -61,6 +61,9 @@ fmha_status fmha_plan_init(const fmha_problem *p_in, fmha_plan *plan) {
     memcpy(&scale_bits, &p->scale, sizeof scale_bits);
     plan->scale = scale_bits != 0 ? p->scale : (float)(1.0 / sqrt((double)p->head_dim));
     plan->uk = p->strategy == FMHA_STRATEGY_PORTABLE ? fmha_cpu_kernels_for("scalar") : fmha_cpu_kernels();
+    /* float32 in IEEE arithmetic: on the float32 variant the tuning names */
+    if (p->dtype == FMHA_DTYPE_F32 && p->precision != FMHA_PRECISION_BF16X3 && p->precision != FMHA_PRECISION_BF16)
+        plan->uk = fmha_cpu_f32_kernels(plan->uk);
     plan->kv_dtype = fmha_kv_dtype_of(p);
     plan->k_format = fmha_problem_format(p, 0);
     plan->v_format = fmha_problem_format(p, 1);

@@ -32,7 +32,7 @@ _LAZY = {
     "attention": "api", "attention_backward": "api", "merge": "api", "MaskCallback": "api", "BiasCallback": "api",
     "describe": "api", "quantize_kv": "api",
     "FmhaError": "_lib", "FmhaArgumentError": "_lib", "set_num_threads": "_lib", "get_num_threads": "_lib", "isa_name": "_lib",
-    "version_string": "_lib",
+    "version_string": "_lib", "tune": "_lib", "tuning_status": "_lib",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

@@ -33,10 +33,11 @@ STATUS_NAMES = (
     "FMHA_ERR_CALLBACK",
     "FMHA_ERR_STRUCT_SIZE",
     "FMHA_ERR_BAD_PAGE",
+    "FMHA_ERR_BAD_FILE",
 )
 (OK, ERR_NULL_POINTER, ERR_BAD_SIZE, ERR_BAD_HEADS, ERR_BAD_HEAD_DIM, ERR_BAD_SCALE, ERR_BAD_STRIDE,
  ERR_OVERLAP, ERR_BAD_OPTION, ERR_UNSUPPORTED, ERR_WORKSPACE_TOO_SMALL, ERR_OUT_OF_MEMORY,
- ERR_BAD_THREAD_COUNT, ERR_BAD_MASK, ERR_CALLBACK, ERR_STRUCT_SIZE, ERR_BAD_PAGE) = range(len(STATUS_NAMES))
+ ERR_BAD_THREAD_COUNT, ERR_BAD_MASK, ERR_CALLBACK, ERR_STRUCT_SIZE, ERR_BAD_PAGE, ERR_BAD_FILE) = range(len(STATUS_NAMES))
 
 DTYPE_F32, DTYPE_BF16, DTYPE_F16 = 0, 1, 2
 STRATEGIES = {"auto": 0, "tiled": 1, "dense": 2, "portable": 3}
@@ -267,6 +268,10 @@ _lib = None
 _lib_path = None
 
 
+# fmha_tune_progress_fn: (void *user, const char *line)
+TUNE_PROGRESS = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p)
+
+
 def _declare(lib):
     P = ctypes.POINTER
     c_void_p, c_int, c_size_t = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
@@ -300,6 +305,8 @@ def _declare(lib):
         "fmha_set_num_threads": (c_int, [c_int]),
         "fmha_get_num_threads": (c_int, []),
         "fmha_isa_name": (ctypes.c_char_p, []),
+        "fmha_tuning_status": (ctypes.c_char_p, []),
+        "fmha_tune": (c_int, [ctypes.c_char_p, ctypes.c_double, TUNE_PROGRESS, c_void_p]),
         "fmha_last_error_message": (ctypes.c_char_p, []),
         "fmha_plan_describe": (c_size_t, [c_void_p, ctypes.c_char_p, c_size_t]),
         "fmha_version_string": (ctypes.c_char_p, []),
@@ -386,6 +393,22 @@ def get_num_threads():
 
 def isa_name():
     return load().fmha_isa_name().decode()
+
+
+def tuning_status():
+    """fmha_tuning_status: where the kernel table in use took its tuning and what became of the
+    wisdom files (FMHA_WISDOM, the per-user one), with the reason when one was refused."""
+    return load().fmha_tuning_status().decode()
+
+
+def tune(path=None, budget_s=0.0, progress=None):
+    """fmha_tune: measures this CPU's tunings (about budget_s seconds; 0: 90) and writes them
+    into the wisdom file at path (None: the per-user one, ~/.cache/fmha/wisdom.json), which
+    processes started afterwards read. progress(line) is called with each step's line.
+    Raises FmhaError (FMHA_ERR_BAD_FILE) when path holds something else than wisdom."""
+    callback = TUNE_PROGRESS(lambda user, line: progress(line.decode())) if progress else TUNE_PROGRESS()
+    check(load().fmha_tune(os.fsencode(path) if path is not None else None, float(budget_s), callback, None),
+          "fmha_tune")
 
 
 def version_string():

@@ -64,7 +64,10 @@ enum { DEC_SUB = 16, DEC_MAX_HEADS = DEC_MAX_UNIT_ROWS };
  * 512 4.4/14/32 (a busy machine: +-30%). Decode loses at 4 keys a query. */
 enum { DEC_MAX_SQ = 16, DEC_MIN_KV_PER_Q = 8 };
 
-/* Split-KV: aim for DEC_TASKS tasks in all, chunks of at least DEC_MIN_CHUNK keys. */
+/* Split-KV: aim for DEC_TASKS tasks in all, chunks of at least DEC_MIN_CHUNK
+ * keys (the tuning's decode_split_keys when set). The split follows the
+ * problem's shape and the tuning, never the thread count, so results are
+ * bitwise the same for every thread count under one tuning. */
 enum { DEC_TASKS = 64, DEC_MIN_CHUNK = 256 };
 
 /* Software prefetch (dec_prefetch_head) pays where K and V stream from
@@ -128,7 +131,8 @@ int fmha_decode_plan(fmha_plan *plan) {
             }
     int64_t units = p->batch * p->heads_kv / plan->dec_heads * plan->dec_units;
     int64_t splits = ceil_div(DEC_TASKS, units);
-    int64_t most = ceil_div(p->seq_kv, DEC_MIN_CHUNK);
+    const int64_t min_chunk = uk->tuning && uk->tuning->decode_split_keys ? uk->tuning->decode_split_keys : DEC_MIN_CHUNK;
+    int64_t most = ceil_div(p->seq_kv, min_chunk);
     if (splits > most) splits = most;
     if (splits < 1) splits = 1;
     plan->dec_chunk = ceil_div(ceil_div(p->seq_kv, splits), DEC_TILE) * DEC_TILE;

@@ -1,7 +1,9 @@
 /* operand_f32.c: the float32 operand paths and the choice of a path.
  *   fmha_path_f32      float32 tensors: K is read in place from the caller's
- *                      memory with any strides, V in place when its rows suit
- *                      the value product and else from a copy (f32_values);
+ *                      memory with any strides (from a per-call copy where
+ *                      the tuning asks: k_copy_bytes), V in place when its
+ *                      rows suit the value product and else from a copy
+ *                      (f32_values);
  *                      Q^T (and in the backward dO^T, plus rows when not
  *                      unit-stride) is packed.
  *   fmha_path_widened  bf16 and f16 on kernels without bf16 products: K and V
@@ -14,6 +16,7 @@
 
 #include "../convert.h"
 #include "../format.h"
+#include "../tuning.h"
 #include "operand.h"
 
 const fmha_operand_path *fmha_operand_path_for(fmha_dtype dtype, const fmha_ukernels *uk) {
@@ -194,32 +197,72 @@ static int v_copy_pays(const fmha_plan *plan) {
            (size_t)(p->seq_kv * p->head_dim_v) * sizeof(float) >= F32_VCOPY_MIN_HEAD_BYTES;
 }
 
-static size_t f32_unit_bytes(const fmha_plan *plan) {
+/* K rows in the forward's own copy: [Skv][k_copy_ld], D rounded to whole
+ * cache lines: contiguous rows, a page holding several. */
+static size_t k_copy_ld(const fmha_plan *plan) { return fmha_round_up((size_t)plan->p.head_dim, 16); }
+
+/* K is copied with V's per-call copy when the tuning asks for it from
+ * this size of one head's K on (k_copy_bytes) and its rows are not
+ * contiguous already. In [B, S, H, D] each key's row of a head is H D
+ * floats from the next, a page apart at 1-4 KiB: the score product walks
+ * a page per key. Measured on a Xeon (design.md, "Tunings"): at
+ * S = 2048, D = 128 the forward ran 11% faster on the copy; Zen 4 read K
+ * in place at 82-89% of the FMA peak (generic: no copy). */
+static int k_copy_pays(const fmha_plan *plan) {
+    const fmha_problem *p = &plan->p;
+    const int64_t from = plan->uk->tuning ? plan->uk->tuning->k_copy_bytes : 0;
+    const int rows_contiguous = p->k_strides[3] == 1 && (size_t)p->k_strides[1] == k_copy_ld(plan);
+    return from > 0 && plan->strategy != FMHA_STRATEGY_DENSE && !rows_contiguous &&
+           p->seq_kv * p->head_dim * (int64_t)sizeof(float) >= from;
+}
+
+/* The per-call copy of one (batch, kv head): K rows [Skv][k_copy_ld] when
+ * k_copy_pays, then V rows [Skv][v_copy_ld] when v_copy_pays; *k_bytes
+ * receives the bytes of its K part. 0 when neither pays, or when the copy
+ * would serve fewer than F32_VCOPY_MIN_USES query blocks or pass
+ * F32_VCOPY_MAX_BYTES in all. */
+static size_t f32_copy_layout(const fmha_plan *plan, size_t *k_bytes) {
     const fmha_problem *p = &plan->p;
     size_t q_blocks = ((size_t)p->seq_q + plan->uk->tile.nr - 1) / plan->uk->tile.nr;
-    size_t unit = floats_bytes((size_t)p->seq_kv * v_copy_ld(plan));
-    if (!v_copy_pays(plan) || q_blocks * (size_t)plan->group < F32_VCOPY_MIN_USES ||
+    *k_bytes = k_copy_pays(plan) ? floats_bytes((size_t)p->seq_kv * k_copy_ld(plan)) : 0;
+    size_t unit = *k_bytes + (v_copy_pays(plan) ? floats_bytes((size_t)p->seq_kv * v_copy_ld(plan)) : 0);
+    if (!unit || q_blocks * (size_t)plan->group < F32_VCOPY_MIN_USES ||
         unit * (size_t)(p->batch * p->heads_kv) > F32_VCOPY_MAX_BYTES)
-        return 0;
+        return *k_bytes = 0;
     return unit;
 }
 
-/* Rows [k0, k0 + nk) of V[b, :, hk, :] into the unit's rows k0.. */
-static void f32_kv_pack(const fmha_plan *plan, const void *k, const void *v, int64_t b, int64_t hk,
-                        int64_t k0, int64_t nk, char *unit) {
-    const int64_t *vs = plan->p.v_strides;
-    size_t ld = v_copy_ld(plan);
-    fmha_pack_rows_f32(v, FMHA_DTYPE_F32, b * vs[0] + k0 * vs[1] + hk * vs[2], vs[1], vs[3], nk,
-                       plan->p.head_dim_v, (size_t)nk, (float *)unit + (size_t)k0 * ld, ld);
+static size_t f32_unit_bytes(const fmha_plan *plan) {
+    size_t k_bytes;
+    return f32_copy_layout(plan, &k_bytes);
 }
 
-/* K in place; V from the copy when there is one. */
+/* Rows [k0, k0 + nk) of K[b, :, hk, :] and V[b, :, hk, :] (those the
+ * layout copies) into the unit's rows k0.. */
+static void f32_kv_pack(const fmha_plan *plan, const void *k, const void *v, int64_t b, int64_t hk,
+                        int64_t k0, int64_t nk, char *unit) {
+    const int64_t *ks = plan->p.k_strides, *vs = plan->p.v_strides;
+    size_t k_bytes, kld = k_copy_ld(plan), vld = v_copy_ld(plan);
+    const size_t all = f32_copy_layout(plan, &k_bytes);
+    if (k_bytes)
+        fmha_pack_rows_f32(k, FMHA_DTYPE_F32, b * ks[0] + k0 * ks[1] + hk * ks[2], ks[1], ks[3], nk, plan->p.head_dim,
+                           (size_t)nk, (float *)unit + (size_t)k0 * kld, kld);
+    if (all > k_bytes)
+        fmha_pack_rows_f32(v, FMHA_DTYPE_F32, b * vs[0] + k0 * vs[1] + hk * vs[2], vs[1], vs[3], nk,
+                           plan->p.head_dim_v, (size_t)nk, (float *)(unit + k_bytes) + (size_t)k0 * vld, vld);
+}
+
+/* K and V in place, or from the per-call copy of those it holds. */
 static void f32_views(const fmha_plan *plan, const void *k, const void *v, const char *unit, int64_t b,
                       int64_t hk, int64_t k0, fmha_kv_view *kv, fmha_kv_view *vv) {
     in_place_views(plan, k, v, unit, b, hk, k0, kv, vv);
-    if (unit) {
+    if (!unit) return;
+    size_t k_bytes;
+    const size_t all = f32_copy_layout(plan, &k_bytes);
+    if (k_bytes) *kv = (fmha_kv_view){(const float *)unit + (size_t)k0 * k_copy_ld(plan), (int64_t)k_copy_ld(plan), 1};
+    if (all > k_bytes) {
         size_t ld = v_copy_ld(plan);
-        *vv = (fmha_kv_view){(const float *)unit + (size_t)k0 * ld, (int64_t)ld, 1};
+        *vv = (fmha_kv_view){(const float *)(unit + k_bytes) + (size_t)k0 * ld, (int64_t)ld, 1};
     }
 }
 

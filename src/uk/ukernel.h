@@ -604,6 +604,8 @@ extern const fmha_isa_parts fmha_isa_avx2;       /* AVX2 + FMA: src/uk/avx2 */
 extern const fmha_isa_parts fmha_isa_avx2vnni;   /* avx2's parts, integer scores (AVX-VNNI): src/uk/avx2vnni */
 extern const fmha_isa_parts fmha_isa_avx512;     /* AVX-512 F/BW/VL/DQ: src/uk/avx512 */
 extern const fmha_isa_parts fmha_isa_avx512vnni; /* avx512's parts, integer scores (AVX512-VNNI): src/uk/avx512vnni */
+extern const fmha_isa_parts fmha_isa_avx512_12x32; /* avx512's parts, 12 x 32 float32 tiles: src/uk/avx512 */
+extern const fmha_isa_parts fmha_isa_avx512_14x32; /* avx512's parts, 14 x 32 float32 tiles: src/uk/avx512 */
 extern const fmha_isa_parts fmha_isa_avx512bf16; /* avx512's parts + a bf16 part: src/uk/avx512bf16 */
 extern const fmha_isa_parts fmha_isa_amx;        /* avx512bf16's parts, the pair GEMM on AMX tiles: src/uk/amx */
 extern const fmha_isa_parts fmha_isa_amx_emu;    /* amx's kernels on the software tile unit: src/uk/amx_emu */

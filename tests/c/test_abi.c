@@ -65,7 +65,7 @@ static void test_layout(void) {
 
 static void test_enums(void) {
     tu_check(FMHA_OK == 0 && FMHA_ERR_CALLBACK == 14 && FMHA_ERR_STRUCT_SIZE == 15 &&
-                 FMHA_ERR_BAD_PAGE == 16,
+                 FMHA_ERR_BAD_PAGE == 16 && FMHA_ERR_BAD_FILE == 17,
              "ABI: status codes keep their numbers (new ones are appended)");
     tu_check(FMHA_DTYPE_F32 == 0 && FMHA_DTYPE_BF16 == 1 && FMHA_DTYPE_F16 == 2, "ABI: dtype numbers");
     tu_check(FMHA_STRATEGY_AUTO == 0 && FMHA_STRATEGY_PORTABLE == 3, "ABI: strategy numbers");

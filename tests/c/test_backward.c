@@ -41,7 +41,7 @@
 
 /* The ISAs of the registry (src/cpu.c), in its order; isa_ok: those this
  * CPU runs. */
-#define MAX_ISA 8
+#define MAX_ISA 16
 static int n_isa;
 static int isa_ok[MAX_ISA];
 static const char *isa_name(int i) { return fmha_isa_at((size_t)i)->name; }

@@ -33,6 +33,9 @@
 
 static const int64_t windows[] = {-1, 0, 1, 2, 7, INT64_MAX - 1, INT64_MAX};
 
+/* every float32 variant too (test_util.h) */
+const int tu_runs_variants = 1;
+
 /* A window side drawn with its extremes. */
 static int64_t draw_window(void) { return windows[tu_int(0, (int64_t)(sizeof windows / sizeof windows[0]) - 1)]; }
 

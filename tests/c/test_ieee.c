@@ -22,6 +22,9 @@
 static const int strategies[] = {FMHA_STRATEGY_AUTO, FMHA_STRATEGY_TILED, FMHA_STRATEGY_DENSE,
                                  FMHA_STRATEGY_PORTABLE};
 
+/* every float32 variant too (test_util.h) */
+const int tu_runs_variants = 1;
+
 typedef struct ieee_case {
     fmha_problem p;
     float *q, *k, *v;

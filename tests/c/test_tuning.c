@@ -1,9 +1,13 @@
 /* test_tuning.c: tunings per microarchitecture (src/tuning.h) and the
- * FMHA_TUNING override. ctest runs this program four times: without
- * FMHA_TUNING, with small tiles, no dense crossover and the decode
- * driver's prefetch on any size (block_kv=32,dense_max_scores=1,
- * decode_prefetch_bytes=1), with large tiles (block_kv=256) and with
- * an invalid text (block_kv=48, ignored). Each run checks
+ * FMHA_TUNING override. ctest runs this program six times: without
+ * FMHA_TUNING; with small tiles, K copied, no dense crossover, the decode
+ * driver's prefetch on any size and small decode splits (block_kv=32,
+ * k_copy_bytes=1,dense_max_scores=1,decode_prefetch_bytes=1,
+ * decode_split_keys=128); with large tiles on the 14 x 32 float32 variant
+ * (block_kv=256,tile_mr=14,tile_nr=32,k_copy_bytes=4096); on the 12 x 32
+ * variant (tile_mr=12,tile_nr=32,k_copy_bytes=1); and with an invalid text
+ * (block_kv=48, ignored). The float32 variants also run as tables of their
+ * own (tu_runs_variants). Each run checks
  *   - the parser on valid and invalid texts (nothing applied on error),
  *   - that every table of the registry runs the tuning the environment
  *     asks for (or its CPU's when the text is invalid), and that
@@ -29,6 +33,9 @@
 #include "test_util.h"
 #include "tuning.h"
 
+/* every float32 variant too (test_util.h) */
+const int tu_runs_variants = 1;
+
 static void test_parse(void) {
     const fmha_tuning base = {.name = "base", .block_kv = 128, .dense_max_scores = 5};
     fmha_tuning t;
@@ -50,6 +57,11 @@ static void test_parse(void) {
                                sizeof name) == 0 &&
                  t.matrix_block_kv == 0 && t.matrix_rescale_log2 == 0 && t.matrix_overlap == 0,
              "parse the matrix driver's fields at 0");
+    tu_check(fmha_tuning_parse("tile_mr=12,tile_nr=32,k_copy_bytes=1,decode_split_keys=256", &base, &t, name,
+                               sizeof name) == 0 &&
+                 t.tile_mr == 12 && t.tile_nr == 32 && t.k_copy_bytes == 1 && t.decode_split_keys == 256 &&
+                 t.block_kv == 128 && t.source == FMHA_TUNING_ENV,
+             "parse the variant, K's copy and decode's split");
     tu_check(fmha_tuning_parse("generic", &base, &t, name, sizeof name) == 0 && t.block_kv == 0 &&
                  t.dense_max_scores == 0 && !strcmp(name, "generic"),
              "parse generic");
@@ -59,7 +71,8 @@ static void test_parse(void) {
                                       "block_kv=64,mr=4", "GENERIC",  "block_kv=99999999999999999999",
                                       "decode_prefetch_bytes=-1", "decode_prefetch=1", "matrix_block_kv=48",
                                       "matrix_block_kv=544", "matrix_rescale_log2=17", "matrix_overlap=2",
-                                      "matrix_overlap"};
+                                      "matrix_overlap", "tile_nr=24", "tile_nr=80", "tile_mr=17",
+                                      "k_copy_bytes=-1", "decode_split_keys=100", "decode_split_keys=2097152"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         t = base;
         t.block_kv = 7;
@@ -75,16 +88,19 @@ static void test_registry(void) {
     const char *env = getenv("FMHA_TUNING");
     for (size_t i = 0; i < fmha_isa_count(); i++) {
         const fmha_isa *isa = fmha_isa_at(i);
-        const fmha_tuning *base = fmha_arch_tuning_for(isa->name), *used = isa->table->tuning;
-        fmha_tuning want = *base;
-        char name[48];
-        int applied = env && *env && fmha_tuning_parse(env, base, &want, name, sizeof name) == 0;
+        const fmha_tuning *used = isa->table->tuning;
+        fmha_tuning base, want;
+        char name[48], base_name[48];
+        fmha_tuning_lookup(isa->name, &base, base_name, sizeof base_name);
+        want = base;
+        int applied = env && *env && fmha_tuning_parse(env, &base, &want, name, sizeof name) == 0;
         if (!tu_check(used != NULL, "%s has a tuning", isa->name)) continue;
         size_t n_fields, differ = 0;
         const fmha_tuning_field *f = fmha_tuning_fields(&n_fields);
         for (size_t j = 0; j < n_fields; j++)
             differ += *fmha_tuning_at((fmha_tuning *)used, &f[j]) != *fmha_tuning_at(&want, &f[j]);
-        tu_check(!strcmp(used->name, applied ? name : base->name) && differ == 0,
+        tu_check(!strcmp(used->name, applied ? name : base.name) && differ == 0 &&
+                     used->source == (applied ? FMHA_TUNING_ENV : base.source),
                  "%s runs tuning %s (block_kv %lld, %zu fields differ), FMHA_TUNING %s", isa->name, used->name,
                  (long long)used->block_kv, differ, env ? env : "unset");
         if (want.block_kv)

@@ -17,6 +17,9 @@
 #include "test_util.h"
 #include "uk/ukernel.h"
 
+/* every float32 variant too (test_util.h) */
+const int tu_runs_variants = 1;
+
 #if FMHA_HAVE_X86
 /* Vector exp of the SIMD kernel files, exported for this test. */
 void fmha_f32_exp__avx2(size_t n, const float *x, float *y);

@@ -557,12 +557,20 @@ const char *tu_isa_best(void) {
     return "scalar";
 }
 
+/* A test that runs the float32 variants (avx512_12x32, ...: tables that
+ * differ from their ISA's in the float32 tiles alone) defines
+ * tu_runs_variants = 1; the others (no definition: this weak reference is
+ * NULL) skip them, which keeps the test command within its time (the tests
+ * that walk tiles run them: kernels, tuning, differential, ieee). */
+extern const int tu_runs_variants __attribute__((weak));
+
 /* FMHA_TEST_ISAS=a,b: the tests run only these ISAs (scalar, the
  * specification, stays available by name); set before any test's first
  * call. */
 __attribute__((constructor)) static void tu_limit_isas(void) {
     const char *only = getenv("FMHA_TEST_ISAS");
     if (only && *only) fmha_cpu_limit_isas(only);
+    if (!&tu_runs_variants || !tu_runs_variants) fmha_cpu_skip_variants();
 }
 
 int tu_isa_variants;

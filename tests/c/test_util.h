@@ -91,6 +91,9 @@ extern int tu_isa_variants;
  * the variant tu_each_isa leaves out (the tests' own ISA loops ask this). */
 struct fmha_isa;
 int tu_isa_runs(const struct fmha_isa *isa);
+/* 1 in a test that walks the float32 variants too (it defines it; the
+ * others do not, and see them as unsupported). */
+extern const int tu_runs_variants __attribute__((weak));
 const char *tu_causal_name(int causal);
 
 /* ---- every call also through a plan ----------------------------------------

@@ -40,6 +40,8 @@ typedef struct bench_options {
     const char *out;
     const char *note;          /* NULL: keep the file's, or a generated one */
     int min_samples;           /* samples per row (>= 7 unless a test lowers it) */
+    const char *tune;          /* --tune FILE: run fmha_tune into FILE and nothing else */
+    double tune_budget_s;      /* --tune-budget: fmha_tune's budget (0: the library's, 90 s) */
     double min_sample_ms;      /* a sample lasts at least this long */
 } bench_options;
 

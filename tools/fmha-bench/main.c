@@ -92,6 +92,14 @@ static void usage(FILE *f)
             "  --out PATH              output file (default results.json)\n"
             "  --append                add rows and this config to an existing --out file\n"
             "  --note TEXT             the record's note\n"
+            "  --tune FILE             measure this CPU instead (fmha_tune): time the kernel table's\n"
+            "                          tunings (float32 tile variants, keys per tile, K's copy, the\n"
+            "                          dense crossover, decode's split and prefetch, the AMX\n"
+            "                          schedule), print a progress line per step and the tuned\n"
+            "                          against generic times, and write FILE, a wisdom file that\n"
+            "                          FMHA_WISDOM=FILE (or the per-user file, ~/.cache/fmha/\n"
+            "                          wisdom.json) makes later runs use; other entries of FILE are\n"
+            "                          kept. Uses --threads; about 90 s (--tune-budget SECONDS)\n"
             "  --help                  this text\n"
             "\n"
             "testing:\n"
@@ -320,7 +328,7 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
             "--seq-q", "--heads-kv", "--dim-v", "--page-size", "--kv-dtype", "--kv-format",
             "--portable-max-seq", "--threads", "--peak-seqs", "--peak-impls", "--peak-timeout", "--fit-seqs",
             "--fit-impls", "--mem-budget-mb", "--out", "--note", "--min-samples", "--min-sample-ms",
-            "--child-row", "--precision"};
+            "--child-row", "--precision", "--tune", "--tune-budget"};
         int known = 0;
         for (int k = 0; k < COUNT_OF(valued); k++)
             known |= strcmp(flag, valued[k]) == 0;
@@ -414,6 +422,14 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
             o->out = value;
         } else if (strcmp(flag, "--note") == 0) {
             o->note = value;
+        } else if (strcmp(flag, "--tune") == 0) {
+            if (!value[0])
+                return usage_error("--tune needs a path");
+            o->tune = value;
+        } else if (strcmp(flag, "--tune-budget") == 0) {
+            if (parse_double(value, &x) != 0 || x <= 0 || x > 86400)
+                return usage_error("--tune-budget wants seconds in (0, 86400], got '%s'", value);
+            o->tune_budget_s = x;
         } else if (strcmp(flag, "--child-row") == 0) {
             child_spec = value;
         }
@@ -927,6 +943,26 @@ static char *default_note(const bench_options *o, const json_value *device)
     return note;
 }
 
+/* fmha_tune's progress lines, on stderr as the rows' are. */
+static void tune_progress(void *user, const char *line)
+{
+    (void)user;
+    fprintf(stderr, "%s\n", line);
+}
+
+/* --tune FILE: fmha_tune and nothing else. */
+static int run_tune(const bench_options *o)
+{
+    const double start = bench_now_s();
+    fmha_status st = fmha_tune(o->tune, o->tune_budget_s, tune_progress, NULL);
+    if (st != FMHA_OK) {
+        fprintf(stderr, "fmha-bench: --tune failed: %s\n", fmha_last_error_message());
+        return 1;
+    }
+    fprintf(stderr, "fmha-bench: tuned in %.0f s; %s\n", bench_now_s() - start, fmha_tuning_status());
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     bench_options o;
@@ -946,6 +982,8 @@ int main(int argc, char **argv)
     }
     if (kind == RUN_CHILD)
         return bench_child_main(&o, &child);
+    if (o.tune)
+        return run_tune(&o);
 
     setvbuf(stdout, NULL, _IOLBF, 0);
     char error[4200];

@@ -65,7 +65,8 @@ const char *StatusName(fmha_status st) {
       "FMHA_ERR_BAD_STRIDE", "FMHA_ERR_OVERLAP",    "FMHA_ERR_BAD_OPTION",
       "FMHA_ERR_UNSUPPORTED", "FMHA_ERR_WORKSPACE_TOO_SMALL",
       "FMHA_ERR_OUT_OF_MEMORY", "FMHA_ERR_BAD_THREAD_COUNT", "FMHA_ERR_BAD_MASK",
-      "FMHA_ERR_CALLBACK", "FMHA_ERR_STRUCT_SIZE", "FMHA_ERR_BAD_PAGE"};
+      "FMHA_ERR_CALLBACK", "FMHA_ERR_STRUCT_SIZE", "FMHA_ERR_BAD_PAGE",
+      "FMHA_ERR_BAD_FILE"};
   unsigned i = static_cast<unsigned>(st);
   return i < sizeof names / sizeof names[0] ? names[i] : "FMHA_ERR_?";
 }

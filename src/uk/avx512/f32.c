@@ -1,6 +1,7 @@
 /* avx512/f32.c: the AVX-512 float32 microkernels (NR = 64 lanes = 4 zmm).
  * A 6x64 GEMM tile keeps 24 accumulators and 4 B rows in zmm registers and
- * broadcasts one element of A per row and k-step; the online softmax and the
+ * broadcasts one element of A per row and k-step (the tile templates of
+ * tile.h, which the tall tiles of f32_tall.c share); the online softmax and the
  * backward's exp(s - lse) run a vectorised exp (Cody-Waite reduction,
  * degree-6 polynomial, vscalefps); dS = P (dP - Dsum) is plain lane-wise.
  * Contract in ../ukernel.h; the scalar kernels are the specification. */
@@ -13,6 +14,7 @@
 #include "decode.h"
 #include "exp.h"
 #include "softmax.h"
+#include "tile.h"
 
 /* MR = 6: 24 accumulators + 4 B rows of the 32 zmm. Measured on Zen 5 at
  * k = 64: 6x64 runs at 94-98% of the FMA peak, 4x64 at 83-97%. */
@@ -20,113 +22,9 @@ enum { AVX512_MR = FMHA_AVX512_MR, AVX512_NR = FMHA_AVX512_NR, AVX512_VECS = AVX
 
 #define FMHA_INLINE static inline __attribute__((always_inline))
 
-/* C[m x 64] (op)= ab_scale * A[m x k] B[k x 64] with m a compile-time
- * constant. The product is summed from zero and combined with C and ab_scale
- * once at the end (one fma per accumulator), so scaling costs per tile, not
- * per k-step, and C is read once. With ab_scale == 1, ACCUMULATE and
- * RESCALE start from C (or C * col_scale) instead and store the sum as it
- * is, which spares that last pass (measured: about 2% of a forward, whose
- * P V product runs RESCALE with ab_scale 1). */
-FMHA_INLINE void gemm_f32_tile(const size_t m, size_t k, const float *a, ptrdiff_t a_rs,
-                               ptrdiff_t a_cs, const float *b, size_t ldb, float *c, size_t ldc,
-                               int mode, const float *col_scale, float ab_scale) {
-    __m512 acc[AVX512_MR][AVX512_VECS];
-    float *c_row[AVX512_MR];
-#pragma GCC unroll 8
-    for (size_t r = 0; r < m; r++) c_row[r] = c + r * ldc;
-    const int from_c = mode != FMHA_UK_STORE && ab_scale == 1.0f;
-    if (!from_c) {
-#pragma GCC unroll 8
-        for (size_t r = 0; r < m; r++)
-#pragma GCC unroll 4
-            for (int v = 0; v < AVX512_VECS; v++) acc[r][v] = _mm512_setzero_ps();
-    } else if (mode == FMHA_UK_ACCUMULATE) {
-#pragma GCC unroll 8
-        for (size_t r = 0; r < m; r++)
-#pragma GCC unroll 4
-            for (int v = 0; v < AVX512_VECS; v++) acc[r][v] = _mm512_loadu_ps(c_row[r] + 16 * v);
-    } else {
-#pragma GCC unroll 8
-        for (size_t r = 0; r < m; r++)
-#pragma GCC unroll 4
-            for (int v = 0; v < AVX512_VECS; v++)
-                acc[r][v] = _mm512_mul_ps(_mm512_loadu_ps(c_row[r] + 16 * v),
-                                          _mm512_loadu_ps(col_scale + 16 * v));
-    }
-
-    for (; k != 0; k--) {
-        __m512 brow[AVX512_VECS];
-#pragma GCC unroll 4
-        for (int v = 0; v < AVX512_VECS; v++) brow[v] = _mm512_loadu_ps(b + 16 * v);
-#pragma GCC unroll 8
-        for (size_t r = 0; r < m; r++) {
-            const __m512 ar = _mm512_set1_ps(a[(ptrdiff_t)r * a_rs]);
-#pragma GCC unroll 4
-            for (int v = 0; v < AVX512_VECS; v++)
-                acc[r][v] = _mm512_fmadd_ps(ar, brow[v], acc[r][v]);
-        }
-        a += a_cs;
-        b += ldb;
-    }
-
-    const __m512 s = _mm512_set1_ps(ab_scale);
-    if (from_c) {
-#pragma GCC unroll 8
-        for (size_t r = 0; r < m; r++)
-#pragma GCC unroll 4
-            for (int v = 0; v < AVX512_VECS; v++) _mm512_storeu_ps(c_row[r] + 16 * v, acc[r][v]);
-    } else if (mode == FMHA_UK_STORE) {
-#pragma GCC unroll 8
-        for (size_t r = 0; r < m; r++)
-#pragma GCC unroll 4
-            for (int v = 0; v < AVX512_VECS; v++)
-                _mm512_storeu_ps(c_row[r] + 16 * v, _mm512_mul_ps(acc[r][v], s));
-    } else if (mode == FMHA_UK_ACCUMULATE) {
-#pragma GCC unroll 8
-        for (size_t r = 0; r < m; r++)
-#pragma GCC unroll 4
-            for (int v = 0; v < AVX512_VECS; v++) {
-                float *cv = c_row[r] + 16 * v;
-                _mm512_storeu_ps(cv, _mm512_fmadd_ps(acc[r][v], s, _mm512_loadu_ps(cv)));
-            }
-    } else {
-        __m512 scale[AVX512_VECS];
-#pragma GCC unroll 4
-        for (int v = 0; v < AVX512_VECS; v++) scale[v] = _mm512_loadu_ps(col_scale + 16 * v);
-#pragma GCC unroll 8
-        for (size_t r = 0; r < m; r++)
-#pragma GCC unroll 4
-            for (int v = 0; v < AVX512_VECS; v++) {
-                float *cv = c_row[r] + 16 * v;
-                const __m512 c_scaled = _mm512_mul_ps(_mm512_loadu_ps(cv), scale[v]);
-                _mm512_storeu_ps(cv, _mm512_fmadd_ps(acc[r][v], s, c_scaled));
-            }
-    }
-}
-
-#define GEMM_CASE(M)                                                                           \
-    case M:                                                                                    \
-        gemm_f32_tile(M, k, a, a_rs, a_cs, b, ldb, c, ldc, mode, col_scale, ab_scale);         \
-        break
-
 /* C[m x 64] (op)= ab_scale * A[m x k] B[k x 64], 1 <= m <= MR; contract in
- * ukernel.h. */
-void fmha_f32_gemm_ukernel_6x64__avx512(size_t m, size_t k, const float *a,
-                                        ptrdiff_t a_rs, ptrdiff_t a_cs, const float *b,
-                                        size_t ldb, float *c, size_t ldc, int mode,
-                                        const float *col_scale, float ab_scale) {
-    switch (m) {
-        GEMM_CASE(6);
-        GEMM_CASE(5);
-        GEMM_CASE(4);
-        GEMM_CASE(3);
-        GEMM_CASE(2);
-        GEMM_CASE(1);
-    default:
-        break;
-    }
-}
-
+ * ukernel.h (the template: tile.h). */
+TILE_GEMM_FN(fmha_f32_gemm_ukernel_6x64__avx512, 6, AVX512_VECS, 0)
 
 /* y[i] = exp(x[i]) over any n; exp(+inf) = +inf, exp(NaN) = NaN. The test
  * checks the exp of this file through it. */
@@ -154,52 +52,22 @@ void fmha_f32_softmax_lowp_ukernel_64__avx512(size_t rows, float *s, size_t lds,
     softmax_64(rows, s, lds, m, l, alpha, 1, s, NULL, NULL);
 }
 
-/* Backward: s = exp(s - sub) lane-wise, in place; contract in ukernel.h.
- * A lane whose sub is -inf gives 0 (zero-masked in the exp), whatever s is;
- * NaN in s or sub gives NaN. lowp: exp_f32_lowp. */
-FMHA_INLINE void exp_sub_64(size_t rows, float *s, size_t lds, const float *sub, int lowp) {
-    const __m512 x_max = _mm512_set1_ps(89.0f);
-    __m512 sub_v[AVX512_VECS];
-    __mmask16 keep[AVX512_VECS];
-#pragma GCC unroll 4
-    for (int v = 0; v < AVX512_VECS; v++) {
-        sub_v[v] = _mm512_loadu_ps(sub + 16 * v);
-        keep[v] = _mm512_cmp_ps_mask(sub_v[v], _mm512_set1_ps(-__builtin_inff()), _CMP_NEQ_UQ);
-    }
-    for (size_t r = 0; r < rows; r++) {
-        float *srow = s + r * lds;
-#pragma GCC unroll 4
-        for (int v = 0; v < AVX512_VECS; v++) {
-            const __m512 x = _mm512_min_ps(x_max, _mm512_sub_ps(_mm512_loadu_ps(srow + 16 * v), sub_v[v]));
-            _mm512_storeu_ps(srow + 16 * v, lowp ? exp_f32_lowp_keep(keep[v], x) : exp_f32_keep(keep[v], x));
-        }
-    }
-}
-
+/* Backward: s = exp(s - sub) lane-wise, in place (tile.h); contract in
+ * ukernel.h. */
 void fmha_f32_exp_sub_ukernel_64__avx512(size_t rows, float *s, size_t lds, const float *sub) {
-    exp_sub_64(rows, s, lds, sub, 0);
+    exp_sub_tile(AVX512_VECS, rows, s, lds, sub, 0);
 }
 
 /* The same with exp_f32_lowp, for P rounded to bf16 next (exp_sub_lowp_f32). */
 void fmha_f32_exp_sub_lowp_ukernel_64__avx512(size_t rows, float *s, size_t lds, const float *sub) {
-    exp_sub_64(rows, s, lds, sub, 1);
+    exp_sub_tile(AVX512_VECS, rows, s, lds, sub, 1);
 }
 
-/* Backward: dp = p * (dp - dsum) lane-wise, in place; contract in ukernel.h. */
+/* Backward: dp = p * (dp - dsum) lane-wise, in place (tile.h); contract in
+ * ukernel.h. */
 void fmha_f32_ds_ukernel_64__avx512(size_t rows, const float *p, float *dp, size_t lds,
                                     const float *dsum) {
-    __m512 dsum_v[AVX512_VECS];
-#pragma GCC unroll 4
-    for (int v = 0; v < AVX512_VECS; v++) dsum_v[v] = _mm512_loadu_ps(dsum + 16 * v);
-    for (size_t r = 0; r < rows; r++) {
-        const float *prow = p + r * lds;
-        float *dprow = dp + r * lds;
-#pragma GCC unroll 4
-        for (int v = 0; v < AVX512_VECS; v++) {
-            const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(dprow + 16 * v), dsum_v[v]);
-            _mm512_storeu_ps(dprow + 16 * v, _mm512_mul_ps(_mm512_loadu_ps(prow + 16 * v), d));
-        }
-    }
+    ds_tile(AVX512_VECS, rows, p, dp, lds, dsum);
 }
 
 /* Transposes 16 rows of 16 floats in registers: on return x[c][l] is the

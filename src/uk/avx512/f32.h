@@ -10,12 +10,29 @@
 
 /* Tile of the GEMM: MR rows, NR lanes; keys per tile of the tiled forward. */
 enum { FMHA_AVX512_MR = 6, FMHA_AVX512_NR = 64, FMHA_AVX512_BLOCK_KV = 128 };
+/* The tall tiles' lanes (f32_tall.c): 12 x 32 and 14 x 32. */
+enum { FMHA_AVX512_TALL_NR = 32 };
 
 /* C[m x 64] (op)= ab_scale * A[m x k] B[k x 64], 1 <= m <= 6 (fmha_f32_gemm_ukernel_fn). */
 void fmha_f32_gemm_ukernel_6x64__avx512(size_t m, size_t k, const float *a, ptrdiff_t a_rs,
                                         ptrdiff_t a_cs, const float *b, size_t ldb, float *c,
                                         size_t ldc, int mode, const float *col_scale,
                                         float ab_scale);
+
+/* The tall tiles (fmha_f32_gemm_ukernel_fn): C[m x 32], m <= 12 or 14. */
+void fmha_f32_gemm_ukernel_12x32__avx512(size_t m, size_t k, const float *a, ptrdiff_t a_rs, ptrdiff_t a_cs,
+                                         const float *b, size_t ldb, float *c, size_t ldc, int mode,
+                                         const float *col_scale, float ab_scale);
+void fmha_f32_gemm_ukernel_14x32__avx512(size_t m, size_t k, const float *a, ptrdiff_t a_rs, ptrdiff_t a_cs,
+                                         const float *b, size_t ldb, float *c, size_t ldc, int mode,
+                                         const float *col_scale, float ab_scale);
+/* Their lane-wise kernels on 32 lanes, as the 64-lane ones below. */
+void fmha_f32_softmax_ukernel_32__avx512(size_t rows, float *s, size_t lds, float *m, float *l, float *alpha);
+void fmha_f32_softmax_lowp_ukernel_32__avx512(size_t rows, float *s, size_t lds, float *m, float *l,
+                                              float *alpha);
+void fmha_f32_exp_sub_ukernel_32__avx512(size_t rows, float *s, size_t lds, const float *sub);
+void fmha_f32_exp_sub_lowp_ukernel_32__avx512(size_t rows, float *s, size_t lds, const float *sub);
+void fmha_f32_ds_ukernel_32__avx512(size_t rows, const float *p, float *dp, size_t lds, const float *dsum);
 
 /* Online-softmax step over S^T [rows][64] (fmha_f32_softmax_ukernel_fn). */
 void fmha_f32_softmax_ukernel_64__avx512(size_t rows, float *s, size_t lds, float *m, float *l,

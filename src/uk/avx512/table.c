@@ -18,6 +18,18 @@ const fmha_uk_tile fmha_uk_tile__avx512 = {
     .exp_sub_lowp = fmha_f32_exp_sub_lowp_ukernel_64__avx512,
 };
 
+/* The tall tiles (f32_tall.c): 32 lanes, MR 12 or 14. */
+#define TALL_TILE(MR)                                                                                                  \
+    {                                                                                                                  \
+        .mr = MR, .nr = FMHA_AVX512_TALL_NR, .block_kv = FMHA_AVX512_BLOCK_KV,                                        \
+        .gemm = fmha_f32_gemm_ukernel_##MR##x32__avx512, .softmax = fmha_f32_softmax_ukernel_32__avx512,               \
+        .exp_sub = fmha_f32_exp_sub_ukernel_32__avx512, .ds = fmha_f32_ds_ukernel_32__avx512,                          \
+        .softmax_lowp = fmha_f32_softmax_lowp_ukernel_32__avx512,                                                      \
+        .exp_sub_lowp = fmha_f32_exp_sub_lowp_ukernel_32__avx512,                                                      \
+    }
+static const fmha_uk_tile avx512_tile_12x32 = TALL_TILE(12);
+static const fmha_uk_tile avx512_tile_14x32 = TALL_TILE(14);
+
 const fmha_uk_rows fmha_uk_rows__avx512 = {
     .add_transposed = fmha_f32_add_transposed_ukernel__avx512,
     .finish = fmha_f32_finish_ukernel__avx512,
@@ -39,3 +51,13 @@ const fmha_isa_parts fmha_isa_avx512 = {
     .decode = &fmha_uk_decode__avx512,
     .cache = FMHA_CACHE_PARTS(fmha_uk_caches__avx512),
 };
+
+/* The float32 variants: avx512's parts with a tall tile (no bf16 part: the
+ * registry serves float32 plans from them, cpu.c). */
+#define AVX512_F32_VARIANT(NAME, TILE)                                                                                 \
+    {                                                                                                                  \
+        .isa = NAME, .tile = &TILE, .rows = &fmha_uk_rows__avx512, .decode = &fmha_uk_decode__avx512,                  \
+        .cache = FMHA_CACHE_PARTS(fmha_uk_caches__avx512),                                                             \
+    }
+const fmha_isa_parts fmha_isa_avx512_12x32 = AVX512_F32_VARIANT("avx512_12x32", avx512_tile_12x32);
+const fmha_isa_parts fmha_isa_avx512_14x32 = AVX512_F32_VARIANT("avx512_14x32", avx512_tile_14x32);
