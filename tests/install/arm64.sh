@@ -18,7 +18,7 @@
 #      (isa_names.py), runs tests/install/smoke.py and the NumPy binding
 #      tests as a CPU with every extension (QEMU_CPU=max: the neonbf16
 #      table), then the smoke test on the sve table at 512 and 128 bits and
-#      as a Neoverse N1 (the neon table).
+#      as a Neoverse N1 (the neondot table).
 # The emulated Python runs through a script that names itself as argv[0],
 # so that sys.executable and the tests' subprocesses run emulated too.
 # One line per step; exits non-zero on the first failure.
@@ -100,5 +100,6 @@ for vl in 64 16; do
 done
 run neoverse-n1 "$repo/tests/install/smoke.py" --source-tree "$repo" >"$tmp/smoke-n1.log" 2>&1 \
     || fail "$tmp/smoke-n1.log" "the smoke test failed as a Neoverse N1"
-grep -q "ISA neon$" "$tmp/smoke-n1.log" || fail "$tmp/smoke-n1.log" "as a Neoverse N1 another table than neon ran"
-say "the smoke test passed on the sve table at 512 and 128 bits and as a Neoverse N1 (neon)"
+# a Neoverse N1 has the dot product (Armv8.2 DotProd) and no BF16 or SVE
+grep -q "ISA neondot$" "$tmp/smoke-n1.log" || fail "$tmp/smoke-n1.log" "as a Neoverse N1 another table than neondot ran"
+say "the smoke test passed on the sve table at 512 and 128 bits and as a Neoverse N1 (neondot)"
