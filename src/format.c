@@ -206,8 +206,19 @@ fmha_status fmha_kv_scales_check(const fmha_problem *p) {
             const int64_t keys = p->masks.kv_lengths ? p->masks.kv_lengths[b] : p->seq_kv;
             if (!p->block_table && ss[2] == 1 && ss[1] == p->heads_kv) { /* one contiguous run: a vector pass */
                 const float *run = sc + b * ss[0];
-                int bad = 0;
-                for (int64_t i = 0; i < keys * p->heads_kv; i++) bad |= scale_bad(run[i]);
+                const int64_t n = keys * p->heads_kv;
+                int64_t i = 0;
+                uint32_t bad = 0;
+                /* on the bits, in blocks of a fixed trip count (vectorised at
+                 * -O2): bad past the largest finite float (inf, NaN, the
+                 * sign set) but for -0 */
+                for (; i + 16 <= n; i += 16)
+                    for (int e = 0; e < 16; e++) {
+                        uint32_t u;
+                        memcpy(&u, run + i + e, sizeof u);
+                        bad |= (uint32_t)(u > 0x7F7FFFFFu) & (uint32_t)(u != 0x80000000u);
+                    }
+                for (; i < n; i++) bad |= (uint32_t)scale_bad(run[i]);
                 if (!bad) continue;
             }
             for (int64_t j = 0; j < keys; j++) {

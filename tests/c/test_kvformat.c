@@ -800,13 +800,39 @@ static void test_errors(void) {
                  strstr(fmha_last_error_message(), "32"),
              "formats: Dv 48 with q4_0 is BAD_HEAD_DIM naming head_dim_v and 32 (%s)", fmha_last_error_message());
     /* a bad scale a key the call reads: refused, named; past kv_length: never read */
-    const float bad_values[3] = {NAN, INFINITY, -0.5f};
-    for (int i = 0; i < 3; i++) {
+    /* (every sign and class; in a block of 16 of the check's vector pass
+     * and in its tail: key 2 and the last key) */
+    const float bad_values[6] = {NAN, -NAN, INFINITY, -INFINITY, -0.5f, -1e-40f};
+    const int64_t bad_keys[2] = {2, S - 1};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 6; i++) {
+            const int64_t at = bad_keys[k] * H + 1;
+            float keep = ck.scales[at];
+            ck.scales[at] = bad_values[i];
+            REFUSED(p, FMHA_ERR_BAD_SCALE, "a bad k_scales value");
+            char key[32];
+            snprintf(key, sizeof key, "key %lld,", (long long)bad_keys[k]);
+            tu_check(strstr(fmha_last_error_message(), "k_scales") && strstr(fmha_last_error_message(), key),
+                     "formats: the bad scale %g is named (%s)", (double)bad_values[i], fmha_last_error_message());
+            ck.scales[at] = keep;
+        }
+    /* the vector pass's tail: 61 keys x 2 heads read, key 60 bad */
+    {
+        int32_t len61[1] = {61};
+        fmha_problem t = p;
+        t.masks.kv_lengths = len61;
+        float keep = ck.scales[60 * H + 1];
+        ck.scales[60 * H + 1] = -NAN;
+        REFUSED(t, FMHA_ERR_BAD_SCALE, "a bad k_scales value in the check's tail");
+        tu_check(strstr(fmha_last_error_message(), "key 60,") != NULL, "formats: the tail's bad scale is named (%s)",
+                 fmha_last_error_message());
+        ck.scales[60 * H + 1] = keep;
+    }
+    /* -0 is >= 0: a valid scale */
+    {
         float keep = ck.scales[2 * H + 1];
-        ck.scales[2 * H + 1] = bad_values[i];
-        REFUSED(p, FMHA_ERR_BAD_SCALE, "a bad k_scales value");
-        tu_check(strstr(fmha_last_error_message(), "k_scales") && strstr(fmha_last_error_message(), "key 2"),
-                 "formats: the bad scale is named (%s)", fmha_last_error_message());
+        ck.scales[2 * H + 1] = -0.0f;
+        tu_check(fmha_forward(&p, q, ck.bytes, cv.bytes, o, lse, NULL, 0) == FMHA_OK, "formats: a scale of -0 is valid");
         ck.scales[2 * H + 1] = keep;
     }
     int32_t len[1] = {10};
