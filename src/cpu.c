@@ -148,6 +148,9 @@ static void cpu_init(void) {
     for (size_t i = 0; i < n && i < CPU_MAX_ISA; i++) cpu_add(fmha_arch_isa_at(i));
     static const fmha_arch_isa scalar = {"scalar", cpu_always, &fmha_isa_scalar, 0, NULL};
     cpu_add(&scalar);
+    /* a limit that leaves only by-name tables (FMHA_TEST_ISAS=amx_emu):
+     * the specification until one is forced */
+    if (!cpu_selected) cpu_selected = &cpu_tables[cpu_n_isa - 1];
     for (size_t i = 0; i < cpu_n_isa; i++) {
         const fmha_ukernels *f32 = cpu_f32_table(i, cpu_tables[i].tuning, &cpu_f32_tables[i]);
         cpu_f32_of[i] = f32 ? f32 : &cpu_tables[i];

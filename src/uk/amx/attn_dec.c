@@ -13,8 +13,10 @@
  *   P rows                    each key pair's two P^T rows rounded and
  *                             interleaved (a column of the A tile), then a
  *                             16 x 16 word transpose: P [32 rows][128 keys]
- *   V                         pairs of key rows interleaved (pack_v) into
- *                             the B layout, in L1, once for all row blocks
+ *   V                         pairs of key rows interleaved in-lane
+ *                             (dec_pack_v) into the B layout, in L1, once
+ *                             for all row blocks; O's columns permuted
+ *                             back at the end
  *   O [32 rows][Dv] += P V    tmm0..3 C per 32 columns of O (in memory),
  *                             tmm4, 5 A (P), tmm6, 7 B (V), 4 k-steps
  * The row blocks take the key block in turn (K from L1 or L2 after the
@@ -131,6 +133,49 @@ static void dec_ranges(const dec_rows *rb, int64_t k0, size_t n, __m512i lo[2], 
     }
 }
 
+/* V's key block [nk][dv] (bf16 rows rs elements apart) into the B layout
+ * of P V, in-lane: each pair of key rows' 32-element chunk is interleaved
+ * by vpunpcklwd / vpunpckhwd (one uop each, where pack_v's vpermt2w takes
+ * three), so column tile 2c holds O's columns {0-3, 8-11, 16-19, 24-27} of
+ * chunk c and tile 2c + 1 the others; dec_unpermute puts O back at the
+ * end. Keys past nk and columns past dv are zeros. */
+static void dec_pack_v(size_t nk, size_t dv, const uint16_t *v, ptrdiff_t rs, size_t dvp, uint32_t *vb) {
+    const size_t ctiles = dvp / 16, ksteps = (nk + 31) / 32;
+    for (size_t ks = 0; ks < ksteps; ks++)
+        for (size_t r = 0; r < 16; r++) {
+            const size_t j0 = ks * 32 + 2 * r, j1 = j0 + 1;
+            const uint16_t *a = v + (ptrdiff_t)j0 * rs, *b = v + (ptrdiff_t)j1 * rs;
+            for (size_t c = 0; c < dvp / 32; c++) {
+                const size_t left = dv - 32 * c;
+                const __mmask32 m = left >= 32 ? ~(__mmask32)0 : ((__mmask32)1 << left) - 1;
+                const __m512i x = j0 < nk ? _mm512_maskz_loadu_epi16(m, a + 32 * c) : _mm512_setzero_si512();
+                const __m512i y = j1 < nk ? _mm512_maskz_loadu_epi16(m, b + 32 * c) : _mm512_setzero_si512();
+                uint32_t *at = vb + (ks * ctiles + 2 * c) * 256 + r * 16;
+                _mm512_storeu_si512(at, _mm512_unpacklo_epi16(x, y));
+                _mm512_storeu_si512(at + 256, _mm512_unpackhi_epi16(x, y));
+            }
+        }
+}
+
+/* O's rows [n][dvp] from dec_pack_v's column order back to O's: in each
+ * chunk of 32, column k sits at 4 (k / 8) + k % 4, plus 16 when k % 8 >= 4. */
+static void dec_unpermute(float *o, size_t n, size_t dvp) {
+    int32_t lo[16], hi[16];
+    for (int k = 0; k < 32; k++) {
+        const int at = 4 * (k / 8) + k % 4 + (k % 8 >= 4 ? 16 : 0);
+        if (k < 16) lo[k] = at;
+        else hi[k - 16] = at;
+    }
+    const __m512i lo_idx = _mm512_loadu_si512(lo), hi_idx = _mm512_loadu_si512(hi);
+    for (size_t r = 0; r < n; r++)
+        for (size_t c = 0; c < dvp; c += 32) {
+            float *x = o + r * dvp + c;
+            const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+            _mm512_storeu_ps(x, _mm512_permutex2var_ps(a, lo_idx, b));
+            _mm512_storeu_ps(x + 16, _mm512_permutex2var_ps(a, hi_idx, b));
+        }
+}
+
 /* The softmax of a block of n keys over S^T, lanes over rows: m, the sums
  * and O's rows (by alpha, in memory) updated, P [32][n] written as bf16. */
 static void dec_softmax(const fmha_matrix_dec_args *a, const dec_rows *rb, int64_t k0, size_t n, float *lsum) {
@@ -231,7 +276,7 @@ void FMHA_AMX_FN(fmha_matrix_decode)(fmha_matrix_dec_args *a) {
         /* the next block's keys, sent towards L2 while this one computes */
         const size_t next_n = (size_t)(a->ke - k0 - (int64_t)nk < DEC_BK ? a->ke - k0 - (int64_t)nk : DEC_BK);
         const char *next_k = k + DEC_BK * a->k_rs, *next_v = v + DEC_BK * a->v_rs;
-        FMHA_AMX_FN(fmha_matrix_pack_v)(nk, a->dv, v, FMHA_MATRIX_SRC_BF16, a->v_rs / 2, 1, a->vb, NULL);
+        dec_pack_v(nk, a->dv, (const uint16_t *)v, a->v_rs / 2, a->dvp, a->vb);
         /* S^T pass by pass, each pass's 32 keys (in L1) for every row block;
          * the keys short of 32 from a zero-padded copy */
         const size_t whole = nk / 32 * 32, row_bytes = a->d * 2;
@@ -259,4 +304,5 @@ void FMHA_AMX_FN(fmha_matrix_decode)(fmha_matrix_dec_args *a) {
             for (size_t i = 0; i < nb; i++) dec_values_cols(a, &rows[i], n, c);
         }
     }
+    for (size_t i = 0; i < nb; i++) dec_unpermute(rows[i].o, rows[i].nq, a->dvp);
 }
