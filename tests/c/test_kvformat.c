@@ -611,7 +611,10 @@ static void test_values_int(const char *isa) {
         float *o2 = malloc(ROWS * DV * sizeof(float)), alpha[ROWS];
         size_t bad = 0;
         for (int c = 0; c < 40; c++) {
-            const size_t rows = (size_t)tu_int(1, ROWS), nk = (size_t)tu_int(1, KEYS);
+            /* odd cases: more than 4 rows (several blocks of rows) of at most 17
+             * keys, a decode sub-block's size */
+            const size_t rows = (size_t)(c % 2 ? tu_int(5, ROWS) : tu_int(1, ROWS));
+            const size_t nk = (size_t)(c % 2 ? tu_int(1, 17) : tu_int(1, KEYS));
             const size_t dv = nbytes == 32 ? (size_t)tu_int(1, DV) : 32 * (size_t)tu_int(1, DV / 32);
             const size_t ldv = (dv + 31) / 32 * nbytes + (size_t)tu_int(0, 50);
             for (size_t i = 0; i < KEYS * ldv_max; i++) v[i] = (uint8_t)tu_int(0, 255);
