@@ -28,6 +28,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../avx512/unpack.h"
 #include "amx.h"
 #include "attn_common.h"
 #include "tile.h"
@@ -157,22 +158,15 @@ static void dec_pack_v(size_t nk, size_t dv, const uint16_t *v, ptrdiff_t rs, si
         }
 }
 
-/* O's rows [n][dvp] from dec_pack_v's column order back to O's: in each
- * chunk of 32, column k sits at 4 (k / 8) + k % 4, plus 16 when k % 8 >= 4. */
+/* O's rows [n][dvp] from dec_pack_v's column order back to O's (each
+ * chunk of 32: column tile 2c the lo unpack's outputs, 2c + 1 the hi's). */
 static void dec_unpermute(float *o, size_t n, size_t dvp) {
-    int32_t lo[16], hi[16];
-    for (int k = 0; k < 32; k++) {
-        const int at = 4 * (k / 8) + k % 4 + (k % 8 >= 4 ? 16 : 0);
-        if (k < 16) lo[k] = at;
-        else hi[k - 16] = at;
-    }
-    const __m512i lo_idx = _mm512_loadu_si512(lo), hi_idx = _mm512_loadu_si512(hi);
     for (size_t r = 0; r < n; r++)
         for (size_t c = 0; c < dvp; c += 32) {
             float *x = o + r * dvp + c;
-            const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
-            _mm512_storeu_ps(x, _mm512_permutex2var_ps(a, lo_idx, b));
-            _mm512_storeu_ps(x + 16, _mm512_permutex2var_ps(a, hi_idx, b));
+            const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
+            _mm512_storeu_ps(x, fmha_avx512_unpacked_in_order(lo, hi, 0));
+            _mm512_storeu_ps(x + 16, fmha_avx512_unpacked_in_order(lo, hi, 1));
         }
 }
 

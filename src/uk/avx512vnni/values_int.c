@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../avx512/unpack.h"
 #include "decode.h"
 
 #define FMHA_INLINE static inline __attribute__((always_inline))
@@ -62,13 +63,6 @@ FMHA_INLINE float abs_max(size_t n, const float *x) {
         m = _mm512_max_ps(m, _mm512_abs_ps(v));
     }
     return nan ? NAN : _mm512_reduce_max_ps(m);
-}
-
-/* Output lanes 0-15 and 16-31 of a block from the unpacks' lo and hi. */
-FMHA_INLINE __m512 in_order(__m512 lo, __m512 hi, int half) {
-    const __m512i idx = half ? _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31)
-                             : _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-    return _mm512_permutex2var_ps(lo, idx, hi);
 }
 
 /* Rows [0, R) (R = 4 or 1; rows past nr repeat the last, not stored),
@@ -121,7 +115,7 @@ FMHA_INLINE void values_block(const int kind, const int R, size_t nr, size_t nk,
                 const __mmask16 cm = dv - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (dv - c)) - 1u);
                 float *orow = o + r * ldo + c;
                 const __m512 old = _mm512_maskz_loadu_ps(cm, orow);
-                _mm512_mask_storeu_ps(orow, cm, _mm512_fmadd_ps(old, a, in_order(lo, hi, h)));
+                _mm512_mask_storeu_ps(orow, cm, _mm512_fmadd_ps(old, a, fmha_avx512_unpacked_in_order(lo, hi, h)));
             }
         }
     }
