@@ -190,16 +190,6 @@ static void free_case(diff_case *c) {
     free(c->q), free(c->k), free(c->v), free(c->ref_o), free(c->ref_lse), free(c->k_sc), free(c->v_sc);
 }
 
-/* 1 when a plan of p takes its scores on a quantized query: integer
- * (q8_0) or bf16 (fmha_plan_describe). */
-static int quantized_query(const fmha_problem *p) {
-    fmha_plan *plan = NULL;
-    char line[1024] = "";
-    if (fmha_plan_create(p, &plan) == FMHA_OK) fmha_plan_describe(plan, line, sizeof line);
-    fmha_plan_destroy(plan);
-    return strstr(line, " scores=integer") != NULL || strstr(line, " scores=bf16") != NULL;
-}
-
 /* O (contiguous [B, Sq, Hq, Dv] after gathering) and lse against the
  * reference (p: the problem as run). */
 static int agrees(const diff_case *c, const fmha_problem *run, const float *o, const float *lse, const char *what) {
@@ -208,7 +198,7 @@ static int agrees(const diff_case *c, const fmha_problem *run, const float *o, c
     const int64_t *st = tu_shape(p, 'o', n);
     float *og = malloc(c->no * sizeof(float));
     tu_gather(o, st, n, og);
-    const int integer = c->kv_f && quantized_query(run);
+    const int integer = c->kv_f && tu_quantized_query(run);
     double ratio = tu_worst_ratio(og, c->ref_o, c->no, 2e-5 + (integer ? 2.0 * c->llama_o : 0.0), 2e-5);
     size_t bad_lse = 0;
     for (size_t i = 0; i < c->nl; i++) {

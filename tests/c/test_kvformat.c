@@ -170,16 +170,6 @@ typedef struct fmt_case {
     int64_t page;                           /* > 0: also paged, whose bits must match */
 } fmt_case;
 
-/* 1 when a plan of p takes its scores on a quantized query: integer
- * (q8_0) or bf16 (fmha_plan_describe). */
-static int quantized_query(const fmha_problem *p) {
-    fmha_plan *plan = NULL;
-    char line[1024] = "";
-    if (fmha_plan_create(p, &plan) == FMHA_OK) fmha_plan_describe(plan, line, sizeof line);
-    fmha_plan_destroy(plan);
-    return strstr(line, " scores=integer") != NULL || strstr(line, " scores=bf16") != NULL;
-}
-
 /* x [rows][d] as llama.cpp's arithmetic sees a query: each block of 32
  * quantized as ggml's q8_0 (its scale rounded to a half), then dequantized. */
 static void llama_q8_0_query(const float *x, size_t rows, int64_t d, float *out) {
@@ -250,7 +240,7 @@ static void run_case(const fmt_case *fc, const char *isa) {
      * blocks, products exact: a float64 reference on that query) */
     for (int fast = 0; fast < 2; fast++) {
         pq.precision = fast ? FMHA_PRECISION_FAST : FMHA_PRECISION_ACCURATE;
-        const int integer = fast && quantized_query(&pq);
+        const int integer = fast && tu_quantized_query(&pq);
         if (fast && !integer) continue; /* ACCURATE's arithmetic: checked */
         fmha_status st = tu_forward(&pq, qin, ck.bytes, cv.bytes, o, lse, NULL, 0);
         if (fc->bf16_q) /* widen the bf16 output */
@@ -395,7 +385,7 @@ static void test_precision_table(void) {
         fmha_status st = tu_forward(&p, q, ck.bytes, cv.bytes, oa, lse, NULL, 0);
         p.precision = FMHA_PRECISION_FAST;
         st |= tu_forward(&p, q, ck.bytes, cv.bytes, of, lse, NULL, 0);
-        const int integer = quantized_query(&p);
+        const int integer = tu_quantized_query(&p);
         double norm = tu_norm_l2(ro, nq), el = 0.0, fa = 0.0, na = 0.0;
         for (size_t i = 0; i < nq; i++) {
             el += (lo[i] - ro[i]) * (lo[i] - ro[i]);

@@ -551,6 +551,14 @@ int32_t *tu_page_table(int64_t B, int64_t skv, int64_t page, const int32_t *kv_l
     return table;
 }
 
+int tu_quantized_query(const fmha_problem *p) {
+    fmha_plan *plan = NULL;
+    char line[1024] = "";
+    if (fmha_plan_create(p, &plan) == FMHA_OK) fmha_plan_describe(plan, line, sizeof line);
+    fmha_plan_destroy(plan);
+    return strstr(line, " scores=integer") != NULL || strstr(line, " scores=bf16") != NULL;
+}
+
 const char *tu_isa_best(void) {
     for (size_t i = 0; i < fmha_isa_count(); i++)
         if (fmha_isa_supported(fmha_isa_at(i))) return fmha_isa_at(i)->name;

@@ -95,6 +95,9 @@ int tu_isa_runs(const struct fmha_isa *isa);
  * others do not, and see them as unsupported). */
 extern const int tu_runs_variants __attribute__((weak));
 const char *tu_causal_name(int causal);
+/* 1 when a plan of p takes its scores on a quantized query: integer
+ * (q8_0) or bf16 (fmha_plan_describe's scores=). */
+int tu_quantized_query(const fmha_problem *p);
 
 /* ---- every call also through a plan ----------------------------------------
  * Drop-in for fmha_forward, fmha_backward and fmha_forward_backward: makes
