@@ -255,7 +255,12 @@ typedef enum fmha_kv_dtype {
  * dtypes; DTYPE (0) takes kv_dtype's. Scales must be finite and >= 0
  * (FMHA_ERR_BAD_SCALE at run time, naming the first bad one, nothing
  * written); a NaN or inf stored in a float8 or a block's d is data and follows
- * the IEEE rules above. Forward only; fmha_kv_quantize writes every format. */
+ * the IEEE rules above, as the per-element products d * q would: under
+ * FMHA_PRECISION_FAST the integer scores (d times an exact integer sum)
+ * cannot follow them, so a key whose integer score comes out NaN or inf
+ * (only a non-finite d does that) is scored again in float32 from its
+ * dequantised values, and every strategy gives the same NaN and inf.
+ * Forward only; fmha_kv_quantize writes every format. */
 typedef enum fmha_kv_format {
     FMHA_KV_FORMAT_DTYPE = 0,
     FMHA_KV_FORMAT_F32,
@@ -661,7 +666,9 @@ FMHA_API fmha_status fmha_forward_backward(const fmha_problem *p, const void *q,
  *   lse_a, lse_b, lse  float32 [B, Hq, Sq] contiguous
  * A side with lse -inf (no key seen) contributes nothing (its O is not
  * read); both -inf gives O = 0, lse = -inf. A NaN lse makes the row's O and
- * lse NaN; a NaN in O_a or O_b reaches O. o may be the same pointer as o_a
+ * lse NaN; a NaN or inf in O_a or O_b reaches O (IEEE: a weight that
+ * underflows to 0 still multiplies it). The library's own split-KV merges
+ * follow the same rule, so a split never hides a NaN. o may be the same pointer as o_a
  * or o_b, and lse as lse_a or lse_b (merging in place); other overlaps are
  * not allowed. Errors: a NULL pointer, sizes < 1 or overflowing, Dv outside
  * 1..FMHA_MAX_HEAD_DIM, a negative stride; nothing is written then. */
@@ -682,8 +689,10 @@ FMHA_API fmha_status fmha_merge(int64_t batch, int64_t heads_q, int64_t seq_q, i
  *           INT8     written: max |x| of the row / 127; q = round(x / scale)
  *                    (half away from zero; a zero row gets scale 0, q 0)
  *           FP8_*    read (one per head: scale_strides {0, 1} for [Hkv];
- *                    NULL: 1): x / scale rounded to nearest even, saturated to
- *                    the largest finite value (448, 57344); NaN stays NaN
+ *                    NULL: 1; finite and >= 0, as attention reads them): x /
+ *                    scale rounded to nearest even, saturated to the largest
+ *                    finite value (448, 57344); NaN stays NaN; a scale of 0
+ *                    holds only 0, so every other x is stored as 0
  *           Q8_0, Q4_0  NULL: ggml's quantize_row_q8_0_ref /
  *                    quantize_row_q4_0_ref bit for bit
  *           F32, BF16, F16  NULL: rounded to nearest even

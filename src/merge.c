@@ -1,11 +1,13 @@
 /* merge.c: fmha_merge, the combination of two partial attention results
  * over disjoint key sets by their log-sum-exp (ring attention merges one
- * per key block; split-KV decoding could call it for its splits). Plain
- * loops: it reads and writes each element once and is memory bound. */
+ * per key block) by the rule of partials.h, which the split-KV merges
+ * share. Plain loops: it reads and writes each element once and is memory
+ * bound. */
 #include <math.h>
 
 #include "error.h"
 #include "fmha.h"
+#include "partials.h"
 
 fmha_status fmha_merge(int64_t batch, int64_t heads_q, int64_t seq_q, int64_t head_dim_v,
                        const int64_t o_strides[4], const float *o_a, const float *lse_a,
@@ -54,8 +56,8 @@ fmha_status fmha_merge(int64_t batch, int64_t heads_q, int64_t seq_q, int64_t he
                 for (int64_t d = 0; d < head_dim_v; d++) {
                     const int64_t at = off + d * o_strides[3];
                     double x = 0;
-                    if (wa != 0) x += wa * o_a[at];
-                    if (wb != 0) x += wb * o_b[at];
+                    if (fmha_partial_counts(la)) x += wa * o_a[at];
+                    if (fmha_partial_counts(lb)) x += wb * o_b[at];
                     o[at] = (float)x;
                 }
                 lse[row] = (float)l;

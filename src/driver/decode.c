@@ -42,6 +42,7 @@
 #include "../attn.h"
 #include "../convert.h"
 #include "../format.h"
+#include "../partials.h"
 #include "../pool.h"
 #include "../tuning.h"
 
@@ -417,6 +418,34 @@ static void dec_quantize_task(void *vctx, size_t unit, int thread) {
     c->pt.q_ok[unit] = ok;
 }
 
+/* Keys [k0, k0 + nj) of kv head hk scored again in float32 from their
+ * dequantised values, as the float path scores them, where an integer
+ * score came out not finite: the integer sums are exact and finite, so
+ * only a block's NaN or inf d (data, fmha.h) gets there, and d x sum
+ * would follow other rules than the float path's per-element products
+ * (inf x 0 is NaN there). sh [n][DEC_TILE] holds the scores. */
+static void dec_rescore_nonfinite(const dec_ctx *c, int64_t b, int64_t hk, int64_t rho0, int64_t n, int64_t k0,
+                                  int64_t nj, float *sh) {
+    const fmha_plan *plan = c->plan;
+    const fmha_problem *p = &plan->p;
+    float probe[DEC_SUB] = {0}; /* x * 0: 0 for finite x, NaN otherwise */
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t j = 0; j < nj; j++) probe[j] += sh[r * DEC_TILE + j] * 0.0f;
+    const fmha_cache_format *kf = fmha_cache_format_at(plan->k_format);
+    const int64_t *qs = p->q_strides, D = p->head_dim;
+    for (int64_t j = 0; j < nj; j++) {
+        if (probe[j] == 0.0f) continue;
+        const char *krow = (const char *)c->k + (size_t)dec_key_at(p, p->k_strides, b, hk, k0 + j) * kf->unit_bytes;
+        for (int64_t r = 0; r < n; r++) {
+            const int64_t i = (rho0 + r) / plan->group, h = hk * plan->group + (rho0 + r) % plan->group;
+            float dot = 0.0f;
+            for (int64_t e = 0; e < D; e++)
+                dot += fmha_load(c->q, p->dtype, b * qs[0] + i * qs[1] + h * qs[2] + e * qs[3]) * kf->dequant(krow, e);
+            sh[r * DEC_TILE + j] = plan->scale * dot;
+        }
+    }
+}
+
 static void dec_split_task(void *vctx, size_t task, int thread) {
     const dec_ctx *c = vctx;
     const fmha_plan *plan = c->plan;
@@ -499,6 +528,7 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
                                                                 : NULL};
                     k_kern->scores_q8((size_t)n, (size_t)nj, (size_t)D, &qq, rows_of[hh], ld, sh, DEC_TILE,
                                       plan->scale);
+                    dec_rescore_nonfinite(c, b, hk0 + hh, rho0, n, k0 + j0, nj, sh);
                 } else if (qscores == FMHA_DEC_SCORES_BF16) {
                     k_kern->scores_bf16((size_t)n, (size_t)nj, (size_t)D, c->pt.qb + x * (size_t)(D / 2),
                                         (size_t)(D / 2), rows_of[hh], ld, sh, DEC_TILE, plan->scale);
@@ -622,7 +652,7 @@ static void dec_merge_task(void *vctx, size_t unit, int thread) {
             float mx = -INFINITY;
             for (int64_t sp = 0; sp < splits; sp++) {
                 float pm = c->pt.pm[first + (size_t)(sp * per_split + x)];
-                mx = isnan(pm) || isnan(mx) ? NAN : fmaxf(mx, pm); /* NaN rows stay NaN */
+                mx = fmha_partials_max(mx, pm);
             }
             int64_t orow = b * os[0] + i * os[1] + h * os[2];
             float inv, row_lse;
@@ -638,7 +668,7 @@ static void dec_merge_task(void *vctx, size_t unit, int thread) {
             for (int64_t sp = 0; sp < splits; sp++) {
                 size_t at = first + (size_t)(sp * per_split + x);
                 float pmx = c->pt.pm[at];
-                if (pmx == -INFINITY) continue;
+                if (!fmha_partial_counts(pmx)) continue;
                 float w = expf(pmx - mx);
                 l = fmaf(w, c->pt.pl[at], l);
                 const float *po = c->pt.po + at * (size_t)Dv;

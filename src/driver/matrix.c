@@ -38,6 +38,7 @@
 
 #include "../attn.h"
 #include "../convert.h"
+#include "../partials.h"
 #include "../pool.h"
 #include "../tuning.h"
 
@@ -502,17 +503,15 @@ static void mdec_merge_task(void *vctx, size_t task, int thread) {
         int64_t h, i;
         matrix_row(plan, hk, r, &h, &i);
         float m_max = -INFINITY;
-        for (int64_t sp = 0; sp < c->splits; sp++) {
-            const float m = c->part_m[mdec_at(c, unit, sp, (size_t)r)];
-            if (m > m_max) m_max = m;
-        }
+        for (int64_t sp = 0; sp < c->splits; sp++)
+            m_max = fmha_partials_max(m_max, c->part_m[mdec_at(c, unit, sp, (size_t)r)]);
         float l = 0.0f;
         int nonfinite = 0;
         memset(o, 0, dvp * sizeof(float));
         for (int64_t sp = 0; sp < c->splits; sp++) {
             const size_t at = mdec_at(c, unit, sp, (size_t)r);
             const float m = c->part_m[at];
-            if (m == -INFINITY) continue; /* a chunk this row saw no key of */
+            if (!fmha_partial_counts(m)) continue; /* a chunk this row saw no key of */
             const float w = m_max == -INFINITY ? 1.0f : exp2f((m - m_max) * c1);
             l += w * c->part_l[at];
             mdec_axpy(o, c->part_o + at * dvp, w, dvp);

@@ -10,9 +10,21 @@
  * fp8 e4m3 and e5m2, D 32 or 64) under either precision, and decode shapes (Sq 1..16,
  * Skv >= 8 Sq) often enough to reach the decode driver.
  *
+ * Half the problems also hold one NaN or +-inf: in Q, in K or V, in a
+ * q8_0 / q4_0 block's d or a float8 byte, at whatever key the draw gives
+ * (one a row sees, one its mask hides, one past kv_lengths): every path,
+ * each split-KV merge included, must then give the reference's NaN and inf
+ * pattern (fmha.h's rule) and its finite values. A quarter of the
+ * unquantized problems are all bf16 (Q, K, V and O) with D 32 or 64: the
+ * matrix engine's forward, and its decode (up to 48 rows a kv head and 1100
+ * keys, in chunks of 256 merged as partials).
+ *
  * Tolerances: O within 2e-5 + 2e-5 |ref| (float32 products and sums over at
  * most a few hundred keys); lse within 1e-5 + 1e-5 |ref|, and -inf exactly
- * where the reference has no key. A run whose scores take a quantized
+ * where the reference has no key. A bf16 query gives a bf16 O: within
+ * 8e-3 + 8e-3 |ref| (O's rounding, 2^-9 |O|, and P's to bf16 under FAST,
+ * 2^-9 of each weight, over values of at most 1), lse within 1e-4 +
+ * 1e-4 |ref| (float32 sums of P from a polynomial exp). A run whose scores take a quantized
  * query (precision FAST: q8_0 for int8, q8_0 or q4_0 keys, bf16 for float8
  * ones) is held instead to twice the largest error llama.cpp's arithmetic
  * makes on the same output (the reference on the query as ggml's q8_0
@@ -45,7 +57,8 @@ typedef struct diff_case {
     fmha_kv_format kv_f;       /* or a quantized format (0: kv_t) */
     int32_t kv_len[3], q_len[3];
     float *q, *k, *v;          /* float32 inputs; k, v already rounded to kv_t (the values a format holds) */
-    void *k_t, *v_t;           /* K and V as stored (kv_t, or kv_f's bytes) */
+    void *q_t, *k_t, *v_t;     /* Q, K and V as stored (Q: p.dtype; K, V: kv_t, or kv_f's bytes) */
+    char poisoned;             /* 'q', 'k', 'v' or 0: the tensor holding a NaN or inf */
     float *k_sc, *v_sc;        /* int8's scales [B, Skv, Hkv] */
     double *ref_o, *ref_lse;   /* [B, Sq, Hq, Dv], [B, Hq, Sq] */
     double llama_o, llama_lse; /* the largest errors of O and lse on the query as ggml's q8_0 blocks (kv_f) */
@@ -97,18 +110,66 @@ static void *store_as(float *x, size_t n, fmha_dtype t) {
     return h;
 }
 
+/* Element (b, s, h, e) of a tensor at strides st; a random one of extents n. */
+static int64_t at4(const int64_t st[4], int64_t b, int64_t s, int64_t h, int64_t e) {
+    return b * st[0] + s * st[1] + h * st[2] + e * st[3];
+}
+
+/* One NaN, +inf or -inf into Q, K or V as stored, at a random element (any
+ * key: seen, masked or past kv_lengths); for a q8_0 / q4_0 cache into the
+ * element's block d, for float8 its byte (int8 holds no such value: Q then).
+ * The float copies the reference reads (at rp's strides) take the values
+ * now stored. */
+static void poison(diff_case *c, const fmha_problem *rp) {
+    static const float values[] = {NAN, INFINITY, -INFINITY};
+    const fmha_problem *p = &c->p;
+    const float x = values[tu_int(0, 2)];
+    char which = "qkv"[tu_int(0, 2)];
+    if (c->kv_f == FMHA_KV_FORMAT_INT8) which = 'q';
+    int64_t n[4];
+    const int64_t *st = tu_shape(rp, which, n);
+    const int64_t b = tu_int(0, n[0] - 1), s = tu_int(0, n[1] - 1), h = tu_int(0, n[2] - 1), e = tu_int(0, n[3] - 1);
+    float *f = which == 'q' ? c->q : which == 'k' ? c->k : c->v;
+    void *t = which == 'q' ? c->q_t : which == 'k' ? c->k_t : c->v_t;
+    const fmha_dtype ft = which == 'q' ? p->dtype : c->kv_t;
+    c->poisoned = which;
+    if (which == 'q' || !c->kv_f) { /* a float element */
+        const int64_t i = at4(st, b, s, h, e);
+        f[i] = x;
+        if (t != (void *)f) ((uint16_t *)t)[i] = ft == FMHA_DTYPE_BF16 ? fmha_f32_to_bf16(x) : fmha_f32_to_f16(x);
+        f[i] = ft == FMHA_DTYPE_F32 ? x : ft == FMHA_DTYPE_BF16 ? fmha_bf16_to_f32(((uint16_t *)t)[i])
+                                                                 : fmha_f16_to_f32(((uint16_t *)t)[i]);
+        return;
+    }
+    /* a format's bytes: st counts bytes of rows; the element's block d or byte */
+    const fmha_kv_format fmt = c->kv_f;
+    const int64_t *bs = which == 'k' ? p->k_strides : p->v_strides, D = n[3];
+    uint8_t *row = (uint8_t *)t + b * bs[0] + s * bs[1] + h * bs[2];
+    const fmha_cache_format *cf = fmha_cache_format_at((fmha_cache_format_id)(fmt - FMHA_KV_FORMAT_F32));
+    if (fmt == FMHA_KV_FORMAT_Q8_0 || fmt == FMHA_KV_FORMAT_Q4_0) {
+        const uint16_t d = fmha_f32_to_f16(x);
+        memcpy(row + (size_t)(e / 32) * fmha_kv_format_row_bytes(fmt, 32), &d, 2);
+    } else { /* float8: E4M3 has NaN only (S.1111.111), E5M2 inf and NaN */
+        row[e] = fmt == FMHA_KV_FORMAT_FP8_E4M3 ? (x < 0 ? 0xff : 0x7f) : x != x ? 0x7e : x > 0 ? 0x7c : 0xfc;
+    }
+    for (int64_t j = 0; j < D; j++) f[at4(st, b, s, h, j)] = cf->dequant(row, j);
+}
+
 static int draw_case(diff_case *c) {
     memset(c, 0, sizeof *c);
     const int64_t B = tu_int(1, 3), hkv = tu_int(1, 2), hq = hkv * tu_int(1, 3);
     const int decode = tu_int(0, 1);
     const int64_t sq = decode ? tu_int(1, 16) : tu_int(1, 70);
-    const int64_t skv = decode ? tu_int(8 * sq, 8 * sq + 200) : tu_int(1, 90);
+    /* now and then past a matrix_decode chunk (256 keys): split-KV merges */
+    const int64_t skv = decode ? tu_int(8 * sq, tu_int(0, 3) ? 8 * sq + 200 : 1100) : tu_int(1, 90);
     static const int64_t dims[] = {8, 16, 24, 64};
     /* a quantized cache now and then (head dims of whole blocks) */
     static const fmha_kv_format formats[] = {FMHA_KV_FORMAT_INT8, FMHA_KV_FORMAT_Q8_0, FMHA_KV_FORMAT_Q4_0,
                                              FMHA_KV_FORMAT_FP8_E4M3, FMHA_KV_FORMAT_FP8_E5M2};
     c->kv_f = tu_int(0, 3) == 0 ? formats[tu_int(0, 4)] : FMHA_KV_FORMAT_DTYPE;
-    const int64_t D = c->kv_f ? 32 * tu_int(1, 2) : dims[tu_int(0, 3)];
+    /* a quarter of the rest all bf16, head dims of whole k-steps: the matrix engine's paths */
+    const int all_bf16 = !c->kv_f && tu_int(0, 3) == 0;
+    const int64_t D = c->kv_f || all_bf16 ? 32 * tu_int(1, 2) : dims[tu_int(0, 3)];
     fmha_problem *p = &c->p;
     fmha_problem_init(p, B, hq, hkv, sq, skv, D, D, tu_int(0, 1) ? FMHA_LAYOUT_BSHD : FMHA_LAYOUT_BHSD);
     p->causal = (fmha_causal)tu_int(0, 2);
@@ -134,6 +195,8 @@ static int draw_case(diff_case *c) {
     c->kv_t = FMHA_DTYPE_F32;
     if (c->kv_f) {
         p->precision = tu_int(0, 1) ? FMHA_PRECISION_FAST : FMHA_PRECISION_ACCURATE;
+    } else if (all_bf16) {
+        c->kv_t = p->dtype = FMHA_DTYPE_BF16;
     } else if (tu_int(0, 2) == 0) {
         c->kv_t = tu_int(0, 1) ? FMHA_DTYPE_BF16 : FMHA_DTYPE_F16;
         p->kv_dtype = c->kv_t == FMHA_DTYPE_BF16 ? FMHA_KV_DTYPE_BF16 : FMHA_KV_DTYPE_F16;
@@ -151,6 +214,9 @@ static int draw_case(diff_case *c) {
     rp.kv_dtype = FMHA_KV_DTYPE_SAME;
     c->k_t = c->kv_f ? quantize_as(p, 'k', c->k, c->kv_f, &c->k_sc) : store_as(c->k, nk, c->kv_t);
     c->v_t = c->kv_f ? quantize_as(p, 'v', c->v, c->kv_f, &c->v_sc) : store_as(c->v, nv, c->kv_t);
+    tu_shape(p, 'q', n);
+    c->q_t = store_as(c->q, tu_span(p->q_strides, n), p->dtype);
+    if (tu_int(0, 1)) poison(c, &rp);
     c->no = (size_t)(B * sq * hq * D);
     c->nl = (size_t)(B * hq * sq);
     c->ref_o = malloc(c->no * sizeof(double));
@@ -185,6 +251,7 @@ static int draw_case(diff_case *c) {
 }
 
 static void free_case(diff_case *c) {
+    if (c->q_t != c->q) free(c->q_t);
     if (c->k_t != c->k) free(c->k_t);
     if (c->v_t != c->v) free(c->v_t);
     free(c->q), free(c->k), free(c->v), free(c->ref_o), free(c->ref_lse), free(c->k_sc), free(c->v_sc);
@@ -197,26 +264,37 @@ static int agrees(const diff_case *c, const fmha_problem *run, const float *o, c
     int64_t n[4];
     const int64_t *st = tu_shape(p, 'o', n);
     float *og = malloc(c->no * sizeof(float));
-    tu_gather(o, st, n, og);
+    const int bf16 = p->dtype == FMHA_DTYPE_BF16;
+    if (bf16) { /* O as bf16 at O's strides */
+        size_t at = 0;
+        for (int64_t b = 0; b < n[0]; b++)
+            for (int64_t s = 0; s < n[1]; s++)
+                for (int64_t h = 0; h < n[2]; h++)
+                    for (int64_t e = 0; e < n[3]; e++) og[at++] = fmha_bf16_to_f32(((const uint16_t *)o)[at4(st, b, s, h, e)]);
+    } else {
+        tu_gather(o, st, n, og);
+    }
     const int integer = c->kv_f && tu_quantized_query(run);
-    double ratio = tu_worst_ratio(og, c->ref_o, c->no, 2e-5 + (integer ? 2.0 * c->llama_o : 0.0), 2e-5);
+    const double o_tol = bf16 ? 8e-3 : 2e-5, lse_tol = bf16 ? 1e-4 : 1e-5;
+    double ratio = tu_worst_ratio(og, c->ref_o, c->no, o_tol + (integer ? 2.0 * c->llama_o : 0.0), o_tol);
     size_t bad_lse = 0;
     for (size_t i = 0; i < c->nl; i++) {
         double r = c->ref_lse[i], x = lse[i];
-        if (isinf(r) || isinf(x)) bad_lse += !(r == x);
-        else bad_lse += !(fabs(x - r) <= 1e-5 + 1e-5 * fabs(r) + (integer ? 2.0 * c->llama_lse : 0.0));
+        if (isnan(r) || isnan(x)) bad_lse += !(isnan(r) && isnan(x));
+        else if (isinf(r) || isinf(x)) bad_lse += !(r == x);
+        else bad_lse += !(fabs(x - r) <= lse_tol + lse_tol * fabs(r) + (integer ? 2.0 * c->llama_lse : 0.0));
     }
     if (getenv("FMHA_TEST_VERBOSE") && (ratio > 1.0 || bad_lse))
         for (size_t i = 0; i < c->nl; i++) printf("  lse[%zu] %g ref %g\n", i, (double)lse[i], c->ref_lse[i]);
     free(og);
     return tu_check(ratio <= 1.0 && bad_lse == 0,
                     "%s: B %lld Hq %lld Hkv %lld Sq %lld Skv %lld D %lld causal %d align %lld window (%lld, %lld) "
-                    "kv_len %s q_len %s kv %d format %d: O worst/tol %.3g, %zu lse off",
+                    "kv_len %s q_len %s dtype %d kv %d format %d poisoned %c: O worst/tol %.3g, %zu lse off",
                     what, (long long)p->batch, (long long)p->heads_q, (long long)p->heads_kv, (long long)p->seq_q,
                     (long long)p->seq_kv, (long long)p->head_dim, (int)p->causal, (long long)p->alignment,
                     (long long)p->masks.window_left, (long long)p->masks.window_right,
-                    p->masks.kv_lengths ? "on" : "off", p->masks.q_lengths ? "on" : "off", (int)c->kv_t, (int)c->kv_f,
-                    ratio, bad_lse);
+                    p->masks.kv_lengths ? "on" : "off", p->masks.q_lengths ? "on" : "off", (int)p->dtype, (int)c->kv_t,
+                    (int)c->kv_f, c->poisoned ? c->poisoned : '-', ratio, bad_lse);
 }
 
 /* The case from a paged pool (pages of 3..20 keys, shuffled): the bits of
@@ -248,7 +326,7 @@ static void paged_case(const diff_case *c, const float *o_contig, const float *l
     pp.num_pages = pages;
     pp.k_strides[0] = pp.v_strides[0] = ps * p->heads_kv * p->head_dim;
     float *o = tu_new_output(p, 'o', 0.0f), *lse = malloc(c->nl * sizeof(float));
-    fmha_status st = tu_forward(&pp, c->q, kpool, vpool, o, lse, NULL, 0);
+    fmha_status st = tu_forward(&pp, c->q_t, kpool, vpool, o, lse, NULL, 0);
     if (st == FMHA_OK) {
         int64_t n[4];
         tu_shape(p, 'o', n);
@@ -264,7 +342,7 @@ static void paged_case(const diff_case *c, const float *o_contig, const float *l
 int main(void) {
     tu_seed();
     const int cases = getenv("FMHA_TEST_CASES") ? atoi(getenv("FMHA_TEST_CASES")) : (int)tu_quick_pick(160, 40);
-    long long runs = 0, decode_runs = 0, paged = 0;
+    long long runs = 0, decode_runs = 0, paged = 0, matrix_decode_runs = 0, poisoned = 0;
     for (int ci = 0; ci < cases; ci++) {
         diff_case c;
         if (!draw_case(&c)) {
@@ -277,7 +355,7 @@ int main(void) {
                 fmha_problem p = c.p;
                 p.strategy = (fmha_strategy)s;
                 float *o = tu_new_output(&p, 'o', 0.0f), *lse = malloc(c.nl * sizeof(float));
-                fmha_status st = tu_forward(&p, c.q, c.k_t, c.v_t, o, lse, NULL, 0);
+                fmha_status st = tu_forward(&p, c.q_t, c.k_t, c.v_t, o, lse, NULL, 0);
                 char what[96];
                 snprintf(what, sizeof what, "case %d %s %s", ci, fmha_isa_at(ii)->name, tu_strategy_name(s));
                 if (tu_check(st == FMHA_OK, "%s: status %d (%s)", what, (int)st, fmha_last_error_message()) &&
@@ -285,6 +363,8 @@ int main(void) {
                     fmha_plan *plan = NULL;
                     if (fmha_plan_create(&p, &plan) == FMHA_OK) {
                         decode_runs += plan->driver == &fmha_fwd_driver_decode;
+                        matrix_decode_runs += plan->driver == &fmha_fwd_driver_matrix_decode;
+                        poisoned += c.poisoned != 0;
                         if (plan->driver == &fmha_fwd_driver_decode && s == FMHA_STRATEGY_AUTO) {
                             paged_case(&c, o, lse);
                             paged++;
@@ -299,8 +379,9 @@ int main(void) {
         fmha_cpu_force_isa(tu_isa_best());
         free_case(&c);
     }
-    printf("%d problems, %lld runs (%lld on the decode driver, %lld also paged)\n", cases, runs, decode_runs,
-           paged);
+    printf("%d problems, %lld runs (%lld on the decode driver, %lld also paged, %lld on matrix_decode; %lld "
+           "holding a NaN or inf)\n",
+           cases, runs, decode_runs, paged, matrix_decode_runs, poisoned);
     tu_check(decode_runs > 0 && paged > 0, "the draw reached the decode driver (%lld) and pages (%lld)", decode_runs,
              paged);
     return tu_finish();

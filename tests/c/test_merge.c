@@ -4,7 +4,8 @@
  *              to the float64 reference on all keys (layouts BSHD, PADDED;
  *              D 16, and MLA's D 576 / Dv 512)
  *   formula    random O and lse against the merge computed in float64, with
- *              rows fully masked on one or both sides and NaN lse, out of
+ *              rows fully masked on one or both sides, NaN lse, NaN or inf
+ *              in an O whose weight underflows (it still reaches O), out of
  *              place and in place (o = o_a or o_b, lse = lse_a or lse_b)
  *   errors     NULL, sizes, Dv, negative strides: status, nothing written. */
 #include <math.h>
@@ -59,6 +60,16 @@ static void test_formula(int inplace) {
     la[3] = lb[3] = -INFINITY;              /* both on row 3 */
     la[4] = NAN;                            /* NaN row */
     la[5] = 80, lb[5] = -80;                /* far apart: no overflow */
+    /* weights that underflow to 0 still carry a NaN or inf of their O
+     * (partials.h's rule); a side with lse -inf is not read */
+    la[6] = -1000, lb[6] = 0;               /* row 6 = b 0, h 0, i 6 */
+    la[7] = -200, lb[7] = 0;
+    la[8] = 0, lb[8] = -1000;
+    la[9] = -INFINITY, lb[9] = 0;
+    for (int64_t d = 0; d < Dv; d++) {
+        oa[6 * st[1] + d] = NAN, oa[7 * st[1] + d] = NAN, oa[9 * st[1] + d] = NAN;
+        ob[8 * st[1] + d] = d % 2 ? INFINITY : NAN;
+    }
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++)
             for (int64_t i = 0; i < S; i++) {
@@ -75,7 +86,7 @@ static void test_formula(int inplace) {
                 rl[r] = l;
                 for (int64_t d = 0; d < Dv; d++) {
                     const size_t at = (size_t)(b * st[0] + i * st[1] + h * st[2] + d);
-                    ro[at] = (wa == 0 ? 0 : wa * oa[at]) + (wb == 0 ? 0 : wb * ob[at]);
+                    ro[at] = (a == -INFINITY ? 0 : wa * oa[at]) + (c == -INFINITY ? 0 : wb * ob[at]);
                 }
             }
     float *o = inplace == 1 ? oa : inplace == 2 ? ob : oo;
@@ -93,9 +104,13 @@ static void test_formula(int inplace) {
                     const size_t at = (size_t)(b * st[0] + i * st[1] + h * st[2] + d);
                     if (isnan(ro[at]) ? !isnan(o[at]) : !(fabs(o[at] - ro[at]) <= 1e-6 * (1 + fabs(ro[at])))) bad++;
                 }
-    /* the both-masked row is exactly 0 and -inf */
+    /* the both-masked row is exactly 0 and -inf; rows 6-8 NaN, row 9 finite */
     int masked_ok = lse[3] == -INFINITY;
-    for (int64_t d = 0; d < Dv; d++) masked_ok &= o[3 * st[1] + d] == 0;   /* row 3 = b 0, h 0, i 3 */
+    for (int64_t d = 0; d < Dv; d++) {
+        masked_ok &= o[3 * st[1] + d] == 0;   /* row 3 = b 0, h 0, i 3 */
+        masked_ok &= isnan(o[6 * st[1] + d]) && isnan(o[7 * st[1] + d]) && isnan(o[8 * st[1] + d]);
+        masked_ok &= isfinite(o[9 * st[1] + d]);
+    }
     tu_check(s == FMHA_OK && bad == 0 && masked_ok, "formula inplace %d: status %d, %zu elements off, masked row %s",
              inplace, s, bad, masked_ok ? "ok" : "wrong");
     free(oa), free(ob), free(oo), free(la), free(lb), free(ll), free(ro), free(rl);

@@ -249,6 +249,12 @@ static void dec_softmax(const fmha_matrix_dec_args *a, const dec_rows *rb, int64
     }
     _mm512_storeu_ps(lsum, sum[0]);
     _mm512_storeu_ps(lsum + 16, sum[1]);
+    /* a NaN sum (a NaN or +inf score seen) makes m NaN, which the merge
+     * carries to the row (partials.h); the max above skips NaN scores */
+    for (int v = 0; v < 2; v++) {
+        const __mmask16 nan = _mm512_cmp_ps_mask(sum[v], sum[v], _CMP_UNORD_Q);
+        if (nan) _mm512_mask_storeu_ps(rb->m + 16 * v, nan, _mm512_set1_ps(NAN));
+    }
 }
 
 void FMHA_AMX_FN(fmha_matrix_decode)(fmha_matrix_dec_args *a) {
