@@ -23,7 +23,7 @@ const char *fmha_status_string(fmha_status status) {
     case FMHA_ERR_BAD_SIZE: return "batch, heads and sequence lengths must be >= 1 and the tensors must fit in memory";
     case FMHA_ERR_BAD_HEADS: return "heads_q must be a multiple of heads_kv";
     case FMHA_ERR_BAD_HEAD_DIM: return "head_dim and head_dim_v must be between 1 and 576";
-    case FMHA_ERR_BAD_SCALE: return "scale must be finite (0 selects 1/sqrt(head_dim)), and a cache's scales finite and >= 0";
+    case FMHA_ERR_BAD_SCALE: return "a scale is NaN, infinite or negative";
     case FMHA_ERR_BAD_STRIDE: return "strides must be >= 0 and an output's elements must not overlap each other";
     case FMHA_ERR_OVERLAP: return "an output overlaps an input or another output";
     case FMHA_ERR_BAD_OPTION: return "unknown strategy, causal alignment, dtype or precision";

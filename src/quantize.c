@@ -95,10 +95,13 @@ static void quantize_row(fmha_cache_format_id id, const float *row, int64_t dim,
     case FMHA_FORMAT_FP8_E4M3:
     case FMHA_FORMAT_FP8_E5M2: {
         const int e4m3 = id == FMHA_FORMAT_FP8_E4M3;
-        const float inv = 1.0f / *scale;
-        for (int64_t e = 0; e < dim; e++)
-            ((uint8_t *)out)[e] = e4m3 ? f32_to_fp8(row[e] * inv, 3, 7, 448.0f, 0x7e, 0x7f)
-                                       : f32_to_fp8(row[e] * inv, 2, 15, 57344.0f, 0x7b, 0x7f);
+        /* a scale of 0 (allowed, as attention allows it) holds only 0: every
+         * value but NaN stores 0 */
+        const float inv = *scale > 0.0f ? 1.0f / *scale : 0.0f;
+        for (int64_t e = 0; e < dim; e++) {
+            const float v = *scale > 0.0f || isnan(row[e]) ? row[e] * inv : 0.0f;
+            ((uint8_t *)out)[e] = e4m3 ? f32_to_fp8(v, 3, 7, 448.0f, 0x7e, 0x7f) : f32_to_fp8(v, 2, 15, 57344.0f, 0x7b, 0x7f);
+        }
         return;
     }
     case FMHA_FORMAT_Q8_0:
@@ -171,8 +174,8 @@ fmha_status fmha_kv_quantize(fmha_kv_format format, int64_t tokens, int64_t head
         for (int64_t h = 0; h < heads; h++) {
             if (reads_scales && scales) {
                 const float sc = scales[t * s_st[0] + h * s_st[1]];
-                if (!(sc > 0.0f && sc <= 3.40282347e38f))
-                    return fmha_fail(FMHA_ERR_BAD_SCALE, "scales[token %lld, head %lld] must be finite and > 0, got %g",
+                if (!(sc >= 0.0f && sc <= 3.40282347e38f))
+                    return fmha_fail(FMHA_ERR_BAD_SCALE, "scales[token %lld, head %lld] must be finite and >= 0, got %g",
                                      (long long)t, (long long)h, (double)sc);
             }
             if (writes_scales)

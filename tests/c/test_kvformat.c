@@ -860,15 +860,26 @@ static void test_errors(void) {
     float nan_row[64];
     tu_fill(nan_row, 64, -1, 1);
     nan_row[37] = NAN;
-    sc[0] = 0.0f;
+    sc[0] = -0.5f;
     const int64_t ss0[2] = {0, 1};
     tu_check(fmha_kv_quantize(FMHA_KV_FORMAT_INT8, 1, H, D, nan_row, xs, out, xs, sc + 1, ss) == FMHA_ERR_BAD_SCALE &&
                  fmha_kv_quantize(FMHA_KV_FORMAT_FP8_E4M3, 1, H, D, nan_row, xs, out, xs, sc, ss0) ==
                      FMHA_ERR_BAD_SCALE,
-             "quantize: a NaN under int8 and a zero fp8 scale are BAD_SCALE");
+             "quantize: a NaN under int8 and a negative fp8 scale are BAD_SCALE");
     int untouched = 1;
     for (int i = 0; i < 512; i++) untouched &= out[i] == 0x5a;
     tu_check(untouched && sc[1] == 1.0f, "quantize: nothing written on an error");
+    /* a zero fp8 scale, which attention accepts: the head holds only 0 (NaN stays NaN) */
+    sc[0] = 0.0f;
+    nan_row[38] = INFINITY;
+    int zeros = 1;
+    for (int f = 0; f < 2; f++) {
+        const fmha_kv_format fmt = f ? FMHA_KV_FORMAT_FP8_E5M2 : FMHA_KV_FORMAT_FP8_E4M3;
+        const fmha_cache_format *cf = fmha_cache_format_at((fmha_cache_format_id)(fmt - FMHA_KV_FORMAT_F32));
+        zeros &= fmha_kv_quantize(fmt, 1, 1, D, nan_row, xs, out, xs, sc, ss0) == FMHA_OK;
+        for (int64_t e = 0; e < D; e++) zeros &= e == 37 ? isnan(cf->dequant(out, e)) : cf->dequant(out, e) == 0.0f;
+    }
+    tu_check(zeros, "quantize: a zero fp8 scale stores 0 for every value but NaN");
     cache_free(&ck), cache_free(&cv);
 }
 
