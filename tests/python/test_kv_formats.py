@@ -184,6 +184,13 @@ def test_quantize_kv_forms_and_rules():
     for fmt, t in FP8.items():
         values, scales = fmha.quantize_kv(x, fmt, scales=np.ones(3, np.float32))
         np.testing.assert_array_equal(values, x.astype(t).view(np.uint8))
+        # a head's scale of 0, which attention takes too: that head holds only 0
+        values, _ = fmha.quantize_kv(x, fmt, scales=np.array([1, 0, 1], np.float32))
+        assert np.all(values[..., 1, :].view(t).astype(np.float32) == 0)
+        # a refused scale's message names the cache's scales, not the softmax scale
+        with pytest.raises(fmha.FmhaError, match=r"scales\[token 0, head 2\] must be finite and >= 0") as e:
+            fmha.quantize_kv(x, fmt, scales=np.array([1, 1, -1], np.float32))
+        assert "sqrt" not in str(e.value)
     # GGUF q8_0: half a step of the block's scale d, plus the step's own
     # rounding to half (ggml divides by the float32 d, stores it as f16: up
     # to 127 x 2^-11 d more)
