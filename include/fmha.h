@@ -696,8 +696,9 @@ FMHA_API fmha_status fmha_merge(int64_t batch, int64_t heads_q, int64_t seq_q, i
  *           Q8_0, Q4_0  NULL: ggml's quantize_row_q8_0_ref /
  *                    quantize_row_q4_0_ref bit for bit
  *           F32, BF16, F16  NULL: rounded to nearest even
- * A NaN or inf in x is FMHA_ERR_BAD_SCALE for INT8 (its scale would be
- * neither finite nor meaningful), data for the float formats. Outputs must
+ * A NaN or inf in x is FMHA_ERR_BAD_SCALE for INT8, Q8_0 and Q4_0 (a row's
+ * or block's scale would be neither finite nor meaningful), data for the
+ * float formats (F32, BF16, F16, FP8_*). Outputs must
  * not overlap x; nothing is written on an error. */
 FMHA_API fmha_status fmha_kv_quantize(fmha_kv_format format, int64_t tokens, int64_t heads, int64_t dim,
                                       const float *x, const int64_t x_strides[3], void *values,

@@ -178,13 +178,13 @@ fmha_status fmha_kv_quantize(fmha_kv_format format, int64_t tokens, int64_t head
                     return fmha_fail(FMHA_ERR_BAD_SCALE, "scales[token %lld, head %lld] must be finite and >= 0, got %g",
                                      (long long)t, (long long)h, (double)sc);
             }
-            if (writes_scales)
+            /* int8's row scale and a GGUF block's d come from max |x| */
+            if (writes_scales || id == FMHA_FORMAT_Q8_0 || id == FMHA_FORMAT_Q4_0)
                 for (int64_t e = 0; e < dim; e++) {
                     const float v = x[t * x_st[0] + h * x_st[1] + e * x_st[2]];
                     if (!isfinite(v))
-                        return fmha_fail(FMHA_ERR_BAD_SCALE,
-                                         "x[%lld, %lld, %lld] is %g: int8's scale would not be finite", (long long)t,
-                                         (long long)h, (long long)e, (double)v);
+                        return fmha_fail(FMHA_ERR_BAD_SCALE, "x[%lld, %lld, %lld] is %g: %s's scale would not be finite",
+                                         (long long)t, (long long)h, (long long)e, (double)v, f->name);
                 }
         }
     /* row [dim] float32 gathered, out [row units] the format's row before its scatter */

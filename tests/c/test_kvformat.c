@@ -863,9 +863,14 @@ static void test_errors(void) {
     sc[0] = -0.5f;
     const int64_t ss0[2] = {0, 1};
     tu_check(fmha_kv_quantize(FMHA_KV_FORMAT_INT8, 1, H, D, nan_row, xs, out, xs, sc + 1, ss) == FMHA_ERR_BAD_SCALE &&
+                 fmha_kv_quantize(FMHA_KV_FORMAT_Q8_0, 1, H, D, nan_row, xs, out, vs, NULL, NULL) ==
+                     FMHA_ERR_BAD_SCALE &&
+                 fmha_kv_quantize(FMHA_KV_FORMAT_Q4_0, 1, H, D, nan_row, xs, out, vs, NULL, NULL) ==
+                     FMHA_ERR_BAD_SCALE &&
                  fmha_kv_quantize(FMHA_KV_FORMAT_FP8_E4M3, 1, H, D, nan_row, xs, out, xs, sc, ss0) ==
                      FMHA_ERR_BAD_SCALE,
-             "quantize: a NaN under int8 and a negative fp8 scale are BAD_SCALE");
+             "quantize: a NaN under int8, q8_0 and q4_0 (whose scales it would set) and a negative fp8 scale are "
+             "BAD_SCALE");
     int untouched = 1;
     for (int i = 0; i < 512; i++) untouched &= out[i] == 0x5a;
     tu_check(untouched && sc[1] == 1.0f, "quantize: nothing written on an error");
