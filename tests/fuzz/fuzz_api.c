@@ -28,7 +28,11 @@
  *     terms that dS sums, collected like the output), tol = 2e-4 for
  *     float32, 1e-2 for float16 and 6e-2 for bfloat16 (unit roundoff 2^-8,
  *     stored operands and P rounded to it); lse to tol (1 + |r|) and exactly
- *     -inf on fully masked rows, whose O is exactly 0.
+ *     -inf on fully masked rows, whose O is exactly 0;
+ *   - now and then one NaN or inf is put into Q, K, V, the dense bias, a
+ *     quantized cache's block d or float8 byte (any position, read or not):
+ *     O and lse must hold the reference's NaN and infinities (fmha.h's
+ *     IEEE rule) and its finite values within the tolerances above.
  * Any failure aborts, so libFuzzer saves the input.
  *
  * Seeds (tests/fuzz/corpus/): random inputs, plus inputs that reproduce
@@ -59,12 +63,12 @@ static void fail(const char *what) {
 
 /* ---- statistics (FMHA_FUZZ_STATS=1 prints them at exit) ---- */
 
-static long long n_inputs, n_ran, n_fwd_ok, n_bwd_ok, n_dtype_ok[3], n_status[16];
+static long long n_inputs, n_ran, n_fwd_ok, n_bwd_ok, n_dtype_ok[3], n_status[16], n_poisoned;
 
 static void print_stats(void) {
     fprintf(stderr, "fuzz_api: %lld inputs, %lld run on tensors, %lld forwards and %lld backwards "
-            "compared (float32 %lld, bfloat16 %lld, float16 %lld); statuses:",
-            n_inputs, n_ran, n_fwd_ok, n_bwd_ok, n_dtype_ok[0], n_dtype_ok[1], n_dtype_ok[2]);
+            "compared (float32 %lld, bfloat16 %lld, float16 %lld), %lld holding a NaN or inf; statuses:",
+            n_inputs, n_ran, n_fwd_ok, n_bwd_ok, n_dtype_ok[0], n_dtype_ok[1], n_dtype_ok[2], n_poisoned);
     for (int i = 0; i < 16; i++)
         if (n_status[i]) fprintf(stderr, " %d:%lld", i, n_status[i]);
     fprintf(stderr, "\n");
@@ -278,19 +282,38 @@ static int padding_untouched(const buf *b, const int64_t n[4], const int64_t st[
 
 static double tol_of(fmha_dtype t) { return t == FMHA_DTYPE_F32 ? 2e-4 : t == FMHA_DTYPE_F16 ? 1e-2 : 6e-2; }
 
-/* x (dtype t, strides st over n) against r (contiguous [n0][n1][n2][n3]). */
+/* x against the reference r: the same NaN, the same infinity, or within tol. */
+static int agrees(double x, double r, double tol) {
+    return isnan(r) ? isnan(x) : isinf(r) ? x == r : fabs(x - r) <= tol;
+}
+
+/* One NaN, +inf or -inf (drawn) into a random position of x [n] and of its
+ * float32 copy f (NULL: none) in dtype t: an element or padding, which a
+ * call never reads. */
+static void poison_one(reader *r, void *x, float *f, fmha_dtype t, size_t n) {
+    static const float values[3] = {NAN, INFINITY, -INFINITY};
+    const float v = values[take(r, 1) % 3];
+    const int64_t at = (int64_t)(rng_next() % n);
+    fmha_store(x, t, at, v);
+    if (f) f[at] = fmha_load(x, t, at);
+}
+
+/* x (dtype t, strides st over n) against r (contiguous [n0][n1][n2][n3]):
+ * NaN where r is NaN, r's infinities, the finite values within
+ * tol (1 + M), M the largest finite |r| (or extra_scale). */
 static void compare_tensor(const char *what, const void *x, fmha_dtype t, const int64_t n[4],
                            const int64_t st[4], const double *r, double extra_scale, double tol) {
     size_t len = (size_t)(n[0] * n[1] * n[2] * n[3]);
     double m = extra_scale;
-    for (size_t e = 0; e < len; e++) m = fmax(m, fabs(r[e]));
+    for (size_t e = 0; e < len; e++)
+        if (isfinite(r[e])) m = fmax(m, fabs(r[e]));
     size_t e = 0;
     for (int64_t a = 0; a < n[0]; a++)
         for (int64_t b = 0; b < n[1]; b++)
             for (int64_t c = 0; c < n[2]; c++)
                 for (int64_t d = 0; d < n[3]; d++, e++) {
                     double v = fmha_load(x, t, a * st[0] + b * st[1] + c * st[2] + d * st[3]);
-                    if (!(fabs(v - r[e]) <= tol * (1.0 + m))) {
+                    if (!agrees(v, r[e], tol * (1.0 + m))) {
                         fprintf(stderr, "%s[%lld,%lld,%lld,%lld] = %.9g, reference %.9g (scale %g)\n",
                                 what, (long long)a, (long long)b, (long long)c, (long long)d, v, r[e], m);
                         fail("an output differs from the reference");
@@ -358,8 +381,18 @@ static void check_formats(reader *r, const fmha_problem *p, float *const f32[4],
         float *sc = scales[t].p;
         for (int64_t h = 0; per_head && h < Hkv; h++) sc[h] = 0.25f + (float)h;
         const int64_t xs[3] = {Hkv * np, np, 1}, vs[3] = {Hkv * row, row, 1}, ss[2] = {per_key ? Hkv : 0, 1};
-        if (fmha_kv_quantize(fmt[t], B * skv, Hkv, np, x[t], xs, stored[t].p, vs, sc, sc ? ss : NULL) != FMHA_OK)
-            fail("fmha_kv_quantize refused a good row");
+        /* a NaN or inf (poisoned K or V) is refused where it would set a scale */
+        int finite = 1;
+        for (int64_t e = 0; e < B * skv * Hkv * np; e++) finite &= isfinite(x[t][e]) != 0;
+        const int refuses = !finite && (per_key || fmt[t] == FMHA_KV_FORMAT_Q8_0 || fmt[t] == FMHA_KV_FORMAT_Q4_0);
+        const fmha_status qs = fmha_kv_quantize(fmt[t], B * skv, Hkv, np, x[t], xs, stored[t].p, vs, sc, sc ? ss : NULL);
+        if (refuses) {
+            if (qs != FMHA_ERR_BAD_SCALE) fail("fmha_kv_quantize took a NaN or inf that sets a scale");
+            for (int u = 0; u < 2; u++) buf_free(&stored[u]), buf_free(&scales[u]), free(x[u]), free(val[u]);
+            free(q);
+            return;
+        }
+        if (qs != FMHA_OK) fail("fmha_kv_quantize refused a good row");
         const fmha_cache_format *f = fmha_cache_format_at((fmha_cache_format_id)(fmt[t] - FMHA_KV_FORMAT_F32));
         for (int64_t rr = 0; rr < rows; rr++)
             for (int64_t e = 0; e < n; e++)
@@ -374,6 +407,28 @@ static void check_formats(reader *r, const fmha_problem *p, float *const f32[4],
         *(t ? &pf.v_scales : &pf.k_scales) = sc;
         int64_t *pss = t ? pf.v_scale_strides : pf.k_scale_strides;
         pss[0] = skv * Hkv, pss[1] = Hkv, pss[2] = 1;
+    }
+    /* now and then one NaN or inf in K's or V's cache: a q8_0 / q4_0
+     * block's d or a float8 byte (data, fmha.h), the values it holds
+     * dequantised again for the reference */
+    if (!bad_scale && take(r, 1) % 4 == 0) {
+        const int t = (int)(take(r, 1) % 2);
+        const int64_t row = (int64_t)fmha_kv_format_row_bytes(fmt[t], dimp[t]), rr = (int64_t)(rng_next() % (uint64_t)(B * skv * Hkv));
+        const int64_t e = (int64_t)(rng_next() % (uint64_t)dim[t]);
+        uint8_t *bytes = (uint8_t *)stored[t].p + rr * row;
+        const uint8_t pick = (uint8_t)take(r, 1);
+        const fmha_cache_format *f = fmha_cache_format_at((fmha_cache_format_id)(fmt[t] - FMHA_KV_FORMAT_F32));
+        const float *sc = scales[t].p;
+        if (fmt[t] == FMHA_KV_FORMAT_Q8_0 || fmt[t] == FMHA_KV_FORMAT_Q4_0) {
+            const uint16_t d = fmha_f32_to_f16(pick % 3 == 0 ? NAN : pick % 3 == 1 ? INFINITY : -INFINITY);
+            memcpy(bytes + e / 32 * (int64_t)fmha_kv_format_row_bytes(fmt[t], 32), &d, 2);
+        } else if (fmt[t] != FMHA_KV_FORMAT_INT8) { /* E4M3: NaN only; E5M2: inf and NaN */
+            static const uint8_t e4m3[2] = {0x7f, 0xff}, e5m2[4] = {0x7c, 0xfc, 0x7e, 0xfe};
+            bytes[e] = fmt[t] == FMHA_KV_FORMAT_FP8_E4M3 ? e4m3[pick % 2] : e5m2[pick % 4];
+        }
+        for (int64_t j = 0; j < dim[t]; j++)
+            val[t][rr * dim[t] + j] = f->dequant(bytes, j) * (fmt[t] == FMHA_KV_FORMAT_INT8 ? sc[rr] : sc ? sc[rr % Hkv] : 1.0f);
+        n_poisoned++;
     }
     /* O [B, Sq, Hq, Dvp] float32 */
     buf o = {0};
@@ -681,6 +736,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     double *cb_grad = calloc((size_t)n_scores, sizeof(double));
     if (!cb_grad) fail("out of memory");
 
+    /* a forward now and then with one NaN or inf in Q, K, V or the dense
+     * bias, at any key (seen, masked, past kv_lengths) or in padding:
+     * O and lse must follow fmha.h's IEEE rule as the reference does */
+    if (op == 0 && take(&in, 1) % 4 == 0) {
+        const uint64_t t = take(&in, 1) % (p.biases.dense ? 4 : 3);
+        if (t < 3) poison_one(&in, in_t[t].p, f32[t], p.dtype, alloc_len(len[t]));
+        else poison_one(&in, bias.p, NULL, FMHA_DTYPE_F32, bias.n / sizeof(float));
+        n_poisoned++;
+    }
+
     /* the call */
     float *lse_arg = op == 0 && (gflags & 32) ? NULL : lse.p;
     fmha_status fwd = FMHA_OK, bwd = FMHA_OK;
@@ -739,7 +804,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (p.dropout_p == 0.0f) compare_tensor("O", o.p, p.dtype, n, cst, ro, 0.0, tol);
         for (size_t i = 0; lse_arg && i < n_lse; i++) {
             float x = ((float *)lse.p)[i];
-            if (isinf(rl[i]) ? x != (float)rl[i] : !(fabs(x - rl[i]) <= tol * (1.0 + fabs(rl[i]))))
+            if (!agrees(x, rl[i], tol * (1.0 + (isfinite(rl[i]) ? fabs(rl[i]) : 0.0))))
                 fail("lse differs from the reference");
         }
         free(ro), free(rl);
