@@ -98,21 +98,25 @@
  * not used at all, and the reason is in fmha_tuning_status() (the library
  * prints nothing). fmha_plan_describe names the tuning in use and where it
  * came from (tuning=, tuning_source=).
- * FMHA_TUNING=generic or a comma-separated list of tile_mr=N, tile_nr=N
- * (float32 calls run on the registered variant of the set's float32 tiles
- * of MR x NR, e.g. tile_mr=12,tile_nr=32 on avx512_12x32; 0 or a shape
- * without a variant: the set's own), block_kv=N (a multiple of 32,
- * 32..1024), k_copy_bytes=N (the float32 forward copies K once per call,
- * rows contiguous, when one head's K holds N bytes or more; 0: never),
- * dense_max_scores=N (AUTO runs dense while Sq * Skv <= N),
- * decode_prefetch_bytes=N (decode prefetches K and V past N bytes),
- * decode_split_keys=N (decode's key splits hold at least N keys, a
- * multiple of 128; 0 in any of the last three: the library's default), and
- * the bf16 attention on AMX tiles' schedule: matrix_block_kv=N (keys per
- * step, a multiple of 32 up to 512; 0: 128), matrix_rescale_log2=N
- * (0..16: a row's reference maximum moves only when scores pass it by more
- * than 2^N; 0: at every new maximum; generic 8) and matrix_overlap=0|1 (the
- * next block's tile products during this block's softmax; generic 1)
+ * FMHA_TUNING=generic (every field at its default) or a comma-separated
+ * list of key=N pairs, each over the tuning found: tile_mr=N (1..16) and
+ * tile_nr=N (16..64, a multiple of 16): float32 calls run on the
+ * registered variant of the set's float32 tiles of MR x NR, e.g.
+ * tile_mr=12,tile_nr=32 on avx512_12x32 (a shape without a variant: the
+ * set's own; default the set's own), block_kv=N (a multiple of 32,
+ * 32..1024; default the set's), k_copy_bytes=N (the float32 forward copies
+ * K once per call, rows contiguous, when one head's K holds N bytes or
+ * more; 0, the default: never), dense_max_scores=N (AUTO runs dense while
+ * Sq * Skv <= N; default 9216), decode_prefetch_bytes=N (decode prefetches
+ * K and V past N bytes; default 8 MiB), decode_split_keys=N (decode's key
+ * splits hold at least N keys, a multiple of 128; default 256),
+ * matrix_decode_rows=N (decoding on AMX tiles from N rows a kv head, N >=
+ * 1; default 8), and the bf16 attention on AMX tiles' schedule:
+ * matrix_block_kv=N (keys per step, a multiple of 32 up to 512; default
+ * 128), matrix_rescale_log2=N (0..16: a row's reference maximum moves only
+ * when scores pass it by more than 2^N; 0: at every new maximum; default
+ * 8) and matrix_overlap=0|1 (the next block's tile products during this
+ * block's softmax; default 1)
  * changes it for every set. The environment and the files are read once at
  * first use; an invalid FMHA_TUNING changes nothing. Results stay within
  * each function's stated accuracy under any tuning, and are bitwise the

@@ -27,6 +27,7 @@ typedef struct fmha_ws_size {
  * runner's own copy. */
 struct fmha_plan {
     fmha_problem p;            /* the caller's problem, validated */
+    const struct fmha_context *ctx; /* the context it was planned on (cpu.h) */
     float scale;               /* resolved: p.scale or 1/sqrt(D) */
     const fmha_ukernels *uk;   /* microkernels */
     const fmha_operand_path *path; /* how the products read Q, K, V, dO */
@@ -58,17 +59,28 @@ struct fmha_plan {
     uint64_t dropout_threshold, dropout_seed_mix;
     fmha_dtype kv_dtype;       /* element type of K and V (fmha_kv_dtype_of) */
     fmha_cache_format_id k_format, v_format; /* K's and V's rows as cache formats (format.h) */
-    fmha_ws_size fwd_ws, bwd_ws; /* workspace of each direction (bwd: any gradients) */
-    /* Decode (driver/decode.c): set when the decode driver serves the
-     * forward. A unit serves dec_heads kv heads x dec_rows rows of
-     * each (rows of a kv head: group x Sq, in dec_units units); keys in
-     * dec_splits chunks of dec_chunk keys (split-KV); all from the shape.
-     * dec_prefetch: the driver asks for each head's next sub-block ahead
-     * (K and V past the tuning's decode_prefetch_bytes). Precision FAST:
-     * dec_scores, how the scores are taken (fmha_dec_scores); dec_vint,
-     * P V in integers on 16-bit P (uk->cache[v_format].values_int). */
-    int64_t dec_heads, dec_rows, dec_units, dec_chunk, dec_splits;
-    int dec_prefetch, dec_scores, dec_vint;
+    fmha_ws_size fwd_ws;       /* the forward's workspace (the backward's is sized when one is asked for) */
+    /* What the forward's driver fixed at planning, its own (the driver
+     * that serves fills its member). */
+    union {
+        /* decode.c: a unit serves `heads` kv heads x `rows` rows of each
+         * (rows of a kv head: group x Sq, in `units` units); keys in
+         * `splits` chunks of `chunk` keys (split-KV); all from the shape.
+         * prefetch: the driver asks for each head's next sub-block ahead
+         * (K and V past the tuning's decode_prefetch_bytes). Precision
+         * FAST: scores, how the scores are taken (fmha_dec_scores); vint,
+         * P V in integers on 16-bit P (uk->cache[v_format].values_int). */
+        struct {
+            int64_t heads, rows, units, chunk, splits;
+            int prefetch, scores, vint;
+        } dec;
+        /* matrix.c: how the matrix part reads the operands */
+        struct fmha_matrix_mode {
+            int src;          /* FMHA_MATRIX_SRC_*: Q's, K's and V's element format */
+            int split_inputs; /* Q, K, V as bf16 hi + lo */
+            int split_p;      /* P as bf16 hi + lo */
+        } matrix;
+    } drv;
 
     /* ---- per run ---- */
     size_t thread_bytes;       /* this run's direction: bytes per thread */
@@ -99,9 +111,17 @@ static inline void *fmha_carve(fmha_carver *c, size_t bytes) {
     return at;
 }
 
-/* Validates *p and resolves it into *plan (no allocation, no pointer kept
- * but the problem's own). */
+/* Validates *p and resolves it into *plan on context ctx (cpu.h; no
+ * allocation, no pointer kept but the problem's own and ctx, which must
+ * outlive the plan); fmha_plan_init plans on fmha_context_default(). */
+fmha_status fmha_plan_init_in(const struct fmha_context *ctx, const fmha_problem *p, fmha_plan *plan);
 fmha_status fmha_plan_init(const fmha_problem *p, fmha_plan *plan);
+/* fmha_forward and fmha_forward_backward planned on context ctx (fmha_tune's trials). */
+fmha_status fmha_forward_in(const struct fmha_context *ctx, const fmha_problem *p, const void *q, const void *k,
+                            const void *v, void *o, float *lse, void *workspace, size_t workspace_bytes);
+fmha_status fmha_forward_backward_in(const struct fmha_context *ctx, const fmha_problem *p, const void *q,
+                                     const void *k, const void *v, const void *d_o, void *o, float *lse, void *dq,
+                                     void *dk, void *dv, const fmha_param_grads *grads);
 
 /* Strides above INT64_MAX / 8 on extent-1 dimensions become 0 (a plan's copy). */
 void fmha_problem_tame_unit_strides(fmha_problem *p);
@@ -109,6 +129,23 @@ void fmha_problem_tame_unit_strides(fmha_problem *p);
 /* 1 when K and V are stored as Q's dtype (no format of their own). */
 static inline int fmha_plan_kv_as_q(const fmha_plan *plan) {
     return plan->k_format == plan->v_format && (int)plan->k_format == (int)plan->p.dtype; /* F32, BF16, F16 ids */
+}
+
+/* Capabilities the drivers share, each checked here once. */
+/* A row's keys are one range (causal band, window, lengths): no segment
+ * ids, dense mask or mask callback. */
+static inline int fmha_plan_keys_one_range(const fmha_plan *plan) {
+    const fmha_masks *m = &plan->p.masks;
+    return !m->q_segment_ids && !m->dense && !m->callback.fill;
+}
+/* K's and V's rows contiguous (head dim stride 1): read in place by rows. */
+static inline int fmha_plan_rows_contiguous(const fmha_plan *plan) {
+    return plan->p.k_strides[3] == 1 && plan->p.v_strides[3] == 1;
+}
+/* A decode step's shape: at most 16 queries, at least 8 keys each. */
+enum { FMHA_DECODE_MAX_SQ = 16, FMHA_DECODE_MIN_KV_PER_Q = 8 };
+static inline int fmha_plan_decode_shape(const fmha_plan *plan) {
+    return plan->p.seq_q <= FMHA_DECODE_MAX_SQ && plan->p.seq_kv >= FMHA_DECODE_MIN_KV_PER_Q * plan->p.seq_q;
 }
 
 /* The element type of K and V: p->kv_dtype, or p->dtype when it is SAME. */
@@ -224,8 +261,9 @@ typedef struct fmha_fwd_driver {
 } fmha_fwd_driver;
 extern const fmha_fwd_driver fmha_fwd_driver_fold, fmha_fwd_driver_decode, fmha_fwd_driver_matrix,
     fmha_fwd_driver_matrix_decode, fmha_fwd_driver_dense, fmha_fwd_driver_tiled;
-/* Sets plan->driver to the first of matrix_decode, fold, decode, matrix,
- * dense, tiled that serves the plan; FMHA_ERR_UNSUPPORTED when none does (a
+/* Sets plan->driver to the first of matrix_decode, decode, matrix,
+ * dense, tiled that serves the plan (the planner tries the fold after
+ * matrix_decode); FMHA_ERR_UNSUPPORTED when none does (a
  * paged cache without decode kernels). */
 fmha_status fmha_fwd_driver_choose(fmha_plan *plan);
 /* Workspace of the forward (the plan's driver's); of the backward for plan->grads. */
@@ -233,11 +271,10 @@ fmha_ws_size fmha_fwd_workspace(const fmha_plan *plan);
 /* The tiled and dense drivers (fwd.c; plan->strategy tells which). */
 fmha_ws_size fmha_tiled_workspace(const fmha_plan *plan);
 void fmha_tiled_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse, char *ws);
-/* Fold driver (fold.c): many heads on one kv head, one query, run as the
- * tiled forward of a problem whose queries are the heads. */
-int fmha_fold_plan(fmha_plan *plan);
-fmha_ws_size fmha_fold_workspace(const fmha_plan *plan);
-void fmha_fold_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse, char *ws);
+/* The fold (fold.c): many heads on one kv head, one query, rewritten as a
+ * problem whose queries are the heads (1 and *f when plan's problem folds);
+ * the planner plans and runs it (plan.c: fmha_fwd_driver_fold). */
+int fmha_fold_rewrite(const fmha_plan *plan, fmha_problem *f);
 /* Matrix driver (matrix.c): the table's matrix part, fused, for bf16;
  * queries per block and keys per step of its forward. */
 enum { FMHA_MATRIX_BLOCK_Q = 32 };
@@ -256,7 +293,7 @@ void fmha_matrix_decode_run(fmha_plan *run, const void *q, const void *k, const 
 size_t fmha_matrix_block_kv(const fmha_plan *plan);
 fmha_ws_size fmha_matrix_workspace(const fmha_plan *plan);
 void fmha_matrix_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse, char *ws);
-/* How a decode step takes its scores (plan->dec_scores): the float32
+/* How a decode step takes its scores (plan->drv.dec.scores): the float32
  * query against the cache's values, or (precision FAST) the query
  * quantized as q8_0 once a call against int8, q8_0 or q4_0 keys in
  * integer dot products (uk->cache[k].scores_q8), or rounded to bf16

@@ -1,62 +1,185 @@
-/* cpu.c: the ISA registry and the choice of kernel table. The registry is
- * the architecture's ISAs (cpu_x86.c, cpu_arm.c) followed by scalar; on
- * first use (pthread_once) each ISA's check runs and its parts are composed
- * into a complete table (uk/compose.c) with its tuning (tuning.h's lookup
- * order), then the first supported ISA is the table in use unless FMHA_ISA
- * names another supported one. A table whose tuning names a float32
- * variant (another tile shape of its float32 tile part) gets a companion:
- * the variant's table composed with the table's tuning, on which its
- * float32 plans run (fmha_cpu_f32_kernels). */
+/* cpu.c: the config layer: the ISA registry, each ISA's tuning and the
+ * context a call runs with, resolved once (pthread_once) and immutable
+ * after. The registry is one array of slots, the architecture's ISAs
+ * (cpu_x86.c, cpu_arm.c) then scalar; each slot holds the ISA's check,
+ * its parts composed into a complete table (uk/compose.c) with its tuning,
+ * the table its float32 plans run on and the context of the two.
+ *
+ * A slot's tuning starts from every field's default (tuning.h) and takes,
+ * as key=value text through the one check (fmha_tuning_apply), the first
+ * of: FMHA_WISDOM's file's entry, the per-user wisdom file's (wisdom.c),
+ * the architecture's compiled-in entry, the cache heuristic; then
+ * FMHA_TUNING over it. The table decides the fields left at
+ * FMHA_TUNING_OF_TABLE (its tile shape, its keys per tile). A tuning
+ * whose tile shape is another of a registered float32 variant of the
+ * table's tile part gets that variant, composed with the same tuning, as
+ * its float32 table. fmha_tune builds trial contexts the same way
+ * (fmha_cpu_trial) and passes them to the planner; nothing here is per
+ * thread. */
 #include "cpu.h"
-#include "tuning.h"
+#include "wisdom.h"
 
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "fmha.h"
+
 /* Architectures have at most this many ISAs besides scalar. */
 enum { CPU_MAX_ISA = 16 };
 
 static int cpu_always(void) { return 1; }
 
-static fmha_isa cpu_registry[CPU_MAX_ISA + 1];
-static fmha_ukernels cpu_tables[CPU_MAX_ISA + 1];
-static const fmha_isa_parts *cpu_parts[CPU_MAX_ISA + 1];
-static const char *cpu_variant_of[CPU_MAX_ISA + 1]; /* fmha_arch_isa.variant_of */
-/* The table float32 plans of table i run on: &cpu_f32_tables[i] or the table */
-static fmha_ukernels cpu_f32_tables[CPU_MAX_ISA + 1];
-static const fmha_ukernels *cpu_f32_of[CPU_MAX_ISA + 1];
-static int cpu_skip_variant_tables; /* tests: fmha_cpu_skip_variants */
-/* A tuning trial's tables on this thread (fmha_cpu_set_trial) */
-static _Thread_local const fmha_ukernels *cpu_trial_base, *cpu_trial_f32;
-static int cpu_supported[CPU_MAX_ISA + 1];
-/* 0 for an ISA that fmha_cpu_limit_isas left out (tests only) */
-static int cpu_in_limit[CPU_MAX_ISA + 1];
+/* One ISA of the registry. */
+typedef struct cpu_slot {
+    fmha_isa isa;                /* name, check, &table */
+    const fmha_isa_parts *parts;
+    const char *variant_of;      /* fmha_arch_isa.variant_of */
+    int by_name_only, supported;
+    int in_limit;                /* 0 for an ISA that fmha_cpu_limit_isas left out (tests only) */
+    fmha_tuning tuning;          /* resolved */
+    char tuning_name[48];
+    fmha_ukernels table;         /* parts composed with tuning */
+    fmha_ukernels f32_table;     /* the float32 variant the tuning names, composed with it */
+    fmha_context ctx;            /* {&table, &f32_table or &table} */
+} cpu_slot;
+
+static cpu_slot cpu_slots[CPU_MAX_ISA + 1];
 static size_t cpu_n_isa;
-static const fmha_ukernels *cpu_selected;
+static const fmha_context *cpu_selected;
+static int cpu_skip_variant_tables; /* tests: fmha_cpu_skip_variants */
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 
-/* Each table's tuning (a copy: FMHA_TUNING may change it) and its name. */
-static fmha_tuning cpu_tunings[CPU_MAX_ISA + 1];
-static char cpu_tuning_names[CPU_MAX_ISA + 1][48];
+/* ---- tunings' sources ---- */
 
-/* The tuning for ISA i on this CPU (tuning.h's lookup), FMHA_TUNING
- * applied (an invalid text changes nothing; fmha_plan_describe shows the
- * tuning in use). */
-static const fmha_tuning *cpu_tuning(size_t i, const char *isa) {
-    fmha_tuning *own = &cpu_tunings[i];
-    char base_name[sizeof cpu_tuning_names[i]];
-    fmha_tuning_lookup(isa, own, base_name, sizeof base_name);
-    fmha_tuning base = *own;
-    snprintf(cpu_tuning_names[i], sizeof cpu_tuning_names[i], "%s", base.name);
-    own->name = base.name = cpu_tuning_names[i];
-    const char *env = getenv("FMHA_TUNING");
-    if (env && *env && fmha_tuning_parse(env, &base, own, base_name, sizeof base_name) == 0) {
-        snprintf(cpu_tuning_names[i], sizeof cpu_tuning_names[i], "%s", base_name);
-        own->name = cpu_tuning_names[i];
+/* A wisdom file, read once. */
+typedef struct wisdom_file {
+    char path[512];
+    int state; /* 0 read, 1 not found, -1 refused, 2 none named */
+    char reason[256];
+    fmha_wisdom w;
+} wisdom_file;
+
+static wisdom_file wisdom_env, wisdom_user; /* FMHA_WISDOM's, the per-user one */
+static pthread_once_t wisdom_once = PTHREAD_ONCE_INIT;
+
+static void wisdom_read_one(wisdom_file *f, const char *path) {
+    if (!path || !*path || snprintf(f->path, sizeof f->path, "%s", path) >= (int)sizeof f->path) {
+        f->state = 2;
+        return;
     }
-    return own;
+    f->state = fmha_wisdom_load(f->path, &f->w, f->reason, sizeof f->reason);
+}
+
+static void wisdom_read(void) {
+    char user[512];
+    wisdom_read_one(&wisdom_env, getenv("FMHA_WISDOM"));
+    wisdom_read_one(&wisdom_user, fmha_wisdom_user_path(user, sizeof user) == 0 ? user : NULL);
+}
+
+/* The cache-size heuristic, for a CPU with no wisdom and no entry of its
+ * own. Measured on a Xeon (GenuineIntel family 6 model 167: 48 KiB L1D,
+ * 2 MiB L2; float32 forward, 8 heads, one thread): K read in place from
+ * [B, S, H, D] (rows 2-4 KiB apart, a page each) cost 11% at S = 2048,
+ * D = 128 (1 MiB of K a head) and 3% at S = 1024, D = 64 (256 KiB) against
+ * a copy made once per call, and the copy cost 5% at S = 128 (32 KiB): so
+ * K is copied past an eighth of L2. The decode driver's prefetch pays once
+ * K and V outgrow what the cores' L2 and the L3 keep (measured 8 MiB on
+ * Zen 4, 1 MiB of L2 a core): 8 L2. The rest stays generic. */
+int fmha_tuning_heuristic(const fmha_cache_sizes *c, char *fields, size_t size) {
+    if (size) fields[0] = '\0';
+    if (c->l2 <= 0) return 0;
+    snprintf(fields, size, "k_copy_bytes=%lld,decode_prefetch_bytes=%lld", (long long)(c->l2 / 8),
+             (long long)(8 * c->l2));
+    return 1;
+}
+
+/* The first source's text for `isa` on this CPU: *name and *source set. */
+static const char *cpu_source_text(const char *isa, const char **name, fmha_tuning_source *source, char *buf,
+                                   size_t size) {
+    char vendor[16] = {0};
+    unsigned family = 0, model = 0;
+    fmha_arch_cpu_id(vendor, sizeof vendor, &family, &model);
+    pthread_once(&wisdom_once, wisdom_read);
+    const fmha_wisdom_entry *e = fmha_wisdom_find(&wisdom_env.w, vendor, family, model, isa);
+    if (!e) e = fmha_wisdom_find(&wisdom_user.w, vendor, family, model, isa);
+    if (e) {
+        *name = "wisdom", *source = FMHA_TUNING_WISDOM;
+        return e->fields;
+    }
+    size_t n = 0;
+    const fmha_arch_tuning *t = fmha_arch_tunings(&n);
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(t[i].isa, isa) && !strcmp(t[i].vendor, vendor) && t[i].family == family &&
+            model >= t[i].model_lo && model <= t[i].model_hi) {
+            *name = t[i].name, *source = FMHA_TUNING_BUILTIN;
+            return t[i].fields;
+        }
+    fmha_cache_sizes c;
+    fmha_arch_cache_sizes(&c);
+    if (fmha_tuning_heuristic(&c, buf, size)) {
+        *name = "heuristic", *source = FMHA_TUNING_HEURISTIC;
+        return buf;
+    }
+    *name = "generic", *source = FMHA_TUNING_GENERIC;
+    return "";
+}
+
+void fmha_tuning_lookup(const char *isa, fmha_tuning *out, char *name, size_t name_size) {
+    char buf[128], err[160];
+    const char *base_name;
+    fmha_tuning_source source;
+    const char *text = cpu_source_text(isa, &base_name, &source, buf, sizeof buf);
+    *out = fmha_tuning_generic;
+    if (fmha_tuning_apply(text, out, err, sizeof err)) { /* a compiled-in entry out of range: generic */
+        base_name = "generic", source = FMHA_TUNING_GENERIC;
+    }
+    snprintf(name, name_size, "%s", base_name);
+    out->name = name;
+    out->source = source;
+}
+
+/* ---- composing ---- */
+
+/* parts composed with tuning t (the table's own fields filled in) into *out. */
+static void cpu_compose(const fmha_isa_parts *parts, int supported, fmha_tuning *t, fmha_ukernels *out) {
+    fmha_ukernels_compose(parts, out);
+    /* a vector-length-agnostic ISA's lanes, read only where it runs */
+    if (supported && out->tile.nr_at_run_time) out->tile.nr = out->tile.nr_at_run_time();
+    if (t->tile_mr == FMHA_TUNING_OF_TABLE) t->tile_mr = (int64_t)out->tile.mr;
+    if (t->tile_nr == FMHA_TUNING_OF_TABLE) t->tile_nr = (int64_t)out->tile.nr;
+    if (t->block_kv == FMHA_TUNING_OF_TABLE) t->block_kv = (int64_t)out->tile.block_kv;
+    out->tuning = t;
+    out->tile.block_kv = (size_t)t->block_kv;
+}
+
+static int cpu_usable(const cpu_slot *s) {
+    return s->supported && s->in_limit && !(s->variant_of && cpu_skip_variant_tables);
+}
+
+/* The usable float32 variant of slot s's tile part with tuning t's shape,
+ * or NULL (s's own tiles). */
+static const cpu_slot *cpu_variant_for(const cpu_slot *s, const fmha_tuning *t) {
+    if (s->table.tile.mr == (size_t)t->tile_mr && s->table.tile.nr == (size_t)t->tile_nr) return NULL;
+    for (size_t j = 0; j < cpu_n_isa; j++) {
+        const cpu_slot *v = &cpu_slots[j];
+        if (!v->variant_of || !cpu_usable(v) || v->table.tile.mr != (size_t)t->tile_mr ||
+            v->table.tile.nr != (size_t)t->tile_nr)
+            continue;
+        for (size_t b = 0; b < cpu_n_isa; b++)
+            if (!strcmp(cpu_slots[b].isa.name, v->variant_of) && cpu_slots[b].parts->tile == s->parts->tile) return v;
+    }
+    return NULL;
+}
+
+/* A context for slot s under tuning *t (resolved here): table and float32 table into *base and *f32. */
+static void cpu_context(const cpu_slot *s, fmha_tuning *t, fmha_ukernels *base, fmha_ukernels *f32,
+                        fmha_context *ctx) {
+    cpu_compose(s->parts, s->supported, t, base);
+    const cpu_slot *v = cpu_variant_for(s, t);
+    if (v) cpu_compose(v->parts, v->supported, t, f32);
+    *ctx = (fmha_context){base, v ? f32 : base};
 }
 
 /* The ISAs that fmha_cpu_limit_isas leaves, "" for all. */
@@ -82,65 +205,71 @@ static int cpu_listed(const char *name) {
     return 0;
 }
 
-/* parts composed with tuning t into *out */
-static void cpu_compose(size_t i, const fmha_isa_parts *parts, const fmha_tuning *t, fmha_ukernels *out) {
-    fmha_ukernels_compose(parts, out);
-    /* a vector-length-agnostic ISA's lanes, read only where it runs */
-    if (cpu_supported[i] && out->tile.nr_at_run_time) out->tile.nr = out->tile.nr_at_run_time();
-    out->tuning = t;
-    if (t->block_kv) out->tile.block_kv = (size_t)t->block_kv;
+/* Slot i's tuning before its table fills its own fields: the lookup,
+ * then FMHA_TUNING over it (an invalid text changes nothing;
+ * fmha_tuning_status shows the tuning in use). */
+static void cpu_tuning(cpu_slot *s) {
+    char base_name[sizeof s->tuning_name], err[160];
+    fmha_tuning_lookup(s->isa.name, &s->tuning, base_name, sizeof base_name);
+    snprintf(s->tuning_name, sizeof s->tuning_name, "%s", base_name);
+    const char *env = getenv("FMHA_TUNING");
+    if (env && *env && fmha_tuning_apply(env, &s->tuning, err, sizeof err) == 0) {
+        snprintf(s->tuning_name, sizeof s->tuning_name, "%s", strcmp(env, "generic") ? base_name : "");
+        if (strcmp(env, "generic"))
+            snprintf(s->tuning_name + strlen(s->tuning_name), sizeof s->tuning_name - strlen(s->tuning_name),
+                     "+FMHA_TUNING");
+        else
+            snprintf(s->tuning_name, sizeof s->tuning_name, "generic");
+        s->tuning.source = FMHA_TUNING_ENV;
+    }
+    s->tuning.name = s->tuning_name;
 }
 
 static void cpu_add(const fmha_arch_isa *a) {
-    size_t i = cpu_n_isa++;
-    cpu_supported[i] = a->detect() != 0;
-    cpu_in_limit[i] = cpu_listed(a->name);
-    cpu_parts[i] = a->parts;
-    cpu_variant_of[i] = a->variant_of;
-    cpu_compose(i, a->parts, cpu_tuning(i, a->name), &cpu_tables[i]);
-    cpu_registry[i] = (fmha_isa){a->name, a->detect, &cpu_tables[i]};
-    if (cpu_supported[i] && cpu_in_limit[i] && !a->by_name_only && !cpu_selected) cpu_selected = &cpu_tables[i];
+    cpu_slot *s = &cpu_slots[cpu_n_isa++];
+    *s = (cpu_slot){.parts = a->parts, .variant_of = a->variant_of, .by_name_only = a->by_name_only};
+    s->isa = (fmha_isa){a->name, a->detect, &s->table};
+    s->supported = a->detect() != 0;
+    s->in_limit = cpu_listed(a->name);
+    cpu_tuning(s);
 }
 
-static int cpu_usable(size_t i) {
-    return cpu_supported[i] && cpu_in_limit[i] && !(cpu_variant_of[i] && cpu_skip_variant_tables);
-}
-
-/* The registered float32 variant that table i's float32 plans run on
- * under tuning t (its MR x NR, of table i's tile part), or -1: i's own. */
-static long cpu_variant_for(size_t i, const fmha_tuning *t) {
-    if (!t->tile_mr || !t->tile_nr ||
-        (cpu_tables[i].tile.mr == (size_t)t->tile_mr && cpu_tables[i].tile.nr == (size_t)t->tile_nr))
-        return -1;
-    for (size_t j = 0; j < cpu_n_isa; j++) {
-        if (!cpu_variant_of[j] || !cpu_usable(j) || cpu_tables[j].tile.mr != (size_t)t->tile_mr ||
-            cpu_tables[j].tile.nr != (size_t)t->tile_nr)
-            continue;
-        for (size_t b = 0; b < cpu_n_isa; b++)
-            if (!strcmp(cpu_registry[b].name, cpu_variant_of[j]) && cpu_parts[b]->tile == cpu_parts[i]->tile)
-                return (long)j;
-    }
-    return -1;
-}
-
-/* Table i's float32 table under tuning t: the variant composed with t
- * into *out, or table i (NULL). */
-static const fmha_ukernels *cpu_f32_table(size_t i, const fmha_tuning *t, fmha_ukernels *out) {
-    const long j = cpu_variant_for(i, t);
-    if (j < 0) return NULL;
-    cpu_compose((size_t)j, cpu_parts[j], t, out);
-    return out;
-}
-
-/* The registry entry for a name that this CPU supports, or NULL (once the
- * checks have run; called inside cpu_init too, so it must not wait on
- * cpu_once). */
-static const fmha_isa *cpu_supported_named(const char *name) {
+/* The slot of a name that this CPU supports, or NULL (once the checks have
+ * run; called inside cpu_init too, so it must not wait on cpu_once). */
+static const cpu_slot *cpu_supported_named(const char *name) {
     if (!name) return NULL;
-    for (size_t i = 0; i < cpu_n_isa; i++)
-        if (!strcmp(cpu_registry[i].name, name))
-            return cpu_usable(i) || (cpu_supported[i] && !strcmp(name, "scalar")) ? &cpu_registry[i] : NULL;
+    for (size_t i = 0; i < cpu_n_isa; i++) {
+        const cpu_slot *s = &cpu_slots[i];
+        if (!strcmp(s->isa.name, name)) return cpu_usable(s) || (s->supported && !strcmp(name, "scalar")) ? s : NULL;
+    }
     return NULL;
+}
+
+/* ---- fmha_tuning_status ---- */
+
+static char tuning_status[2048];
+static pthread_mutex_t tuning_status_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void status_of_file(char *buf, size_t size, const char *what, const wisdom_file *f) {
+    switch (f->state) {
+    case 0: snprintf(buf, size, "%s %s: read, %zu entries", what, f->path, f->w.n_entries); break;
+    case 1: snprintf(buf, size, "%s %s: not found", what, f->path); break;
+    case 2: snprintf(buf, size, "%s: none", what); break;
+    default: snprintf(buf, size, "%s %s: refused, nothing of it used: %s", what, f->path, f->reason); break;
+    }
+}
+
+void fmha_tuning_set_status(const char *line) {
+    pthread_once(&wisdom_once, wisdom_read);
+    char env[900], user[700];
+    status_of_file(env, sizeof env, "FMHA_WISDOM", &wisdom_env);
+    status_of_file(user, sizeof user, "user wisdom", &wisdom_user);
+    fmha_cache_sizes c;
+    fmha_arch_cache_sizes(&c);
+    pthread_mutex_lock(&tuning_status_lock);
+    snprintf(tuning_status, sizeof tuning_status, "%s; %s; %s; caches L1d %lld KiB, L2 %lld KiB", line, env, user,
+             (long long)(c.l1d >> 10), (long long)(c.l2 >> 10));
+    pthread_mutex_unlock(&tuning_status_lock);
 }
 
 static void cpu_init(void) {
@@ -148,24 +277,38 @@ static void cpu_init(void) {
     for (size_t i = 0; i < n && i < CPU_MAX_ISA; i++) cpu_add(fmha_arch_isa_at(i));
     static const fmha_arch_isa scalar = {"scalar", cpu_always, &fmha_isa_scalar, 0, NULL};
     cpu_add(&scalar);
+    /* tables first (a variant's tile shape is its table's), then each
+     * slot's float32 table */
+    for (size_t i = 0; i < cpu_n_isa; i++) {
+        cpu_slot *s = &cpu_slots[i];
+        cpu_compose(s->parts, s->supported, &s->tuning, &s->table);
+    }
+    for (size_t i = 0; i < cpu_n_isa; i++) {
+        cpu_slot *s = &cpu_slots[i];
+        const cpu_slot *v = cpu_variant_for(s, &s->tuning);
+        if (v) cpu_compose(v->parts, v->supported, &s->tuning, &s->f32_table);
+        s->ctx = (fmha_context){&s->table, v ? &s->f32_table : &s->table};
+        if (cpu_usable(s) && !s->by_name_only && !cpu_selected) cpu_selected = &s->ctx;
+    }
     /* a limit that leaves only by-name tables (FMHA_TEST_ISAS=amx_emu):
      * the specification until one is forced */
-    if (!cpu_selected) cpu_selected = &cpu_tables[cpu_n_isa - 1];
-    for (size_t i = 0; i < cpu_n_isa; i++) {
-        const fmha_ukernels *f32 = cpu_f32_table(i, cpu_tables[i].tuning, &cpu_f32_tables[i]);
-        cpu_f32_of[i] = f32 ? f32 : &cpu_tables[i];
-    }
+    if (!cpu_selected) cpu_selected = &cpu_slots[cpu_n_isa - 1].ctx;
     /* An unknown or unsupported FMHA_ISA leaves the best supported table. */
-    const fmha_isa *forced = cpu_supported_named(getenv("FMHA_ISA"));
-    if (forced) cpu_selected = forced->table;
+    const cpu_slot *forced = cpu_supported_named(getenv("FMHA_ISA"));
+    if (forced) cpu_selected = &forced->ctx;
     char line[256];
-    size_t sel = 0;
-    while (sel < cpu_n_isa && cpu_selected != &cpu_tables[sel]) sel++;
-    snprintf(line, sizeof line, "%s: tuning %s (source %s), float32 on %s", cpu_selected->isa,
-             cpu_selected->tuning->name, fmha_tuning_source_name(cpu_selected->tuning->source),
-             sel < cpu_n_isa ? cpu_f32_of[sel]->isa : cpu_selected->isa);
+    snprintf(line, sizeof line, "%s: tuning %s (source %s), float32 on %s", cpu_selected->uk->isa,
+             cpu_selected->uk->tuning->name, fmha_tuning_source_name(cpu_selected->uk->tuning->source),
+             cpu_selected->f32->isa);
     fmha_tuning_set_status(line);
 }
+
+const char *fmha_tuning_status(void) {
+    pthread_once(&cpu_once, cpu_init); /* the registry's first use sets it */
+    return tuning_status;
+}
+
+/* ---- the registry and contexts ---- */
 
 size_t fmha_isa_count(void) {
     pthread_once(&cpu_once, cpu_init);
@@ -174,56 +317,51 @@ size_t fmha_isa_count(void) {
 
 const fmha_isa *fmha_isa_at(size_t i) {
     pthread_once(&cpu_once, cpu_init);
-    return i < cpu_n_isa ? &cpu_registry[i] : NULL;
+    return i < cpu_n_isa ? &cpu_slots[i].isa : NULL;
 }
 
 int fmha_isa_supported(const fmha_isa *isa) {
     pthread_once(&cpu_once, cpu_init);
     for (size_t i = 0; i < cpu_n_isa; i++)
-        if (isa == &cpu_registry[i]) return cpu_usable(i);
+        if (isa == &cpu_slots[i].isa) return cpu_usable(&cpu_slots[i]);
     return 0;
 }
 
-const fmha_ukernels *fmha_cpu_kernels(void) {
+const fmha_context *fmha_context_default(void) {
     pthread_once(&cpu_once, cpu_init);
-    return cpu_trial_base ? cpu_trial_base : cpu_selected;
+    return cpu_selected;
 }
 
-const fmha_ukernels *fmha_cpu_f32_kernels(const fmha_ukernels *uk) {
-    pthread_once(&cpu_once, cpu_init);
-    if (uk == cpu_trial_base) return cpu_trial_f32;
-    for (size_t i = 0; i < cpu_n_isa; i++)
-        if (uk == &cpu_tables[i]) return cpu_f32_of[i];
-    return uk;
-}
+const fmha_ukernels *fmha_cpu_kernels(void) { return fmha_context_default()->uk; }
 
-int fmha_cpu_trial_tables(const char *isa, const fmha_tuning *t, fmha_ukernels *base, fmha_ukernels *f32) {
+int fmha_cpu_trial(const char *isa, const fmha_tuning *t, fmha_trial *out) {
     pthread_once(&cpu_once, cpu_init);
-    const fmha_isa *entry = cpu_supported_named(isa);
-    if (!entry) return -1;
-    const size_t i = (size_t)(entry - cpu_registry);
-    cpu_compose(i, cpu_parts[i], t, base);
-    if (!cpu_f32_table(i, t, f32)) *f32 = *base;
+    const cpu_slot *s = cpu_supported_named(isa);
+    if (!s) return -1;
+    out->tuning = *t;
+    cpu_context(s, &out->tuning, &out->base, &out->f32, &out->ctx);
     return 0;
-}
-
-void fmha_cpu_set_trial(const fmha_ukernels *base, const fmha_ukernels *f32) {
-    cpu_trial_base = base;
-    cpu_trial_f32 = base ? f32 : NULL;
 }
 
 void fmha_cpu_skip_variants(void) { cpu_skip_variant_tables = 1; }
 
 const fmha_ukernels *fmha_cpu_kernels_for(const char *isa) {
     pthread_once(&cpu_once, cpu_init);
-    const fmha_isa *entry = cpu_supported_named(isa);
-    return entry ? entry->table : NULL;
+    const cpu_slot *s = cpu_supported_named(isa);
+    return s ? &s->table : NULL;
+}
+
+const fmha_context *fmha_cpu_context_for(const char *isa) {
+    pthread_once(&cpu_once, cpu_init);
+    const cpu_slot *s = cpu_supported_named(isa);
+    return s ? &s->ctx : NULL;
 }
 
 int fmha_cpu_force_isa(const char *isa) {
-    const fmha_ukernels *t = fmha_cpu_kernels_for(isa);
-    if (!t) return -1;
-    cpu_selected = t;
+    pthread_once(&cpu_once, cpu_init);
+    const cpu_slot *s = cpu_supported_named(isa);
+    if (!s) return -1;
+    cpu_selected = &s->ctx;
     return 0;
 }
 
@@ -238,7 +376,7 @@ void fmha_arch_cpu_id(char *vendor, size_t vendor_size, unsigned *family, unsign
     if (vendor_size) vendor[0] = '\0';
     *family = *model = 0;
 }
-const struct fmha_arch_tuning *fmha_arch_tunings(size_t *n) {
+const fmha_arch_tuning *fmha_arch_tunings(size_t *n) {
     *n = 0;
     return NULL;
 }

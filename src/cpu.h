@@ -1,13 +1,16 @@
-/* cpu.h: the ISA registry (every ISA the build has, with its CPU check and
- * its composed kernel table), which table this CPU runs, and the FMHA_ISA
- * override. The checks live per architecture (cpu_x86.c, cpu_arm.c); this
- * registry (cpu.c) adds the scalar ISA, which runs anywhere. Internal to
- * the library and its tests. */
+/* cpu.h: the config layer. The ISA registry (every ISA the build has,
+ * with its CPU check, its composed kernel table and its tuning, resolved
+ * once from tuning.h's sources), the context a call runs with, and the
+ * FMHA_ISA override. The checks and the compiled-in tunings live per
+ * architecture (cpu_x86.c, cpu_arm.c); the registry (cpu.c) adds the
+ * scalar ISA, which runs anywhere. Nothing else resolves a table or a
+ * tuning. Internal to the library and its tests. */
 #ifndef FMHA_CPU_H
 #define FMHA_CPU_H
 
 #include <stddef.h>
 
+#include "tuning.h"
 #include "uk/ukernel.h"
 
 /* An ISA of an architecture: its name, a check that this CPU and OS can run
@@ -33,10 +36,28 @@ const fmha_arch_isa *fmha_arch_isa_at(size_t i);
 void fmha_arch_describe(char *buf, size_t n);
 
 /* This CPU's vendor (cpuid's string on x86, "" where none is read),
- * family and model, for choosing tunings (tuning.h), and the
- * architecture's tunings, most specific first. */
+ * family and model, for choosing tunings. */
 void fmha_arch_cpu_id(char *vendor, size_t vendor_size, unsigned *family, unsigned *model);
-const struct fmha_arch_tuning *fmha_arch_tunings(size_t *n);
+
+/* A tuning the project measured on a CPU (cpu_<arch>.c): the ISA it
+ * applies to, the CPU (vendor string as cpuid spells it, family, models
+ * lo..hi), its name and its fields as key=value text over the defaults
+ * (tuning.h). */
+typedef struct fmha_arch_tuning {
+    const char *isa, *vendor;
+    unsigned family, model_lo, model_hi;
+    const char *name, *fields;
+} fmha_arch_tuning;
+
+/* The architecture's tunings, most specific first. */
+const fmha_arch_tuning *fmha_arch_tunings(size_t *n);
+
+/* This CPU's caches (bytes; 0 where unknown), read once: cpuid on x86,
+ * /sys/devices/system/cpu/cpu0/cache on Linux elsewhere. */
+typedef struct fmha_cache_sizes {
+    int64_t l1d, l2;
+} fmha_cache_sizes;
+void fmha_arch_cache_sizes(fmha_cache_sizes *c);
 
 /* One registered ISA: its name (also table->isa), its check and its
  * composed kernel table. */
@@ -55,27 +76,52 @@ const fmha_isa *fmha_isa_at(size_t i);
 /* 1 if this CPU runs `isa` (detect's answer, taken once), else 0. */
 int fmha_isa_supported(const fmha_isa *isa);
 
-/* The table in use: the first supported ISA of the registry, or FMHA_ISA's
- * choice when it names a supported one (a tuning trial's table on a thread
- * that set one: fmha_cpu_set_trial). */
+/* What a call runs with, resolved once: the kernel table (its parts
+ * composed, its tuning fully resolved: uk->tuning) and the table its
+ * float32 plans in IEEE arithmetic run on (the float32 tile shape the
+ * tuning names: a variant of the table's tile part, or the table). The
+ * registry holds one per ISA; fmha_tune builds its own (fmha_cpu_trial).
+ * Immutable once made. */
+typedef struct fmha_context {
+    const fmha_ukernels *uk, *f32;
+} fmha_context;
+
+/* The context in use: the first supported ISA of the registry's, or
+ * FMHA_ISA's choice when it names a supported one. */
+const fmha_context *fmha_context_default(void);
+
+/* The table in use (fmha_context_default()->uk). */
 const fmha_ukernels *fmha_cpu_kernels(void);
 
-/* The table float32 plans of `uk` run on: the float32 variant its tuning
- * names (tile_mr, tile_nr), composed with uk's tuning, or uk itself. */
-const fmha_ukernels *fmha_cpu_f32_kernels(const fmha_ukernels *uk);
+/* A trial's context (fmha_tune): the supported ISA `isa` composed with
+ * tuning t (fields set or FMHA_TUNING_OF_TABLE; t must outlive the trial)
+ * in the trial's own tables. Returns 0, or -1 when `isa` is not a
+ * supported ISA here. */
+typedef struct fmha_trial {
+    fmha_tuning tuning;
+    fmha_ukernels base, f32;
+    fmha_context ctx;
+} fmha_trial;
+int fmha_cpu_trial(const char *isa, const fmha_tuning *t, fmha_trial *out);
 
-/* Tuning trials (fmha_tune, tune.c): composes the supported ISA `isa` with
- * tuning t (which must outlive them) into *base, and into *f32 the table
- * its float32 plans run on under t. Returns 0, or -1 when `isa` is not a
- * supported ISA here. fmha_cpu_set_trial makes them the calling thread's
- * tables for the plans it makes (NULL, NULL: the registry's again); the
- * registry's tables and other threads are untouched. */
-int fmha_cpu_trial_tables(const char *isa, const struct fmha_tuning *t, fmha_ukernels *base, fmha_ukernels *f32);
-void fmha_cpu_set_trial(const fmha_ukernels *base, const fmha_ukernels *f32);
+/* The tuning the registry resolves for `isa` before FMHA_TUNING: wisdom
+ * (FMHA_WISDOM's file, then the per-user one), the architecture's first
+ * matching entry, the cache heuristic, else generic; fields the table
+ * decides stay FMHA_TUNING_OF_TABLE. The name points at static storage or
+ * at `name` (name_size bytes). */
+void fmha_tuning_lookup(const char *isa, fmha_tuning *out, char *name, size_t name_size);
 
-/* The table for an ISA name, or NULL when the name is unknown or this CPU
- * (or build) cannot run it. */
+/* The cache-size heuristic's fields as key=value text (0 and "" when the
+ * cache sizes are unknown). */
+int fmha_tuning_heuristic(const fmha_cache_sizes *c, char *fields, size_t size);
+
+/* The status line of fmha_tuning_status() after fmha_tune wrote wisdom. */
+void fmha_tuning_set_status(const char *line);
+
+/* The table (the context) for an ISA name, or NULL when the name is
+ * unknown or this CPU (or build) cannot run it. */
 const fmha_ukernels *fmha_cpu_kernels_for(const char *isa);
+const fmha_context *fmha_cpu_context_for(const char *isa);
 
 /* Tests only: before the registry's first use, makes the ISAs that `list`
  * (comma-separated names) leaves out count as unsupported here, so that an

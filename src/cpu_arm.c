@@ -4,7 +4,6 @@
  * sve (SVE at any vector length), neon (Advanced SIMD, Armv8.0). The
  * capabilities are also reported by fmha_plan_describe. */
 #include "cpu.h"
-#include "tuning.h"
 
 #if defined(__aarch64__)
 #include <stdio.h>

@@ -4,7 +4,6 @@
  * 5.16), asked once. The CPU's vendor, family and model name it for
  * fmha_plan_describe (and for tunings per microarchitecture). */
 #include "cpu.h"
-#include "tuning.h"
 
 #if FMHA_HAVE_X86
 #include <cpuid.h>
@@ -164,17 +163,16 @@ void fmha_arch_cache_sizes(fmha_cache_sizes *c) {
 
 /* Tunings per microarchitecture, each measured with fmha-bench on the CPU
  * it names (design.md, "Tunings"), as {isa, vendor, family, models lo..hi,
- * tuning}; a CPU without one gets wisdom's or the heuristic's.
+ * name, fields over the defaults}; a CPU without one gets wisdom's or the
+ * heuristic's.
  *   zen4: AuthenticAMD family 25 model 17 (EPYC): keys per tile of 64..256
  *         and the dense crossover measured within noise of generic, K read
  *         in place at 82-89% of the FMA peak: the generic values.
  *   xeon-6-167: GenuineIntel family 6 model 167 as a KVM guest reports a
  *         Xeon with AMX (48 KiB L1D, 2 MiB L2): fmha-bench --tune, the
  *         measurements in design.md. */
-#define ZEN4 {.name = "zen4", .matrix_rescale_log2 = 8, .matrix_overlap = 1}
-#define XEON_6_167                                                                                                     \
-    {.name = "xeon-6-167", .k_copy_bytes = 256 << 10, .matrix_block_kv = 256, .matrix_rescale_log2 = 8,               \
-     .matrix_overlap = 1}
+#define ZEN4 "zen4", ""
+#define XEON_6_167 "xeon-6-167", "k_copy_bytes=262144,matrix_block_kv=256"
 static const fmha_arch_tuning x86_tunings[] = {
     {"avx512bf16", "AuthenticAMD", 25, 17, 17, ZEN4},
     {"avx512", "AuthenticAMD", 25, 17, 17, ZEN4},

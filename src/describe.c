@@ -33,8 +33,8 @@ size_t fmha_plan_describe(const fmha_plan *plan, char *buf, size_t buf_size) {
     if (plan->driver == &fmha_fwd_driver_decode)
         snprintf(shape, sizeof shape, "decode_units=%lld rows_per_unit=%lld heads_per_unit=%lld keys_per_split=%lld "
                  "splits=%lld",
-                 (long long)plan->dec_units, (long long)plan->dec_rows, (long long)plan->dec_heads,
-                 (long long)plan->dec_chunk, (long long)plan->dec_splits);
+                 (long long)plan->drv.dec.units, (long long)plan->drv.dec.rows, (long long)plan->drv.dec.heads,
+                 (long long)plan->drv.dec.chunk, (long long)plan->drv.dec.splits);
     else if (plan->driver == &fmha_fwd_driver_matrix_decode) {
         int64_t splits, chunk;
         fmha_matrix_decode_split(plan, &splits, &chunk);
@@ -58,9 +58,9 @@ size_t fmha_plan_describe(const fmha_plan *plan, char *buf, size_t buf_size) {
                      precision_name(plan),
                      fmha_cache_format_at(plan->k_format)->name, fmha_cache_format_at(plan->v_format)->name, shape,
                      fmha_pool_threads(), cpu, plan->uk->tuning->name, fmha_matrix_bwd_plan(plan) ? "matrix" : "tiled",
-                     !decode ? "float32" : plan->dec_scores == FMHA_DEC_SCORES_Q8 ? "integer"
-                                         : plan->dec_scores == FMHA_DEC_SCORES_BF16 ? "bf16" : "float32",
-                     decode && plan->dec_vint ? "integer" : "float32",
+                     !decode ? "float32" : plan->drv.dec.scores == FMHA_DEC_SCORES_Q8 ? "integer"
+                                         : plan->drv.dec.scores == FMHA_DEC_SCORES_BF16 ? "bf16" : "float32",
+                     decode && plan->drv.dec.vint ? "integer" : "float32",
                      fmha_tuning_source_name(plan->uk->tuning->source));
     return n < 0 ? 0 : (size_t)n;
 }

@@ -25,11 +25,10 @@
  * S=256 0.440/0.423, S=512 1.43/1.44, S=1024 5.49/5.45, S=2048 52/41;
  * fwdbwd within 2% of each other up to 1024 (one backward serves both).
  * Dense wins only below ~100 x 100 scores and needs O(S^2) memory, so auto
- * takes it there only. A tuning may move the crossover (tuning.h). */
-#define FMHA_AUTO_DENSE_MAX_SCORES ((int64_t)96 * 96)
-
+ * takes it there only: dense_max_scores' default, 96 x 96 (tuning.h), which
+ * a tuning may move. */
 static fmha_strategy resolve_strategy(const fmha_problem *p, const fmha_tuning *tuning) {
-    const int64_t dense_max = tuning->dense_max_scores ? tuning->dense_max_scores : FMHA_AUTO_DENSE_MAX_SCORES;
+    const int64_t dense_max = tuning->dense_max_scores; /* default 96 x 96 (tuning.h) */
     if (p->dropout_p > 0.0f) return FMHA_STRATEGY_TILED; /* dropout lives in the tiled drivers */
     switch (p->strategy) {
     case FMHA_STRATEGY_DENSE: return FMHA_STRATEGY_DENSE;
@@ -42,10 +41,38 @@ static fmha_strategy resolve_strategy(const fmha_problem *p, const fmha_tuning *
     return FMHA_STRATEGY_TILED;
 }
 
+/* The folded plan of a plan the fold serves (fold.c's rewrite, planned
+ * on the plan's context); 0 when the rewrite does not apply or its plan
+ * would decode again. */
+static int plan_folded(const fmha_plan *plan, fmha_plan *folded) {
+    fmha_problem f;
+    if (!fmha_fold_rewrite(plan, &f) || fmha_plan_init_in(plan->ctx, &f, folded) != FMHA_OK) return 0;
+    return folded->driver != &fmha_fwd_driver_decode;
+}
+
+/* The fold's run: the folded plan's forward, on this run's threads and workspace. */
+static void fold_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse, char *ws) {
+    fmha_plan folded;
+    plan_folded(run, &folded); /* served at planning: the same answer */
+    folded.threads = run->threads;
+    folded.thread_bytes = folded.fwd_ws.thread_bytes;
+    folded.shared_bytes = folded.fwd_ws.shared_bytes;
+    fmha_fwd_run(&folded, q, k, v, o, lse, ws);
+}
+
+/* The fold is a rewrite of the problem inside the planner (fold.c), not a
+ * driver of the list: planning and running it plan the folded problem. */
+const fmha_fwd_driver fmha_fwd_driver_fold = {"fold", NULL, NULL, fold_run};
+
 fmha_status fmha_plan_init(const fmha_problem *p_in, fmha_plan *plan) {
+    return fmha_plan_init_in(fmha_context_default(), p_in, plan);
+}
+
+fmha_status fmha_plan_init_in(const fmha_context *ctx, const fmha_problem *p_in, fmha_plan *plan) {
     fmha_status st = fmha_problem_check(p_in);
     if (st != FMHA_OK) return st;
     *plan = (fmha_plan){0};
+    plan->ctx = ctx;
     fmha_problem_load(p_in, &plan->p);
     fmha_problem_tame_unit_strides(&plan->p);
     const fmha_problem *p = &plan->p;
@@ -60,10 +87,12 @@ fmha_status fmha_plan_init(const fmha_problem *p_in, fmha_plan *plan) {
     uint32_t scale_bits;
     memcpy(&scale_bits, &p->scale, sizeof scale_bits);
     plan->scale = scale_bits != 0 ? p->scale : (float)(1.0 / sqrt((double)p->head_dim));
-    plan->uk = p->strategy == FMHA_STRATEGY_PORTABLE ? fmha_cpu_kernels_for("scalar") : fmha_cpu_kernels();
-    /* float32 in IEEE arithmetic: on the float32 variant the tuning names */
-    if (p->dtype == FMHA_DTYPE_F32 && p->precision != FMHA_PRECISION_BF16X3 && p->precision != FMHA_PRECISION_BF16)
-        plan->uk = fmha_cpu_f32_kernels(plan->uk);
+    /* the portable strategy runs the specification, scalar */
+    const fmha_context *run_ctx = p->strategy == FMHA_STRATEGY_PORTABLE ? fmha_cpu_context_for("scalar") : ctx;
+    /* float32 in IEEE arithmetic: on the float32 tiles the tuning names */
+    const int f32_ieee =
+        p->dtype == FMHA_DTYPE_F32 && p->precision != FMHA_PRECISION_BF16X3 && p->precision != FMHA_PRECISION_BF16;
+    plan->uk = f32_ieee ? run_ctx->f32 : run_ctx->uk;
     plan->kv_dtype = fmha_kv_dtype_of(p);
     plan->k_format = fmha_problem_format(p, 0);
     plan->v_format = fmha_problem_format(p, 1);
@@ -89,11 +118,17 @@ fmha_status fmha_plan_init(const fmha_problem *p_in, fmha_plan *plan) {
                                                                                      : NULL;
     st = fmha_mask_precheck(plan);
     if (st != FMHA_OK) return st;
-    /* the forward's driver (a paged cache has only the decode driver's addressing) */
+    /* the forward's driver (a paged cache has only the decode driver's
+     * addressing), after matrix_decode the fold where it serves */
+    fmha_plan folded;
     st = fmha_fwd_driver_choose(plan);
     if (st != FMHA_OK) return st;
-    plan->fwd_ws = fmha_fwd_workspace(plan);
-    plan->bwd_ws = fmha_bwd_workspace(plan);
+    if (plan->driver != &fmha_fwd_driver_matrix_decode && plan_folded(plan, &folded)) {
+        plan->driver = &fmha_fwd_driver_fold;
+        plan->fwd_ws = folded.fwd_ws;
+    } else {
+        plan->fwd_ws = fmha_fwd_workspace(plan);
+    }
     return FMHA_OK;
 }
 
@@ -111,12 +146,12 @@ size_t fmha_ws_total(const fmha_plan *plan, fmha_ws_size ws) {
     return (size_t)plan->threads * ws.thread_bytes + ws.shared_bytes + FMHA_ALIGN;
 }
 
-/* The backward's workspace for gradients g: the task split and the bias
- * accumulators depend on which are wanted. */
+/* The backward's workspace for gradients g, sized when a backward is
+ * asked for (planning sizes the forward's only): the task split and the
+ * bias accumulators depend on which are wanted. */
 static fmha_ws_size bwd_ws_for(const fmha_plan *plan, const fmha_param_grads *g) {
-    if (!g || !(g->d_dense || g->d_alibi || g->d_rel_table)) return plan->bwd_ws;
     fmha_plan with = *plan;
-    with.grads = g;
+    with.grads = g && (g->d_dense || g->d_alibi || g->d_rel_table) ? g : NULL;
     return fmha_bwd_workspace(&with);
 }
 
@@ -308,19 +343,24 @@ fmha_status fmha_backward_workspace_size(const fmha_problem *p, size_t *bytes) {
     }
     if (bs->alibi_slopes) all.d_alibi = &probe;
     if (bs->rel_table) all.d_rel_table = &probe;
-    *bytes = max_size(fmha_ws_total(&plan, plan.bwd_ws), fmha_ws_total(&plan, bwd_ws_for(&plan, &all)));
+    *bytes = max_size(fmha_ws_total(&plan, bwd_ws_for(&plan, NULL)), fmha_ws_total(&plan, bwd_ws_for(&plan, &all)));
     return FMHA_OK;
 }
 
-fmha_status fmha_forward(const fmha_problem *p, const void *q, const void *k, const void *v,
-                         void *o, float *lse, void *workspace, size_t workspace_bytes) {
+fmha_status fmha_forward_in(const fmha_context *ctx, const fmha_problem *p, const void *q, const void *k,
+                            const void *v, void *o, float *lse, void *workspace, size_t workspace_bytes) {
     fmha_error_clear();
     fmha_status st = FMHA_CHECK_POINTERS("p, q, k, v, o", p, q, k, v, o);
     if (st != FMHA_OK) return st;
     fmha_plan plan;
-    st = fmha_plan_init(p, &plan);
+    st = fmha_plan_init_in(ctx, p, &plan);
     if (st != FMHA_OK) return st;
     return run_forward(&plan, NULL, q, k, v, o, lse, workspace, workspace_bytes);
+}
+
+fmha_status fmha_forward(const fmha_problem *p, const void *q, const void *k, const void *v,
+                         void *o, float *lse, void *workspace, size_t workspace_bytes) {
+    return fmha_forward_in(fmha_context_default(), p, q, k, v, o, lse, workspace, workspace_bytes);
 }
 
 fmha_status fmha_backward(const fmha_problem *p, const void *q, const void *k, const void *v,
@@ -337,16 +377,22 @@ fmha_status fmha_backward(const fmha_problem *p, const void *q, const void *k, c
                         workspace_bytes);
 }
 
-fmha_status fmha_forward_backward(const fmha_problem *p, const void *q, const void *k,
-                                  const void *v, const void *d_o, void *o, float *lse, void *dq,
-                                  void *dk, void *dv, const fmha_param_grads *grads) {
+fmha_status fmha_forward_backward_in(const fmha_context *ctx, const fmha_problem *p, const void *q, const void *k,
+                                     const void *v, const void *d_o, void *o, float *lse, void *dq, void *dk,
+                                     void *dv, const fmha_param_grads *grads) {
     fmha_error_clear();
     fmha_status st = FMHA_CHECK_POINTERS("p, q, k, v, d_o, o, lse, dq, dk, dv", p, q, k, v, d_o, o, lse, dq, dk, dv);
     if (st != FMHA_OK) return st;
     fmha_plan plan;
-    st = fmha_plan_init(p, &plan);
+    st = fmha_plan_init_in(ctx, p, &plan);
     if (st != FMHA_OK) return st;
     return run_fused(&plan, NULL, q, k, v, d_o, o, lse, dq, dk, dv, grads);
+}
+
+fmha_status fmha_forward_backward(const fmha_problem *p, const void *q, const void *k,
+                                  const void *v, const void *d_o, void *o, float *lse, void *dq,
+                                  void *dk, void *dv, const fmha_param_grads *grads) {
+    return fmha_forward_backward_in(fmha_context_default(), p, q, k, v, d_o, o, lse, dq, dk, dv, grads);
 }
 
 /* ---- plans ---- */

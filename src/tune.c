@@ -1,7 +1,8 @@
 /* tune.c: fmha_tune, the planner that measures. It times the kernel table
- * in use under trial tunings (cpu.c's trial tables: the calling thread's
- * plans see them, the registry and other threads do not) on the problems
- * each field matters to, field after field from generic (coordinate
+ * in use under trial tunings (a trial context of cpu.c's, which its calls
+ * plan on explicitly: the registry and other calls do not see it) on the
+ * problems each field matters to (tuning.h's table: each field's rows and
+ * candidates), field after field from generic (coordinate
  * descent, FFTW's "measure" in spirit): every candidate value of a field
  * runs every row of that field back to back with the others, five rounds
  * (compare: a paired comparison, since the machine may be shared), and
@@ -24,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "attn.h"
 #include "convert.h"
 #include "cpu.h"
 #include "error.h"
@@ -144,10 +146,11 @@ static int add_row(tuner *tn, int bf16, int backward, int64_t hq, int64_t hkv, i
     return tn->n_rows++;
 }
 
-static fmha_status row_call(tune_row *r) {
+static fmha_status row_call(const fmha_context *ctx, tune_row *r) {
     if (r->backward)
-        return fmha_forward_backward(&r->p, r->q, r->k, r->v, r->d_o, r->o, r->lse, r->dq, r->dk, r->dv, NULL);
-    return fmha_forward(&r->p, r->q, r->k, r->v, r->o, r->lse, NULL, 0);
+        return fmha_forward_backward_in(ctx, &r->p, r->q, r->k, r->v, r->d_o, r->o, r->lse, r->dq, r->dk, r->dv,
+                                        NULL);
+    return fmha_forward_in(ctx, &r->p, r->q, r->k, r->v, r->o, r->lse, NULL, 0);
 }
 
 /* O as float32 into dst. */
@@ -176,14 +179,16 @@ static int row_agrees(const tune_row *r) {
  * a first call when `warm` (which also checks agreement when `check`);
  * -1 when the call fails or disagrees. */
 static double time_row(const char *isa, const fmha_tuning *t, tune_row *r, int warm, int check) {
-    fmha_ukernels base, f32;
-    if (fmha_cpu_trial_tables(isa, t, &base, &f32)) return -1.0;
-    fmha_cpu_set_trial(&base, &f32);
+    fmha_trial *trial = malloc(sizeof *trial);
+    if (!trial || fmha_cpu_trial(isa, t, trial)) {
+        free(trial);
+        return -1.0;
+    }
     double best = -1.0;
-    if (warm && (row_call(r) != FMHA_OK || (check && !row_agrees(r)))) goto done;
+    if (warm && (row_call(&trial->ctx, r) != FMHA_OK || (check && !row_agrees(r)))) goto done;
     for (int c = 0; c < TUNE_CALLS; c++) {
         const double s = tune_now();
-        if (row_call(r) != FMHA_OK) {
+        if (row_call(&trial->ctx, r) != FMHA_OK) {
             best = -1.0;
             goto done;
         }
@@ -191,7 +196,7 @@ static double time_row(const char *isa, const fmha_tuning *t, tune_row *r, int w
         if (best < 0.0 || ms < best) best = ms;
     }
 done:
-    fmha_cpu_set_trial(NULL, NULL);
+    free(trial);
     return best;
 }
 
@@ -250,16 +255,18 @@ static int compare(tuner *tn, const char *field, fmha_tuning *cand, const char *
 
 static int spent(const tuner *tn) { return tune_now() - tn->t0 > tn->budget_s; }
 
-/* One integer field: candidates its incumbent then values[]. */
-static void tune_field(tuner *tn, fmha_tuning *t, const char *key, const int64_t *values, int n, tune_rows rows) {
-    if (!rows || spent(tn)) return;
-    const fmha_tuning_field *f = fmha_tuning_field_named(key, strlen(key));
+/* One integer field: candidates its incumbent then the field's own (tuning.h). */
+static void tune_field(tuner *tn, fmha_tuning *t, const fmha_tuning_field *f, tune_rows rows) {
+    if (!rows || !f->n_candidates || spent(tn)) return;
+    const int64_t *values = f->candidates;
+    const int n = (int)f->n_candidates;
     fmha_tuning cand[TUNE_MAX_CANDIDATES];
     char text[TUNE_MAX_CANDIDATES][24];
     const char *labels[TUNE_MAX_CANDIDATES];
     int m = 0;
     cand[m] = *t;
-    snprintf(text[m], sizeof text[m], "%lld", (long long)*fmha_tuning_at(t, f));
+    if (*fmha_tuning_at(t, f) == FMHA_TUNING_OF_TABLE) snprintf(text[m], sizeof text[m], "table's");
+    else snprintf(text[m], sizeof text[m], "%lld", (long long)*fmha_tuning_at(t, f));
     labels[m] = text[m];
     m++;
     for (int i = 0; i < n && m < TUNE_MAX_CANDIDATES; i++) {
@@ -270,7 +277,7 @@ static void tune_field(tuner *tn, fmha_tuning *t, const char *key, const int64_t
         labels[m] = text[m];
         m++;
     }
-    *t = cand[compare(tn, key, cand, labels, m, rows)];
+    *t = cand[compare(tn, f->key, cand, labels, m, rows)];
 }
 
 /* The float32 tile: the table's own and each registered variant it can run. */
@@ -280,6 +287,8 @@ static void tune_tile(tuner *tn, fmha_tuning *t) {
     char text[TUNE_MAX_CANDIDATES][24];
     const char *labels[TUNE_MAX_CANDIDATES];
     const fmha_ukernels *own = fmha_cpu_kernels();
+    fmha_trial *trial = malloc(sizeof *trial);
+    if (!trial) return;
     int m = 0;
     cand[m] = *t;
     snprintf(text[m], sizeof text[m], "%zux%zu", own->tile.mr, own->tile.nr);
@@ -287,14 +296,13 @@ static void tune_tile(tuner *tn, fmha_tuning *t) {
     m++;
     for (size_t i = 0; i < fmha_isa_count() && m < TUNE_MAX_CANDIDATES; i++) {
         const fmha_ukernels *v = fmha_isa_at(i)->table;
-        fmha_ukernels base, f32;
         cand[m] = *t;
         cand[m].tile_mr = (int64_t)v->tile.mr;
         cand[m].tile_nr = (int64_t)v->tile.nr;
         /* a shape this table has a variant of (the trial's float32 table takes it) */
-        if (fmha_cpu_trial_tables(tn->isa, &cand[m], &base, &f32) || f32.tile.mr != v->tile.mr ||
-            f32.tile.nr != v->tile.nr || (v->tile.mr == own->tile.mr && v->tile.nr == own->tile.nr))
-            continue;
+        const int has = fmha_cpu_trial(tn->isa, &cand[m], trial) == 0 && trial->ctx.f32->tile.mr == v->tile.mr &&
+                        trial->ctx.f32->tile.nr == v->tile.nr;
+        if (!has || (v->tile.mr == own->tile.mr && v->tile.nr == own->tile.nr)) continue;
         int seen = 0;
         for (int c = 1; c < m; c++) seen |= cand[c].tile_mr == cand[m].tile_mr && cand[c].tile_nr == cand[m].tile_nr;
         if (seen) continue;
@@ -302,6 +310,7 @@ static void tune_tile(tuner *tn, fmha_tuning *t) {
         labels[m] = text[m];
         m++;
     }
+    free(trial);
     if (m > 1) *t = cand[compare(tn, "float32 tile", cand, labels, m, tn->f32_rows)];
 }
 
@@ -473,21 +482,18 @@ fmha_status fmha_tune_shrunk(const char *path, double budget_s, fmha_tune_progre
     }
     const tune_rows tiled = tn->f32_rows | tn->bf16_rows;
     tune_tile(tn, &t);
-    static const int64_t k_copy[] = {1, 192 << 10, 768 << 10};
-    tune_field(tn, &t, "k_copy_bytes", k_copy, 3, tn->f32_rows);
-    static const int64_t block_kv[] = {64, 192, 256}; /* against the table's own (128 on AVX-512) */
-    tune_field(tn, &t, "block_kv", block_kv, 3, uk->matrix.forward ? tn->f32_rows : tiled);
-    if (uk->matrix.forward) {
-        static const int64_t mbkv[] = {64, 256}, rescale[] = {0}, overlap[] = {0};
-        tune_field(tn, &t, "matrix_block_kv", mbkv, 2, tn->bf16_rows);
-        tune_field(tn, &t, "matrix_rescale_log2", rescale, 1, tn->bf16_rows);
-        tune_field(tn, &t, "matrix_overlap", overlap, 1, tn->bf16_rows);
+    size_t n_fields;
+    const fmha_tuning_field *fields = fmha_tuning_fields(&n_fields);
+    for (size_t i = 0; i < n_fields; i++) { /* each field on its rows, with its candidates */
+        const fmha_tuning_field *f = &fields[i];
+        const tune_rows rows = f->rows == FMHA_TUNE_F32      ? tn->f32_rows
+                               : f->rows == FMHA_TUNE_TILED  ? (uk->matrix.forward ? tn->f32_rows : tiled)
+                               : f->rows == FMHA_TUNE_MATRIX ? (uk->matrix.forward ? tn->bf16_rows : 0)
+                               : f->rows == FMHA_TUNE_DENSE  ? tn->dense_rows
+                               : f->rows == FMHA_TUNE_DECODE ? tn->decode_rows
+                                                             : 0;
+        tune_field(tn, &t, f, rows);
     }
-    static const int64_t dense[] = {1, 128 * 128, 192 * 192};
-    tune_field(tn, &t, "dense_max_scores", dense, 3, tn->dense_rows);
-    static const int64_t prefetch[] = {(int64_t)1 << 50, 4 << 20}, split[] = {1024, 4096};
-    tune_field(tn, &t, "decode_prefetch_bytes", prefetch, 2, tn->decode_rows);
-    tune_field(tn, &t, "decode_split_keys", split, 2, tn->decode_rows);
     /* the rows of the file: tuned against generic, alternating */
     for (int i = 0; i < tn->n_rows; i++) tn->rows[i].generic_ms = tn->rows[i].tuned_ms = INFINITY;
     for (int round = 0; round < TUNE_ROUNDS; round++)

@@ -287,20 +287,28 @@ static int read_entry(const json_reader *r, int node, fmha_wisdom_entry *e, char
     if (fields < 0 || r->nodes[fields].type != J_OBJECT)
         return fail(err, err_size, "%s: \"fields\" must be an object", where);
     if (keys_unique(r, fields, err, err_size, where)) return -1;
-    e->tuning = fmha_tuning_generic;
-    e->tuning.name = "wisdom";
-    e->tuning.source = FMHA_TUNING_WISDOM;
+    /* the fields as key=value text, checked by the one check of every source */
+    size_t at = 0;
     char key[64];
+    e->fields[0] = '\0';
     for (int k = r->nodes[fields].child; k >= 0; k = r->nodes[r->nodes[k].next].next) {
         const int len = string_of(r->s, &r->nodes[k], key, sizeof key);
         const fmha_tuning_field *f = len > 0 ? fmha_tuning_field_named(key, (size_t)len) : NULL;
-        if (!f) return fail(err, err_size, "%s: \"fields\" has the unknown key \"%.40s\"", where, len > 0 ? key : "?");
         int64_t v;
-        if (integer_of(r->s, &r->nodes[r->nodes[k].next], &v) || v < f->lo || v > f->hi || v % f->multiple)
+        if (!f) return fail(err, err_size, "%s: \"fields\": the unknown key \"%.40s\"", where, len > 0 ? key : "?");
+        if (integer_of(r->s, &r->nodes[r->nodes[k].next], &v))
             return fail(err, err_size, "%s: %s must be an integer in %lld..%lld, a multiple of %lld", where, f->key,
                         (long long)f->lo, (long long)f->hi, (long long)f->multiple);
-        *fmha_tuning_at(&e->tuning, f) = v;
+        const int n = snprintf(e->fields + at, sizeof e->fields - at, "%s%s=%lld", at ? "," : "", key, (long long)v);
+        if (n < 0 || (size_t)n >= sizeof e->fields - at) return fail(err, err_size, "%s: \"fields\" is too long", where);
+        at += (size_t)n;
     }
+    char why[160];
+    e->tuning = fmha_tuning_generic;
+    if (fmha_tuning_apply(e->fields, &e->tuning, why, sizeof why))
+        return fail(err, err_size, "%s: \"fields\": %s", where, why);
+    e->tuning.name = "wisdom";
+    e->tuning.source = FMHA_TUNING_WISDOM;
     e->text_at = r->nodes[node].at;
     e->text_len = r->nodes[node].len;
     return 0;

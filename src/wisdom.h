@@ -27,7 +27,8 @@ enum { FMHA_WISDOM_VERSION = 1, FMHA_WISDOM_MAX_BYTES = 4 << 20 };
 typedef struct fmha_wisdom_entry {
     char vendor[16], isa[32];
     int64_t family, model;
-    fmha_tuning tuning;         /* generic with the entry's fields */
+    char fields[512];           /* its "fields" as key=value text (tuning.h) */
+    fmha_tuning tuning;         /* generic with those fields */
     size_t text_at, text_len;   /* the entry's JSON in the file's text */
 } fmha_wisdom_entry;
 

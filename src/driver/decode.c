@@ -13,7 +13,7 @@
  * in address order (head by head over a whole tile, each key row of 4 KiB
  * was read 512 bytes at a time, 32 pages apart: half the stream's speed).
  *
- * Split-KV: the keys are cut into dec_splits chunks of dec_chunk keys, a
+ * Split-KV: the keys are cut into drv.dec.splits chunks of drv.dec.chunk keys, a
  * count fixed by the problem's shape (never by the thread count). A task
  * (unit of heads x rows, chunk) runs the online softmax over its chunk's tiles and
  * leaves an unnormalised partial O, its max m and sum l; a merge pass then
@@ -56,30 +56,28 @@ enum { DEC_MAX_ROWS = 32, DEC_TILE = 128, DEC_MAX_UNIT_ROWS = 256 };
  * place. The most heads of a unit. */
 enum { DEC_SUB = 16, DEC_MAX_HEADS = DEC_MAX_UNIT_ROWS };
 
-/* Crossover: queries at most DEC_MAX_SQ and keys at least DEC_MIN_KV_PER_Q
+/* Crossover (fmha_plan_decode_shape): queries at most 16 and keys at least 8
  * per query. Measured with fmha-bench (B = 1, Hq = 32, D = 128, float32,
  * 2 threads, AVX-512, ms auto(decode) / tiled / dense): Sq = 1, Hkv = 8:
  * Skv = 8 0.054/0.12/0.19, 64 0.12/1.2/1.2, 256 0.41/5.3/8.0; Sq = 16,
  * Hkv = 8: Skv = 64 1.63/1.09/0.70, 128 0.97/0.99/1.53, 256 3.8/5.0/7.5,
  * 2048 31/76/128; Hkv = 32: Skv = 64 0.67/0.62/0.59, 128 2.4/2.8/1.8,
  * 512 4.4/14/32 (a busy machine: +-30%). Decode loses at 4 keys a query. */
-enum { DEC_MAX_SQ = 16, DEC_MIN_KV_PER_Q = 8 };
 
-/* Split-KV: aim for DEC_TASKS tasks in all, chunks of at least DEC_MIN_CHUNK
- * keys (the tuning's decode_split_keys when set). The split follows the
+/* Split-KV: aim for DEC_TASKS tasks in all, chunks of at least the
+ * tuning's decode_split_keys (default 256). The split follows the
  * problem's shape and the tuning, never the thread count, so results are
  * bitwise the same for every thread count under one tuning. */
-enum { DEC_TASKS = 64, DEC_MIN_CHUNK = 256 };
+enum { DEC_TASKS = 64 };
 
 /* Software prefetch (dec_prefetch_head) pays where K and V stream from
  * memory and costs where they sit in cache: it is on when a call's K and V
- * hold more than this many bytes (the tuning's decode_prefetch_bytes when
- * set). Zen 4 (1 MiB L2 a core, 32 MiB L3), Hq 32 / Hkv 8, D 128, 2
+ * hold more bytes than the tuning's decode_prefetch_bytes (default 8 MiB,
+ * from these figures). Zen 4 (1 MiB L2 a core, 32 MiB L3), Hq 32 / Hkv 8, D 128, 2
  * threads, ms off / on, alternating: float32 Skv 512 (4 MiB) 0.10-0.13 /
  * 0.15-0.19, 1024 (8 MiB) 0.25-0.29 / 0.28-0.36, 2048 0.51-0.60 /
  * 0.51-0.65, 4096 1.40-1.54 / 1.12-1.23; bf16 1024 0.17-0.23 / 0.19-0.26,
  * 2048 0.33-0.49 / 0.38-0.47, 4096 1.06-1.46 / 0.78-1.05. */
-#define DEC_PREFETCH_BYTES ((int64_t)8 << 20)
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -107,51 +105,48 @@ static int dec_one_page(const fmha_problem *p, int64_t k0, int64_t nk) {
 int fmha_decode_plan(fmha_plan *plan) {
     const fmha_problem *p = &plan->p;
     const fmha_ukernels *uk = plan->uk;
-    const fmha_masks *m = &p->masks;
     /* a paged cache takes this driver whatever the strategy and shape */
-    if (!p->block_table && p->strategy != FMHA_STRATEGY_AUTO) return 0;
-    if (!p->block_table && (p->seq_q > DEC_MAX_SQ || p->seq_kv < DEC_MIN_KV_PER_Q * p->seq_q)) return 0;
+    if (!p->block_table && (p->strategy != FMHA_STRATEGY_AUTO || !fmha_plan_decode_shape(plan))) return 0;
     if (!uk->decode.softmax) return 0; /* with it, the float32 format's scores and values */
-    if (p->k_strides[3] != 1 || p->v_strides[3] != 1) return 0;
+    if (!fmha_plan_rows_contiguous(plan)) return 0;
     const fmha_biases *bs = &p->biases;
     if (bs->dense || bs->rel_table || bs->callback.fill) return 0; /* softcap and ALiBi: fmha_bias_row */
-    if (plan->dropout || m->q_segment_ids || m->dense || m->callback.fill) return 0;
+    if (plan->dropout || !fmha_plan_keys_one_range(plan)) return 0;
 
     int64_t rows = plan->group * p->seq_q;
-    plan->dec_units = ceil_div(rows, DEC_MAX_ROWS);
-    plan->dec_rows = ceil_div(rows, plan->dec_units);
+    plan->drv.dec.units = ceil_div(rows, DEC_MAX_ROWS);
+    plan->drv.dec.rows = ceil_div(rows, plan->drv.dec.units);
     /* Caches that interleave the kv heads within a key ([B, S, H, D]) hold
      * one head's key rows a page apart: a unit then takes several heads
      * (a divisor of Hkv), so that a tile reads whole pages, in order. */
-    plan->dec_heads = 1;
-    if (plan->dec_units == 1 && p->k_strides[2] < p->k_strides[1] && p->v_strides[2] < p->v_strides[1])
+    plan->drv.dec.heads = 1;
+    if (plan->drv.dec.units == 1 && p->k_strides[2] < p->k_strides[1] && p->v_strides[2] < p->v_strides[1])
         for (int64_t hb = p->heads_kv; hb > 1; hb--)
-            if (p->heads_kv % hb == 0 && hb * plan->dec_rows <= DEC_MAX_UNIT_ROWS) {
-                plan->dec_heads = hb;
+            if (p->heads_kv % hb == 0 && hb * plan->drv.dec.rows <= DEC_MAX_UNIT_ROWS) {
+                plan->drv.dec.heads = hb;
                 break;
             }
-    int64_t units = p->batch * p->heads_kv / plan->dec_heads * plan->dec_units;
+    int64_t units = p->batch * p->heads_kv / plan->drv.dec.heads * plan->drv.dec.units;
     int64_t splits = ceil_div(DEC_TASKS, units);
-    const int64_t min_chunk = uk->tuning && uk->tuning->decode_split_keys ? uk->tuning->decode_split_keys : DEC_MIN_CHUNK;
+    const int64_t min_chunk = uk->tuning->decode_split_keys;
     int64_t most = ceil_div(p->seq_kv, min_chunk);
     if (splits > most) splits = most;
     if (splits < 1) splits = 1;
-    plan->dec_chunk = ceil_div(ceil_div(p->seq_kv, splits), DEC_TILE) * DEC_TILE;
-    plan->dec_splits = ceil_div(p->seq_kv, plan->dec_chunk);
+    plan->drv.dec.chunk = ceil_div(ceil_div(p->seq_kv, splits), DEC_TILE) * DEC_TILE;
+    plan->drv.dec.splits = ceil_div(p->seq_kv, plan->drv.dec.chunk);
     const fmha_cache_format *kf = fmha_cache_format_at(plan->k_format), *vf = fmha_cache_format_at(plan->v_format);
     const int64_t kv_bytes = p->batch * p->seq_kv * p->heads_kv *
                              (fmha_format_row_units(kf, p->head_dim) * (int64_t)kf->unit_bytes +
                               fmha_format_row_units(vf, p->head_dim_v) * (int64_t)vf->unit_bytes);
-    const int64_t tuned = uk->tuning ? uk->tuning->decode_prefetch_bytes : 0;
-    plan->dec_prefetch = kv_bytes > (tuned ? tuned : DEC_PREFETCH_BYTES);
+    plan->drv.dec.prefetch = kv_bytes > uk->tuning->decode_prefetch_bytes;
     /* integer dot products: precision FAST, a format that allows them
      * (format.h) and a kernel for it; scores in whole blocks of 32 */
     const int fast = p->precision == FMHA_PRECISION_FAST, blocks = p->head_dim % 32 == 0;
     const fmha_uk_cache *kc = &uk->cache[plan->k_format];
-    plan->dec_scores = fast && blocks && kf->fast_integer && kc->scores_q8 ? FMHA_DEC_SCORES_Q8
+    plan->drv.dec.scores = fast && blocks && kf->fast_integer && kc->scores_q8 ? FMHA_DEC_SCORES_Q8
                        : fast && blocks && kf->fast_bf16 && kc->scores_bf16 ? FMHA_DEC_SCORES_BF16
                                                                              : FMHA_DEC_SCORES_F32;
-    plan->dec_vint = fast && vf->fast_integer && uk->cache[plan->v_format].values_int != NULL;
+    plan->drv.dec.vint = fast && vf->fast_integer && uk->cache[plan->v_format].values_int != NULL;
     return 1;
 }
 
@@ -182,13 +177,13 @@ typedef struct dec_partials {
 } dec_partials;
 
 static void dec_carve(const fmha_plan *plan, fmha_carver *c, dec_scratch *s) {
-    size_t rows = (size_t)plan->dec_rows, D = (size_t)plan->p.head_dim, Dv = (size_t)plan->p.head_dim_v;
+    size_t rows = (size_t)plan->drv.dec.rows, D = (size_t)plan->p.head_dim, Dv = (size_t)plan->p.head_dim_v;
     /* sub-blocks staged in scratch: formats without in-place kernels,
      * sub-blocks that cross pages */
     const fmha_ukernels *uk = plan->uk;
     int staged = !uk->cache[plan->k_format].scores || !uk->cache[plan->v_format].values || plan->p.block_table;
-    s->qf = fmha_carve(c, (size_t)plan->dec_heads * rows * D * sizeof(float));
-    size_t heads = (size_t)plan->dec_heads;
+    s->qf = fmha_carve(c, (size_t)plan->drv.dec.heads * rows * D * sizeof(float));
+    size_t heads = (size_t)plan->drv.dec.heads;
     s->s = fmha_carve(c, heads * rows * DEC_TILE * sizeof(float));
     s->kf = fmha_carve(c, staged ? heads * DEC_SUB * D * sizeof(float) : 0);
     s->vf = fmha_carve(c, staged ? heads * DEC_SUB * Dv * sizeof(float) : 0);
@@ -201,29 +196,29 @@ static void dec_carve(const fmha_plan *plan, fmha_carver *c, dec_scratch *s) {
 
 /* 1 when the integer scores' kernel reads the query's tiles. */
 static int dec_q8_tiles(const fmha_plan *plan) {
-    return plan->dec_scores == FMHA_DEC_SCORES_Q8 && plan->uk->cache[plan->k_format].q8_tiles;
+    return plan->drv.dec.scores == FMHA_DEC_SCORES_Q8 && plan->uk->cache[plan->k_format].q8_tiles;
 }
 
 /* Bytes of a unit's query tiles (every head's rows in groups of 16). */
 static size_t dec_tiles_bytes(const fmha_plan *plan) {
-    const size_t groups = (size_t)(plan->dec_rows + 15) / 16;
-    return (size_t)plan->dec_heads * groups * fmha_q8_tiles_group_bytes((size_t)plan->p.head_dim);
+    const size_t groups = (size_t)(plan->drv.dec.rows + 15) / 16;
+    return (size_t)plan->drv.dec.heads * groups * fmha_q8_tiles_group_bytes((size_t)plan->p.head_dim);
 }
 
 static void dec_carve_shared(const fmha_plan *plan, fmha_carver *c, dec_partials *pt) {
-    size_t n = (size_t)(plan->p.batch * plan->p.heads_kv * plan->dec_units * plan->dec_splits) *
-               (size_t)plan->dec_rows; /* units x heads = B x Hkv x dec_units */
+    size_t n = (size_t)(plan->p.batch * plan->p.heads_kv * plan->drv.dec.units * plan->drv.dec.splits) *
+               (size_t)plan->drv.dec.rows; /* units x heads = B x Hkv x dec_units */
     pt->po = fmha_carve(c, n * (size_t)plan->p.head_dim_v * sizeof(float));
     pt->pm = fmha_carve(c, n * sizeof(float));
     pt->pl = fmha_carve(c, n * sizeof(float));
-    const size_t units = plan->dec_scores ? (size_t)(plan->p.batch * plan->p.heads_kv / plan->dec_heads * plan->dec_units)
+    const size_t units = plan->drv.dec.scores ? (size_t)(plan->p.batch * plan->p.heads_kv / plan->drv.dec.heads * plan->drv.dec.units)
                                           : 0;
-    const size_t q_rows = units * (size_t)(plan->dec_heads * plan->dec_rows), D = (size_t)plan->p.head_dim;
-    const size_t q8 = plan->dec_scores == FMHA_DEC_SCORES_Q8 ? q_rows : 0;
+    const size_t q_rows = units * (size_t)(plan->drv.dec.heads * plan->drv.dec.rows), D = (size_t)plan->p.head_dim;
+    const size_t q8 = plan->drv.dec.scores == FMHA_DEC_SCORES_Q8 ? q_rows : 0;
     pt->qi = fmha_carve(c, q8 * D);
     pt->qd = fmha_carve(c, q8 * (D / 32) * sizeof(float));
     pt->qsum = fmha_carve(c, q8 * (D / 32) * sizeof(int32_t));
-    pt->qb = fmha_carve(c, (plan->dec_scores == FMHA_DEC_SCORES_BF16 ? q_rows : 0) * (D / 2) * sizeof(uint32_t));
+    pt->qb = fmha_carve(c, (plan->drv.dec.scores == FMHA_DEC_SCORES_BF16 ? q_rows : 0) * (D / 2) * sizeof(uint32_t));
     pt->qt = fmha_carve(c, dec_q8_tiles(plan) ? dec_tiles_bytes(plan) * units : 0);
     pt->q_ok = fmha_carve(c, units * sizeof(int32_t));
 }
@@ -246,15 +241,15 @@ typedef struct dec_ctx {
     dec_partials pt;
 } dec_ctx;
 
-/* Unit u -> (batch b, first kv head hk of dec_heads, first row rho0, rows n). */
+/* Unit u -> (batch b, first kv head hk of drv.dec.heads, first row rho0, rows n). */
 static void dec_unit(const fmha_plan *plan, int64_t u, int64_t *b, int64_t *hk, int64_t *rho0,
                      int64_t *n) {
-    int64_t per_b = plan->p.heads_kv / plan->dec_heads * plan->dec_units;
+    int64_t per_b = plan->p.heads_kv / plan->drv.dec.heads * plan->drv.dec.units;
     *b = u / per_b;
-    *hk = u % per_b / plan->dec_units * plan->dec_heads;
-    *rho0 = u % plan->dec_units * plan->dec_rows;
+    *hk = u % per_b / plan->drv.dec.units * plan->drv.dec.heads;
+    *rho0 = u % plan->drv.dec.units * plan->drv.dec.rows;
     int64_t left = plan->group * plan->p.seq_q - *rho0;
-    *n = left < plan->dec_rows ? left : plan->dec_rows;
+    *n = left < plan->drv.dec.rows ? left : plan->drv.dec.rows;
 }
 
 /* Keys [lo, hi) query i of batch b sees under the band, key and query lengths. */
@@ -368,11 +363,11 @@ static void dec_load_query(const dec_ctx *c, int64_t b, int64_t hk0, int64_t rho
     const fmha_plan *plan = c->plan;
     const fmha_problem *p = &plan->p;
     const int64_t *qs = p->q_strides, D = p->head_dim;
-    for (int64_t hh = 0; hh < plan->dec_heads; hh++)
+    for (int64_t hh = 0; hh < plan->drv.dec.heads; hh++)
         for (int64_t r = 0; r < n; r++) {
             int64_t i = (rho0 + r) / plan->group, h = (hk0 + hh) * plan->group + (rho0 + r) % plan->group;
             int64_t first = b * qs[0] + i * qs[1] + h * qs[2];
-            fmha_load_row_uk(plan->uk, c->q, p->dtype, first, qs[3], D, qf + (hh * plan->dec_rows + r) * D);
+            fmha_load_row_uk(plan->uk, c->q, p->dtype, first, qs[3], D, qf + (hh * plan->drv.dec.rows + r) * D);
         }
 }
 
@@ -382,7 +377,7 @@ static void dec_load_query(const dec_ctx *c, int64_t b, int64_t hk0, int64_t rho
 static void dec_quantize_task(void *vctx, size_t unit, int thread) {
     const dec_ctx *c = vctx;
     const fmha_plan *plan = c->plan;
-    const int64_t D = plan->p.head_dim, rows = plan->dec_rows;
+    const int64_t D = plan->p.head_dim, rows = plan->drv.dec.rows;
     int64_t b, hk0, rho0, n;
     dec_unit(plan, (int64_t)unit, &b, &hk0, &rho0, &n);
     dec_scratch s;
@@ -390,12 +385,12 @@ static void dec_quantize_task(void *vctx, size_t unit, int thread) {
     dec_carve(plan, &carver, &s);
     dec_load_query(c, b, hk0, rho0, n, s.qf);
     int ok = 1;
-    const size_t first = unit * (size_t)(plan->dec_heads * rows);
-    for (int64_t hh = 0; hh < plan->dec_heads; hh++)
+    const size_t first = unit * (size_t)(plan->drv.dec.heads * rows);
+    for (int64_t hh = 0; hh < plan->drv.dec.heads; hh++)
         for (int64_t r = 0; r < n; r++) {
             const size_t x = first + (size_t)(hh * rows + r);
             const float *row = s.qf + (hh * rows + r) * D;
-            if (plan->dec_scores == FMHA_DEC_SCORES_Q8) {
+            if (plan->drv.dec.scores == FMHA_DEC_SCORES_Q8) {
                 ok &= fmha_q8_quantize_row(row, D, c->pt.qi + x * (size_t)D, c->pt.qd + x * (size_t)(D / 32),
                                            c->pt.qsum + x * (size_t)(D / 32));
                 continue;
@@ -409,8 +404,8 @@ static void dec_quantize_task(void *vctx, size_t unit, int thread) {
             ok &= finite == 0.0f;
         }
     if (ok && dec_q8_tiles(plan)) /* the tiles the kernel reads, head by head */
-        for (int64_t hh = 0; hh < plan->dec_heads; hh++) {
-            const size_t x = first + (size_t)(hh * rows), tb = dec_tiles_bytes(plan) / (size_t)plan->dec_heads;
+        for (int64_t hh = 0; hh < plan->drv.dec.heads; hh++) {
+            const size_t x = first + (size_t)(hh * rows), tb = dec_tiles_bytes(plan) / (size_t)plan->drv.dec.heads;
             const fmha_q8_rows qq = {c->pt.qi + x * (size_t)D, c->pt.qd + x * (size_t)(D / 32),
                                      c->pt.qsum + x * (size_t)(D / 32), (size_t)D, NULL};
             fmha_q8_tiles_pack((size_t)n, (size_t)D, &qq, c->pt.qt + unit * dec_tiles_bytes(plan) + (size_t)hh * tb);
@@ -452,8 +447,8 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
     const fmha_problem *p = &plan->p;
     const fmha_ukernels *uk = plan->uk;
     const int64_t D = p->head_dim, Dv = p->head_dim_v, group = plan->group;
-    const int64_t heads = plan->dec_heads, rows = plan->dec_rows;
-    const int64_t unit = (int64_t)task / plan->dec_splits, split = (int64_t)task % plan->dec_splits;
+    const int64_t heads = plan->drv.dec.heads, rows = plan->drv.dec.rows;
+    const int64_t unit = (int64_t)task / plan->drv.dec.splits, split = (int64_t)task % plan->drv.dec.splits;
     int64_t b, hk0, rho0, n;
     dec_unit(plan, unit, &b, &hk0, &rho0, &n);
 
@@ -471,7 +466,7 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
 
     /* the chunk's keys any row sees: [kb, ke); a row's range depends only
      * on its query, so every head shares lo/hi */
-    int64_t kb = split * plan->dec_chunk, ke = kb + plan->dec_chunk;
+    int64_t kb = split * plan->drv.dec.chunk, ke = kb + plan->drv.dec.chunk;
     if (ke > p->seq_kv) ke = p->seq_kv;
     int64_t any_lo = INT64_MAX, any_hi = INT64_MIN;
     for (int64_t r = 0; r < n; r++) {
@@ -488,7 +483,7 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
 
     /* query rows: widened, qf [heads][rows][D], or quantized once a call
      * (dec_quantize_task) for the integer scores */
-    const int qscores = plan->dec_scores && c->pt.q_ok[unit] ? plan->dec_scores : FMHA_DEC_SCORES_F32;
+    const int qscores = plan->drv.dec.scores && c->pt.q_ok[unit] ? plan->drv.dec.scores : FMHA_DEC_SCORES_F32;
     const size_t q_at = (size_t)(unit * heads * rows); /* this unit's first quantized row */
     if (!qscores) dec_load_query(c, b, hk0, rho0, n, s.qf);
 
@@ -513,7 +508,7 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
             const fmha_cache_scores_ukernel_fn scores = in_place ? k_kern->scores : staged->scores;
             for (int64_t hh = 0; hh < heads; hh++) {
                 /* this head's next sub-block of K (the first of V at the tile's end) */
-                if (plan->dec_prefetch) {
+                if (plan->drv.dec.prefetch) {
                     if (j0 + DEC_SUB < nk) dec_prefetch_head(c, plan->k_format, ks, c->k, D, b, hk0 + hh, k0 + j0 + DEC_SUB, ke);
                     else dec_prefetch_head(c, plan->v_format, vs, c->v, Dv, b, hk0 + hh, k0, ke);
                 }
@@ -556,14 +551,14 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
         /* values in the same order; the first sub-block rescales O by alpha */
         for (int64_t j0 = 0; j0 < nk; j0 += DEC_SUB) {
             const int64_t nj = nk - j0 < DEC_SUB ? nk - j0 : DEC_SUB;
-            size_t ld = dec_rows(c, plan->v_format, vs, c->v, Dv, b, hk0, heads, k0 + j0, nj, plan->dec_vint, s.vf,
+            size_t ld = dec_rows(c, plan->v_format, vs, c->v, Dv, b, hk0, heads, k0 + j0, nj, plan->drv.dec.vint, s.vf,
                                  rows_of, &in_place);
-            const fmha_cache_values_ukernel_fn values = plan->dec_vint ? v_kern->values_int
+            const fmha_cache_values_ukernel_fn values = plan->drv.dec.vint ? v_kern->values_int
                                                         : in_place     ? v_kern->values
                                                                        : staged->values;
             for (int64_t hh = 0; hh < heads; hh++) {
                 /* this head's next sub-block of V (the next tile's first of K at the end) */
-                if (plan->dec_prefetch) {
+                if (plan->drv.dec.prefetch) {
                     if (j0 + DEC_SUB < nk) dec_prefetch_head(c, plan->v_format, vs, c->v, Dv, b, hk0 + hh, k0 + j0 + DEC_SUB, ke);
                     else if (k0 + DEC_TILE < ke) dec_prefetch_head(c, plan->k_format, ks, c->k, D, b, hk0 + hh, k0 + DEC_TILE, ke);
                 }
@@ -635,8 +630,8 @@ static void dec_merge_task(void *vctx, size_t unit, int thread) {
     const dec_ctx *c = vctx;
     const fmha_plan *plan = c->plan;
     const fmha_problem *p = &plan->p;
-    const int64_t Dv = p->head_dim_v, splits = plan->dec_splits;
-    const int64_t per_split = plan->dec_heads * plan->dec_rows; /* rows of a partial */
+    const int64_t Dv = p->head_dim_v, splits = plan->drv.dec.splits;
+    const int64_t per_split = plan->drv.dec.heads * plan->drv.dec.rows; /* rows of a partial */
     const int64_t *os = p->o_strides;
     int64_t b, hk0, rho0, n;
     dec_unit(plan, (int64_t)unit, &b, &hk0, &rho0, &n);
@@ -645,9 +640,9 @@ static void dec_merge_task(void *vctx, size_t unit, int thread) {
     fmha_carver carver = {c->ws + (size_t)thread * plan->thread_bytes, 0};
     dec_carve(plan, &carver, &s);
     float *acc = s.acc;
-    for (int64_t hh = 0; hh < plan->dec_heads; hh++)
+    for (int64_t hh = 0; hh < plan->drv.dec.heads; hh++)
         for (int64_t r = 0; r < n; r++) {
-            const int64_t x = hh * plan->dec_rows + r; /* row of the partials */
+            const int64_t x = hh * plan->drv.dec.rows + r; /* row of the partials */
             int64_t i = (rho0 + r) / plan->group, h = (hk0 + hh) * plan->group + (rho0 + r) % plan->group;
             float mx = -INFINITY;
             for (int64_t sp = 0; sp < splits; sp++) {
@@ -689,8 +684,8 @@ void fmha_decode_run(fmha_plan *run, const void *q, const void *k, const void *v
     fmha_carver sh = {ws + (size_t)run->threads * run->thread_bytes, 0};
     dec_ctx c = {run, q, k, v, o, lse, ws, {0}};
     dec_carve_shared(run, &sh, &c.pt);
-    size_t units = (size_t)(run->p.batch * run->p.heads_kv / run->dec_heads * run->dec_units);
-    if (run->dec_scores) fmha_run_parallel(run, units, dec_quantize_task, &c);
-    fmha_run_parallel(run, units * (size_t)run->dec_splits, dec_split_task, &c);
+    size_t units = (size_t)(run->p.batch * run->p.heads_kv / run->drv.dec.heads * run->drv.dec.units);
+    if (run->drv.dec.scores) fmha_run_parallel(run, units, dec_quantize_task, &c);
+    fmha_run_parallel(run, units * (size_t)run->drv.dec.splits, dec_split_task, &c);
     fmha_run_parallel(run, units, dec_merge_task, &c);
 }

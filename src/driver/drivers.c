@@ -4,8 +4,8 @@
  * and the workspace are the chosen driver's. Most specialised first:
  *   matrix_decode  a decode step of 8+ rows a kv head (GQA x queries,
  *           MLA's heads) on a matrix engine, K and V read in place (matrix.c)
- *   fold    a decode step of many heads on one kv head, as a problem whose
- *           queries are the heads (fold.c)
+(after matrix_decode the planner tries the fold, a rewrite of a decode
+ * step of many heads on one kv head: plan.c, fold.c)
  *   decode  few queries against many keys, paged caches (decode.c)
  *   matrix  bf16 on a matrix engine (AMX tiles), Q K V and P tile-shaped
  *           end to end (matrix.c)
@@ -13,8 +13,6 @@
  *   tiled   everything else (fwd.c) */
 #include "../attn.h"
 #include "../error.h"
-
-static int fold_serves(fmha_plan *plan) { return fmha_fold_plan(plan); }
 
 static int decode_serves(fmha_plan *plan) { return fmha_decode_plan(plan); }
 
@@ -29,7 +27,6 @@ static int dense_serves(fmha_plan *plan) { return !plan->p.block_table && plan->
 
 static int tiled_serves(fmha_plan *plan) { return !plan->p.block_table; }
 
-const fmha_fwd_driver fmha_fwd_driver_fold = {"fold", fold_serves, fmha_fold_workspace, fmha_fold_run};
 const fmha_fwd_driver fmha_fwd_driver_decode = {"decode", decode_serves, fmha_decode_workspace, fmha_decode_run};
 const fmha_fwd_driver fmha_fwd_driver_matrix = {"matrix", matrix_serves, fmha_matrix_workspace, fmha_matrix_run};
 const fmha_fwd_driver fmha_fwd_driver_matrix_decode = {"matrix_decode", matrix_decode_serves,
@@ -37,8 +34,7 @@ const fmha_fwd_driver fmha_fwd_driver_matrix_decode = {"matrix_decode", matrix_d
 const fmha_fwd_driver fmha_fwd_driver_dense = {"dense", dense_serves, fmha_tiled_workspace, fmha_tiled_run};
 const fmha_fwd_driver fmha_fwd_driver_tiled = {"tiled", tiled_serves, fmha_tiled_workspace, fmha_tiled_run};
 
-static const fmha_fwd_driver *const fwd_drivers[] = {&fmha_fwd_driver_matrix_decode, &fmha_fwd_driver_fold,
-                                                     &fmha_fwd_driver_decode,
+static const fmha_fwd_driver *const fwd_drivers[] = {&fmha_fwd_driver_matrix_decode, &fmha_fwd_driver_decode,
                                                      &fmha_fwd_driver_matrix, &fmha_fwd_driver_dense,
                                                      &fmha_fwd_driver_tiled};
 

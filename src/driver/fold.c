@@ -1,4 +1,4 @@
-/* fold.c: one decode step of many query heads on one kv head (DeepSeek's
+/* fold.c: the fold, a rewrite of one decode step of many query heads on one kv head (DeepSeek's
  * MLA latent head, MQA) as one attention problem whose queries are the
  * heads. With Hkv = 1 and Sq = 1, Q [B, 1, Hq, D] is Q' [B, Hq, 1, D] (the
  * head stride becomes the query stride) and O and lse likewise, and every
@@ -6,10 +6,11 @@
  * microkernels (bf16 pairs, AMX tiles) read the cache once per block of NR
  * heads instead of the decode kernels' FMAs with keys in the lanes, which a
  * step of 64-128 heads makes compute-bound (about 2 x Hq flops a cache
- * element). The folded problem is planned afresh at each run (validation
- * and a choice, no allocation), so nothing of it is kept in the plan. */
+ * element). This file only rewrites the problem; the planner (plan.c)
+ * plans the folded problem, at planning and afresh at each run
+ * (validation and a choice, no allocation), so nothing of it is kept in
+ * the plan. */
 #include "../attn.h"
-#include "../error.h"
 
 /* Heads a step needs before folding pays (measured: decode.c's kernels
  * keep up with a few query rows, not with a GEMM's worth), and the blocks
@@ -23,7 +24,7 @@ enum { FOLD_MIN_HEADS = 64, FOLD_MIN_BLOCKS = 2 };
  * bias but softcap, no sinks (per head), dropout or query lengths, and at
  * least FOLD_MIN_BLOCKS blocks of NR heads (the tiled forward does not
  * split the keys: B = 1 with 128 heads keeps 2 threads busy, not 16). */
-static int fold_problem(const fmha_plan *plan, fmha_problem *f) {
+int fmha_fold_rewrite(const fmha_plan *plan, fmha_problem *f) {
     const fmha_problem *p = &plan->p;
     const fmha_masks *m = &p->masks;
     const fmha_biases *bs = &p->biases;
@@ -31,7 +32,7 @@ static int fold_problem(const fmha_plan *plan, fmha_problem *f) {
         p->heads_q < FOLD_MIN_HEADS)
         return 0;
     if (p->causal == FMHA_CAUSAL_TOP_LEFT || m->window_left != -1 || m->window_right != -1 || m->q_lengths ||
-        m->q_segment_ids || m->dense || m->callback.fill)
+        !fmha_plan_keys_one_range(plan))
         return 0;
     if (bs->dense || bs->alibi_slopes || bs->rel_table || bs->callback.fill || p->sinks || p->dropout_p != 0.0f)
         return 0;
@@ -48,31 +49,4 @@ static int fold_problem(const fmha_plan *plan, fmha_problem *f) {
     f->q_strides[1] = p->q_strides[2];
     f->o_strides[1] = p->o_strides[2];
     return 1;
-}
-
-/* The folded plan of a run (its workspace sizes and threads as run_of's). */
-static int fold_plan(const fmha_plan *plan, fmha_plan *folded) {
-    fmha_problem f;
-    if (!fold_problem(plan, &f) || fmha_plan_init(&f, folded) != FMHA_OK) return 0;
-    return folded->driver != &fmha_fwd_driver_decode; /* never decode again */
-}
-
-int fmha_fold_plan(fmha_plan *plan) {
-    fmha_plan folded;
-    return fold_plan(plan, &folded);
-}
-
-fmha_ws_size fmha_fold_workspace(const fmha_plan *plan) {
-    fmha_plan folded;
-    if (!fold_plan(plan, &folded)) return (fmha_ws_size){0, 0};
-    return folded.fwd_ws;
-}
-
-void fmha_fold_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse, char *ws) {
-    fmha_plan folded;
-    fold_plan(run, &folded); /* served at planning: the same answer */
-    folded.threads = run->threads;
-    folded.thread_bytes = folded.fwd_ws.thread_bytes;
-    folded.shared_bytes = folded.fwd_ws.shared_bytes;
-    fmha_fwd_run(&folded, q, k, v, o, lse, ws);
 }

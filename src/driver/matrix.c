@@ -42,20 +42,14 @@
 #include "../pool.h"
 #include "../tuning.h"
 
-/* Keys per step of the forward unless the tuning says (matrix_block_kv). */
-enum { MATRIX_BQ = FMHA_MATRIX_BLOCK_Q, MATRIX_PACK_KEYS = 256, MATRIX_BLOCK_KV = 128 };
+enum { MATRIX_BQ = FMHA_MATRIX_BLOCK_Q, MATRIX_PACK_KEYS = 256 };
 
-size_t fmha_matrix_block_kv(const fmha_plan *plan) {
-    const int64_t tuned = plan->uk->tuning ? plan->uk->tuning->matrix_block_kv : 0;
-    return tuned ? (size_t)tuned : MATRIX_BLOCK_KV;
-}
+/* Keys per step of the forward: the tuning's matrix_block_kv (default 128). */
+size_t fmha_matrix_block_kv(const fmha_plan *plan) { return (size_t)plan->uk->tuning->matrix_block_kv; }
 
-/* How the part reads this plan's operands. */
-typedef struct matrix_mode {
-    int src;            /* FMHA_MATRIX_SRC_*: Q's, K's and V's element format */
-    int split_inputs;   /* Q, K, V as bf16 hi + lo */
-    int split_p;        /* P as bf16 hi + lo */
-} matrix_mode;
+/* How the part reads this plan's operands: worked out once, at planning,
+ * into the plan's own slot (plan->drv.matrix). */
+typedef struct fmha_matrix_mode matrix_mode;
 
 static int matrix_mode_of(const fmha_plan *plan, matrix_mode *m) {
     if (!plan->uk->matrix.forward || !fmha_plan_kv_as_q(plan)) return 0;
@@ -80,12 +74,10 @@ int fmha_matrix_takes(const fmha_plan *plan) {
 
 int fmha_matrix_plan(fmha_plan *plan) {
     const fmha_problem *p = &plan->p;
-    const fmha_masks *m = &p->masks;
-    if (!fmha_matrix_takes(plan) || p->block_table || plan->has_bias || plan->dropout) return 0;
+    if (!matrix_mode_of(plan, &plan->drv.matrix) || p->block_table || plan->has_bias || plan->dropout) return 0;
     /* the tiled strategy, asked for or auto's choice past the dense crossover */
     if (plan->strategy != FMHA_STRATEGY_TILED || p->strategy == FMHA_STRATEGY_PORTABLE) return 0;
-    if (m->q_segment_ids || m->dense || m->callback.fill) return 0;
-    return 1;
+    return fmha_plan_keys_one_range(plan);
 }
 
 /* Scratch of one query block: qp, qp_lo [dp / 16][32][16] packed Q (and
@@ -114,8 +106,7 @@ static size_t matrix_unit_words(const fmha_plan *plan, const matrix_mode *m) {
 static void matrix_carve(const fmha_plan *plan, fmha_carver *c, matrix_scratch *s) {
     const size_t dp = fmha_matrix_dp((size_t)plan->p.head_dim), dvp = fmha_matrix_dvp((size_t)plan->p.head_dim_v);
     const size_t bk = fmha_matrix_block_kv(plan);
-    matrix_mode m = {0};
-    matrix_mode_of(plan, &m);
+    const matrix_mode m = plan->drv.matrix;
     s->qp = fmha_carve(c, dp * MATRIX_BQ * sizeof(uint32_t));
     s->qp_lo = fmha_carve(c, m.split_inputs ? dp * MATRIX_BQ * sizeof(uint32_t) : 0);
     s->o = fmha_carve(c, MATRIX_BQ * dvp * sizeof(float));
@@ -131,8 +122,7 @@ static void matrix_carve(const fmha_plan *plan, fmha_carver *c, matrix_scratch *
 /* Shared: the packed units of every (b, kv head). */
 static void matrix_carve_shared(const fmha_plan *plan, fmha_carver *c, uint32_t **kv) {
     const size_t units = (size_t)(plan->p.batch * plan->p.heads_kv);
-    matrix_mode m = {0};
-    matrix_mode_of(plan, &m);
+    const matrix_mode m = plan->drv.matrix;
     *kv = fmha_carve(c, units * matrix_unit_words(plan, &m) * sizeof(uint32_t));
 }
 
@@ -301,7 +291,7 @@ void fmha_matrix_run(fmha_plan *run, const void *q, const void *k, const void *v
     matrix_ctx c = {.plan = run, .q = q, .k = k, .v = v, .o = o, .lse = lse, .ws = ws, .kv = kv,
                     .k_words = matrix_k_words(run),
                     .q_blocks = ((size_t)(run->group * p->seq_q) + MATRIX_BQ - 1) / MATRIX_BQ};
-    matrix_mode_of(run, &c.mode);
+    c.mode = run->drv.matrix;
     c.half_words = matrix_k_words(run) + matrix_v_words(run);
     c.unit_words = matrix_unit_words(run, &c.mode);
     const size_t chunks = ((size_t)p->seq_kv + MATRIX_PACK_KEYS - 1) / MATRIX_PACK_KEYS;
@@ -325,7 +315,7 @@ void fmha_matrix_run(fmha_plan *run, const void *q, const void *k, const void *v
  *   and finished as the forward does. Bits do not depend on the thread
  *   count: the chunks are fixed by the shape. */
 
-enum { MDEC_MIN_ROWS = 8, MDEC_MAX_SQ = 16, MDEC_KV_PER_Q = 8, MDEC_TASKS = 64, MDEC_MIN_CHUNK = 256,
+enum { MDEC_TASKS = 64, MDEC_MIN_CHUNK = 256,
        MDEC_BK = 128 };
 
 /* Chunks of keys a unit's keys split into, and keys a chunk (a multiple of
@@ -349,14 +339,11 @@ void fmha_matrix_decode_split(const fmha_plan *plan, int64_t *splits, int64_t *c
 
 int fmha_matrix_decode_plan(const fmha_plan *plan) {
     const fmha_problem *p = &plan->p;
-    const fmha_masks *m = &p->masks;
     if (!plan->uk->matrix.decode || p->dtype != FMHA_DTYPE_BF16 || !fmha_plan_kv_as_q(plan)) return 0;
     if (plan->precision != FMHA_PRECISION_FAST || p->strategy != FMHA_STRATEGY_AUTO || p->block_table) return 0;
-    if (p->head_dim % 32 || p->k_strides[3] != 1 || p->v_strides[3] != 1) return 0;
-    if (plan->has_bias || plan->dropout || m->q_segment_ids || m->dense || m->callback.fill) return 0;
-    if (p->seq_q > MDEC_MAX_SQ || p->seq_kv < MDEC_KV_PER_Q * p->seq_q) return 0;
-    const int64_t tuned = plan->uk->tuning ? plan->uk->tuning->matrix_decode_rows : 0;
-    return plan->group * p->seq_q >= (tuned ? tuned : MDEC_MIN_ROWS);
+    if (p->head_dim % 32 || !fmha_plan_rows_contiguous(plan) || !fmha_plan_decode_shape(plan)) return 0;
+    if (plan->has_bias || plan->dropout || !fmha_plan_keys_one_range(plan)) return 0;
+    return plan->group * p->seq_q >= plan->uk->tuning->matrix_decode_rows; /* default 8 */
 }
 
 /* Scratch of a task, for up to NB = FMHA_MATRIX_DEC_BLOCKS row blocks: qt

@@ -210,7 +210,7 @@ static size_t k_copy_ld(const fmha_plan *plan) { return fmha_round_up((size_t)pl
  * in place at 82-89% of the FMA peak (generic: no copy). */
 static int k_copy_pays(const fmha_plan *plan) {
     const fmha_problem *p = &plan->p;
-    const int64_t from = plan->uk->tuning ? plan->uk->tuning->k_copy_bytes : 0;
+    const int64_t from = plan->uk->tuning->k_copy_bytes;
     const int rows_contiguous = p->k_strides[3] == 1 && (size_t)p->k_strides[1] == k_copy_ld(plan);
     return from > 0 && plan->strategy != FMHA_STRATEGY_DENSE && !rows_contiguous &&
            p->seq_kv * p->head_dim * (int64_t)sizeof(float) >= from;

@@ -36,76 +36,100 @@
 /* every float32 variant too (test_util.h) */
 const int tu_runs_variants = 1;
 
+/* The fields' table and the one check of every source (fmha_tuning_apply). */
 static void test_parse(void) {
-    const fmha_tuning base = {.name = "base", .block_kv = 128, .dense_max_scores = 5};
-    fmha_tuning t;
-    char name[48];
-    tu_check(fmha_tuning_parse("block_kv=64", &base, &t, name, sizeof name) == 0 && t.block_kv == 64 &&
-                 t.dense_max_scores == 5 && !strcmp(name, "base+FMHA_TUNING"),
-             "parse block_kv=64");
-    tu_check(fmha_tuning_parse("dense_max_scores=0,block_kv=1024", &base, &t, name, sizeof name) == 0 &&
-                 t.block_kv == 1024 && t.dense_max_scores == 0,
-             "parse two keys");
-    tu_check(fmha_tuning_parse("decode_prefetch_bytes=1", &base, &t, name, sizeof name) == 0 &&
-                 t.decode_prefetch_bytes == 1 && t.block_kv == 128,
-             "parse decode_prefetch_bytes");
-    tu_check(fmha_tuning_parse("matrix_block_kv=64,matrix_rescale_log2=8,matrix_overlap=1", &base, &t, name,
-                               sizeof name) == 0 &&
-                 t.matrix_block_kv == 64 && t.matrix_rescale_log2 == 8 && t.matrix_overlap == 1 && t.block_kv == 128,
-             "parse the matrix driver's fields");
-    tu_check(fmha_tuning_parse("matrix_block_kv=0,matrix_rescale_log2=0,matrix_overlap=0", &base, &t, name,
-                               sizeof name) == 0 &&
-                 t.matrix_block_kv == 0 && t.matrix_rescale_log2 == 0 && t.matrix_overlap == 0,
-             "parse the matrix driver's fields at 0");
-    tu_check(fmha_tuning_parse("tile_mr=12,tile_nr=32,k_copy_bytes=1,decode_split_keys=256", &base, &t, name,
-                               sizeof name) == 0 &&
+    fmha_tuning base = fmha_tuning_generic;
+    base.block_kv = 128, base.dense_max_scores = 5;
+    fmha_tuning t = base;
+    char err[160];
+    tu_check(fmha_tuning_apply("block_kv=64", &t, err, sizeof err) == 0 && t.block_kv == 64 &&
+                 t.dense_max_scores == 5,
+             "apply block_kv=64");
+    t = base;
+    tu_check(fmha_tuning_apply("dense_max_scores=0,block_kv=1024", &t, err, sizeof err) == 0 && t.block_kv == 1024 &&
+                 t.dense_max_scores == 0,
+             "apply two keys");
+    t = base;
+    tu_check(fmha_tuning_apply("decode_prefetch_bytes=1", &t, err, sizeof err) == 0 && t.decode_prefetch_bytes == 1 &&
+                 t.block_kv == 128,
+             "apply decode_prefetch_bytes");
+    t = base;
+    tu_check(fmha_tuning_apply("matrix_block_kv=64,matrix_rescale_log2=0,matrix_overlap=0", &t, err, sizeof err) ==
+                     0 &&
+                 t.matrix_block_kv == 64 && t.matrix_rescale_log2 == 0 && t.matrix_overlap == 0 && t.block_kv == 128,
+             "apply the matrix driver's fields");
+    t = base;
+    tu_check(fmha_tuning_apply("tile_mr=12,tile_nr=32,k_copy_bytes=1,decode_split_keys=256", &t, err, sizeof err) ==
+                     0 &&
                  t.tile_mr == 12 && t.tile_nr == 32 && t.k_copy_bytes == 1 && t.decode_split_keys == 256 &&
-                 t.block_kv == 128 && t.source == FMHA_TUNING_ENV,
-             "parse the variant, K's copy and decode's split");
-    tu_check(fmha_tuning_parse("generic", &base, &t, name, sizeof name) == 0 && t.block_kv == 0 &&
-                 t.dense_max_scores == 0 && !strcmp(name, "generic"),
-             "parse generic");
+                 t.block_kv == 128,
+             "apply the tile shape, K's copy and decode's split");
+    t = base;
+    tu_check(fmha_tuning_apply("generic", &t, err, sizeof err) == 0 && t.block_kv == FMHA_TUNING_OF_TABLE &&
+                 t.dense_max_scores == fmha_tuning_generic.dense_max_scores,
+             "apply generic: every field at its default");
+    t = base;
+    tu_check(fmha_tuning_apply("", &t, err, sizeof err) == 0 && !memcmp(&t, &base, sizeof t), "apply nothing");
+    /* every field has its default in range (or the table's), and its candidates too */
+    size_t n_fields;
+    const fmha_tuning_field *f = fmha_tuning_fields(&n_fields);
+    for (size_t j = 0; j < n_fields; j++) {
+        int ok = f[j].dflt == FMHA_TUNING_OF_TABLE || (f[j].dflt >= f[j].lo && f[j].dflt <= f[j].hi &&
+                                                       f[j].dflt % f[j].multiple == 0);
+        for (size_t c = 0; c < f[j].n_candidates; c++)
+            ok &= f[j].candidates[c] >= f[j].lo && f[j].candidates[c] <= f[j].hi &&
+                  f[j].candidates[c] % f[j].multiple == 0;
+        tu_check(ok && fmha_tuning_field_named(f[j].key, strlen(f[j].key)) == &f[j] &&
+                     fmha_tuning_get(&fmha_tuning_generic, &f[j]) == f[j].dflt,
+                 "field %s: default and candidates in range", f[j].key);
+    }
     static const char *const bad[] = {"block_kv=48",  "block_kv=0",   "block_kv=2048", "block_kv=",
                                       "block_kv=6x4", "block_kv",     "blockkv=64",    "block_kv=64,",
                                       ",block_kv=64", "block_kv=-32", "dense_max_scores=1e9",
                                       "block_kv=64,mr=4", "GENERIC",  "block_kv=99999999999999999999",
                                       "decode_prefetch_bytes=-1", "decode_prefetch=1", "matrix_block_kv=48",
-                                      "matrix_block_kv=544", "matrix_rescale_log2=17", "matrix_overlap=2",
-                                      "matrix_overlap", "tile_nr=24", "tile_nr=80", "tile_mr=17",
-                                      "k_copy_bytes=-1", "decode_split_keys=100", "decode_split_keys=2097152"};
+                                      "matrix_block_kv=544", "matrix_block_kv=0", "matrix_rescale_log2=17",
+                                      "matrix_overlap=2", "matrix_overlap", "tile_nr=24", "tile_nr=80",
+                                      "tile_mr=17", "tile_mr=0", "k_copy_bytes=-1", "decode_split_keys=100",
+                                      "decode_split_keys=0", "decode_split_keys=2097152", "matrix_decode_rows=0"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         t = base;
         t.block_kv = 7;
-        snprintf(name, sizeof name, "unchanged");
-        tu_check(fmha_tuning_parse(bad[i], &base, &t, name, sizeof name) == -1 && t.block_kv == 7 &&
-                     !strcmp(name, "unchanged"),
-                 "parse refuses \"%s\" and changes nothing", bad[i]);
+        err[0] = '\0';
+        tu_check(fmha_tuning_apply(bad[i], &t, err, sizeof err) == -1 && t.block_kv == 7 && err[0],
+                 "apply refuses \"%s\" and changes nothing (%s)", bad[i], err);
     }
 }
 
-/* Every table runs its CPU's tuning with FMHA_TUNING applied when valid. */
+/* Every table runs its CPU's tuning with FMHA_TUNING applied when valid,
+ * every field resolved (the table's own where the default says so). */
 static void test_registry(void) {
     const char *env = getenv("FMHA_TUNING");
     for (size_t i = 0; i < fmha_isa_count(); i++) {
         const fmha_isa *isa = fmha_isa_at(i);
         const fmha_tuning *used = isa->table->tuning;
-        fmha_tuning base, want;
-        char name[48], base_name[48];
-        fmha_tuning_lookup(isa->name, &base, base_name, sizeof base_name);
-        want = base;
-        int applied = env && *env && fmha_tuning_parse(env, &base, &want, name, sizeof name) == 0;
+        fmha_tuning want;
+        char base_name[48], err[160];
+        fmha_tuning_lookup(isa->name, &want, base_name, sizeof base_name);
+        const fmha_tuning_source base_source = want.source;
+        int applied = env && *env && fmha_tuning_apply(env, &want, err, sizeof err) == 0;
         if (!tu_check(used != NULL, "%s has a tuning", isa->name)) continue;
-        size_t n_fields, differ = 0;
+        size_t n_fields, differ = 0, unresolved = 0;
         const fmha_tuning_field *f = fmha_tuning_fields(&n_fields);
-        for (size_t j = 0; j < n_fields; j++)
-            differ += *fmha_tuning_at((fmha_tuning *)used, &f[j]) != *fmha_tuning_at(&want, &f[j]);
-        tu_check(!strcmp(used->name, applied ? name : base.name) && differ == 0 &&
-                     used->source == (applied ? FMHA_TUNING_ENV : base.source),
-                 "%s runs tuning %s (block_kv %lld, %zu fields differ), FMHA_TUNING %s", isa->name, used->name,
-                 (long long)used->block_kv, differ, env ? env : "unset");
-        if (want.block_kv)
-            tu_check(isa->table->tile.block_kv == (size_t)want.block_kv, "%s: keys per tile %zu, the tuning's %lld",
-                     isa->name, isa->table->tile.block_kv, (long long)want.block_kv);
+        for (size_t j = 0; j < n_fields; j++) {
+            const int64_t u = fmha_tuning_get(used, &f[j]), w = fmha_tuning_get(&want, &f[j]);
+            unresolved += u == FMHA_TUNING_OF_TABLE;
+            differ += w != FMHA_TUNING_OF_TABLE && u != w;
+        }
+        char want_name[64];
+        snprintf(want_name, sizeof want_name, "%s%s", !applied ? base_name : strcmp(env, "generic") ? base_name : "generic",
+                 applied && strcmp(env, "generic") ? "+FMHA_TUNING" : "");
+        tu_check(!strcmp(used->name, want_name) && differ == 0 && unresolved == 0 &&
+                     used->source == (applied ? FMHA_TUNING_ENV : base_source),
+                 "%s runs tuning %s (block_kv %lld, %zu fields differ, %zu unresolved), FMHA_TUNING %s", isa->name,
+                 used->name, (long long)used->block_kv, differ, unresolved, env ? env : "unset");
+        tu_check(isa->table->tile.block_kv == (size_t)used->block_kv, "%s: keys per tile %zu, the tuning's %lld",
+                 isa->name, isa->table->tile.block_kv, (long long)used->block_kv);
     }
     fmha_problem p;
     fmha_problem_init(&p, 1, 2, 1, 40, 300, 32, 32, FMHA_LAYOUT_BSHD);

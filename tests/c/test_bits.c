@@ -1,0 +1,164 @@
+/* test_bits.c: the bits of fixed problems on every table, held to a record
+ * (tests/c/bits_record.txt) taken before the configuration layer was
+ * rewritten: a refactor of planning, tuning or drivers must not change one
+ * output bit. Each problem (forward and, where it has one, backward; every
+ * driver: tiled, dense, decode, matrix, matrix_decode, the fold; float32,
+ * bf16, f16, bf16x3, a q8_0 cache) runs on every table this CPU runs, at
+ * the generic tuning (FMHA_TUNING=generic, which ctest sets: a CPU's own
+ * tuning may change keys per tile), and its outputs' FNV-1a hash must be
+ * the record's for that table and problem. A table the record lacks (one
+ * this CPU runs that the recording CPU did not) is reported, not failed.
+ * FMHA_BITS_RECORD=path writes the record instead. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "convert.h"
+#include "cpu.h"
+#include "test_util.h"
+
+/* every float32 variant too (test_util.h) */
+const int tu_runs_variants = 1;
+
+typedef struct bits_problem {
+    const char *name;
+    int64_t B, hq, hkv, sq, skv, d;
+    fmha_dtype dtype;
+    fmha_kv_format kv_format; /* 0: dtype */
+    fmha_precision precision;
+    fmha_strategy strategy;
+    fmha_causal causal;
+    int backward;
+} bits_problem;
+
+static const bits_problem problems[] = {
+    {"f32_causal_tiled", 1, 4, 2, 77, 93, 64, FMHA_DTYPE_F32, 0, FMHA_PRECISION_FAST, FMHA_STRATEGY_TILED,
+     FMHA_CAUSAL_BOTTOM_RIGHT, 1},
+    {"f32_dense", 2, 2, 1, 40, 50, 32, FMHA_DTYPE_F32, 0, FMHA_PRECISION_FAST, FMHA_STRATEGY_AUTO, FMHA_CAUSAL_NONE, 1},
+    {"bf16_matrix", 1, 2, 2, 96, 160, 64, FMHA_DTYPE_BF16, 0, FMHA_PRECISION_FAST, FMHA_STRATEGY_TILED,
+     FMHA_CAUSAL_TOP_LEFT, 1},
+    {"bf16_accurate", 1, 2, 1, 70, 130, 64, FMHA_DTYPE_BF16, 0, FMHA_PRECISION_ACCURATE, FMHA_STRATEGY_TILED,
+     FMHA_CAUSAL_NONE, 1},
+    {"f16", 1, 2, 1, 64, 100, 64, FMHA_DTYPE_F16, 0, FMHA_PRECISION_FAST, FMHA_STRATEGY_TILED, FMHA_CAUSAL_NONE, 1},
+    {"f32_bf16x3", 1, 2, 1, 64, 128, 64, FMHA_DTYPE_F32, 0, FMHA_PRECISION_BF16X3, FMHA_STRATEGY_TILED,
+     FMHA_CAUSAL_NONE, 1},
+    {"f32_decode", 2, 8, 2, 1, 700, 64, FMHA_DTYPE_F32, 0, FMHA_PRECISION_FAST, FMHA_STRATEGY_AUTO,
+     FMHA_CAUSAL_BOTTOM_RIGHT, 0},
+    {"bf16_matrix_decode", 1, 16, 4, 4, 1000, 64, FMHA_DTYPE_BF16, 0, FMHA_PRECISION_FAST, FMHA_STRATEGY_AUTO,
+     FMHA_CAUSAL_BOTTOM_RIGHT, 0},
+    {"q8_0_decode_fast", 1, 8, 2, 2, 600, 64, FMHA_DTYPE_F32, FMHA_KV_FORMAT_Q8_0, FMHA_PRECISION_FAST,
+     FMHA_STRATEGY_AUTO, FMHA_CAUSAL_NONE, 0},
+    {"bf16_fold", 1, 96, 1, 1, 300, 64, FMHA_DTYPE_BF16, 0, FMHA_PRECISION_FAST, FMHA_STRATEGY_AUTO, FMHA_CAUSAL_NONE,
+     0},
+};
+
+static uint64_t fnv(uint64_t h, const void *x, size_t n) {
+    const unsigned char *c = x;
+    for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* Deterministic values in [-1, 1): every table and run sees the same. */
+static void fill(void *x, size_t n, fmha_dtype t, uint64_t seed) {
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        fmha_store(x, t, (int64_t)i, (float)((double)(seed >> 40) / (double)(1ull << 23) - 1.0));
+    }
+}
+
+/* The hash of a problem's outputs on the table in use; 0 when it failed. */
+static uint64_t run_problem(const bits_problem *b) {
+    fmha_problem p;
+    fmha_problem_init(&p, b->B, b->hq, b->hkv, b->sq, b->skv, b->d, b->d, FMHA_LAYOUT_BSHD);
+    p.dtype = b->dtype;
+    p.precision = b->precision;
+    p.strategy = b->strategy;
+    p.causal = b->causal;
+    const size_t es = fmha_dtype_size(b->dtype), nq = (size_t)(b->B * b->sq * b->hq * b->d);
+    const size_t nk = (size_t)(b->B * b->skv * b->hkv * b->d), nl = (size_t)(b->B * b->hq * b->sq);
+    void *q = malloc(nq * es), *o = calloc(nq, es), *d_o = malloc(nq * es), *dq = calloc(nq, es);
+    void *k = malloc(nk * es), *v = malloc(nk * es), *dk = calloc(nk, es), *dv = calloc(nk, es);
+    float *lse = calloc(nl, sizeof(float));
+    fill(q, nq, b->dtype, 1), fill(k, nk, b->dtype, 2), fill(v, nk, b->dtype, 3), fill(d_o, nq, b->dtype, 4);
+    void *kq = NULL, *vq = NULL;
+    if (b->kv_format) { /* K and V as the format's rows [B, Skv, Hkv, row] */
+        const size_t row = fmha_kv_format_row_bytes(b->kv_format, b->d);
+        float *x = malloc(nk * sizeof(float));
+        fill(x, nk, FMHA_DTYPE_F32, 5);
+        kq = malloc(nk / (size_t)b->d * row), vq = malloc(nk / (size_t)b->d * row);
+        const int64_t xs[3] = {b->hkv * b->d, b->d, 1}, vs[3] = {b->hkv * (int64_t)row, (int64_t)row, 1};
+        fmha_kv_quantize(b->kv_format, b->B * b->skv, b->hkv, b->d, x, xs, kq, vs, NULL, NULL);
+        fill(x, nk, FMHA_DTYPE_F32, 6);
+        fmha_kv_quantize(b->kv_format, b->B * b->skv, b->hkv, b->d, x, xs, vq, vs, NULL, NULL);
+        free(x);
+        p.k_format = p.v_format = b->kv_format;
+        const int64_t st[4] = {b->skv * b->hkv * (int64_t)row, b->hkv * (int64_t)row, (int64_t)row, 1};
+        memcpy(p.k_strides, st, sizeof st), memcpy(p.v_strides, st, sizeof st);
+    }
+    uint64_t h = 0xcbf29ce484222325ull;
+    fmha_status st = b->backward ? fmha_forward_backward(&p, q, k, v, d_o, o, lse, dq, dk, dv, NULL)
+                                 : fmha_forward(&p, q, kq ? kq : k, vq ? vq : v, o, lse, NULL, 0);
+    if (st == FMHA_OK) {
+        h = fnv(h, o, nq * es), h = fnv(h, lse, nl * sizeof(float));
+        if (b->backward) h = fnv(h, dq, nq * es), h = fnv(h, dk, nk * es), h = fnv(h, dv, nk * es);
+    } else {
+        h = 0;
+    }
+    free(q), free(o), free(d_o), free(dq), free(k), free(v), free(dk), free(dv), free(lse), free(kq), free(vq);
+    return h;
+}
+
+int main(int argc, char **argv) {
+    tu_seed();
+    const char *record = getenv("FMHA_BITS_RECORD");
+    /* the record beside this source file (or argv[1]) */
+    char path[1024];
+    snprintf(path, sizeof path, "%s", argc > 1 ? argv[1] : __FILE__);
+    if (argc <= 1) {
+        char *slash = strrchr(path, '/');
+        snprintf(slash ? slash + 1 : path, sizeof path - (size_t)(slash ? slash + 1 - path : 0), "bits_record.txt");
+    }
+    FILE *out = record ? fopen(record, "w") : NULL;
+    FILE *in = record ? NULL : fopen(path, "r");
+    if (!tu_check(record ? out != NULL : in != NULL, "the record %s opens", record ? record : path)) return tu_finish();
+    char (*lines)[128] = NULL;
+    size_t n_lines = 0;
+    for (char line[128]; in && fgets(line, sizeof line, in);) {
+        lines = realloc(lines, (n_lines + 1) * sizeof *lines);
+        snprintf(lines[n_lines++], sizeof *lines, "%s", line);
+    }
+    fmha_set_num_threads(2);
+    size_t checked = 0, unrecorded = 0;
+    for (size_t ii = 0; ii < fmha_isa_count(); ii++) {
+        const fmha_isa *isa = fmha_isa_at(ii);
+        if (!tu_isa_runs(isa) || fmha_cpu_force_isa(isa->name) != 0) continue;
+        for (size_t i = 0; i < sizeof problems / sizeof problems[0]; i++) {
+            char key[96], want[128];
+            const uint64_t h = run_problem(&problems[i]);
+            snprintf(key, sizeof key, "%s %s ", isa->name, problems[i].name);
+            snprintf(want, sizeof want, "%s%016llx\n", key, (unsigned long long)h);
+            if (out) {
+                fputs(want, out);
+                continue;
+            }
+            const char *found = NULL;
+            for (size_t l = 0; l < n_lines && !found; l++)
+                if (!strncmp(lines[l], key, strlen(key))) found = lines[l];
+            if (!found) {
+                unrecorded++;
+                continue;
+            }
+            checked++;
+            tu_check(!strcmp(found, want), "%s: bits %016llx, the record's %s", key, (unsigned long long)h,
+                     found + strlen(key));
+        }
+    }
+    fmha_cpu_force_isa(tu_isa_best());
+    fmha_set_num_threads(0);
+    if (out) fclose(out);
+    if (in) fclose(in);
+    free(lines);
+    printf("%zu outputs held to the record, %zu of tables it lacks\n", checked, unrecorded);
+    if (!record) tu_check(checked > 0, "the record holds this CPU's tables");
+    return tu_finish();
+}
