@@ -313,10 +313,24 @@ void fmha_decode_run(fmha_plan *run, const void *q, const void *k, const void *v
 /* The causal-alignment offset of batch element b: query i meets key j at
  * a = i + off - j (see fmha.h). */
 int64_t fmha_causal_off(const fmha_plan *plan, int64_t b);
+/* A backward driver (drivers.c's list: matrix, tiled): whether it serves
+ * a plan, its workspace and its run, which returns 0 when it declines at
+ * run time, having written nothing (the next in the list then runs). */
+typedef struct fmha_bwd_driver {
+    const char *name; /* "matrix", "tiled" */
+    int (*serves)(const fmha_plan *plan);
+    fmha_ws_size (*workspace)(const fmha_plan *plan);
+    int (*run)(fmha_plan *run, const void *q, const void *k, const void *v, const void *o, const void *d_o,
+               const float *lse, void *dq, void *dk, void *dv, char *ws);
+} fmha_bwd_driver;
+extern const fmha_bwd_driver fmha_bwd_driver_matrix, fmha_bwd_driver_tiled;
+/* The first backward driver that serves a plan (fmha_plan_describe's backward=). */
+const fmha_bwd_driver *fmha_bwd_driver_of(const fmha_plan *plan);
+/* The backward's workspace: the largest of the drivers that may run. */
 fmha_ws_size fmha_bwd_workspace(const fmha_plan *plan);
-/* The backward's drivers: tiled (bwd.c: every problem) and matrix
- * (matrix_bwd.c: bf16 FAST on a matrix engine, fmha_matrix_bwd_plan; its
- * run returns 0, having written nothing, when K or V is not finite). */
+/* The drivers: tiled (bwd.c: every problem) and matrix (matrix_bwd.c:
+ * bf16 FAST on a matrix engine; its run returns 0, having written
+ * nothing, when K or V is not finite). */
 fmha_ws_size fmha_tiled_bwd_workspace(const fmha_plan *plan);
 void fmha_tiled_bwd_run(fmha_plan *run, const void *q, const void *k, const void *v, const void *o,
                         const void *d_o, const float *lse, void *dq, void *dk, void *dv, char *ws);

@@ -57,7 +57,7 @@ size_t fmha_plan_describe(const fmha_plan *plan, char *buf, size_t buf_size) {
                          : plan->path->name,
                      precision_name(plan),
                      fmha_cache_format_at(plan->k_format)->name, fmha_cache_format_at(plan->v_format)->name, shape,
-                     fmha_pool_threads(), cpu, plan->uk->tuning->name, fmha_matrix_bwd_plan(plan) ? "matrix" : "tiled",
+                     fmha_pool_threads(), cpu, plan->uk->tuning->name, fmha_bwd_driver_of(plan)->name,
                      !decode ? "float32" : plan->drv.dec.scores == FMHA_DEC_SCORES_Q8 ? "integer"
                                          : plan->drv.dec.scores == FMHA_DEC_SCORES_BF16 ? "bf16" : "float32",
                      decode && plan->drv.dec.vint ? "integer" : "float32",

@@ -10,7 +10,8 @@
  *   matrix  bf16 on a matrix engine (AMX tiles), Q K V and P tile-shaped
  *           end to end (matrix.c)
  *   dense   small problems, scores materialised per head (fwd.c)
- *   tiled   everything else (fwd.c) */
+ *   tiled   everything else (fwd.c)
+ * and the backward drivers likewise (matrix, tiled). */
 #include "../attn.h"
 #include "../error.h"
 
@@ -51,21 +52,48 @@ fmha_status fmha_fwd_driver_choose(fmha_plan *plan) {
 
 fmha_ws_size fmha_fwd_workspace(const fmha_plan *plan) { return plan->driver->workspace(plan); }
 
-/* The backward: the matrix driver's where it serves (matrix_bwd.c), with
- * the tiled backward's room too, which serves a call whose K or V is not
- * finite; else the tiled backward (bwd.c). */
+/* The backward drivers, an ordered list as the forward's: a run takes the
+ * first that serves and completes. The matrix driver (matrix_bwd.c: bf16
+ * FAST on a matrix engine) declines at run time, having written nothing,
+ * when K or V is not finite, so the tiled backward (bwd.c), which serves
+ * every problem, follows it; the workspace is the largest of those that
+ * may run. */
+static int tiled_bwd_serves(const fmha_plan *plan) { return 1; }
+
+static int tiled_bwd_run(fmha_plan *run, const void *q, const void *k, const void *v, const void *o, const void *d_o,
+                         const float *lse, void *dq, void *dk, void *dv, char *ws) {
+    fmha_tiled_bwd_run(run, q, k, v, o, d_o, lse, dq, dk, dv, ws);
+    return 1;
+}
+
+const fmha_bwd_driver fmha_bwd_driver_matrix = {"matrix", fmha_matrix_bwd_plan, fmha_matrix_bwd_workspace,
+                                                fmha_matrix_bwd_run};
+const fmha_bwd_driver fmha_bwd_driver_tiled = {"tiled", tiled_bwd_serves, fmha_tiled_bwd_workspace, tiled_bwd_run};
+
+static const fmha_bwd_driver *const bwd_drivers[] = {&fmha_bwd_driver_matrix, &fmha_bwd_driver_tiled};
+enum { BWD_DRIVERS = sizeof bwd_drivers / sizeof bwd_drivers[0] };
+
+const fmha_bwd_driver *fmha_bwd_driver_of(const fmha_plan *plan) {
+    for (size_t i = 0; i < BWD_DRIVERS; i++)
+        if (bwd_drivers[i]->serves(plan)) return bwd_drivers[i];
+    return &fmha_bwd_driver_tiled;
+}
+
 fmha_ws_size fmha_bwd_workspace(const fmha_plan *plan) {
-    fmha_ws_size tiled = fmha_tiled_bwd_workspace(plan);
-    if (!fmha_matrix_bwd_plan(plan)) return tiled;
-    fmha_ws_size m = fmha_matrix_bwd_workspace(plan);
-    return (fmha_ws_size){m.thread_bytes > tiled.thread_bytes ? m.thread_bytes : tiled.thread_bytes,
-                          m.shared_bytes > tiled.shared_bytes ? m.shared_bytes : tiled.shared_bytes};
+    fmha_ws_size ws = {0, 0};
+    for (size_t i = 0; i < BWD_DRIVERS; i++) {
+        if (!bwd_drivers[i]->serves(plan)) continue;
+        const fmha_ws_size d = bwd_drivers[i]->workspace(plan);
+        if (d.thread_bytes > ws.thread_bytes) ws.thread_bytes = d.thread_bytes;
+        if (d.shared_bytes > ws.shared_bytes) ws.shared_bytes = d.shared_bytes;
+    }
+    return ws;
 }
 
 void fmha_bwd_run(fmha_plan *run, const void *q, const void *k, const void *v, const void *o, const void *d_o,
                   const float *lse, void *dq, void *dk, void *dv, char *ws) {
-    if (fmha_matrix_bwd_plan(run) && fmha_matrix_bwd_run(run, q, k, v, o, d_o, lse, dq, dk, dv, ws)) return;
-    fmha_tiled_bwd_run(run, q, k, v, o, d_o, lse, dq, dk, dv, ws);
+    for (size_t i = 0; i < BWD_DRIVERS; i++)
+        if (bwd_drivers[i]->serves(run) && bwd_drivers[i]->run(run, q, k, v, o, d_o, lse, dq, dk, dv, ws)) return;
 }
 
 void fmha_fwd_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse, char *ws) {
