@@ -629,7 +629,7 @@ extern const fmha_isa_parts fmha_isa_avx512_12x32; /* avx512's parts, 12 x 32 fl
 extern const fmha_isa_parts fmha_isa_avx512_14x32; /* avx512's parts, 14 x 32 float32 tiles: src/uk/avx512 */
 extern const fmha_isa_parts fmha_isa_avx512bf16; /* avx512's parts + a bf16 part: src/uk/avx512bf16 */
 extern const fmha_isa_parts fmha_isa_amx;        /* avx512bf16's parts, the pair GEMM on AMX tiles: src/uk/amx */
-extern const fmha_isa_parts fmha_isa_amx_emu;    /* amx's kernels on the software tile unit: src/uk/amx_emu */
+extern const fmha_isa_parts fmha_isa_amx_emu;    /* amx's kernels on the software tile unit, test builds only: src/uk/amx_emu */
 extern const fmha_isa_parts fmha_isa_neon;       /* aarch64 Advanced SIMD: src/uk/neon */
 extern const fmha_isa_parts fmha_isa_neondot;    /* neon's parts, integer scores on SDOT: src/uk/neondot */
 extern const fmha_isa_parts fmha_isa_neonbf16;   /* neon's parts + a BF16 part (BFMMLA, BFCVTN): src/uk/neonbf16 */

@@ -9,7 +9,7 @@
  * 15.6, 8.4 / 16.0. What the tiles save is the dot products; the
  * specification's float32 step a key and block (and q8_0's and q4_0's
  * scales a block) costs both kernels the same. Built twice: for
- * the tiles and, as amx_emu/decode_q8.c, for the software tile unit.
+ * the tiles and, as amx_emu, for the software tile unit.
  *
  * Per 16 keys and chunk of 64 values (two blocks): A = the keys' values
  * (copied, 64 bytes a key: q4_0's nibbles unpacked as stored, value + 8),
