@@ -82,7 +82,9 @@
  * tuning may also choose for float32 calls.
  * FMHA_ISA=amx_emu runs the amx set's kernels on a software tile unit, on
  * any CPU with AVX512_BF16: for testing the AMX code where no AMX is (much
- * slower than amx; never chosen without FMHA_ISA).
+ * slower than amx; never chosen without FMHA_ISA). Only the project's test
+ * builds have it; the installed library and the Python package fall back
+ * as for a set the CPU lacks.
  * Each set runs with a tuning (the float32 tile variant, keys per tile,
  * K's copy, the AUTO strategy's dense crossover, the decode driver's split
  * and prefetch, the AMX schedule), the first found of, in order:

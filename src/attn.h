@@ -332,6 +332,9 @@ fmha_ws_size fmha_bwd_workspace(const fmha_plan *plan);
  * bf16 FAST on a matrix engine; its run returns 0, having written
  * nothing, when K or V is not finite). */
 fmha_ws_size fmha_tiled_bwd_workspace(const fmha_plan *plan);
+/* sum_e x[e] y[e], e < n, in float64 in one fixed order (bwd.c): both
+ * drivers' Dsum = rowsum(dO * O), so that they give the same bits. */
+double fmha_dot_f64(int64_t n, const float *x, const float *y);
 void fmha_tiled_bwd_run(fmha_plan *run, const void *q, const void *k, const void *v, const void *o,
                         const void *d_o, const float *lse, void *dq, void *dk, void *dv, char *ws);
 int fmha_matrix_bwd_plan(const fmha_plan *plan);

@@ -18,7 +18,7 @@
 typedef struct fmha_arch_isa {
     const char *name;
     int (*detect)(void);
-    const fmha_isa_parts *parts;
+    const fmha_isa_parts *parts; /* NULL: not in this build (the registry skips it) */
     /* 1: never the registry's choice, only FMHA_ISA's (amx_emu) */
     int by_name_only;
     /* A float32 variant: the ISA whose float32 tiles it replaces (its tile

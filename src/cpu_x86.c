@@ -95,6 +95,10 @@ static int x86_has_amx_bf16(void) {
 #endif
 }
 
+/* amx_emu's table is in the test builds alone (src/uk/amx_emu/CMakeLists.txt):
+ * a weak reference, NULL in the shipped libraries, where cpu.c skips it. */
+extern const fmha_isa_parts fmha_isa_amx_emu __attribute__((weak, visibility("hidden")));
+
 static const fmha_arch_isa x86_isas[] = {
 #if FMHA_HAVE_AMX
     {"amx", x86_has_amx_bf16, &fmha_isa_amx, 0, NULL},
@@ -110,7 +114,7 @@ static const fmha_arch_isa x86_isas[] = {
      * float32 plans of every table on avx512's tile part (cpu.c) */
     {"avx512_12x32", x86_has_avx512, &fmha_isa_avx512_12x32, 1, "avx512"},
     {"avx512_14x32", x86_has_avx512, &fmha_isa_avx512_14x32, 1, "avx512"},
-    /* amx's kernels on the software tile unit: tests and FMHA_ISA only */
+    /* amx's kernels on the software tile unit: test builds, FMHA_ISA only */
     {"amx_emu", x86_has_avx512bf16, &fmha_isa_amx_emu, 1, NULL},
 };
 

@@ -31,15 +31,15 @@ static float dequant_e5m2(const void *x, int64_t idx) { return fmha_fp8_e5m2_to_
 
 /* block_q8_0: half d, int8 q[32]; value j = q[j] * d */
 static float dequant_q8_0(const void *x, int64_t idx) {
-    const uint8_t *blk = (const uint8_t *)x + idx / 32 * 34;
-    return (float)(int8_t)blk[2 + idx % 32] * block_scale(blk);
+    const uint8_t *blk = (const uint8_t *)x + idx / FMHA_GGUF_BLOCK * FMHA_Q8_0_BLOCK_BYTES;
+    return (float)(int8_t)blk[FMHA_GGUF_VALUES_AT + idx % FMHA_GGUF_BLOCK] * block_scale(blk);
 }
 
 /* block_q4_0: half d, uint8 qs[16]; value j < 16 = (qs[j] & 15) - 8,
  * value j + 16 = (qs[j] >> 4) - 8, times d */
 static float dequant_q4_0(const void *x, int64_t idx) {
-    const uint8_t *blk = (const uint8_t *)x + idx / 32 * 18;
-    const int j = (int)(idx % 32), byte = blk[2 + j % 16];
+    const uint8_t *blk = (const uint8_t *)x + idx / FMHA_GGUF_BLOCK * FMHA_Q4_0_BLOCK_BYTES;
+    const int j = (int)(idx % FMHA_GGUF_BLOCK), byte = blk[FMHA_GGUF_VALUES_AT + j % 16];
     return (float)((j < 16 ? byte & 15 : byte >> 4) - 8) * block_scale(blk);
 }
 
@@ -52,8 +52,10 @@ static const fmha_cache_format formats[FMHA_FORMAT_COUNT] = {
     [FMHA_FORMAT_INT8] = {FMHA_FORMAT_INT8, "int8", 1, 1, 1, FMHA_SCALES_PER_KEY, dequant_int8, 0, 1, 0},
     [FMHA_FORMAT_FP8_E4M3] = {FMHA_FORMAT_FP8_E4M3, "fp8_e4m3", 1, 1, 1, FMHA_SCALES_PER_HEAD, dequant_e4m3, 0x7fu, 0, 1},
     [FMHA_FORMAT_FP8_E5M2] = {FMHA_FORMAT_FP8_E5M2, "fp8_e5m2", 1, 1, 1, FMHA_SCALES_PER_HEAD, dequant_e5m2, 0x7cu, 0, 1},
-    [FMHA_FORMAT_Q8_0] = {FMHA_FORMAT_Q8_0, "q8_0", 1, 32, 34, FMHA_SCALES_IN_BLOCK, dequant_q8_0, 0, 1, 0},
-    [FMHA_FORMAT_Q4_0] = {FMHA_FORMAT_Q4_0, "q4_0", 1, 32, 18, FMHA_SCALES_IN_BLOCK, dequant_q4_0, 0, 1, 0},
+    [FMHA_FORMAT_Q8_0] = {FMHA_FORMAT_Q8_0, "q8_0", 1, FMHA_GGUF_BLOCK, FMHA_Q8_0_BLOCK_BYTES, FMHA_SCALES_IN_BLOCK,
+                          dequant_q8_0, 0, 1, 0},
+    [FMHA_FORMAT_Q4_0] = {FMHA_FORMAT_Q4_0, "q4_0", 1, FMHA_GGUF_BLOCK, FMHA_Q4_0_BLOCK_BYTES, FMHA_SCALES_IN_BLOCK,
+                          dequant_q4_0, 0, 1, 0},
 };
 
 const fmha_cache_format *fmha_cache_format_at(fmha_cache_format_id id) { return &formats[id]; }

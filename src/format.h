@@ -26,7 +26,7 @@ typedef struct fmha_cache_format {
     const char *name;        /* "f32", "bf16", "f16", "int8", ... */
     unsigned unit_bytes;     /* bytes of the storage unit strides count (4, 2 or 1) */
     unsigned block;          /* values a block holds (1: element formats; 32: GGUF) */
-    unsigned block_units;    /* storage units of a block (1, or 34 / 18 bytes) */
+    unsigned block_units;    /* storage units of a block (1, or a GGUF block's bytes: ukernel.h) */
     fmha_scale_place scales;
     /* the specification: value idx of a run of elements (element formats:
      * element idx of the tensor at x; block formats: x at a block, value

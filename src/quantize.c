@@ -105,10 +105,12 @@ static void quantize_row(fmha_cache_format_id id, const float *row, int64_t dim,
         return;
     }
     case FMHA_FORMAT_Q8_0:
-        for (int64_t blk = 0; blk < dim / 32; blk++) block_q8_0(row + blk * 32, (uint8_t *)out + blk * 34);
+        for (int64_t blk = 0; blk < dim / FMHA_GGUF_BLOCK; blk++)
+            block_q8_0(row + blk * FMHA_GGUF_BLOCK, (uint8_t *)out + blk * FMHA_Q8_0_BLOCK_BYTES);
         return;
     case FMHA_FORMAT_Q4_0:
-        for (int64_t blk = 0; blk < dim / 32; blk++) block_q4_0(row + blk * 32, (uint8_t *)out + blk * 18);
+        for (int64_t blk = 0; blk < dim / FMHA_GGUF_BLOCK; blk++)
+            block_q4_0(row + blk * FMHA_GGUF_BLOCK, (uint8_t *)out + blk * FMHA_Q4_0_BLOCK_BYTES);
         return;
     case FMHA_FORMAT_COUNT: return;
     }

@@ -920,7 +920,7 @@ def describe(query, key, value, bias=None, mask=None, **options):
     "driver=tiled isa=amx path=bf16 precision=fast k_format=bf16 ...
     threads=2 cpu=... tuning=generic". Tells which driver (decode, dense,
     tiled), which instruction set (amx, avx512bf16, avx512, avx2, neon,
-    scalar, amx_emu), which operand path and which tuning (FMHA_TUNING) serve the
+    scalar), which operand path and which tuning (FMHA_TUNING) serve the
     call, without running it. Arrays only need the shapes and
     dtypes of the real call."""
     import inspect

@@ -229,7 +229,7 @@ static fmha_bwd_qblock bwd_qblock_at(const bwd_ctx *c, int64_t b, int64_t h, siz
 /* sum_e x[e] y[e] in float64, e < n: four running sums (four add chains
  * instead of one) over blocks of four, added pairwise, then the tail; a
  * fixed order. */
-static double dot_f64(int64_t n, const float *x, const float *y) {
+double fmha_dot_f64(int64_t n, const float *x, const float *y) {
     double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
     int64_t e = 0;
     for (; e + 4 <= n; e += 4) {
@@ -284,7 +284,7 @@ static void bwd_prepare_task(void *vctx, size_t task, int thread) {
             fmha_load_row_uk(plan->uk, plan->dsum_o ? (const void *)plan->dsum_o : c->o,
                              plan->dsum_o ? FMHA_DTYPE_F32 : p->dtype, row, os[3], p->head_dim_v, o_row);
             fmha_load_row_uk(plan->uk, c->d_o, p->dtype, row, os[3], p->head_dim_v, do_row);
-            dsum[i] = (float)dot_f64(p->head_dim_v, o_row, do_row);
+            dsum[i] = (float)fmha_dot_f64(p->head_dim_v, o_row, do_row);
         }
         c->path->bwd_qblock_pack(plan, c->q, c->d_o, b, h, q0, nq, &blk);
     }

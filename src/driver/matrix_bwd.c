@@ -188,21 +188,6 @@ static void mbwd_check_task(void *vctx, size_t task, int thread) {
                       FMHA_MATRIX_SRC_BF16, vs[1], vs[3]);
 }
 
-/* sum_e x[e] y[e] in float64 (bwd.c's order: four sums, paired, the tail). */
-static double mbwd_dot(int64_t n, const float *x, const float *y) {
-    double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
-    int64_t e = 0;
-    for (; e + 4 <= n; e += 4) {
-        a0 += (double)x[e] * (double)y[e];
-        a1 += (double)x[e + 1] * (double)y[e + 1];
-        a2 += (double)x[e + 2] * (double)y[e + 2];
-        a3 += (double)x[e + 3] * (double)y[e + 3];
-    }
-    double acc = (a0 + a1) + (a2 + a3);
-    for (; e < n; e++) acc += (double)x[e] * (double)y[e];
-    return acc;
-}
-
 /* Pre-pass (b, h): every query block packed, with lse, Dsum and its rows'
  * keys; this head's rows of every dQ_g zeroed. */
 static void mbwd_prepare_task(void *vctx, size_t task, int thread) {
@@ -241,7 +226,7 @@ static void mbwd_prepare_task(void *vctx, size_t task, int thread) {
             fmha_load_row_uk(plan->uk, plan->dsum_o ? (const void *)plan->dsum_o : c->o,
                              plan->dsum_o ? FMHA_DTYPE_F32 : p->dtype, at, os[3], p->head_dim_v, s.o_row);
             fmha_load_row_uk(plan->uk, c->d_o, p->dtype, at, os[3], p->head_dim_v, s.do_row);
-            blk.dsum[i] = (float)mbwd_dot(p->head_dim_v, s.o_row, s.do_row);
+            blk.dsum[i] = (float)fmha_dot_f64(p->head_dim_v, s.o_row, s.do_row);
         }
     }
 }

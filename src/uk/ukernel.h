@@ -320,6 +320,27 @@ typedef enum fmha_cache_format_id {
 } fmha_cache_format_id;
 _Static_assert(FMHA_FORMAT_COUNT == 8, "FMHA_CACHE_PARTS lists every format");
 
+/* The GGUF blocks, as ggml's type traits size them (blck_size, type_size):
+ * a half scale d, then the values. format.c's descriptors and every kernel
+ * take them from here. */
+enum {
+    FMHA_GGUF_BLOCK = 32,          /* values a block holds (QK8_0, QK4_0) */
+    FMHA_GGUF_VALUES_AT = 2,       /* bytes before the values: d */
+    FMHA_Q8_0_BLOCK_BYTES = 34,    /* d, int8 q[32] */
+    FMHA_Q4_0_BLOCK_BYTES = 18     /* d, uint8 qs[16]: values j and j + 16 in byte j */
+};
+
+/* Bytes of a stored block of FMHA_GGUF_BLOCK values of an integer format
+ * (int8: the values alone; q8_0, q4_0), and the offset of its first value. */
+static inline size_t fmha_int_block_bytes(fmha_cache_format_id f) {
+    return f == FMHA_FORMAT_Q8_0   ? FMHA_Q8_0_BLOCK_BYTES
+           : f == FMHA_FORMAT_Q4_0 ? FMHA_Q4_0_BLOCK_BYTES
+                                   : FMHA_GGUF_BLOCK;
+}
+static inline size_t fmha_int_block_values_at(fmha_cache_format_id f) {
+    return f == FMHA_FORMAT_INT8 ? 0 : FMHA_GGUF_VALUES_AT;
+}
+
 /* ---- a table's parts ----
  * An ISA's table is composed of parts, each defined once in its ISA's
  * directory and shared by every table that has it (avx512bf16 is avx512's
@@ -608,7 +629,7 @@ extern const fmha_isa_parts fmha_isa_avx512_12x32; /* avx512's parts, 12 x 32 fl
 extern const fmha_isa_parts fmha_isa_avx512_14x32; /* avx512's parts, 14 x 32 float32 tiles: src/uk/avx512 */
 extern const fmha_isa_parts fmha_isa_avx512bf16; /* avx512's parts + a bf16 part: src/uk/avx512bf16 */
 extern const fmha_isa_parts fmha_isa_amx;        /* avx512bf16's parts, the pair GEMM on AMX tiles: src/uk/amx */
-extern const fmha_isa_parts fmha_isa_amx_emu;    /* amx's kernels on the software tile unit: src/uk/amx_emu */
+extern const fmha_isa_parts fmha_isa_amx_emu;    /* amx's kernels on the software tile unit, test builds only: src/uk/amx_emu */
 extern const fmha_isa_parts fmha_isa_neon;       /* aarch64 Advanced SIMD: src/uk/neon */
 extern const fmha_isa_parts fmha_isa_neondot;    /* neon's parts, integer scores on SDOT: src/uk/neondot */
 extern const fmha_isa_parts fmha_isa_neonbf16;   /* neon's parts + a BF16 part (BFMMLA, BFCVTN): src/uk/neonbf16 */

@@ -809,16 +809,28 @@ static void test_table(const fmha_ukernels *u) {
     test_softmax_pairs(u);
 }
 
+/* 1 when the registry never chooses the ISA `name` itself, only FMHA_ISA
+ * does (fmha_arch_isa.by_name_only: amx_emu, the float32 variants). */
+static int chosen_by_name_only(const char *name) {
+    for (size_t i = 0; i < fmha_arch_isa_count(); i++)
+        if (!strcmp(fmha_arch_isa_at(i)->name, name)) return fmha_arch_isa_at(i)->by_name_only;
+    return 0;
+}
+
 /* The registry's choice: without FMHA_ISA the table in use is the first
- * supported ISA; forcing one this CPU lacks fails (-1) and changes nothing
- * (scalar, which FMHA_TEST_ISAS leaves available by name, aside). */
+ * supported ISA that is not by name only (scalar when FMHA_TEST_ISAS leaves
+ * none, e.g. amx_emu alone); forcing one this CPU lacks fails (-1) and
+ * changes nothing (scalar, which FMHA_TEST_ISAS leaves available by name,
+ * aside). */
 static void test_dispatch(void) {
     const fmha_ukernels *in_use = fmha_cpu_kernels();
     if (!getenv("FMHA_ISA")) {
         const fmha_ukernels *first = NULL;
         for (size_t i = 0; i < fmha_isa_count() && !first; i++)
-            if (fmha_isa_supported(fmha_isa_at(i))) first = fmha_isa_at(i)->table;
-        tu_check(in_use == first, "the table in use (%s) is the first supported ISA (%s)", in_use->isa,
+            if (fmha_isa_supported(fmha_isa_at(i)) && !chosen_by_name_only(fmha_isa_at(i)->name))
+                first = fmha_isa_at(i)->table;
+        if (!first) first = fmha_cpu_kernels_for("scalar");
+        tu_check(in_use == first, "the table in use (%s) is the registry's first choice (%s)", in_use->isa,
                  first ? first->isa : "none");
     }
     for (size_t i = 0; i < fmha_isa_count(); i++) {

@@ -1,7 +1,8 @@
 /* amx/amx.h: the AMX kernels (amx.c), built twice: for the tiles
  * (suffix __amx; callable on CPUs with AMX-TILE and AMX-BF16 once Linux
  * has granted the tile data, which the registry's check asks) and for the
- * software tile unit (suffix __amx_emu, amx_emu/; any AVX512_BF16 CPU). */
+ * software tile unit (suffix __amx_emu, the test builds' amx_emu table:
+ * src/uk/amx_emu; any AVX512_BF16 CPU). */
 #ifndef FMHA_UK_AMX_H
 #define FMHA_UK_AMX_H
 

@@ -9,7 +9,7 @@
  * 15.6, 8.4 / 16.0. What the tiles save is the dot products; the
  * specification's float32 step a key and block (and q8_0's and q4_0's
  * scales a block) costs both kernels the same. Built twice: for
- * the tiles and, as amx_emu/decode_q8.c, for the software tile unit.
+ * the tiles and, as amx_emu, for the software tile unit.
  *
  * Per 16 keys and chunk of 64 values (two blocks): A = the keys' values
  * (copied, 64 bytes a key: q4_0's nibbles unpacked as stored, value + 8),
@@ -29,14 +29,11 @@
 
 #define FMHA_INLINE static inline __attribute__((always_inline))
 
-enum { Q8_INT8, Q8_Q8_0, Q8_Q4_0 };
+enum { Q8_INT8 = FMHA_FORMAT_INT8, Q8_Q8_0 = FMHA_FORMAT_Q8_0, Q8_Q4_0 = FMHA_FORMAT_Q4_0 };
 
 /* Rows a step needs before the tiles pay (measured above; below:
  * avx512vnni's kernel). */
 enum { TILE_MIN_ROWS = 16 };
-
-FMHA_INLINE size_t block_bytes(const int kind) { return kind == Q8_INT8 ? 32 : kind == Q8_Q8_0 ? 34 : 18; }
-FMHA_INLINE size_t block_values_at(const int kind) { return kind == Q8_INT8 ? 0 : 2; }
 
 /* a [16][64]: the 16 keys' values of blocks 2c and 2c + 1 (zeros past the
  * row's nb blocks). */
@@ -49,7 +46,7 @@ FMHA_INLINE void pack_keys(const int kind, const uint8_t *const kr[16], size_t c
                 _mm256_storeu_si256((__m256i *)to, _mm256_setzero_si256());
                 continue;
             }
-            const uint8_t *from = kr[i] + b * block_bytes(kind) + block_values_at(kind);
+            const uint8_t *from = kr[i] + b * fmha_int_block_bytes(kind) + fmha_int_block_values_at(kind);
             if (kind != Q8_Q4_0) {
                 _mm256_storeu_si256((__m256i *)to, _mm256_loadu_si256((const __m256i *)from));
                 continue;
@@ -126,7 +123,7 @@ FMHA_INLINE void tiles_block(const int kind, size_t nj, size_t nr, size_t d, con
                                                 : _mm512_setzero_si512(); /* 8 x sum: nibbles are value + 8 */
             if (kind != Q8_INT8) {
                 uint16_t hs[16];
-                for (int m = 0; m < 16; m++) memcpy(&hs[m], kr[m] + b * block_bytes(kind), 2);
+                for (int m = 0; m < 16; m++) memcpy(&hs[m], kr[m] + b * fmha_int_block_bytes(kind), 2);
                 _mm512_store_ps(kd, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)hs)));
             }
 #pragma GCC unroll 16

@@ -2,7 +2,8 @@
  * avx512bf16 pair kernels, a bf16 part whose GEMM runs on the tiles
  * (16 x 64, amx.c), the matrix part (attention on the tiles, attn.c), and
  * the thread part that configures and releases them around each job.
- * Built again as amx_emu (amx_emu/table.c) over the software tile unit. */
+ * Compiled again as amx_emu over the software tile unit, for the test
+ * builds (src/uk/amx_emu/CMakeLists.txt). */
 #include "../avx512/decode.h"
 #include "../avx512/f32.h"
 #include "../avx512/parts.h"

@@ -1,7 +1,8 @@
 /* amx/tile.h: the tile instructions the amx kernels use, as macros over
  * either the hardware (inline asm) or the software tile unit
  * (amx_emu/tile_unit.h), so that one kernel source builds two tables: amx
- * and amx_emu (FMHA_AMX_EMULATED=1, run on any AVX512_BF16 CPU).
+ * and amx_emu (the same files compiled with FMHA_AMX_EMULATED=1 for the
+ * test builds, src/uk/amx_emu/CMakeLists.txt; any AVX512_BF16 CPU).
  *
  * Why asm and not <immintrin.h>: GCC 12's _tile_loadconfig tells the
  * compiler it reads 8 bytes of the configuration, so -O2/-O3 deleted the

@@ -242,7 +242,7 @@ void fmha_widen_e5m2__avx2(size_t n, const void *src_row, float *dst) {
 /* GGUF blocks of 32 (n a multiple of 32): q8_0 = d * q, q4_0 = d * (nibble - 8) */
 void fmha_widen_q8_0__avx2(size_t n, const void *src_row, float *dst) {
     const uint8_t *blk = src_row;
-    for (size_t i = 0; i < n; i += 32, blk += 34) {
+    for (size_t i = 0; i < n; i += FMHA_GGUF_BLOCK, blk += FMHA_Q8_0_BLOCK_BYTES) {
         uint16_t dh;
         __builtin_memcpy(&dh, blk, 2);
         const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16((short)dh));
@@ -255,7 +255,7 @@ void fmha_widen_q8_0__avx2(size_t n, const void *src_row, float *dst) {
 
 void fmha_widen_q4_0__avx2(size_t n, const void *src_row, float *dst) {
     const uint8_t *blk = src_row;
-    for (size_t i = 0; i < n; i += 32, blk += 18) {
+    for (size_t i = 0; i < n; i += FMHA_GGUF_BLOCK, blk += FMHA_Q4_0_BLOCK_BYTES) {
         uint16_t dh;
         __builtin_memcpy(&dh, blk, 2);
         const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16((short)dh));

@@ -14,15 +14,12 @@
 
 #define FMHA_INLINE static inline __attribute__((always_inline))
 
-enum { Q8_INT8, Q8_Q8_0, Q8_Q4_0 };
-
-FMHA_INLINE size_t block_bytes(const int kind) { return kind == Q8_INT8 ? 32 : kind == Q8_Q8_0 ? 34 : 18; }
-FMHA_INLINE size_t block_values_at(const int kind) { return kind == Q8_INT8 ? 0 : 2; }
+enum { Q8_INT8 = FMHA_FORMAT_INT8, Q8_Q8_0 = FMHA_FORMAT_Q8_0, Q8_Q4_0 = FMHA_FORMAT_Q4_0 };
 
 /* The 8 keys' values of block b as unsigned bytes: t[c] lane i holds
  * dword c (values 4c..4c+3) of key i. */
 FMHA_INLINE void block_dwords(const int kind, const uint8_t *const kr[8], size_t b, __m256i t[8]) {
-    const size_t at = b * block_bytes(kind) + block_values_at(kind);
+    const size_t at = b * fmha_int_block_bytes(kind) + fmha_int_block_values_at(kind);
     if (kind == Q8_Q4_0) {
         /* w[g]: keys g (low lane) and 4 + g (high lane), 16 bytes each */
         __m256i w[4];
@@ -70,7 +67,7 @@ FMHA_INLINE void block_dwords(const int kind, const uint8_t *const kr[8], size_t
 
 /* The 8 keys' half scales of block b as float32 (q8_0, q4_0). */
 FMHA_INLINE __m256 block_scales(const int kind, const uint8_t *const kr[8], size_t b) {
-    const size_t at = b * block_bytes(kind);
+    const size_t at = b * fmha_int_block_bytes(kind);
     uint16_t hs[8];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++) __builtin_memcpy(&hs[i], kr[i] + at, 2);

@@ -49,8 +49,8 @@ FMHA_INLINE __m512 widen_fp8(const int kind, __m128i b8) {
 
 /* The 16 values from value e (a multiple of 16) of a run of GGUF blocks. */
 FMHA_INLINE __m512 load_block(const int kind, const void *x, size_t e) {
-    const size_t bytes = kind == KV_Q8_0 ? 34 : 18;
-    const uint8_t *blk = (const uint8_t *)x + e / 32 * bytes;
+    const size_t bytes = kind == KV_Q8_0 ? FMHA_Q8_0_BLOCK_BYTES : FMHA_Q4_0_BLOCK_BYTES;
+    const uint8_t *blk = (const uint8_t *)x + e / FMHA_GGUF_BLOCK * bytes;
     uint16_t dh;
     __builtin_memcpy(&dh, blk, 2);
     const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)dh));

@@ -21,16 +21,12 @@
 
 #define FMHA_INLINE static inline __attribute__((always_inline))
 
-enum { Q8_INT8, Q8_Q8_0, Q8_Q4_0 };
-
-/* Bytes of a stored block of 32 values, and the offset of its first value. */
-FMHA_INLINE size_t block_bytes(const int kind) { return kind == Q8_INT8 ? 32 : kind == Q8_Q8_0 ? 34 : 18; }
-FMHA_INLINE size_t block_values_at(const int kind) { return kind == Q8_INT8 ? 0 : 2; }
+enum { Q8_INT8 = FMHA_FORMAT_INT8, Q8_Q8_0 = FMHA_FORMAT_Q8_0, Q8_Q4_0 = FMHA_FORMAT_Q4_0 };
 
 /* The 16 keys' values of block b as unsigned bytes, t[c] holding dword c
  * (values 4c..4c+3) of key i in lane i. kr: the keys' rows. */
 FMHA_INLINE void block_dwords(const int kind, const uint8_t *const kr[16], size_t b, __m512i t[8]) {
-    const size_t at = b * block_bytes(kind) + block_values_at(kind);
+    const size_t at = b * fmha_int_block_bytes(kind) + fmha_int_block_values_at(kind);
     if (kind == Q8_Q4_0) {
         /* w[g] lane l: key 4l + g's 16 bytes (values j and 16 + j in byte j) */
         __m512i w[4];
@@ -90,7 +86,7 @@ FMHA_INLINE void block_dwords(const int kind, const uint8_t *const kr[16], size_
  * of the dword at each block's start (its half and two value bytes) when
  * the offsets fit in 32 bits, else key by key. */
 FMHA_INLINE __m512 block_scales(const int kind, const uint8_t *const kr[16], __m512i offsets, int gather, size_t b) {
-    const size_t at = b * block_bytes(kind);
+    const size_t at = b * fmha_int_block_bytes(kind);
     __m256i h;
     if (gather) {
         h = _mm512_cvtepi32_epi16(_mm512_i32gather_epi32(offsets, kr[0] + at, 1));

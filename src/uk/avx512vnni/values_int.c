@@ -19,16 +19,14 @@
 
 #define FMHA_INLINE static inline __attribute__((always_inline))
 
-enum { V_INT8, V_Q8_0, V_Q4_0 };
+enum { V_INT8 = FMHA_FORMAT_INT8, V_Q8_0 = FMHA_FORMAT_Q8_0, V_Q4_0 = FMHA_FORMAT_Q4_0 };
 enum { MAX_KEYS = 64, MAX_BLOCKS = 18 }; /* the contract's nk; D <= 576 */
-
-FMHA_INLINE size_t block_bytes(const int kind) { return kind == V_INT8 ? 32 : kind == V_Q8_0 ? 34 : 18; }
 
 /* Columns [32 b, 32 b + 32) of row x as 16-bit integers (int8: the lanes
  * of cm, the others 0). */
 FMHA_INLINE __m512i widen_block(const int kind, const uint8_t *x, size_t b, __mmask32 cm) {
     if (kind == V_INT8) return _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(cm, x + 32 * b));
-    const uint8_t *at = x + b * block_bytes(kind) + 2;
+    const uint8_t *at = x + b * fmha_int_block_bytes(kind) + fmha_int_block_values_at(kind);
     if (kind == V_Q8_0) return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)at));
     const __m256i n = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)at));
     const __m256i lo = _mm256_and_si256(n, _mm256_set1_epi16(15)), hi = _mm256_srli_epi16(n, 4);
@@ -142,7 +140,7 @@ FMHA_INLINE void values_int(const int kind, size_t rows, size_t nk, size_t dv, c
                 vd[b][c] = _mm512_set1_ps(1.0f);
                 continue;
             }
-            const uint8_t *at = v8 + 16 * c * ldv + b * block_bytes(kind);
+            const uint8_t *at = v8 + 16 * c * ldv + b * fmha_int_block_bytes(kind);
             __m256i h;
             if (gather) {
                 h = _mm512_cvtepi32_epi16(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), keys,

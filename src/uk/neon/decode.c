@@ -49,7 +49,7 @@ FMHA_INLINE float32x4_t widen_fp8(const int fmt, uint8x8_t b8) {
 
 /* The GGUF block holding value e of a run of blocks, and its half scale. */
 FMHA_INLINE const uint8_t *block_at(const int fmt, const void *row, size_t e) {
-    return (const uint8_t *)row + e / 32 * (fmt == FMHA_FORMAT_Q8_0 ? 34 : 18);
+    return (const uint8_t *)row + e / FMHA_GGUF_BLOCK * fmha_int_block_bytes((fmha_cache_format_id)fmt);
 }
 FMHA_INLINE float block_scale(const int fmt, const void *row, size_t e) {
     uint16_t dh;

@@ -18,10 +18,7 @@
 
 #define FMHA_INLINE static inline __attribute__((always_inline))
 
-enum { Q8_INT8, Q8_Q8_0, Q8_Q4_0 };
-
-FMHA_INLINE size_t block_bytes(const int kind) { return kind == Q8_INT8 ? 32 : kind == Q8_Q8_0 ? 34 : 18; }
-FMHA_INLINE size_t block_values_at(const int kind) { return kind == Q8_INT8 ? 0 : 2; }
+enum { Q8_INT8 = FMHA_FORMAT_INT8, Q8_Q8_0 = FMHA_FORMAT_Q8_0, Q8_Q4_0 = FMHA_FORMAT_Q4_0 };
 
 /* x[g] (key g's 16 bytes) -> y[c], lane g holding dword c of key g. */
 FMHA_INLINE void transpose4(const int8x16_t x[4], int8x16_t y[4]) {
@@ -39,7 +36,7 @@ FMHA_INLINE void transpose4(const int8x16_t x[4], int8x16_t y[4]) {
  * key i (t[4 + c]: values 16 + 4c..), each paired with lane c of the
  * query's first (second) 16 bytes. */
 FMHA_INLINE void block_dwords(const int kind, const uint8_t *const kr[4], size_t b, int8x16_t t[8]) {
-    const size_t at = b * block_bytes(kind) + block_values_at(kind);
+    const size_t at = b * fmha_int_block_bytes(kind) + fmha_int_block_values_at(kind);
     int8x16_t x[4];
     if (kind == Q8_Q4_0) {
         int8x16_t d[4];
@@ -66,7 +63,7 @@ FMHA_INLINE void block_dwords(const int kind, const uint8_t *const kr[4], size_t
 FMHA_INLINE float32x4_t block_scales(const int kind, const uint8_t *const kr[4], size_t b) {
     uint16_t hs[4];
 #pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) memcpy(&hs[i], kr[i] + b * block_bytes(kind), 2);
+    for (int i = 0; i < 4; i++) memcpy(&hs[i], kr[i] + b * fmha_int_block_bytes(kind), 2);
     return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(hs)));
 }
 

@@ -88,14 +88,16 @@ FORMAT_LOAD(q4_0, FMHA_FORMAT_Q4_0)
 /* Key j's integer of element e (kq) and block b's scale (kd) in each format. */
 static int32_t kq_int8(const uint8_t *row, size_t e) { return (int8_t)row[e]; }
 static float kd_one(const uint8_t *row, size_t b) { return (void)row, (void)b, 1.0f; }
-static int32_t kq_q8_0(const uint8_t *row, size_t e) { return (int8_t)row[e / 32 * 34 + 2 + e % 32]; }
+static int32_t kq_q8_0(const uint8_t *row, size_t e) {
+    return (int8_t)row[e / FMHA_GGUF_BLOCK * FMHA_Q8_0_BLOCK_BYTES + FMHA_GGUF_VALUES_AT + e % FMHA_GGUF_BLOCK];
+}
 static int32_t kq_q4_0(const uint8_t *row, size_t e) {
-    const uint8_t byte = row[e / 32 * 18 + 2 + e % 16];
-    return (e % 32 < 16 ? byte & 15 : byte >> 4) - 8;
+    const uint8_t byte = row[e / FMHA_GGUF_BLOCK * FMHA_Q4_0_BLOCK_BYTES + FMHA_GGUF_VALUES_AT + e % 16];
+    return (e % FMHA_GGUF_BLOCK < 16 ? byte & 15 : byte >> 4) - 8;
 }
 static float half_at(const uint8_t *p) { return fmha_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
-static float kd_q8_0(const uint8_t *row, size_t b) { return half_at(row + b * 34); }
-static float kd_q4_0(const uint8_t *row, size_t b) { return half_at(row + b * 18); }
+static float kd_q8_0(const uint8_t *row, size_t b) { return half_at(row + b * FMHA_Q8_0_BLOCK_BYTES); }
+static float kd_q4_0(const uint8_t *row, size_t b) { return half_at(row + b * FMHA_Q4_0_BLOCK_BYTES); }
 
 static void scores_q8(int32_t (*kq)(const uint8_t *, size_t), float (*kd)(const uint8_t *, size_t), size_t rows,
                       size_t nk, size_t d, const fmha_q8_rows *q, const void *k, size_t ldk, float *s, size_t lds,
