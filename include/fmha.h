@@ -190,7 +190,7 @@ FMHA_API const char *fmha_last_error_message(void);
 
 typedef enum fmha_strategy {
     FMHA_STRATEGY_AUTO = 0,   /* dense for small problems, tiled otherwise (crossover measured, see
-                                 src/plan.c); the forward of few queries against many keys
+                                 src/plan/plan.c); the forward of few queries against many keys
                                  (Sq <= 16, Skv >= 8 Sq: decoding) runs the decode driver,
                                  split over the keys (docs/design.md, "Decode"); one query
                                  of 64 or more heads on one kv head (MLA, MQA) runs the

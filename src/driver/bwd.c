@@ -47,10 +47,10 @@
 #include <math.h>
 #include <string.h>
 
-#include "../attn.h"
-#include "../convert.h"
-#include "../format.h"
-#include "../pool.h"
+#include "core/attn.h"
+#include "runtime/convert.h"
+#include "format/format.h"
+#include "runtime/pool.h"
 #include "operand.h"
 
 /* Tasks the backward aims for, independent of the thread count. */

@@ -39,12 +39,12 @@
 #include <math.h>
 #include <string.h>
 
-#include "../attn.h"
-#include "../convert.h"
-#include "../format.h"
-#include "../partials.h"
-#include "../pool.h"
-#include "../tuning.h"
+#include "core/attn.h"
+#include "runtime/convert.h"
+#include "format/format.h"
+#include "core/partials.h"
+#include "runtime/pool.h"
+#include "config/tuning.h"
 
 /* Most rows of one kv head served from one pass over its K and V, keys per
  * tile, and most rows (all heads) of a unit. */

@@ -12,8 +12,8 @@
  *   dense   small problems, scores materialised per head (fwd.c)
  *   tiled   everything else (fwd.c)
  * and the backward drivers likewise (matrix, tiled). */
-#include "../attn.h"
-#include "../error.h"
+#include "core/attn.h"
+#include "runtime/error.h"
 
 static int decode_serves(fmha_plan *plan) { return fmha_decode_plan(plan); }
 

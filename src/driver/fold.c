@@ -10,7 +10,7 @@
  * plans the folded problem, at planning and afresh at each run
  * (validation and a choice, no allocation), so nothing of it is kept in
  * the plan. */
-#include "../attn.h"
+#include "core/attn.h"
 
 /* Heads a step needs before folding pays (measured: decode.c's kernels
  * keep up with a few query rows, not with a GEMM's worth), and the blocks

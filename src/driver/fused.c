@@ -4,8 +4,8 @@
  * Dsum = rowsum(dO * O) from it: Dsum from the rounded O would carry O's
  * rounding error into every dS of the row. O is rounded into the caller's
  * tensor once, from o32. */
-#include "../attn.h"
-#include "../convert.h"
+#include "core/attn.h"
+#include "runtime/convert.h"
 
 /* Elements from O's first to one past its last. */
 static size_t o_span(const fmha_plan *plan) {

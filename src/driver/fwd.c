@@ -21,10 +21,10 @@
 #include <math.h>
 #include <string.h>
 
-#include "../attn.h"
-#include "../format.h"
-#include "../convert.h"
-#include "../pool.h"
+#include "core/attn.h"
+#include "format/format.h"
+#include "runtime/convert.h"
+#include "runtime/pool.h"
 #include "operand.h"
 
 /* Scratch of one query block (each piece FMHA_ALIGN aligned):

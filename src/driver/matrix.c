@@ -36,11 +36,11 @@
 #include <math.h>
 #include <string.h>
 
-#include "../attn.h"
-#include "../convert.h"
-#include "../partials.h"
-#include "../pool.h"
-#include "../tuning.h"
+#include "core/attn.h"
+#include "runtime/convert.h"
+#include "core/partials.h"
+#include "runtime/pool.h"
+#include "config/tuning.h"
 
 enum { MATRIX_BQ = FMHA_MATRIX_BLOCK_Q, MATRIX_PACK_KEYS = 256 };
 

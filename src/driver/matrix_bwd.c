@@ -25,9 +25,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "../attn.h"
-#include "../convert.h"
-#include "../pool.h"
+#include "core/attn.h"
+#include "runtime/convert.h"
+#include "runtime/pool.h"
 
 enum { MBWD_BQ = FMHA_MATRIX_BLOCK_Q, MBWD_BK = 128, MBWD_GROUP_QB = 4, MBWD_TARGET_TASKS = 8 };
 

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../attn.h"
+#include "core/attn.h"
 
 /* A K or V tile as a GEMM's broadcast operand: element (r, e) (key r, head
  * dim e; a pair index on the bf16 path) at p + r * rs + e * cs, counted in

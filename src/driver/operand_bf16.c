@@ -12,7 +12,7 @@
  * them float32 GEMMs on float32 rows. */
 #include <string.h>
 
-#include "../convert.h"
+#include "runtime/convert.h"
 #include "operand.h"
 
 static size_t words_bytes(size_t n) { return fmha_round_up(n * sizeof(uint32_t), FMHA_ALIGN); }

@@ -14,19 +14,10 @@
  * ACCURATE); scale enters as its ab_scale, so Q is packed unscaled and a large scale cannot overflow Q. */
 #include <string.h>
 
-#include "../convert.h"
-#include "../format.h"
-#include "../tuning.h"
+#include "runtime/convert.h"
+#include "format/format.h"
+#include "config/tuning.h"
 #include "operand.h"
-
-const fmha_operand_path *fmha_operand_path_for(fmha_dtype dtype, const fmha_ukernels *uk) {
-    switch (dtype) {
-    case FMHA_DTYPE_F32: return &fmha_path_f32;
-    case FMHA_DTYPE_BF16: return uk->bf16.gemm ? &fmha_path_bf16 : &fmha_path_widened;
-    case FMHA_DTYPE_F16: return &fmha_path_widened;
-    }
-    return NULL;
-}
 
 static size_t floats_bytes(size_t n) { return fmha_round_up(n * sizeof(float), FMHA_ALIGN); }
 

@@ -3,7 +3,7 @@
  * The driver owns tiles, threads and memory; a microkernel owns registers.
  * Every ISA implements the same contracts and lists its kernels as parts
  * (declared at the end), composed into one complete table; the ISA
- * registry of src/cpu.c lists the ISAs with their CPU checks and selects
+ * registry of src/config/cpu.c lists the ISAs with their CPU checks and selects
  * one at run time. Only files under src/uk/<isa>/ get ISA flags.
  *
  * Every microkernel has a plain-C specification in src/uk/scalar/ that the
@@ -23,6 +23,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "format/format.h"
 
 /* GEMM microkernel: C[m x NR] (op)= ab_scale * A[m x k] * B[k x NR].
  *   a     element (r, p) at a[r * a_rs + p * a_cs]: the broadcast operand,
@@ -171,7 +173,7 @@ typedef void (*fmha_bf16_pair_rows_split_ukernel_fn)(const float *a, const float
  * head times the query positions) from one pass over K and V, so the lanes
  * run over keys (scores) and over the value dimension (the output), never
  * over queries. K and V rows have contiguous elements in a cache format
- * (src/format.h); a format's kernels read its rows in place and widen in
+ * (src/format/format.h); a format's kernels read its rows in place and widen in
  * registers, and rows of a format without them are first loaded into
  * float32 rows (fmha_cache_load_ukernel_fn) for the float32 format's. */
 
@@ -218,7 +220,7 @@ typedef struct fmha_q8_rows {
 } fmha_q8_rows;
 
 /* The query rows as AMX kernels read them (fmha_q8_rows.tiles; made by
- * fmha_q8_tiles_pack, format.h, where fmha_uk_cache.q8_tiles is set):
+ * fmha_q8_tiles_pack, q8_tiles.c, where fmha_uk_cache.q8_tiles is set):
  * per group of 16 rows (the last padded with zero rows), for each chunk c
  * of 64 values (d / 64 rounded up), two tiles B[h] [16][64] int8 (h = 0, 1:
  * blocks 2c and 2c + 1), tdpbssd's B operand: bytes 4n..4n+3 of tile row kk
@@ -228,6 +230,10 @@ typedef struct fmha_q8_rows {
 static inline size_t fmha_q8_tiles_group_bytes(size_t d) {
     return (d + 63) / 64 * 2048 + (d / 32) * 16 * (sizeof(float) + sizeof(int32_t));
 }
+
+/* The tiles of rows [0, rows) of q (fmha_q8_rows.tiles' layout: q8_tiles.c)
+ * into out: fmha_q8_tiles_group_bytes(d) bytes for each group of 16 rows. */
+void fmha_q8_tiles_pack(size_t rows, size_t d, const fmha_q8_rows *q, void *out);
 
 /* s[r][j] = scale * acc(r, j), r < rows, j < nk, where over the blocks
  * b < d / 32 in order, from acc = 0,
@@ -278,7 +284,7 @@ typedef void (*fmha_cache_values_int_ukernel_fn)(size_t rows, size_t nk, size_t 
 /* dst[i] = element i of the row at src as float32, i < n (a multiple of 32
  * for the block formats, src at a block): exact for the float formats (a
  * NaN stays a NaN, possibly quieted); the format's dequantisation
- * (src/format.h) bit for bit, without the scales kept beside the rows. */
+ * (src/format/format.h) bit for bit, without the scales kept beside the rows. */
 typedef void (*fmha_cache_load_ukernel_fn)(size_t n, const void *src, float *dst);
 
 /* Dropout on a score tile S^T (rows = keys, lanes = queries), in place:
@@ -305,41 +311,6 @@ void fmha_f32_dropout_ukernel__scalar(size_t rows, size_t lanes, float *s, size_
                                       uint64_t seed_mix, uint64_t threshold, float scale);
 void fmha_f32_dropout_ukernel__avx512(size_t rows, size_t lanes, float *s, size_t lds, const uint64_t *counter,
                                       uint64_t seed_mix, uint64_t threshold, float scale);
-
-/* Cache formats of K and V (their descriptors: src/format.h). */
-typedef enum fmha_cache_format_id {
-    FMHA_FORMAT_F32 = 0,
-    FMHA_FORMAT_BF16,
-    FMHA_FORMAT_F16,
-    FMHA_FORMAT_INT8,     /* int8, a scale per (key, kv head) beside the rows */
-    FMHA_FORMAT_FP8_E4M3, /* OCP E4M3FN bits, a scale per kv head */
-    FMHA_FORMAT_FP8_E5M2, /* OCP E5M2 bits, a scale per kv head */
-    FMHA_FORMAT_Q8_0,     /* GGUF block_q8_0: blocks of 32, 34 bytes */
-    FMHA_FORMAT_Q4_0,     /* GGUF block_q4_0: blocks of 32, 18 bytes */
-    FMHA_FORMAT_COUNT
-} fmha_cache_format_id;
-_Static_assert(FMHA_FORMAT_COUNT == 8, "FMHA_CACHE_PARTS lists every format");
-
-/* The GGUF blocks, as ggml's type traits size them (blck_size, type_size):
- * a half scale d, then the values. format.c's descriptors and every kernel
- * take them from here. */
-enum {
-    FMHA_GGUF_BLOCK = 32,          /* values a block holds (QK8_0, QK4_0) */
-    FMHA_GGUF_VALUES_AT = 2,       /* bytes before the values: d */
-    FMHA_Q8_0_BLOCK_BYTES = 34,    /* d, int8 q[32] */
-    FMHA_Q4_0_BLOCK_BYTES = 18     /* d, uint8 qs[16]: values j and j + 16 in byte j */
-};
-
-/* Bytes of a stored block of FMHA_GGUF_BLOCK values of an integer format
- * (int8: the values alone; q8_0, q4_0), and the offset of its first value. */
-static inline size_t fmha_int_block_bytes(fmha_cache_format_id f) {
-    return f == FMHA_FORMAT_Q8_0   ? FMHA_Q8_0_BLOCK_BYTES
-           : f == FMHA_FORMAT_Q4_0 ? FMHA_Q4_0_BLOCK_BYTES
-                                   : FMHA_GGUF_BLOCK;
-}
-static inline size_t fmha_int_block_values_at(fmha_cache_format_id f) {
-    return f == FMHA_FORMAT_INT8 ? 0 : FMHA_GGUF_VALUES_AT;
-}
 
 /* ---- a table's parts ----
  * An ISA's table is composed of parts, each defined once in its ISA's

@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu.h"
+#include "config/cpu.h"
 #include "fmha_ref.h"
 #include "test_util.h"
 
@@ -39,7 +39,7 @@
 #define G_FLOOR 1e-6  /* times the natural size N, see above */
 #define G_ONEHOT 1e-4 /* the floor for dQ, dK with a one-hot softmax */
 
-/* The ISAs of the registry (src/cpu.c), in its order; isa_ok: those this
+/* The ISAs of the registry (src/config/cpu.c), in its order; isa_ok: those this
  * CPU runs. */
 #define MAX_ISA 16
 static int n_isa;

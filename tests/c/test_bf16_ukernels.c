@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu.h"
+#include "config/cpu.h"
 #include "test_util.h"
 #include "uk/scalar/bf16.h"
 #include "uk/ukernel.h"

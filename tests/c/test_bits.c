@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "convert.h"
-#include "cpu.h"
+#include "runtime/convert.h"
+#include "config/cpu.h"
 #include "test_util.h"
 
 /* every float32 variant too (test_util.h) */

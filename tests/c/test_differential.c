@@ -36,11 +36,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attn.h"
-#include "convert.h"
-#include "cpu.h"
+#include "core/attn.h"
+#include "runtime/convert.h"
+#include "config/cpu.h"
 #include "fmha_ref_masks.h"
-#include "format.h"
+#include "format/format.h"
 #include "test_util.h"
 
 static const int64_t windows[] = {-1, 0, 1, 2, 7, INT64_MAX - 1, INT64_MAX};

@@ -15,9 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attn.h"
-#include "convert.h"
-#include "cpu.h"
+#include "core/attn.h"
+#include "runtime/convert.h"
+#include "config/cpu.h"
 #include "fmha_ref_masks.h"
 #include "test_util.h"
 

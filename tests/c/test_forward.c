@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu.h"
+#include "config/cpu.h"
 #include "fmha_ref.h"
 #include "test_util.h"
 
@@ -37,7 +37,7 @@
 #define LSE_TOL 1e-5
 #define LSE_GUARD 16 /* sentinel floats after lse */
 
-/* The ISAs of the registry (src/cpu.c), in its order; isa_ok: those this
+/* The ISAs of the registry (src/config/cpu.c), in its order; isa_ok: those this
  * CPU runs. */
 #define MAX_ISA 16
 static int n_isa;

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu.h"
+#include "config/cpu.h"
 #include "fmha_ref_masks.h"
 #include "test_util.h"
 

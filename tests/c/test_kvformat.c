@@ -20,9 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "convert.h"
-#include "cpu.h"
-#include "format.h"
+#include "runtime/convert.h"
+#include "config/cpu.h"
+#include "format/format.h"
 #include "fmha_ref_masks.h"
 #include "test_util.h"
 

@@ -32,7 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attn.h"
+#include "core/attn.h"
 #include "fmha_ref_masks.h"
 #include "test_util.h"
 

@@ -20,8 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "convert.h"
-#include "cpu.h"
+#include "runtime/convert.h"
+#include "config/cpu.h"
 #include "fmha_ref.h"
 #include "test_util.h"
 

@@ -50,8 +50,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "attn.h"
-#include "cpu.h"
+#include "core/attn.h"
+#include "config/cpu.h"
 #include "fmha_ref_masks.h"
 #include "test_util.h"
 
@@ -65,7 +65,7 @@
 #define LSE_TOL 1e-5
 #define GUARD 16 /* sentinel floats after lse and the parameter gradients */
 
-/* The ISAs of the registry (src/cpu.c), in its order; isa_ok: those this
+/* The ISAs of the registry (src/config/cpu.c), in its order; isa_ok: those this
  * CPU runs, less tables whose float32 kernels an earlier one already runs
  * (this test is float32 only). */
 #define MAX_ISA 16

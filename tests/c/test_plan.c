@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attn.h"
-#include "cpu.h"
+#include "core/attn.h"
+#include "config/cpu.h"
 #include "test_util.h"
 
 typedef struct tensors {

@@ -1,4 +1,4 @@
-/* test_pool.c: the thread pool (src/pool.c) hands every task to exactly one
+/* test_pool.c: the thread pool (src/runtime/pool.c) hands every task to exactly one
  * thread, with thread < max_threads, across many back-to-back jobs of mixed
  * thread counts (the pool grows mid-run and workers sit out jobs that need
  * fewer threads), with jobs separated by pauses longer than the spin window
@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "pool.h"
+#include "runtime/pool.h"
 #include "test_util.h"
 
 enum { MAX_TASKS = 257 };

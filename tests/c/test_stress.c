@@ -21,7 +21,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "convert.h"
+#include "runtime/convert.h"
 #include "fmha_ref.h"
 #include "test_util.h"
 

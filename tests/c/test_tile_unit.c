@@ -24,7 +24,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cpu.h"
+#include "config/cpu.h"
 #include "test_util.h"
 
 #if FMHA_HAVE_X86

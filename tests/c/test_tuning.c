@@ -1,4 +1,4 @@
-/* test_tuning.c: tunings per microarchitecture (src/tuning.h) and the
+/* test_tuning.c: tunings per microarchitecture (src/config/tuning.h) and the
  * FMHA_TUNING override. ctest runs this program six times: without
  * FMHA_TUNING; with small tiles, K copied, no dense crossover, the decode
  * driver's prefetch on any size and small decode splits (block_kv=32,
@@ -27,11 +27,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "convert.h"
-#include "cpu.h"
+#include "runtime/convert.h"
+#include "config/cpu.h"
 #include "fmha_ref_masks.h"
 #include "test_util.h"
-#include "tuning.h"
+#include "config/tuning.h"
 
 /* every float32 variant too (test_util.h) */
 const int tu_runs_variants = 1;

@@ -1,5 +1,5 @@
 /* test_ukernels.c: the float32 microkernels of every registered ISA this
- * CPU runs (src/cpu.c) against float64 computations, and each SIMD kernel
+ * CPU runs (src/config/cpu.c) against float64 computations, and each SIMD kernel
  * against the scalar specification: GEMM at every m, several k, every mode,
  * both stride patterns and several ab_scale, with sentinels around C; the
  * online softmax over several tiles with masked (-inf) entries and lanes
@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu.h"
+#include "config/cpu.h"
 #include "test_util.h"
 #include "uk/ukernel.h"
 

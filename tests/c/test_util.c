@@ -1,7 +1,7 @@
 /* test_util.c: seeded randomness, tolerance checks and the tally shared by
  * the C tests (see test_util.h). */
 #include "test_util.h"
-#include "cpu.h"
+#include "config/cpu.h"
 
 #include <math.h>
 #include <stdarg.h>

@@ -24,11 +24,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cpu.h"
+#include "config/cpu.h"
 #include "test_util.h"
-#include "tune.h"
-#include "tuning.h"
-#include "wisdom.h"
+#include "api/tune.h"
+#include "config/tuning.h"
+#include "config/wisdom.h"
 
 static char tmp_dir[256];
 

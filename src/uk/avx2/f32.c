@@ -330,8 +330,8 @@ static void fmha_f32_ds_ukernel_16__avx2(size_t rows, const float *p, float *dp,
     }
 }
 
-/* ---- the avx2 ISA's parts (rows, the scalar part's; no bf16 part, no
- * in-place cache kernels), shared with avx2vnni (parts.h) ---- */
+/* ---- the avx2 ISA's float32 tile part, shared with avx2vnni (parts.h;
+ * the other parts and the ISA: table.c) ---- */
 const fmha_uk_tile fmha_uk_tile__avx2 = {
     .mr = AVX2_MR,
     .nr = AVX2_NR,
@@ -340,14 +340,4 @@ const fmha_uk_tile fmha_uk_tile__avx2 = {
     .softmax = fmha_f32_softmax_ukernel_16__avx2,
     .exp_sub = fmha_f32_exp_sub_ukernel_16__avx2,
     .ds = fmha_f32_ds_ukernel_16__avx2,
-};
-
-const fmha_uk_decode fmha_uk_decode__avx2 = {.softmax = fmha_f32_decode_softmax__avx2};
-const fmha_uk_cache fmha_uk_caches__avx2[FMHA_FORMAT_COUNT] = FMHA_AVX2_CACHES(NULL, NULL, NULL);
-
-const fmha_isa_parts fmha_isa_avx2 = {
-    .isa = "avx2",
-    .tile = &fmha_uk_tile__avx2,
-    .decode = &fmha_uk_decode__avx2,
-    .cache = FMHA_CACHE_PARTS(fmha_uk_caches__avx2),
 };

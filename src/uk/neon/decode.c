@@ -13,7 +13,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../../convert.h"
+#include "runtime/convert.h"
 #include "exp.h"
 #include "neon.h"
 

@@ -8,7 +8,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../../convert.h"
+#include "runtime/convert.h"
 #include "neon.h"
 
 #define FMHA_INLINE static inline __attribute__((always_inline))

@@ -4,8 +4,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "../../convert.h"
-#include "../../format.h"
+#include "runtime/convert.h"
+#include "format/format.h"
 #include "decode.h"
 
 /* s[r][j] = scale * q_r . k_j: the dot product is summed from zero, then scaled. */

@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../../convert.h"
+#include "runtime/convert.h"
 #include "../ukernel.h"
 #include "decode.h"
 

@@ -14,7 +14,7 @@
  * A child of fork() gets a fresh, empty pool (pthread_atfork). A job may
  * carry per-thread hooks (fmha_parallel_for_hooked), called by each thread
  * around its share of the tasks; nothing of them outlives the job. */
-#include "pool.h"
+#include "runtime/pool.h"
 
 #include <pthread.h>
 #include <sched.h>

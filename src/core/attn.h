@@ -7,7 +7,8 @@
 #include <stdint.h>
 
 #include "fmha.h"
-#include "pool.h"
+#include "runtime/pool.h"
+#include "runtime/strided.h"
 #include "uk/ukernel.h"
 
 #define FMHA_ALIGN 64
@@ -169,10 +170,6 @@ typedef struct fmha_tensors {
  * and bias arrays included): FMHA_ERR_OVERLAP, _BAD_STRIDE or _BAD_SIZE. */
 fmha_status fmha_tensors_check(const fmha_problem *p, const fmha_tensors *t);
 
-/* Largest element offset of a tensor of extents ext and strides st (>= 0),
- * or -1 past 2^60; 1 when no two of its elements share an offset. */
-int64_t fmha_strided_span(const int64_t ext[4], const int64_t st[4]);
-int fmha_strided_injective(const int64_t ext[4], const int64_t st[4]);
 /* Bias gradients against the biases they belong to. */
 fmha_status fmha_param_grads_check(const fmha_problem *p, const fmha_param_grads *g);
 

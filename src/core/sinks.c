@@ -11,10 +11,10 @@
  * bitwise identical for every thread count. */
 #include <math.h>
 
-#include "attn.h"
-#include "error.h"
-#include "convert.h"
-#include "pool.h"
+#include "core/attn.h"
+#include "runtime/error.h"
+#include "runtime/convert.h"
+#include "runtime/pool.h"
 
 typedef struct sinks_ctx {
     const fmha_problem *p;

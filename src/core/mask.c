@@ -9,9 +9,9 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#include "attn.h"
-#include "checked.h"
-#include "error.h"
+#include "core/attn.h"
+#include "runtime/checked.h"
+#include "runtime/error.h"
 
 static atomic_llong tiles_computed;
 void fmha_tiles_reset(void) { atomic_store(&tiles_computed, 0); }

@@ -25,14 +25,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "attn.h"
-#include "convert.h"
-#include "cpu.h"
-#include "error.h"
+#include "core/attn.h"
+#include "runtime/convert.h"
+#include "config/cpu.h"
+#include "runtime/error.h"
 #include "fmha.h"
-#include "tune.h"
-#include "tuning.h"
-#include "wisdom.h"
+#include "api/tune.h"
+#include "config/tuning.h"
+#include "config/wisdom.h"
 
 enum { TUNE_ROUNDS = 5, TUNE_CALLS = 1, TUNE_MAX_ROWS = 16, TUNE_MAX_CANDIDATES = 8 };
 #define TUNE_DEFAULT_BUDGET_S 90.0

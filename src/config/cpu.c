@@ -16,8 +16,8 @@
  * its float32 table. fmha_tune builds trial contexts the same way
  * (fmha_cpu_trial) and passes them to the planner; nothing here is per
  * thread. */
-#include "cpu.h"
-#include "wisdom.h"
+#include "config/cpu.h"
+#include "config/wisdom.h"
 
 #include <pthread.h>
 #include <stdio.h>

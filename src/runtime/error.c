@@ -1,5 +1,5 @@
 /* error.c: the thread's last failure message (error.h). */
-#include "error.h"
+#include "runtime/error.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attn.h"
-#include "convert.h"
-#include "error.h"
-#include "format.h"
+#include "runtime/strided.h"
+#include "runtime/convert.h"
+#include "runtime/error.h"
+#include "format/format.h"
 
 size_t fmha_kv_format_row_bytes(fmha_kv_format format, int64_t dim) {
     if (format <= FMHA_KV_FORMAT_DTYPE || format > FMHA_KV_FORMAT_Q4_0 || dim < 1 || dim > ((int64_t)1 << 40)) return 0;

@@ -10,7 +10,7 @@
 
 #include <stddef.h>
 
-#include "tuning.h"
+#include "config/tuning.h"
 #include "uk/ukernel.h"
 
 /* An ISA of an architecture: its name, a check that this CPU and OS can run

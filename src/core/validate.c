@@ -1,4 +1,4 @@
-/* api.c: the problem and its validation: status strings, fmha_problem_init,
+/* validate.c: validation of a problem and of a run's named tensors (nothing is written on error),
  * fmha_problem_check (sizes, options, strides, masks, biases), and the
  * tensor check of a run (every output against every other tensor, named).
  * plan.c resolves checked problems into plans and runs them. */
@@ -8,13 +8,13 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "attn.h"
-#include "convert.h"
-#include "checked.h"
-#include "error.h"
-#include "format.h"
-#include "cpu.h"
-#include "pool.h"
+#include "core/attn.h"
+#include "runtime/convert.h"
+#include "runtime/checked.h"
+#include "runtime/error.h"
+#include "format/format.h"
+#include "config/cpu.h"
+#include "runtime/pool.h"
 
 const char *fmha_status_string(fmha_status status) {
     switch (status) {
@@ -119,16 +119,6 @@ static const int64_t *tensor_strides(const fmha_problem *p, int which) {
     return which == 0 ? p->q_strides : which == 1 ? p->k_strides : which == 2 ? p->v_strides : p->o_strides;
 }
 
-/* Largest element offset of a tensor, or -1 on overflow. */
-int64_t fmha_strided_span(const int64_t ext[4], const int64_t st[4]) {
-    int64_t span = 0;
-    for (int i = 0; i < 4; i++) {
-        if (st[i] != 0 && ext[i] - 1 > (INT64_MAX / 8 - span) / st[i]) return -1;
-        span += st[i] * (ext[i] - 1);
-    }
-    return span;
-}
-
 /* A kernel steps its operand pointer by every stride, even on a dimension of
  * extent 1 (one step past the end); a stride no larger dimension could have
  * (> INT64_MAX / 8) is replaced by 0 in a plan's copy so that step cannot wrap. */
@@ -140,24 +130,6 @@ void fmha_problem_tame_unit_strides(fmha_problem *p) {
         for (int i = 0; i < 4; i++)
             if (ext[i] == 1 && st[i] > INT64_MAX / 8) st[i] = 0;
     }
-}
-
-/* 1 if distinct indices always map to distinct offsets in the nested sense:
- * dims sorted by stride, each stride exceeds the reach of the smaller ones. */
-int fmha_strided_injective(const int64_t ext[4], const int64_t st[4]) {
-    int order[4] = {0, 1, 2, 3};
-    for (int i = 1; i < 4; i++)
-        for (int j = i; j > 0 && st[order[j]] < st[order[j - 1]]; j--) {
-            int t = order[j]; order[j] = order[j - 1]; order[j - 1] = t;
-        }
-    int64_t reach = 0;
-    for (int i = 0; i < 4; i++) {
-        int d = order[i];
-        if (ext[d] == 1) continue;
-        if (st[d] <= reach) return 0;
-        reach += st[d] * (ext[d] - 1);
-    }
-    return 1;
 }
 
 fmha_status fmha_problem_load(const fmha_problem *p, fmha_problem *out) {

@@ -5,9 +5,9 @@
  * bound. */
 #include <math.h>
 
-#include "error.h"
+#include "runtime/error.h"
 #include "fmha.h"
-#include "partials.h"
+#include "core/partials.h"
 
 fmha_status fmha_merge(int64_t batch, int64_t heads_q, int64_t seq_q, int64_t head_dim_v,
                        const int64_t o_strides[4], const float *o_a, const float *lse_a,

@@ -5,9 +5,9 @@
  * of float32 rows with unit stride by memcpy (a scaled store vectorised). */
 #include <string.h>
 
-#include "attn.h"
-#include "convert.h"
-#include "format.h"
+#include "core/attn.h"
+#include "runtime/convert.h"
+#include "format/format.h"
 
 void fmha_load_row_uk(const fmha_ukernels *uk, const void *base, fmha_dtype t, int64_t first,
                       int64_t stride, int64_t n, float *dst) {

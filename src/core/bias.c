@@ -10,8 +10,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "attn.h"
-#include "error.h"
+#include "core/attn.h"
+#include "runtime/error.h"
 
 int32_t fmha_rel_bucket(int64_t rel, int32_t num_buckets, int32_t max_distance, int bidirectional) {
     if (num_buckets < 1) return -1; /* no bucket */

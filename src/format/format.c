@@ -1,12 +1,12 @@
 /* format.c: the cache formats' descriptors and their specifications (the
  * scalar dequantisations every kernel is held to). */
-#include "format.h"
+#include "format/format.h"
 
 #include <math.h>
 #include <string.h>
 
-#include "convert.h"
-#include "error.h"
+#include "runtime/convert.h"
+#include "runtime/error.h"
 
 float fmha_fp8_e4m3_to_f32(uint8_t b) {
     const unsigned e = (b >> 3) & 0xfu, m = b & 7u;
@@ -67,29 +67,6 @@ float fmha_q8_0_block(const float *x, int8_t *q) {
     const float id = d ? 1.0f / d : 0.0f;
     for (int j = 0; j < 32; j++) q[j] = (int8_t)fmha_round_away(x[j] * id); /* |x id| <= 127 */
     return d;
-}
-
-void fmha_q8_tiles_pack(size_t rows, size_t d, const fmha_q8_rows *q, void *out) {
-    const size_t chunks = (d + 63) / 64, nb = d / 32, ldd = q->ld / 32;
-    for (size_t g = 0; g * 16 < rows; g++) {
-        int8_t *b = (int8_t *)out + g * fmha_q8_tiles_group_bytes(d);
-        memset(b, 0, chunks * 2048);
-        for (size_t c = 0; c < chunks; c++)
-            for (size_t n = 0; n < 16 && 16 * g + n < rows; n++)
-                for (size_t kk = 0; kk < 16; kk++) {
-                    const size_t e = 64 * c + 4 * kk; /* values e..e+3 of row 16g + n, in block e / 32 */
-                    if (e >= d) continue;
-                    memcpy(b + ((2 * c + kk / 8) * 16 + kk) * 64 + 4 * n, q->q + (16 * g + n) * q->ld + e, 4);
-                }
-        float *qd = (float *)(b + chunks * 2048);
-        int32_t *sum = (int32_t *)(qd + nb * 16);
-        for (size_t blk = 0; blk < nb; blk++)
-            for (size_t n = 0; n < 16; n++) {
-                const int real = 16 * g + n < rows;
-                qd[blk * 16 + n] = real ? q->d[(16 * g + n) * ldd + blk] : 0.0f;
-                sum[blk * 16 + n] = real ? q->sum[(16 * g + n) * ldd + blk] : 0;
-            }
-    }
 }
 
 int fmha_q8_quantize_row(const float *x, int64_t d, int8_t *q, float *qd, int32_t *sum) {

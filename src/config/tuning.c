@@ -1,7 +1,7 @@
 /* tuning.c: the tuning fields' table (from FMHA_TUNING_FIELDS), the one
  * check that every source's key=value text passes, and the text of a
  * tuning's fields. Depends on nothing but tuning.h. */
-#include "tuning.h"
+#include "config/tuning.h"
 
 #include <stdio.h>
 #include <string.h>

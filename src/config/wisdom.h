@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tuning.h"
+#include "config/tuning.h"
 
 /* The format this library reads and writes:
  *   {"fmha_wisdom": 1,

@@ -11,13 +11,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attn.h"
-#include "cpu.h"
-#include "tuning.h"
+#include "core/attn.h"
+#include "config/cpu.h"
+#include "config/tuning.h"
 #include "driver/operand.h"
-#include "error.h"
-#include "format.h"
-#include "pool.h"
+#include "runtime/error.h"
+#include "format/format.h"
+#include "runtime/pool.h"
 
 /* Dense materialises the scores of one head per thread. Measured with
  * fmha-bench (B = 1, 8 heads, D = 64, float32, 2 threads, AVX-512, one run,

@@ -3,7 +3,7 @@
  * nesting at most WISDOM_MAX_DEPTH deep) turns the text into a flat list of
  * nodes, then the schema is checked entry by entry; the first problem ends
  * the read with its reason and the place it was found. */
-#include "wisdom.h"
+#include "config/wisdom.h"
 
 #include <errno.h>
 #include <stdarg.h>

@@ -3,7 +3,7 @@
  * permission for the tile data (arch_prctl ARCH_REQ_XCOMP_PERM, kernel >=
  * 5.16), asked once. The CPU's vendor, family and model name it for
  * fmha_plan_describe (and for tunings per microarchitecture). */
-#include "cpu.h"
+#include "config/cpu.h"
 
 #if FMHA_HAVE_X86
 #include <cpuid.h>

@@ -7,7 +7,7 @@
  * before dV (derivation in bwd.c). */
 #include <math.h>
 
-#include "attn.h"
+#include "core/attn.h"
 
 /* The seed, mixed so that seed 0 is no weaker than any other. */
 static uint64_t seed_mix(uint64_t seed) { return fmha_dropout_mix64(seed + 0x9e3779b97f4a7c15ULL); }

@@ -10,8 +10,46 @@
 
 #include <stdint.h>
 
+#include <stddef.h>
+
 #include "fmha.h"
-#include "uk/ukernel.h"
+
+/* Cache formats of K and V (their descriptors below). */
+typedef enum fmha_cache_format_id {
+    FMHA_FORMAT_F32 = 0,
+    FMHA_FORMAT_BF16,
+    FMHA_FORMAT_F16,
+    FMHA_FORMAT_INT8,     /* int8, a scale per (key, kv head) beside the rows */
+    FMHA_FORMAT_FP8_E4M3, /* OCP E4M3FN bits, a scale per kv head */
+    FMHA_FORMAT_FP8_E5M2, /* OCP E5M2 bits, a scale per kv head */
+    FMHA_FORMAT_Q8_0,     /* GGUF block_q8_0: blocks of 32, 34 bytes */
+    FMHA_FORMAT_Q4_0,     /* GGUF block_q4_0: blocks of 32, 18 bytes */
+    FMHA_FORMAT_COUNT
+} fmha_cache_format_id;
+_Static_assert(FMHA_FORMAT_COUNT == 8, "FMHA_CACHE_PARTS lists every format");
+
+/* The GGUF blocks, as ggml's type traits size them (blck_size, type_size):
+ * a half scale d, then the values. format.c's descriptors and every kernel
+ * take them from here. */
+enum {
+    FMHA_GGUF_BLOCK = 32,          /* values a block holds (QK8_0, QK4_0) */
+    FMHA_GGUF_VALUES_AT = 2,       /* bytes before the values: d */
+    FMHA_Q8_0_BLOCK_BYTES = 34,    /* d, int8 q[32] */
+    FMHA_Q4_0_BLOCK_BYTES = 18     /* d, uint8 qs[16]: values j and j + 16 in byte j */
+};
+
+/* Bytes of a stored block of FMHA_GGUF_BLOCK values of an integer format
+ * (int8: the values alone; q8_0, q4_0), and the offset of its first value. */
+static inline size_t fmha_int_block_bytes(fmha_cache_format_id f) {
+    return f == FMHA_FORMAT_Q8_0   ? FMHA_Q8_0_BLOCK_BYTES
+           : f == FMHA_FORMAT_Q4_0 ? FMHA_Q4_0_BLOCK_BYTES
+                                   : FMHA_GGUF_BLOCK;
+}
+static inline size_t fmha_int_block_values_at(fmha_cache_format_id f) {
+    return f == FMHA_FORMAT_INT8 ? 0 : FMHA_GGUF_VALUES_AT;
+}
+
+
 
 /* Where a format's scales live. */
 typedef enum fmha_scale_place {
@@ -26,7 +64,7 @@ typedef struct fmha_cache_format {
     const char *name;        /* "f32", "bf16", "f16", "int8", ... */
     unsigned unit_bytes;     /* bytes of the storage unit strides count (4, 2 or 1) */
     unsigned block;          /* values a block holds (1: element formats; 32: GGUF) */
-    unsigned block_units;    /* storage units of a block (1, or a GGUF block's bytes: ukernel.h) */
+    unsigned block_units;    /* storage units of a block (1, or a GGUF block's bytes: above) */
     fmha_scale_place scales;
     /* the specification: value idx of a run of elements (element formats:
      * element idx of the tensor at x; block formats: x at a block, value
@@ -105,10 +143,6 @@ float fmha_q8_0_block(const float *x, int8_t *q);
  * meaningful written, when x holds a NaN or an infinity (the float32
  * query's kernels then serve, so that it propagates as IEEE says). */
 int fmha_q8_quantize_row(const float *x, int64_t d, int8_t *q, float *qd, int32_t *sum);
-
-/* The tiles of rows [0, rows) of q (fmha_q8_rows.tiles' layout, ukernel.h)
- * into out: fmha_q8_tiles_group_bytes(d) bytes for each group of 16 rows. */
-void fmha_q8_tiles_pack(size_t rows, size_t d, const fmha_q8_rows *q, void *out);
 
 /* OCP float8 bits to float32, exactly (the specifications). */
 float fmha_fp8_e4m3_to_f32(uint8_t b);

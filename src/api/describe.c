@@ -4,11 +4,11 @@
  * call without a profiler. */
 #include <stdio.h>
 
-#include "attn.h"
-#include "cpu.h"
+#include "core/attn.h"
+#include "config/cpu.h"
 #include "driver/operand.h"
-#include "format.h"
-#include "tuning.h"
+#include "format/format.h"
+#include "config/tuning.h"
 
 /* The precision field: the matrix driver's operands, the bf16 pair path's
  * FAST or ACCURATE, else float32. */

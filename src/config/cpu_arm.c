@@ -3,7 +3,7 @@
  * first: neonbf16 (Advanced SIMD plus FEAT_BF16: BFDOT, BFMMLA, BFCVTN),
  * sve (SVE at any vector length), neon (Advanced SIMD, Armv8.0). The
  * capabilities are also reported by fmha_plan_describe. */
-#include "cpu.h"
+#include "config/cpu.h"
 
 #if defined(__aarch64__)
 #include <stdio.h>
