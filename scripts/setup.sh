@@ -3,9 +3,10 @@
 # fresh Debian machine, saying what it installs, and the Python packages of
 # that purpose's requirement set (python/requirements-<set>.txt) into ./.venv.
 #   test   every test: also Open MPI (the ring tests), clang and libFuzzer
-#          (fuzzing), pkg-config (the installed package's checks) and, on
-#          x86-64, the aarch64 cross compiler and qemu-user-static (the
-#          emulated aarch64 tests)
+#          (fuzzing), pkg-config (the installed package's checks), on
+#          x86-64 the aarch64 cross compiler and qemu-user-static (the
+#          emulated aarch64 tests), and in .venv PyTorch (PyPI's CUDA
+#          build, a large download) and transformers (the torch tests)
 #   main   the main job (bench.sh): compiler, CMake, Ninja, Python; NumPy,
 #          JAX, matplotlib
 #   bench  compare.sh: main's set plus PyTorch (a large download)

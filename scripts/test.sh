@@ -102,7 +102,8 @@ fi
 
 python_tests() {
     # pytest exits 5 when it collected no test; that is a failure here too.
-    FMHA_LIBRARY="$PWD/build/libfmha.so" FMHA_BENCH="$PWD/build/fmha-bench" \
+    # FMHA_REQUIRE_TORCH=1: the torch tests fail, not skip, without PyTorch.
+    FMHA_REQUIRE_TORCH=1 FMHA_LIBRARY="$PWD/build/libfmha.so" FMHA_BENCH="$PWD/build/fmha-bench" \
         PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" .venv/bin/python -m pytest -q tests/python
 }
 run_stage "Python tests (Release library)" python_tests
