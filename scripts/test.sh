@@ -35,8 +35,8 @@
 # as many threads as the host has cores) and each within a budget (seconds,
 # about twice its time on 2 cores of an Intel Xeon; FMHA_TEST_BUDGET_SCALE
 # multiplies them on a slower or shared host): a stage past its budget is
-# stopped and fails, with its name, so the command finishes within 20
-# minutes on 2 cores. qemu 7.2 emulates SVE at 512 bits about 40 times
+# stopped and fails, with its name, so the command ends in bounded time
+# (the aim: within 20 minutes on 2 cores). qemu 7.2 emulates SVE at 512 bits about 40 times
 # slower than at 128 bits, so the sve table's tile tests run at 128 bits
 # and only the kernel tests at 512.
 # Exits non-zero on any failure.
