@@ -3,58 +3,70 @@
 # fresh Debian machine, saying what it installs, and the Python packages of
 # that purpose's requirement set (python/requirements-<set>.txt) into ./.venv.
 #   test   every test: also Open MPI (the ring tests), clang and libFuzzer
-#          (fuzzing), pkg-config (the installed package's checks) and, on
-#          x86-64, the aarch64 cross compiler and qemu-user-static (the
-#          emulated aarch64 tests)
+#          (fuzzing), pkg-config (the installed package's checks), on
+#          x86-64 the aarch64 cross compiler and qemu-user-static (the
+#          emulated aarch64 tests), and in .venv PyTorch (PyPI's CUDA
+#          build, a large download) and transformers (the torch tests)
 #   main   the main job (bench.sh): compiler, CMake, Ninja, Python; NumPy,
 #          JAX, matplotlib
 #   bench  compare.sh: main's set plus PyTorch (a large download)
-#   usage: scripts/setup.sh [test|main|bench]
+# A second argument does one part alone: system (the Debian packages) or
+# python (.venv; scripts/test.sh installs it while the libraries build).
+#   usage: scripts/setup.sh [test|main|bench] [system|python]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+purpose=${1:-test} part=${2:-all}
+case "$part" in all|system|python) ;; *) echo "setup: unknown part '$part' (system or python)" >&2; exit 2 ;; esac
 
-need=()
-command -v cc >/dev/null || need+=(gcc libc6-dev)
-command -v c++ >/dev/null || need+=(g++)   # the JAX binding's FFI handler is C++
-command -v cmake >/dev/null || need+=(cmake)
-command -v ninja >/dev/null || need+=(ninja-build)
-command -v git >/dev/null || need+=(git)
-command -v python3 >/dev/null || need+=(python3 python3-venv python3-pip)
-if [ "${1:-test}" = test ]; then
-    command -v pkg-config >/dev/null || need+=(pkg-config)   # the test of fmha.pc
-    # ring attention (libfmha_mpi and its tests under mpirun)
-    command -v mpicc >/dev/null || need+=(libopenmpi-dev openmpi-bin)
-    # the fuzz target (scripts/fuzz.sh): clang and its libFuzzer/sanitizer runtimes
-    command -v clang >/dev/null || need+=(clang)
-    if ! compgen -G "/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a" >/dev/null; then
-        need+=(libclang-rt-dev)
+system_packages() {
+    need=()
+    command -v cc >/dev/null || need+=(gcc libc6-dev)
+    command -v c++ >/dev/null || need+=(g++)   # the JAX binding's FFI handler is C++
+    command -v cmake >/dev/null || need+=(cmake)
+    command -v ninja >/dev/null || need+=(ninja-build)
+    command -v git >/dev/null || need+=(git)
+    command -v python3 >/dev/null || need+=(python3 python3-venv python3-pip)
+    if [ "$purpose" = test ]; then
+        command -v pkg-config >/dev/null || need+=(pkg-config)   # the test of fmha.pc
+        # ring attention (libfmha_mpi and its tests under mpirun)
+        command -v mpicc >/dev/null || need+=(libopenmpi-dev openmpi-bin)
+        # the fuzz target (scripts/fuzz.sh): clang and its libFuzzer/sanitizer runtimes
+        command -v clang >/dev/null || need+=(clang)
+        if ! compgen -G "/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a" >/dev/null; then
+            need+=(libclang-rt-dev)
+        fi
+        # the aarch64 stage on x86-64 hosts: a cross compiler and qemu's user-mode emulator
+        if [ "$(uname -m)" = x86_64 ]; then
+            command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+            command -v aarch64-linux-gnu-g++ >/dev/null || need+=(g++-aarch64-linux-gnu)
+            command -v qemu-aarch64-static >/dev/null || need+=(qemu-user-static)
+        fi
     fi
-    # the aarch64 stage on x86-64 hosts: a cross compiler and qemu's user-mode emulator
-    if [ "$(uname -m)" = x86_64 ]; then
-        command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
-        command -v aarch64-linux-gnu-g++ >/dev/null || need+=(g++-aarch64-linux-gnu)
-        command -v qemu-aarch64-static >/dev/null || need+=(qemu-user-static)
+    if ((${#need[@]})); then
+        echo "setup: installing ${need[*]}" >&2
+        SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+        $SUDO apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
     fi
-fi
-if ((${#need[@]})); then
-    echo "setup: installing ${need[*]}" >&2
-    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
-fi
-if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
-    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-venv >/dev/null
-fi
+    if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+        SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+        $SUDO apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-venv >/dev/null
+    fi
+}
 
-[ -x .venv/bin/python ] || python3 -m venv .venv
-req="python/requirements-${1:-test}.txt"
-stamp=".venv/.installed-$(basename "$req")"
-if [ ! -f "$stamp" ] || [ "$req" -nt "$stamp" ]; then
-    echo "setup: installing the Python packages of $req into .venv:" \
-         "$(grep -v '^[#-]' "$req" | tr '\n' ' ')" >&2
-    .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-    .venv/bin/python -m pip install -q -r "$req"
-    touch "$stamp"
-fi
+python_packages() {
+    [ -x .venv/bin/python ] || python3 -m venv .venv
+    req="python/requirements-$purpose.txt"
+    stamp=".venv/.installed-$(basename "$req")"
+    if [ ! -f "$stamp" ] || [ "$req" -nt "$stamp" ]; then
+        echo "setup: installing the Python packages of $req into .venv:" \
+             "$(grep -v '^[#-]' "$req" | tr '\n' ' ')" >&2
+        .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+        .venv/bin/python -m pip install -q -r "$req"
+        touch "$stamp"
+    fi
+}
+
+[ "$part" = python ] || system_packages
+[ "$part" = system ] || python_packages

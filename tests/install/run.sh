@@ -13,7 +13,8 @@
 #      compiler on PATH, an empty cache and no FMHA_* variable; then, as the
 #      wheel's compiler is not the one of the library the Python tests use,
 #      tests/python on the installed package (its libfmha.so and JAX FFI
-#      handler; pytest and the tests' other packages come from .venv);
+#      handler; pytest and the tests' other packages come from .venv), all
+#      but fmha-bench's and the torch binding's tests;
 #   3. installs the wheel with NumPy for Debian 11's Python 3.9 (glibc
 #      2.31, older than the build machine's; x86-64 hosts) and runs
 #      smoke.py on it;
@@ -79,11 +80,13 @@ say "smoke test passed (no compiler, empty cache)"
 # JAX FFI handler (zig-built; the Python tests stage ran the CMake build's).
 # pytest, ml_dtypes and matplotlib come from the development venv.
 # test_bench.py tests fmha-bench, not the package: the Python tests stage
-# runs it.
+# runs it. The torch binding's tests (test_torch*.py) call the library
+# through the same entry points as the NumPy and JAX tests here; the Python
+# tests stage runs them, and they would double this step's time.
 see_dev_venv
 (cd "$tmp/work" && env -u FMHA_LIBRARY -u FMHA_BENCH -u FMHA_ISA -u PYTHONPATH HOME="$tmp/home" \
     "$tmp/venv/bin/python" -m pytest -q -p no:cacheprovider --ignore="$repo/tests/python/test_bench.py" \
-    "$repo/tests/python" >"$tmp/pytest-wheel.log" 2>&1) || fail "$tmp/pytest-wheel.log" "tests/python failed on the wheel"
+    --ignore-glob="$repo/tests/python/test_torch*.py" "$repo/tests/python" >"$tmp/pytest-wheel.log" 2>&1) || fail "$tmp/pytest-wheel.log" "tests/python failed on the wheel"
 say "tests/python on the wheel's library and handler: $(tail -1 "$tmp/pytest-wheel.log" | tr -d '=')"
 
 # ---- the wheel on an older glibc: Debian 11's Python 3.9 on its glibc 2.31 -------
