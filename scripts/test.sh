@@ -28,7 +28,8 @@
 # Stages that wait on the network or the disk, or run one thread, run in
 # the background beside CPU-bound ones: the .venv's packages (PyTorch's
 # gigabytes) beside the builds and the C tests, the fuzzer (its build, then
-# one thread) beside the emulated tests. Each logs to a file, printed whole
+# one thread) beside the emulated tests, the sve table's tile tests beside
+# neonbf16's (each one qemu process). Each logs to a file, printed whole
 # when it ends, and has its own line in the table.
 #
 # Emulated stages run one test at a time (one qemu process, whose pool has
@@ -164,11 +165,14 @@ if [ "$(uname -m)" = x86_64 ]; then
     # tables (tile variants, the AMX driver's), the invalid-text parser
     # check and the decode prefetch reruns (the same kernels, a prefetch hint).
     arm_generic='^test_(fork|pool_nospin|stress|ref_gradcheck|ref_masks_gradcheck|tuning_(tall|large|invalid|matrix)|paged_prefetch|kvformat_prefetch)$'
-    run_stage "aarch64 neonbf16, the tests of tables (qemu)" arm_ctest 500 max neonbf16 -E "$arm_generic"
+    # the two long emulated stages side by side: a qemu process keeps about
+    # 1.35 of the 2 cores busy, so each leaves room for the other
+    bg_stage sve128 "aarch64 sve 128 bits, tile tests (qemu)" arm_ctest 500 max,sve-default-vector-length=16 sve \
+        -R '^test_(ukernels|forward|backward|masks|ieee|lowp|dropout|differential|threads)$'
+    run_stage "aarch64 neonbf16, the tests of tables (qemu)" arm_ctest 600 max neonbf16 -E "$arm_generic"
+    bg_wait sve128 || true
     run_stage "aarch64 sve 512 bits, kernel tests (qemu)" \
         arm_ctest 60 max,sve-default-vector-length=64 sve -R '^test_ukernels$'
-    run_stage "aarch64 sve 128 bits, tile tests (qemu)" arm_ctest 400 max,sve-default-vector-length=16 sve \
-        -R '^test_(ukernels|forward|backward|masks|ieee|lowp|dropout|differential|threads)$'
     run_stage "aarch64 neon as a Neoverse N1 (qemu)" \
         arm_ctest 90 neoverse-n1 neon -R '^test_(ukernels|bf16_ukernels|forward)$'
     bg_wait venv || { print_times; exit 1; }
