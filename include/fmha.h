@@ -77,15 +77,14 @@
  * FMHA_ISA=scalar|avx2|avx2vnni|avx512|avx512vnni|avx512bf16|amx|neon|
  * neondot|neonbf16|sve forces a set (falling back to the best supported one
  * if the CPU lacks it); the *vnni and neondot sets add integer dot products
- * for quantized caches (see fmha_precision). avx512_12x32 and avx512_14x32
- * are avx512 with float32 tiles of those shapes (no bf16 kernels), which a
- * tuning may also choose for float32 calls.
+ * for quantized caches (see fmha_precision). The float32 tile shape is
+ * not a set of its own but a field of the tuning (tile_mr, tile_nr below).
  * FMHA_ISA=amx_emu runs the amx set's kernels on a software tile unit, on
  * any CPU with AVX512_BF16: for testing the AMX code where no AMX is (much
  * slower than amx; never chosen without FMHA_ISA). Only the project's test
  * builds have it; the installed library and the Python package fall back
  * as for a set the CPU lacks.
- * Each set runs with a tuning (the float32 tile variant, keys per tile,
+ * Each set runs with a tuning (the float32 tile shape, keys per tile,
  * K's copy, the AUTO strategy's dense crossover, the decode driver's split
  * and prefetch, the AMX schedule), the first found of, in order:
  *   1. FMHA_TUNING (below), over the tuning the next ones give;
@@ -102,10 +101,10 @@
  * came from (tuning=, tuning_source=).
  * FMHA_TUNING=generic (every field at its default) or a comma-separated
  * list of key=N pairs, each over the tuning found: tile_mr=N (1..16) and
- * tile_nr=N (16..64, a multiple of 16): float32 calls run on the
- * registered variant of the set's float32 tiles of MR x NR, e.g.
- * tile_mr=12,tile_nr=32 on avx512_12x32 (a shape without a variant: the
- * set's own; default the set's own), block_kv=N (a multiple of 32,
+ * tile_nr=N (16..64, a multiple of 16): float32 calls run on the set's
+ * float32 tiles of MR x NR among the shapes it has (the avx512-based sets:
+ * 6 x 64, their own, 12 x 32 and 14 x 32; a shape the set lacks: its own;
+ * default the set's own), block_kv=N (a multiple of 32,
  * 32..1024; default the set's), k_copy_bytes=N (the float32 forward copies
  * K once per call, rows contiguous, when one head's K holds N bytes or
  * more; 0, the default: never), dense_max_scores=N (AUTO runs dense while

@@ -280,37 +280,23 @@ static void tune_field(tuner *tn, fmha_tuning *t, const fmha_tuning_field *f, tu
     *t = cand[compare(tn, f->key, cand, labels, m, rows)];
 }
 
-/* The float32 tile: the table's own and each registered variant it can run. */
+/* The float32 tile: the table's own and each other shape its tile part
+ * lists (fmha_cpu_f32_tile_at). */
 static void tune_tile(tuner *tn, fmha_tuning *t) {
     if (!tn->f32_rows || spent(tn)) return;
     fmha_tuning cand[TUNE_MAX_CANDIDATES];
     char text[TUNE_MAX_CANDIDATES][24];
     const char *labels[TUNE_MAX_CANDIDATES];
     const fmha_ukernels *own = fmha_cpu_kernels();
-    fmha_trial *trial = malloc(sizeof *trial);
-    if (!trial) return;
     int m = 0;
-    cand[m] = *t;
-    snprintf(text[m], sizeof text[m], "%zux%zu", own->tile.mr, own->tile.nr);
-    labels[m] = text[m];
-    m++;
-    for (size_t i = 0; i < fmha_isa_count() && m < TUNE_MAX_CANDIDATES; i++) {
-        const fmha_ukernels *v = fmha_isa_at(i)->table;
+    const fmha_uk_tile *shape;
+    for (size_t i = 0; (shape = fmha_cpu_f32_tile_at(own, i)) != NULL && m < TUNE_MAX_CANDIDATES; i++) {
         cand[m] = *t;
-        cand[m].tile_mr = (int64_t)v->tile.mr;
-        cand[m].tile_nr = (int64_t)v->tile.nr;
-        /* a shape this table has a variant of (the trial's float32 table takes it) */
-        const int has = fmha_cpu_trial(tn->isa, &cand[m], trial) == 0 && trial->ctx.f32->tile.mr == v->tile.mr &&
-                        trial->ctx.f32->tile.nr == v->tile.nr;
-        if (!has || (v->tile.mr == own->tile.mr && v->tile.nr == own->tile.nr)) continue;
-        int seen = 0;
-        for (int c = 1; c < m; c++) seen |= cand[c].tile_mr == cand[m].tile_mr && cand[c].tile_nr == cand[m].tile_nr;
-        if (seen) continue;
-        snprintf(text[m], sizeof text[m], "%zux%zu", v->tile.mr, v->tile.nr);
+        if (i > 0) cand[m].tile_mr = (int64_t)shape->mr, cand[m].tile_nr = (int64_t)shape->nr;
+        snprintf(text[m], sizeof text[m], "%zux%zu", shape->mr, shape->nr);
         labels[m] = text[m];
         m++;
     }
-    free(trial);
     if (m > 1) *t = cand[compare(tn, "float32 tile", cand, labels, m, tn->f32_rows)];
 }
 

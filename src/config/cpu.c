@@ -11,9 +11,10 @@
  * the architecture's compiled-in entry, the cache heuristic; then
  * FMHA_TUNING over it. The table decides the fields left at
  * FMHA_TUNING_OF_TABLE (its tile shape, its keys per tile). A tuning
- * whose tile shape is another of a registered float32 variant of the
- * table's tile part gets that variant, composed with the same tuning, as
- * its float32 table. fmha_tune builds trial contexts the same way
+ * whose tile shape is another of the shapes the table's tile part lists
+ * (fmha_uk_tile.shapes) gets, as its float32 table, the table's parts with
+ * that tile (less the bf16 and matrix parts, which are on the table's own
+ * NR), composed with the same tuning. fmha_tune builds trial contexts the same way
  * (fmha_cpu_trial) and passes them to the planner; nothing here is per
  * thread. */
 #include "config/cpu.h"
@@ -35,20 +36,18 @@ static int cpu_always(void) { return 1; }
 typedef struct cpu_slot {
     fmha_isa isa;                /* name, check, &table */
     const fmha_isa_parts *parts;
-    const char *variant_of;      /* fmha_arch_isa.variant_of */
     int by_name_only, supported;
     int in_limit;                /* 0 for an ISA that fmha_cpu_limit_isas left out (tests only) */
     fmha_tuning tuning;          /* resolved */
     char tuning_name[48];
     fmha_ukernels table;         /* parts composed with tuning */
-    fmha_ukernels f32_table;     /* the float32 variant the tuning names, composed with it */
+    fmha_ukernels f32_table;     /* the float32 tile shape the tuning names, composed with it */
     fmha_context ctx;            /* {&table, &f32_table or &table} */
 } cpu_slot;
 
 static cpu_slot cpu_slots[CPU_MAX_ISA + 1];
 static size_t cpu_n_isa;
 static const fmha_context *cpu_selected;
-static int cpu_skip_variant_tables; /* tests: fmha_cpu_skip_variants */
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 
 /* ---- tunings' sources ---- */
@@ -154,32 +153,45 @@ static void cpu_compose(const fmha_isa_parts *parts, int supported, fmha_tuning 
     out->tile.block_kv = (size_t)t->block_kv;
 }
 
-static int cpu_usable(const cpu_slot *s) {
-    return s->supported && s->in_limit && !(s->variant_of && cpu_skip_variant_tables);
+static int cpu_usable(const cpu_slot *s) { return s->supported && s->in_limit; }
+
+const fmha_uk_tile *fmha_cpu_f32_tile_at(const fmha_ukernels *table, size_t i) {
+    if (i == 0) return &table->tile;
+    const fmha_uk_tile *const *shapes = table->tile.shapes;
+    for (size_t j = 0; shapes && shapes[j]; j++)
+        if (j == i) return shapes[j];
+    return NULL;
 }
 
-/* The usable float32 variant of slot s's tile part with tuning t's shape,
- * or NULL (s's own tiles). */
-static const cpu_slot *cpu_variant_for(const cpu_slot *s, const fmha_tuning *t) {
-    if (s->table.tile.mr == (size_t)t->tile_mr && s->table.tile.nr == (size_t)t->tile_nr) return NULL;
-    for (size_t j = 0; j < cpu_n_isa; j++) {
-        const cpu_slot *v = &cpu_slots[j];
-        if (!v->variant_of || !cpu_usable(v) || v->table.tile.mr != (size_t)t->tile_mr ||
-            v->table.tile.nr != (size_t)t->tile_nr)
-            continue;
-        for (size_t b = 0; b < cpu_n_isa; b++)
-            if (!strcmp(cpu_slots[b].isa.name, v->variant_of) && cpu_slots[b].parts->tile == s->parts->tile) return v;
-    }
+/* The tile part of `table`'s listed shapes (fmha_uk_tile.shapes) that
+ * tuning t names, or NULL: the table's own tiles (its shape, or one it
+ * lacks). */
+static const fmha_uk_tile *cpu_shape_for(const fmha_ukernels *table, const fmha_tuning *t) {
+    if (table->tile.mr == (size_t)t->tile_mr && table->tile.nr == (size_t)t->tile_nr) return NULL;
+    const fmha_uk_tile *shape;
+    for (size_t i = 1; (shape = fmha_cpu_f32_tile_at(table, i)) != NULL; i++)
+        if (shape->mr == (size_t)t->tile_mr && shape->nr == (size_t)t->tile_nr) return shape;
     return NULL;
+}
+
+/* Slot s's float32 table under tuning t (resolved), its table composed
+ * into *base: into *f32, returned, when t names another of the listed
+ * shapes; else base. */
+static const fmha_ukernels *cpu_f32_table(const cpu_slot *s, const fmha_ukernels *base, fmha_tuning *t,
+                                          fmha_ukernels *f32) {
+    const fmha_uk_tile *shape = cpu_shape_for(base, t);
+    if (!shape) return base;
+    fmha_isa_parts parts = *s->parts;
+    parts.tile = shape, parts.bf16 = NULL, parts.matrix = NULL;
+    cpu_compose(&parts, s->supported, t, f32);
+    return f32;
 }
 
 /* A context for slot s under tuning *t (resolved here): table and float32 table into *base and *f32. */
 static void cpu_context(const cpu_slot *s, fmha_tuning *t, fmha_ukernels *base, fmha_ukernels *f32,
                         fmha_context *ctx) {
     cpu_compose(s->parts, s->supported, t, base);
-    const cpu_slot *v = cpu_variant_for(s, t);
-    if (v) cpu_compose(v->parts, v->supported, t, f32);
-    *ctx = (fmha_context){base, v ? f32 : base};
+    *ctx = (fmha_context){base, cpu_f32_table(s, base, t, f32)};
 }
 
 /* The ISAs that fmha_cpu_limit_isas leaves, "" for all. */
@@ -227,7 +239,7 @@ static void cpu_tuning(cpu_slot *s) {
 
 static void cpu_add(const fmha_arch_isa *a) {
     cpu_slot *s = &cpu_slots[cpu_n_isa++];
-    *s = (cpu_slot){.parts = a->parts, .variant_of = a->variant_of, .by_name_only = a->by_name_only};
+    *s = (cpu_slot){.parts = a->parts, .by_name_only = a->by_name_only};
     s->isa = (fmha_isa){a->name, a->detect, &s->table};
     s->supported = a->detect() != 0;
     s->in_limit = cpu_listed(a->name);
@@ -278,19 +290,11 @@ static void cpu_init(void) {
         const fmha_arch_isa *a = fmha_arch_isa_at(i);
         if (a->parts) cpu_add(a); /* NULL: a table this build lacks (amx_emu outside the tests) */
     }
-    static const fmha_arch_isa scalar = {"scalar", cpu_always, &fmha_isa_scalar, 0, NULL};
+    static const fmha_arch_isa scalar = {"scalar", cpu_always, &fmha_isa_scalar, 0};
     cpu_add(&scalar);
-    /* tables first (a variant's tile shape is its table's), then each
-     * slot's float32 table */
     for (size_t i = 0; i < cpu_n_isa; i++) {
         cpu_slot *s = &cpu_slots[i];
-        cpu_compose(s->parts, s->supported, &s->tuning, &s->table);
-    }
-    for (size_t i = 0; i < cpu_n_isa; i++) {
-        cpu_slot *s = &cpu_slots[i];
-        const cpu_slot *v = cpu_variant_for(s, &s->tuning);
-        if (v) cpu_compose(v->parts, v->supported, &s->tuning, &s->f32_table);
-        s->ctx = (fmha_context){&s->table, v ? &s->f32_table : &s->table};
+        cpu_context(s, &s->tuning, &s->table, &s->f32_table, &s->ctx);
         if (cpu_usable(s) && !s->by_name_only && !cpu_selected) cpu_selected = &s->ctx;
     }
     /* a limit that leaves only by-name tables (FMHA_TEST_ISAS=amx_emu):
@@ -300,9 +304,9 @@ static void cpu_init(void) {
     const cpu_slot *forced = cpu_supported_named(getenv("FMHA_ISA"));
     if (forced) cpu_selected = &forced->ctx;
     char line[256];
-    snprintf(line, sizeof line, "%s: tuning %s (source %s), float32 on %s", cpu_selected->uk->isa,
+    snprintf(line, sizeof line, "%s: tuning %s (source %s), float32 tile %zux%zu", cpu_selected->uk->isa,
              cpu_selected->uk->tuning->name, fmha_tuning_source_name(cpu_selected->uk->tuning->source),
-             cpu_selected->f32->isa);
+             cpu_selected->f32->tile.mr, cpu_selected->f32->tile.nr);
     fmha_tuning_set_status(line);
 }
 
@@ -346,7 +350,10 @@ int fmha_cpu_trial(const char *isa, const fmha_tuning *t, fmha_trial *out) {
     return 0;
 }
 
-void fmha_cpu_skip_variants(void) { cpu_skip_variant_tables = 1; }
+void fmha_cpu_force_context(const fmha_context *ctx) {
+    pthread_once(&cpu_once, cpu_init);
+    cpu_selected = ctx;
+}
 
 const fmha_ukernels *fmha_cpu_kernels_for(const char *isa) {
     pthread_once(&cpu_once, cpu_init);

@@ -21,11 +21,6 @@ typedef struct fmha_arch_isa {
     const fmha_isa_parts *parts; /* NULL: not in this build (the registry skips it) */
     /* 1: never the registry's choice, only FMHA_ISA's (amx_emu) */
     int by_name_only;
-    /* A float32 variant: the ISA whose float32 tiles it replaces (its tile
-     * part another shape, the other parts that ISA's; no bf16 part). Float32
-     * plans of every table with that ISA's tile part run on it when their
-     * tuning names its MR x NR (tuning.h); NULL for the others. */
-    const char *variant_of;
 } fmha_arch_isa;
 
 /* The architecture's ISAs, most preferred first (cpu_x86.c, cpu_arm.c;
@@ -79,7 +74,8 @@ int fmha_isa_supported(const fmha_isa *isa);
 /* What a call runs with, resolved once: the kernel table (its parts
  * composed, its tuning fully resolved: uk->tuning) and the table its
  * float32 plans in IEEE arithmetic run on (the float32 tile shape the
- * tuning names: a variant of the table's tile part, or the table). The
+ * tuning names among those its tile part lists: the table's parts with
+ * that tile, less bf16 and matrix, or the table itself). The
  * registry holds one per ISA; fmha_tune builds its own (fmha_cpu_trial).
  * Immutable once made. */
 typedef struct fmha_context {
@@ -131,10 +127,15 @@ const fmha_context *fmha_cpu_context_for(const char *isa);
  * then; fmha_isa_supported reports it left out. */
 void fmha_cpu_limit_isas(const char *list);
 
-/* Tests only: before the registry's first use, makes the float32 variants
- * (fmha_arch_isa.variant_of) count as unsupported here, so that a test
- * that does not ask for them skips them (tests/c/test_util.c). */
-void fmha_cpu_skip_variants(void);
+/* The i-th float32 tile shape a tuning's tile_mr x tile_nr may pick on
+ * `table` (its tile part's list, fmha_uk_tile.shapes): 0 its own (the
+ * table's tile), then the others; NULL past the last. */
+const fmha_uk_tile *fmha_cpu_f32_tile_at(const fmha_ukernels *table, size_t i);
+
+/* Tests only: makes ctx (a trial's, which must outlive its use) the
+ * context in use, as fmha_cpu_force_isa does a registered one. Not
+ * thread-safe against concurrent attention calls. */
+void fmha_cpu_force_context(const fmha_context *ctx);
 
 /* Makes `isa` the table in use (tests run every ISA in one process).
  * Returns 0, or -1 when fmha_cpu_kernels_for(isa) is NULL. Not thread-safe

@@ -78,15 +78,15 @@ static int arm_has_sve(void) { return arm_has_neon() && (arm_hwcap() >> HWCAP_BI
  * and by FMHA_ISA=sve anywhere. */
 static const fmha_arch_isa arm_isas[] = {
 #if FMHA_HAVE_NEONBF16
-    {"neonbf16", arm_has_neonbf16, &fmha_isa_neonbf16, 0, NULL},
+    {"neonbf16", arm_has_neonbf16, &fmha_isa_neonbf16, 0},
 #endif
 #if FMHA_HAVE_SVE
-    {"sve", arm_has_sve, &fmha_isa_sve, 0, NULL},
+    {"sve", arm_has_sve, &fmha_isa_sve, 0},
 #endif
 #if FMHA_HAVE_NEONDOT
-    {"neondot", arm_has_neondot, &fmha_isa_neondot, 0, NULL},
+    {"neondot", arm_has_neondot, &fmha_isa_neondot, 0},
 #endif
-    {"neon", arm_has_neon, &fmha_isa_neon, 0, NULL},
+    {"neon", arm_has_neon, &fmha_isa_neon, 0},
 };
 
 size_t fmha_arch_isa_count(void) { return sizeof arm_isas / sizeof arm_isas[0]; }

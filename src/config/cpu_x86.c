@@ -101,21 +101,17 @@ extern const fmha_isa_parts fmha_isa_amx_emu __attribute__((weak, visibility("hi
 
 static const fmha_arch_isa x86_isas[] = {
 #if FMHA_HAVE_AMX
-    {"amx", x86_has_amx_bf16, &fmha_isa_amx, 0, NULL},
+    {"amx", x86_has_amx_bf16, &fmha_isa_amx, 0},
 #endif
-    {"avx512bf16", x86_has_avx512bf16, &fmha_isa_avx512bf16, 0, NULL},
-    {"avx512vnni", x86_has_avx512vnni, &fmha_isa_avx512vnni, 0, NULL},
-    {"avx512", x86_has_avx512, &fmha_isa_avx512, 0, NULL},
+    {"avx512bf16", x86_has_avx512bf16, &fmha_isa_avx512bf16, 0},
+    {"avx512vnni", x86_has_avx512vnni, &fmha_isa_avx512vnni, 0},
+    {"avx512", x86_has_avx512, &fmha_isa_avx512, 0},
 #if FMHA_HAVE_AVX2VNNI
-    {"avx2vnni", x86_has_avx2vnni, &fmha_isa_avx2vnni, 0, NULL},
+    {"avx2vnni", x86_has_avx2vnni, &fmha_isa_avx2vnni, 0},
 #endif
-    {"avx2", x86_has_avx2, &fmha_isa_avx2, 0, NULL},
-    /* avx512's float32 tiles in other shapes: a tuning's choice for the
-     * float32 plans of every table on avx512's tile part (cpu.c) */
-    {"avx512_12x32", x86_has_avx512, &fmha_isa_avx512_12x32, 1, "avx512"},
-    {"avx512_14x32", x86_has_avx512, &fmha_isa_avx512_14x32, 1, "avx512"},
+    {"avx2", x86_has_avx2, &fmha_isa_avx2, 0},
     /* amx's kernels on the software tile unit: test builds, FMHA_ISA only */
-    {"amx_emu", x86_has_avx512bf16, &fmha_isa_amx_emu, 1, NULL},
+    {"amx_emu", x86_has_avx512bf16, &fmha_isa_amx_emu, 1},
 };
 
 size_t fmha_arch_isa_count(void) { return sizeof x86_isas / sizeof x86_isas[0]; }

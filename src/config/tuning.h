@@ -37,8 +37,8 @@ typedef enum fmha_tune_rows {
  * order. Values lie in lo..hi and are multiples of `multiple`; candidates
  * (parenthesised) are what fmha_tune tries against the incumbent.
  *   tile_mr, tile_nr   float32 plans run on the table's float32 tile of
- *                      this MR x NR (the table's own, or a registered
- *                      variant of its tile part: avx512's 12 x 32, 14 x 32)
+ *                      this MR x NR (the table's own, or another shape its
+ *                      tile part lists: avx512's 12 x 32, 14 x 32)
  *   block_kv           keys per tile (tiled forward, backward, masks)
  *   k_copy_bytes       the float32 tiled forward reads K from a copy made
  *                      once per call when one head's K holds at least this

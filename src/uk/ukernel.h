@@ -336,6 +336,11 @@ typedef struct fmha_uk_tile {
      * round P (and dS) to bf16 (2e-3) right after. Fallback: the exact ones. */
     fmha_f32_softmax_ukernel_fn softmax_lowp;
     fmha_f32_exp_sub_ukernel_fn exp_sub_lowp;
+    /* The float32 tile shapes of every table on this part, NULL-terminated,
+     * this part first, then tile parts of other MR x NR (their own `shapes`
+     * NULL): a tuning's tile_mr x tile_nr picks the one float32 plans run
+     * on (config/cpu.c). NULL: this part's shape alone. */
+    const struct fmha_uk_tile *const *shapes;
 } fmha_uk_tile;
 
 /* bf16 pair products on the tile part's NR. The four kernels after mr come
@@ -596,8 +601,6 @@ extern const fmha_isa_parts fmha_isa_avx2;       /* AVX2 + FMA: src/uk/avx2 */
 extern const fmha_isa_parts fmha_isa_avx2vnni;   /* avx2's parts, integer scores (AVX-VNNI): src/uk/avx2vnni */
 extern const fmha_isa_parts fmha_isa_avx512;     /* AVX-512 F/BW/VL/DQ: src/uk/avx512 */
 extern const fmha_isa_parts fmha_isa_avx512vnni; /* avx512's parts, integer scores (AVX512-VNNI): src/uk/avx512vnni */
-extern const fmha_isa_parts fmha_isa_avx512_12x32; /* avx512's parts, 12 x 32 float32 tiles: src/uk/avx512 */
-extern const fmha_isa_parts fmha_isa_avx512_14x32; /* avx512's parts, 14 x 32 float32 tiles: src/uk/avx512 */
 extern const fmha_isa_parts fmha_isa_avx512bf16; /* avx512's parts + a bf16 part: src/uk/avx512bf16 */
 extern const fmha_isa_parts fmha_isa_amx;        /* avx512bf16's parts, the pair GEMM on AMX tiles: src/uk/amx */
 extern const fmha_isa_parts fmha_isa_amx_emu;    /* amx's kernels on the software tile unit, test builds only: src/uk/amx_emu */

@@ -6,19 +6,21 @@
  * bf16, f16, bf16x3, a q8_0 cache) runs on every table this CPU runs, at
  * the generic tuning (FMHA_TUNING=generic, which ctest sets: a CPU's own
  * tuning may change keys per tile), and its outputs' FNV-1a hash must be
- * the record's for that table and problem. A table the record lacks (one
- * this CPU runs that the recording CPU did not) is reported, not failed.
- * FMHA_BITS_RECORD=path writes the record instead. */
+ * the record's for that table and problem. The record's avx512_12x32 and
+ * avx512_14x32 lines, taken when those float32 tile shapes were tables of
+ * their own (avx512's parts with the tall tile), hold the avx512 table run
+ * under the generic tuning with tile_mr x tile_nr that shape: each other
+ * shape avx512's tile part lists runs so, as "avx512_<MR>x<NR>". A table
+ * the record lacks (one this CPU runs that the recording CPU did not) is
+ * reported, not failed. FMHA_BITS_RECORD=path writes the record instead. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/convert.h"
 #include "config/cpu.h"
+#include "core/attn.h"
 #include "test_util.h"
-
-/* every float32 variant too (test_util.h) */
-const int tu_runs_variants = 1;
 
 typedef struct bits_problem {
     const char *name;
@@ -66,8 +68,8 @@ static void fill(void *x, size_t n, fmha_dtype t, uint64_t seed) {
     }
 }
 
-/* The hash of a problem's outputs on the table in use; 0 when it failed. */
-static uint64_t run_problem(const bits_problem *b) {
+/* The hash of a problem's outputs on context ctx; 0 when it failed. */
+static uint64_t run_problem(const bits_problem *b, const fmha_context *ctx) {
     fmha_problem p;
     fmha_problem_init(&p, b->B, b->hq, b->hkv, b->sq, b->skv, b->d, b->d, FMHA_LAYOUT_BSHD);
     p.dtype = b->dtype;
@@ -96,8 +98,8 @@ static uint64_t run_problem(const bits_problem *b) {
         memcpy(p.k_strides, st, sizeof st), memcpy(p.v_strides, st, sizeof st);
     }
     uint64_t h = 0xcbf29ce484222325ull;
-    fmha_status st = b->backward ? fmha_forward_backward(&p, q, k, v, d_o, o, lse, dq, dk, dv, NULL)
-                                 : fmha_forward(&p, q, kq ? kq : k, vq ? vq : v, o, lse, NULL, 0);
+    fmha_status st = b->backward ? fmha_forward_backward_in(ctx, &p, q, k, v, d_o, o, lse, dq, dk, dv, NULL)
+                                 : fmha_forward_in(ctx, &p, q, kq ? kq : k, vq ? vq : v, o, lse, NULL, 0);
     if (st == FMHA_OK) {
         h = fnv(h, o, nq * es), h = fnv(h, lse, nl * sizeof(float));
         if (b->backward) h = fnv(h, dq, nq * es), h = fnv(h, dk, nk * es), h = fnv(h, dv, nk * es);
@@ -129,13 +131,32 @@ int main(int argc, char **argv) {
     }
     fmha_set_num_threads(2);
     size_t checked = 0, unrecorded = 0;
-    for (size_t ii = 0; ii < fmha_isa_count(); ii++) {
-        const fmha_isa *isa = fmha_isa_at(ii);
-        if (!tu_isa_runs(isa) || fmha_cpu_force_isa(isa->name) != 0) continue;
+    /* every table this CPU runs, then avx512's other float32 tile shapes */
+    const fmha_isa *avx512 = NULL;
+    for (size_t ii = 0; ii < fmha_isa_count(); ii++)
+        if (!strcmp(fmha_isa_at(ii)->name, "avx512") && fmha_isa_supported(fmha_isa_at(ii))) avx512 = fmha_isa_at(ii);
+    static fmha_trial trial;
+    for (size_t run = 0; run < fmha_isa_count() + 8; run++) { /* 8: more shapes than a tile part lists */
+        char table[64];
+        const fmha_context *ctx = NULL;
+        if (run < fmha_isa_count()) {
+            const fmha_isa *isa = fmha_isa_at(run);
+            if (!tu_isa_runs(isa)) continue;
+            snprintf(table, sizeof table, "%s", isa->name);
+            ctx = fmha_cpu_context_for(isa->name);
+        } else {
+            const size_t shape = run - fmha_isa_count() + 1;
+            const fmha_uk_tile *t = avx512 ? fmha_cpu_f32_tile_at(avx512->table, shape) : NULL;
+            if (!t) continue;
+            snprintf(table, sizeof table, "avx512_%zux%zu", t->mr, t->nr);
+            if (!tu_check(tu_isa_shape(avx512, shape, &trial) == 0, "%s: a trial on the shape", table)) continue;
+            ctx = &trial.ctx;
+        }
+        if (!tu_check(ctx != NULL, "%s: a context", table)) continue;
         for (size_t i = 0; i < sizeof problems / sizeof problems[0]; i++) {
             char key[96], want[128];
-            const uint64_t h = run_problem(&problems[i]);
-            snprintf(key, sizeof key, "%s %s ", isa->name, problems[i].name);
+            const uint64_t h = run_problem(&problems[i], ctx);
+            snprintf(key, sizeof key, "%s %s ", table, problems[i].name);
             snprintf(want, sizeof want, "%s%016llx\n", key, (unsigned long long)h);
             if (out) {
                 fputs(want, out);
@@ -153,7 +174,6 @@ int main(int argc, char **argv) {
                      found + strlen(key));
         }
     }
-    fmha_cpu_force_isa(tu_isa_best());
     fmha_set_num_threads(0);
     if (out) fclose(out);
     if (in) fclose(in);

@@ -45,9 +45,6 @@
 
 static const int64_t windows[] = {-1, 0, 1, 2, 7, INT64_MAX - 1, INT64_MAX};
 
-/* every float32 variant too (test_util.h) */
-const int tu_runs_variants = 1;
-
 /* A window side drawn with its extremes. */
 static int64_t draw_window(void) { return windows[tu_int(0, (int64_t)(sizeof windows / sizeof windows[0]) - 1)]; }
 
@@ -349,15 +346,15 @@ int main(void) {
             ci--; /* drew an invalid problem: draw again */
             continue;
         }
-        for (size_t ii = 0; ii < fmha_isa_count(); ii++) {
-            if (!tu_isa_runs(fmha_isa_at(ii)) || fmha_cpu_force_isa(fmha_isa_at(ii)->name) != 0) continue;
+        char isa[64];
+        for (size_t r = 0; tu_isa_run(r, 1, isa, sizeof isa); r++) {
             for (int s = FMHA_STRATEGY_AUTO; s <= FMHA_STRATEGY_PORTABLE; s++) {
                 fmha_problem p = c.p;
                 p.strategy = (fmha_strategy)s;
                 float *o = tu_new_output(&p, 'o', 0.0f), *lse = malloc(c.nl * sizeof(float));
                 fmha_status st = tu_forward(&p, c.q_t, c.k_t, c.v_t, o, lse, NULL, 0);
                 char what[96];
-                snprintf(what, sizeof what, "case %d %s %s", ci, fmha_isa_at(ii)->name, tu_strategy_name(s));
+                snprintf(what, sizeof what, "case %d %s %s", ci, isa, tu_strategy_name(s));
                 if (tu_check(st == FMHA_OK, "%s: status %d (%s)", what, (int)st, fmha_last_error_message()) &&
                     agrees(&c, &p, o, lse, what)) {
                     fmha_plan *plan = NULL;
@@ -376,7 +373,6 @@ int main(void) {
                 free(o), free(lse);
             }
         }
-        fmha_cpu_force_isa(tu_isa_best());
         free_case(&c);
     }
     printf("%d problems, %lld runs (%lld on the decode driver, %lld also paged, %lld on matrix_decode; %lld "

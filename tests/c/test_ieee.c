@@ -22,9 +22,6 @@
 static const int strategies[] = {FMHA_STRATEGY_AUTO, FMHA_STRATEGY_TILED, FMHA_STRATEGY_DENSE,
                                  FMHA_STRATEGY_PORTABLE};
 
-/* every float32 variant too (test_util.h) */
-const int tu_runs_variants = 1;
-
 typedef struct ieee_case {
     fmha_problem p;
     float *q, *k, *v;
@@ -57,14 +54,14 @@ static void check_forward_tol(const char *what, const ieee_case *c, double atol,
     double *ro = malloc(no * sizeof(double)), *rl = malloc(nl * sizeof(double));
     float *o = malloc(no * sizeof(float)), *lse = malloc(nl * sizeof(float));
     fmha_ref_forward_full(&c->p, c->q, c->k, c->v, ro, rl);
-    for (size_t ii = 0; ii < fmha_isa_count(); ii++) {
-        if (!tu_isa_runs(fmha_isa_at(ii)) || fmha_cpu_force_isa(fmha_isa_at(ii)->name) != 0) continue;
+    char isa[64];
+    for (size_t r = 0; tu_isa_run(r, 1, isa, sizeof isa); r++) {
         for (size_t si = 0; si < sizeof strategies / sizeof strategies[0]; si++) {
-            if (strategies[si] == FMHA_STRATEGY_PORTABLE && strcmp(fmha_isa_at(ii)->name, "scalar")) continue; /* once */
+            if (strategies[si] == FMHA_STRATEGY_PORTABLE && strcmp(isa, "scalar")) continue; /* once */
             fmha_problem p = c->p;
             p.strategy = (fmha_strategy)strategies[si];
             fmha_status st = tu_forward(&p, c->q, c->k, c->v, o, lse, NULL, 0);
-            if (!tu_check(st == FMHA_OK, "%s %s %s: status %d", what, fmha_isa_at(ii)->name, tu_strategy_name(p.strategy), st))
+            if (!tu_check(st == FMHA_OK, "%s %s %s: status %d", what, isa, tu_strategy_name(p.strategy), st))
                 continue;
             size_t bad = 0, first = (size_t)-1;
             for (size_t e = 0; e < no; e++) {
@@ -80,11 +77,10 @@ static void check_forward_tol(const char *what, const ieee_case *c, double atol,
                 bad += !ok;
             }
             tu_check(bad == 0, "%s %s %s: %zu values differ from the reference (first O[%zu] = %g, ref %g)", what,
-                     fmha_isa_at(ii)->name, tu_strategy_name(p.strategy), bad, first == (size_t)-1 ? 0 : first,
+                     isa, tu_strategy_name(p.strategy), bad, first == (size_t)-1 ? 0 : first,
                      first == (size_t)-1 ? 0.0 : o[first], first == (size_t)-1 ? 0.0 : ro[first]);
         }
     }
-    fmha_cpu_force_isa(tu_isa_best());
     free(ro), free(rl), free(o), free(lse);
 }
 
@@ -243,9 +239,9 @@ static void test_nan_hidden_backward(void) {
     float *lse = malloc((size_t)(2 * 70) * sizeof(float)), *clean = malloc(nq * sizeof(float));
     float *dq = malloc(nq * sizeof(float)), *dk = malloc(nk * sizeof(float)), *dv = malloc(nk * sizeof(float));
     const float poison[][2] = {{NAN, NAN}, {-INFINITY, INFINITY}};
-    for (size_t run = 0; run < 2 * (fmha_isa_count()); run++) {
-        size_t ii = run / 2, pi = run % 2; /* ISA, poison */
-        if (!tu_isa_runs(fmha_isa_at(ii)) || fmha_cpu_force_isa(fmha_isa_at(ii)->name) != 0) continue;
+    char isa[64];
+    for (size_t run = 0; tu_isa_run(run / 2, 1, isa, sizeof isa); run++) {
+        const size_t pi = run % 2; /* poison */
         float *v40 = tu_elem(c.v, p->v_strides, 0, 40, 0, 5), *k41 = tu_elem(c.k, p->k_strides, 0, 41, 0, 2);
         float v_keep = *v40, k_keep = *k41;
         tu_check(tu_forward_backward(p, c.q, c.k, c.v, d_o, o, lse, clean, dk, dv, NULL) == FMHA_OK, "clean");
@@ -263,10 +259,9 @@ static void test_nan_hidden_backward(void) {
                     else nan_seen += isnan(a);
                 }
         tu_check(wrong == 0 && nan_seen > 0,
-                 "%s: %s K/V at keys 40, 41 hidden from rows 0..39: %zu of their dQ differ, %zu NaN after", fmha_isa_at(ii)->name,
+                 "%s: %s K/V at keys 40, 41 hidden from rows 0..39: %zu of their dQ differ, %zu NaN after", isa,
                  pi ? "inf" : "NaN", wrong, nan_seen);
     }
-    fmha_cpu_force_isa(tu_isa_best());
     free(d_o), free(o), free(lse), free(clean), free(dq), free(dk), free(dv);
     case_free(&c);
 }

@@ -3,11 +3,12 @@
  * FMHA_TUNING; with small tiles, K copied, no dense crossover, the decode
  * driver's prefetch on any size and small decode splits (block_kv=32,
  * k_copy_bytes=1,dense_max_scores=1,decode_prefetch_bytes=1,
- * decode_split_keys=128); with large tiles on the 14 x 32 float32 variant
+ * decode_split_keys=128); with large tiles on the 14 x 32 float32 tile
  * (block_kv=256,tile_mr=14,tile_nr=32,k_copy_bytes=4096); on the 12 x 32
- * variant (tile_mr=12,tile_nr=32,k_copy_bytes=1); and with an invalid text
- * (block_kv=48, ignored). The float32 variants also run as tables of their
- * own (tu_runs_variants). Each run checks
+ * tile (tile_mr=12,tile_nr=32,k_copy_bytes=1); and with an invalid text
+ * (block_kv=48, ignored). Every table also runs on each float32 tile shape
+ * its tile part lists, under its tuning with that shape
+ * (tu_each_isa_shape). Each run checks
  *   - the parser on valid and invalid texts (nothing applied on error),
  *   - that every table of the registry runs the tuning the environment
  *     asks for (or its CPU's when the text is invalid), and that
@@ -32,9 +33,6 @@
 #include "fmha_ref_masks.h"
 #include "test_util.h"
 #include "config/tuning.h"
-
-/* every float32 variant too (test_util.h) */
-const int tu_runs_variants = 1;
 
 /* The fields' table and the one check of every source (fmha_tuning_apply). */
 static void test_parse(void) {
@@ -314,6 +312,6 @@ int main(void) {
     printf("FMHA_TUNING=%s\n", getenv("FMHA_TUNING") ? getenv("FMHA_TUNING") : "(unset)");
     test_parse();
     test_registry();
-    tu_each_isa(run_isa);
+    tu_each_isa_shape(run_isa);
     return tu_finish();
 }

@@ -17,9 +17,6 @@
 #include "test_util.h"
 #include "uk/ukernel.h"
 
-/* every float32 variant too (test_util.h) */
-const int tu_runs_variants = 1;
-
 #if FMHA_HAVE_X86
 /* Vector exp of the SIMD kernel files, exported for this test. */
 void fmha_f32_exp__avx2(size_t n, const float *x, float *y);
@@ -1020,6 +1017,37 @@ static void test_compose(void) {
                  "compose: format %d loads with the scalar kernel, no in-place kernels", f);
 }
 
+/* The float32 tile shapes the table's tile part lists besides its own
+ * (avx512's 12 x 32, 14 x 32: a tuning's tile_mr x tile_nr), each held to
+ * the specification once (the tables on one tile part share them), on the
+ * float32 table of a trial under that shape. */
+static void test_tile_shapes(const fmha_isa *isa, const fmha_ukernels *spec) {
+    static fmha_f32_gemm_ukernel_fn seen[16];
+    static size_t n_seen;
+    const fmha_uk_tile *t;
+    for (size_t i = 1; (t = fmha_cpu_f32_tile_at(isa->table, i)) != NULL; i++) {
+        int done = 0;
+        for (size_t j = 0; j < n_seen; j++) done |= seen[j] == t->gemm;
+        if (done || n_seen == sizeof seen / sizeof seen[0]) continue;
+        seen[n_seen++] = t->gemm;
+        static fmha_trial trial;
+        if (!tu_check(tu_isa_shape(isa, i, &trial) == 0, "%s: a trial on float32 tile %zux%zu", isa->name, t->mr,
+                      t->nr))
+            continue;
+        const fmha_ukernels *u = trial.ctx.f32;
+        printf("%s float32 tile %zux%zu: block_kv=%zu\n", isa->name, u->tile.mr, u->tile.nr, u->tile.block_kv);
+        tu_check(u->tile.mr == t->mr && u->tile.nr == t->nr && u->tile.nr % 16 == 0 && u->tile.gemm == t->gemm &&
+                     u->tile.softmax && u->tile.exp_sub && u->tile.ds && !t->shapes && !u->bf16.gemm &&
+                     !u->matrix.forward,
+                 "%s float32 tile %zux%zu: table fields (no shapes of its own, no bf16 or matrix part)", isa->name,
+                 t->mr, t->nr);
+        test_gemm(u, spec);
+        test_softmax(u, spec);
+        test_backward_kernels(u, spec);
+        test_special_values(u, spec);
+    }
+}
+
 int main(void) {
     tu_seed();
     const fmha_ukernels *spec = fmha_cpu_kernels_for("scalar");
@@ -1041,6 +1069,7 @@ int main(void) {
         test_softmax(u, spec);
         test_backward_kernels(u, spec);
         test_special_values(u, spec);
+        test_tile_shapes(isa, spec);
         test_add_transposed(u);
         test_finish(u);
         test_transpose(u);

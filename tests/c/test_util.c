@@ -565,20 +565,12 @@ const char *tu_isa_best(void) {
     return "scalar";
 }
 
-/* A test that runs the float32 variants (avx512_12x32, ...: tables that
- * differ from their ISA's in the float32 tiles alone) defines
- * tu_runs_variants = 1; the others (no definition: this weak reference is
- * NULL) skip them, which keeps the test command within its time (the tests
- * that walk tiles run them: kernels, tuning, differential, ieee). */
-extern const int tu_runs_variants __attribute__((weak));
-
 /* FMHA_TEST_ISAS=a,b: the tests run only these ISAs (scalar, the
  * specification, stays available by name); set before any test's first
  * call. */
 __attribute__((constructor)) static void tu_limit_isas(void) {
     const char *only = getenv("FMHA_TEST_ISAS");
     if (only && *only) fmha_cpu_limit_isas(only);
-    if (!&tu_runs_variants || !tu_runs_variants) fmha_cpu_skip_variants();
 }
 
 int tu_isa_variants;
@@ -611,17 +603,58 @@ int tu_isa_runs(const fmha_isa *isa) {
     return 1;
 }
 
-void tu_each_isa(void (*fn)(const char *isa)) {
-    const char *isa_default = fmha_isa_name();
+int tu_isa_shape(const fmha_isa *isa, size_t shape, fmha_trial *trial) {
+    const fmha_uk_tile *t = fmha_cpu_f32_tile_at(isa->table, shape);
+    if (!t) return -1;
+    fmha_tuning tuning = *isa->table->tuning;
+    tuning.tile_mr = (int64_t)t->mr, tuning.tile_nr = (int64_t)t->nr;
+    if (fmha_cpu_trial(isa->name, &tuning, trial) != 0) return -1;
+    /* the trial's float32 tiles are the shape's */
+    return trial->ctx.f32->tile.gemm == t->gemm ? 0 : -1;
+}
+
+/* The trial of the run in use (tu_isa_run); plans made in a run end in it. */
+static fmha_trial tu_trial;
+
+int tu_isa_run(size_t r, int shapes, char *label, size_t label_size) {
+    const int first = r == 0;
     for (size_t i = 0; i < fmha_isa_count(); i++) {
         const fmha_isa *isa = fmha_isa_at(i);
         if (!tu_isa_runs(isa)) {
-            printf("skip: %s (this CPU lacks it, FMHA_TEST_ISAS leaves it out, or another table has its kernels)\n",
-                   isa->name);
+            if (first)
+                printf("skip: %s (this CPU lacks it, FMHA_TEST_ISAS leaves it out, or another table has its kernels)\n",
+                       isa->name);
             continue;
         }
-        fmha_cpu_force_isa(isa->name);
-        fn(isa->name);
+        const fmha_uk_tile *t;
+        for (size_t s = 0; (t = fmha_cpu_f32_tile_at(isa->table, s)) != NULL && (s == 0 || shapes); s++, r--) {
+            if (r) continue;
+            if (s == 0) {
+                snprintf(label, label_size, "%s", isa->name);
+                fmha_cpu_force_isa(isa->name);
+                return 1;
+            }
+            snprintf(label, label_size, "%s tile %zux%zu", isa->name, t->mr, t->nr);
+            if (!tu_check(tu_isa_shape(isa, s, &tu_trial) == 0, "%s: a trial on float32 tile %zux%zu", isa->name,
+                          t->mr, t->nr)) {
+                snprintf(label, label_size, "%s", isa->name); /* the own tiles again: a failure is reported */
+                fmha_cpu_force_isa(isa->name);
+                return 1;
+            }
+            fmha_cpu_force_context(&tu_trial.ctx);
+            return 1;
+        }
     }
-    fmha_cpu_force_isa(isa_default);
+    fmha_cpu_force_isa(tu_isa_best());
+    return 0;
+}
+
+void tu_each_isa(void (*fn)(const char *isa)) {
+    char label[64];
+    for (size_t r = 0; tu_isa_run(r, 0, label, sizeof label); r++) fn(label);
+}
+
+void tu_each_isa_shape(void (*fn)(const char *isa)) {
+    char label[64];
+    for (size_t r = 0; tu_isa_run(r, 1, label, sizeof label); r++) fn(label);
 }

@@ -77,7 +77,8 @@ int tu_has_nan(const float *x, size_t n);
 const char *tu_strategy_name(int strategy);
 /* The name of the registry's first ISA this CPU runs (the default table). */
 const char *tu_isa_best(void);
-/* Runs fn(isa name) once per ISA of the registry this CPU supports, forced
+/* Runs fn(label) once per run of tu_isa_run (below) without the other
+ * tile shapes: each ISA of the registry this CPU supports, forced
  * (FMHA_ISA's way), printing the skipped ones; the default table after.
  * FMHA_TEST_ISAS (comma-separated names) limits every test to those ISAs
  * (scalar stays available as the specification): the emulated runs of the
@@ -86,14 +87,30 @@ const char *tu_isa_best(void);
  * avx2, neondot and neon) it runs the one with them, unless a test that
  * reads quantized caches sets tu_isa_variants. */
 void tu_each_isa(void (*fn)(const char *isa));
+/* tu_each_isa, and each table also on each other float32 tile shape its
+ * tile part lists (tu_isa_run's shapes): the tests that walk tiles
+ * (tuning, differential, ieee); the others keep to the own tiles, each
+ * shape otherwise adding its share to their time. */
+void tu_each_isa_shape(void (*fn)(const char *isa));
 extern int tu_isa_variants;
 /* 1 when the tests run isa: supported here and in FMHA_TEST_ISAS, and not
  * the variant tu_each_isa leaves out (the tests' own ISA loops ask this). */
 struct fmha_isa;
 int tu_isa_runs(const struct fmha_isa *isa);
-/* 1 in a test that walks the float32 variants too (it defines it; the
- * others do not, and see them as unsupported). */
-extern const int tu_runs_variants __attribute__((weak));
+/* The r-th run of the tests' ISA loops, made the context in use:
+ *   for (size_t r = 0; tu_isa_run(r, 1, label, sizeof label); r++) ...
+ * Each ISA tu_isa_runs admits, on its own tiles (label its name), then,
+ * with `shapes` 1, on each other float32 tile shape its table lists
+ * (fmha_uk_tile.shapes): a trial context under its tuning with tile_mr x
+ * tile_nr that shape (label "avx512vnni tile 12x32"). Past the last: 0,
+ * the default table forced back. Plans made in a run must end in it (a
+ * run's trial is reused). */
+int tu_isa_run(size_t r, int shapes, char *label, size_t label_size);
+/* A trial of isa (fmha_cpu_trial) under its tuning with tile_mr x tile_nr
+ * the table's shape-th float32 tile shape (fmha_cpu_f32_tile_at); 0, or -1
+ * when there is none or the trial's float32 tiles are not it. */
+struct fmha_trial;
+int tu_isa_shape(const struct fmha_isa *isa, size_t shape, struct fmha_trial *trial);
 const char *tu_causal_name(int causal);
 /* 1 when a plan of p takes its scores on a quantized query: integer
  * (q8_0) or bf16 (fmha_plan_describe's scores=). */

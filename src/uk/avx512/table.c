@@ -1,22 +1,11 @@
 /* avx512/table.c: the AVX-512 ISA's parts, each defined once: float32
- * tiles (6 x 64), row kernels, decoding and the cache formats' kernels
- * (2-byte caches read in place). The avx512 table is these parts alone;
+ * tiles (6 x 64, and the shapes a tuning may pick instead: 12 x 32,
+ * 14 x 32), row kernels, decoding and the cache formats' kernels (2-byte
+ * caches read in place). The avx512 table is these parts alone;
  * avx512bf16 adds its bf16 part to them. */
 #include "decode.h"
 #include "f32.h"
 #include "parts.h"
-
-const fmha_uk_tile fmha_uk_tile__avx512 = {
-    .mr = FMHA_AVX512_MR,
-    .nr = FMHA_AVX512_NR,
-    .block_kv = FMHA_AVX512_BLOCK_KV,
-    .gemm = fmha_f32_gemm_ukernel_6x64__avx512,
-    .softmax = fmha_f32_softmax_ukernel_64__avx512,
-    .exp_sub = fmha_f32_exp_sub_ukernel_64__avx512,
-    .ds = fmha_f32_ds_ukernel_64__avx512,
-    .softmax_lowp = fmha_f32_softmax_lowp_ukernel_64__avx512,
-    .exp_sub_lowp = fmha_f32_exp_sub_lowp_ukernel_64__avx512,
-};
 
 /* The tall tiles (f32_tall.c): 32 lanes, MR 12 or 14. */
 #define TALL_TILE(MR)                                                                                                  \
@@ -29,6 +18,29 @@ const fmha_uk_tile fmha_uk_tile__avx512 = {
     }
 static const fmha_uk_tile avx512_tile_12x32 = TALL_TILE(12);
 static const fmha_uk_tile avx512_tile_14x32 = TALL_TILE(14);
+
+/* Every table on this tile part (avx512, avx512vnni, avx512bf16, amx,
+ * amx_emu) may run its float32 plans on these shapes: a tuning's tile_mr x
+ * tile_nr picks one (config/cpu.c). A shape is one line here. */
+static const fmha_uk_tile *const avx512_tile_shapes[] = {
+    &fmha_uk_tile__avx512,
+    &avx512_tile_12x32,
+    &avx512_tile_14x32,
+    NULL,
+};
+
+const fmha_uk_tile fmha_uk_tile__avx512 = {
+    .mr = FMHA_AVX512_MR,
+    .nr = FMHA_AVX512_NR,
+    .block_kv = FMHA_AVX512_BLOCK_KV,
+    .gemm = fmha_f32_gemm_ukernel_6x64__avx512,
+    .softmax = fmha_f32_softmax_ukernel_64__avx512,
+    .exp_sub = fmha_f32_exp_sub_ukernel_64__avx512,
+    .ds = fmha_f32_ds_ukernel_64__avx512,
+    .softmax_lowp = fmha_f32_softmax_lowp_ukernel_64__avx512,
+    .exp_sub_lowp = fmha_f32_exp_sub_lowp_ukernel_64__avx512,
+    .shapes = avx512_tile_shapes,
+};
 
 const fmha_uk_rows fmha_uk_rows__avx512 = {
     .add_transposed = fmha_f32_add_transposed_ukernel__avx512,
@@ -51,13 +63,3 @@ const fmha_isa_parts fmha_isa_avx512 = {
     .decode = &fmha_uk_decode__avx512,
     .cache = FMHA_CACHE_PARTS(fmha_uk_caches__avx512),
 };
-
-/* The float32 variants: avx512's parts with a tall tile (no bf16 part: the
- * registry serves float32 plans from them, cpu.c). */
-#define AVX512_F32_VARIANT(NAME, TILE)                                                                                 \
-    {                                                                                                                  \
-        .isa = NAME, .tile = &TILE, .rows = &fmha_uk_rows__avx512, .decode = &fmha_uk_decode__avx512,                  \
-        .cache = FMHA_CACHE_PARTS(fmha_uk_caches__avx512),                                                             \
-    }
-const fmha_isa_parts fmha_isa_avx512_12x32 = AVX512_F32_VARIANT("avx512_12x32", avx512_tile_12x32);
-const fmha_isa_parts fmha_isa_avx512_14x32 = AVX512_F32_VARIANT("avx512_14x32", avx512_tile_14x32);
