@@ -306,7 +306,7 @@ static int read_entry(const json_reader *r, int node, fmha_wisdom_entry *e, char
     char why[160];
     e->tuning = fmha_tuning_generic;
     if (fmha_tuning_apply(e->fields, &e->tuning, why, sizeof why))
-        return fail(err, err_size, "%s: \"fields\": %s", where, why);
+        return fail(err, err_size, "%s: %s", where, why);
     e->tuning.name = "wisdom";
     e->tuning.source = FMHA_TUNING_WISDOM;
     e->text_at = r->nodes[node].at;
