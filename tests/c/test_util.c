@@ -626,8 +626,14 @@ int tu_isa_run(size_t r, int shapes, char *label, size_t label_size) {
                        isa->name);
             continue;
         }
+        /* the other shapes once per tile part: on the first table that runs them */
+        int walked = 0;
+        for (size_t j = 0; j < i && shapes; j++)
+            walked |= tu_isa_runs(fmha_isa_at(j)) && fmha_isa_at(j)->table->tile.shapes &&
+                      fmha_isa_at(j)->table->tile.shapes == isa->table->tile.shapes;
         const fmha_uk_tile *t;
-        for (size_t s = 0; (t = fmha_cpu_f32_tile_at(isa->table, s)) != NULL && (s == 0 || shapes); s++, r--) {
+        for (size_t s = 0; (t = fmha_cpu_f32_tile_at(isa->table, s)) != NULL && (s == 0 || (shapes && !walked));
+             s++, r--) {
             if (r) continue;
             if (s == 0) {
                 snprintf(label, label_size, "%s", isa->name);

@@ -101,7 +101,8 @@ int tu_isa_runs(const struct fmha_isa *isa);
  *   for (size_t r = 0; tu_isa_run(r, 1, label, sizeof label); r++) ...
  * Each ISA tu_isa_runs admits, on its own tiles (label its name), then,
  * with `shapes` 1, on each other float32 tile shape its table lists
- * (fmha_uk_tile.shapes): a trial context under its tuning with tile_mr x
+ * (fmha_uk_tile.shapes; once per tile part: on the first table that runs
+ * that part, as the shapes' kernels are the part's): a trial context under its tuning with tile_mr x
  * tile_nr that shape (label "avx512vnni tile 12x32"). Past the last: 0,
  * the default table forced back. Plans made in a run must end in it (a
  * run's trial is reused). */
