@@ -1,6 +1,7 @@
 /* json.c: the JSON reader (json.h). One pass turns the text into nodes that
  * point back into it; strings are unescaped and numbers converted only when
- * a user asks (fmha_json_string, fmha_json_integer). Plain C and libc only. */
+ * a user asks (fmha_json_string, fmha_json_integer). Plain C and libc only,
+ * so that fmha-bench can compile this file in beside the library. */
 #include "runtime/json.h"
 
 #include <limits.h>

@@ -1,8 +1,8 @@
 /* json.h: the tree's one JSON reader (json.c). RFC 8259: objects, arrays,
  * strings with escapes, numbers, literals; the text becomes a flat array of
  * nodes, checked whole: the first problem ends the read with its reason and
- * byte. The limits are the caller's (wisdom files: config/wisdom.c).
- * Internal. */
+ * byte. The limits are the caller's: wisdom files (config/wisdom.c) and
+ * fmha-bench's results files, which compiles this file in. Internal. */
 #ifndef FMHA_JSON_H
 #define FMHA_JSON_H
 
