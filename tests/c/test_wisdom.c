@@ -6,6 +6,8 @@
  *     reason naming the place, and keeps nothing of them;
  *   - a good file gives each entry generic with its fields, the same every
  *     time and whatever the order of the entries;
+ *   - the JSON reader under it (runtime/json.h) keeps to its caller's limits
+ *     (bytes, depth, Python's NaN and Infinity) and unescapes to UTF-8;
  *   - in child processes of this program (the environment is read once):
  *     FMHA_WISDOM's entry for this CPU gives every table its tuning (source
  *     wisdom, describe's tuning_source=wisdom) before the per-user file,
@@ -28,6 +30,7 @@
 #include "test_util.h"
 #include "api/tune.h"
 #include "config/tuning.h"
+#include "runtime/json.h"
 #include "config/wisdom.h"
 
 static char tmp_dir[256];
@@ -161,6 +164,40 @@ static void test_reader_bad(void) {
         free(text);
     }
     tu_check(refused == n - 1, "every prefix of a good file is refused (%zu of %zu)", refused, n - 1);
+}
+
+static void test_json_reader(void) {
+    const fmha_json_limits strict = {64, 2, 0}, loose = {64, 3, 1};
+    static const struct { const char *text; int strict, loose; } cases[] = {
+        {"[[1]]", 0, 0}, {"[[[1]]]", -1, 0}, {"[NaN, Infinity, -Infinity]", -1, 0}, {"[-Inf]", -1, -1},
+        {"\"abc\\", -1, -1}, {"[\"0123456789012345678901234567890123456789012345678901234567890\"]", -1, -1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fmha_json doc;
+        char err[128] = "";
+        const int a = fmha_json_read(cases[i].text, strlen(cases[i].text), &strict, &doc, err, sizeof err);
+        fmha_json_free(&doc);
+        const int b = fmha_json_read(cases[i].text, strlen(cases[i].text), &loose, &doc, err, sizeof err);
+        fmha_json_free(&doc);
+        tu_check(a == cases[i].strict && b == cases[i].loose, "json %zu: read %d and %d (%s)", i, a, b, err);
+    }
+    const char *text = "{\"k\": \"\\u00e9\\ud83d\\ude00\\ud800\\n\", \"n\": -12, \"k\": 1}";
+    fmha_json doc;
+    char err[128] = "", buf[32];
+    int64_t n = 0;
+    int repeated = 0;
+    if (tu_check(fmha_json_read(text, strlen(text), &strict, &doc, err, sizeof err) == 0, "json read: %s", err)) {
+        const int k = fmha_json_member(&doc, 0, "k", &repeated);
+        tu_check(fmha_json_string(&doc, doc.nodes[0].child + 1, buf, sizeof buf) == 10 &&
+                     !strcmp(buf, "\xc3\xa9\xf0\x9f\x98\x80\xef\xbf\xbd\n"),
+                 "\\u escapes as UTF-8, a lone surrogate as U+FFFD");
+        tu_check(fmha_json_string(&doc, doc.nodes[0].child + 1, buf, 5) == -1 && !strcmp(buf, "\xc3\xa9"),
+                 "a string that does not fit: -1, a prefix");
+        tu_check(k >= 0 && repeated && fmha_json_repeated_key(&doc, 0) == doc.nodes[0].child,
+                 "a repeated key is found");
+        tu_check(fmha_json_integer(&doc, fmha_json_member(&doc, 0, "n", &repeated), &n) == 0 && n == -12, "integer");
+        fmha_json_free(&doc);
+    }
 }
 
 static void write_file(const char *path, const char *text) {
@@ -392,6 +429,7 @@ int main(int argc, char **argv) {
     }
     test_reader_good();
     test_reader_bad();
+    test_json_reader();
     test_load();
     test_lookup();
     test_tune();

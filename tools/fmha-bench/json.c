@@ -1,5 +1,9 @@
-/* json.c: the JSON tree, parser and writer of fmha-bench (see json.h). */
+/* json.c: the JSON tree and writer of fmha-bench (see json.h); reading is
+ * the library's JSON reader (src/runtime/json.c, compiled in), whose nodes
+ * become the tree. */
 #include "json.h"
+
+#include "runtime/json.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -198,59 +202,60 @@ void json_free(json_value *value)
     free(value);
 }
 
-/* ---- parser ---------------------------------------------------------------- */
+/* ---- reading: the tree's JSON reader (src/runtime/json.c), its nodes made a tree */
 
-typedef struct json_parser {
-    const char *text;
-    size_t length, pos;
-    char *error;
-    size_t error_size;
-    int failed;
-} json_parser;
+/* Results files grow with every --append; only a runaway file is refused. */
+static const fmha_json_limits json_limits = {(size_t)1 << 30, JSON_MAX_DEPTH, 1};
 
-static void parse_fail(json_parser *ps, const char *what)
+static json_value *json_from_node(const fmha_json *doc, int k)
 {
-    if (!ps->failed && ps->error && ps->error_size)
-        snprintf(ps->error, ps->error_size, "%s at byte %zu", what, ps->pos);
-    ps->failed = 1;
-}
-
-static void skip_space(json_parser *ps)
-{
-    while (ps->pos < ps->length) {
-        char c = ps->text[ps->pos];
-        if (c != ' ' && c != '\t' && c != '\n' && c != '\r')
-            break;
-        ps->pos++;
+    const fmha_json_node *n = &doc->nodes[k];
+    json_value *v;
+    switch (n->type) {
+    case FMHA_JSON_NULL: return json_new_null();
+    case FMHA_JSON_BOOL: return json_new_bool(doc->text[n->at] == 't');
+    case FMHA_JSON_NUMBER: {
+        char *digits = json_strndup(doc->text + n->at, n->len);
+        v = json_new_number(strtod(digits, NULL));
+        free(digits);
+        return v;
     }
-}
-
-static int parse_literal(json_parser *ps, const char *word)
-{
-    size_t n = strlen(word);
-    if (ps->length - ps->pos < n || memcmp(ps->text + ps->pos, word, n) != 0)
-        return 0;
-    ps->pos += n;
-    return 1;
-}
-
-static int hex4(json_parser *ps, unsigned *out)
-{
-    if (ps->length - ps->pos < 4)
-        return 0;
-    unsigned v = 0;
-    for (int i = 0; i < 4; i++) {
-        char c = ps->text[ps->pos + i];
-        v <<= 4;
-        if (c >= '0' && c <= '9') v |= (unsigned)(c - '0');
-        else if (c >= 'a' && c <= 'f') v |= (unsigned)(c - 'a' + 10);
-        else if (c >= 'A' && c <= 'F') v |= (unsigned)(c - 'A' + 10);
-        else return 0;
+    case FMHA_JSON_STRING: {
+        char *s = json_alloc(n->len + 1);
+        fmha_json_string(doc, k, s, n->len + 1);
+        v = json_new_string(s);
+        free(s);
+        return v;
     }
-    ps->pos += 4;
-    *out = v;
-    return 1;
+    case FMHA_JSON_ARRAY:
+        v = json_new_array();
+        for (int c = n->child; c >= 0; c = doc->nodes[c].next)
+            json_array_push(v, json_from_node(doc, c));
+        return v;
+    case FMHA_JSON_OBJECT:
+        v = json_new_object();
+        for (int c = n->child; c >= 0; c = fmha_json_next_key(doc, c)) {
+            char *key = json_alloc(doc->nodes[c].len + 1);
+            fmha_json_string(doc, c, key, doc->nodes[c].len + 1);
+            json_object_set(v, key, json_from_node(doc, doc->nodes[c].next));
+            free(key);
+        }
+        return v;
+    }
+    return json_new_null();
 }
+
+json_value *json_parse(const char *text, size_t length, char *error, size_t error_size)
+{
+    fmha_json doc;
+    if (fmha_json_read(text, length, &json_limits, &doc, error, error_size))
+        return NULL;
+    json_value *v = json_from_node(&doc, 0);
+    fmha_json_free(&doc);
+    return v;
+}
+
+/* ---- writer ---------------------------------------------------------------- */
 
 typedef struct text_buffer {
     char *data;
@@ -272,245 +277,6 @@ static void buffer_put(text_buffer *b, const char *s, size_t n)
 }
 
 static void buffer_putc(text_buffer *b, char c) { buffer_put(b, &c, 1); }
-
-static void buffer_put_utf8(text_buffer *b, unsigned cp)
-{
-    char out[4];
-    size_t n;
-    if (cp < 0x80) { out[0] = (char)cp; n = 1; }
-    else if (cp < 0x800) { out[0] = (char)(0xC0 | (cp >> 6)); out[1] = (char)(0x80 | (cp & 0x3F)); n = 2; }
-    else if (cp < 0x10000) {
-        out[0] = (char)(0xE0 | (cp >> 12)); out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        out[2] = (char)(0x80 | (cp & 0x3F)); n = 3;
-    } else {
-        out[0] = (char)(0xF0 | (cp >> 18)); out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-        out[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); out[3] = (char)(0x80 | (cp & 0x3F)); n = 4;
-    }
-    buffer_put(b, out, n);
-}
-
-/* Parses a string starting at the opening quote; returns a malloc'ed copy. */
-static char *parse_string_raw(json_parser *ps)
-{
-    text_buffer b = {0};
-    buffer_put(&b, "", 0);
-    ps->pos++; /* opening quote */
-    while (ps->pos < ps->length) {
-        unsigned char c = (unsigned char)ps->text[ps->pos];
-        if (c == '"') {
-            ps->pos++;
-            return b.data;
-        }
-        if (c < 0x20) {
-            parse_fail(ps, "control character in string");
-            break;
-        }
-        if (c != '\\') {
-            buffer_putc(&b, (char)c);
-            ps->pos++;
-            continue;
-        }
-        ps->pos++;
-        if (ps->pos >= ps->length)
-            break;
-        char e = ps->text[ps->pos++];
-        switch (e) {
-        case '"': buffer_putc(&b, '"'); break;
-        case '\\': buffer_putc(&b, '\\'); break;
-        case '/': buffer_putc(&b, '/'); break;
-        case 'b': buffer_putc(&b, '\b'); break;
-        case 'f': buffer_putc(&b, '\f'); break;
-        case 'n': buffer_putc(&b, '\n'); break;
-        case 'r': buffer_putc(&b, '\r'); break;
-        case 't': buffer_putc(&b, '\t'); break;
-        case 'u': {
-            unsigned cp, low;
-            if (!hex4(ps, &cp)) {
-                parse_fail(ps, "bad \\u escape");
-                free(b.data);
-                return NULL;
-            }
-            if (cp >= 0xD800 && cp < 0xDC00 && ps->length - ps->pos >= 6 && ps->text[ps->pos] == '\\' &&
-                ps->text[ps->pos + 1] == 'u') {
-                size_t save = ps->pos;
-                ps->pos += 2;
-                if (hex4(ps, &low) && low >= 0xDC00 && low < 0xE000)
-                    cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
-                else
-                    ps->pos = save;
-            }
-            if (cp >= 0xD800 && cp < 0xE000)
-                cp = 0xFFFD; /* lone surrogate */
-            buffer_put_utf8(&b, cp);
-            break;
-        }
-        default:
-            parse_fail(ps, "bad escape in string");
-            free(b.data);
-            return NULL;
-        }
-    }
-    parse_fail(ps, "unterminated string");
-    free(b.data);
-    return NULL;
-}
-
-static json_value *parse_value(json_parser *ps, int depth);
-
-static json_value *parse_number(json_parser *ps)
-{
-    size_t start = ps->pos;
-    const char *t = ps->text;
-    if (ps->pos < ps->length && t[ps->pos] == '-')
-        ps->pos++;
-    if (ps->pos >= ps->length || t[ps->pos] < '0' || t[ps->pos] > '9') {
-        parse_fail(ps, "bad number");
-        return NULL;
-    }
-    if (t[ps->pos] == '0')
-        ps->pos++;
-    else
-        while (ps->pos < ps->length && t[ps->pos] >= '0' && t[ps->pos] <= '9')
-            ps->pos++;
-    if (ps->pos < ps->length && t[ps->pos] == '.') {
-        ps->pos++;
-        if (ps->pos >= ps->length || t[ps->pos] < '0' || t[ps->pos] > '9') {
-            parse_fail(ps, "bad number");
-            return NULL;
-        }
-        while (ps->pos < ps->length && t[ps->pos] >= '0' && t[ps->pos] <= '9')
-            ps->pos++;
-    }
-    if (ps->pos < ps->length && (t[ps->pos] == 'e' || t[ps->pos] == 'E')) {
-        ps->pos++;
-        if (ps->pos < ps->length && (t[ps->pos] == '+' || t[ps->pos] == '-'))
-            ps->pos++;
-        if (ps->pos >= ps->length || t[ps->pos] < '0' || t[ps->pos] > '9') {
-            parse_fail(ps, "bad number");
-            return NULL;
-        }
-        while (ps->pos < ps->length && t[ps->pos] >= '0' && t[ps->pos] <= '9')
-            ps->pos++;
-    }
-    char *copy = json_strndup(t + start, ps->pos - start);
-    double v = strtod(copy, NULL);
-    free(copy);
-    return json_new_number(v);
-}
-
-static json_value *parse_container(json_parser *ps, int depth, int is_object)
-{
-    json_value *v = is_object ? json_new_object() : json_new_array();
-    char close = is_object ? '}' : ']';
-    ps->pos++;
-    skip_space(ps);
-    if (ps->pos < ps->length && ps->text[ps->pos] == close) {
-        ps->pos++;
-        return v;
-    }
-    for (;;) {
-        char *key = NULL;
-        skip_space(ps);
-        if (is_object) {
-            if (ps->pos >= ps->length || ps->text[ps->pos] != '"') {
-                parse_fail(ps, "expected a key");
-                break;
-            }
-            key = parse_string_raw(ps);
-            if (!key)
-                break;
-            skip_space(ps);
-            if (ps->pos >= ps->length || ps->text[ps->pos] != ':') {
-                parse_fail(ps, "expected ':'");
-                free(key);
-                break;
-            }
-            ps->pos++;
-        }
-        json_value *item = parse_value(ps, depth + 1);
-        if (!item) {
-            free(key);
-            break;
-        }
-        if (is_object) {
-            json_object_set(v, key, item);
-            free(key);
-        } else {
-            json_array_push(v, item);
-        }
-        skip_space(ps);
-        if (ps->pos < ps->length && ps->text[ps->pos] == ',') {
-            ps->pos++;
-            continue;
-        }
-        if (ps->pos < ps->length && ps->text[ps->pos] == close) {
-            ps->pos++;
-            return v;
-        }
-        parse_fail(ps, is_object ? "expected ',' or '}'" : "expected ',' or ']'");
-        break;
-    }
-    json_free(v);
-    return NULL;
-}
-
-static json_value *parse_value(json_parser *ps, int depth)
-{
-    if (depth > JSON_MAX_DEPTH) {
-        parse_fail(ps, "nesting too deep");
-        return NULL;
-    }
-    skip_space(ps);
-    if (ps->pos >= ps->length) {
-        parse_fail(ps, "unexpected end of input");
-        return NULL;
-    }
-    char c = ps->text[ps->pos];
-    if (c == '{')
-        return parse_container(ps, depth, 1);
-    if (c == '[')
-        return parse_container(ps, depth, 0);
-    if (c == '"') {
-        char *s = parse_string_raw(ps);
-        if (!s)
-            return NULL;
-        json_value *v = json_new(JSON_STRING);
-        v->string = s;
-        return v;
-    }
-    if (c == '-' || (c >= '0' && c <= '9'))
-        return parse_number(ps);
-    if (parse_literal(ps, "true"))
-        return json_new_bool(1);
-    if (parse_literal(ps, "false"))
-        return json_new_bool(0);
-    if (parse_literal(ps, "null"))
-        return json_new_null();
-    /* Python's json module writes these for non-finite floats. */
-    if (parse_literal(ps, "NaN"))
-        return json_new_number(NAN);
-    if (parse_literal(ps, "Infinity"))
-        return json_new_number(INFINITY);
-    parse_fail(ps, "unexpected character");
-    return NULL;
-}
-
-json_value *json_parse(const char *text, size_t length, char *error, size_t error_size)
-{
-    json_parser ps = {text, length, 0, error, error_size, 0};
-    json_value *v = parse_value(&ps, 0);
-    if (!v)
-        return NULL;
-    skip_space(&ps);
-    if (ps.pos != ps.length) {
-        parse_fail(&ps, "trailing characters");
-        json_free(v);
-        return NULL;
-    }
-    return v;
-}
-
-/* ---- writer ---------------------------------------------------------------- */
 
 static void write_number(text_buffer *b, double v)
 {

@@ -1,7 +1,8 @@
 /* json.h: the small JSON tree fmha-bench reads and writes its results file
  * with. Only what the schema needs: objects (keys kept in order), arrays,
- * strings, numbers (double), true/false and null. Small allocations that fail
- * end the program (a benchmark cannot go on without its bookkeeping). */
+ * strings, numbers (double), true/false and null. Reading is the library's
+ * JSON reader (src/runtime/json.h); writing is here. Small allocations that
+ * fail end the program (a benchmark cannot go on without its bookkeeping). */
 #ifndef FMHA_BENCH_JSON_H
 #define FMHA_BENCH_JSON_H
 
@@ -52,8 +53,10 @@ json_value *json_clone(const json_value *value);
 int json_equal(const json_value *a, const json_value *b);
 void json_free(json_value *value);
 
-/* Parses text[0..length). Returns NULL on a syntax error and writes a
- * message with the byte offset to error (if not NULL). */
+/* Parses text[0..length) (at most 1 GiB, 256 deep; NaN, Infinity and
+ * -Infinity, which Python's json writes, as numbers; a key twice keeps the
+ * last value). Returns NULL on a syntax error and writes a message with the
+ * byte offset to error (if not NULL). */
 json_value *json_parse(const char *text, size_t length, char *error, size_t error_size);
 
 /* Serialises value; indent > 0 pretty-prints with that many spaces a level,
