@@ -18,18 +18,12 @@
 enum { HWCAP_BIT_ASIMD = 1, HWCAP_BIT_FPHP = 9, HWCAP_BIT_ASIMDDP = 20, HWCAP_BIT_SVE = 22 };
 enum { HWCAP2_BIT_SVE2 = 1, HWCAP2_BIT_I8MM = 13, HWCAP2_BIT_BF16 = 14, HWCAP2_BIT_SME = 23 };
 
-static unsigned long arm_hwcap(void) {
+/* The capability word AT_HWCAP (word 1) or AT_HWCAP2 (word 2); 0 off Linux. */
+static unsigned long arm_hwcap(int word) {
 #if defined(__linux__)
-    return getauxval(AT_HWCAP);
+    return getauxval(word == 2 ? AT_HWCAP2 : AT_HWCAP);
 #else
-    return 0;
-#endif
-}
-
-static unsigned long arm_hwcap2(void) {
-#if defined(__linux__)
-    return getauxval(AT_HWCAP2);
-#else
+    (void)word;
     return 0;
 #endif
 }
@@ -39,13 +33,13 @@ static int arm_has_neon(void) {
 #if defined(__AARCH64EB__)
     return 0;
 #else
-    return (int)(arm_hwcap() >> HWCAP_BIT_ASIMD & 1);
+    return (int)(arm_hwcap(1) >> HWCAP_BIT_ASIMD & 1);
 #endif
 }
 
 #if FMHA_HAVE_NEONDOT
 /* Advanced SIMD and the dot product (HWCAP_ASIMDDP: SDOT and UDOT at EL0). */
-static int arm_has_neondot(void) { return arm_has_neon() && (arm_hwcap() >> HWCAP_BIT_ASIMDDP & 1); }
+static int arm_has_neondot(void) { return arm_has_neon() && (arm_hwcap(1) >> HWCAP_BIT_ASIMDDP & 1); }
 #endif
 
 #if FMHA_HAVE_NEONBF16
@@ -56,7 +50,7 @@ static int arm_has_neondot(void) { return arm_has_neon() && (arm_hwcap() >> HWCA
  * BF16 core has it) and FEAT_BF16 (HWCAP2_BF16: the BF16 instructions at EL0). */
 static int arm_has_neonbf16(void) {
 #if defined(__linux__) && FMHA_HAVE_NEONDOT
-    return arm_has_neondot() && (arm_hwcap2() & HWCAP2_BF16) != 0;
+    return arm_has_neondot() && (arm_hwcap(2) & HWCAP2_BF16) != 0;
 #else
     return 0;
 #endif
@@ -67,7 +61,7 @@ static int arm_has_neonbf16(void) {
 #include "uk/sve/sve.h"
 /* SVE (HWCAP_SVE: the SVE instructions at EL0) with vectors of 128 to 512
  * bits, and Advanced SIMD for the neon parts the table shares. */
-static int arm_has_sve(void) { return arm_has_neon() && (arm_hwcap() >> HWCAP_BIT_SVE & 1) && fmha_sve_usable(); }
+static int arm_has_sve(void) { return arm_has_neon() && (arm_hwcap(1) >> HWCAP_BIT_SVE & 1) && fmha_sve_usable(); }
 #endif
 
 /* Preference: neonbf16 before sve. Every shipping core with BF16 and SVE
@@ -103,7 +97,7 @@ static unsigned long long arm_midr(void) {
         if (fscanf(f, "%llx", &midr) != 1) midr = 0;
         fclose(f);
     }
-    if (!midr && (arm_hwcap() >> 11 & 1)) __asm__ volatile("mrs %0, midr_el1" : "=r"(midr));
+    if (!midr && (arm_hwcap(1) >> 11 & 1)) __asm__ volatile("mrs %0, midr_el1" : "=r"(midr));
 #endif
     return midr;
 }
@@ -181,7 +175,7 @@ static int arm_sve_bits(void) {
 }
 
 void fmha_arch_describe(char *buf, size_t n) {
-    const unsigned long hw = arm_hwcap(), hw2 = arm_hwcap2();
+    const unsigned long hw = arm_hwcap(1), hw2 = arm_hwcap(2);
     char sve[24] = "no";
     if (hw >> HWCAP_BIT_SVE & 1) snprintf(sve, sizeof sve, "%d bits", arm_sve_bits());
     char vendor[16];

@@ -215,10 +215,10 @@ void fmha_tiles_reset(void);
 long long fmha_tiles_computed(void);
 void fmha_tiles_count(long long n);
 
-/* Largest element offset of a dense [B, Hq, Sq, Skv] mask, bias or bias
- * gradient with strides st (>= 0), or -1 when it exceeds INT64_MAX / 8 or a
- * size is < 1 (computed without overflow, for any sizes). */
-int64_t fmha_dense_span(const fmha_problem *p, const int64_t st[4]);
+/* A dense [B, Hq, Sq, Skv] mask, bias or bias gradient's strides st, the
+ * tensor called name in messages: none negative (FMHA_ERR_BAD_STRIDE), the
+ * largest element offset within INT64_MAX / 8 (FMHA_ERR_BAD_SIZE). */
+fmha_status fmha_dense_check(const fmha_problem *p, const int64_t st[4], const char *name);
 /* Validates masks and biases (FMHA_ERR_BAD_MASK and friends). */
 fmha_status fmha_masks_check(const fmha_problem *p);
 /* Dropout: the plan's fields from the problem, and the mask on a score tile

@@ -40,13 +40,8 @@ int32_t fmha_rel_bucket(int64_t rel, int32_t num_buckets, int32_t max_distance, 
 
 fmha_status fmha_biases_check(const fmha_problem *p) {
     const fmha_biases *bs = &p->biases;
-    if (bs->dense)
-        for (int i = 0; i < 4; i++)
-            if (bs->dense_strides[i] < 0)
-                return fmha_fail(FMHA_ERR_BAD_STRIDE, "biases.dense_strides[%d] must not be negative, got %lld", i,
-                                 (long long)bs->dense_strides[i]);
-    if (bs->dense && fmha_dense_span(p, bs->dense_strides) < 0)
-        return fmha_fail(FMHA_ERR_BAD_SIZE, "biases.dense spans more than 2^60 elements");
+    fmha_status st = bs->dense ? fmha_dense_check(p, bs->dense_strides, "biases.dense") : FMHA_OK;
+    if (st != FMHA_OK) return st;
     if (bs->rel_table && (bs->rel_num_buckets < 1 || bs->rel_max_distance < 1))
         return fmha_fail(FMHA_ERR_BAD_MASK,
                          "biases.rel_num_buckets and rel_max_distance must be at least 1 with a rel_table, got %lld "

@@ -20,7 +20,10 @@ void fmha_tiles_count(long long n) {
     if (n) atomic_fetch_add_explicit(&tiles_computed, n, memory_order_relaxed);
 }
 
-int64_t fmha_dense_span(const fmha_problem *p, const int64_t st[4]) {
+/* Largest element offset of a dense [B, Hq, Sq, Skv] tensor with strides st
+ * (>= 0), or -1 when it exceeds INT64_MAX / 8 or a size is < 1 (computed
+ * without overflow, for any sizes). */
+static int64_t dense_span(const fmha_problem *p, const int64_t st[4]) {
     const int64_t ext[4] = {p->batch, p->heads_q, p->seq_q, p->seq_kv};
     int64_t span = 0, step;
     for (int i = 0; i < 4; i++)
@@ -28,6 +31,15 @@ int64_t fmha_dense_span(const fmha_problem *p, const int64_t st[4]) {
             __builtin_add_overflow(span, step, &span) || span > INT64_MAX / 8)
             return -1;
     return span;
+}
+
+fmha_status fmha_dense_check(const fmha_problem *p, const int64_t st[4], const char *name) {
+    for (int i = 0; i < 4; i++)
+        if (st[i] < 0)
+            return fmha_fail(FMHA_ERR_BAD_STRIDE, "%s_strides[%d] must not be negative, got %lld", name, i,
+                             (long long)st[i]);
+    if (dense_span(p, st) < 0) return fmha_fail(FMHA_ERR_BAD_SIZE, "%s spans more than 2^60 elements", name);
+    return FMHA_OK;
 }
 
 fmha_status fmha_masks_check(const fmha_problem *p) {
@@ -46,13 +58,8 @@ fmha_status fmha_masks_check(const fmha_problem *p) {
             return fmha_fail(FMHA_ERR_BAD_MASK, "masks.q_lengths[%lld] must lie in 0..seq_q = %lld, got %d",
                              (long long)b, (long long)p->seq_q, (int)m->q_lengths[b]);
     }
-    if (m->dense)
-        for (int i = 0; i < 4; i++)
-            if (m->dense_strides[i] < 0)
-                return fmha_fail(FMHA_ERR_BAD_STRIDE, "masks.dense_strides[%d] must not be negative, got %lld", i,
-                                 (long long)m->dense_strides[i]);
-    if (m->dense && fmha_dense_span(p, m->dense_strides) < 0)
-        return fmha_fail(FMHA_ERR_BAD_SIZE, "masks.dense spans more than 2^60 elements");
+    fmha_status st = m->dense ? fmha_dense_check(p, m->dense_strides, "masks.dense") : FMHA_OK;
+    if (st != FMHA_OK) return st;
     if (m->callback.classify && !m->callback.fill)
         return fmha_fail(FMHA_ERR_BAD_MASK, "masks.callback.classify is set without callback.fill");
     return fmha_pages_check(p);

@@ -390,19 +390,15 @@ fmha_status fmha_param_grads_check(const fmha_problem *p, const fmha_param_grads
     if (g->d_rel_table && !bs->rel_table)
         return fmha_fail(FMHA_ERR_BAD_MASK, "grads->d_rel_table is set but the problem has no rel_table");
     if (g->d_dense) {
+        fmha_status st = fmha_dense_check(p, g->d_dense_strides, "grads->d_dense");
+        if (st != FMHA_OK) return st;
         int64_t ext[4] = {p->batch, p->heads_q, p->seq_q, p->seq_kv};
-        for (int i = 0; i < 4; i++) {
-            if (g->d_dense_strides[i] < 0)
-                return fmha_fail(FMHA_ERR_BAD_STRIDE, "grads->d_dense_strides[%d] must not be negative, got %lld", i,
-                                 (long long)g->d_dense_strides[i]);
+        for (int i = 0; i < 4; i++)
             if (ext[i] > 1 && (g->d_dense_strides[i] == 0) != (bs->dense_strides[i] == 0))
                 return fmha_fail(FMHA_ERR_BAD_STRIDE,
                                  "grads->d_dense_strides[%d] must broadcast where biases.dense_strides[%d] does "
                                  "(0 exactly when it is 0), got %lld against %lld",
                                  i, i, (long long)g->d_dense_strides[i], (long long)bs->dense_strides[i]);
-        }
-        if (fmha_dense_span(p, g->d_dense_strides) < 0)
-            return fmha_fail(FMHA_ERR_BAD_SIZE, "grads->d_dense spans more than 2^60 elements");
     }
     return FMHA_OK;
 }

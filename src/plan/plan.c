@@ -258,22 +258,30 @@ static fmha_status run_forward(const fmha_plan *plan, plan_box *box, const void 
     return FMHA_OK;
 }
 
+/* A backward or fused run's checks, in this order, once its pointers'
+ * check (checked) passed; then its run plan and the backward's workspace. */
+static fmha_status bwd_prepare(fmha_status checked, const fmha_plan *plan, const fmha_tensors *t,
+                               fmha_ws_size *wss, fmha_plan *run) {
+    fmha_status st = checked != FMHA_OK ? checked : backward_supported(plan);
+    if (st == FMHA_OK) st = fmha_param_grads_check(&plan->p, t->grads);
+    if (st == FMHA_OK) st = fmha_tensors_check(&plan->p, t);
+    if (st != FMHA_OK) return st;
+    *wss = bwd_ws_for(plan, t->grads);
+    *run = run_of(plan, *wss, t->grads);
+    return FMHA_OK;
+}
+
 static fmha_status run_backward(const fmha_plan *plan, plan_box *box, const void *q, const void *k,
                                 const void *v, const void *o, const void *d_o, const float *lse,
                                 void *dq, void *dk, void *dv, const fmha_param_grads *grads,
                                 void *user_ws, size_t user_bytes) {
-    fmha_status st = FMHA_CHECK_POINTERS("q, k, v, o, d_o, lse, dq, dk, dv", q, k, v, o, d_o, lse, dq, dk, dv);
-    if (st != FMHA_OK) return st;
-    st = backward_supported(plan);
-    if (st != FMHA_OK) return st;
-    st = fmha_param_grads_check(&plan->p, grads);
-    if (st != FMHA_OK) return st;
     fmha_tensors t = {.q = q, .k = k, .v = v, .o_in = o, .d_o = d_o, .lse_in = lse,
                       .dq = dq, .dk = dk, .dv = dv, .grads = grads};
-    st = fmha_tensors_check(&plan->p, &t);
+    fmha_ws_size wss;
+    fmha_plan run;
+    fmha_status st =
+        bwd_prepare(FMHA_CHECK_POINTERS("q, k, v, o, d_o, lse, dq, dk, dv", q, k, v, o, d_o, lse, dq, dk, dv), plan, &t, &wss, &run);
     if (st != FMHA_OK) return st;
-    fmha_ws_size wss = bwd_ws_for(plan, grads);
-    fmha_plan run = run_of(plan, wss, grads);
     char *ws;
     void *owned;
     st = ws_take(box, user_ws, user_bytes, fmha_ws_total(&run, wss), &ws, &owned);
@@ -288,18 +296,13 @@ static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
 static fmha_status run_fused(const fmha_plan *plan, plan_box *box, const void *q, const void *k,
                              const void *v, const void *d_o, void *o, float *lse, void *dq, void *dk,
                              void *dv, const fmha_param_grads *grads) {
-    fmha_status st = FMHA_CHECK_POINTERS("q, k, v, d_o, o, lse, dq, dk, dv", q, k, v, d_o, o, lse, dq, dk, dv);
-    if (st != FMHA_OK) return st;
-    st = backward_supported(plan);
-    if (st != FMHA_OK) return st;
-    st = fmha_param_grads_check(&plan->p, grads);
-    if (st != FMHA_OK) return st;
     fmha_tensors t = {.q = q, .k = k, .v = v, .d_o = d_o, .o = o, .lse = lse,
                       .dq = dq, .dk = dk, .dv = dv, .grads = grads};
-    st = fmha_tensors_check(&plan->p, &t);
+    fmha_ws_size wss;
+    fmha_plan run;
+    fmha_status st =
+        bwd_prepare(FMHA_CHECK_POINTERS("q, k, v, d_o, o, lse, dq, dk, dv", q, k, v, d_o, o, lse, dq, dk, dv), plan, &t, &wss, &run);
     if (st != FMHA_OK) return st;
-    fmha_ws_size wss = bwd_ws_for(plan, grads);
-    fmha_plan run = run_of(plan, wss, grads);
     /* [o32][one workspace that serves both directions] */
     size_t o32_bytes = fmha_fused_o32_bytes(plan);
     size_t need = o32_bytes + max_size(fmha_ws_total(&run, plan->fwd_ws), fmha_ws_total(&run, wss));
@@ -315,11 +318,16 @@ static fmha_status run_fused(const fmha_plan *plan, plan_box *box, const void *q
 
 /* ---- one-shot entry points ---- */
 
+/* A one-shot call's plan on ctx, once its arguments' check (checked) passed. */
+static fmha_status oneshot_plan(fmha_status checked, const fmha_context *ctx, const fmha_problem *p,
+                                fmha_plan *plan) {
+    return checked != FMHA_OK ? checked : fmha_plan_init_in(ctx, p, plan);
+}
+
 fmha_status fmha_forward_workspace_size(const fmha_problem *p, size_t *bytes) {
     fmha_error_clear();
-    if (!bytes) return fmha_fail(FMHA_ERR_NULL_POINTER, "bytes must not be NULL");
     fmha_plan plan;
-    fmha_status st = fmha_plan_init(p, &plan);
+    fmha_status st = oneshot_plan(FMHA_CHECK_POINTERS("bytes", bytes), fmha_context_default(), p, &plan);
     if (st != FMHA_OK) return st;
     *bytes = fmha_ws_total(&plan, plan.fwd_ws);
     return FMHA_OK;
@@ -327,9 +335,8 @@ fmha_status fmha_forward_workspace_size(const fmha_problem *p, size_t *bytes) {
 
 fmha_status fmha_backward_workspace_size(const fmha_problem *p, size_t *bytes) {
     fmha_error_clear();
-    if (!bytes) return fmha_fail(FMHA_ERR_NULL_POINTER, "bytes must not be NULL");
     fmha_plan plan;
-    fmha_status st = fmha_plan_init(p, &plan);
+    fmha_status st = oneshot_plan(FMHA_CHECK_POINTERS("bytes", bytes), fmha_context_default(), p, &plan);
     if (st != FMHA_OK) return st;
     st = backward_supported(&plan);
     if (st != FMHA_OK) return st;
@@ -350,12 +357,9 @@ fmha_status fmha_backward_workspace_size(const fmha_problem *p, size_t *bytes) {
 fmha_status fmha_forward_in(const fmha_context *ctx, const fmha_problem *p, const void *q, const void *k,
                             const void *v, void *o, float *lse, void *workspace, size_t workspace_bytes) {
     fmha_error_clear();
-    fmha_status st = FMHA_CHECK_POINTERS("p, q, k, v, o", p, q, k, v, o);
-    if (st != FMHA_OK) return st;
     fmha_plan plan;
-    st = fmha_plan_init_in(ctx, p, &plan);
-    if (st != FMHA_OK) return st;
-    return run_forward(&plan, NULL, q, k, v, o, lse, workspace, workspace_bytes);
+    fmha_status st = oneshot_plan(FMHA_CHECK_POINTERS("p, q, k, v, o", p, q, k, v, o), ctx, p, &plan);
+    return st != FMHA_OK ? st : run_forward(&plan, NULL, q, k, v, o, lse, workspace, workspace_bytes);
 }
 
 fmha_status fmha_forward(const fmha_problem *p, const void *q, const void *k, const void *v,
@@ -368,25 +372,24 @@ fmha_status fmha_backward(const fmha_problem *p, const void *q, const void *k, c
                           void *dv, const fmha_param_grads *grads, void *workspace,
                           size_t workspace_bytes) {
     fmha_error_clear();
-    fmha_status st = FMHA_CHECK_POINTERS("p, q, k, v, o, d_o, lse, dq, dk, dv", p, q, k, v, o, d_o, lse, dq, dk, dv);
-    if (st != FMHA_OK) return st;
     fmha_plan plan;
-    st = fmha_plan_init(p, &plan);
-    if (st != FMHA_OK) return st;
-    return run_backward(&plan, NULL, q, k, v, o, d_o, lse, dq, dk, dv, grads, workspace,
-                        workspace_bytes);
+    fmha_status st = oneshot_plan(
+        FMHA_CHECK_POINTERS("p, q, k, v, o, d_o, lse, dq, dk, dv", p, q, k, v, o, d_o, lse, dq, dk, dv),
+        fmha_context_default(), p, &plan);
+    return st != FMHA_OK ? st
+                         : run_backward(&plan, NULL, q, k, v, o, d_o, lse, dq, dk, dv, grads, workspace,
+                                        workspace_bytes);
 }
 
 fmha_status fmha_forward_backward_in(const fmha_context *ctx, const fmha_problem *p, const void *q, const void *k,
                                      const void *v, const void *d_o, void *o, float *lse, void *dq, void *dk,
                                      void *dv, const fmha_param_grads *grads) {
     fmha_error_clear();
-    fmha_status st = FMHA_CHECK_POINTERS("p, q, k, v, d_o, o, lse, dq, dk, dv", p, q, k, v, d_o, o, lse, dq, dk, dv);
-    if (st != FMHA_OK) return st;
     fmha_plan plan;
-    st = fmha_plan_init_in(ctx, p, &plan);
-    if (st != FMHA_OK) return st;
-    return run_fused(&plan, NULL, q, k, v, d_o, o, lse, dq, dk, dv, grads);
+    fmha_status st = oneshot_plan(
+        FMHA_CHECK_POINTERS("p, q, k, v, d_o, o, lse, dq, dk, dv", p, q, k, v, d_o, o, lse, dq, dk, dv), ctx, p,
+        &plan);
+    return st != FMHA_OK ? st : run_fused(&plan, NULL, q, k, v, d_o, o, lse, dq, dk, dv, grads);
 }
 
 fmha_status fmha_forward_backward(const fmha_problem *p, const void *q, const void *k,
@@ -440,43 +443,37 @@ static fmha_status plan_recheck(const fmha_plan *plan) {
     return st == FMHA_OK ? fmha_biases_check(&plan->p) : st;
 }
 
-fmha_status fmha_plan_forward(fmha_plan *plan, const void *q, const void *k, const void *v, void *o,
-                              float *lse) {
+/* A plan run's start: the plan rechecked and, when it passes, its lock
+ * taken (plan_leave gives it back). */
+static fmha_status plan_enter(fmha_plan *plan) {
     fmha_error_clear();
     if (!plan) return fmha_fail(FMHA_ERR_NULL_POINTER, "plan must not be NULL");
-    plan_box *box = (plan_box *)plan;
     fmha_status st = plan_recheck(plan);
-    if (st != FMHA_OK) return st;
-    pthread_mutex_lock(&box->lock);
-    st = run_forward(plan, box, q, k, v, o, lse, NULL, 0);
-    pthread_mutex_unlock(&box->lock);
+    if (st == FMHA_OK) pthread_mutex_lock(&((plan_box *)plan)->lock);
     return st;
+}
+
+static fmha_status plan_leave(fmha_plan *plan, fmha_status st) {
+    pthread_mutex_unlock(&((plan_box *)plan)->lock);
+    return st;
+}
+
+fmha_status fmha_plan_forward(fmha_plan *plan, const void *q, const void *k, const void *v, void *o,
+                              float *lse) {
+    fmha_status st = plan_enter(plan);
+    return st != FMHA_OK ? st : plan_leave(plan, run_forward(plan, (plan_box *)plan, q, k, v, o, lse, NULL, 0));
 }
 
 fmha_status fmha_plan_backward(fmha_plan *plan, const void *q, const void *k, const void *v,
                                const void *o, const void *d_o, const float *lse, void *dq, void *dk,
                                void *dv, const fmha_param_grads *grads) {
-    fmha_error_clear();
-    if (!plan) return fmha_fail(FMHA_ERR_NULL_POINTER, "plan must not be NULL");
-    plan_box *box = (plan_box *)plan;
-    fmha_status st = plan_recheck(plan);
-    if (st != FMHA_OK) return st;
-    pthread_mutex_lock(&box->lock);
-    st = run_backward(plan, box, q, k, v, o, d_o, lse, dq, dk, dv, grads, NULL, 0);
-    pthread_mutex_unlock(&box->lock);
-    return st;
+    fmha_status st = plan_enter(plan);
+    return st != FMHA_OK ? st : plan_leave(plan, run_backward(plan, (plan_box *)plan, q, k, v, o, d_o, lse, dq, dk, dv, grads, NULL, 0));
 }
 
 fmha_status fmha_plan_forward_backward(fmha_plan *plan, const void *q, const void *k, const void *v,
                                        const void *d_o, void *o, float *lse, void *dq, void *dk,
                                        void *dv, const fmha_param_grads *grads) {
-    fmha_error_clear();
-    if (!plan) return fmha_fail(FMHA_ERR_NULL_POINTER, "plan must not be NULL");
-    plan_box *box = (plan_box *)plan;
-    fmha_status st = plan_recheck(plan);
-    if (st != FMHA_OK) return st;
-    pthread_mutex_lock(&box->lock);
-    st = run_fused(plan, box, q, k, v, d_o, o, lse, dq, dk, dv, grads);
-    pthread_mutex_unlock(&box->lock);
-    return st;
+    fmha_status st = plan_enter(plan);
+    return st != FMHA_OK ? st : plan_leave(plan, run_fused(plan, (plan_box *)plan, q, k, v, d_o, o, lse, dq, dk, dv, grads));
 }

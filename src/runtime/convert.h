@@ -23,16 +23,23 @@ static inline size_t fmha_dtype_size(fmha_dtype t) {
     return 0;
 }
 
-static inline float fmha_bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
+/* A float32's bits, and the float32 of bits. */
+static inline uint32_t fmha_f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline float fmha_f32_of_bits(uint32_t u) {
     float f;
     memcpy(&f, &u, 4);
     return f;
 }
 
+static inline float fmha_bf16_to_f32(uint16_t h) { return fmha_f32_of_bits((uint32_t)h << 16); }
+
 static inline uint16_t fmha_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
+    uint32_t u = fmha_f32_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
     u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
     return (uint16_t)(u >> 16);
@@ -51,14 +58,11 @@ static inline float fmha_f16_to_f32(uint16_t h) {
         do { man <<= 1; e++; } while (!(man & 0x400u));
         u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13);
     }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
+    return fmha_f32_of_bits(u);
 }
 
 static inline uint16_t fmha_f32_to_f16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
+    const uint32_t u = fmha_f32_bits(f);
     uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
     if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);            /* NaN */
     if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);           /* rounds to inf */

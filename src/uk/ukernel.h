@@ -556,6 +556,20 @@ typedef struct fmha_uk_matrix {
     void (*decode)(fmha_matrix_dec_args *a);
 } fmha_uk_matrix;
 
+/* A GEMM microkernel's dispatch on its rows m = 6..1: CASE(M) is a case
+ * label and the call of the tile of M rows (M a constant). */
+#define FMHA_UK_SWITCH_ROWS_6(m, CASE)                                                                                 \
+    switch (m) {                                                                                                       \
+        CASE(6);                                                                                                       \
+        CASE(5);                                                                                                       \
+        CASE(4);                                                                                                       \
+        CASE(3);                                                                                                       \
+        CASE(2);                                                                                                       \
+        CASE(1);                                                                                                       \
+    default:                                                                                                           \
+        break;                                                                                                         \
+    }
+
 /* An ISA's cache parts from an array of fmha_uk_cache [FMHA_FORMAT_COUNT]. */
 #define FMHA_CACHE_PARTS(caches)                                                                                       \
     {                                                                                                                  \

@@ -110,16 +110,7 @@ static void fmha_f32_gemm_ukernel_6x16__avx2(size_t m, size_t k, const float *a,
                                              ptrdiff_t a_cs, const float *b, size_t ldb,
                                              float *c, size_t ldc, int mode,
                                              const float *col_scale, float ab_scale) {
-    switch (m) {
-        GEMM_CASE(6);
-        GEMM_CASE(5);
-        GEMM_CASE(4);
-        GEMM_CASE(3);
-        GEMM_CASE(2);
-        GEMM_CASE(1);
-    default:
-        break;
-    }
+    FMHA_UK_SWITCH_ROWS_6(m, GEMM_CASE)
 }
 
 /* exp(x) = 2^n exp(r), n = round(x log2 e), r = x - n ln2 (two-part ln2),

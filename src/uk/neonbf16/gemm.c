@@ -137,14 +137,5 @@ FMHA_INLINE void gemm_tile(const size_t m, const int unit_cs, size_t kp, const u
 void fmha_bf16_gemm_ukernel_6x16__neonbf16(size_t m, size_t kp, const uint32_t *a, ptrdiff_t a_rs,
                                            ptrdiff_t a_cs, const uint32_t *b, size_t ldb, float *c, size_t ldc,
                                            int mode, const float *col_scale, float ab_scale) {
-    switch (m) {
-        GEMM_CASE(6);
-        GEMM_CASE(5);
-        GEMM_CASE(4);
-        GEMM_CASE(3);
-        GEMM_CASE(2);
-        GEMM_CASE(1);
-    default:
-        break;
-    }
+    FMHA_UK_SWITCH_ROWS_6(m, GEMM_CASE)
 }
