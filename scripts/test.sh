@@ -163,8 +163,9 @@ if [ "$(uname -m)" = x86_64 ]; then
     # (fork, the pool's sleep-only path, the stress of concurrent callers,
     # the reference's gradient checks), the FMHA_TUNING schedules of x86
     # tables (tile variants, the AMX driver's), the invalid-text parser
-    # check and the decode prefetch reruns (the same kernels, a prefetch hint).
-    arm_generic='^test_(fork|pool_nospin|stress|ref_gradcheck|ref_masks_gradcheck|tuning_(tall|large|invalid|matrix)|paged_prefetch|kvformat_prefetch)$'
+    # check, the decode prefetch reruns (the same kernels, a prefetch hint)
+    # and the record of x86-64's output bits (test_bits).
+    arm_generic='^test_(fork|pool_nospin|stress|ref_gradcheck|ref_masks_gradcheck|tuning_(tall|large|invalid|matrix)|paged_prefetch|kvformat_prefetch|bits)$'
     # the two long emulated stages side by side: a qemu process keeps about
     # 1.35 of the 2 cores busy, so each leaves room for the other
     bg_stage sve128 "aarch64 sve 128 bits, tile tests (qemu)" arm_ctest 500 max,sve-default-vector-length=16 sve \

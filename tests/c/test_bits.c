@@ -179,6 +179,8 @@ int main(int argc, char **argv) {
     if (in) fclose(in);
     free(lines);
     printf("%zu outputs held to the record, %zu of tables it lacks\n", checked, unrecorded);
-    if (!record) tu_check(checked > 0, "the record holds this CPU's tables");
+    /* the record holds x86-64's tables (it was taken on one); elsewhere
+     * the tables it lacks are reported above, not failed */
+    if (!record && FMHA_HAVE_X86) tu_check(checked > 0, "the record holds this CPU's tables");
     return tu_finish();
 }
