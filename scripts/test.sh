@@ -168,9 +168,9 @@ if [ "$(uname -m)" = x86_64 ]; then
     arm_generic='^test_(fork|pool_nospin|stress|ref_gradcheck|ref_masks_gradcheck|tuning_(tall|large|invalid|matrix)|paged_prefetch|kvformat_prefetch|bits)$'
     # the two long emulated stages side by side: a qemu process keeps about
     # 1.35 of the 2 cores busy, so each leaves room for the other
-    bg_stage sve128 "aarch64 sve 128 bits, tile tests (qemu)" arm_ctest 500 max,sve-default-vector-length=16 sve \
+    bg_stage sve128 "aarch64 sve 128 bits, tile tests (qemu)" arm_ctest 1200 max,sve-default-vector-length=16 sve \
         -R '^test_(ukernels|forward|backward|masks|ieee|lowp|dropout|differential|threads)$'
-    run_stage "aarch64 neonbf16, the tests of tables (qemu)" arm_ctest 600 max neonbf16 -E "$arm_generic"
+    run_stage "aarch64 neonbf16, the tests of tables (qemu)" arm_ctest 1500 max neonbf16 -E "$arm_generic"
     bg_wait sve128 || true
     run_stage "aarch64 sve 512 bits, kernel tests (qemu)" \
         arm_ctest 60 max,sve-default-vector-length=64 sve -R '^test_ukernels$'
