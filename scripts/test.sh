@@ -170,7 +170,7 @@ if [ "$(uname -m)" = x86_64 ]; then
     # 1.35 of the 2 cores busy, so each leaves room for the other
     bg_stage sve128 "aarch64 sve 128 bits, tile tests (qemu)" arm_ctest 1200 max,sve-default-vector-length=16 sve \
         -R '^test_(ukernels|forward|backward|masks|ieee|lowp|dropout|differential|threads)$'
-    run_stage "aarch64 neonbf16, the tests of tables (qemu)" arm_ctest 1500 max neonbf16 -E "$arm_generic"
+    run_stage "aarch64 neonbf16, the tests of tables (qemu)" arm_ctest 1800 max neonbf16 -E "$arm_generic"
     bg_wait sve128 || true
     run_stage "aarch64 sve 512 bits, kernel tests (qemu)" \
         arm_ctest 60 max,sve-default-vector-length=64 sve -R '^test_ukernels$'

@@ -10,7 +10,8 @@
  *     row of that kv head NaN (the key's values are inf x q, NaN where q is
  *     0) and every other row finite, under ACCURATE and FAST, auto and
  *     tiled alike.
- * fmha_merge's underflowing weights are test_merge's. */
+ * fmha_merge's underflowing weights are test_merge's. FMHA_TEST_QUICK
+ * (the emulated runs) takes fewer keys: 1536, 1024 and 1024, still split. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,9 +69,10 @@ static int row_is(const fmha_problem *p, const float *o, const float *lse, int64
 
 static void test_matrix_decode(const char *isa) {
     fmha_problem p;
-    fmha_problem_init(&p, 1, 32, 8, 2, 4096, 128, 128, FMHA_LAYOUT_BSHD);
+    const int64_t S = tu_quick_pick(4096, 1536); /* chunks of 256 keys or more: split either way */
+    fmha_problem_init(&p, 1, 32, 8, 2, S, 128, 128, FMHA_LAYOUT_BSHD);
     p.dtype = FMHA_DTYPE_BF16;
-    const size_t nq = 2 * 32 * 128, nk = 4096 * 8 * 128;
+    const size_t nq = 2 * 32 * 128, nk = (size_t)S * 8 * 128;
     uint16_t *q = bf16_uniform(nq), *k = bf16_uniform(nk), *v = bf16_uniform(nk);
     float *o = malloc(nq * sizeof(float)), *lse = malloc(64 * sizeof(float));
     char what[160];
@@ -104,9 +106,10 @@ static void test_matrix_decode(const char *isa) {
 
 static void test_mla(const char *isa) {
     fmha_problem p;
-    fmha_problem_init(&p, 1, 128, 1, 1, 2048, 576, 512, FMHA_LAYOUT_BSHD);
+    const int64_t S = tu_quick_pick(2048, 1024);
+    fmha_problem_init(&p, 1, 128, 1, 1, S, 576, 512, FMHA_LAYOUT_BSHD);
     p.dtype = FMHA_DTYPE_BF16;
-    uint16_t *q = bf16_uniform(128 * 576), *k = bf16_uniform(2048 * 576), *v = bf16_uniform(2048 * 512);
+    uint16_t *q = bf16_uniform(128 * 576), *k = bf16_uniform((size_t)S * 576), *v = bf16_uniform((size_t)S * 512);
     float *o = malloc(128 * 512 * sizeof(float)), *lse = malloc(128 * sizeof(float));
     q[5 * 576 + 7] = fmha_f32_to_bf16(NAN);
     char what[160];
@@ -121,7 +124,7 @@ static void test_mla(const char *isa) {
 
 static void test_block_scale(const char *isa) {
     static const fmha_kv_format formats[] = {FMHA_KV_FORMAT_Q8_0, FMHA_KV_FORMAT_Q4_0};
-    const int64_t S = 4096, H = 8, D = 128;
+    const int64_t S = tu_quick_pick(4096, 1024), H = 8, D = 128;
     float *x = malloc((size_t)(S * H * D) * sizeof(float)), *vf = malloc((size_t)(S * H * D) * sizeof(float));
     float *q = malloc(32 * 128 * sizeof(float)), *o = malloc(32 * 128 * sizeof(float)), *lse = malloc(32 * sizeof(float));
     for (int64_t i = 0; i < S * H * D; i++) x[i] = uniform(), vf[i] = uniform();
