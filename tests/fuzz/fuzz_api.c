@@ -428,6 +428,13 @@ static void check_formats(reader *r, const fmha_problem *p, float *const f32[4],
         }
         for (int64_t j = 0; j < dim[t]; j++)
             val[t][rr * dim[t] + j] = f->dequant(bytes, j) * (fmt[t] == FMHA_KV_FORMAT_INT8 ? sc[rr] : sc ? sc[rr % Hkv] : 1.0f);
+        /* K's padding columns hold d x 0: NaN for a d that is not finite,
+         * which makes the key's score NaN against the query's zero padding
+         * (IEEE); the reference, on the unpadded head dim, gets the same
+         * score from one of the block's columns made NaN */
+        const int64_t b0 = e / 32 * 32;
+        if (t == 0 && b0 + 32 > dim[t] && !isfinite(f->dequant(bytes, dimp[t] - 1)))
+            val[t][rr * dim[t] + b0] = NAN;
         n_poisoned++;
     }
     /* O [B, Sq, Hq, Dvp] float32 */
@@ -470,6 +477,9 @@ static void check_formats(reader *r, const fmha_problem *p, float *const f32[4],
             for (int64_t rr = 0; rr < B * sq * Hq; rr++)
                 for (int64_t e0 = 0; e0 < Dp; e0 += 32) {
                     int8_t qi[32];
+                    float finite = 0.0f; /* x * 0: 0 for finite x; a row with a NaN or inf takes the float path */
+                    for (int64_t e = e0; e < e0 + 32; e++) finite += q[rr * Dp + e] * 0.0f;
+                    if (finite != 0.0f) continue;
                     const float dh = fmha_f16_to_f32(fmha_f32_to_f16(fmha_q8_0_block(q + rr * Dp + e0, qi)));
                     for (int64_t e = e0; e < e0 + 32 && e < D; e++) qr[rr * D + e] = (float)qi[e - e0] * dh;
                 }
