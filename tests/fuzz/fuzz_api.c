@@ -39,8 +39,10 @@
  * fixed defects: finding3_* (a window of INT64_MAX with a partial tile),
  * finding4_* (sizes whose stride products overflowed in
  * fmha_problem_init), finding5_* (dense mask, bias and bias-gradient
- * extents past int64) and unit_dim_stride_int64_max (a stride of INT64_MAX
- * on an extent-1 dimension, which made a kernel's pointer step wrap). */
+ * extents past int64), unit_dim_stride_int64_max (a stride of INT64_MAX
+ * on an extent-1 dimension, which made a kernel's pointer step wrap),
+ * finding6_* (an inf block d of a padded q4_0 K: the reference missed the
+ * padding's NaN) and finding7_* (a NaN query against a quantized cache). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
