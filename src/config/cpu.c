@@ -221,17 +221,13 @@ static int cpu_listed(const char *name) {
  * then FMHA_TUNING over it (an invalid text changes nothing;
  * fmha_tuning_status shows the tuning in use). */
 static void cpu_tuning(cpu_slot *s) {
-    char base_name[sizeof s->tuning_name], err[160];
+    char base_name[sizeof s->tuning_name - sizeof "+FMHA_TUNING"], err[160];
     fmha_tuning_lookup(s->isa.name, &s->tuning, base_name, sizeof base_name);
     snprintf(s->tuning_name, sizeof s->tuning_name, "%s", base_name);
     const char *env = getenv("FMHA_TUNING");
     if (env && *env && fmha_tuning_apply(env, &s->tuning, err, sizeof err) == 0) {
-        snprintf(s->tuning_name, sizeof s->tuning_name, "%s", strcmp(env, "generic") ? base_name : "");
-        if (strcmp(env, "generic"))
-            snprintf(s->tuning_name + strlen(s->tuning_name), sizeof s->tuning_name - strlen(s->tuning_name),
-                     "+FMHA_TUNING");
-        else
-            snprintf(s->tuning_name, sizeof s->tuning_name, "generic");
+        if (strcmp(env, "generic")) snprintf(s->tuning_name, sizeof s->tuning_name, "%s+FMHA_TUNING", base_name);
+        else snprintf(s->tuning_name, sizeof s->tuning_name, "generic");
         s->tuning.source = FMHA_TUNING_ENV;
     }
     s->tuning.name = s->tuning_name;
