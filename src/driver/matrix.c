@@ -29,9 +29,10 @@
  * on the tiles too).
  *
  * A row whose output is not finite while its sum is (a NaN or inf in V at a
- * key with P = 0, which the tile product still multiplies: 0 * NaN) is
- * computed again here, in float32 over the keys with P != 0 only (rare;
- * never on finite inputs). Every output element comes from one task in a
+ * key with P = 0, which the tile product still multiplies: 0 * NaN), and a
+ * row of split inputs that came out NaN (an inf's residual is NaN), are
+ * computed again here in float32 (matrix_row_guarded; rare, never on
+ * finite inputs). Every output element comes from one task in a
  * fixed order: the bits do not depend on the thread count. */
 #include <math.h>
 #include <string.h>
@@ -185,28 +186,49 @@ static void matrix_pack_task(void *vctx, size_t task, int thread) {
     }
 }
 
-/* Row i's output again in float32 over its keys with P != 0 (a NaN or inf
- * of V at a key whose P is 0 reached it through the tile product). */
+/* The score of query row (b, h, i) and key j in float32, IEEE
+ * throughout (sign * q . k, unscaled). */
+static float matrix_score_f32(const matrix_ctx *c, int64_t b, int64_t h, int64_t i, int64_t j) {
+    const fmha_problem *p = &c->plan->p;
+    const int64_t hk = h / c->plan->group, *qs = p->q_strides, *ks = p->k_strides;
+    float s = 0.0f;
+    for (int64_t e = 0; e < p->head_dim; e++)
+        s += fmha_load(c->q, p->dtype, b * qs[0] + i * qs[1] + h * qs[2] + e * qs[3]) *
+             fmha_load(c->k, p->dtype, b * ks[0] + j * ks[1] + hk * ks[2] + e * ks[3]);
+    return c->plan->scale < 0.0f ? -s : s;
+}
+
+/* Row (b, h, i) again in float32 over its keys [lo, hi), those with P != 0
+ * only. Two cases reach it, both rare and never on finite inputs:
+ *   - the output is not finite while the sum is (a NaN or inf of V at a
+ *     key whose P is 0 reached it through the tile product): m_raw, the
+ *     tiles' max, and o_scale are kept (*lse is left alone);
+ *   - exact (m_raw ignored): split inputs whose row came out NaN. A split
+ *     x = hi + lo of an infinite x has lo = inf - inf = NaN, and hi x 0 is
+ *     NaN in a product the IEEE score never forms, so the row's max, sum
+ *     and lse are computed here too, as fmha.h's rule has them. */
 static void matrix_row_guarded(const matrix_ctx *c, int64_t b, int64_t h, int64_t i, int64_t lo, int64_t hi,
-                               float m_raw, float o_scale) {
+                               float m_raw, float o_scale, int exact, float *lse) {
     const fmha_plan *plan = c->plan;
     const fmha_problem *p = &plan->p;
-    const int64_t hk = h / plan->group, D = p->head_dim, Dv = p->head_dim_v;
-    const int64_t *qs = p->q_strides, *ks = p->k_strides, *vs = p->v_strides, *os = p->o_strides;
-    const float scale = fabsf(plan->scale), sign = plan->scale < 0.0f ? -1.0f : 1.0f;
+    const int64_t hk = h / plan->group, Dv = p->head_dim_v;
+    const int64_t *vs = p->v_strides, *os = p->o_strides;
+    const float scale = fabsf(plan->scale);
+    if (exact) {
+        m_raw = -INFINITY;
+        for (int64_t j = lo; j < hi; j++) m_raw = fmha_partials_max(m_raw, matrix_score_f32(c, b, h, i, j));
+    }
     const float m_use = m_raw == -INFINITY ? 0.0f : m_raw;
-    float acc[FMHA_MAX_HEAD_DIM];
+    float acc[FMHA_MAX_HEAD_DIM], l = 0.0f;
     for (int64_t e = 0; e < Dv; e++) acc[e] = 0.0f;
     for (int64_t j = lo; j < hi; j++) {
-        float s = 0.0f;
-        for (int64_t e = 0; e < D; e++)
-            s += fmha_load(c->q, p->dtype, b * qs[0] + i * qs[1] + h * qs[2] + e * qs[3]) *
-                 fmha_load(c->k, p->dtype, b * ks[0] + j * ks[1] + hk * ks[2] + e * ks[3]);
-        const float pr = expf((sign * s - m_use) * scale);
+        const float pr = expf((matrix_score_f32(c, b, h, i, j) - m_use) * scale);
+        l += pr;
         if (pr == 0.0f) continue;
         for (int64_t e = 0; e < Dv; e++)
             acc[e] += pr * fmha_load(c->v, p->dtype, b * vs[0] + j * vs[1] + hk * vs[2] + e * vs[3]);
     }
+    if (exact) fmha_row_finish(plan, h, m_raw == -INFINITY ? -INFINITY : m_raw * scale, l, &o_scale, lse);
     fmha_store_row_uk(plan->uk, c->o, plan->o_dtype, b * os[0] + i * os[1] + h * os[2], os[3], Dv, acc, o_scale);
 }
 
@@ -272,13 +294,14 @@ static void matrix_fwd_task(void *vctx, size_t task, int thread) {
         const float m_nat = s.m[r] == -INFINITY ? -INFINITY : s.m[r] * abs_scale;
         float o_scale, row_lse;
         fmha_row_finish(plan, h, m_nat, s.l[r], &o_scale, &row_lse);
-        if (c->lse) c->lse[(b * p->heads_q + h) * p->seq_q + i] = row_lse;
         const float *orow = s.o + (size_t)r * a.dvp;
-        if ((a.nonfinite >> r & 1) && isfinite(s.l[r]))
-            matrix_row_guarded(c, b, h, i, s.lo[r], s.hi[r], s.m[r], o_scale);
+        const int exact = c->mode.split_inputs && (isnan(s.m[r]) || !isfinite(s.l[r]));
+        if (exact || ((a.nonfinite >> r & 1) && isfinite(s.l[r])))
+            matrix_row_guarded(c, b, h, i, s.lo[r], s.hi[r], s.m[r], o_scale, exact, &row_lse);
         else
             fmha_store_row_uk(plan->uk, c->o, plan->o_dtype, b * os[0] + i * os[1] + h * os[2], os[3],
                               p->head_dim_v, orow, o_scale);
+        if (c->lse) c->lse[(b * p->heads_q + h) * p->seq_q + i] = row_lse;
     }
     fmha_tiles_count((long long)a.blocks);
 }
@@ -511,7 +534,7 @@ static void mdec_merge_task(void *vctx, size_t task, int thread) {
             fmha_tile_pos row = {b, h, i, 1, 0, 0};
             int64_t lo, hi;
             fmha_mask_kv_range(plan, &row, &lo, &hi);
-            matrix_row_guarded(&c->m, b, h, i, lo, hi, m_max, o_scale);
+            matrix_row_guarded(&c->m, b, h, i, lo, hi, m_max, o_scale, 0, &row_lse);
         } else {
             fmha_store_row_uk(plan->uk, c->m.o, plan->o_dtype, b * os[0] + i * os[1] + h * os[2], os[3], p->head_dim_v,
                               o, o_scale);

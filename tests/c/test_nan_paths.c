@@ -10,6 +10,9 @@
  *     row of that kv head NaN (the key's values are inf x q, NaN where q is
  *     0) and every other row finite, under ACCURATE and FAST, auto and
  *     tiled alike.
+ *   split inputs (float16; float32 at BF16X3) with an infinity in Q or K on
+ *     the tiled strategy: the float64 reference's NaN and inf pattern and
+ *     values (test_split_inf).
  * fmha_merge's underflowing weights are test_merge's. FMHA_TEST_QUICK
  * (the emulated runs) takes fewer keys: 1536, 1024 and 1024, still split. */
 #include <math.h>
@@ -19,6 +22,7 @@
 
 #include "config/cpu.h"
 #include "runtime/convert.h"
+#include "fmha_ref_masks.h"
 #include "test_util.h"
 
 static uint64_t lcg = 1;
@@ -159,7 +163,59 @@ static void test_block_scale(const char *isa) {
     free(x), free(vf), free(q), free(o), free(lse);
 }
 
+/* Split inputs (float16, float32 at BF16X3: hi + lo on the tiles) with one
+ * infinity in Q or K, causal top-left, S 64, D 32, on the tiled strategy:
+ * the reference's pattern and values (an inf's residual is NaN on the
+ * tiles, so such rows are recomputed in float32). The infinity at element
+ * 0 of query 0 of head 1 (K's element 0 is 0.5 there: a score of +-inf
+ * that row's only key makes NaN or hides), or of key 5 (Q's element 0 is
+ * 0.5 everywhere: rows from 5 on NaN for +inf, finite for -inf). */
+static void test_split_inf(const char *isa) {
+    enum { S = 64, H = 2, D = 32 };
+    const size_t n = (size_t)S * H * D;
+    float *q = malloc(n * sizeof(float)), *k = malloc(n * sizeof(float)), *v = malloc(n * sizeof(float));
+    float *o = malloc(n * sizeof(float)), *lse = malloc(H * S * sizeof(float));
+    double *ro = malloc(n * sizeof(double)), *rl = malloc(H * S * sizeof(double));
+    void *qt = malloc(n * 4), *kt = malloc(n * 4), *vt = malloc(n * 4);
+    for (int dt = 0; dt < 2; dt++)
+        for (int where = 0; where < 4; where++) { /* Q -inf, Q +inf, K +inf, K -inf */
+            for (size_t i = 0; i < n; i++) q[i] = uniform(), k[i] = uniform(), v[i] = uniform();
+            for (size_t j = 0; j < (size_t)S * H; j++) q[j * D] = 0.5f;
+            k[0] = 0.5f;
+            const float inf = where == 1 || where == 2 ? INFINITY : -INFINITY;
+            if (where < 2) q[1 * D] = inf; /* query 0, head 1 */
+            else k[5 * D] = inf;           /* key 5 of the one kv head */
+            fmha_problem p;
+            fmha_problem_init(&p, 1, H, 1, S, S, D, D, FMHA_LAYOUT_BSHD);
+            p.causal = FMHA_CAUSAL_TOP_LEFT;
+            p.strategy = FMHA_STRATEGY_TILED;
+            p.dtype = dt ? FMHA_DTYPE_F32 : FMHA_DTYPE_F16;
+            p.precision = dt ? FMHA_PRECISION_BF16X3 : FMHA_PRECISION_ACCURATE;
+            for (size_t i = 0; i < n; i++) { /* the values each dtype holds */
+                fmha_store(qt, p.dtype, (int64_t)i, q[i]), q[i] = fmha_load(qt, p.dtype, (int64_t)i);
+                fmha_store(kt, p.dtype, (int64_t)i, k[i]), k[i] = fmha_load(kt, p.dtype, (int64_t)i);
+                fmha_store(vt, p.dtype, (int64_t)i, v[i]), v[i] = fmha_load(vt, p.dtype, (int64_t)i);
+            }
+            char what[160];
+            snprintf(what, sizeof what, "%s: %s split inputs, %cinf in %c", isa, dt ? "f32 bf16x3" : "f16",
+                     inf > 0 ? '+' : '-', where < 2 ? 'Q' : 'K');
+            if (!run_both(what, &p, qt, kt, vt, o, lse)) continue;
+            if (fmha_ref_forward_full(&p, q, k, v, ro, rl) != 0) abort();
+            const double tol = dt ? 1e-4 : 2e-3; /* O stored in float16: 2^-11 relative */
+            int ok = 1;
+            for (size_t i = 0; i < n; i++)
+                ok &= isnan(ro[i]) ? isnan(o[i]) != 0 : fabs(o[i] - ro[i]) <= tol * (1 + fabs(ro[i]));
+            for (size_t i = 0; i < (size_t)(H * S); i++)
+                ok &= isnan(rl[i])   ? isnan(lse[i]) != 0
+                      : isinf(rl[i]) ? lse[i] == rl[i]
+                                     : fabs(lse[i] - rl[i]) <= 1e-4 * (1 + fabs(rl[i]));
+            tu_check(ok, "%s: the reference's NaN and inf pattern and values", what);
+        }
+    free(q), free(k), free(v), free(o), free(lse), free(ro), free(rl), free(qt), free(kt), free(vt);
+}
+
 static void each_table(const char *isa) {
+    test_split_inf(isa);
     test_matrix_decode(isa);
     test_mla(isa);
     test_block_scale(isa);

@@ -42,7 +42,9 @@
  * extents past int64), unit_dim_stride_int64_max (a stride of INT64_MAX
  * on an extent-1 dimension, which made a kernel's pointer step wrap),
  * finding6_* (an inf block d of a padded q4_0 K: the reference missed the
- * padding's NaN) and finding7_* (a NaN query against a quantized cache). */
+ * padding's NaN), finding7_* (a NaN query against a quantized cache) and
+ * finding8_* (a -inf in a float16 Q on the tiles' split inputs, whose
+ * residual inf - inf is NaN). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
