@@ -7,9 +7,10 @@
 #include "runtime/convert.h"
 #include "format/format.h"
 #include "decode.h"
+#include "fma.h"
 
 /* s[r][j] = scale * q_r . k_j: the dot product is summed from zero, then scaled. */
-void fmha_f32_decode_scores__scalar(size_t rows, size_t nk, size_t d, const float *q, size_t ldq,
+FMHA_SCALAR_FMA_CLONES static void f32_decode_scores__scalar_fma(size_t rows, size_t nk, size_t d, const float *q, size_t ldq,
                                     const void *k_row0, size_t ldk, float *s, size_t lds, float scale) {
     const float *k = k_row0;
     for (size_t r = 0; r < rows; r++)
@@ -18,6 +19,12 @@ void fmha_f32_decode_scores__scalar(size_t rows, size_t nk, size_t d, const floa
             for (size_t e = 0; e < d; e++) dot = fmaf(q[r * ldq + e], k[j * ldk + e], dot);
             s[r * lds + j] = dot * scale;
         }
+}
+
+/* (the clones are static: an exported ifunc is not portable across compilers) */
+void fmha_f32_decode_scores__scalar(size_t rows, size_t nk, size_t d, const float *q, size_t ldq, const void *k_row0, size_t ldk, float *s,
+                                    size_t lds, float scale) {
+    f32_decode_scores__scalar_fma(rows, nk, d, q, ldq, k_row0, ldk, s, lds, scale);
 }
 
 /* Row-wise online-softmax step. */
@@ -45,7 +52,7 @@ void fmha_f32_decode_softmax__scalar(size_t rows, size_t nk, float *s, size_t ld
 }
 
 /* o[r] = o[r] alpha[r] + sum_j p[r][j] v_j. */
-void fmha_f32_decode_values__scalar(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+FMHA_SCALAR_FMA_CLONES static void f32_decode_values__scalar_fma(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
                                     const void *v_row0, size_t ldv, float *o, size_t ldo,
                                     const float *alpha) {
     const float *v = v_row0;
@@ -55,6 +62,12 @@ void fmha_f32_decode_values__scalar(size_t rows, size_t nk, size_t dv, const flo
             for (size_t j = 0; j < nk; j++) acc = fmaf(p[r * ldp + j], v[j * ldv + c], acc);
             o[r * ldo + c] = fmaf(o[r * ldo + c], alpha[r], acc);
         }
+}
+
+/* (the clones are static: an exported ifunc is not portable across compilers) */
+void fmha_f32_decode_values__scalar(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp, const void *v_row0, size_t ldv, float *o,
+                                    size_t ldo, const float *alpha) {
+    f32_decode_values__scalar_fma(rows, nk, dv, p, ldp, v_row0, ldv, o, ldo, alpha);
 }
 
 /* The float32 format's rows: a copy. */
@@ -99,7 +112,7 @@ static float half_at(const uint8_t *p) { return fmha_f16_to_f32((uint16_t)(p[0] 
 static float kd_q8_0(const uint8_t *row, size_t b) { return half_at(row + b * FMHA_Q8_0_BLOCK_BYTES); }
 static float kd_q4_0(const uint8_t *row, size_t b) { return half_at(row + b * FMHA_Q4_0_BLOCK_BYTES); }
 
-static void scores_q8(int32_t (*kq)(const uint8_t *, size_t), float (*kd)(const uint8_t *, size_t), size_t rows,
+FMHA_SCALAR_FMA_CLONES static void scores_q8(int32_t (*kq)(const uint8_t *, size_t), float (*kd)(const uint8_t *, size_t), size_t rows,
                       size_t nk, size_t d, const fmha_q8_rows *q, const void *k, size_t ldk, float *s, size_t lds,
                       float scale) {
     for (size_t r = 0; r < rows; r++)
@@ -128,7 +141,7 @@ SCORES_Q8(q8_0)
 SCORES_Q8(q4_0)
 
 /* ---- P V in integers on 16-bit P (the specification of values_int) ---- */
-static void values_int(int32_t (*vq)(const uint8_t *, size_t), float (*vd)(const uint8_t *, size_t), size_t rows,
+FMHA_SCALAR_FMA_CLONES static void values_int(int32_t (*vq)(const uint8_t *, size_t), float (*vd)(const uint8_t *, size_t), size_t rows,
                        size_t nk, size_t dv, const float *p, size_t ldp, const void *v, size_t ldv, float *o,
                        size_t ldo, const float *alpha) {
     int32_t pq[64];
@@ -171,7 +184,7 @@ static float bf16_half(uint32_t w, int hi) {
     return x;
 }
 
-static void scores_bf16(float (*value)(uint8_t), size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
+FMHA_SCALAR_FMA_CLONES static void scores_bf16(float (*value)(uint8_t), size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
                         const void *k, size_t ldk, float *s, size_t lds, float scale) {
     for (size_t r = 0; r < rows; r++)
         for (size_t j = 0; j < nk; j++) {

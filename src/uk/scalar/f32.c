@@ -7,12 +7,13 @@
 #include "runtime/convert.h"
 #include "../ukernel.h"
 #include "decode.h"
+#include "fma.h"
 
 enum { SCALAR_MR = 4, SCALAR_NR = 16 };
 
 /* C[m x 16] (op)= ab_scale * A[m x k] B[k x 16]; contract in ukernel.h. The
  * product is summed from zero, then scaled and combined with C by one fma. */
-static void fmha_f32_gemm_ukernel_4x16__scalar(size_t m, size_t k, const float *a, ptrdiff_t a_rs,
+FMHA_SCALAR_FMA_CLONES static void fmha_f32_gemm_ukernel_4x16__scalar(size_t m, size_t k, const float *a, ptrdiff_t a_rs,
                                                ptrdiff_t a_cs, const float *b, size_t ldb,
                                                float *c, size_t ldc, int mode,
                                                const float *col_scale, float ab_scale) {
