@@ -21,10 +21,12 @@
 #   ASan+UBSan  every C test on every table, quick: memory errors and
 #               undefined behaviour on every path (the full sizes repeat
 #               those paths, and the Release run has them);
-#   qemu        quick, the tests that run kernel tables (their own
-#               FMHA_TEST_ISAS loops, or the default table), each ARM table
-#               where it differs from the others; the tests of generic code
-#               that the x86 runs cover are left out (listed at the stage).
+#   qemu        FMHA_TEST_QUICK=2: quick, on the strategies that run the
+#               table's own kernels (auto and tiled), the tests that run
+#               kernel tables (their own FMHA_TEST_ISAS loops, or the
+#               default table), each ARM table where it differs from the
+#               others; the tests of generic code that the x86 runs cover
+#               are left out (listed at the stage).
 # Stages that wait on the network or the disk, or run one thread, run in
 # the background beside CPU-bound ones: the .venv's packages (PyTorch's
 # gigabytes) beside the builds and the C tests, the fuzzer (its build, then
@@ -156,21 +158,24 @@ if [ "$(uname -m)" = x86_64 ]; then
     arm_ctest() { # budget, QEMU_CPU, FMHA_TEST_ISAS, ctest's arguments...
         local secs=$1 cpu=$2 isas=$3
         shift 3
-        budget "$secs" env FMHA_TEST_QUICK=1 QEMU_CPU="$cpu" FMHA_TEST_ISAS="$isas" \
+        budget "$secs" env FMHA_TEST_QUICK=2 QEMU_CPU="$cpu" FMHA_TEST_ISAS="$isas" \
             ctest --test-dir build-aarch64 --output-on-failure -j 1 "$@"
     }
     # Left out there: the tests of generic code that the x86 runs cover
     # (fork, the pool's sleep-only path, the stress of concurrent callers,
-    # the reference's gradient checks), the FMHA_TUNING schedules of x86
-    # tables (tile variants, the AMX driver's), the invalid-text parser
+    # the reference's gradient checks, dropout's scalar kernel, the wisdom
+    # files and the planner that measures), the FMHA_TUNING schedules of
+    # x86 tables (tile variants, the AMX driver's), the invalid-text parser
     # check, the decode prefetch reruns (the same kernels, a prefetch hint)
     # and the record of x86-64's output bits (test_bits).
-    arm_generic='^test_(fork|pool_nospin|stress|ref_gradcheck|ref_masks_gradcheck|tuning_(tall|large|invalid|matrix)|paged_prefetch|kvformat_prefetch|bits)$'
+    arm_generic='^test_(fork|pool_nospin|stress|ref_gradcheck|ref_masks_gradcheck|dropout|wisdom|tuning_(tall|large|invalid|matrix)|paged_prefetch|kvformat_prefetch|bits)$'
     # the two long emulated stages side by side: a qemu process keeps about
-    # 1.35 of the 2 cores busy, so each leaves room for the other
-    bg_stage sve128 "aarch64 sve 128 bits, tile tests (qemu)" arm_ctest 1200 max,sve-default-vector-length=16 sve \
-        -R '^test_(ukernels|forward|backward|masks|ieee|lowp|dropout|differential|threads)$'
-    run_stage "aarch64 neonbf16, the tests of tables (qemu)" arm_ctest 1800 max neonbf16 -E "$arm_generic"
+    # 1.35 of the 2 cores busy, so each leaves room for the other. sve's
+    # tile part: the tests that drive its tiles (the masks' and the thread
+    # counts' paths are the drivers', which neonbf16's stage runs)
+    bg_stage sve128 "aarch64 sve 128 bits, tile tests (qemu)" arm_ctest 600 max,sve-default-vector-length=16 sve \
+        -R '^test_(ukernels|forward|backward|ieee|lowp|differential)$'
+    run_stage "aarch64 neonbf16, the tests of tables (qemu)" arm_ctest 900 max neonbf16 -E "$arm_generic"
     bg_wait sve128 || true
     run_stage "aarch64 sve 512 bits, kernel tests (qemu)" \
         arm_ctest 60 max,sve-default-vector-length=64 sve -R '^test_ukernels$'

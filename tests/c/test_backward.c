@@ -204,6 +204,7 @@ static void run_case(const char *name, const fmha_problem *p, const float *q, co
         if (!isa_ok[ii]) continue;
         fmha_cpu_force_isa(isa_name(ii));
         for (int s = 0; s < 4; s++) {
+            if (tu_strategy_skipped(s)) continue;
             char what[256];
             snprintf(what, sizeof what, "%s [%s, %s, ws %d]", name, tu_strategy_name(s),
                      isa_name(ii), ws_mode);
@@ -405,6 +406,7 @@ static void determinism(void) {
             if (!isa_ok[ii]) continue;
             fmha_cpu_force_isa(isa_name(ii));
             for (int s = 0; s < 4; s++) {
+                if (tu_strategy_skipped(s)) continue;
                 p.strategy = (fmha_strategy)s;
                 /* o, lse from one forward, shared by every thread count */
                 float *o = tu_new_output(&p, 'o', sent);

@@ -578,6 +578,7 @@ static void run_case(const char *label, const char *name, mcase *c) {
         if (!isa_ok[ii]) continue;
         fmha_cpu_force_isa(isa_name(ii));
         for (int s = 0; s < 4; s++) {
+            if (tu_strategy_skipped(s)) continue;
             char what[320];
             snprintf(what, sizeof what, "%s [%s, %s]", name, tu_strategy_name(s), isa_name(ii));
             fmha_problem pp = *p;
@@ -953,6 +954,7 @@ static void tile_case(const char *name, const fmha_problem *p0, const float *q, 
         if (!isa_ok[ii]) continue;
         fmha_cpu_force_isa(isa_name(ii));
         for (int s = FMHA_STRATEGY_TILED; s <= FMHA_STRATEGY_PORTABLE; s += 2) {
+            if (tu_strategy_skipped(s)) continue;
             /* the scalar kernels whatever the ISA: run once */
             if (s == FMHA_STRATEGY_PORTABLE && fmha_isa_at((size_t)ii)->table != fmha_cpu_kernels_for("scalar"))
                 continue;

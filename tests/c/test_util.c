@@ -31,6 +31,15 @@ int tu_quick(void) {
     return env && atoi(env) != 0;
 }
 
+int tu_emulated(void) {
+    const char *env = getenv("FMHA_TEST_QUICK");
+    return env && atoi(env) >= 2;
+}
+
+int tu_strategy_skipped(int s) {
+    return tu_emulated() && (s == FMHA_STRATEGY_DENSE || s == FMHA_STRATEGY_PORTABLE);
+}
+
 int64_t tu_quick_pick(int64_t full, int64_t quick) { return tu_quick() ? quick : full; }
 
 uint64_t tu_next(void) { /* splitmix64 */

@@ -26,12 +26,19 @@ double tu_rel_l2(const float *x, const double *r, size_t n);
 double tu_err_l2(const float *x, const double *r, size_t n);
 double tu_norm_l2(const double *r, size_t n);
 
-/* FMHA_TEST_QUICK=1 (the emulated runs of CI): 1, else 0. The tests then
- * shrink sizes, counts and repeats, keeping every kind of case (every code
- * path) and every tolerance; tu_quick_pick(full, quick) is the one in use.
- * Printed once with the seed. */
+/* FMHA_TEST_QUICK=1 (the sanitized runs of CI) or 2: 1, else 0. The tests
+ * then shrink sizes, counts and repeats, keeping every kind of case (every
+ * code path) and every tolerance; tu_quick_pick(full, quick) is the one in
+ * use. Printed once with the seed. */
 int tu_quick(void);
 int64_t tu_quick_pick(int64_t full, int64_t quick);
+/* FMHA_TEST_QUICK=2 (the emulated runs, which test a table's kernels): 1.
+ * tu_strategy_skipped(s) is then 1 for the strategies whose kernels the
+ * native runs cover on their own: dense (the table's kernels that tiled
+ * and auto run, over whole rows) and portable (the scalar kernels, the same
+ * C on every architecture); auto and tiled still reach every kernel. */
+int tu_emulated(void);
+int tu_strategy_skipped(int s);
 
 /* Records one check; prints the message on failure. Returns cond. */
 int tu_check(int cond, const char *fmt, ...);

@@ -12,9 +12,9 @@
 #      runs smoke.py there from a directory outside the repository, with no
 #      compiler on PATH, an empty cache and no FMHA_* variable; then, as the
 #      wheel's compiler is not the one of the library the Python tests use,
-#      tests/python on the installed package (its libfmha.so and JAX FFI
-#      handler; pytest and the tests' other packages come from .venv), all
-#      but fmha-bench's and the torch binding's tests;
+#      the NumPy binding's and the JAX handler's tests of tests/python on
+#      the installed package (its libfmha.so and JAX FFI handler; pytest and
+#      the tests' other packages come from .venv);
 #   3. installs the wheel with NumPy for Debian 11's Python 3.9 (glibc
 #      2.31, older than the build machine's; x86-64 hosts) and runs
 #      smoke.py on it;
@@ -79,14 +79,16 @@ say "smoke test passed (no compiler, empty cache)"
 # what ships is what is tested: tests/python on the wheel's libfmha.so and
 # JAX FFI handler (zig-built; the Python tests stage ran the CMake build's).
 # pytest, ml_dtypes and matplotlib come from the development venv.
-# test_bench.py tests fmha-bench, not the package: the Python tests stage
-# runs it. The torch binding's tests (test_torch*.py) call the library
-# through the same entry points as the NumPy and JAX tests here; the Python
-# tests stage runs them, and they would double this step's time.
+# The tests of the entry points the library and the handler serve: the
+# NumPy binding's and the JAX handler's. The rest of tests/python (the
+# torch binding, which calls the same entry points; flax and the layers
+# over JAX's; the tools, fmha-bench and the repository's own checks) runs in
+# the Python tests stage, on the same Python code.
 see_dev_venv
+wheel_tests=("$repo"/tests/python/{test_numpy_api,test_kv_formats,test_paged_cache,test_argument_rules,test_describe_errors,test_spec,test_plan_cache,test_jax,test_jax_native,test_jax_paged}.py)
 (cd "$tmp/work" && env -u FMHA_LIBRARY -u FMHA_BENCH -u FMHA_ISA -u PYTHONPATH HOME="$tmp/home" \
-    "$tmp/venv/bin/python" -m pytest -q -p no:cacheprovider --ignore="$repo/tests/python/test_bench.py" \
-    --ignore-glob="$repo/tests/python/test_torch*.py" "$repo/tests/python" >"$tmp/pytest-wheel.log" 2>&1) || fail "$tmp/pytest-wheel.log" "tests/python failed on the wheel"
+    "$tmp/venv/bin/python" -m pytest -q -p no:cacheprovider "${wheel_tests[@]}" >"$tmp/pytest-wheel.log" 2>&1) ||
+    fail "$tmp/pytest-wheel.log" "tests/python failed on the wheel"
 say "tests/python on the wheel's library and handler: $(tail -1 "$tmp/pytest-wheel.log" | tr -d '=')"
 
 # ---- the wheel on an older glibc: Debian 11's Python 3.9 on its glibc 2.31 -------
