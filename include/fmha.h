@@ -38,8 +38,10 @@
  *
  * NaN and infinity follow IEEE arithmetic, the same on every instruction set
  * and strategy: a NaN score a row can see (from Q, K, a bias) makes that
- * row's O and lse NaN; a NaN in V makes the O columns it reaches NaN; a +inf
- * score makes its row NaN (exp(inf - inf)) and a -inf score hides its key.
+ * row's O and lse NaN; a NaN in V makes the O columns it reaches NaN (every
+ * row that sees its key, even where that key's P underflows to 0: 0 x NaN);
+ * a +inf score makes its row NaN (exp(inf - inf)) and a -inf score hides
+ * its key.
  * In the backward a NaN reaches the gradients that depend on it. Keys at or
  * past kv_lengths[b] are never read, so whatever they hold changes nothing.
  * A value a mask hides from a row never reaches that row's results: the

@@ -577,8 +577,8 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
 /* Merge of a unit's chunks, in chunk order; writes O and lse. */
 /* Row (b, query i, head h) once more, one key at a time, for a row whose
  * softmax sum is finite but whose output is not (a NaN or inf in V): the
- * value sum takes only keys with P != 0, so a value its mask hides never
- * reaches it. acc [Dv] gets the unnormalised O; *m and *l the row's max and
+ * value sum takes only the keys the row sees (score not -inf), so a value
+ * its mask hides never reaches it. acc [Dv] gets the unnormalised O; *m and *l the row's max and
  * sum. Rare: never on finite inputs. */
 static void dec_row_guarded(const dec_ctx *c, int64_t b, int64_t i, int64_t h, float *acc, float *m_out,
                             float *l_out, int thread) {
@@ -614,8 +614,8 @@ static void dec_row_guarded(const dec_ctx *c, int64_t b, int64_t i, int64_t h, f
         l *= alpha;
         for (int64_t e = 0; e < Dv; e++) acc[e] *= alpha;
         for (int64_t r = 0; r < t.nk; r++) {
-            float pr = expf(s[r] - mx);
-            if (pr == 0.0f) continue;
+            if (s[r] == -INFINITY) continue; /* masked, or a -inf score: hidden */
+            float pr = expf(s[r] - mx); /* one that underflows to 0 still multiplies V (0 x NaN) */
             l += pr;
             const char *vrow = (const char *)c->v + (size_t)dec_key_at(p, vs, b, hk, k0 + r) * v_esize;
             for (int64_t e = 0; e < Dv; e++) acc[e] += pr * v_sc[r] * vf->dequant(vrow, e);

@@ -30,12 +30,14 @@
 /* Scratch of one query block (each piece FMHA_ALIGN aligned):
  *   qt [panels] packed Q^T blocks (the path's format), st [panels][st_rows][NR],
  *   ot [Dv][NR], m/l/alpha [NR], pscratch (the value product's), mask [Bc][NR],
- *   orows [NR][Dv] (float32 rows of a bf16 or f16 output before narrowing) */
+ *   seen [st_rows] (the guarded pass's lanes per key), orows [NR][Dv]
+ *   (float32 rows of a bf16 or f16 output before narrowing) */
 typedef struct fwd_block_scratch {
     char *qt;
     float *st, *ot, *m, *l, *alpha, *orows;
     void *pscratch;
     unsigned char *mask;
+    uint64_t *seen;  /* bit i of key r: lane i's score is not -inf */
     size_t qt_bytes; /* bytes between panels of qt */
 } fwd_block_scratch;
 
@@ -75,6 +77,7 @@ static void fwd_carve(const fmha_plan *plan, fmha_carver *c, fwd_block_scratch *
     s->alpha = fmha_carve(c, nr * sizeof(float));
     s->pscratch = fmha_carve(c, plan->path->p_bytes(plan, st_rows));
     s->mask = fmha_carve(c, fmha_mask_scratch_bytes(plan));
+    s->seen = fmha_carve(c, st_rows * sizeof(uint64_t));
     s->orows = fmha_carve(c, plan->o_dtype == FMHA_DTYPE_F32 ? 0 : nr * (size_t)plan->p.head_dim_v * sizeof(float));
 }
 
@@ -191,12 +194,24 @@ static void fwd_task_coords(const fwd_ctx *c, size_t task, int64_t *b, int64_t *
     *qb = (int64_t)blk;
 }
 
-/* ot[c][i] = ot[c][i] alpha[i] + sum of P[r][i] V[r][c] over the keys with
- * P != 0, for the lanes i marked in `lanes`: the value product without the
- * 0 * V terms of hidden keys, read from the caller's V. */
+/* seen[r] = the lanes i whose score st[r][i] (before the softmax) is not
+ * -inf: the keys lane i sees. */
+static void fwd_seen(size_t nk, size_t nr, const float *st, uint64_t *seen) {
+    for (size_t r = 0; r < nk; r++) {
+        uint64_t bits = 0;
+        for (size_t i = 0; i < nr; i++) bits |= (uint64_t)(st[r * nr + i] != -INFINITY) << i;
+        seen[r] = bits;
+    }
+}
+
+/* ot[c][i] = ot[c][i] alpha[i] + sum of P[r][i] V[r][c] over the keys lane
+ * i sees (seen, fwd_seen), for the lanes i marked in `lanes`: the value
+ * product without the 0 * V terms of hidden keys, read from the caller's V.
+ * A seen key whose P underflowed to 0 still multiplies its V (0 x NaN is
+ * NaN), as the unguarded product does. */
 static void fwd_values_guarded(const fwd_ctx *c, int64_t b, int64_t hk, int64_t k0, int64_t nk,
-                               const float *pt, const float *alpha, const unsigned char *lanes,
-                               float *ot) {
+                               const float *pt, const uint64_t *seen, const float *alpha,
+                               const unsigned char *lanes, float *ot) {
     const fmha_problem *p = &c->plan->p;
     const int64_t *vs = p->v_strides;
     const fmha_cache_format *vf = fmha_cache_format_at(c->plan->v_format);
@@ -207,7 +222,7 @@ static void fwd_values_guarded(const fwd_ctx *c, int64_t b, int64_t hk, int64_t 
             float acc = ot[(size_t)col * nr + i] * alpha[i];
             for (int64_t r = 0; r < nk; r++) {
                 float pr = pt[(size_t)r * nr + i];
-                if (pr != 0.0f) { /* rare (a NaN or inf row): V's scale fetched per key */
+                if (seen[r] >> i & 1) { /* rare (a NaN or inf row): V's scale fetched per key */
                     float v_sc;
                     fmha_kv_scales_of(p, 1, b, hk, k0 + r, 1, &v_sc);
                     acc += pr * v_sc * fmha_format_value(vf, c->v, b * vs[0] + (k0 + r) * vs[1] + hk * vs[2], col, vs[3]);
@@ -254,10 +269,11 @@ static long long fwd_block_pass(const fwd_ctx *c, fwd_block_scratch *s, int64_t 
             path->values_paired(plan, vv, t.nk, s->pscratch, s->ot, FMHA_UK_RESCALE, s->alpha);
             continue;
         }
+        if (lanes) fwd_seen((size_t)t.nk, nr, s->st, s->seen);
         plan->softmax((size_t)t.nk, s->st, nr, s->m, s->l, s->alpha);
         if (plan->dropout) fmha_dropout_tile(plan, &t, s->st, nr); /* after l has summed P */
         if (lanes)
-            fwd_values_guarded(c, b, hk, k0, t.nk, s->st, s->alpha, lanes, s->ot);
+            fwd_values_guarded(c, b, hk, k0, t.nk, s->st, s->seen, s->alpha, lanes, s->ot);
         else
             path->values(plan, vv, t.nk, s->st, s->pscratch, s->ot, FMHA_UK_RESCALE, s->alpha);
     }
@@ -288,13 +304,38 @@ static void fwd_tiled_task(void *vctx, size_t task, int thread) {
     fmha_tiles_count(computed);
 }
 
+/* Panel pi's scores (queries q0 = pi NR on) over keys [0, ke) into its part
+ * of st [panels][Skv][NR], masked and biased tile by tile on the tiled grid. */
+static void fwd_dense_scores(const fwd_ctx *c, fwd_block_scratch *s, fmha_kv_view kv, int64_t b, int64_t h,
+                             size_t pi, int64_t ke, int thread) {
+    const fmha_plan *plan = c->plan;
+    const size_t nr = plan->uk->tile.nr;
+    const int64_t bc = (int64_t)plan->uk->tile.block_kv, q0 = (int64_t)(pi * nr);
+    const int64_t nq = plan->p.seq_q - q0 < (int64_t)nr ? plan->p.seq_q - q0 : (int64_t)nr;
+    float *st = s->st + pi * (size_t)plan->p.seq_kv * nr;
+    char *qt = s->qt + pi * s->qt_bytes;
+    c->path->q_pack(plan, c->q, b, h, q0, nq, qt);
+    c->path->scores(plan, kv, ke, qt, st);
+    for (int64_t k0 = 0; k0 < ke; k0 += bc) {
+        fmha_tile_pos t = {b, h, q0, nq, k0, ke - k0 < bc ? ke - k0 : bc};
+        int cls = fmha_mask_classify(plan, &t, thread);
+        if (cls < 0) cls = FMHA_TILE_PARTIAL;
+        float *tile = st + (size_t)k0 * nr;
+        if (cls == FMHA_TILE_EMPTY) {
+            for (size_t e = 0; e < (size_t)t.nk * nr; e++) tile[e] = -INFINITY;
+        } else if (cls == FMHA_TILE_PARTIAL || plan->has_bias) {
+            fmha_score_epilogue(plan, &t, (fmha_tile_class)cls, tile, nr, NULL, s->mask, thread);
+        }
+    }
+}
+
 static void fwd_dense_task(void *vctx, size_t task, int thread) {
     const fwd_ctx *c = vctx;
     const fmha_plan *plan = c->plan;
     const fmha_operand_path *path = c->path;
     const fmha_ukernels *uk = plan->uk;
     size_t nr = uk->tile.nr, panels = c->q_blocks;
-    int64_t skv = plan->p.seq_kv, bc = (int64_t)uk->tile.block_kv;
+    int64_t skv = plan->p.seq_kv;
     int64_t b = (int64_t)task / plan->p.heads_q, h = (int64_t)task % plan->p.heads_q;
     int64_t hk = h / plan->group;
 
@@ -318,26 +359,7 @@ static void fwd_dense_task(void *vctx, size_t task, int thread) {
         }
         return;
     }
-    for (size_t pi = 0; pi < panels; pi++) {
-        int64_t q0 = (int64_t)(pi * nr);
-        int64_t nq = plan->p.seq_q - q0 < (int64_t)nr ? plan->p.seq_q - q0 : (int64_t)nr;
-        float *st = s.st + pi * st_panel;
-        char *qt = s.qt + pi * s.qt_bytes;
-        path->q_pack(plan, c->q, b, h, q0, nq, qt);
-        path->scores(plan, kv, ke, qt, st);
-        /* the mask and bias epilogue, tile by tile on the tiled grid */
-        for (int64_t k0 = 0; k0 < ke; k0 += bc) {
-            fmha_tile_pos t = {b, h, q0, nq, k0, ke - k0 < bc ? ke - k0 : bc};
-            int cls = fmha_mask_classify(plan, &t, thread);
-            if (cls < 0) cls = FMHA_TILE_PARTIAL;
-            float *tile = st + (size_t)k0 * nr;
-            if (cls == FMHA_TILE_EMPTY) {
-                for (size_t e = 0; e < (size_t)t.nk * nr; e++) tile[e] = -INFINITY;
-            } else if (cls == FMHA_TILE_PARTIAL || plan->has_bias) {
-                fmha_score_epilogue(plan, &t, (fmha_tile_class)cls, tile, nr, NULL, s.mask, thread);
-            }
-        }
-    }
+    for (size_t pi = 0; pi < panels; pi++) fwd_dense_scores(c, &s, kv, b, h, pi, ke, thread);
     for (size_t pi = 0; pi < panels; pi++) {
         int64_t q0 = (int64_t)(pi * nr);
         int64_t nq = plan->p.seq_q - q0 < (int64_t)nr ? plan->p.seq_q - q0 : (int64_t)nr;
@@ -345,10 +367,16 @@ static void fwd_dense_task(void *vctx, size_t task, int thread) {
         plan->softmax((size_t)ke, s.st + pi * st_panel, nr, s.m, s.l, s.alpha);
         path->values(plan, vv, ke, s.st + pi * st_panel, s.pscratch, s.ot, FMHA_UK_STORE, NULL);
         unsigned char lanes[FMHA_MAX_NR] = {0};
-        if (fwd_finish(plan, b, h, q0, nq, &s, c->o, c->lse, NULL, lanes)) { /* rare: see fwd_tiled_task */
+        if (fwd_finish(plan, b, h, q0, nq, &s, c->o, c->lse, NULL, lanes)) {
+            /* rare: the panel's scores again, the keys each lane sees, the
+             * same softmax, then the guarded value product (fwd_tiled_task) */
+            fwd_dense_scores(c, &s, kv, b, h, pi, ke, thread);
+            fwd_seen((size_t)ke, nr, s.st + pi * st_panel, s.seen);
+            fwd_reset(nr, 0, &s);
+            plan->softmax((size_t)ke, s.st + pi * st_panel, nr, s.m, s.l, s.alpha);
             for (size_t i = 0; i < nr; i++)
                 for (int64_t col = 0; lanes[i] && col < plan->p.head_dim_v; col++) s.ot[(size_t)col * nr + i] = 0.0f;
-            fwd_values_guarded(c, b, hk, 0, ke, s.st + pi * st_panel, s.alpha, lanes, s.ot);
+            fwd_values_guarded(c, b, hk, 0, ke, s.st + pi * st_panel, s.seen, s.alpha, lanes, s.ot);
             fwd_finish(plan, b, h, q0, nq, &s, c->o, c->lse, lanes, NULL);
         }
     }

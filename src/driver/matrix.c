@@ -198,8 +198,9 @@ static float matrix_score_f32(const matrix_ctx *c, int64_t b, int64_t h, int64_t
     return c->plan->scale < 0.0f ? -s : s;
 }
 
-/* Row (b, h, i) again in float32 over its keys [lo, hi), those with P != 0
- * only. Two cases reach it, both rare and never on finite inputs:
+/* Row (b, h, i) again in float32 over its keys [lo, hi) (each one the row
+ * sees, unless its score is -inf). Two cases reach it, both rare and never
+ * on finite inputs:
  *   - the output is not finite while the sum is (a NaN or inf of V at a
  *     key whose P is 0 reached it through the tile product): m_raw, the
  *     tiles' max, and o_scale are kept (*lse is left alone);
@@ -222,9 +223,10 @@ static void matrix_row_guarded(const matrix_ctx *c, int64_t b, int64_t h, int64_
     float acc[FMHA_MAX_HEAD_DIM], l = 0.0f;
     for (int64_t e = 0; e < Dv; e++) acc[e] = 0.0f;
     for (int64_t j = lo; j < hi; j++) {
-        const float pr = expf((matrix_score_f32(c, b, h, i, j) - m_use) * scale);
-        l += pr;
-        if (pr == 0.0f) continue;
+        const float sj = matrix_score_f32(c, b, h, i, j);
+        if (sj == -INFINITY) continue; /* a -inf score hides its key */
+        const float pr = expf((sj - m_use) * scale);
+        l += pr; /* a P that underflows to 0 still multiplies V (0 x NaN is NaN) */
         for (int64_t e = 0; e < Dv; e++)
             acc[e] += pr * fmha_load(c->v, p->dtype, b * vs[0] + j * vs[1] + hk * vs[2] + e * vs[3]);
     }

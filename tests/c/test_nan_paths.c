@@ -12,7 +12,9 @@
  *     tiled alike.
  *   split inputs (float16; float32 at BF16X3) with an infinity in Q or K on
  *     the tiled strategy: the float64 reference's NaN and inf pattern and
- *     values (test_split_inf).
+ *     values (test_split_inf);
+ *   a NaN in V at a key every row sees whose P underflows to 0: that column
+ *     NaN in every row, on every strategy (test_underflow_nan_value).
  * fmha_merge's underflowing weights are test_merge's. FMHA_TEST_QUICK
  * (the emulated runs) takes fewer keys: 1536, 1024 and 1024, still split. */
 #include <math.h>
@@ -214,8 +216,48 @@ static void test_split_inf(const char *isa) {
     free(q), free(k), free(v), free(o), free(lse), free(ro), free(rl), free(qt), free(kt), free(vt);
 }
 
+/* A NaN in V at a key every row sees but whose P underflows to 0 (its
+ * score 320 below key 0's): 0 x NaN makes column 3 of every row NaN, the
+ * other columns and lse finite, on every strategy, float32 and bf16, a
+ * decode shape (Sq 1) and a prefill one (Sq 40). */
+static void test_underflow_nan_value(const char *isa) {
+    enum { S = 64, H = 2, D = 32 };
+    for (int dt = 0; dt < 2; dt++)
+        for (int64_t sq = 1; sq <= 40; sq += 39)
+            for (int strat = 0; strat < 4; strat++) {
+                fmha_problem p;
+                fmha_problem_init(&p, 1, H, 1, sq, S, D, D, FMHA_LAYOUT_BSHD);
+                p.dtype = dt ? FMHA_DTYPE_BF16 : FMHA_DTYPE_F32;
+                p.scale = 1.0f;
+                p.strategy = (fmha_strategy)strat;
+                const size_t nq = (size_t)(sq * H * D), nk = (size_t)S * D;
+                float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4);
+                for (size_t i = 0; i < nq; i++) q[i] = 1.0f;
+                for (size_t i = 0; i < nk; i++) k[i] = 0.0f, v[i] = uniform();
+                for (int e = 0; e < D; e++) k[e] = 10.0f; /* key 0: score 320, every other 0 */
+                v[5 * D + 3] = NAN;
+                void *qt = malloc(nq * 4), *kt = malloc(nk * 4), *vt = malloc(nk * 4);
+                for (size_t i = 0; i < nq; i++) fmha_store(qt, p.dtype, (int64_t)i, q[i]);
+                for (size_t i = 0; i < nk; i++) fmha_store(kt, p.dtype, (int64_t)i, k[i]), fmha_store(vt, p.dtype, (int64_t)i, v[i]);
+                float *o = malloc(nq * 4), *lse = malloc((size_t)(H * sq) * 4);
+                char what[160];
+                snprintf(what, sizeof what, "%s: %s Sq %lld %s, a NaN in V where P underflows", isa, dt ? "bf16" : "f32",
+                         (long long)sq, tu_strategy_name(strat));
+                if (run_both(what, &p, qt, kt, vt, o, lse)) {
+                    int ok = 1;
+                    for (size_t r = 0; r < (size_t)(sq * H); r++) {
+                        for (int e = 0; e < D; e++) ok &= e == 3 ? isnan(o[r * D + e]) != 0 : isfinite(o[r * D + e]) != 0;
+                        ok &= isfinite(lse[r]) != 0;
+                    }
+                    tu_check(ok, "%s: column 3 NaN in every row, the rest and lse finite", what);
+                }
+                free(q), free(k), free(v), free(qt), free(kt), free(vt), free(o), free(lse);
+            }
+}
+
 static void each_table(const char *isa) {
     test_split_inf(isa);
+    test_underflow_nan_value(isa);
     test_matrix_decode(isa);
     test_mla(isa);
     test_block_scale(isa);

@@ -44,7 +44,8 @@
  * finding6_* (an inf block d of a padded q4_0 K: the reference missed the
  * padding's NaN), finding7_* (a NaN query against a quantized cache) and
  * finding8_* (a -inf in a float16 Q on the tiles' split inputs, whose
- * residual inf - inf is NaN). */
+ * residual inf - inf is NaN) and finding9_* (a NaN in an fp8 V at a key
+ * whose P underflows to 0 in float32 but not in float64: 0 x NaN). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>

@@ -28,8 +28,8 @@ static const float *row_at(const float *x, const int64_t st[4], int64_t b, int64
     return x + b * st[0] + s * st[1] + h * st[2];
 }
 
-/* Softmax row of query i of head h (batch b) into p_row [Skv]: P_ij, 0 where
- * masked. q_row [D] holds the query in double. Returns the natural-log row
+/* Softmax row of query i of head h (batch b) into p_row [Skv]: P_ij, -0 where
+ * masked or the score is -inf (+0 only where a seen key's P underflows). q_row [D] holds the query in double. Returns the natural-log row
  * sum lse, or -inf (and all P 0) when no key is visible. */
 static double softmax_row(const fmha_problem *p, const double *q_row, const float *k, int64_t b,
                           int64_t h, int64_t i, double scale, double *p_row) {
@@ -48,12 +48,12 @@ static double softmax_row(const fmha_problem *p, const double *q_row, const floa
         if (p_row[j] > m || isnan(p_row[j])) m = p_row[j]; /* a NaN score makes the row NaN */
     }
     if (m == -INFINITY) {
-        for (int64_t j = 0; j < skv; j++) p_row[j] = 0.0;
+        for (int64_t j = 0; j < skv; j++) p_row[j] = -0.0;
         return -INFINITY;
     }
     double l = 0.0;
     for (int64_t j = 0; j < skv; j++) {
-        p_row[j] = p_row[j] == -INFINITY ? 0.0 : exp(p_row[j] - m);
+        p_row[j] = p_row[j] == -INFINITY ? -0.0 : exp(p_row[j] - m); /* -0: hidden (masked or a -inf score) */
         l += p_row[j];
     }
     for (int64_t j = 0; j < skv; j++) p_row[j] /= l;
@@ -89,7 +89,8 @@ int fmha_ref_forward(const fmha_problem *p, const float *q, const float *k, cons
                 double *oi = o + ((b * sq + i) * hq + h) * dv_n;
                 for (int64_t c = 0; c < dv_n; c++) oi[c] = 0.0;
                 for (int64_t j = 0; j < skv; j++) {
-                    if (p_row[j] == 0.0) continue;
+                    /* every key the row sees, even where P underflows to +0 (0 x NaN is NaN) */
+                    if (p_row[j] == 0.0 && signbit(p_row[j])) continue;
                     const float *vj = row_at(v, p->v_strides, b, j, h / group);
                     for (int64_t c = 0; c < dv_n; c++)
                         oi[c] += p_row[j] * (double)vj[c * p->v_strides[3]];

@@ -91,7 +91,7 @@ static void load_row(double *dst, const float *x, const int64_t st[4], int64_t b
  * vis = the masks' verdict; dp = dO . V. */
 typedef struct ref_row {
     double *raw, *prob, *dp;
-    unsigned char *vis;
+    unsigned char *vis; /* 0 masked, 1 seen, 2 visible with a -inf score (the backward's: nonzero) */
     double *q_row, *do_row, *kv_row; /* [D], [Dv], [max(D, Dv)] */
 } ref_row;
 
@@ -131,6 +131,7 @@ static double softmax_row(const fmha_problem *p, const float *k, int64_t b, int6
         double s = cap != 0.0 ? cap * tanh(r->raw[j] / cap) : r->raw[j];
         s += fmha_ref_full_bias(p, b, h, i, j);
         r->prob[j] = s;
+        if (s == -INFINITY) r->vis[j] = 2; /* a -inf score hides its key from O (fmha.h) */
         if (s > mx || isnan(s)) mx = s; /* a NaN score makes the row NaN */
     }
     /* an attention sink adds exp(sink) to the denominator, no value row */
@@ -177,7 +178,8 @@ int fmha_ref_forward_full(const fmha_problem *p, const float *q, const float *k,
                 double *oi = o + ((b * sq + i) * hq + h) * dv_n;
                 for (int64_t c = 0; c < dv_n; c++) oi[c] = 0.0;
                 for (int64_t j = 0; j < skv; j++) {
-                    if (!r.vis[j] || r.prob[j] == 0.0) continue;
+                    /* every key the row sees, even where P underflows to 0 (0 x NaN is NaN) */
+                    if (r.vis[j] != 1) continue;
                     load_row(r.kv_row, v, p->v_strides, b, j, h / group, dv_n);
                     const double pz = r.prob[j] * dropout_factor(p, b, h, i, j); /* O = (P Z) V */
                     for (int64_t c = 0; c < dv_n; c++) oi[c] += pz * r.kv_row[c];
