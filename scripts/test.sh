@@ -131,11 +131,13 @@ run_stage "build (sanitized, Release)" builds
 
 # every test and table at the quick sizes (see above); the Release run has
 # the full ones. test_tuning_invalid is test_tuning again with a text the
-# library ignores (the same paths): the Release run checks that it does.
+# library ignores (the same paths): the Release run checks that it does;
+# the prefetch reruns are test_kvformat's and test_paged's kernels and
+# drivers again with a prefetch hint (no load): the Release run has them.
 asan_ctest() {
     FMHA_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
         UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --test-dir build-asan --output-on-failure -j "$jobs" \
-        -E '^test_tuning_invalid$'
+        -E '^test_(tuning_invalid|kvformat_prefetch|paged_prefetch)$'
 }
 run_stage "C tests (ASan + UBSan, quick sizes)" asan_ctest
 run_stage "C tests (Release library)" ctest --test-dir build --output-on-failure -j "$jobs"
@@ -171,10 +173,11 @@ if [ "$(uname -m)" = x86_64 ]; then
     arm_generic='^test_(fork|pool_nospin|stress|ref_gradcheck|ref_masks_gradcheck|dropout|wisdom|tuning_(tall|large|invalid|matrix)|paged_prefetch|kvformat_prefetch|bits)$'
     # the two long emulated stages side by side: a qemu process keeps about
     # 1.35 of the 2 cores busy, so each leaves room for the other. sve's
-    # tile part: the tests that drive its tiles (the masks' and the thread
-    # counts' paths are the drivers', which neonbf16's stage runs)
+    # tile part: the tests that drive its float32 tiles forward and back
+    # (the masks', the low precisions' and the thread counts' paths are the
+    # drivers' and the bf16 kernels', which neonbf16's stage runs)
     bg_stage sve128 "aarch64 sve 128 bits, tile tests (qemu)" arm_ctest 600 max,sve-default-vector-length=16 sve \
-        -R '^test_(ukernels|forward|backward|ieee|lowp|differential)$'
+        -R '^test_(ukernels|forward|backward|ieee)$'
     run_stage "aarch64 neonbf16, the tests of tables (qemu)" arm_ctest 900 max neonbf16 -E "$arm_generic"
     bg_wait sve128 || true
     run_stage "aarch64 sve 512 bits, kernel tests (qemu)" \

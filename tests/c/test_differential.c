@@ -355,7 +355,7 @@ int main(void) {
         char isa[64];
         for (size_t r = 0; tu_isa_run(r, 1, isa, sizeof isa); r++) {
             for (int s = FMHA_STRATEGY_AUTO; s <= FMHA_STRATEGY_PORTABLE; s++) {
-                if (tu_strategy_skipped(s)) continue;
+                if (tu_strategy_skipped(s) || tu_strategy_repeats(s)) continue;
                 fmha_problem p = c.p;
                 p.strategy = (fmha_strategy)s;
                 float *o = tu_new_output(&p, 'o', 0.0f), *lse = malloc(c.nl * sizeof(float));

@@ -46,11 +46,20 @@ static float *xmalloc_f(size_t n) {
 static int compute_and_compare(void) {
     float *o = xmalloc_f(n_o), *l = xmalloc_f(n_l), *dq = xmalloc_f(n_q);
     float *dk = xmalloc_f(n_k), *dv = xmalloc_f(n_k);
-    int ok = fmha_forward(&prob, q, k, v, o, l, NULL, 0) == FMHA_OK &&
-             fmha_backward(&prob, q, k, v, o, d_o, l, dq, dk, dv, NULL, NULL, 0) == FMHA_OK &&
-             !memcmp(o, o0, n_o * sizeof(float)) && !memcmp(l, l0, n_l * sizeof(float)) &&
-             !memcmp(dq, dq0, n_q * sizeof(float)) && !memcmp(dk, dk0, n_k * sizeof(float)) &&
-             !memcmp(dv, dv0, n_k * sizeof(float));
+    const fmha_status fs = fmha_forward(&prob, q, k, v, o, l, NULL, 0);
+    const fmha_status bs = fs == FMHA_OK ? fmha_backward(&prob, q, k, v, o, d_o, l, dq, dk, dv, NULL, NULL, 0) : fs;
+    /* which part differs (0 none): O, lse, dQ, dK, dV */
+    const int differs = memcmp(o, o0, n_o * sizeof(float))     ? 1
+                        : memcmp(l, l0, n_l * sizeof(float))   ? 2
+                        : memcmp(dq, dq0, n_q * sizeof(float)) ? 3
+                        : memcmp(dk, dk0, n_k * sizeof(float)) ? 4
+                        : memcmp(dv, dv0, n_k * sizeof(float)) ? 5
+                                                               : 0;
+    const int ok = fs == FMHA_OK && bs == FMHA_OK && !differs;
+    if (!ok) /* the cause, beside the failure's message */
+        fprintf(stderr, "pid %d, %d threads: forward %d, backward %d (%s), differs in %s\n", (int)getpid(),
+                fmha_get_num_threads(), (int)fs, (int)bs, fmha_last_error_message(),
+                (const char *[]){"nothing", "O", "lse", "dQ", "dK", "dV"}[differs]);
     free(o), free(l), free(dq), free(dk), free(dv);
     return ok;
 }

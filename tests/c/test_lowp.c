@@ -394,7 +394,7 @@ int main(void) {
         fmha_cpu_force_isa(isa);
         for (int t = FMHA_DTYPE_BF16; t <= FMHA_DTYPE_F16; t++)
             for (int s = 0; s < 4; s++) {
-                if (tu_strategy_skipped(s)) continue;
+                if (tu_strategy_skipped(s) || tu_strategy_repeats(s)) continue;
                 for (int pr = FMHA_PRECISION_ACCURATE; pr <= FMHA_PRECISION_FAST; pr++) {
                     fmha_precision prec = (fmha_precision)pr;
                     /* FMHA_TEST_QUICK: fewer queries and one batch element, keys still past a block */
@@ -410,7 +410,7 @@ int main(void) {
             }
         for (int t = FMHA_DTYPE_BF16; t <= FMHA_DTYPE_F16; t++)
             for (int s = 0; s < 4; s++) {
-                if (tu_strategy_skipped(s)) continue;
+                if (tu_strategy_skipped(s) || tu_strategy_repeats(s)) continue;
                 check_lengths_hide_nan((fmha_dtype)t, isa, s);
                 check_k_layouts((fmha_dtype)t, isa, s);
                 for (int pr = FMHA_PRECISION_ACCURATE; pr <= FMHA_PRECISION_FAST; pr++)

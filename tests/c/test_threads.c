@@ -50,7 +50,7 @@ int main(void) {
             }
             fmha_cpu_force_isa(isa->name);
             for (int s = 0; s < 4; s++) {
-                if (tu_strategy_skipped(s)) continue;
+                if (tu_strategy_skipped(s) || tu_strategy_repeats(s)) continue;
                 p.strategy = (fmha_strategy)s;
                 /* o [span], lse [B, Hq, Sq] per thread count */
                 float *o[3], *lse[3];

@@ -40,6 +40,13 @@ int tu_strategy_skipped(int s) {
     return tu_emulated() && (s == FMHA_STRATEGY_DENSE || s == FMHA_STRATEGY_PORTABLE);
 }
 
+int tu_strategy_repeats(int s) {
+    if (s != FMHA_STRATEGY_PORTABLE || !strcmp(fmha_cpu_kernels()->isa, "scalar")) return 0;
+    for (size_t i = 0; i < fmha_isa_count(); i++)
+        if (!strcmp(fmha_isa_at(i)->name, "scalar")) return tu_isa_runs(fmha_isa_at(i));
+    return 0;
+}
+
 int64_t tu_quick_pick(int64_t full, int64_t quick) { return tu_quick() ? quick : full; }
 
 uint64_t tu_next(void) { /* splitmix64 */

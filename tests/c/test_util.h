@@ -39,6 +39,11 @@ int64_t tu_quick_pick(int64_t full, int64_t quick);
  * C on every architecture); auto and tiled still reach every kernel. */
 int tu_emulated(void);
 int tu_strategy_skipped(int s);
+/* In a loop over tables (the current one forced): 1 for the portable
+ * strategy on any table but scalar when the loop also runs the scalar
+ * table, whose run has the same plan (portable runs the scalar kernels
+ * whatever the table). */
+int tu_strategy_repeats(int s);
 
 /* Records one check; prints the message on failure. Returns cond. */
 int tu_check(int cond, const char *fmt, ...);

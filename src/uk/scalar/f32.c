@@ -11,6 +11,11 @@
 
 enum { SCALAR_MR = 4, SCALAR_NR = 16 };
 
+/* One row of a B panel, read as one object. */
+typedef struct scalar_row {
+    float v[SCALAR_NR];
+} scalar_row;
+
 /* C[m x 16] (op)= ab_scale * A[m x k] B[k x 16]; contract in ukernel.h. The
  * product is summed from zero, then scaled and combined with C by one fma. */
 FMHA_SCALAR_FMA_CLONES static void fmha_f32_gemm_ukernel_4x16__scalar(size_t m, size_t k, const float *a, ptrdiff_t a_rs,
@@ -18,12 +23,17 @@ FMHA_SCALAR_FMA_CLONES static void fmha_f32_gemm_ukernel_4x16__scalar(size_t m, 
                                                float *c, size_t ldc, int mode,
                                                const float *col_scale, float ab_scale) {
     for (size_t r = 0; r < m; r++) {
-        /* acc [NR]: A B for one row of the tile */
+        /* acc [NR]: A B for one row of the tile; brow: B's row p, read as
+         * one object (one check in the sanitized builds, not 16). The loops
+         * over them unrolled: constant indices, in registers. */
         float acc[SCALAR_NR] = {0};
         for (size_t p = 0; p < k; p++) {
-            float x = a[(ptrdiff_t)r * a_rs + (ptrdiff_t)p * a_cs];
-            for (size_t j = 0; j < SCALAR_NR; j++) acc[j] = fmaf(x, b[p * ldb + j], acc[j]);
+            const float x = a[(ptrdiff_t)r * a_rs + (ptrdiff_t)p * a_cs];
+            const scalar_row brow = *(const scalar_row *)(b + p * ldb);
+#pragma GCC unroll 16
+            for (size_t j = 0; j < SCALAR_NR; j++) acc[j] = fmaf(x, brow.v[j], acc[j]);
         }
+#pragma GCC unroll 16
         for (size_t j = 0; j < SCALAR_NR; j++) {
             float *cj = &c[r * ldc + j];
             *cj = mode == FMHA_UK_STORE        ? acc[j] * ab_scale
