@@ -44,8 +44,11 @@
  * finding6_* (an inf block d of a padded q4_0 K: the reference missed the
  * padding's NaN), finding7_* (a NaN query against a quantized cache) and
  * finding8_* (a -inf in a float16 Q on the tiles' split inputs, whose
- * residual inf - inf is NaN) and finding9_* (a NaN in an fp8 V at a key
- * whose P underflows to 0 in float32 but not in float64: 0 x NaN). */
+ * residual inf - inf is NaN), finding9_* (a NaN in an fp8 V at a key
+ * whose P underflows to 0 in float32 but not in float64: 0 x NaN) and
+ * finding10_* (the same with an inf: NaN in float32, inf in float64; O is
+ * held to either reference where the float64 one is not finite:
+ * fmha_ref_forward_full_f32_weights). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -305,9 +308,11 @@ static void poison_one(reader *r, void *x, float *f, fmha_dtype t, size_t n) {
 
 /* x (dtype t, strides st over n) against r (contiguous [n0][n1][n2][n3]):
  * NaN where r is NaN, r's infinities, the finite values within
- * tol (1 + M), M the largest finite |r| (or extra_scale). */
+ * tol (1 + M), M the largest finite |r| (or extra_scale). r32 (NULL: none)
+ * is the reference with float32's weights (fmha_ref_forward_full_f32_weights):
+ * where r is not finite, r32's NaN or infinity is taken too. */
 static void compare_tensor(const char *what, const void *x, fmha_dtype t, const int64_t n[4],
-                           const int64_t st[4], const double *r, double extra_scale, double tol) {
+                           const int64_t st[4], const double *r, const double *r32, double extra_scale, double tol) {
     size_t len = (size_t)(n[0] * n[1] * n[2] * n[3]);
     double m = extra_scale;
     for (size_t e = 0; e < len; e++)
@@ -318,7 +323,7 @@ static void compare_tensor(const char *what, const void *x, fmha_dtype t, const 
             for (int64_t c = 0; c < n[2]; c++)
                 for (int64_t d = 0; d < n[3]; d++, e++) {
                     double v = fmha_load(x, t, a * st[0] + b * st[1] + c * st[2] + d * st[3]);
-                    if (!agrees(v, r[e], tol * (1.0 + m))) {
+                    if (!agrees(v, r[e], tol * (1.0 + m)) && !(r32 && !isfinite(r[e]) && agrees(v, r32[e], 0.0))) {
                         fprintf(stderr, "%s[%lld,%lld,%lld,%lld] = %.9g, reference %.9g (scale %g)\n",
                                 what, (long long)a, (long long)b, (long long)c, (long long)d, v, r[e], m);
                         fail("an output differs from the reference");
@@ -469,6 +474,9 @@ static void check_formats(reader *r, const fmha_problem *p, float *const f32[4],
         for (int64_t rr = 0; rr < B * sq * Hq; rr++) memcpy(qr + rr * D, q + rr * Dp, (size_t)D * sizeof(float));
         for (int d = 0; d < 4; d++) pr.q_strides[d] = (int64_t[4]){sq * Hq * D, Hq * D, D, 1}[d];
         if (fmha_ref_forward_full(&pr, qr, val[0], val[1], ro, rl) != 0) fail("reference failed");
+        double *ro32 = malloc(n_o * sizeof(double)); /* float32's weights, on the same query */
+        if (!ro32 || fmha_ref_forward_full_f32_weights(&pr, qr, val[0], val[1], ro32, NULL) != 0)
+            fail("reference failed");
         const int64_t n4[4] = {B, sq, Hq, Dv};
         fmha_plan *plan = NULL;
         char line[1024] = "";
@@ -493,7 +501,8 @@ static void check_formats(reader *r, const fmha_problem *p, float *const f32[4],
             tol += 2.0 * worst / (1.0 + m);
             free(rq);
         }
-        compare_tensor("formats O", o.p, FMHA_DTYPE_F32, n4, pf.o_strides, ro, 0.0, tol);
+        compare_tensor("formats O", o.p, FMHA_DTYPE_F32, n4, pf.o_strides, ro, ro32, 0.0, tol);
+        free(ro32);
         free(ro), free(rl), free(qr);
     }
     buf_free(&o);
@@ -816,7 +825,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!ro || !rl) fail("out of memory");
         if (fmha_ref_forward_full(&p32, f32[0], f32[1], f32[2], ro, rl) != 0) fail("reference failed");
         /* with dropout O is P Z V (the reference has no Z); lse is still P's */
-        if (p.dropout_p == 0.0f) compare_tensor("O", o.p, p.dtype, n, cst, ro, 0.0, tol);
+        double *ro32 = malloc(n_o * sizeof(double));
+        if (!ro32 || fmha_ref_forward_full_f32_weights(&p32, f32[0], f32[1], f32[2], ro32, NULL) != 0)
+            fail("reference failed");
+        if (p.dropout_p == 0.0f) compare_tensor("O", o.p, p.dtype, n, cst, ro, ro32, 0.0, tol);
+        free(ro32);
         for (size_t i = 0; lse_arg && i < n_lse; i++) {
             float x = ((float *)lse.p)[i];
             if (!agrees(x, rl[i], tol * (1.0 + (isfinite(rl[i]) ? fabs(rl[i]) : 0.0))))
@@ -858,7 +871,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         const char *gnames[3] = {"dQ", "dK", "dV"};
         const double term[3] = {sc * ds_max * (double)skv, sc * ds_max * (double)(sq * (Hq / sz[2])), 0.0};
         for (int t = 0; t < 3; t++)
-            compare_tensor(gnames[t], g_out[t].p, p.dtype, gn[t], gs[t], rg[t], term[t], tol);
+            compare_tensor(gnames[t], g_out[t].p, p.dtype, gn[t], gs[t], rg[t], NULL, term[t], tol);
         if (grads.d_dense) {
             /* the per-score reference gradient summed where the gradient broadcasts */
             int64_t gl = dgrad_len;

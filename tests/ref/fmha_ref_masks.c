@@ -8,6 +8,7 @@
 
 #include "fmha_ref.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,6 +90,9 @@ static void load_row(double *dst, const float *x, const int64_t st[4], int64_t b
 
 /* Per-row scratch, each [Skv]: raw = scale q.k, prob = P (0 where masked),
  * vis = the masks' verdict; dp = dO . V. */
+/* Set by fmha_ref_forward_full_f32_weights for its call. */
+static int ref_f32_weights;
+
 typedef struct ref_row {
     double *raw, *prob, *dp;
     unsigned char *vis; /* 0 masked, 1 seen, 2 visible with a -inf score (the backward's: nonzero) */
@@ -144,6 +148,7 @@ static double softmax_row(const fmha_problem *p, const float *k, int64_t b, int6
     double l = p->sinks ? exp(sink - mx) : 0.0;
     for (int64_t j = 0; j < skv; j++) {
         r->prob[j] = r->vis[j] ? exp(r->prob[j] - mx) : 0.0;
+        if (ref_f32_weights && r->prob[j] < FLT_MIN) r->prob[j] = 0.0;
         l += r->prob[j];
     }
     for (int64_t j = 0; j < skv; j++) r->prob[j] /= l;
@@ -187,6 +192,14 @@ int fmha_ref_forward_full(const fmha_problem *p, const float *q, const float *k,
             }
     row_free(&r);
     return 0;
+}
+
+int fmha_ref_forward_full_f32_weights(const fmha_problem *p, const float *q, const float *k, const float *v,
+                                      double *o, double *lse) {
+    ref_f32_weights = 1;
+    const int rc = fmha_ref_forward_full(p, q, k, v, o, lse);
+    ref_f32_weights = 0;
+    return rc;
 }
 
 /* Backward of L = sum_ic O_ic dO_ic, per query row i of one head:

@@ -26,6 +26,12 @@ double fmha_ref_full_bias(const fmha_problem *p, int64_t b, int64_t h, int64_t i
  * allocation failed. */
 int fmha_ref_forward_full(const fmha_problem *p, const float *q, const float *k, const float *v,
                           double *o, double *lse);
+/* The same with every weight exp(s - max) below FLT_MIN taken as exactly 0
+ * (float32's underflow): a seen key's V still multiplies it, so an
+ * infinity there gives NaN (0 x inf) where the float64 weight keeps inf.
+ * A float32 kernel may give either, by where its exp underflows. */
+int fmha_ref_forward_full_f32_weights(const fmha_problem *p, const float *q, const float *k, const float *v,
+                                      double *o, double *lse);
 
 /* Backward of L = sum(O * dO), d_o with p->o_strides. Outputs contiguous
  * double: dq [B, Sq, Hq, D], dk [B, Skv, Hkv, D], dv [B, Skv, Hkv, Dv] (dk,
