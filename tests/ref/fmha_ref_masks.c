@@ -90,13 +90,11 @@ static void load_row(double *dst, const float *x, const int64_t st[4], int64_t b
 
 /* Per-row scratch, each [Skv]: raw = scale q.k, prob = P (0 where masked),
  * vis = the masks' verdict; dp = dO . V. */
-/* Set by fmha_ref_forward_full_f32_weights for its call. */
-static int ref_f32_weights;
-
 typedef struct ref_row {
     double *raw, *prob, *dp;
     unsigned char *vis; /* 0 masked, 1 seen, 2 visible with a -inf score (the backward's: nonzero) */
     double *q_row, *do_row, *kv_row; /* [D], [Dv], [max(D, Dv)] */
+    double weight_floor; /* weights exp(s - max) below it are taken as 0 (0: none) */
 } ref_row;
 
 static int row_alloc(const fmha_problem *p, ref_row *r) {
@@ -108,6 +106,7 @@ static int row_alloc(const fmha_problem *p, ref_row *r) {
     r->q_row = malloc((size_t)p->head_dim * sizeof(double));
     r->do_row = malloc((size_t)p->head_dim_v * sizeof(double));
     r->kv_row = malloc(dmax * sizeof(double));
+    r->weight_floor = 0.0;
     return r->raw && r->prob && r->dp && r->vis && r->q_row && r->do_row && r->kv_row ? 0 : -1;
 }
 
@@ -148,7 +147,7 @@ static double softmax_row(const fmha_problem *p, const float *k, int64_t b, int6
     double l = p->sinks ? exp(sink - mx) : 0.0;
     for (int64_t j = 0; j < skv; j++) {
         r->prob[j] = r->vis[j] ? exp(r->prob[j] - mx) : 0.0;
-        if (ref_f32_weights && r->prob[j] < FLT_MIN) r->prob[j] = 0.0;
+        if (r->prob[j] < r->weight_floor) r->prob[j] = 0.0;
         l += r->prob[j];
     }
     for (int64_t j = 0; j < skv; j++) r->prob[j] /= l;
@@ -163,8 +162,9 @@ static double dropout_factor(const fmha_problem *p, int64_t b, int64_t h, int64_
     return fmha_dropout_keep(p, b, h, i, j) ? 1.0 / (1.0 - (double)p->dropout_p) : 0.0;
 }
 
-int fmha_ref_forward_full(const fmha_problem *p, const float *q, const float *k, const float *v,
-                          double *o, double *lse) {
+/* fmha_ref_forward_full, its weights below weight_floor taken as 0. */
+static int forward_full(const fmha_problem *p, const float *q, const float *k, const float *v, double *o,
+                        double *lse, double weight_floor) {
     const int64_t B = p->batch, hq = p->heads_q, sq = p->seq_q, skv = p->seq_kv;
     const int64_t dv_n = p->head_dim_v, group = hq / p->heads_kv;
     const double scale = fmha_ref_full_scale(p);
@@ -173,6 +173,7 @@ int fmha_ref_forward_full(const fmha_problem *p, const float *q, const float *k,
         row_free(&r);
         return -1;
     }
+    r.weight_floor = weight_floor;
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < hq; h++)
             for (int64_t i = 0; i < sq; i++) {
@@ -194,12 +195,14 @@ int fmha_ref_forward_full(const fmha_problem *p, const float *q, const float *k,
     return 0;
 }
 
+int fmha_ref_forward_full(const fmha_problem *p, const float *q, const float *k, const float *v,
+                          double *o, double *lse) {
+    return forward_full(p, q, k, v, o, lse, 0.0);
+}
+
 int fmha_ref_forward_full_f32_weights(const fmha_problem *p, const float *q, const float *k, const float *v,
                                       double *o, double *lse) {
-    ref_f32_weights = 1;
-    const int rc = fmha_ref_forward_full(p, q, k, v, o, lse);
-    ref_f32_weights = 0;
-    return rc;
+    return forward_full(p, q, k, v, o, lse, FLT_MIN);
 }
 
 /* Backward of L = sum_ic O_ic dO_ic, per query row i of one head:
