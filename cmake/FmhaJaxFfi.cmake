@@ -1,10 +1,10 @@
 # FmhaJaxFfi.cmake: builds fmha.jax's XLA FFI handler (python/fmha/_ffi/
-# fmha_jax_ffi.cc) when the Python package is built, against the XLA FFI
-# headers of the jaxlib that the build's Python imports, and installs it in
+# fmha_jax_ffi.c, C11 against XLA's C API) when the Python package is built,
+# against the XLA FFI headers of the jaxlib that the build's Python imports,
+# and installs it in
 # the package with fmha_jax_ffi.json (the jaxlib version and the XLA FFI
 # API version it was built for; fmha.jax checks them before loading it).
-# Without jax, or without a C++ compiler, it is skipped: fmha.jax then
-# compiles the handler on first use.
+# Without jax it is skipped: fmha.jax then compiles the handler on first use.
 
 find_package(Python3 COMPONENTS Interpreter)
 if(NOT Python3_Interpreter_FOUND)
@@ -47,22 +47,13 @@ file(STRINGS ${_fmha_capi} _fmha_minor REGEX "^#define XLA_FFI_API_MINOR [0-9]+"
 string(REGEX REPLACE ".* ([0-9]+)$" "\\1" _fmha_major "${_fmha_major}")
 string(REGEX REPLACE ".* ([0-9]+)$" "\\1" _fmha_minor "${_fmha_minor}")
 
-check_language(CXX)
-if(NOT CMAKE_CXX_COMPILER)
-  message(WARNING "fmha: no C++ compiler found; the JAX FFI handler is not built "
-                  "(install g++ to ship it; fmha.jax will try to compile it on first use)")
-  return()
-endif()
-enable_language(CXX)
-
-add_library(fmha_jax_ffi MODULE python/fmha/_ffi/fmha_jax_ffi.cc)
+add_library(fmha_jax_ffi MODULE python/fmha/_ffi/fmha_jax_ffi.c)
 set_target_properties(fmha_jax_ffi PROPERTIES
-  PREFIX "" CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF
-  CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON
+  PREFIX "" C_STANDARD 11 C_STANDARD_REQUIRED ON C_VISIBILITY_PRESET hidden
   INSTALL_RPATH "$ORIGIN/..")   # libfmha.so sits in the package, one level up
 target_include_directories(fmha_jax_ffi SYSTEM PRIVATE ${FMHA_JAX_INCLUDE})
-target_link_libraries(fmha_jax_ffi PRIVATE fmha)
-# only fmha_ffi_* leave the handler (a static C++ runtime in it stays private)
+target_link_libraries(fmha_jax_ffi PRIVATE fmha Threads::Threads)
+# only fmha_ffi_* leave the handler
 target_link_options(fmha_jax_ffi PRIVATE "-Wl,--version-script=${CMAKE_CURRENT_SOURCE_DIR}/cmake/fmha_jax_ffi.map")
 set_property(TARGET fmha_jax_ffi APPEND PROPERTY LINK_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/cmake/fmha_jax_ffi.map)
 file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/fmha_jax_ffi.json

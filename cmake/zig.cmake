@@ -1,8 +1,9 @@
 # zig.cmake: a toolchain for the manylinux wheels. It compiles fmha with
-# zig's C and C++ compilers (clang, with zig's own copies of glibc's
-# version stubs and of libc++): the libraries then need only the glibc
-# symbol versions of FMHA_ZIG_TARGET's glibc, whatever glibc the build
-# machine has, and the JAX FFI handler carries its C++ runtime inside it.
+# zig's C compiler (clang, with zig's own copies of glibc's version
+# stubs): the libraries then need only the glibc symbol versions of
+# FMHA_ZIG_TARGET's glibc, whatever glibc the build machine has. The
+# project is C only (the JAX FFI handler too), so zig never builds a C++
+# runtime.
 # tests/install/run.sh (x86-64) and tests/install/arm64.sh (aarch64, a
 # cross build) make the wheels with it; zig is the PyPI package ziglang.
 #   cmake -S . -B build-zig -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/zig.cmake \
@@ -13,7 +14,7 @@
 #   this host's architecture and glibc 2.28, the manylinux_2_28 policy).
 # The target CPU is the architecture's baseline (zig's default when a
 # target is named); only the kernel files get ISA flags (CMakeLists.txt).
-# zig keeps what it builds once per target (glibc stubs, libc++) in its
+# zig keeps what it builds once per target (glibc stubs, compiler-rt) in its
 # cache, ZIG_GLOBAL_CACHE_DIR or ~/.cache/zig.
 if(NOT FMHA_ZIG)
   find_program(FMHA_ZIG zig)
@@ -37,4 +38,3 @@ if(NOT _fmha_zig_arch STREQUAL CMAKE_HOST_SYSTEM_PROCESSOR)
 endif()
 # the compiler as zig and its mandatory arguments
 set(CMAKE_C_COMPILER ${FMHA_ZIG} cc -target ${FMHA_ZIG_TARGET})
-set(CMAKE_CXX_COMPILER ${FMHA_ZIG} c++ -target ${FMHA_ZIG_TARGET})

@@ -21,7 +21,6 @@ case "$part" in all|system|python) ;; *) echo "setup: unknown part '$part' (syst
 system_packages() {
     need=()
     command -v cc >/dev/null || need+=(gcc libc6-dev)
-    command -v c++ >/dev/null || need+=(g++)   # the JAX binding's FFI handler is C++
     command -v cmake >/dev/null || need+=(cmake)
     command -v ninja >/dev/null || need+=(ninja-build)
     command -v git >/dev/null || need+=(git)

@@ -30,7 +30,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from . import _lib, _spec
 
 _FFI_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ffi")
-_FFI_SOURCE = os.path.join(_FFI_DIR, "fmha_jax_ffi.cc")
+_FFI_SOURCE = os.path.join(_FFI_DIR, "fmha_jax_ffi.c")
 _FFI_PREBUILT = os.path.join("_ffi", "fmha_jax_ffi.so")         # next to the package's libfmha.so
 _FFI_PREBUILT_INFO = os.path.join("_ffi", "fmha_jax_ffi.json")
 
@@ -58,11 +58,11 @@ def _cache_dir():
 
 
 def _compiler(why_not_prebuilt):
-    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
         if name and shutil.which(name):
             return shutil.which(name)
-    raise ImportError(f"fmha.jax: {why_not_prebuilt}, and no C++ compiler was found to build its FFI handler "
-                      "(set CXX, or install g++; or rebuild fmha against this jax: pip install scikit-build-core, "
+    raise ImportError(f"fmha.jax: {why_not_prebuilt}, and no C compiler was found to build its FFI handler "
+                      "(set CC, or install gcc; or rebuild fmha against this jax: pip install scikit-build-core, "
                       "then pip install --no-build-isolation --force-reinstall --no-deps <fmha source>)")
 
 
@@ -131,12 +131,12 @@ def _compile(why_not_prebuilt):
         raise ImportError("fmha.jax: fmha.h not found (set FMHA_INCLUDE_DIR to the directory holding it)")
     lib_path = _lib.library_path()
     include = jax.ffi.include_dir()
-    cxx = _compiler(why_not_prebuilt)
+    cc = _compiler(why_not_prebuilt)
     import jaxlib
 
     h = hashlib.sha256()
     for part in (open(_FFI_SOURCE, "rb").read(), open(header, "rb").read(), jaxlib.__version__.encode(),
-                 include.encode(), cxx.encode(), lib_path.encode()):
+                 include.encode(), cc.encode(), lib_path.encode()):
         h.update(part)
         h.update(b"\0")
     d = _cache_dir()
@@ -149,9 +149,9 @@ def _compile(why_not_prebuilt):
             return target
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
         os.close(fd)
-        cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-w",
+        cmd = [cc, "-O2", "-std=c11", "-shared", "-fPIC", "-fvisibility=hidden", "-w",
                f"-I{include}", f"-I{os.path.dirname(header)}", _FFI_SOURCE, lib_path,
-               f"-Wl,-rpath,{os.path.dirname(lib_path)}", "-o", tmp]
+               f"-Wl,-rpath,{os.path.dirname(lib_path)}", "-pthread", "-o", tmp]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             os.unlink(tmp)

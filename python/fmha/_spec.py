@@ -4,7 +4,7 @@ This is the bottom of the Python package: plain constants, no imports. It
 holds the bindings' causal codes, the optional operands of the FFI calls
 (the `extras` bit set) and of the backward's parameter gradients (the
 `grads` bit set), the FFI targets and their attributes in order.
-_ffi/fmha_jax_ffi.cc carries the same values in C++;
+_ffi/fmha_jax_ffi.c carries the same values in C;
 tests/python/test_spec.py reads them out of that file and compares.
 """
 
@@ -18,7 +18,7 @@ CAUSAL_TOP_LEFT = 1
 CAUSAL_BOTTOM_RIGHT = 2
 CAUSAL_NONE_BOTTOM_RIGHT = 3
 
-# ---- the FFI calls (fmha.jax and _ffi/fmha_jax_ffi.cc) -------------------------------
+# ---- the FFI calls (fmha.jax and _ffi/fmha_jax_ffi.c) -------------------------------
 
 # XLA custom-call target -> the symbol of its handler in the FFI library.
 FFI_TARGETS = {"fmha_forward": "fmha_ffi_forward", "fmha_backward": "fmha_ffi_backward"}
@@ -39,8 +39,9 @@ GRADS = (("bias", "kGradBias"), ("alibi", "kGradAlibi"), ("rel", "kGradRelTable"
 GRAD_NAMES = tuple(name for name, _ in GRADS)
 GRAD_BITS = {name: 1 << i for i, name in enumerate(GRAD_NAMES)}
 
-# The handlers' attributes in their Bind() order: (name, kind), kind "f32"
-# (float) or "i64" (int64_t). `causal` is a causal code above, `extras` and
+# The handlers' attributes in the order of their tables (kForwardAttrs,
+# then kBackwardOnlyAttrs): (name, kind), kind "f32" (float) or "i64"
+# (int64_t). `causal` is a causal code above, `extras` and
 # `grads` the bit sets above, the window's sides -1 when unbounded.
 FFI_ATTRS = (("scale", "f32"), ("causal", "i64"), ("window_left", "i64"), ("window_right", "i64"),
              ("strategy", "i64"), ("extras", "i64"), ("softcap", "f32"), ("precision", "i64"),

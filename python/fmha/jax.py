@@ -2,14 +2,14 @@
 kernels through JAX's FFI.
 
 The two XLA CPU custom calls ("fmha_forward", "fmha_backward") live in
-_ffi/fmha_jax_ffi.cc. An installed package ships them compiled
+_ffi/fmha_jax_ffi.c (C, against XLA's C API). An installed package ships them compiled
 (_ffi/fmha_jax_ffi.so, built with the package against the jaxlib present
 then); it is used when the package's own libfmha.so is loaded and the
 running jaxlib serves the XLA FFI API version it was built for (same major,
 same or newer minor; _ffi/fmha_jax_ffi.json records it). Otherwise (a
 source checkout, FMHA_LIBRARY, another jaxlib, a package built without jax)
-the file is compiled on first use with the system C++ compiler (CXX, else
-c++/g++) against jax.ffi.include_dir() and fmha.h, linked to the libfmha.so
+the file is compiled on first use with the system C compiler (CC, else
+cc/gcc/clang) against jax.ffi.include_dir() and fmha.h, linked to the libfmha.so
 that fmha._lib loaded, and cached under FMHA_FFI_CACHE (default
 ~/.cache/fmha/ffi), keyed by a hash of its inputs. The handlers run fmha
 plans on XLA's buffers, kept in a bounded cache keyed by the whole C problem

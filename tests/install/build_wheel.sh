@@ -2,11 +2,11 @@
 # build_wheel.sh: the manylinux_2_28 wheel of one architecture, as the
 # packaging checks build it (tests/install/run.sh: x86_64, from the sdist;
 # tests/install/arm64.sh: aarch64, from the repository).
-#   1. pip wheel (the pyproject.toml build) with cmake/zig.cmake: zig cc and
-#      zig c++ (the PyPI package ziglang, in the development .venv) for
-#      <arch>-linux-gnu.2.28, so the libraries ask for no glibc symbol
-#      version past 2.28 whatever the build machine's glibc, and the JAX FFI
-#      handler carries libc++ inside it (no libstdc++ version needed);
+#   1. pip wheel (the pyproject.toml build) with cmake/zig.cmake: zig cc
+#      (the PyPI package ziglang, in the development .venv) for
+#      <arch>-linux-gnu.2.28, so the libraries (the JAX FFI handler too, C
+#      as the rest) ask for no glibc symbol version past 2.28 whatever the
+#      build machine's glibc;
 #   2. auditwheel repair, which tags the wheel with the oldest manylinux
 #      policy its symbols allow; the tag must be manylinux_2_28 or older;
 #   3. prints auditwheel show's verdict on the repaired wheel.

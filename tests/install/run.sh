@@ -4,7 +4,7 @@
 #      (tests/install/build_wheel.sh: pip wheel, the pyproject.toml build,
 #      compiled by zig for glibc 2.28), which auditwheel repair turns into a
 #      manylinux_2_28 (or older) wheel: the library needs only libc, libm
-#      and pthreads, the JAX FFI handler carries its C++ runtime;
+#      and pthreads (the JAX FFI handler too);
 #   2. installs the manylinux wheel with numpy and jax into a throwaway
 #      virtualenv, checks its library's tile configuration from the machine
 #      code (tests/python/test_amx_static.py) and that it runs every

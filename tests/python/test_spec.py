@@ -1,16 +1,17 @@
-"""test_spec: the JAX FFI handler (python/fmha/_ffi/fmha_jax_ffi.cc) and
+"""test_spec: the JAX FFI handler (python/fmha/_ffi/fmha_jax_ffi.c) and
 the bindings agree on what python/fmha/_spec.py holds: the `extras` and
 `grads` bits with the order the handler reads their operands and results
 in, the causal codes (fmha.h's fmha_causal and the bindings' extra one),
-the FFI targets' symbols and their attributes in Bind() order. The C++ is
-read as text; neither JAX nor a compiler is needed."""
+the FFI targets' symbols and their attributes in the order of the
+handler's tables. The C is read as text; neither JAX nor a compiler is
+needed."""
 
 import importlib.util
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-HANDLER = ROOT / "python" / "fmha" / "_ffi" / "fmha_jax_ffi.cc"
+HANDLER = ROOT / "python" / "fmha" / "_ffi" / "fmha_jax_ffi.c"
 HEADER = ROOT / "include" / "fmha.h"
 
 
@@ -27,7 +28,7 @@ SOURCE = HANDLER.read_text()
 
 
 def enum_values(name):
-    """The enumerators of the C++ `enum name` as (enumerator, value) pairs, in order."""
+    """The enumerators of the C `enum name` as (enumerator, value) pairs, in order."""
     m = re.search(rf"enum {name}\b[^{{]*\{{([^}}]*)\}}", SOURCE)
     assert m, f"enum {name} not found in {HANDLER.name}"
     return [(k, int(v)) for k, v in re.findall(r"(\w+)\s*=\s*(\d+)", m.group(1))]
@@ -61,27 +62,32 @@ def test_causal_codes():
     names = re.findall(r"FMHA_CAUSAL_(\w+)", m.group(1))
     assert names == ["NONE", "TOP_LEFT", "BOTTOM_RIGHT"] and "= 0" in m.group(1) and m.group(1).count("=") == 1
     assert [SPEC.CAUSAL_NONE, SPEC.CAUSAL_TOP_LEFT, SPEC.CAUSAL_BOTTOM_RIGHT] == [0, 1, 2]
-    m = re.search(r"constexpr int64_t kCausalNoneBottomRight = (\d+);", SOURCE)
+    m = re.search(r"enum \{ kCausalNoneBottomRight = (\d+) \};", SOURCE)
     assert m and int(m.group(1)) == SPEC.CAUSAL_NONE_BOTTOM_RIGHT
     assert SPEC.CAUSAL_NONE_BOTTOM_RIGHT not in (0, 1, 2)
     # the handler names it, no literal code beside it
     assert not re.search(r"causal\s*==\s*\d", SOURCE)
 
 
-def handler_attrs(symbol):
-    """The .Attr<type>("name") list of the handler bound to `symbol`, as (name, kind)."""
-    m = re.search(rf"XLA_FFI_DEFINE_HANDLER_SYMBOL\(\s*{symbol}\s*,(.*?)\);", SOURCE, re.S)
-    assert m, f"no handler symbol {symbol} in {HANDLER.name}"
-    kinds = {"float": "f32", "int64_t": "i64"}
-    return [(name, kinds[t]) for t, name in re.findall(r'\.Attr<(\w+)>\("(\w+)"\)', m.group(1))]
+def attr_table(table):
+    """The rows {"name", ATTR_KIND, ...} of the handler's attribute table `table`, as (name, kind)."""
+    at = SOURCE.index(f"static const attr_spec {table}[] = {{")
+    body = SOURCE[at:SOURCE.index("};", at)]
+    kinds = {"ATTR_F32": "f32", "ATTR_I64": "i64"}
+    return [(name, kinds[k]) for name, k in re.findall(r'\{"(\w+)", (ATTR_\w+),', body)]
 
 
 def test_targets_and_attributes():
     assert set(SPEC.FFI_TARGETS) == {"fmha_forward", "fmha_backward"}
     for symbol in SPEC.FFI_TARGETS.values():
-        assert re.search(rf'FMHA_FFI_EXPORT XLA_FFI_Error \*{symbol}\(', SOURCE)
-    assert handler_attrs(SPEC.FFI_TARGETS["fmha_forward"]) == list(SPEC.FFI_ATTRS)
-    assert handler_attrs(SPEC.FFI_TARGETS["fmha_backward"]) == list(SPEC.FFI_BACKWARD_ATTRS)
+        assert re.search(rf'FMHA_FFI_EXPORT XLA_FFI_Error \*{symbol}\(XLA_FFI_CallFrame \*cf\) \{{', SOURCE)
+    # the forward reads kForwardAttrs, the backward those and kBackwardOnlyAttrs (start_call's flag)
+    assert attr_table("kForwardAttrs") == list(SPEC.FFI_ATTRS)
+    assert attr_table("kForwardAttrs") + attr_table("kBackwardOnlyAttrs") == list(SPEC.FFI_BACKWARD_ATTRS)
+    for symbol, backward in ((SPEC.FFI_TARGETS["fmha_forward"], "false"), (SPEC.FFI_TARGETS["fmha_backward"], "true")):
+        body = SOURCE[SOURCE.index(f"{symbol}(XLA_FFI_CallFrame *cf) {{"):]
+        body = body[:body.index("\n}\n")]
+        assert f"start_call(cf, {backward}, &c)" in body
 
 
 def test_lib_uses_the_spec_codes():
