@@ -27,8 +27,9 @@ if ! "$cc" -fsanitize=fuzzer,address,undefined "$probe/probe.c" -o "$probe/probe
     exit 1
 fi
 
+# line tables only (-g1): the reports' file:line, a fifth less compile time
 CC="$cc" cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFMHA_FUZZ=ON \
-    -DFMHA_BUILD_TESTS=OFF >/dev/null
+    -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DFMHA_BUILD_TESTS=OFF >/dev/null
 cmake --build build-fuzz --target fuzz_api -j "$(nproc)"
 
 mkdir -p build-fuzz/corpus build-fuzz/crashes

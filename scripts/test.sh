@@ -27,12 +27,14 @@
 #               default table), each ARM table where it differs from the
 #               others; the tests of generic code that the x86 runs cover
 #               are left out (listed at the stage).
-# Stages that wait on the network or the disk, or run one thread, run in
+# Stages that wait on the network or the disk, or leave a core idle, run in
 # the background beside CPU-bound ones: the .venv's packages (PyTorch's
-# gigabytes) beside the builds and the C tests, the fuzzer (its build, then
-# one thread) beside the emulated tests, the sve table's tile tests beside
-# neonbf16's (each one qemu process). Each logs to a file, printed whole
-# when it ends, and has its own line in the table.
+# gigabytes) beside the builds and the C tests; the fuzzer (its build, then
+# one thread) beside the emulated tests; two lanes of emulated stages (each
+# one qemu process): neonbf16's tests, and sve's, neon's and the aarch64
+# wheel's one after another; the packaging checks beside the Python tests.
+# Each logs to a file, printed whole when it ends, and has its own line in
+# the table.
 #
 # Emulated stages run one test at a time (one qemu process, whose pool has
 # as many threads as the host has cores) and each within a budget (seconds,
@@ -105,6 +107,50 @@ bg_wait() { # KEY; returns the stage's exit status
     stage_record "${bg_name[$key]}" "$secs" "$rc"
     return "$rc"
 }
+# bg_lane LANE KEY NAME [KEY NAME]...: stages run one after another in the
+# background (one process group), each the shell function KEY, its output
+# in its own log; bg_wait_lane LANE prints and records each, in order.
+declare -A lane_keys
+bg_lane() {
+    local lane=$1 key
+    shift
+    lane_keys[$lane]=""
+    while [ $# -gt 0 ]; do
+        bg_name[$1]=$2 lane_keys[$lane]+="$1 "
+        echo "== $2 (in the background, after the stages before it on its lane) =="
+        shift 2
+    done
+    set -m
+    (
+        for key in ${lane_keys[$lane]}; do
+            stage_name=${bg_name[$key]} t0=$SECONDS rc=0
+            "$key" >"$logs/$key.log" 2>&1 </dev/null || rc=$?
+            echo "$rc $((SECONDS - t0))" >"$logs/$key.status"
+        done
+    ) &
+    set +m
+    bg_pid[$lane]=$!
+}
+bg_wait_lane() { # LANE
+    local lane=$1 key rc secs
+    wait "${bg_pid[$lane]}" || true
+    unset "bg_pid[$lane]"
+    for key in ${lane_keys[$lane]}; do
+        rc=1 secs=0
+        [ ! -f "$logs/$key.status" ] || read -r rc secs <"$logs/$key.status"
+        echo "== ${bg_name[$key]} (ended in the background) =="
+        cat "$logs/$key.log" 2>/dev/null || true
+        stage_record "${bg_name[$key]}" "$secs" "$rc"
+    done
+}
+# From a background stage: waits until the .venv stage has ended; its status.
+wait_for_venv() {
+    local rc secs
+    while [ ! -f "$logs/venv.status" ]; do sleep 2; done
+    read -r rc secs <"$logs/venv.status"
+    [ "$rc" = 0 ] || echo "test.sh: the .venv stage failed (see its log)" >&2
+    return "$rc"
+}
 print_times() {
     echo "== stage times =="
     for i in "${!stage_names[@]}"; do
@@ -121,8 +167,11 @@ jobs=$(nproc)
 # wheel on need them
 bg_stage venv "setup: .venv (Python packages)" scripts/setup.sh test python
 
+# the sanitized build with line tables only (-g1: the reports' file:line,
+# a fifth less compile time than -g)
 builds() {
-    cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFMHA_SANITIZE=ON >/dev/null &&
+    cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFMHA_SANITIZE=ON \
+        -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" >/dev/null &&
         cmake --build build-asan -j "$jobs" &&
         cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_STATIC=ON >/dev/null &&
         cmake --build build -j "$jobs"
@@ -157,10 +206,12 @@ if [ "$(uname -m)" = x86_64 ]; then
     # that run tables; sve's own tile part at 512 bits (NR 64) over the
     # kernel tests and at 128 bits (NR 16) over the tests of tiles; neon
     # alone as a Neoverse N1 (no BF16, no SVE).
+    # FMHA_SPIN_US=0: the pool's workers sleep at once (a spin under qemu is
+    # an emulated loop of clock reads; the x86 runs test the spin).
     arm_ctest() { # budget, QEMU_CPU, FMHA_TEST_ISAS, ctest's arguments...
         local secs=$1 cpu=$2 isas=$3
         shift 3
-        budget "$secs" env FMHA_TEST_QUICK=2 QEMU_CPU="$cpu" FMHA_TEST_ISAS="$isas" \
+        budget "$secs" env FMHA_TEST_QUICK=2 FMHA_SPIN_US=0 QEMU_CPU="$cpu" FMHA_TEST_ISAS="$isas" \
             ctest --test-dir build-aarch64 --output-on-failure -j 1 "$@"
     }
     # Left out there: the tests of generic code that the x86 runs cover
@@ -171,37 +222,55 @@ if [ "$(uname -m)" = x86_64 ]; then
     # check, the decode prefetch reruns (the same kernels, a prefetch hint)
     # and the record of x86-64's output bits (test_bits).
     arm_generic='^test_(fork|pool_nospin|stress|ref_gradcheck|ref_masks_gradcheck|dropout|wisdom|tuning_(tall|large|invalid|matrix)|paged_prefetch|kvformat_prefetch|bits)$'
-    # the two long emulated stages side by side: a qemu process keeps about
-    # 1.35 of the 2 cores busy, so each leaves room for the other. sve's
-    # tile part: the tests that drive its float32 tiles forward and back
-    # (the masks', the low precisions' and the thread counts' paths are the
-    # drivers' and the bf16 kernels', which neonbf16's stage runs)
-    bg_stage sve128 "aarch64 sve 128 bits, tile tests (qemu)" arm_ctest 600 max,sve-default-vector-length=16 sve \
-        -R '^test_(ukernels|forward|backward|ieee)$'
+    # Two lanes of emulated stages side by side (a qemu process keeps about
+    # 1.35 of the 2 cores busy, so each leaves room for the other): neonbf16
+    # in the foreground; in the background sve's tile part, its kernels at
+    # 512 bits, neon as a Neoverse N1, then the aarch64 wheel (which needs
+    # the .venv). sve's tile part: the tests that drive its float32 tiles
+    # forward and back (the masks', the low precisions' and the thread
+    # counts' paths are the drivers' and the bf16 kernels', which
+    # neonbf16's stage runs).
+    sve128() {
+        arm_ctest 600 max,sve-default-vector-length=16 sve -R '^test_(ukernels|forward|backward|ieee)$'
+    }
+    sve512() { arm_ctest 120 max,sve-default-vector-length=64 sve -R '^test_ukernels$'; }
+    n1() { arm_ctest 150 neoverse-n1 neon -R '^test_(ukernels|bf16_ukernels|forward)$'; }
+    arm64_wheel() {
+        wait_for_venv &&
+            budget 600 env -u FMHA_LIBRARY -u FMHA_BENCH -u PYTHONPATH tests/install/arm64.sh build-aarch64
+    }
+    bg_lane arm \
+        sve128 "aarch64 sve 128 bits, tile tests (qemu)" \
+        sve512 "aarch64 sve 512 bits, kernel tests (qemu)" \
+        n1 "aarch64 neon as a Neoverse N1 (qemu)" \
+        arm64_wheel "aarch64 wheel on an emulated arm64 Python"
     run_stage "aarch64 neonbf16, the tests of tables (qemu)" arm_ctest 900 max neonbf16 -E "$arm_generic"
-    bg_wait sve128 || true
-    run_stage "aarch64 sve 512 bits, kernel tests (qemu)" \
-        arm_ctest 60 max,sve-default-vector-length=64 sve -R '^test_ukernels$'
-    run_stage "aarch64 neon as a Neoverse N1 (qemu)" \
-        arm_ctest 90 neoverse-n1 neon -R '^test_(ukernels|bf16_ukernels|forward)$'
-    bg_wait venv || { print_times; exit 1; }
-    run_stage "aarch64 wheel on an emulated arm64 Python" \
-        budget 600 env -u FMHA_LIBRARY -u FMHA_BENCH -u PYTHONPATH tests/install/arm64.sh build-aarch64
-    bg_wait fuzz || true
-else
-    bg_wait venv || { print_times; exit 1; }
+fi
+if ! bg_wait venv; then
+    [ "$(uname -m)" != x86_64 ] || bg_wait_lane arm
+    print_times
+    exit 1
 fi
 
 python_tests() {
     # pytest exits 5 when it collected no test; that is a failure here too.
     # FMHA_REQUIRE_TORCH=1: the torch tests fail, not skip, without PyTorch.
+    # Two workers (pytest-xdist): the tests are independent.
     FMHA_REQUIRE_TORCH=1 FMHA_LIBRARY="$PWD/build/libfmha.so" FMHA_BENCH="$PWD/build/fmha-bench" \
-        PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" .venv/bin/python -m pytest -q tests/python
+        PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" .venv/bin/python -m pytest -q -n 2 tests/python
 }
-run_stage "Python tests (Release library)" python_tests
-run_stage "Packaging (sdist, manylinux wheel, find_package and pkg-config consumers)" \
+# the packaging checks (mostly one thread: pip, the wheel's tests, the
+# consumers) beside the Python tests
+bg_stage packaging "Packaging (sdist, manylinux wheel, find_package and pkg-config consumers)" \
     env -u FMHA_LIBRARY -u FMHA_BENCH -u PYTHONPATH tests/install/run.sh build
-[ "$(uname -m)" = x86_64 ] || run_stage "fuzz_api (libFuzzer, ASan + UBSan, 60 s)" scripts/fuzz.sh 60
+run_stage "Python tests (Release library)" python_tests
+bg_wait packaging || true
+if [ "$(uname -m)" = x86_64 ]; then
+    bg_wait_lane arm
+    bg_wait fuzz || true
+else
+    run_stage "fuzz_api (libFuzzer, ASan + UBSan, 60 s)" scripts/fuzz.sh 60
+fi
 
 print_times
 exit "$status"
