@@ -32,7 +32,8 @@
 # gigabytes) beside the builds and the C tests; the fuzzer (its build, then
 # one thread) beside the emulated tests; two lanes of emulated stages (each
 # one qemu process): neonbf16's tests, and sve's, neon's and the aarch64
-# wheel's one after another; the packaging checks beside the Python tests.
+# wheel's one after another; the packaging checks from the Release tests
+# on, beside all of those and the Python tests.
 # Each logs to a file, printed whole when it ends, and has its own line in
 # the table.
 #
@@ -168,10 +169,10 @@ jobs=$(nproc)
 bg_stage venv "setup: .venv (Python packages)" scripts/setup.sh test python
 
 # the sanitized build with line tables only (-g1: the reports' file:line,
-# a fifth less compile time than -g)
+# a fifth less compile time than -g), without the measuring tools
 builds() {
     cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFMHA_SANITIZE=ON \
-        -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" >/dev/null &&
+        -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DFMHA_BUILD_BENCH=OFF >/dev/null &&
         cmake --build build-asan -j "$jobs" &&
         cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFMHA_STATIC=ON >/dev/null &&
         cmake --build build -j "$jobs"
@@ -190,6 +191,12 @@ asan_ctest() {
 }
 run_stage "C tests (ASan + UBSan, quick sizes)" asan_ctest
 run_stage "C tests (Release library)" ctest --test-dir build --output-on-failure -j "$jobs"
+# the packaging checks (mostly one thread: pip, zig, the wheel's tests, the
+# consumers) from here on beside the CPU-bound stages; they need the .venv
+packaging() {
+    wait_for_venv && env -u FMHA_LIBRARY -u FMHA_BENCH -u PYTHONPATH tests/install/run.sh build
+}
+bg_lane pkg packaging "Packaging (sdist, manylinux wheel, find_package and pkg-config consumers)"
 
 if [ "$(uname -m)" = x86_64 ]; then
     arm_build() {
@@ -248,6 +255,7 @@ if [ "$(uname -m)" = x86_64 ]; then
 fi
 if ! bg_wait venv; then
     [ "$(uname -m)" != x86_64 ] || bg_wait_lane arm
+    bg_wait_lane pkg
     print_times
     exit 1
 fi
@@ -255,16 +263,14 @@ fi
 python_tests() {
     # pytest exits 5 when it collected no test; that is a failure here too.
     # FMHA_REQUIRE_TORCH=1: the torch tests fail, not skip, without PyTorch.
-    # Two workers (pytest-xdist): the tests are independent.
+    # Two workers (pytest-xdist), a file's tests on one (module fixtures
+    # such as test_torch_ring's process groups run once).
     FMHA_REQUIRE_TORCH=1 FMHA_LIBRARY="$PWD/build/libfmha.so" FMHA_BENCH="$PWD/build/fmha-bench" \
-        PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" .venv/bin/python -m pytest -q -n 2 tests/python
+        PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" .venv/bin/python -m pytest -q -n 2 --dist loadfile \
+        tests/python
 }
-# the packaging checks (mostly one thread: pip, the wheel's tests, the
-# consumers) beside the Python tests
-bg_stage packaging "Packaging (sdist, manylinux wheel, find_package and pkg-config consumers)" \
-    env -u FMHA_LIBRARY -u FMHA_BENCH -u PYTHONPATH tests/install/run.sh build
 run_stage "Python tests (Release library)" python_tests
-bg_wait packaging || true
+bg_wait_lane pkg
 if [ "$(uname -m)" = x86_64 ]; then
     bg_wait_lane arm
     bg_wait fuzz || true
