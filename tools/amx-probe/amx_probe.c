@@ -78,8 +78,8 @@ static void run_kind(probe *p) {
     _tile_loadd(5, buf + KIB, 64);
     _tile_loadd(6, buf + 2 * KIB, 64);
     _tile_loadd(7, buf + 3 * KIB, 64);
-    __m512 f[8];
-    for (int i = 0; i < 8; i++) f[i] = _mm512_set1_ps(1.0f + (float)i);
+    __m512 f0 = _mm512_set1_ps(1.0f), f1 = _mm512_set1_ps(2.0f), f2 = _mm512_set1_ps(3.0f), f3 = _mm512_set1_ps(4.0f);
+    __m512 f4 = _mm512_set1_ps(5.0f), f5 = _mm512_set1_ps(6.0f), f6 = _mm512_set1_ps(7.0f), f7 = _mm512_set1_ps(8.0f);
     const __m512 mul = _mm512_set1_ps(0.999f), add = _mm512_set1_ps(1e-3f);
     double t0 = now_ns();
     long ops = 0;
@@ -143,8 +143,16 @@ static void run_kind(probe *p) {
                 _tile_dpbf16ps(2, 4, 7);
                 _tile_dpbf16ps(3, 5, 7);
             }
-            for (int r = 0; r < 4; r++)
-                for (int i = 0; i < 8; i++) f[i] = _mm512_fmadd_ps(f[i], mul, add);
+            for (int r = 0; r < 4; r++) { /* named registers: an array of them goes through the stack */
+                f0 = _mm512_fmadd_ps(f0, mul, add);
+                f1 = _mm512_fmadd_ps(f1, mul, add);
+                f2 = _mm512_fmadd_ps(f2, mul, add);
+                f3 = _mm512_fmadd_ps(f3, mul, add);
+                f4 = _mm512_fmadd_ps(f4, mul, add);
+                f5 = _mm512_fmadd_ps(f5, mul, add);
+                f6 = _mm512_fmadd_ps(f6, mul, add);
+                f7 = _mm512_fmadd_ps(f7, mul, add);
+            }
         }
         ops = p->iters;
         break;
@@ -154,7 +162,8 @@ static void run_kind(probe *p) {
     _tile_stored(0, out, 64);
     _tile_release();
     float sink = out[5];
-    for (int i = 0; i < 8; i++) sink += _mm512_reduce_add_ps(f[i]);
+    sink += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(_mm512_add_ps(f0, f1), _mm512_add_ps(f2, f3)),
+                                               _mm512_add_ps(_mm512_add_ps(f4, f5), _mm512_add_ps(f6, f7))));
     if (sink == 1.2345f) putchar('!');
 }
 
