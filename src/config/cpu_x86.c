@@ -170,9 +170,13 @@ void fmha_arch_cache_sizes(fmha_cache_sizes *c) {
  *         in place at 82-89% of the FMA peak: the generic values.
  *   xeon-6-167: GenuineIntel family 6 model 167 as a KVM guest reports a
  *         Xeon with AMX (48 KiB L1D, 2 MiB L2): fmha-bench --tune, the
- *         measurements in design.md. */
+ *         measurements in design.md.
+ *   xeon-6-207: GenuineIntel family 6 model 207 as a KVM guest reports a
+ *         Xeon with AMX (48 KiB L1D, 2 MiB L2): fmha-bench --tune on the
+ *         amx table, 2 threads (design.md). */
 #define ZEN4 "zen4", ""
 #define XEON_6_167 "xeon-6-167", "k_copy_bytes=262144,matrix_block_kv=256"
+#define XEON_6_207 "xeon-6-207", "decode_split_keys=4096,matrix_block_kv=256,matrix_overlap=0"
 static const fmha_arch_tuning x86_tunings[] = {
     {"avx512bf16", "AuthenticAMD", 25, 17, 17, ZEN4},
     {"avx512", "AuthenticAMD", 25, 17, 17, ZEN4},
@@ -181,9 +185,11 @@ static const fmha_arch_tuning x86_tunings[] = {
     {"avx512bf16", "GenuineIntel", 6, 167, 167, XEON_6_167},
     {"avx512", "GenuineIntel", 6, 167, 167, XEON_6_167},
     {"avx2", "GenuineIntel", 6, 167, 167, XEON_6_167},
+    {"amx", "GenuineIntel", 6, 207, 207, XEON_6_207},
 };
 #undef ZEN4
 #undef XEON_6_167
+#undef XEON_6_207
 
 const fmha_arch_tuning *fmha_arch_tunings(size_t *n) {
     *n = sizeof x86_tunings / sizeof x86_tunings[0];
