@@ -87,7 +87,7 @@ def test_targets_and_attributes():
     for symbol, backward in ((SPEC.FFI_TARGETS["fmha_forward"], "false"), (SPEC.FFI_TARGETS["fmha_backward"], "true")):
         body = SOURCE[SOURCE.index(f"{symbol}(XLA_FFI_CallFrame *cf) {{"):]
         body = body[:body.index("\n}\n")]
-        assert f"start_call(cf, {backward}, &c)" in body
+        assert f"start_call(cf, {backward}, &c, " in body
 
 
 def test_lib_uses_the_spec_codes():

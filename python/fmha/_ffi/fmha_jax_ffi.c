@@ -389,7 +389,7 @@ typedef struct {
   options opt;
   fmha_dtype dtype;
   fmha_kv_dtype kv_dtype;
-  int64_t B;                    /* the core batch */
+  int64_t B;                    /* the core batch (for_each_slice sets these three) */
   bool one_shot, uncached;
 } call;
 
@@ -509,10 +509,14 @@ static bool has_extras(const call *c) {
 
 typedef XLA_FFI_Error *slice_fn(const call *c, int64_t batch, char *const ptr[], bool per_slice);
 
-/* Calls fn(batch, pointers, per_slice) once with the leading dimensions
- * folded into the batch (per_slice false), or once per leading index with
- * each operand's slice (per_slice true). */
-static XLA_FFI_Error *for_each_slice(const call *c, slice_fn *fn) {
+/* Once every operand is in its slot: the core batch and the call's kind
+ * (one-shot, uncached), then fn(batch, pointers, per_slice) once with the
+ * leading dimensions folded into the batch (per_slice false), or once per
+ * leading index with each operand's slice (per_slice true). */
+static XLA_FFI_Error *for_each_slice(call *c, slice_fn *fn) {
+  c->B = core(&c->op[Q], 0);
+  c->one_shot = has_extras(c);
+  c->uncached = c->op[DROPOUT_SEED].present;
   int64_t count = 1;
   for (int i = 0; i < c->lead; i++) count *= c->lead_dims[i];
   if (count == 0) return NULL;
@@ -586,11 +590,16 @@ static XLA_FFI_Error *check_main(const call *c) {
   return NULL;
 }
 
-/* The common start of both handlers: the attributes, then q, k, v in their slots. */
-static XLA_FFI_Error *start_call(XLA_FFI_CallFrame *cf, bool backward, call *c) {
+/* The common start of both handlers: the frame's checks (a metadata query
+ * is answered there: *answered set), the attributes, then q, k, v in their
+ * slots. */
+static XLA_FFI_Error *start_call(XLA_FFI_CallFrame *cf, bool backward, call *c, bool *answered) {
+  XLA_FFI_Error *err =
+      backward ? check_frame(cf, 6, 3, false, answered) : check_frame(cf, 3, 2, true, answered);
+  if (err || *answered) return err;
   memset(c, 0, sizeof *c);
   c->api = cf->api;
-  XLA_FFI_Error *err = read_attrs(cf, backward, &c->opt);
+  err = read_attrs(cf, backward, &c->opt);
   static const char *const names[] = {"q", "k", "v"};
   for (int s = Q; !err && s <= V; s++) err = take(c, s, arg(cf, s), 4, names[s]);
   if (err) return err;
@@ -625,10 +634,9 @@ static XLA_FFI_Error *forward_slice(const call *c, int64_t batch, char *const pt
 FMHA_FFI_EXPORT XLA_FFI_Error *fmha_ffi_forward(XLA_FFI_CallFrame *cf);
 FMHA_FFI_EXPORT XLA_FFI_Error *fmha_ffi_forward(XLA_FFI_CallFrame *cf) {
   bool answered;
-  XLA_FFI_Error *err = check_frame(cf, 3, 2, true, &answered);
-  if (err || answered) return err;
   call c;
-  if ((err = start_call(cf, false, &c))) return err;
+  XLA_FFI_Error *err = start_call(cf, false, &c, &answered);
+  if (err || answered) return err;
   fmha_dtype kv_code;
   const XLA_FFI_Buffer *q = arg(cf, 0), *k = arg(cf, 1), *v = arg(cf, 2), *o = ret(cf, 0), *lse = ret(cf, 1);
   if (!dtype_code(q->dtype, &c.dtype) || o->dtype != q->dtype || !dtype_code(k->dtype, &kv_code) ||
@@ -641,9 +649,6 @@ FMHA_FFI_EXPORT XLA_FFI_Error *fmha_ffi_forward(XLA_FFI_CallFrame *cf) {
   if ((err = read_extras(cf, 3, &c)) || (err = check_main(&c))) return err;
   if (c.op[O].lead != c.lead || c.op[LSE].lead != c.lead) return ffi_error(c.api, "fmha: wrong rank of o or lse");
   memcpy(c.lead_dims, c.op[O].dims, sizeof(int64_t) * (size_t)c.lead);
-  c.B = core(&c.op[Q], 0);
-  c.one_shot = has_extras(&c);
-  c.uncached = c.op[DROPOUT_SEED].present;
   return for_each_slice(&c, forward_slice);
 }
 
@@ -687,10 +692,9 @@ static XLA_FFI_Error *backward_slice(const call *c, int64_t batch, char *const p
 FMHA_FFI_EXPORT XLA_FFI_Error *fmha_ffi_backward(XLA_FFI_CallFrame *cf);
 FMHA_FFI_EXPORT XLA_FFI_Error *fmha_ffi_backward(XLA_FFI_CallFrame *cf) {
   bool answered;
-  XLA_FFI_Error *err = check_frame(cf, 6, 3, false, &answered);
-  if (err || answered) return err;
   call c;
-  if ((err = start_call(cf, true, &c))) return err;
+  XLA_FFI_Error *err = start_call(cf, true, &c, &answered);
+  if (err || answered) return err;
   const XLA_FFI_DataType t = arg(cf, 0)->dtype;
   bool same = dtype_code(t, &c.dtype);
   for (int i = 1; i < 6; i++) same = same && (i == 4 || arg(cf, i)->dtype == t);
@@ -725,9 +729,6 @@ FMHA_FFI_EXPORT XLA_FFI_Error *fmha_ffi_backward(XLA_FFI_CallFrame *cf) {
     if (c.op[wanted[i].grad].lead != c.lead) return ffi_error(c.api, "fmha: wrong rank of %s", wanted[i].name);
   }
   if (next != cf->rets.size) return ffi_error(c.api, "fmha: unexpected extra results");
-  c.B = core(&c.op[Q], 0);
-  c.one_shot = has_extras(&c);
-  c.uncached = c.op[DROPOUT_SEED].present;
   return for_each_slice(&c, backward_slice);
 }
 
