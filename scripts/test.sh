@@ -82,6 +82,24 @@ run_stage() { # name, command...: one stage in the foreground, its status record
     stage_record "$stage_name" $((SECONDS - t0)) "$rc"
     return 0
 }
+# bg_run KEY command...: (inside a background job) the command with its
+# output in KEY's log, then its status and seconds in KEY's status file;
+# bg_record KEY: prints KEY's log and records the stage.
+bg_run() {
+    local key=$1 rc=0 t0=$SECONDS
+    shift
+    stage_name=${bg_name[$key]}
+    "$@" >"$logs/$key.log" 2>&1 </dev/null || rc=$?
+    echo "$rc $((SECONDS - t0))" >"$logs/$key.status"
+}
+bg_record() {
+    local key=$1 rc=1 secs=0
+    [ ! -f "$logs/$key.status" ] || read -r rc secs <"$logs/$key.status"
+    echo "== ${bg_name[$key]} (ended in the background) =="
+    cat "$logs/$key.log" 2>/dev/null || true
+    stage_record "${bg_name[$key]}" "$secs" "$rc"
+    return "$rc"
+}
 # bg_stage KEY NAME command...: one stage in the background (its own process
 # group), its output in a log; bg_wait KEY prints the log and records it.
 bg_stage() {
@@ -90,23 +108,15 @@ bg_stage() {
     shift 2
     echo "== ${bg_name[$key]} (in the background; its output when it ends) =="
     set -m
-    (
-        stage_name=${bg_name[$key]} t0=$SECONDS rc=0
-        "$@" >"$logs/$key.log" 2>&1 </dev/null || rc=$?
-        echo "$rc $((SECONDS - t0))" >"$logs/$key.status"
-    ) &
+    bg_run "$key" "$@" &
     set +m
     bg_pid[$key]=$!
 }
 bg_wait() { # KEY; returns the stage's exit status
-    local key=$1 rc=1 secs=0
+    local key=$1
     wait "${bg_pid[$key]}" || true
     unset "bg_pid[$key]"
-    [ ! -f "$logs/$key.status" ] || read -r rc secs <"$logs/$key.status"
-    echo "== ${bg_name[$key]} (ended in the background) =="
-    cat "$logs/$key.log"
-    stage_record "${bg_name[$key]}" "$secs" "$rc"
-    return "$rc"
+    bg_record "$key"
 }
 # bg_lane LANE KEY NAME [KEY NAME]...: stages run one after another in the
 # background (one process group), each the shell function KEY, its output
@@ -122,27 +132,15 @@ bg_lane() {
         shift 2
     done
     set -m
-    (
-        for key in ${lane_keys[$lane]}; do
-            stage_name=${bg_name[$key]} t0=$SECONDS rc=0
-            "$key" >"$logs/$key.log" 2>&1 </dev/null || rc=$?
-            echo "$rc $((SECONDS - t0))" >"$logs/$key.status"
-        done
-    ) &
+    (for key in ${lane_keys[$lane]}; do bg_run "$key" "$key"; done) &
     set +m
     bg_pid[$lane]=$!
 }
 bg_wait_lane() { # LANE
-    local lane=$1 key rc secs
+    local lane=$1 key
     wait "${bg_pid[$lane]}" || true
     unset "bg_pid[$lane]"
-    for key in ${lane_keys[$lane]}; do
-        rc=1 secs=0
-        [ ! -f "$logs/$key.status" ] || read -r rc secs <"$logs/$key.status"
-        echo "== ${bg_name[$key]} (ended in the background) =="
-        cat "$logs/$key.log" 2>/dev/null || true
-        stage_record "${bg_name[$key]}" "$secs" "$rc"
-    done
+    for key in ${lane_keys[$lane]}; do bg_record "$key" || true; done
 }
 # From a background stage: waits until the .venv stage has ended; its status.
 wait_for_venv() {
