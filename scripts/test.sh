@@ -26,7 +26,9 @@
 #               kernel tables (their own FMHA_TEST_ISAS loops, or the
 #               default table), each ARM table where it differs from the
 #               others; the tests of generic code that the x86 runs cover
-#               are left out (listed at the stage).
+#               are left out (listed at the stage), and so is the check
+#               that a plan gives a one-shot call's bits (the same planner
+#               and run function: generic code).
 # Stages that wait on the network or the disk, or leave a core idle, run in
 # the background beside CPU-bound ones: the .venv's packages (PyTorch's
 # gigabytes) beside the builds and the C tests; the fuzzer (its build, then

@@ -136,7 +136,9 @@ int tu_quantized_query(const fmha_problem *p);
  * one-shot's status and, on success, its outputs bit for bit. Returns the
  * one-shot status; the caller's outputs hold the one-shot results. Skipped
  * (one-shot only) when a bias callback accumulates gradients (three runs
- * would accumulate three times). */
+ * would accumulate three times), and for valid problems in the emulated
+ * runs (FMHA_TEST_QUICK=2: the plan is generic code, the same planner and
+ * run function as the one-shot call's, checked natively on every table). */
 fmha_status tu_forward(const fmha_problem *p, const void *q, const void *k, const void *v, void *o,
                        float *lse, void *workspace, size_t workspace_bytes);
 fmha_status tu_backward(const fmha_problem *p, const void *q, const void *k, const void *v,
