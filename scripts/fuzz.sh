@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # fuzz.sh: builds the libFuzzer target tests/fuzz/fuzz_api.c with clang
-# (AddressSanitizer + UndefinedBehaviorSanitizer) into build-fuzz/ and runs
+# (AddressSanitizer + UndefinedBehaviorSanitizer; the ISA kernel directories
+# without UBSan, see CMakeLists.txt) into build-fuzz/ and runs
 # it for the given seconds (default 60) from the seeds in tests/fuzz/corpus/.
 # Inputs that reach new code are kept in build-fuzz/corpus/; a failing input
 # is saved in build-fuzz/crashes/ and the script exits non-zero. Replay one
