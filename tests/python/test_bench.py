@@ -202,6 +202,11 @@ def test_unwritable_output_fails_before_running(tmp_path):
     ["--dim-v", "0"],
     ["--dim-v", "32", "--kv-format", "int8"],
     ["--dim-v", "32", "--page-size", "16"],
+    ["--kv-lengths", "uniform:0.5"],
+    ["--kv-lengths", "uniform:0.5", "--variants", "decode,causal"],
+    ["--kv-lengths", "uniform:0", "--variants", "decode"],
+    ["--kv-lengths", "uniform:1.5", "--variants", "decode"],
+    ["--kv-lengths", "zipf:1", "--variants", "decode"],
     ["--threads", "-1"],
     ["--peak-timeout", "-1"],
     ["--mem-budget-mb", "x"],
@@ -295,6 +300,31 @@ def test_decode_rows(tmp_path):
                    "--modes", "fwd", "--impls", "fmha_auto", "--variants", "decode")
     (r,) = [r for r in doc["results"] if r["seq"] == 100 and r.get("page_size") == 7]
     assert r["seq_q"] == 3 and r["status"] == "ok" and r["rel_err"] < 1e-5, r
+
+
+def test_uneven_decode_rows(tmp_path):
+    """--kv-lengths uniform:F: a decode step over sequences of different
+    lengths (sequence 0 full, the others drawn from [F seq, seq], the same
+    every run), contiguous and paged; rows match the float64 reference of
+    those lengths and count the keys cached in GFLOP/s and KV_GB/s."""
+    rows = []
+    for page in ([], ["--page-size", "16"]):
+        doc, _ = bench(tmp_path, "--seqs", "300", "--batch", "5", "--heads-kv", "1", "--kv-lengths", "uniform:0.25",
+                       "--modes", "fwd", "--impls", "fmha_auto,fmha_tiled", "--variants", "decode", *page)
+        assert doc["config"]["kv_min_fraction"] == 0.25
+        rows += doc["results"]
+    means = {r["kv_len_mean"] for r in rows}
+    assert len(means) == 1, means  # the same lengths in every row and run
+    (mean,) = means
+    assert 75 <= mean < 300  # sequence 0 holds 300 keys, the others fewer or as many
+    for r in rows:
+        assert r["status"] == "ok" and r["rel_err"] < 1e-5 and r["kv_min_fraction"] == 0.25, r
+        # 5 sequences, 2 heads, one query each over its own keys, D = Dv = 32
+        assert r["gflops"] == pytest.approx(2 * 5 * 2 * mean * 64 / (r["median_ms"] * 1e6), rel=0.02), r
+        assert r["kv_gbs"] == pytest.approx(5 * mean * 2 * 32 * 4 / (r["median_ms"] * 1e6), rel=0.02), r
+    full, _ = bench(tmp_path, "--seqs", "300", "--batch", "5", "--heads-kv", "1", "--modes", "fwd",
+                    "--impls", "fmha_auto", "--variants", "decode", out="full.json")
+    assert "kv_len_mean" not in full["results"][0]
 
 
 def test_value_head_dim_rows(tmp_path):

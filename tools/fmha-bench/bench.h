@@ -32,6 +32,7 @@ typedef struct bench_options {
     int64_t page_size;         /* --page-size: K and V in a paged cache; 0: contiguous */
     const char *kv_dtype;      /* --kv-dtype: K and V in their own dtype; NULL: the row's */
     const char *kv_format;     /* --kv-format: K and V quantized (int8, fp8_*, q8_0, q4_0); NULL: none */
+    double kv_min_fraction;    /* --kv-lengths uniform:F (decode rows); 0: every sequence holds seq keys */
     int threads;               /* 0: the library's default */
     const char *precision;     /* --precision: "accurate", "fast", "bf16x3" or "bf16" */
     int no_ref, peaks, max_fit, append, explain;
@@ -55,6 +56,10 @@ typedef struct bench_case {
     const char *kv_dtype;      /* dtype of K and V; NULL: dtype */
     const char *kv_format;     /* K and V quantized into this cache format; NULL: none */
     int64_t head_dim_v;        /* V's and O's head dim; 0: head_dim */
+    /* decode rows: sequence 0 holds seq keys, each other one a length drawn
+     * uniformly from [ceil(F seq), seq] (seeded: the same every run); 0:
+     * every sequence holds seq keys */
+    double kv_min_fraction;
 } bench_case;
 
 /* A case's query length and kv heads (seq and heads unless set). */

@@ -148,7 +148,7 @@ int bench_child_main(const bench_options *o, const bench_case *c)
 json_value *bench_peak_row(const bench_options *o, const bench_case *c, const char *exe)
 {
     char spec[512], batch[32], heads[32], samples[32], sample_ms[64], threads[32], seq_q[32], heads_kv[32],
-         page_size[32], dim_v[32];
+         page_size[32], dim_v[32], kv_lengths[64];
     snprintf(spec, sizeof spec, "%s,%s,%s,%s,%lld,%lld", c->impl, c->mode, c->variant, c->dtype,
              (long long)c->seq, (long long)c->head_dim);
     snprintf(batch, sizeof batch, "%lld", (long long)c->batch);
@@ -162,7 +162,7 @@ json_value *bench_peak_row(const bench_options *o, const bench_case *c, const ch
     snprintf(dim_v, sizeof dim_v, "%lld", (long long)c->head_dim_v);
     char *argv[] = {(char *)exe, "--child-row", spec, "--batch", batch, "--heads", heads,
                     "--min-samples", samples, "--min-sample-ms", sample_ms, NULL, NULL, NULL, NULL,
-                    NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+                    NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     int argc = 11;
     if (c->seq_q) {
         argv[argc++] = "--seq-q";
@@ -179,6 +179,11 @@ json_value *bench_peak_row(const bench_options *o, const bench_case *c, const ch
     if (c->page_size) {
         argv[argc++] = "--page-size";
         argv[argc++] = page_size;
+    }
+    if (c->kv_min_fraction > 0) {
+        snprintf(kv_lengths, sizeof kv_lengths, "uniform:%.17g", c->kv_min_fraction);
+        argv[argc++] = "--kv-lengths";
+        argv[argc++] = kv_lengths;
     }
     if (c->kv_dtype) {
         argv[argc++] = "--kv-dtype";

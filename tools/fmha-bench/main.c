@@ -62,6 +62,10 @@ static void usage(FILE *f)
             "                          row's head dim; MLA: --dims 576 --dim-v 512 --heads-kv 1)\n"
             "  --page-size N           K and V in a paged cache of N keys a page, pages in\n"
             "                          shuffled order (forward only; default: contiguous)\n"
+            "  --kv-lengths uniform:F  decode rows of uneven sequences: sequence 0 caches seq\n"
+            "                          keys, each other one a length drawn uniformly from\n"
+            "                          [F seq, seq] (0 < F <= 1; seeded, the same every run);\n"
+            "                          GFLOP/s and KV_GB/s count the keys cached (default: seq)\n"
             "  --kv-dtype T            K and V in bfloat16 or float16 beside float32 rows\n"
             "                          (fmha_problem.kv_dtype; forward only; default: the row's)\n"
             "  --kv-format F           K and V quantized by fmha_kv_quantize into int8, fp8_e4m3,\n"
@@ -325,7 +329,7 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
         }
         static const char *const valued[] = {
             "--seqs", "--dims", "--dtypes", "--variants", "--modes", "--batch", "--heads", "--impls",
-            "--seq-q", "--heads-kv", "--dim-v", "--page-size", "--kv-dtype", "--kv-format",
+            "--seq-q", "--heads-kv", "--dim-v", "--page-size", "--kv-lengths", "--kv-dtype", "--kv-format",
             "--portable-max-seq", "--threads", "--peak-seqs", "--peak-impls", "--peak-timeout", "--fit-seqs",
             "--fit-impls", "--mem-budget-mb", "--out", "--note", "--min-samples", "--min-sample-ms",
             "--child-row", "--precision", "--tune", "--tune-budget"};
@@ -375,6 +379,11 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
             rc = parse_int_option(flag, value, 1, FMHA_MAX_HEAD_DIM, &o->dim_v);
         else if (strcmp(flag, "--page-size") == 0)
             rc = parse_int_option(flag, value, 1, 1 << 30, &o->page_size);
+        else if (strcmp(flag, "--kv-lengths") == 0) {
+            if (strncmp(value, "uniform:", 8) != 0 || parse_double(value + 8, &x) != 0 || !(x > 0) || x > 1)
+                return usage_error("--kv-lengths wants uniform:F with 0 < F <= 1, got '%s'", value);
+            o->kv_min_fraction = x;
+        }
         else if (strcmp(flag, "--kv-dtype") == 0) {
             bench_name_list one;
             rc = parse_name_list(flag, value, DTYPE_NAMES, COUNT_OF(DTYPE_NAMES), &one);
@@ -440,6 +449,10 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
         return usage_error("--kv-format reads a contiguous cache of its own: not with --page-size or --kv-dtype");
     if (o->dim_v && (o->kv_format || o->page_size))
         return usage_error("--dim-v needs K and V as plain tensors: not with --kv-format or --page-size");
+    if (o->kv_min_fraction > 0)
+        for (int v = 0; v < o->variants.count; v++)
+            if (strcmp(o->variants.names[v], "decode") != 0)
+                return usage_error("--kv-lengths sets the decode rows' cache lengths: --variants decode only");
     if (*kind == RUN_BENCH && child_spec) {
         *kind = RUN_CHILD;
         child->batch = o->batch;
@@ -450,6 +463,7 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
         child->page_size = o->page_size;
         child->kv_dtype = o->kv_dtype;
         child->kv_format = o->kv_format;
+        child->kv_min_fraction = o->kv_min_fraction;
         return parse_child_spec(child_spec, child);
     }
     return 0;
@@ -502,6 +516,8 @@ static json_value *config_json(const bench_options *o)
         json_set_string(c, "kv_dtype", o->kv_dtype);
     if (o->kv_format)
         json_set_string(c, "kv_format", o->kv_format);
+    if (o->kv_min_fraction > 0)
+        json_set_number(c, "kv_min_fraction", o->kv_min_fraction);
     json_object_set(c, "impls", name_list_json(&o->impls));
     json_set_number(c, "portable_max_seq", (double)o->portable_max_seq);
     json_set_bool(c, "no_ref", o->no_ref);
@@ -852,7 +868,8 @@ static void run_time_rows(const bench_options *o, json_value *results, progress 
                 for (int s = 0; s < o->seqs.count; s++) {
                     bench_case c = {NULL, NULL, o->variants.names[v], o->dtypes.names[t], o->batch,
                                     o->seqs.values[s], o->heads, o->dims.values[d], o->precision,
-                                    o->seq_q, o->heads_kv, o->page_size, o->kv_dtype, o->kv_format, o->dim_v};
+                                    o->seq_q, o->heads_kv, o->page_size, o->kv_dtype, o->kv_format, o->dim_v,
+                                    o->kv_min_fraction};
                     c.impl = o->impls.names[0];
                     c.mode = o->modes.names[0];
                     /* One set of inputs (and reference) per (variant, seq, dim), every mode and impl. */
@@ -896,7 +913,8 @@ static void run_peak_rows(const bench_options *o, json_value *results, progress 
                             bench_case c = {o->peak_impls.names[i], o->modes.names[m], o->variants.names[v],
                                             o->dtypes.names[t], o->batch, o->peak_seqs.values[s], o->heads,
                                             o->dims.values[d], o->precision, o->seq_q, o->heads_kv,
-                                            o->page_size, o->kv_dtype, o->kv_format, o->dim_v};
+                                            o->page_size, o->kv_dtype, o->kv_format, o->dim_v,
+                                            o->kv_min_fraction};
                             if (portable_skipped(o, c.impl, c.seq)) {
                                 print_skipped_row(&c, portable_reason);
                                 skipped++;
@@ -920,7 +938,7 @@ static void run_fit_rows(const bench_options *o, json_value *results, progress *
                 for (int i = 0; i < o->fit_impls.count; i++) {
                     bench_case c = {o->fit_impls.names[i], o->modes.names[m], "plain", o->dtypes.names[t],
                                     o->batch, 0, o->heads, o->dims.values[d], o->precision, o->seq_q,
-                                    o->heads_kv, o->page_size, o->kv_dtype, o->kv_format, o->dim_v};
+                                    o->heads_kv, o->page_size, o->kv_dtype, o->kv_format, o->dim_v, 0.0};
                     char what[128];
                     snprintf(what, sizeof what, "%s %s max-fit", c.impl, c.mode);
                     print_progress(pr, what);

@@ -401,9 +401,15 @@ int bench_inputs_init(bench_inputs *in, const bench_case *c, int with_d_o)
         round_to_dtype(in->kv_dtype, in->k, in->k_in, in->kv_elems);
         round_to_dtype(in->kv_dtype, in->v, in->v_in, in->v_elems);
     }
-    if (bench_is_decode(c))
+    if (bench_is_decode(c)) {
+        /* --kv-lengths: lengths from their own seed, the values unchanged */
+        uint64_t len_state = INPUT_SEED ^ 0x1e9617ULL;
+        const int64_t lo = (int64_t)ceil(c->kv_min_fraction * (double)c->seq);
         for (int64_t b = 0; b < c->batch; b++)
-            in->kv_lengths[b] = (int32_t)c->seq;
+            in->kv_lengths[b] = (int32_t)(c->kv_min_fraction <= 0 || b == 0
+                                              ? c->seq
+                                              : lo + (int64_t)(splitmix64(&len_state) % (uint64_t)(c->seq - lo + 1)));
+    }
     if (is_masked_bias(c)) {
         for (int64_t b = 0; b < c->batch; b++)
             in->kv_lengths[b] = (int32_t)(c->seq - c->seq / 8);
@@ -563,6 +569,8 @@ json_value *bench_row_header(const bench_case *c)
         json_set_number(row, "heads_kv", (double)c->heads_kv);
     if (c->page_size)
         json_set_number(row, "page_size", (double)c->page_size);
+    if (c->kv_min_fraction > 0)
+        json_set_number(row, "kv_min_fraction", c->kv_min_fraction);
     return row;
 }
 
@@ -752,9 +760,23 @@ json_value *bench_measure(const bench_options *o, const bench_case *c, bench_inp
     double median_ms = quantile(per_call_ms, n, 0.5);
 
     /* scores seen: Sq x Skv, half when causal and square, else counted
-     * per query (bottom-right: query i sees min(Skv, i + Skv - Sq + 1) keys) */
-    double pairs = (double)bench_seq_q(c) * (double)c->seq;
-    if (r.p.causal != FMHA_CAUSAL_NONE && bench_seq_q(c) == c->seq) {
+     * per query (bottom-right: query i sees min(Skv, i + Skv - Sq + 1) keys);
+     * uneven decode rows (--kv-lengths) count each sequence's own keys, and
+     * pairs is then the mean over the batch */
+    const int uneven = bench_is_decode(c) && c->kv_min_fraction > 0 && in->kv_lengths;
+    double pairs = (double)bench_seq_q(c) * (double)c->seq, cached = (double)c->seq;
+    if (uneven) {
+        pairs = cached = 0.0;
+        for (int64_t b = 0; b < c->batch; b++) {
+            const int64_t len = in->kv_lengths[b];
+            cached += (double)len / (double)c->batch;
+            for (int64_t i = 0; i < bench_seq_q(c); i++) {
+                int64_t seen = i + len - bench_seq_q(c) + 1;
+                pairs += (double)(seen < 0 ? 0 : seen > len ? len : seen) / (double)c->batch;
+            }
+        }
+        json_set_number(row, "kv_len_mean", cached);
+    } else if (r.p.causal != FMHA_CAUSAL_NONE && bench_seq_q(c) == c->seq) {
         pairs *= 0.5;
     } else if (r.p.causal != FMHA_CAUSAL_NONE) {
         pairs = 0.0;
@@ -765,11 +787,13 @@ json_value *bench_measure(const bench_options *o, const bench_case *c, bench_inp
     }
     /* 2 flops a multiply-add: Q K^T over D, P V over Dv */
     double flops = 2.0 * (double)c->batch * (double)c->heads * pairs * (double)(c->head_dim + bench_head_dim_v(c));
-    /* K and V of every (batch, kv head), read once: the floor of any forward */
+    /* K and V of every (batch, kv head), read once: the floor of any forward
+     * (of the keys cached, for uneven decode rows) */
     double kv_bytes = (double)(in->kv_elems + in->v_elems) * (double)in->kv_elem_size;
     if (in->kv_format) /* as stored: the rows, and int8's scale per row */
         kv_bytes = 2.0 * (double)(in->kv_elems / (size_t)c->head_dim) *
                    ((double)in->kv_row_bytes + (in->kv_format == FMHA_KV_FORMAT_INT8 ? 4.0 : 0.0));
+    kv_bytes *= cached / (double)c->seq;
     if (r.fwdbwd)
         flops *= 3.5;
 
