@@ -61,7 +61,7 @@ typedef struct tuner {
     void *user;
     tune_row rows[TUNE_MAX_ROWS];
     int n_rows;
-    tune_rows f32_rows, bf16_rows, dense_rows, decode_rows;
+    tune_rows f32_rows, bf16_rows, dense_rows, decode_rows, decode_f32_rows;
     int64_t shrink;       /* sequence lengths divided by this (tests: tune.h) */
 } tuner;
 
@@ -389,7 +389,7 @@ static void make_parent(const char *path) {
 /* The rows: float32 S 128..2048, D 64 and 128, forward and
  * forward+backward; bf16 on tables with bf16 kernels; two small heads for
  * AUTO's crossover; one decode step against 256 MiB of bf16 cache (past
- * the prefetch threshold). */
+ * the prefetch threshold) and one against 512 MiB of float32. */
 static int add_rows(tuner *tn, const fmha_ukernels *uk) {
     static const struct { int bf16, backward; int64_t s, d; } tiled[] = {
         {0, 0, 128, 64},  {0, 0, 1024, 64},  {0, 0, 1024, 128}, {0, 0, 2048, 128},
@@ -416,6 +416,10 @@ static int add_rows(tuner *tn, const fmha_ukernels *uk) {
         const int r = add_row(tn, 1, 0, 32, 8, 1, 65536, 128);
         if (r < 0) return -1;
         tn->decode_rows |= 1u << r;
+        /* and 512 MiB of float32 cache, its own threshold's row */
+        const int r32 = add_row(tn, 0, 0, 32, 8, 1, 65536, 128);
+        if (r32 < 0) return -1;
+        tn->decode_f32_rows |= 1u << r32;
     }
     return 0;
 }
@@ -477,6 +481,7 @@ fmha_status fmha_tune_shrunk(const char *path, double budget_s, fmha_tune_progre
                                : f->rows == FMHA_TUNE_MATRIX ? (uk->matrix.forward ? tn->bf16_rows : 0)
                                : f->rows == FMHA_TUNE_DENSE  ? tn->dense_rows
                                : f->rows == FMHA_TUNE_DECODE ? tn->decode_rows
+                               : f->rows == FMHA_TUNE_DECODE_F32 ? tn->decode_f32_rows
                                                              : 0;
         tune_field(tn, &t, f, rows);
     }

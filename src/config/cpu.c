@@ -89,8 +89,8 @@ static void wisdom_read(void) {
 int fmha_tuning_heuristic(const fmha_cache_sizes *c, char *fields, size_t size) {
     if (size) fields[0] = '\0';
     if (c->l2 <= 0) return 0;
-    snprintf(fields, size, "k_copy_bytes=%lld,decode_prefetch_bytes=%lld", (long long)(c->l2 / 8),
-             (long long)(8 * c->l2));
+    snprintf(fields, size, "k_copy_bytes=%lld,decode_prefetch_bytes=%lld,decode_prefetch_f32_bytes=%lld",
+             (long long)(c->l2 / 8), (long long)(8 * c->l2), (long long)(8 * c->l2));
     return 1;
 }
 

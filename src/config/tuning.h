@@ -23,14 +23,16 @@
 /* Which problems fmha_tune times a field on (tune.c): float32 tiled rows,
  * every tiled row (float32 only where a matrix engine takes bf16), bf16
  * rows on a matrix engine (tuned only where the table has one), the dense
- * crossover's rows, decode rows; NONE: not tuned field by field. */
+ * crossover's rows, decode rows (a bf16 cache), decode rows of a float32
+ * cache; NONE: not tuned field by field. */
 typedef enum fmha_tune_rows {
     FMHA_TUNE_NONE,
     FMHA_TUNE_F32,
     FMHA_TUNE_TILED,
     FMHA_TUNE_MATRIX,
     FMHA_TUNE_DENSE,
-    FMHA_TUNE_DECODE
+    FMHA_TUNE_DECODE,
+    FMHA_TUNE_DECODE_F32
 } fmha_tune_rows;
 
 /* X(key, default, lo, hi, multiple, rows, candidates): every field, in
@@ -45,7 +47,11 @@ typedef enum fmha_tune_rows {
  *                      many bytes; 0: never
  *   dense_max_scores   AUTO runs dense up to Sq * Skv this large (plan.c)
  *   decode_prefetch_bytes  the decode driver prefetches when a call's K
- *                      and V hold more bytes than this (decode.c)
+ *                      and V hold more bytes than this (decode.c), unless
+ *                      both are float32 caches:
+ *   decode_prefetch_f32_bytes  the same for float32 K and V, whose rows a
+ *                      CPU's hardware prefetchers may follow on their own
+ *                      (design.md, "Decode")
  *   decode_split_keys  the decode driver's chunks hold at least this many
  *                      keys (decode.c)
  *   matrix_block_kv    keys per step of the matrix driver's forward
@@ -63,6 +69,7 @@ typedef enum fmha_tune_rows {
     X(k_copy_bytes, 0, 0, (int64_t)1 << 40, 1, FMHA_TUNE_F32, (1, 192 << 10, 768 << 10))                      \
     X(dense_max_scores, 96 * 96, 0, (int64_t)1 << 40, 1, FMHA_TUNE_DENSE, (1, 128 * 128, 192 * 192))          \
     X(decode_prefetch_bytes, 8 << 20, 0, (int64_t)1 << 50, 1, FMHA_TUNE_DECODE, ((int64_t)1 << 50, 4 << 20)) \
+    X(decode_prefetch_f32_bytes, 8 << 20, 0, (int64_t)1 << 50, 1, FMHA_TUNE_DECODE_F32, ((int64_t)1 << 50))     \
     X(decode_split_keys, 256, 128, (int64_t)1 << 20, 128, FMHA_TUNE_DECODE, (1024, 4096))                     \
     X(matrix_block_kv, 128, 32, 512, 32, FMHA_TUNE_MATRIX, (64, 256))                                         \
     X(matrix_rescale_log2, 8, 0, 16, 1, FMHA_TUNE_MATRIX, (0))                                                \

@@ -68,7 +68,8 @@ struct fmha_plan {
          * (rows of a kv head: group x Sq, in `units` units); keys in
          * `splits` chunks of `chunk` keys (split-KV); all from the shape.
          * prefetch: the driver asks for each head's next sub-block ahead
-         * (K and V past the tuning's decode_prefetch_bytes). Precision
+         * (K and V past the tuning's decode_prefetch_bytes, float32 K and
+         * V past its decode_prefetch_f32_bytes). Precision
          * FAST: scores, how the scores are taken (fmha_dec_scores); vint,
          * P V in integers on 16-bit P (uk->cache[v_format].values_int). */
         struct {

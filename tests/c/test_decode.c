@@ -427,6 +427,45 @@ static void mla_case(int64_t B, int64_t hq, int64_t sq, int64_t skv, fmha_dtype 
     dec_tensor_free(&q), dec_tensor_free(&k);
 }
 
+/* The prefetch's thresholds: float32 K and V take decode_prefetch_f32_bytes,
+ * any other cache decode_prefetch_bytes (planned on trial contexts of the
+ * default table, one threshold 0 and the other 2^50 each way). */
+static void test_prefetch_thresholds(void) {
+    const fmha_isa *isa = NULL;
+    for (size_t i = 0; i < fmha_isa_count() && !isa; i++)
+        if (!strcmp(fmha_isa_at(i)->name, fmha_isa_name())) isa = fmha_isa_at(i);
+    if (!isa || !fmha_cpu_kernels()->decode.softmax) {
+        printf("skip: prefetch thresholds (the default table has no decode kernels)\n");
+        return;
+    }
+    static const fmha_kv_dtype kv[] = {FMHA_KV_DTYPE_F32, FMHA_KV_DTYPE_BF16, FMHA_KV_DTYPE_F16};
+    static const char *const kv_name[] = {"float32", "bf16", "f16"};
+    for (int f32_on = 0; f32_on < 2; f32_on++) {
+        fmha_tuning t = *isa->table->tuning;
+        t.decode_prefetch_f32_bytes = f32_on ? 0 : (int64_t)1 << 50;
+        t.decode_prefetch_bytes = f32_on ? (int64_t)1 << 50 : 0;
+        fmha_trial trial;
+        if (!tu_check(fmha_cpu_trial(isa->name, &t, &trial) == 0, "prefetch thresholds: a trial of %s", isa->name))
+            return;
+        for (size_t d = 0; d < sizeof kv / sizeof kv[0]; d++) {
+            fmha_problem p;
+            fmha_problem_init(&p, 1, 8, 2, 1, 4096, 128, 128, FMHA_LAYOUT_BSHD);
+            p.causal = FMHA_CAUSAL_BOTTOM_RIGHT;
+            p.kv_dtype = kv[d];
+            fmha_plan plan;
+            const fmha_status st = fmha_plan_init_in(&trial.ctx, &p, &plan);
+            if (!tu_check(st == FMHA_OK && plan.driver == &fmha_fwd_driver_decode,
+                          "prefetch thresholds: K and V %s planned on decode (status %d)",
+                          kv_name[d], (int)st))
+                continue;
+            const int want = kv[d] == FMHA_KV_DTYPE_F32 ? f32_on : !f32_on;
+            tu_check(plan.drv.dec.prefetch == want, "prefetch thresholds: K and V %s, %s: prefetch %d, wanted %d",
+                     kv_name[d], f32_on ? "float32's 0, the others' 2^50" : "float32's 2^50, the others' 0",
+                     plan.drv.dec.prefetch, want);
+        }
+    }
+}
+
 static void test_mla(void) {
     /* emulated runs (a table's kernels): the two shapes of 16 heads, on
      * fewer keys; the head counts below choose drivers, which the native
@@ -792,6 +831,7 @@ int main(void) {
     test_aligned();
     test_sinks();
     test_mla();
+    test_prefetch_thresholds();
     test_shapes();
     return tu_finish();
 }
