@@ -74,11 +74,12 @@ enum { DEC_TASKS = 64 };
  * memory and costs where they sit in cache: it is on when a call's K and V
  * hold more bytes than the tuning's decode_prefetch_bytes, or for float32
  * K and V its decode_prefetch_f32_bytes (default 8 MiB each, from these
- * figures; design.md, "Decode", has a Xeon's, where float32 loses). Zen 4 (1 MiB L2 a core, 32 MiB L3), Hq 32 / Hkv 8, D 128, 2
- * threads, ms off / on, alternating: float32 Skv 512 (4 MiB) 0.10-0.13 /
- * 0.15-0.19, 1024 (8 MiB) 0.25-0.29 / 0.28-0.36, 2048 0.51-0.60 /
- * 0.51-0.65, 4096 1.40-1.54 / 1.12-1.23; bf16 1024 0.17-0.23 / 0.19-0.26,
- * 2048 0.33-0.49 / 0.38-0.47, 4096 1.06-1.46 / 0.78-1.05. */
+ * figures; design.md, "Decode", has a Xeon's, where float32 loses).
+ * Zen 4 (1 MiB L2 a core, 32 MiB L3), Hq 32 / Hkv 8, D 128, 2 threads,
+ * ms off / on, alternating: float32 Skv 512 (4 MiB) 0.10-0.13 / 0.15-0.19,
+ * 1024 (8 MiB) 0.25-0.29 / 0.28-0.36, 2048 0.51-0.60 / 0.51-0.65, 4096
+ * 1.40-1.54 / 1.12-1.23; bf16 1024 0.17-0.23 / 0.19-0.26, 2048 0.33-0.49 /
+ * 0.38-0.47, 4096 1.06-1.46 / 0.78-1.05. */
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

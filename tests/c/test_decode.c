@@ -431,21 +431,19 @@ static void mla_case(int64_t B, int64_t hq, int64_t sq, int64_t skv, fmha_dtype 
  * any other cache decode_prefetch_bytes (planned on trial contexts of the
  * default table, one threshold 0 and the other 2^50 each way). */
 static void test_prefetch_thresholds(void) {
-    const fmha_isa *isa = NULL;
-    for (size_t i = 0; i < fmha_isa_count() && !isa; i++)
-        if (!strcmp(fmha_isa_at(i)->name, fmha_isa_name())) isa = fmha_isa_at(i);
-    if (!isa || !fmha_cpu_kernels()->decode.softmax) {
+    const fmha_ukernels *uk = fmha_cpu_kernels();
+    if (!uk->decode.softmax) {
         printf("skip: prefetch thresholds (the default table has no decode kernels)\n");
         return;
     }
     static const fmha_kv_dtype kv[] = {FMHA_KV_DTYPE_F32, FMHA_KV_DTYPE_BF16, FMHA_KV_DTYPE_F16};
     static const char *const kv_name[] = {"float32", "bf16", "f16"};
     for (int f32_on = 0; f32_on < 2; f32_on++) {
-        fmha_tuning t = *isa->table->tuning;
+        fmha_tuning t = *uk->tuning;
         t.decode_prefetch_f32_bytes = f32_on ? 0 : (int64_t)1 << 50;
         t.decode_prefetch_bytes = f32_on ? (int64_t)1 << 50 : 0;
         fmha_trial trial;
-        if (!tu_check(fmha_cpu_trial(isa->name, &t, &trial) == 0, "prefetch thresholds: a trial of %s", isa->name))
+        if (!tu_check(fmha_cpu_trial(uk->isa, &t, &trial) == 0, "prefetch thresholds: a trial of %s", uk->isa))
             return;
         for (size_t d = 0; d < sizeof kv / sizeof kv[0]; d++) {
             fmha_problem p;

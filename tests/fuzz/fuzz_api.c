@@ -306,11 +306,6 @@ static void poison_one(reader *r, void *x, float *f, fmha_dtype t, size_t n) {
     if (f) f[at] = fmha_load(x, t, at);
 }
 
-/* x (dtype t, strides st over n) against r (contiguous [n0][n1][n2][n3]):
- * NaN where r is NaN, r's infinities, the finite values within
- * tol (1 + M), M the largest finite |r| (or extra_scale). r32 (NULL: none)
- * is the reference with float32's weights (fmha_ref_forward_full_f32_weights):
- * where r is not finite, r32's NaN or infinity is taken too. */
 /* The reference with float32's weights where the float64 one (r, n values)
  * has a NaN or an infinity, for compare_tensor; NULL where it has none
  * (compare_tensor reads it only there), so most inputs skip it. */
@@ -324,6 +319,11 @@ static double *f32_weights_where_needed(const fmha_problem *p, const float *q, c
     return r32;
 }
 
+/* x (dtype t, strides st over n) against r (contiguous [n0][n1][n2][n3]):
+ * NaN where r is NaN, r's infinities, the finite values within
+ * tol (1 + M), M the largest finite |r| (or extra_scale). r32 (NULL: none)
+ * is the reference with float32's weights (fmha_ref_forward_full_f32_weights):
+ * where r is not finite, r32's NaN or infinity is taken too. */
 static void compare_tensor(const char *what, const void *x, fmha_dtype t, const int64_t n[4],
                            const int64_t st[4], const double *r, const double *r32, double extra_scale, double tol) {
     size_t len = (size_t)(n[0] * n[1] * n[2] * n[3]);

@@ -650,6 +650,18 @@ static void free_buffers(run_buffers *r)
     free(r->grads.d_rel_table);
 }
 
+/* Scores a bottom-right causal mask lets through: query i of sq sees
+ * min(skv, i + skv - sq + 1) keys, none below 0. */
+static double bottom_right_pairs(int64_t sq, int64_t skv)
+{
+    double pairs = 0.0;
+    for (int64_t i = 0; i < sq; i++) {
+        int64_t seen = i + skv - sq + 1;
+        pairs += (double)(seen < 0 ? 0 : seen > skv ? skv : seen);
+    }
+    return pairs;
+}
+
 json_value *bench_measure(const bench_options *o, const bench_case *c, bench_inputs *in, int with_ref)
 {
     json_value *row = bench_row_header(c);
@@ -768,22 +780,14 @@ json_value *bench_measure(const bench_options *o, const bench_case *c, bench_inp
     if (uneven) {
         pairs = cached = 0.0;
         for (int64_t b = 0; b < c->batch; b++) {
-            const int64_t len = in->kv_lengths[b];
-            cached += (double)len / (double)c->batch;
-            for (int64_t i = 0; i < bench_seq_q(c); i++) {
-                int64_t seen = i + len - bench_seq_q(c) + 1;
-                pairs += (double)(seen < 0 ? 0 : seen > len ? len : seen) / (double)c->batch;
-            }
+            cached += (double)in->kv_lengths[b] / (double)c->batch;
+            pairs += bottom_right_pairs(bench_seq_q(c), in->kv_lengths[b]) / (double)c->batch;
         }
         json_set_number(row, "kv_len_mean", cached);
     } else if (r.p.causal != FMHA_CAUSAL_NONE && bench_seq_q(c) == c->seq) {
         pairs *= 0.5;
     } else if (r.p.causal != FMHA_CAUSAL_NONE) {
-        pairs = 0.0;
-        for (int64_t i = 0; i < bench_seq_q(c); i++) {
-            int64_t seen = i + c->seq - bench_seq_q(c) + 1;
-            pairs += (double)(seen < 0 ? 0 : seen > c->seq ? c->seq : seen);
-        }
+        pairs = bottom_right_pairs(bench_seq_q(c), c->seq);
     }
     /* 2 flops a multiply-add: Q K^T over D, P V over Dv */
     double flops = 2.0 * (double)c->batch * (double)c->heads * pairs * (double)(c->head_dim + bench_head_dim_v(c));
