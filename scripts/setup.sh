@@ -54,6 +54,51 @@ system_packages() {
     fi
 }
 
+# PyTorch from PyPI is its CUDA build: torch asks for triton and every CUDA
+# library (about 5 GB installed). A CPU needs neither triton nor the CUDA
+# libraries that are never called, only those libtorch_cuda.so links: torch
+# goes in without its dependencies, then its pure-Python ones and the CUDA
+# libraries the machine lacks (cuFile, cuSPARSELt, NVSHMEM, NCCL). Where the
+# machine has no CUDA runtime of its own, `import torch` fails and the rest of
+# torch's CUDA set follows. Either way about 2-3 GB less.
+pip_logged() {
+    log=$(mktemp)
+    .venv/bin/python -m pip install -q --no-cache-dir "$@" >"$log" 2>&1 || { cat "$log" >&2; rm -f "$log"; return 1; }
+    rm -f "$log"
+}
+
+torch_packages() {
+    py=.venv/bin/python
+    $py -m pip install -q --no-cache-dir --no-deps torch
+    # torch's own requirements whose markers hold here, triton left out
+    mapfile -t reqs < <($py - <<'PY'
+import importlib.metadata as md
+from packaging.requirements import Requirement
+for r in md.requires("torch") or []:
+    req = Requirement(r)
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        continue
+    if req.name not in ("triton", "cuda-bindings"):
+        print(req)
+PY
+)
+    light=() rest=()
+    for r in "${reqs[@]}"; do
+        case "$r" in
+            cuda-toolkit*) light+=("cuda-toolkit[cufile]${r#*]}"); rest+=("$r") ;;
+            nvidia-cudnn*) rest+=("$r") ;;
+            *) light+=("$r") ;;
+        esac
+    done
+    # pip warns that torch's requirements are not all met: that is the point
+    ((${#light[@]} == 0)) || pip_logged "${light[@]}"
+    if ! $py -c 'import torch' 2>/dev/null; then
+        echo "setup: torch does not load with this machine's CUDA libraries; installing PyPI's: ${rest[*]}" >&2
+        ((${#rest[@]} == 0)) || pip_logged "${rest[@]}"
+    fi
+    $py -c 'import torch' || { echo "setup: torch does not load" >&2; return 1; }
+}
+
 python_packages() {
     [ -x .venv/bin/python ] || python3 -m venv .venv
     req="python/requirements-$purpose.txt"
@@ -61,8 +106,14 @@ python_packages() {
     if [ ! -f "$stamp" ] || [ "$req" -nt "$stamp" ]; then
         echo "setup: installing the Python packages of $req into .venv:" \
              "$(grep -v '^[#-]' "$req" | tr '\n' ' ')" >&2
-        .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-        .venv/bin/python -m pip install -q -r "$req"
+        .venv/bin/python -m pip install -q --no-cache-dir --upgrade pip packaging >/dev/null
+        # every line but torch through pip's resolver (-r lines resolved here)
+        flat=$(mktemp)
+        (cd python && grep -h -v '^#' "$(basename "$req")" \
+            $(sed -n 's/^-r //p' "$(basename "$req")") | grep -v '^-r' | grep -v '^torch$') >"$flat"
+        .venv/bin/python -m pip install -q --no-cache-dir -r "$flat"
+        rm -f "$flat"
+        if grep -qx torch "$req"; then torch_packages; fi
         touch "$stamp"
     fi
 }
