@@ -6,7 +6,9 @@
  * bf16, f16, bf16x3, a q8_0 cache) runs on every table this CPU runs, at
  * the generic tuning (FMHA_TUNING=generic, which ctest sets: a CPU's own
  * tuning may change keys per tile), and its outputs' FNV-1a hash must be
- * the record's for that table and problem. The record's avx512_12x32 and
+ * the record's for that table and problem. A change to a kernel's
+ * arithmetic that is meant to change bits retakes that table's lines
+ * (FMHA_BITS_RECORD, below), and its commit says why. The record's avx512_12x32 and
  * avx512_14x32 lines, taken when those float32 tile shapes were tables of
  * their own (avx512's parts with the tall tile), hold the avx512 table run
  * under the generic tuning with tile_mr x tile_nr that shape: each other
