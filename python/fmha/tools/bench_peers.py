@@ -8,6 +8,11 @@ adds the rows to fmha-bench's results file.
 Impls:
   jax_xla     jit of jax.nn.dot_product_attention(implementation='xla')
   torch_sdpa  torch.nn.functional.scaled_dot_product_attention on CPU
+  openvino_sdpa
+              OpenVINO's opset13 scaled_dot_product_attention compiled for its
+              CPU plugin, the row's dtype as INFERENCE_PRECISION_HINT (bf16
+              rows: bf16 inputs, bf16 inference) and INFERENCE_NUM_THREADS
+              the --threads; forward only (fwdbwd rows are "unavailable")
   fmha_jax    fmha.jax.dot_product_attention (XLA FFI custom calls)
   fmha_torch  fmha.torch.scaled_dot_product_attention (torch.library op)
   fmha_jax_native, fmha_torch_native
@@ -61,7 +66,7 @@ import time
 
 import numpy as np
 
-IMPLS = ("jax_xla", "torch_sdpa", "fmha_jax", "fmha_torch", "fmha_jax_native", "fmha_torch_native")
+IMPLS = ("jax_xla", "torch_sdpa", "openvino_sdpa", "fmha_jax", "fmha_torch", "fmha_jax_native", "fmha_torch_native")
 DTYPES = ("float32", "bfloat16", "float16")
 VARIANTS = ("plain", "causal", "masked_bias", "decode")
 CAUSAL_VARIANTS = ("causal", "decode")  # decode: one causal step, Sq (default 1) against S cached keys
@@ -361,6 +366,15 @@ def _import_torch():
     return torch
 
 
+def _import_openvino():
+    try:
+        import openvino
+        import openvino.opset13 as ops
+    except ImportError as e:
+        raise Unavailable(f"openvino is not installed ({e})") from None
+    return openvino, ops
+
+
 def native_keywords(inp, kv_lengths, table):
     """fmha's own keywords for a case (the *_native impls): no dense tensor."""
     kw = {"is_causal": inp.variant in CAUSAL_VARIANTS}
@@ -506,6 +520,68 @@ class TorchRunner(Runner):
         return self.out.float().numpy().transpose(0, 2, 1, 3).astype(np.float64)
 
 
+class OpenVINORunner(Runner):
+    """One SDPA node in an OpenVINO model: q [B, Hkv, G, Sq, D] against k, v
+    [B, Hkv, 1, S, D] (GQA by broadcasting; G = H / Hkv), the row's mask as
+    an additive [.., Sq, S] input (the bias with -inf where a key is hidden,
+    as torch_sdpa gets it), causal with Sq = S as the node's own flag."""
+
+    ELEMENT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+
+    def __init__(self, inp, fwdbwd, threads):
+        if fwdbwd:
+            raise Unavailable("OpenVINO runs inference only: no backward")
+        ov, ops = _import_openvino()
+        et = getattr(ov.Type, self.ELEMENT[inp.dtype])
+        B, H, Hkv, Sq, S, D = inp.B, inp.H, inp.Hkv, inp.Sq, inp.S, inp.D
+        G = H // Hkv
+        np_dtype = _numpy_dtype(inp.dtype)
+
+        def tensor(x):
+            x = np.ascontiguousarray(x.astype(np_dtype))
+            raw = x.view(np.uint16) if x.dtype.itemsize == 2 else x
+            return ov.Tensor(raw, list(x.shape), et)
+
+        # [B, S, H, D] -> [B, Hkv, G, Sq, D] and [B, Hkv, 1, S, D]
+        q = inp.q.transpose(0, 2, 1, 3).reshape(B, Hkv, G, Sq, D)
+        k, v = (x.transpose(0, 2, 1, 3)[:, :, None] for x in (inp.k, inp.v))
+        params = [ops.parameter(list(x.shape), et) for x in (q, k, v)]
+        feeds = [tensor(x) for x in (q, k, v)]
+        mask = None
+        if inp.mask is not None:
+            mask = np.where(inp.mask, 0.0, -np.inf).astype(np.float32)        # [B, 1, Sq, S]
+            if inp.table is not None:
+                mask = (mask + inp.dense_bias()).reshape(B, Hkv, G, Sq, S)   # the bias per head
+            else:
+                mask = mask.reshape(B, 1, 1, Sq, S)
+            params.append(ops.parameter(list(mask.shape), et))
+            feeds.append(tensor(mask))
+        node = ops.scaled_dot_product_attention(*params, causal=inp.causal)  # scale 1/sqrt(D), its default
+        core = ov.Core()
+        config = {"INFERENCE_PRECISION_HINT": self.ELEMENT[inp.dtype]}
+        if threads:
+            config["INFERENCE_NUM_THREADS"] = threads
+        core.set_property("CPU", config)
+        start = time.perf_counter()
+        self.request = core.compile_model(ov.Model([node], params), "CPU").create_infer_request()
+        self.feeds, self.shape, self.np_dtype = feeds, (B, H, Sq, D), np_dtype
+        self.run()
+        self.compile_s = time.perf_counter() - start
+        elem = np.dtype(np_dtype).itemsize
+        self.arg_bytes = (q.size + k.size + v.size + (mask.size if mask is not None else 0)) * elem
+        self.out_bytes = q.size * elem
+
+    def run(self):
+        self.request.infer(self.feeds)
+
+    def result(self):
+        out = np.array(self.request.get_output_tensor(0).data)
+        if np.dtype(self.np_dtype).itemsize == 2:
+            out = out.view(np.uint16).view(self.np_dtype)
+        # [B, Hkv, G, Sq, D] -> [B, Sq, H, D]
+        return out.reshape(self.shape).astype(np.float64).transpose(0, 2, 1, 3)
+
+
 def fmha_workspace_bytes(inp, fwdbwd):
     """The workspace fmha allocates inside its calls (XLA and PyTorch do not see it)."""
     import ctypes
@@ -536,6 +612,7 @@ def fmha_workspace_bytes(inp, fwdbwd):
 
 RUNNERS = {
     "jax_xla": lambda inp, fb: JaxRunner(inp, fb, use_fmha=False),
+    "openvino_sdpa": lambda inp, fb, threads: OpenVINORunner(inp, fb, threads),
     "fmha_jax": lambda inp, fb: JaxRunner(inp, fb, use_fmha=True),
     "torch_sdpa": lambda inp, fb: TorchRunner(inp, fb, use_fmha=False),
     "fmha_torch": lambda inp, fb: TorchRunner(inp, fb, use_fmha=True),
@@ -613,7 +690,7 @@ def bench_row(impl, mode, inp, args):
     row["kind"] = "time"
     fwdbwd = mode == "fwdbwd"
     try:
-        runner = RUNNERS[impl](inp, fwdbwd)
+        runner = RUNNERS[impl](inp, fwdbwd, args.threads) if impl == "openvino_sdpa" else RUNNERS[impl](inp, fwdbwd)
         inner, samples = measure(runner, args.min_samples, args.min_sample_ms)
     except Exception as e:  # noqa: BLE001 - every failure becomes a row
         row["status"] = status_of(e)
@@ -659,7 +736,7 @@ def _cpu_model():
 def device_info(threads):
     info = {"backend": "cpu", "device_kind": "cpu", "cpu": _cpu_model(), "logical_cpus": os.cpu_count(),
             "python": platform.python_version(), "numpy": np.__version__}
-    for name in ("jax", "jaxlib", "torch", "ml_dtypes"):
+    for name in ("jax", "jaxlib", "torch", "openvino", "ml_dtypes"):
         v = _version(name)
         if v is not None:
             info[name] = v
