@@ -521,9 +521,9 @@ class TorchRunner(Runner):
 
 
 class OpenVINORunner(Runner):
-    """One SDPA node in an OpenVINO model: q [B, Hkv, G, Sq, D] against k, v
-    [B, Hkv, 1, S, D] (GQA by broadcasting; G = H / Hkv), the row's mask as
-    an additive [.., Sq, S] input (the bias with -inf where a key is hidden,
+    """One SDPA node in an OpenVINO model: q [B, H, Sq, D] against k, v
+    [B, H, S, D] (under GQA q [B, Hkv, G, Sq, D] against [B, Hkv, 1, S, D],
+    by broadcasting; G = H / Hkv), the row's mask as an additive [.., Sq, S] input (the bias with -inf where a key is hidden,
     as torch_sdpa gets it), causal with Sq = S as the node's own flag."""
 
     ELEMENT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
@@ -542,18 +542,20 @@ class OpenVINORunner(Runner):
             raw = x.view(np.uint16) if x.dtype.itemsize == 2 else x
             return ov.Tensor(raw, list(x.shape), et)
 
-        # [B, S, H, D] -> [B, Hkv, G, Sq, D] and [B, Hkv, 1, S, D]
-        q = inp.q.transpose(0, 2, 1, 3).reshape(B, Hkv, G, Sq, D)
-        k, v = (x.transpose(0, 2, 1, 3)[:, :, None] for x in (inp.k, inp.v))
+        # [B, S, H, D] -> [B, H, Sq, D] and [B, H, S, D]; under GQA [B, Hkv, G, Sq, D]
+        # and [B, Hkv, 1, S, D] (the plugin's fused kernel takes 4-d inputs only)
+        q = inp.q.transpose(0, 2, 1, 3)
+        k, v = (x.transpose(0, 2, 1, 3) for x in (inp.k, inp.v))
+        if G > 1:
+            q, k, v = q.reshape(B, Hkv, G, Sq, D), k[:, :, None], v[:, :, None]
         params = [ops.parameter(list(x.shape), et) for x in (q, k, v)]
         feeds = [tensor(x) for x in (q, k, v)]
         mask = None
         if inp.mask is not None:
             mask = np.where(inp.mask, 0.0, -np.inf).astype(np.float32)        # [B, 1, Sq, S]
             if inp.table is not None:
-                mask = (mask + inp.dense_bias()).reshape(B, Hkv, G, Sq, S)   # the bias per head
-            else:
-                mask = mask.reshape(B, 1, 1, Sq, S)
+                mask = mask + inp.dense_bias()                                # [B, H, Sq, S]
+            mask = mask.reshape((B, -1, Sq, S) if G == 1 else (B, mask.shape[1] // G or 1, -1, Sq, S))
             params.append(ops.parameter(list(mask.shape), et))
             feeds.append(tensor(mask))
         node = ops.scaled_dot_product_attention(*params, causal=inp.causal)  # scale 1/sqrt(D), its default
@@ -578,7 +580,7 @@ class OpenVINORunner(Runner):
         out = np.array(self.request.get_output_tensor(0).data)
         if np.dtype(self.np_dtype).itemsize == 2:
             out = out.view(np.uint16).view(self.np_dtype)
-        # [B, Hkv, G, Sq, D] -> [B, Sq, H, D]
+        # [B, H, Sq, D] (or [B, Hkv, G, Sq, D]) -> [B, Sq, H, D]
         return out.reshape(self.shape).astype(np.float64).transpose(0, 2, 1, 3)
 
 
