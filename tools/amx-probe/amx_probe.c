@@ -57,7 +57,7 @@ typedef struct {
     double ns; /* out: per operation */
 } probe;
 
-enum { PRODUCT, CHAIN, LOAD, STORE, KSTEP_L1, KSTEP_L2, PRODUCT_FMA, FMA_ONLY, LOAD_BESIDE, PINGPONG_L1, PINGPONG_L2, PRODUCT_FMA160, FMA160_ONLY, STORE_READ_SAME, STORE_READ_OTHER, VSTORE_TLOAD_SAME, VSTORE_TLOAD_OTHER, KINDS };
+enum { PRODUCT, CHAIN, LOAD, STORE, KSTEP_L1, KSTEP_L2, PRODUCT_FMA, FMA_ONLY, LOAD_BESIDE, PINGPONG_L1, PINGPONG_L2, PRODUCT_FMA160, FMA160_ONLY, STORE_READ_SAME, STORE_READ_OTHER, VSTORE_TLOAD_SAME, VSTORE_TLOAD_OTHER, VSTORE_TLOAD_LATER, KINDS };
 static const char *const names[KINDS] = {
     "tdpbf16ps, 4 accumulators (throughput)",
     "tdpbf16ps, 1 accumulator (latency)",
@@ -76,6 +76,7 @@ static const char *const names[KINDS] = {
     "tilestored, then AVX-512 loads of other 1 KiB",
     "16 AVX-512 stores, then tileloadd of them",
     "16 AVX-512 stores, then tileloadd of other 1 KiB",
+    "16 AVX-512 stores, tileloadd of the 1 KiB before",
 };
 
 static void run_kind(probe *p) {
@@ -203,6 +204,17 @@ static void run_kind(probe *p) {
         ops = p->iters;
         break;
     }
+    case VSTORE_TLOAD_LATER:
+        /* P's case: the tile loaded was written a step earlier (16 stores ago) */
+        for (long k = 0; k < p->iters; k++) {
+            unsigned char *w = buf + (size_t)(k & 1) * 2 * KIB, *r = buf + (size_t)(~k & 1) * 2 * KIB;
+            for (int i = 0; i < 16; i++) _mm512_store_ps(w + 64 * i, f0);
+            f0 = _mm512_add_ps(f0, add);
+            _tile_loadd(4, r, 64);
+            _tile_dpbf16ps(0, 4, 6);
+        }
+        ops = p->iters;
+        break;
     case VSTORE_TLOAD_SAME:
     case VSTORE_TLOAD_OTHER: {
         /* P's hand-off: rows written by the softmax, loaded as a tile */
@@ -325,7 +337,7 @@ int main(int argc, char **argv) {
         {PRODUCT_FMA, 4 * KIB, ""},    {FMA_ONLY, 4 * KIB, ""},       {LOAD_BESIDE, 4 * KIB, ""},
         {PINGPONG_L1, 4 * KIB, ""},    {PINGPONG_L2, 1024 * KIB, ""}, {PRODUCT_FMA160, 4 * KIB, ""},
         {FMA160_ONLY, 4 * KIB, ""},    {STORE_READ_SAME, 4 * KIB, ""}, {STORE_READ_OTHER, 4 * KIB, ""},
-        {VSTORE_TLOAD_SAME, 4 * KIB, ""}, {VSTORE_TLOAD_OTHER, 4 * KIB, ""},
+        {VSTORE_TLOAD_SAME, 4 * KIB, ""}, {VSTORE_TLOAD_OTHER, 4 * KIB, ""}, {VSTORE_TLOAD_LATER, 4 * KIB, ""},
     };
     printf("%-48s %-4s %12s %12s\n", "operation", "from", "ns, 1 thread", "ns, threads");
     for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++)
