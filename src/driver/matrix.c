@@ -194,7 +194,7 @@ static float matrix_score_f32(const matrix_ctx *c, int64_t b, int64_t h, int64_t
     float s = 0.0f;
     for (int64_t e = 0; e < p->head_dim; e++)
         s += fmha_load(c->q, p->dtype, b * qs[0] + i * qs[1] + h * qs[2] + e * qs[3]) *
-             fmha_load(c->k, p->dtype, b * ks[0] + j * ks[1] + hk * ks[2] + e * ks[3]);
+             fmha_load(c->k, (fmha_dtype)c->plan->k_format, b * ks[0] + j * ks[1] + hk * ks[2] + e * ks[3]);
     return c->plan->scale < 0.0f ? -s : s;
 }
 
@@ -228,7 +228,7 @@ static void matrix_row_guarded(const matrix_ctx *c, int64_t b, int64_t h, int64_
         const float pr = expf((sj - m_use) * scale);
         l += pr; /* a P that underflows to 0 still multiplies V (0 x NaN is NaN) */
         for (int64_t e = 0; e < Dv; e++)
-            acc[e] += pr * fmha_load(c->v, p->dtype, b * vs[0] + j * vs[1] + hk * vs[2] + e * vs[3]);
+            acc[e] += pr * fmha_load(c->v, (fmha_dtype)plan->v_format, b * vs[0] + j * vs[1] + hk * vs[2] + e * vs[3]);
     }
     if (exact) fmha_row_finish(plan, h, m_raw == -INFINITY ? -INFINITY : m_raw * scale, l, &o_scale, lse);
     fmha_store_row_uk(plan->uk, c->o, plan->o_dtype, b * os[0] + i * os[1] + h * os[2], os[3], Dv, acc, o_scale);
@@ -364,8 +364,11 @@ void fmha_matrix_decode_split(const fmha_plan *plan, int64_t *splits, int64_t *c
 
 int fmha_matrix_decode_plan(const fmha_plan *plan) {
     const fmha_problem *p = &plan->p;
-    if (!plan->uk->matrix.decode || p->dtype != FMHA_DTYPE_BF16 || !fmha_plan_kv_as_q(plan)) return 0;
-    if (plan->precision != FMHA_PRECISION_FAST || p->strategy != FMHA_STRATEGY_AUTO || p->block_table) return 0;
+    if (!plan->uk->matrix.decode || plan->k_format != FMHA_FORMAT_BF16 || plan->v_format != FMHA_FORMAT_BF16) return 0;
+    /* a bf16 query at FAST, or a float32 one at BF16 (rounded to bf16 as it is packed) */
+    const int bf16_q = p->dtype == FMHA_DTYPE_BF16 && plan->precision == FMHA_PRECISION_FAST;
+    const int f32_q = p->dtype == FMHA_DTYPE_F32 && plan->precision == FMHA_PRECISION_BF16;
+    if (!(bf16_q || f32_q) || p->strategy != FMHA_STRATEGY_AUTO || p->block_table) return 0;
     if (p->head_dim % 32 || !fmha_plan_rows_contiguous(plan) || !fmha_plan_decode_shape(plan)) return 0;
     if (plan->has_bias || plan->dropout || !fmha_plan_keys_one_range(plan)) return 0;
     return plan->group * p->seq_q >= plan->uk->tuning->matrix_decode_rows; /* default 8 */
@@ -440,7 +443,9 @@ static void mdec_task(void *vctx, size_t task, int thread) {
     const int64_t split = (int64_t)(task % (size_t)c->splits);
     const int64_t b = (int64_t)unit / p->heads_kv, hk = (int64_t)unit % p->heads_kv;
     const int64_t c0 = split * c->chunk, c1 = c0 + c->chunk < p->seq_kv ? c0 + c->chunk : p->seq_kv;
-    const int64_t unit_rows = plan->group * p->seq_q, es = 2;
+    /* Q's elements es bytes (bf16 or float32), K's and V's 2 (bf16) */
+    const int64_t unit_rows = plan->group * p->seq_q, es = (int64_t)fmha_dtype_size(p->dtype), kv_es = 2;
+    const int q_src = p->dtype == FMHA_DTYPE_F32 ? FMHA_MATRIX_SRC_F32 : FMHA_MATRIX_SRC_BF16;
     const int64_t *qs = p->q_strides, *ks = p->k_strides, *vs = p->v_strides;
     const size_t dvp = fmha_matrix_dvp((size_t)p->head_dim_v);
     const int64_t q_len = p->masks.q_lengths ? p->masks.q_lengths[b] : p->seq_q;
@@ -473,7 +478,7 @@ static void mdec_task(void *vctx, size_t task, int thread) {
                     if (hi[r] > ke) ke = hi[r];
                 }
             }
-            mx->pack_qt((size_t)nq, (size_t)p->head_dim, q_rows, qs[3], plan->scale < 0.0f,
+            mx->pack_qt((size_t)nq, (size_t)p->head_dim, q_rows, q_src, qs[3], plan->scale < 0.0f,
                         s.qt + blk * (size_t)p->head_dim / 32 * 512);
         }
         if (ke < kb) ke = kb;
@@ -481,9 +486,9 @@ static void mdec_task(void *vctx, size_t task, int thread) {
         fmha_matrix_dec_args a = {
             .nb = nb, .nq = (size_t)(n_rows - (int64_t)(nb - 1) * MATRIX_BQ), .d = (size_t)p->head_dim,
             .dv = (size_t)p->head_dim_v, .dvp = dvp, .qt = s.qt,
-            .k = c->m.k + (b * ks[0] + kb * ks[1] + hk * ks[2]) * es,
-            .v = c->m.v + (b * vs[0] + kb * vs[1] + hk * vs[2]) * es, .k_rs = (ptrdiff_t)(ks[1] * es),
-            .v_rs = (ptrdiff_t)(vs[1] * es), .kb = kb, .ke = ke, .lo = s.lo, .hi = s.hi,
+            .k = c->m.k + (b * ks[0] + kb * ks[1] + hk * ks[2]) * kv_es,
+            .v = c->m.v + (b * vs[0] + kb * vs[1] + hk * vs[2]) * kv_es, .k_rs = (ptrdiff_t)(ks[1] * kv_es),
+            .v_rs = (ptrdiff_t)(vs[1] * kv_es), .kb = kb, .ke = ke, .lo = s.lo, .hi = s.hi,
             .scale_log2 = fabsf(plan->scale) * (float)M_LOG2E,
             .rescale_log2 = (float)plan->uk->tuning->matrix_rescale_log2, .o = c->part_o + at * dvp,
             .m = c->part_m + at, .l = c->part_l + at, .s = s.s, .p = s.p, .vb = s.vb, .k_tail = s.k_tail};

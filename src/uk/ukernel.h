@@ -507,7 +507,8 @@ typedef struct fmha_matrix_bwd_args {
  * and v + (j - kb) v_rs bytes, unit stride, D a multiple of 32.
  *   Q^T block  [D / 32][2][16][16] words: k-step t, rows 16 h..16 h + 15,
  *              word (p, r) = (Q[16 h + r][32 t + 2 p], Q[..][32 t + 2 p + 1])
- *              (pack_qt; zero past nq; negated for a negative scale)
+ *              (pack_qt, from bf16 or rounded to it; zero past nq; negated
+ *              for a negative scale)
  * Outputs as the forward's, per row block: o [32][dvp] unnormalised, m
  * (raw score units, -inf for a row that saw no key), l. */
 enum { FMHA_MATRIX_DEC_BLOCKS = 4 };
@@ -550,9 +551,10 @@ typedef struct fmha_uk_matrix {
     void (*backward)(const fmha_matrix_bwd_args *a);
     int (*nonfinite)(size_t n, size_t d, const void *x, int src, ptrdiff_t rs, ptrdiff_t cs);
     /* Decoding (optional: NULL, the decode driver serves): Q^T blocks of
-     * bf16 rows[i] (element e at rows[i][e * cs]), and nb blocks of rows
+     * rows[i] (element e at rows[i][e * cs]) in format src, each rounded to
+     * the nearest bf16 (bf16 rows moved as they are), and nb blocks of rows
      * against a range of keys. */
-    void (*pack_qt)(size_t nq, size_t d, const void *const *rows, ptrdiff_t cs, int negate, uint32_t *qt);
+    void (*pack_qt)(size_t nq, size_t d, const void *const *rows, int src, ptrdiff_t cs, int negate, uint32_t *qt);
     void (*decode)(fmha_matrix_dec_args *a);
 } fmha_uk_matrix;
 

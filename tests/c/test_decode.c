@@ -815,6 +815,86 @@ static void test_sinks(void) {
     test_sinks_backward_errors();
 }
 
+/* A float32 query against a bf16 cache at precision BF16 (fmha.h: the
+ * query rounded to bf16 as it is packed) decodes on the tiles where a
+ * table has a matrix decode, from 8 rows a kv head; at FAST the same
+ * problem keeps its float32 query (the decode driver). Held to the float64
+ * reference on the exact inputs: the query's rounding (2^-9 of each
+ * element) moves a score by up to 2^-9 sum |q_e k_e| scale (here at most
+ * 0.004, about 3e-4 typically), and P enters P V as bf16: O within 2e-3
+ * absolute + relative (measured: a tenth of that), lse within
+ * 5e-3 (1 + |lse|); bits do not depend on the thread count. */
+static void test_f32_query_bf16_cache(void) {
+    const int64_t B = 2, hq = 8, hkv = 2, sq = 4, skv = 700, d = 64;
+    fmha_problem p;
+    fmha_problem_init(&p, B, hq, hkv, sq, skv, d, d, FMHA_LAYOUT_BSHD);
+    p.causal = FMHA_CAUSAL_BOTTOM_RIGHT;
+    p.kv_dtype = FMHA_KV_DTYPE_BF16;
+    p.precision = FMHA_PRECISION_BF16;
+    int32_t kv_len[2] = {(int32_t)skv, 333};
+    p.masks.kv_lengths = kv_len;
+    const size_t nq = (size_t)(B * sq * hq * d), nk = (size_t)(B * skv * hkv * d), nl = (size_t)(B * hq * sq);
+    dec_tensor q = dec_tensor_new(FMHA_DTYPE_F32, nq), k = dec_tensor_new(FMHA_DTYPE_BF16, nk),
+               v = dec_tensor_new(FMHA_DTYPE_BF16, nk);
+    fmha_problem pf = p;
+    pf.kv_dtype = FMHA_KV_DTYPE_SAME;
+    /* ref_o [B, Sq, Hq, D], ref_lse [B, Hq, Sq] */
+    double *ref_o = malloc(nq * sizeof(double)), *ref_lse = malloc(nl * sizeof(double));
+    fmha_ref_forward_full(&pf, q.value, k.value, v.value, ref_o, ref_lse);
+    float *o = malloc(nq * sizeof(float)), *o_first = malloc(nq * sizeof(float));
+    float *lse = malloc(nl * sizeof(float)), *lse_first = malloc(nl * sizeof(float));
+    const char *isa_default = fmha_isa_name();
+    for (size_t ii = 0; ii < fmha_isa_count(); ii++) {
+        const char *isa = fmha_isa_at(ii)->name;
+        if (!tu_isa_runs(fmha_isa_at(ii)) || fmha_cpu_force_isa(isa) != 0) continue;
+        const int tiles = fmha_cpu_kernels()->matrix.decode != NULL;
+        tu_check(planned_driver_is(&p, &fmha_fwd_driver_matrix_decode) == tiles, "%s: f32 query, bf16 cache, BF16: "
+                 "matrix_decode planned %d, wanted %d", isa, planned_driver_is(&p, &fmha_fwd_driver_matrix_decode), tiles);
+        fmha_problem fast = p;
+        fast.precision = FMHA_PRECISION_FAST;
+        tu_check(planned_driver_is(&fast, &fmha_fwd_driver_matrix_decode) == 0,
+                 "%s: f32 query, bf16 cache, FAST: planned on the tiles", isa);
+        for (int threads = 1; threads <= (tu_emulated() ? 2 : 3); threads++) {
+            fmha_set_num_threads(threads);
+            if (!tu_check(tu_forward(&p, q.data, k.data, v.data, o, lse, NULL, 0) == FMHA_OK,
+                          "%s: f32 query, bf16 cache: status", isa))
+                continue;
+            if (threads > 1) {
+                tu_check(!memcmp(o, o_first, nq * sizeof(float)) && !memcmp(lse, lse_first, nl * sizeof(float)),
+                         "%s: f32 query, bf16 cache: %d threads differ from 1", isa, threads);
+                continue;
+            }
+            memcpy(o_first, o, nq * sizeof(float));
+            memcpy(lse_first, lse, nl * sizeof(float));
+            tu_check(tu_worst_ratio(o, ref_o, nq, 2e-3, 2e-3) <= 1.0, "%s: f32 query, bf16 cache: O ratio %g", isa,
+                     tu_worst_ratio(o, ref_o, nq, 2e-3, 2e-3));
+            double worst = 0;
+            for (size_t i = 0; i < nl; i++) {
+                const double e = fabs((double)lse[i] - ref_lse[i]) / (5e-3 * (1 + fabs(ref_lse[i])));
+                if (!(e <= worst)) worst = e;
+            }
+            tu_check(worst <= 1.0, "%s: f32 query, bf16 cache: lse ratio %g", isa, worst);
+        }
+        /* a NaN in query row (b 0, i 0, h 0): its O and lse NaN, every other row's bits unchanged */
+        fmha_set_num_threads(0);
+        const float q0 = ((float *)q.data)[0];
+        ((float *)q.data)[0] = NAN;
+        if (tu_check(tu_forward(&p, q.data, k.data, v.data, o, lse, NULL, 0) == FMHA_OK, "%s: NaN query: status",
+                     isa)) {
+            int nan_row = isnan(lse[0]), others = 1;
+            for (int64_t c = 0; c < d; c++) nan_row &= isnan(o[c]);
+            for (size_t i = (size_t)d; i < nq; i++) others &= memcmp(&o[i], &o_first[i], sizeof(float)) == 0;
+            for (size_t i = 1; i < nl; i++) others &= memcmp(&lse[i], &lse_first[i], sizeof(float)) == 0;
+            tu_check(nan_row && others, "%s: NaN query: its row NaN %d, other rows unchanged %d", isa, nan_row, others);
+        }
+        ((float *)q.data)[0] = q0;
+    }
+    fmha_set_num_threads(0);
+    fmha_cpu_force_isa(isa_default);
+    free(ref_o), free(ref_lse), free(o), free(o_first), free(lse), free(lse_first);
+    dec_tensor_free(&q), dec_tensor_free(&k), dec_tensor_free(&v);
+}
+
 int main(void) {
     tu_seed();
     const char *isa_default = fmha_isa_name();
@@ -831,5 +911,6 @@ int main(void) {
     test_mla();
     test_prefetch_thresholds();
     test_shapes();
+    test_f32_query_bf16_cache();
     return tu_finish();
 }

@@ -44,8 +44,8 @@ enum { FMHA_AMX_MR = 16, FMHA_AMX_NR = 64 };
     void fmha_matrix_backward__##SUFFIX(const fmha_matrix_bwd_args *a);                                                \
     int fmha_matrix_nonfinite__##SUFFIX(size_t n, size_t d, const void *x, int src, ptrdiff_t rs, ptrdiff_t cs);      \
     /* The matrix part's decode (attn_dec.c). */                                                                      \
-    void fmha_matrix_pack_qt__##SUFFIX(size_t nq, size_t d, const void *const *rows, ptrdiff_t cs, int negate,         \
-                                       uint32_t *qt);                                                                  \
+    void fmha_matrix_pack_qt__##SUFFIX(size_t nq, size_t d, const void *const *rows, int src, ptrdiff_t cs,            \
+                                       int negate, uint32_t *qt);                                                      \
     void fmha_matrix_decode__##SUFFIX(fmha_matrix_dec_args *a);                                                       \
     /* Integer scores on tiles from 16 rows (decode_q8.c; fmha_cache_scores_q8_ukernel_fn,                             \
      * reading the query's tiles). */                                                                                  \

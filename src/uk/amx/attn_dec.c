@@ -45,8 +45,8 @@ typedef struct dec_rows {
     uint16_t *p;
 } dec_rows;
 
-void FMHA_AMX_FN(fmha_matrix_pack_qt)(size_t nq, size_t d, const void *const *rows, ptrdiff_t cs, int negate,
-                                      uint32_t *qt) {
+void FMHA_AMX_FN(fmha_matrix_pack_qt)(size_t nq, size_t d, const void *const *rows, int src, ptrdiff_t cs,
+                                      int negate, uint32_t *qt) {
     const __m512i sign = _mm512_set1_epi32(negate ? (int)0x80008000u : 0);
     for (size_t t = 0; t < d / 32; t++)
         for (size_t h = 0; h < 2; h++) {
@@ -54,7 +54,7 @@ void FMHA_AMX_FN(fmha_matrix_pack_qt)(size_t nq, size_t d, const void *const *ro
             for (size_t r = 0; r < 16; r++) {
                 m[r] = _mm512_setzero_si512();
                 if (16 * h + r < nq) {
-                    row_chunk(rows[16 * h + r], FMHA_MATRIX_SRC_BF16, cs, d, t, &m[r], NULL);
+                    row_chunk(rows[16 * h + r], src, cs, d, t, &m[r], NULL);
                     m[r] = _mm512_xor_si512(m[r], sign);
                 }
             }
