@@ -796,7 +796,8 @@ FMHA_API size_t fmha_plan_workspace_held(const fmha_plan *plan);
  *              the cache's values), "integer" (decode under precision
  *              FAST: the query quantized as q8_0 against int8, q8_0 or q4_0
  *              keys in integer dot products) or "bf16" (decode under FAST:
- *              the query rounded to bf16 against float8 keys); see
+ *              the query rounded to bf16 against float8 keys; and
+ *              matrix_decode's float32 query at precision BF16); see
  *              fmha_precision
  *   values     how P V is taken: "float32", or "integer" (decode under
  *              precision FAST: P quantized to 16 bits against int8, q8_0

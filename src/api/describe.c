@@ -48,6 +48,8 @@ size_t fmha_plan_describe(const fmha_plan *plan, char *buf, size_t buf_size) {
                  plan->driver == &fmha_fwd_driver_dense ? (size_t)p->seq_kv : plan->uk->tile.block_kv,
                  bf16_pairs ? plan->uk->bf16.mr : plan->uk->tile.mr);
     const int decode = plan->driver == &fmha_fwd_driver_decode;
+    /* a float32 query rounded to bf16 as matrix_decode packs it */
+    const int bf16_query = plan->driver == &fmha_fwd_driver_matrix_decode && plan->p.dtype == FMHA_DTYPE_F32;
     int n = snprintf(buf, buf_size,
                      "driver=%s isa=%s path=%s precision=%s k_format=%s v_format=%s %s threads=%d cpu=\"%s\" tuning=%s "
                      "backward=%s scores=%s values=%s tuning_source=%s",
@@ -58,7 +60,9 @@ size_t fmha_plan_describe(const fmha_plan *plan, char *buf, size_t buf_size) {
                      precision_name(plan),
                      fmha_cache_format_at(plan->k_format)->name, fmha_cache_format_at(plan->v_format)->name, shape,
                      fmha_pool_threads(), cpu, plan->uk->tuning->name, fmha_bwd_driver_of(plan)->name,
-                     !decode ? "float32" : plan->drv.dec.scores == FMHA_DEC_SCORES_Q8 ? "integer"
+                     bf16_query ? "bf16"
+                     : !decode  ? "float32"
+                     : plan->drv.dec.scores == FMHA_DEC_SCORES_Q8 ? "integer"
                                          : plan->drv.dec.scores == FMHA_DEC_SCORES_BF16 ? "bf16" : "float32",
                      decode && plan->drv.dec.vint ? "integer" : "float32",
                      fmha_tuning_source_name(plan->uk->tuning->source));

@@ -6,7 +6,8 @@
  * drawn with their extremes: windows of 0, 1, INT64_MAX - 1 and INT64_MAX
  * on either side, key lengths of 0 and full, bottom-right offsets of either
  * sign (Sq above and below Skv), alignment without causal, query lengths,
- * K and V in bf16 or f16 beside float32 Q, or quantized (int8, q8_0, q4_0,
+ * K and V in bf16 or f16 beside float32 Q (bf16 ones now and then at
+ * precision BF16: the query rounded to bf16 on matrix_decode), or quantized (int8, q8_0, q4_0,
  * fp8 e4m3 and e5m2, D 32 or 64) under either precision, and decode shapes (Sq 1..16,
  * Skv >= 8 Sq) often enough to reach the decode driver.
  *
@@ -26,7 +27,8 @@
  * 2^-9 of each weight, over values of at most 1), lse within 1e-4 +
  * 1e-4 |ref| (float32 sums of P from a polynomial exp). A run whose scores take a quantized
  * query (precision FAST: q8_0 for int8, q8_0 or q4_0 keys, bf16 for float8
- * ones) is held instead to twice the largest error that rounding makes on
+ * ones; precision BF16 on matrix_decode: bf16, P as bf16, so a bf16 O's
+ * tolerances) is held instead to twice the largest error that rounding makes on
  * the same output (the reference on the query rounded as the run rounds it:
  * ggml's q8_0 blocks, as llama.cpp does, or bf16) on top of those. The reference reads
  * the values the caches hold. Paged and contiguous caches give the same
@@ -197,6 +199,8 @@ static int draw_case(diff_case *c) {
     } else if (tu_int(0, 2) == 0) {
         c->kv_t = tu_int(0, 1) ? FMHA_DTYPE_BF16 : FMHA_DTYPE_F16;
         p->kv_dtype = c->kv_t == FMHA_DTYPE_BF16 ? FMHA_KV_DTYPE_BF16 : FMHA_KV_DTYPE_F16;
+        /* now and then precision BF16: a float32 query rounded to bf16 (matrix_decode) */
+        if (c->kv_t == FMHA_DTYPE_BF16 && tu_int(0, 1)) p->precision = FMHA_PRECISION_BF16;
     }
     if (fmha_problem_check(p) != FMHA_OK) return 0;
     c->q = tu_new_input(p, 'q', -1, 1);
@@ -219,7 +223,9 @@ static int draw_case(diff_case *c) {
     c->ref_o = malloc(c->no * sizeof(double));
     c->ref_lse = malloc(c->nl * sizeof(double));
     if (fmha_ref_forward_full(&rp, c->q, c->k, c->v, c->ref_o, c->ref_lse) != 0) return 0;
-    if (c->kv_f) { /* the query as FAST rounds it: bf16 for float8 keys, else ggml's q8_0 blocks (a half scale) */
+    if (c->kv_f || p->precision == FMHA_PRECISION_BF16) {
+        /* the query as FAST rounds it: bf16 for float8 keys, else ggml's q8_0
+         * blocks (a half scale); as BF16 rounds it: bf16 */
         const int fp8 = c->kv_f == FMHA_KV_FORMAT_FP8_E4M3 || c->kv_f == FMHA_KV_FORMAT_FP8_E5M2;
         tu_shape(p, 'q', n);
         float *ql = malloc(tu_span(p->q_strides, n) * sizeof(float));
@@ -228,12 +234,12 @@ static int draw_case(diff_case *c) {
         for (int64_t b = 0; b < B; b++)
             for (int64_t i = 0; i < sq; i++)
                 for (int64_t h = 0; h < hq; h++)
-                    for (int64_t e0 = 0; e0 < D; e0 += 32) {
+                    for (int64_t e0 = 0; e0 < D; e0 += c->kv_f ? 32 : D) { /* D: any, unquantized */
                         float x[32];
                         int8_t qi[32];
                         float *at = ql + b * p->q_strides[0] + i * p->q_strides[1] + h * p->q_strides[2];
-                        if (fp8) {
-                            for (int e = 0; e < 32; e++)
+                        if (fp8 || !c->kv_f) {
+                            for (int e = 0; e < (c->kv_f ? 32 : D); e++)
                                 at[(e0 + e) * p->q_strides[3]] = fmha_bf16_to_f32(fmha_f32_to_bf16(at[(e0 + e) * p->q_strides[3]]));
                             continue;
                         }
@@ -277,8 +283,10 @@ static int agrees(const diff_case *c, const fmha_problem *run, const float *o, c
     } else {
         tu_gather(o, st, n, og);
     }
-    const int integer = c->kv_f && tu_quantized_query(run);
-    const double o_tol = bf16 ? 8e-3 : 2e-5, lse_tol = bf16 ? 1e-4 : 1e-5;
+    const int integer = (c->kv_f || p->precision == FMHA_PRECISION_BF16) && tu_quantized_query(run);
+    /* P as bf16: a bf16 O's tolerance (precision BF16 on the tiles) */
+    const int p_bf16 = bf16 || (p->precision == FMHA_PRECISION_BF16 && integer);
+    const double o_tol = p_bf16 ? 8e-3 : 2e-5, lse_tol = p_bf16 ? 1e-4 : 1e-5;
     double ratio = tu_worst_ratio(og, c->ref_o, c->no, o_tol + (integer ? 2.0 * c->qround_o : 0.0), o_tol);
     size_t bad_lse = 0;
     for (size_t i = 0; i < c->nl; i++) {
@@ -345,7 +353,7 @@ static void paged_case(const diff_case *c, const float *o_contig, const float *l
 int main(void) {
     tu_seed();
     const int cases = getenv("FMHA_TEST_CASES") ? atoi(getenv("FMHA_TEST_CASES")) : (int)tu_quick_pick(160, 40);
-    long long runs = 0, decode_runs = 0, paged = 0, matrix_decode_runs = 0, poisoned = 0;
+    long long runs = 0, decode_runs = 0, paged = 0, matrix_decode_runs = 0, f32_query_tiles = 0, poisoned = 0;
     for (int ci = 0; ci < cases; ci++) {
         diff_case c;
         if (!draw_case(&c)) {
@@ -368,6 +376,7 @@ int main(void) {
                     if (fmha_plan_create(&p, &plan) == FMHA_OK) {
                         decode_runs += plan->driver == &fmha_fwd_driver_decode;
                         matrix_decode_runs += plan->driver == &fmha_fwd_driver_matrix_decode;
+                        f32_query_tiles += plan->driver == &fmha_fwd_driver_matrix_decode && p.dtype == FMHA_DTYPE_F32;
                         poisoned += c.poisoned != 0;
                         if (plan->driver == &fmha_fwd_driver_decode && s == FMHA_STRATEGY_AUTO) {
                             paged_case(&c, o, lse);
@@ -382,9 +391,9 @@ int main(void) {
         }
         free_case(&c);
     }
-    printf("%d problems, %lld runs (%lld on the decode driver, %lld also paged, %lld on matrix_decode; %lld "
-           "holding a NaN or inf)\n",
-           cases, runs, decode_runs, paged, matrix_decode_runs, poisoned);
+    printf("%d problems, %lld runs (%lld on the decode driver, %lld also paged, %lld on matrix_decode, %lld of them "
+           "with a float32 query; %lld holding a NaN or inf)\n",
+           cases, runs, decode_runs, paged, matrix_decode_runs, f32_query_tiles, poisoned);
     tu_check(decode_runs > 0 && paged > 0, "the draw reached the decode driver (%lld) and pages (%lld)", decode_runs,
              paged);
     return tu_finish();
