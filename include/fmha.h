@@ -200,9 +200,10 @@ typedef enum fmha_strategy {
                                  on a matrix engine (AMX), bf16 decoding at precision FAST
                                  (or a float32 query against a bf16 cache at precision
                                  BF16) with 8 or more query rows a kv head (group x Sq), D a
-                                 multiple of 32, contiguous cache rows and no bias,
-                                 dropout, segments or mask callback runs on the tiles
-                                 ("matrix_decode", before both) */
+                                 multiple of 32, contiguous cache rows (or pages of 128
+                                 keys or more) and no bias, dropout, segments or mask
+                                 callback runs on the tiles ("matrix_decode", before
+                                 both) */
     FMHA_STRATEGY_TILED,      /* online softmax over query x key tiles; workspace O(threads x tile),
                                  plus K and V in the kernels' layout per call where the dtype's
                                  path copies them (float32: V only, at most 64 MiB) */
@@ -535,7 +536,8 @@ typedef struct fmha_problem {
      * [0, num_pages): FMHA_ERR_BAD_PAGE otherwise, checked at every run).
      * Pages may be shared and in any order. Forward only (the backward
      * answers FMHA_ERR_UNSUPPORTED), served by the decode driver for every
-     * strategy and query length; masks other than causal, windows and
+     * strategy and query length (on a matrix engine, pages of 128 keys or
+     * more under matrix_decode's rule, by matrix_decode, page by page); masks other than causal, windows and
      * lengths, and biases other than softcap and ALiBi, are
      * FMHA_ERR_UNSUPPORTED with a block table.
      * NULL = off (K and V as above). */

@@ -186,6 +186,15 @@ static void matrix_pack_task(void *vctx, size_t task, int thread) {
     }
 }
 
+/* Element offset of key j's row (kv head hk, batch element b) in K or V of
+ * strides st: in a page pool, row j % page_size of the page the block
+ * table names. */
+static int64_t matrix_key_at(const fmha_problem *p, const int64_t *st, int64_t b, int64_t hk, int64_t j) {
+    if (!p->block_table) return b * st[0] + j * st[1] + hk * st[2];
+    const int64_t page = p->block_table[b * p->block_table_stride + j / p->page_size];
+    return page * st[0] + (j % p->page_size) * st[1] + hk * st[2];
+}
+
 /* The score of query row (b, h, i) and key j in float32, IEEE
  * throughout (sign * q . k, unscaled). */
 static float matrix_score_f32(const matrix_ctx *c, int64_t b, int64_t h, int64_t i, int64_t j) {
@@ -194,7 +203,7 @@ static float matrix_score_f32(const matrix_ctx *c, int64_t b, int64_t h, int64_t
     float s = 0.0f;
     for (int64_t e = 0; e < p->head_dim; e++)
         s += fmha_load(c->q, p->dtype, b * qs[0] + i * qs[1] + h * qs[2] + e * qs[3]) *
-             fmha_load(c->k, (fmha_dtype)c->plan->k_format, b * ks[0] + j * ks[1] + hk * ks[2] + e * ks[3]);
+             fmha_load(c->k, (fmha_dtype)c->plan->k_format, matrix_key_at(p, ks, b, hk, j) + e * ks[3]);
     return c->plan->scale < 0.0f ? -s : s;
 }
 
@@ -228,7 +237,7 @@ static void matrix_row_guarded(const matrix_ctx *c, int64_t b, int64_t h, int64_
         const float pr = expf((sj - m_use) * scale);
         l += pr; /* a P that underflows to 0 still multiplies V (0 x NaN is NaN) */
         for (int64_t e = 0; e < Dv; e++)
-            acc[e] += pr * fmha_load(c->v, (fmha_dtype)plan->v_format, b * vs[0] + j * vs[1] + hk * vs[2] + e * vs[3]);
+            acc[e] += pr * fmha_load(c->v, (fmha_dtype)plan->v_format, matrix_key_at(p, vs, b, hk, j) + e * vs[3]);
     }
     if (exact) fmha_row_finish(plan, h, m_raw == -INFINITY ? -INFINITY : m_raw * scale, l, &o_scale, lse);
     fmha_store_row_uk(plan->uk, c->o, plan->o_dtype, b * os[0] + i * os[1] + h * os[2], os[3], Dv, acc, o_scale);
@@ -341,14 +350,23 @@ void fmha_matrix_run(fmha_plan *run, const void *q, const void *k, const void *v
  *   count: the chunks are fixed by the shape. */
 
 enum { MDEC_TASKS = 64, MDEC_MIN_CHUNK = 256,
-       MDEC_BK = 128 };
+       MDEC_BK = 128,
+       /* a paged cache's chunk is its page: pages of fewer keys stay on the
+        * decode driver (a partial per page would cost an eighth of the page) */
+       MDEC_MIN_PAGE = 128 };
 
 /* Chunks of keys a unit's keys split into, and keys a chunk (a multiple of
  * MDEC_BK): about MDEC_TASKS tasks, a chunk at least MDEC_MIN_CHUNK keys and
  * at least 8x its partials' bytes in K and V (MLA's 128 rows of 512 floats
- * a chunk cost as much memory traffic as 1000 keys of the cache). */
+ * a chunk cost as much memory traffic as 1000 keys of the cache). A paged
+ * cache's chunks are its pages, each a contiguous run of rows. */
 void fmha_matrix_decode_split(const fmha_plan *plan, int64_t *splits, int64_t *chunk) {
     const fmha_problem *p = &plan->p;
+    if (p->block_table) {
+        *chunk = p->page_size;
+        *splits = (p->seq_kv + p->page_size - 1) / p->page_size;
+        return;
+    }
     const int64_t units = p->batch * p->heads_kv, rows = plan->group * p->seq_q;
     const int64_t partial_bytes = rows * (int64_t)fmha_matrix_dvp((size_t)p->head_dim_v) * 4;
     int64_t least = 8 * partial_bytes / ((p->head_dim + p->head_dim_v) * 2);
@@ -368,7 +386,9 @@ int fmha_matrix_decode_plan(const fmha_plan *plan) {
     /* a bf16 query at FAST, or a float32 one at BF16 (rounded to bf16 as it is packed) */
     const int bf16_q = p->dtype == FMHA_DTYPE_BF16 && plan->precision == FMHA_PRECISION_FAST;
     const int f32_q = p->dtype == FMHA_DTYPE_F32 && plan->precision == FMHA_PRECISION_BF16;
-    if (!(bf16_q || f32_q) || p->strategy != FMHA_STRATEGY_AUTO || p->block_table) return 0;
+    if (!(bf16_q || f32_q) || (p->block_table && p->page_size < MDEC_MIN_PAGE)) return 0;
+    /* a paged cache takes a decode driver whatever the strategy */
+    if (p->strategy != FMHA_STRATEGY_AUTO && !p->block_table) return 0;
     if (p->head_dim % 32 || !fmha_plan_rows_contiguous(plan) || !fmha_plan_decode_shape(plan)) return 0;
     if (plan->has_bias || plan->dropout || !fmha_plan_keys_one_range(plan)) return 0;
     return plan->group * p->seq_q >= plan->uk->tuning->matrix_decode_rows; /* default 8 */
@@ -483,11 +503,18 @@ static void mdec_task(void *vctx, size_t task, int thread) {
         }
         if (ke < kb) ke = kb;
         const size_t at = mdec_at(c, unit, split, (size_t)g0);
+        /* key kb's rows: of batch element b, or (paged) of the chunk's page,
+         * whose table entry is read only when the chunk has keys to read */
+        int64_t k_at = b * ks[0] + kb * ks[1] + hk * ks[2], v_at = b * vs[0] + kb * vs[1] + hk * vs[2];
+        if (p->block_table) {
+            const int64_t page = ke > kb ? p->block_table[b * p->block_table_stride + c0 / p->page_size] : 0;
+            k_at = page * ks[0] + (kb - c0) * ks[1] + hk * ks[2];
+            v_at = page * vs[0] + (kb - c0) * vs[1] + hk * vs[2];
+        }
         fmha_matrix_dec_args a = {
             .nb = nb, .nq = (size_t)(n_rows - (int64_t)(nb - 1) * MATRIX_BQ), .d = (size_t)p->head_dim,
             .dv = (size_t)p->head_dim_v, .dvp = dvp, .qt = s.qt,
-            .k = c->m.k + (b * ks[0] + kb * ks[1] + hk * ks[2]) * kv_es,
-            .v = c->m.v + (b * vs[0] + kb * vs[1] + hk * vs[2]) * kv_es, .k_rs = (ptrdiff_t)(ks[1] * kv_es),
+            .k = c->m.k + k_at * kv_es, .v = c->m.v + v_at * kv_es, .k_rs = (ptrdiff_t)(ks[1] * kv_es),
             .v_rs = (ptrdiff_t)(vs[1] * kv_es), .kb = kb, .ke = ke, .lo = s.lo, .hi = s.hi,
             .scale_log2 = fabsf(plan->scale) * (float)M_LOG2E,
             .rescale_log2 = (float)plan->uk->tuning->matrix_rescale_log2, .o = c->part_o + at * dvp,

@@ -7,6 +7,8 @@
  * same values in the same order) and match the float64 reference: ragged
  * lengths, GQA 8/1 and 32/8, Sq = 1..16, bottom-right causal, windows,
  * sinks, float32/bf16/f16, every ISA, every strategy, one-shot and plans;
+ * bf16 with pages of 128 keys or more on a matrix engine's decode (the
+ * tiles, page by page: planned there, held to the reference);
  * head dims past 256 (MLA's D 576 / Dv 512, 128 query heads on one kv head).
  * Bad tables, page sizes and unsupported requests are clear errors with
  * nothing written. */
@@ -55,6 +57,23 @@ typedef struct paged_case {
     int causal, window, sinks, biases; /* biases: softcap 20 and ALiBi */
     int64_t Dv;                        /* 0: D */
 } paged_case;
+
+/* The documented rule for a paged cache on the tiles (fmha.h's strategies):
+ * a table with a matrix decode, bf16, pages of 128 keys or more, 8+ rows a
+ * kv head, D a multiple of 32, no bias; otherwise the decode driver. */
+static int tiles_expected(const paged_case *pc) {
+    const fmha_ukernels *uk = fmha_cpu_kernels();
+    return uk->matrix.decode && pc->dtype == FMHA_DTYPE_BF16 && pc->page >= 128 && pc->hq / pc->hkv * pc->sq >= 8 &&
+           pc->D % 32 == 0 && !pc->biases && pc->sq <= 16 && pc->skv >= 8 * pc->sq;
+}
+
+static int planned_driver(const fmha_problem *p, const fmha_fwd_driver *driver) {
+    fmha_plan *plan = NULL;
+    if (fmha_plan_create(p, &plan) != FMHA_OK) return -1;
+    int d = plan->driver == driver;
+    fmha_plan_destroy(plan);
+    return d;
+}
 
 /* The pool of a contiguous cache c [B, Skv, Hkv, len]: pool [pages, page, Hkv, len]
  * in the dtype, page of (b, pg) = table[b * stride + pg]. */
@@ -123,6 +142,8 @@ static void run_case(const paged_case *pc) {
              (long long)ps,
              pc->causal ? " causal" : "", pc->window ? " window" : "", pc->sinks ? " sinks" : "",
              pc->biases ? " softcap + alibi" : "");
+    tu_check(planned_driver(&pp, tiles_expected(pc) ? &fmha_fwd_driver_matrix_decode : &fmha_fwd_driver_decode) == 1,
+             "%s: planned on %s", what, tiles_expected(pc) ? "matrix_decode" : "decode");
     static const fmha_strategy strategies[] = {FMHA_STRATEGY_AUTO, FMHA_STRATEGY_TILED};
     for (int si = 0; si < 2; si++) {
         pp.strategy = strategies[si];
@@ -168,6 +189,11 @@ static void test_cases(void) {
     paged_case pc = {2, 4, 4, 40, 90, 8, 5, FMHA_DTYPE_F32, 1, 0, 0, 0, 0}; /* Sq beyond decode's: still decode */
     run_case(&pc);
     pc = (paged_case){4, 2, 1, 1, 500, 128, 16, FMHA_DTYPE_BF16, 0, 1, 0, 0, 0}; /* no causal, window */
+    run_case(&pc);
+    /* bf16 on a matrix engine with pages of 128 and 320 keys: the tiles, page by page */
+    pc = (paged_case){2, 32, 8, 4, 1000, 64, 128, FMHA_DTYPE_BF16, 1, 1, 0, 0, 0};
+    run_case(&pc);
+    pc = (paged_case){3, 16, 2, 2, 700, 128, 320, FMHA_DTYPE_BF16, 1, 0, 1, 0, 0};
     run_case(&pc);
     /* MLA's head dims (D 576, Dv 512), 128 query heads on one kv head; Gemma's 512 */
     pc = (paged_case){2, 128, 1, 1, 150, 576, 16, FMHA_DTYPE_BF16, 1, 0, 0, 0, 512};
