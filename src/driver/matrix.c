@@ -351,22 +351,17 @@ void fmha_matrix_run(fmha_plan *run, const void *q, const void *k, const void *v
 
 enum { MDEC_TASKS = 64, MDEC_MIN_CHUNK = 256,
        MDEC_BK = 128,
-       /* a paged cache's chunk is its page: pages of fewer keys stay on the
-        * decode driver (a partial per page would cost an eighth of the page) */
+       /* a paged cache's kernel calls go page by page: pages of fewer keys
+        * stay on the decode driver */
        MDEC_MIN_PAGE = 128 };
 
 /* Chunks of keys a unit's keys split into, and keys a chunk (a multiple of
  * MDEC_BK): about MDEC_TASKS tasks, a chunk at least MDEC_MIN_CHUNK keys and
  * at least 8x its partials' bytes in K and V (MLA's 128 rows of 512 floats
  * a chunk cost as much memory traffic as 1000 keys of the cache). A paged
- * cache's chunks are its pages, each a contiguous run of rows. */
+ * cache's chunks are whole pages, as many as that rule asks. */
 void fmha_matrix_decode_split(const fmha_plan *plan, int64_t *splits, int64_t *chunk) {
     const fmha_problem *p = &plan->p;
-    if (p->block_table) {
-        *chunk = p->page_size;
-        *splits = (p->seq_kv + p->page_size - 1) / p->page_size;
-        return;
-    }
     const int64_t units = p->batch * p->heads_kv, rows = plan->group * p->seq_q;
     const int64_t partial_bytes = rows * (int64_t)fmha_matrix_dvp((size_t)p->head_dim_v) * 4;
     int64_t least = 8 * partial_bytes / ((p->head_dim + p->head_dim_v) * 2);
@@ -376,6 +371,7 @@ void fmha_matrix_decode_split(const fmha_plan *plan, int64_t *splits, int64_t *c
     if (n < 1) n = 1;
     int64_t c = (p->seq_kv + n - 1) / n;
     c = (c + MDEC_BK - 1) / MDEC_BK * MDEC_BK;
+    if (p->block_table) c = (c + p->page_size - 1) / p->page_size * p->page_size;
     *chunk = c;
     *splits = (p->seq_kv + c - 1) / c;
 }
@@ -401,6 +397,7 @@ int fmha_matrix_decode_plan(const fmha_plan *plan) {
 typedef struct mdec_scratch {
     uint32_t *qt, *vb;
     float *o, *s;
+    float *page_o, *page_m, *page_l; /* paged: one page's partials [NB][32][dvp], [NB][32], [NB][32] */
     uint16_t *p, *k_tail;
     int64_t *lo, *hi;
 } mdec_scratch;
@@ -416,6 +413,35 @@ static void mdec_carve(const fmha_plan *plan, fmha_carver *c, mdec_scratch *s) {
     s->k_tail = fmha_carve(c, MATRIX_BQ * d * sizeof(uint16_t));
     s->lo = fmha_carve(c, nb * MATRIX_BQ * sizeof(int64_t));
     s->hi = fmha_carve(c, nb * MATRIX_BQ * sizeof(int64_t));
+    const size_t paged_rows = plan->p.block_table ? nb * MATRIX_BQ : 0;
+    s->page_o = fmha_carve(c, paged_rows * dvp * sizeof(float));
+    s->page_m = fmha_carve(c, paged_rows * sizeof(float));
+    s->page_l = fmha_carve(c, paged_rows * sizeof(float));
+}
+
+/* o = wa o + wp x over n floats (restrict: the compiler's vectorizer takes it at -O2). */
+static void mdec_scale_add(float *restrict o, float wa, const float *restrict x, float wp, size_t n) {
+    for (size_t e = 0; e < n; e++) o[e] = wa * o[e] + wp * x[e];
+}
+
+/* A page's partials (po, pm, pl) merged into a chunk's (o, m, l), row by
+ * row, as mdec_merge_task merges chunks: a row that saw no key of the page
+ * keeps its own, one that saw none before takes the page's. */
+static void mdec_merge_page(float *o, float *m, float *l, const float *po, const float *pm, const float *pl,
+                            size_t rows, size_t dvp, float c1) {
+    for (size_t r = 0; r < rows; r++) {
+        if (!fmha_partial_counts(pm[r])) continue;
+        if (!fmha_partial_counts(m[r])) {
+            memcpy(o + r * dvp, po + r * dvp, dvp * sizeof(float));
+            m[r] = pm[r], l[r] = pl[r];
+            continue;
+        }
+        const float top = fmha_partials_max(m[r], pm[r]);
+        const float wa = exp2f((m[r] - top) * c1), wp = exp2f((pm[r] - top) * c1);
+        mdec_scale_add(o + r * dvp, wa, po + r * dvp, wp, dvp);
+        l[r] = wa * l[r] + wp * pl[r];
+        m[r] = top;
+    }
 }
 
 /* Shared: every (unit, chunk, row)'s partial O [dvp], m and l (the part's
@@ -503,23 +529,35 @@ static void mdec_task(void *vctx, size_t task, int thread) {
         }
         if (ke < kb) ke = kb;
         const size_t at = mdec_at(c, unit, split, (size_t)g0);
-        /* key kb's rows: of batch element b, or (paged) of the chunk's page,
-         * whose table entry is read only when the chunk has keys to read */
-        int64_t k_at = b * ks[0] + kb * ks[1] + hk * ks[2], v_at = b * vs[0] + kb * vs[1] + hk * vs[2];
-        if (p->block_table) {
-            const int64_t page = ke > kb ? p->block_table[b * p->block_table_stride + c0 / p->page_size] : 0;
-            k_at = page * ks[0] + (kb - c0) * ks[1] + hk * ks[2];
-            v_at = page * vs[0] + (kb - c0) * vs[1] + hk * vs[2];
-        }
         fmha_matrix_dec_args a = {
             .nb = nb, .nq = (size_t)(n_rows - (int64_t)(nb - 1) * MATRIX_BQ), .d = (size_t)p->head_dim,
             .dv = (size_t)p->head_dim_v, .dvp = dvp, .qt = s.qt,
-            .k = c->m.k + k_at * kv_es, .v = c->m.v + v_at * kv_es, .k_rs = (ptrdiff_t)(ks[1] * kv_es),
+            .k = c->m.k + (b * ks[0] + kb * ks[1] + hk * ks[2]) * kv_es,
+            .v = c->m.v + (b * vs[0] + kb * vs[1] + hk * vs[2]) * kv_es, .k_rs = (ptrdiff_t)(ks[1] * kv_es),
             .v_rs = (ptrdiff_t)(vs[1] * kv_es), .kb = kb, .ke = ke, .lo = s.lo, .hi = s.hi,
             .scale_log2 = fabsf(plan->scale) * (float)M_LOG2E,
             .rescale_log2 = (float)plan->uk->tuning->matrix_rescale_log2, .o = c->part_o + at * dvp,
             .m = c->part_m + at, .l = c->part_l + at, .s = s.s, .p = s.p, .vb = s.vb, .k_tail = s.k_tail};
-        mx->decode(&a);
+        if (!p->block_table || ke <= kb) {
+            if (p->block_table) a.k = c->m.k, a.v = c->m.v; /* nothing read: no table entry either */
+            mx->decode(&a);
+            continue;
+        }
+        /* paged: a call per page (its rows contiguous), the first into the
+         * chunk's partials, each later one merged into them */
+        const int64_t ps = p->page_size;
+        for (int64_t a0 = kb; a0 < ke; a0 = (a0 / ps + 1) * ps) {
+            const int64_t a1 = (a0 / ps + 1) * ps < ke ? (a0 / ps + 1) * ps : ke;
+            const int64_t page = p->block_table[b * p->block_table_stride + a0 / ps];
+            fmha_matrix_dec_args pa = a;
+            pa.k = c->m.k + (page * ks[0] + a0 % ps * ks[1] + hk * ks[2]) * kv_es;
+            pa.v = c->m.v + (page * vs[0] + a0 % ps * vs[1] + hk * vs[2]) * kv_es;
+            pa.kb = a0, pa.ke = a1;
+            if (a0 > kb) pa.o = s.page_o, pa.m = s.page_m, pa.l = s.page_l;
+            mx->decode(&pa);
+            if (a0 > kb)
+                mdec_merge_page(a.o, a.m, a.l, s.page_o, s.page_m, s.page_l, nb * MATRIX_BQ, dvp, pa.scale_log2);
+        }
     }
 }
 

@@ -32,7 +32,9 @@
  * the same output (the reference on the query rounded as the run rounds it:
  * ggml's q8_0 blocks, as llama.cpp does, or bf16) on top of those. The reference reads
  * the values the caches hold. Paged and contiguous caches give the same
- * bits (the decode driver reads them in the same order). */
+ * bits (the decode driver reads them in the same order); a matrix_decode
+ * problem's paged copy (pages of 128-160 keys, merged page by page) is held
+ * to the reference. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -310,10 +312,11 @@ static int agrees(const diff_case *c, const fmha_problem *run, const float *o, c
 
 /* The case from a paged pool (pages of 3..20 keys, shuffled): the bits of
  * the contiguous run. BSHD caches only (the pool's rows are [page, Hkv, D]). */
-static void paged_case(const diff_case *c, const float *o_contig, const float *lse_contig) {
+static void paged_case(const diff_case *c, const float *o_contig, const float *lse_contig, int tiles) {
     const fmha_problem *p = &c->p;
     if (p->k_strides[2] != p->head_dim || c->kv_f) return; /* BHSD, formats (test_kvformat): no pool here */
-    int64_t ps = tu_int(3, 20), stride, pages;
+    /* on the tiles: pages of 128 keys or more, several to a chunk */
+    int64_t ps = tiles ? tu_int(128, 160) : tu_int(3, 20), stride, pages;
     int32_t full[3];
     for (int64_t b = 0; b < p->batch; b++) full[b] = (int32_t)p->seq_kv;
     const int32_t *lens = p->masks.kv_lengths ? p->masks.kv_lengths : full;
@@ -338,7 +341,13 @@ static void paged_case(const diff_case *c, const float *o_contig, const float *l
     pp.k_strides[0] = pp.v_strides[0] = ps * p->heads_kv * p->head_dim;
     float *o = tu_new_output(p, 'o', 0.0f), *lse = malloc(c->nl * sizeof(float));
     fmha_status st = tu_forward(&pp, c->q_t, kpool, vpool, o, lse, NULL, 0);
-    if (st == FMHA_OK) {
+    if (st == FMHA_OK && tiles) { /* page by page on the tiles: merged in another order, held to the reference */
+        fmha_plan *plan = NULL;
+        const int on_tiles = fmha_plan_create(&pp, &plan) == FMHA_OK && plan->driver == &fmha_fwd_driver_matrix_decode;
+        fmha_plan_destroy(plan);
+        tu_check(on_tiles, "paged (pages of %lld): not planned on matrix_decode", (long long)ps);
+        agrees(c, &pp, o, lse, "paged on the tiles");
+    } else if (st == FMHA_OK) {
         int64_t n[4];
         tu_shape(p, 'o', n);
         size_t span = tu_span(p->o_strides, n);
@@ -378,8 +387,9 @@ int main(void) {
                         matrix_decode_runs += plan->driver == &fmha_fwd_driver_matrix_decode;
                         f32_query_tiles += plan->driver == &fmha_fwd_driver_matrix_decode && p.dtype == FMHA_DTYPE_F32;
                         poisoned += c.poisoned != 0;
-                        if (plan->driver == &fmha_fwd_driver_decode && s == FMHA_STRATEGY_AUTO) {
-                            paged_case(&c, o, lse);
+                        const int tiles = plan->driver == &fmha_fwd_driver_matrix_decode;
+                        if ((plan->driver == &fmha_fwd_driver_decode || tiles) && s == FMHA_STRATEGY_AUTO) {
+                            paged_case(&c, o, lse, tiles);
                             paged++;
                         }
                     }
