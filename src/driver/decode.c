@@ -31,7 +31,7 @@
  * forward (fmha_decode_plan).
  *
  * Paged caches (block_table): key j's row is found through the table
- * (dec_key_at). A sub-block inside one page is read in place as from a
+ * (fmha_kv_row_at). A sub-block inside one page is read in place as from a
  * contiguous cache; one that crosses pages (page sizes not a multiple of
  * DEC_SUB) is first gathered into the scratch the 2-byte caches widen into
  * (dec_rows). Either way the kernels see the same values in the same order,
@@ -82,15 +82,6 @@ enum { DEC_TASKS = 64 };
  * 0.38-0.47, 4096 1.06-1.46 / 0.78-1.05. */
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-/* Element offset of key j's row, kv head hk, batch element b, in K or V
- * (strides st): in a page pool, row j % page_size of the page the block
- * table names for it. */
-static inline int64_t dec_key_at(const fmha_problem *p, const int64_t *st, int64_t b, int64_t hk, int64_t j) {
-    if (!p->block_table) return b * st[0] + j * st[1] + hk * st[2];
-    int64_t page = p->block_table[b * p->block_table_stride + j / p->page_size];
-    return page * st[0] + (j % p->page_size) * st[1] + hk * st[2];
-}
 
 /* dst [n] float32 = the n elements of K or V (format f) from element `at`:
  * the format's load kernel (a copy for float32, a widening for 2 bytes). */
@@ -292,7 +283,7 @@ static size_t dec_rows(const dec_ctx *c, fmha_cache_format_id fmt, const int64_t
     *in_place = one_page && (raw || kern->scores);
     if (*in_place) {
         for (int64_t hh = 0; hh < heads; hh++)
-            rows[hh] = (const char *)x + (size_t)dec_key_at(p, st, b, hk0 + hh, k0) * f->unit_bytes;
+            rows[hh] = (const char *)x + (size_t)fmha_kv_row_at(p, st, b, hk0 + hh, k0) * f->unit_bytes;
         return (size_t)st[1];
     }
     if (raw) { /* the stored bytes, key by key across the pages */
@@ -302,19 +293,19 @@ static size_t dec_rows(const dec_ctx *c, fmha_cache_format_id fmt, const int64_t
         for (int64_t j = 0; j < nj; j++)
             for (int64_t hh = 0; hh < heads; hh++)
                 memcpy(to + (size_t)(j * heads + hh) * bytes,
-                       (const char *)x + (size_t)dec_key_at(p, st, b, hk0 + hh, k0 + j) * f->unit_bytes, bytes);
+                       (const char *)x + (size_t)fmha_kv_row_at(p, st, b, hk0 + hh, k0 + j) * f->unit_bytes, bytes);
         for (int64_t hh = 0; hh < heads; hh++) rows[hh] = to + (size_t)hh * bytes;
         return (size_t)(heads * units);
     }
     const int heads_adjacent = heads == 1 || st[2] == units;
     if (heads_adjacent && st[1] == heads * units && one_page)
-        dec_stage_row(f, kern, nj * w, x, dec_key_at(p, st, b, hk0, k0), buf);
+        dec_stage_row(f, kern, nj * w, x, fmha_kv_row_at(p, st, b, hk0, k0), buf);
     else if (heads_adjacent)
-        for (int64_t j = 0; j < nj; j++) dec_stage_row(f, kern, w, x, dec_key_at(p, st, b, hk0, k0 + j), buf + j * w);
+        for (int64_t j = 0; j < nj; j++) dec_stage_row(f, kern, w, x, fmha_kv_row_at(p, st, b, hk0, k0 + j), buf + j * w);
     else
         for (int64_t j = 0; j < nj; j++)
             for (int64_t hh = 0; hh < heads; hh++)
-                dec_stage_row(f, kern, len, x, dec_key_at(p, st, b, hk0 + hh, k0 + j), buf + j * w + hh * len);
+                dec_stage_row(f, kern, len, x, fmha_kv_row_at(p, st, b, hk0 + hh, k0 + j), buf + j * w + hh * len);
     for (int64_t hh = 0; hh < heads; hh++) rows[hh] = buf + hh * len;
     return (size_t)w;
 }
@@ -356,7 +347,7 @@ static void dec_prefetch_head(const dec_ctx *c, fmha_cache_format_id fmt, const 
     const int64_t bytes = fmha_format_row_units(f, len) * (int64_t)f->unit_bytes;
     const int64_t nj = end - k0 < DEC_SUB ? end - k0 : DEC_SUB;
     for (int64_t j = 0; j < nj; j++) {
-        const char *row = (const char *)x + dec_key_at(p, st, b, hk, k0 + j) * (int64_t)f->unit_bytes;
+        const char *row = (const char *)x + fmha_kv_row_at(p, st, b, hk, k0 + j) * (int64_t)f->unit_bytes;
         for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(row + at, 0, 1);
     }
 }
@@ -434,7 +425,7 @@ static void dec_rescore_nonfinite(const dec_ctx *c, int64_t b, int64_t hk, int64
     const int64_t *qs = p->q_strides, D = p->head_dim;
     for (int64_t j = 0; j < nj; j++) {
         if (probe[j] == 0.0f) continue;
-        const char *krow = (const char *)c->k + (size_t)dec_key_at(p, p->k_strides, b, hk, k0 + j) * kf->unit_bytes;
+        const char *krow = (const char *)c->k + (size_t)fmha_kv_row_at(p, p->k_strides, b, hk, k0 + j) * kf->unit_bytes;
         for (int64_t r = 0; r < n; r++) {
             const int64_t i = (rho0 + r) / plan->group, h = hk * plan->group + (rho0 + r) % plan->group;
             float dot = 0.0f;
@@ -604,7 +595,7 @@ static void dec_row_guarded(const dec_ctx *c, int64_t b, int64_t i, int64_t h, f
         fmha_kv_scales_of(p, 1, b, hk, k0, t.nk, v_sc);
         for (int64_t r = 0; r < t.nk; r++) {
             float dot = 0.0f;
-            const char *krow = (const char *)c->k + (size_t)dec_key_at(p, ks, b, hk, k0 + r) * k_esize;
+            const char *krow = (const char *)c->k + (size_t)fmha_kv_row_at(p, ks, b, hk, k0 + r) * k_esize;
             for (int64_t d = 0; d < D; d++)
                 dot += fmha_load(c->q, p->dtype, b * qs[0] + i * qs[1] + h * qs[2] + d * qs[3]) * kf->dequant(krow, d);
             s[r] = plan->scale * dot * k_sc[r];
@@ -621,7 +612,7 @@ static void dec_row_guarded(const dec_ctx *c, int64_t b, int64_t i, int64_t h, f
             if (s[r] == -INFINITY) continue; /* masked, or a -inf score: hidden */
             float pr = expf(s[r] - mx); /* one that underflows to 0 still multiplies V (0 x NaN) */
             l += pr;
-            const char *vrow = (const char *)c->v + (size_t)dec_key_at(p, vs, b, hk, k0 + r) * v_esize;
+            const char *vrow = (const char *)c->v + (size_t)fmha_kv_row_at(p, vs, b, hk, k0 + r) * v_esize;
             for (int64_t e = 0; e < Dv; e++) acc[e] += pr * v_sc[r] * vf->dequant(vrow, e);
         }
         m = mx;

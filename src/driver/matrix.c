@@ -186,15 +186,6 @@ static void matrix_pack_task(void *vctx, size_t task, int thread) {
     }
 }
 
-/* Element offset of key j's row (kv head hk, batch element b) in K or V of
- * strides st: in a page pool, row j % page_size of the page the block
- * table names. */
-static int64_t matrix_key_at(const fmha_problem *p, const int64_t *st, int64_t b, int64_t hk, int64_t j) {
-    if (!p->block_table) return b * st[0] + j * st[1] + hk * st[2];
-    const int64_t page = p->block_table[b * p->block_table_stride + j / p->page_size];
-    return page * st[0] + (j % p->page_size) * st[1] + hk * st[2];
-}
-
 /* The score of query row (b, h, i) and key j in float32, IEEE
  * throughout (sign * q . k, unscaled). */
 static float matrix_score_f32(const matrix_ctx *c, int64_t b, int64_t h, int64_t i, int64_t j) {
@@ -203,7 +194,7 @@ static float matrix_score_f32(const matrix_ctx *c, int64_t b, int64_t h, int64_t
     float s = 0.0f;
     for (int64_t e = 0; e < p->head_dim; e++)
         s += fmha_load(c->q, p->dtype, b * qs[0] + i * qs[1] + h * qs[2] + e * qs[3]) *
-             fmha_load(c->k, (fmha_dtype)c->plan->k_format, matrix_key_at(p, ks, b, hk, j) + e * ks[3]);
+             fmha_load(c->k, (fmha_dtype)c->plan->k_format, fmha_kv_row_at(p, ks, b, hk, j) + e * ks[3]);
     return c->plan->scale < 0.0f ? -s : s;
 }
 
@@ -237,7 +228,7 @@ static void matrix_row_guarded(const matrix_ctx *c, int64_t b, int64_t h, int64_
         const float pr = expf((sj - m_use) * scale);
         l += pr; /* a P that underflows to 0 still multiplies V (0 x NaN is NaN) */
         for (int64_t e = 0; e < Dv; e++)
-            acc[e] += pr * fmha_load(c->v, (fmha_dtype)plan->v_format, matrix_key_at(p, vs, b, hk, j) + e * vs[3]);
+            acc[e] += pr * fmha_load(c->v, (fmha_dtype)plan->v_format, fmha_kv_row_at(p, vs, b, hk, j) + e * vs[3]);
     }
     if (exact) fmha_row_finish(plan, h, m_raw == -INFINITY ? -INFINITY : m_raw * scale, l, &o_scale, lse);
     fmha_store_row_uk(plan->uk, c->o, plan->o_dtype, b * os[0] + i * os[1] + h * os[2], os[3], Dv, acc, o_scale);
@@ -546,12 +537,11 @@ static void mdec_task(void *vctx, size_t task, int thread) {
         /* paged: a call per page (its rows contiguous), the first into the
          * chunk's partials, each later one merged into them */
         const int64_t ps = p->page_size;
-        for (int64_t a0 = kb; a0 < ke; a0 = (a0 / ps + 1) * ps) {
-            const int64_t a1 = (a0 / ps + 1) * ps < ke ? (a0 / ps + 1) * ps : ke;
-            const int64_t page = p->block_table[b * p->block_table_stride + a0 / ps];
+        for (int64_t a0 = kb, a1; a0 < ke; a0 = a1) {
+            a1 = (a0 / ps + 1) * ps < ke ? (a0 / ps + 1) * ps : ke; /* the page's end, or ke */
             fmha_matrix_dec_args pa = a;
-            pa.k = c->m.k + (page * ks[0] + a0 % ps * ks[1] + hk * ks[2]) * kv_es;
-            pa.v = c->m.v + (page * vs[0] + a0 % ps * vs[1] + hk * vs[2]) * kv_es;
+            pa.k = c->m.k + fmha_kv_row_at(p, ks, b, hk, a0) * kv_es;
+            pa.v = c->m.v + fmha_kv_row_at(p, vs, b, hk, a0) * kv_es;
             pa.kb = a0, pa.ke = a1;
             if (a0 > kb) pa.o = s.page_o, pa.m = s.page_m, pa.l = s.page_l;
             mx->decode(&pa);

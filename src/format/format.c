@@ -141,13 +141,6 @@ int fmha_format_rows_nonfinite(const fmha_cache_format *f, const void *x, int64_
     return hit != 0;
 }
 
-/* Element offset of the scale of key j, kv head hk, batch element b. */
-static int64_t scale_at(const fmha_problem *p, const int64_t *ss, int64_t b, int64_t hk, int64_t j) {
-    if (!p->block_table) return b * ss[0] + j * ss[1] + hk * ss[2];
-    int64_t page = p->block_table[b * p->block_table_stride + j / p->page_size];
-    return page * ss[0] + (j % p->page_size) * ss[1] + hk * ss[2];
-}
-
 void fmha_kv_scales_of(const fmha_problem *p, int which, int64_t b, int64_t hk, int64_t k0, int64_t n, float *scales) {
     const fmha_cache_format *f = fmha_cache_format_at(fmha_problem_format(p, which));
     const float *sc = which ? p->v_scales : p->k_scales;
@@ -158,7 +151,7 @@ void fmha_kv_scales_of(const fmha_problem *p, int which, int64_t b, int64_t hk, 
             for (int64_t i = 0; i < n; i++) scales[i] = first[i * ss[1]];
             return;
         }
-        for (int64_t i = 0; i < n; i++) scales[i] = sc[scale_at(p, ss, b, hk, k0 + i)];
+        for (int64_t i = 0; i < n; i++) scales[i] = sc[fmha_kv_row_at(p, ss, b, hk, k0 + i)];
         return;
     }
     const float one = f->scales == FMHA_SCALES_PER_HEAD && sc ? sc[hk * ss[2]] : 1.0f;
@@ -202,7 +195,7 @@ fmha_status fmha_kv_scales_check(const fmha_problem *p) {
             }
             for (int64_t j = 0; j < keys; j++) {
                 int bad = 0;
-                const int64_t first = scale_at(p, ss, b, 0, j);
+                const int64_t first = fmha_kv_row_at(p, ss, b, 0, j);
                 for (int64_t h = 0; h < p->heads_kv; h++) bad |= scale_bad(sc[first + h * ss[2]]);
                 if (!bad) continue;
                 for (int64_t h = 0; h < p->heads_kv; h++)

@@ -111,6 +111,16 @@ fmha_cache_format_id fmha_cache_format_of_dtype(fmha_dtype t);
  * kv_dtype's when 0. The caller checked the values. */
 fmha_cache_format_id fmha_problem_format(const fmha_problem *p, int which);
 
+/* Element offset of key j's row (kv head hk, batch element b) in K, V or
+ * their scales, of strides st: [B, Skv, Hkv] order, or in a page pool
+ * ([page, row in page, head]) row j % page_size of the page the block
+ * table names for it. */
+static inline int64_t fmha_kv_row_at(const fmha_problem *p, const int64_t *st, int64_t b, int64_t hk, int64_t j) {
+    if (!p->block_table) return b * st[0] + j * st[1] + hk * st[2];
+    const int64_t page = p->block_table[b * p->block_table_stride + j / p->page_size];
+    return page * st[0] + (j % p->page_size) * st[1] + hk * st[2];
+}
+
 /* scales[i] (i < n) = the scales kept beside K's (which 0) or V's (1) rows
  * of keys [k0, k0 + n), kv head hk, batch element b (through the block
  * table when paged): per key, or the head's one repeated, or 1 when the
