@@ -196,15 +196,7 @@ static void dec_tensor_free(dec_tensor *x) {
     free(x->value);
 }
 
-static int planned_driver_is(const fmha_problem *p, const fmha_fwd_driver *driver) {
-    fmha_plan *plan = NULL;
-    if (fmha_plan_create(p, &plan) != FMHA_OK) return -1;
-    int d = plan->driver == driver;
-    fmha_plan_destroy(plan);
-    return d;
-}
-
-static int planned_decode(const fmha_problem *p) { return planned_driver_is(p, &fmha_fwd_driver_decode); }
+static int planned_decode(const fmha_problem *p) { return tu_planned_driver(p, &fmha_fwd_driver_decode); }
 
 /* The documented rule for decoding on the tiles (fmha.h, fmha_plan_describe's
  * drivers): bf16 at FAST, auto, a table with a matrix decode, Sq <= 16,
@@ -260,7 +252,7 @@ static void run_case(const dec_case *dc) {
         const fmha_ukernels *uk = fmha_cpu_kernels();
         int want = uk->cache[FMHA_FORMAT_F32].scores != NULL && dc->sq <= 16 && dc->skv >= 8 * dc->sq;
         if (matrix_decode_expected(&p))
-            tu_check(planned_driver_is(&p, &fmha_fwd_driver_matrix_decode) == 1, "%s %s: matrix_decode planned",
+            tu_check(tu_planned_driver(&p, &fmha_fwd_driver_matrix_decode) == 1, "%s %s: matrix_decode planned",
                      fmha_isa_at(ii)->name, what);
         else
             tu_check(planned_decode(&p) == want, "%s %s: decode planned %d, wanted %d", fmha_isa_at(ii)->name,
@@ -391,8 +383,8 @@ static void mla_case(int64_t B, int64_t hq, int64_t sq, int64_t skv, fmha_dtype 
                                : (int64_t)fmha_cpu_kernels()->tile.nr;
         const int fold = sq == 1 && hq >= 64 && B * ((hq + nr - 1) / nr) >= 2;
         const int on_tiles = matrix_decode_expected(&p);
-        tu_check(on_tiles ? planned_driver_is(&p, &fmha_fwd_driver_matrix_decode)
-                 : fold   ? planned_driver_is(&p, &fmha_fwd_driver_fold)
+        tu_check(on_tiles ? tu_planned_driver(&p, &fmha_fwd_driver_matrix_decode)
+                 : fold   ? tu_planned_driver(&p, &fmha_fwd_driver_fold)
                           : planned_decode(&p) == (fmha_cpu_kernels()->decode.softmax != NULL),
                  "%s %s: %s planned", fmha_isa_at(ii)->name, what,
                  on_tiles ? "matrix_decode" : fold ? "fold" : "decode");
@@ -848,11 +840,11 @@ static void test_f32_query_bf16_cache(void) {
         const char *isa = fmha_isa_at(ii)->name;
         if (!tu_isa_runs(fmha_isa_at(ii)) || fmha_cpu_force_isa(isa) != 0) continue;
         const int tiles = fmha_cpu_kernels()->matrix.decode != NULL;
-        tu_check(planned_driver_is(&p, &fmha_fwd_driver_matrix_decode) == tiles, "%s: f32 query, bf16 cache, BF16: "
-                 "matrix_decode planned %d, wanted %d", isa, planned_driver_is(&p, &fmha_fwd_driver_matrix_decode), tiles);
+        tu_check(tu_planned_driver(&p, &fmha_fwd_driver_matrix_decode) == tiles, "%s: f32 query, bf16 cache, BF16: "
+                 "matrix_decode planned %d, wanted %d", isa, tu_planned_driver(&p, &fmha_fwd_driver_matrix_decode), tiles);
         fmha_problem fast = p;
         fast.precision = FMHA_PRECISION_FAST;
-        tu_check(planned_driver_is(&fast, &fmha_fwd_driver_matrix_decode) == 0,
+        tu_check(tu_planned_driver(&fast, &fmha_fwd_driver_matrix_decode) == 0,
                  "%s: f32 query, bf16 cache, FAST: planned on the tiles", isa);
         for (int threads = 1; threads <= (tu_emulated() ? 2 : 3); threads++) {
             fmha_set_num_threads(threads);

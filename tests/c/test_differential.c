@@ -342,10 +342,8 @@ static void paged_case(const diff_case *c, const float *o_contig, const float *l
     float *o = tu_new_output(p, 'o', 0.0f), *lse = malloc(c->nl * sizeof(float));
     fmha_status st = tu_forward(&pp, c->q_t, kpool, vpool, o, lse, NULL, 0);
     if (st == FMHA_OK && tiles) { /* page by page on the tiles: merged in another order, held to the reference */
-        fmha_plan *plan = NULL;
-        const int on_tiles = fmha_plan_create(&pp, &plan) == FMHA_OK && plan->driver == &fmha_fwd_driver_matrix_decode;
-        fmha_plan_destroy(plan);
-        tu_check(on_tiles, "paged (pages of %lld): not planned on matrix_decode", (long long)ps);
+        tu_check(tu_planned_driver(&pp, &fmha_fwd_driver_matrix_decode) == 1,
+                 "paged (pages of %lld): not planned on matrix_decode", (long long)ps);
         agrees(c, &pp, o, lse, "paged on the tiles");
     } else if (st == FMHA_OK) {
         int64_t n[4];

@@ -42,15 +42,6 @@ static typed typed_new(fmha_dtype t, size_t n) {
 
 static void typed_free(typed *x) { free(x->data), free(x->value); }
 
-/* 1 if p's forward runs on the decode driver. */
-static int planned_decode(const fmha_problem *p) {
-    fmha_plan *plan = NULL;
-    if (fmha_plan_create(p, &plan) != FMHA_OK) return 0;
-    int d = plan->driver == &fmha_fwd_driver_decode;
-    fmha_plan_destroy(plan);
-    return d;
-}
-
 typedef struct paged_case {
     int64_t B, hq, hkv, sq, skv, D, page;
     fmha_dtype dtype;
@@ -65,14 +56,6 @@ static int tiles_expected(const paged_case *pc) {
     const fmha_ukernels *uk = fmha_cpu_kernels();
     return uk->matrix.decode && pc->dtype == FMHA_DTYPE_BF16 && pc->page >= 128 && pc->hq / pc->hkv * pc->sq >= 8 &&
            pc->D % 32 == 0 && !pc->biases && pc->sq <= 16 && pc->skv >= 8 * pc->sq;
-}
-
-static int planned_driver(const fmha_problem *p, const fmha_fwd_driver *driver) {
-    fmha_plan *plan = NULL;
-    if (fmha_plan_create(p, &plan) != FMHA_OK) return -1;
-    int d = plan->driver == driver;
-    fmha_plan_destroy(plan);
-    return d;
 }
 
 /* The pool of a contiguous cache c [B, Skv, Hkv, len]: pool [pages, page, Hkv, len]
@@ -142,7 +125,7 @@ static void run_case(const paged_case *pc) {
              (long long)ps,
              pc->causal ? " causal" : "", pc->window ? " window" : "", pc->sinks ? " sinks" : "",
              pc->biases ? " softcap + alibi" : "");
-    tu_check(planned_driver(&pp, tiles_expected(pc) ? &fmha_fwd_driver_matrix_decode : &fmha_fwd_driver_decode) == 1,
+    tu_check(tu_planned_driver(&pp, tiles_expected(pc) ? &fmha_fwd_driver_matrix_decode : &fmha_fwd_driver_decode) == 1,
              "%s: planned on %s", what, tiles_expected(pc) ? "matrix_decode" : "decode");
     static const fmha_strategy strategies[] = {FMHA_STRATEGY_AUTO, FMHA_STRATEGY_TILED};
     for (int si = 0; si < 2; si++) {
@@ -160,7 +143,7 @@ static void run_case(const paged_case *pc) {
     }
     /* the contiguous cache through the same driver: the same bits */
     p.strategy = pp.strategy = FMHA_STRATEGY_AUTO;
-    if (planned_decode(&p)) {
+    if (tu_planned_driver(&p, &fmha_fwd_driver_decode) == 1) {
         fmha_status sc = fmha_forward(&p, q.data, k.data, v.data, o_c, lse_c, NULL, 0);
         fmha_status sp = fmha_forward(&pp, q.data, kp, vp, o_p, lse_p, NULL, 0);
         tu_check(sc == FMHA_OK && sp == FMHA_OK && !memcmp(o_c, o_p, no * es) &&

@@ -2,6 +2,7 @@
  * the C tests (see test_util.h). */
 #include "test_util.h"
 #include "config/cpu.h"
+#include "core/attn.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -569,6 +570,14 @@ int32_t *tu_page_table(int64_t B, int64_t skv, int64_t page, const int32_t *kv_l
     *stride = w;
     *pages = n;
     return table;
+}
+
+int tu_planned_driver(const fmha_problem *p, const struct fmha_fwd_driver *driver) {
+    fmha_plan *plan = NULL;
+    if (fmha_plan_create(p, &plan) != FMHA_OK) return -1;
+    const int on = plan->driver == driver;
+    fmha_plan_destroy(plan);
+    return on;
 }
 
 int tu_quantized_query(const fmha_problem *p) {

@@ -125,6 +125,10 @@ int tu_isa_run(size_t r, int shapes, char *label, size_t label_size);
 struct fmha_trial;
 int tu_isa_shape(const struct fmha_isa *isa, size_t shape, struct fmha_trial *trial);
 const char *tu_causal_name(int causal);
+/* 1 when p's forward plans on `driver`, 0 when on another, -1 when p
+ * does not plan. */
+struct fmha_fwd_driver;
+int tu_planned_driver(const fmha_problem *p, const struct fmha_fwd_driver *driver);
 /* 1 when a plan of p takes its scores on a quantized query: integer
  * (q8_0) or bf16 (fmha_plan_describe's scores=). */
 int tu_quantized_query(const fmha_problem *p);
