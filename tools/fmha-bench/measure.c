@@ -2,6 +2,7 @@
  * calibrated timing (median and quartiles), GFLOP/s and the relative error
  * against the float64 reference. */
 #include "bench.h"
+#include "kv_lengths.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -18,7 +19,7 @@
 #endif
 
 #define MB (1024.0 * 1024.0)
-#define INPUT_SEED 0x5eed5eedULL
+#define INPUT_SEED BENCH_INPUT_SEED
 #define MAX_INNER (1LL << 24)
 
 /* The test-only impl's scale is this factor off the right one. */
@@ -257,14 +258,6 @@ static void round_to_dtype(fmha_dtype dtype, float *x, uint16_t *out, size_t n)
 
 /* ---- inputs and reference -------------------------------------------------- */
 
-static uint64_t splitmix64(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 /* Uniform in [-1, 1), exactly representable in float. */
 static void fill_uniform(float *x, size_t n, uint64_t *state)
 {
@@ -403,12 +396,9 @@ int bench_inputs_init(bench_inputs *in, const bench_case *c, int with_d_o)
     }
     if (bench_is_decode(c)) {
         /* --kv-lengths: lengths from their own seed, the values unchanged */
-        uint64_t len_state = INPUT_SEED ^ 0x1e9617ULL;
-        const int64_t lo = (int64_t)ceil(c->kv_min_fraction * (double)c->seq);
+        uint64_t len_state = BENCH_LENGTHS_SEED;
         for (int64_t b = 0; b < c->batch; b++)
-            in->kv_lengths[b] = (int32_t)(c->kv_min_fraction <= 0 || b == 0
-                                              ? c->seq
-                                              : lo + (int64_t)(splitmix64(&len_state) % (uint64_t)(c->seq - lo + 1)));
+            in->kv_lengths[b] = (int32_t)bench_kv_length(&len_state, b, c->seq, c->kv_min_fraction);
     }
     if (is_masked_bias(c)) {
         for (int64_t b = 0; b < c->batch; b++)

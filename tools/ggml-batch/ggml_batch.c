@@ -23,6 +23,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../fmha-bench/kv_lengths.h" /* fmha-bench's generator and lengths */
 #include "ggml-cpu.h"
 #include "ggml.h"
 
@@ -30,14 +31,6 @@ static double now_ms(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
-}
-
-/* fmha-bench's generator and its lengths' seed (tools/fmha-bench/measure.c) */
-static uint64_t splitmix64(uint64_t *state) {
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
 }
 
 static float uniform(uint64_t *state) { /* [-1, 1) */
@@ -131,11 +124,10 @@ int main(int argc, char **argv) {
     }
     /* the lengths, as fmha-bench draws them: sequence 0 caches Skv keys */
     int64_t *len = malloc((size_t)B * sizeof *len);
-    uint64_t len_state = 0x5eed5eedULL ^ 0x1e9617ULL;
-    const int64_t lo = (int64_t)ceil(F * (double)Skv);
+    uint64_t len_state = BENCH_LENGTHS_SEED;
     double mean = 0;
     for (int64_t b = 0; b < B; b++) {
-        len[b] = b == 0 ? Skv : lo + (int64_t)(splitmix64(&len_state) % (uint64_t)(Skv - lo + 1));
+        len[b] = bench_kv_length(&len_state, b, Skv, F);
         if (len[b] < Sq) len[b] = Sq;
         mean += (double)len[b] / (double)B;
     }
@@ -149,7 +141,7 @@ int main(int argc, char **argv) {
     struct ggml_tensor *k = ggml_new_tensor_4d(ctx, kv_type, D, Skv, Hkv, B);
     struct ggml_tensor *v = ggml_new_tensor_4d(ctx, kv_type, D, Skv, Hkv, B);
     struct ggml_tensor *mask = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, Skv, Sq, 1, B);
-    uint64_t state = 0x5eed5eedULL;
+    uint64_t state = BENCH_INPUT_SEED;
     float *x = malloc(nkv * sizeof *x);
     for (size_t i = 0; i < nq; i++) ((float *)q->data)[i] = uniform(&state);
     for (size_t i = 0; i < nkv; i++) x[i] = uniform(&state);
