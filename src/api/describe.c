@@ -38,9 +38,11 @@ size_t fmha_plan_describe(const fmha_plan *plan, char *buf, size_t buf_size) {
     else if (plan->driver == &fmha_fwd_driver_matrix_decode) {
         int64_t splits, chunk;
         fmha_matrix_decode_split(plan, &splits, &chunk);
-        snprintf(shape, sizeof shape, "decode_units=%lld rows_per_unit=%lld keys_per_split=%lld splits=%lld",
-                 (long long)(p->batch * p->heads_kv), (long long)(plan->group * p->seq_q), (long long)chunk,
-                 (long long)splits);
+        const int64_t heads = fmha_matrix_decode_heads(plan);
+        snprintf(shape, sizeof shape,
+                 "decode_units=%lld rows_per_unit=%lld heads_per_unit=%lld keys_per_split=%lld splits=%lld",
+                 (long long)(p->batch * p->heads_kv / heads), (long long)(plan->group * p->seq_q),
+                 (long long)heads, (long long)chunk, (long long)splits);
     } else if (plan->driver == &fmha_fwd_driver_matrix)
         snprintf(shape, sizeof shape, "block_q=%d block_kv=%zu mr=16", FMHA_MATRIX_BLOCK_Q, fmha_matrix_block_kv(plan));
     else

@@ -285,6 +285,9 @@ int fmha_matrix_takes(const fmha_plan *plan);
 int fmha_matrix_decode_plan(const fmha_plan *plan);
 /* Its split of a unit's keys: *splits chunks of *chunk keys. */
 void fmha_matrix_decode_split(const fmha_plan *plan, int64_t *splits, int64_t *chunk);
+/* Kv heads a unit (a task's share of the cache) holds: all of a batch
+ * element's when they lie side by side, else 1. */
+int64_t fmha_matrix_decode_heads(const fmha_plan *plan);
 fmha_ws_size fmha_matrix_decode_workspace(const fmha_plan *plan);
 void fmha_matrix_decode_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse,
                             char *ws);

@@ -333,7 +333,13 @@ void fmha_matrix_run(fmha_plan *run, const void *q, const void *k, const void *v
  *   tasks (b, kv head, chunk of keys): the unit's rows (its group's heads'
  *     queries, as matrix_row), in groups of FMHA_MATRIX_DEC_BLOCKS blocks
  *     of 32, each group one call over the chunk's visible keys; partial
- *     O [dvp], m and l of every row and chunk to the shared workspace
+ *     O [dvp], m and l of every row and chunk to the shared workspace.
+ *     Where a key's kv heads lie side by side ([B, S, H, D]) a task takes
+ *     every kv head of its batch element instead (fmha_matrix_decode_heads) and runs
+ *     them MDEC_SUB keys at a time, head after head (the kernel resuming
+ *     each head's partials), so that the cache is read front to back: one
+ *     head over the whole chunk reads 256 bytes of every 2 KiB (bf16,
+ *     Hkv 8, D 128), a walk the hardware prefetchers follow badly
  *   tasks (b, kv head, block of 32 rows): each row's chunks merged,
  *     M = max_c m_c, w_c = 2^((m_c - M) |scale| log2 e), O = sum_c w_c O_c,
  *     l = sum_c w_c l_c,
@@ -344,7 +350,23 @@ enum { MDEC_TASKS = 64, MDEC_MIN_CHUNK = 256,
        MDEC_BK = 128,
        /* a paged cache's kernel calls go page by page: pages of fewer keys
         * stay on the decode driver */
-       MDEC_MIN_PAGE = 128 };
+       MDEC_MIN_PAGE = 128,
+       /* keys of a head's turn when a task runs several kv heads */
+       MDEC_SUB = 256,
+       /* the most kv heads a task runs */
+       MDEC_MAX_HEADS = 16 };
+
+/* Kv heads a task runs (the comment above): every kv head of a batch
+ * element when K's and V's heads are adjacent in memory, the cache is not
+ * paged and a unit's rows take one kernel call; else 1. */
+int64_t fmha_matrix_decode_heads(const fmha_plan *plan) {
+    const fmha_problem *p = &plan->p;
+    const int64_t rows = plan->group * p->seq_q;
+    if (p->heads_kv == 1 || p->heads_kv > MDEC_MAX_HEADS || p->block_table ||
+        rows > (int64_t)FMHA_MATRIX_DEC_BLOCKS * MATRIX_BQ)
+        return 1;
+    return p->k_strides[2] == p->head_dim && p->v_strides[2] == p->head_dim_v ? p->heads_kv : 1;
+}
 
 /* Chunks of keys a unit's keys split into, and keys a chunk (a multiple of
  * MDEC_BK): about MDEC_TASKS tasks, a chunk at least MDEC_MIN_CHUNK keys and
@@ -353,7 +375,7 @@ enum { MDEC_TASKS = 64, MDEC_MIN_CHUNK = 256,
  * cache's chunks are whole pages, as many as that rule asks. */
 void fmha_matrix_decode_split(const fmha_plan *plan, int64_t *splits, int64_t *chunk) {
     const fmha_problem *p = &plan->p;
-    const int64_t units = p->batch * p->heads_kv, rows = plan->group * p->seq_q;
+    const int64_t units = p->batch * p->heads_kv / fmha_matrix_decode_heads(plan), rows = plan->group * p->seq_q;
     const int64_t partial_bytes = rows * (int64_t)fmha_matrix_dvp((size_t)p->head_dim_v) * 4;
     int64_t least = 8 * partial_bytes / ((p->head_dim + p->head_dim_v) * 2);
     if (least < MDEC_MIN_CHUNK) least = MDEC_MIN_CHUNK;
@@ -381,8 +403,9 @@ int fmha_matrix_decode_plan(const fmha_plan *plan) {
     return plan->group * p->seq_q >= plan->uk->tuning->matrix_decode_rows; /* default 8 */
 }
 
-/* Scratch of a task, for up to NB = FMHA_MATRIX_DEC_BLOCKS row blocks: qt
- * [NB][D / 32][2][16][16] words; lo, hi [NB][32]; s [NB][128][32]; p
+/* Scratch of a task, for up to NB = FMHA_MATRIX_DEC_BLOCKS row blocks of
+ * each of its H = fmha_matrix_decode_heads kv heads: qt [H][NB][D / 32][2][16][16]
+ * words; lo, hi [H][NB][32]; s [NB][128][32]; p
  * [NB][32][128] bf16; vb [4][dvp / 16][16][16] words; k_tail [32][D] bf16; o [dvp] (the
  * merge's row). */
 typedef struct mdec_scratch {
@@ -395,15 +418,15 @@ typedef struct mdec_scratch {
 
 static void mdec_carve(const fmha_plan *plan, fmha_carver *c, mdec_scratch *s) {
     const size_t d = (size_t)plan->p.head_dim, dvp = fmha_matrix_dvp((size_t)plan->p.head_dim_v);
-    const size_t nb = FMHA_MATRIX_DEC_BLOCKS;
-    s->qt = fmha_carve(c, nb * d / 32 * 512 * sizeof(uint32_t));
+    const size_t nb = FMHA_MATRIX_DEC_BLOCKS, heads = (size_t)fmha_matrix_decode_heads(plan);
+    s->qt = fmha_carve(c, heads * nb * d / 32 * 512 * sizeof(uint32_t));
     s->vb = fmha_carve(c, MDEC_BK / 32 * dvp / 16 * 256 * sizeof(uint32_t));
     s->o = fmha_carve(c, dvp * sizeof(float));
     s->s = fmha_carve(c, nb * MDEC_BK * MATRIX_BQ * sizeof(float));
     s->p = fmha_carve(c, nb * MATRIX_BQ * MDEC_BK * sizeof(uint16_t));
     s->k_tail = fmha_carve(c, MATRIX_BQ * d * sizeof(uint16_t));
-    s->lo = fmha_carve(c, nb * MATRIX_BQ * sizeof(int64_t));
-    s->hi = fmha_carve(c, nb * MATRIX_BQ * sizeof(int64_t));
+    s->lo = fmha_carve(c, heads * nb * MATRIX_BQ * sizeof(int64_t));
+    s->hi = fmha_carve(c, heads * nb * MATRIX_BQ * sizeof(int64_t));
     const size_t paged_rows = plan->p.block_table ? nb * MATRIX_BQ : 0;
     s->page_o = fmha_carve(c, paged_rows * dvp * sizeof(float));
     s->page_m = fmha_carve(c, paged_rows * sizeof(float));
@@ -472,13 +495,14 @@ static size_t mdec_at(const mdec_ctx *c, size_t unit, int64_t split, size_t row)
     return (unit * (size_t)c->splits + (size_t)split) * c->rows + row;
 }
 
-static void mdec_task(void *vctx, size_t task, int thread) {
-    const mdec_ctx *c = vctx;
+/* One call's arguments for rows [g0, g0 + group) of unit (b, hk) against
+ * chunk `split` ([c0, c1)): its rows' Q^T blocks packed into qt, their key
+ * ranges into lo and hi, the call's keys [kb, ke) (the union of the rows'
+ * ranges) and its partials' place. */
+static fmha_matrix_dec_args mdec_call(const mdec_ctx *c, const mdec_scratch *s, int64_t b, int64_t hk, int64_t g0,
+                                      int64_t split, uint32_t *qt, int64_t *lo_all, int64_t *hi_all) {
     const fmha_plan *plan = c->m.plan;
     const fmha_problem *p = &plan->p;
-    const size_t unit = task / (size_t)c->splits;
-    const int64_t split = (int64_t)(task % (size_t)c->splits);
-    const int64_t b = (int64_t)unit / p->heads_kv, hk = (int64_t)unit % p->heads_kv;
     const int64_t c0 = split * c->chunk, c1 = c0 + c->chunk < p->seq_kv ? c0 + c->chunk : p->seq_kv;
     /* Q's elements es bytes (bf16 or float32), K's and V's 2 (bf16) */
     const int64_t unit_rows = plan->group * p->seq_q, es = (int64_t)fmha_dtype_size(p->dtype), kv_es = 2;
@@ -486,49 +510,97 @@ static void mdec_task(void *vctx, size_t task, int thread) {
     const int64_t *qs = p->q_strides, *ks = p->k_strides, *vs = p->v_strides;
     const size_t dvp = fmha_matrix_dvp((size_t)p->head_dim_v);
     const int64_t q_len = p->masks.q_lengths ? p->masks.q_lengths[b] : p->seq_q;
+    const int64_t group_rows = (int64_t)FMHA_MATRIX_DEC_BLOCKS * MATRIX_BQ;
+    const int64_t n_rows = unit_rows - g0 < group_rows ? unit_rows - g0 : group_rows;
+    const size_t nb = (size_t)((n_rows + MATRIX_BQ - 1) / MATRIX_BQ);
+    /* each row's visible keys within the chunk; the call's keys: their union */
+    int64_t kb = c1, ke = c0;
+    for (size_t blk = 0; blk < nb; blk++) {
+        const int64_t r0 = g0 + (int64_t)blk * MATRIX_BQ;
+        const int64_t nq = unit_rows - r0 < MATRIX_BQ ? unit_rows - r0 : MATRIX_BQ;
+        const void *q_rows[MATRIX_BQ];
+        int64_t *lo = lo_all + blk * MATRIX_BQ, *hi = hi_all + blk * MATRIX_BQ;
+        for (int64_t r = 0; r < nq; r++) {
+            int64_t h, i;
+            matrix_row(plan, hk, r0 + r, &h, &i);
+            q_rows[r] = c->m.q + (b * qs[0] + i * qs[1] + h * qs[2]) * es;
+            fmha_tile_pos row = {b, h, i, 1, 0, 0};
+            fmha_mask_kv_range(plan, &row, &lo[r], &hi[r]);
+            if (i >= q_len) lo[r] = hi[r] = 0;
+            if (lo[r] < c0) lo[r] = c0;
+            if (hi[r] > c1) hi[r] = c1;
+            if (hi[r] > lo[r]) {
+                if (lo[r] < kb) kb = lo[r];
+                if (hi[r] > ke) ke = hi[r];
+            }
+        }
+        plan->uk->matrix.pack_qt((size_t)nq, (size_t)p->head_dim, q_rows, q_src, qs[3], plan->scale < 0.0f,
+                                 qt + blk * (size_t)p->head_dim / 32 * 512);
+    }
+    if (ke < kb) ke = kb;
+    const size_t at = mdec_at(c, (size_t)(b * p->heads_kv + hk), split, (size_t)g0);
+    return (fmha_matrix_dec_args){
+        .nb = nb, .nq = (size_t)(n_rows - (int64_t)(nb - 1) * MATRIX_BQ), .d = (size_t)p->head_dim,
+        .dv = (size_t)p->head_dim_v, .dvp = dvp, .qt = qt,
+        .k = c->m.k + (b * ks[0] + kb * ks[1] + hk * ks[2]) * kv_es,
+        .v = c->m.v + (b * vs[0] + kb * vs[1] + hk * vs[2]) * kv_es, .k_rs = (ptrdiff_t)(ks[1] * kv_es),
+        .v_rs = (ptrdiff_t)(vs[1] * kv_es), .kb = kb, .ke = ke, .lo = lo_all, .hi = hi_all,
+        .scale_log2 = fabsf(plan->scale) * (float)M_LOG2E,
+        .rescale_log2 = (float)plan->uk->tuning->matrix_rescale_log2, .o = c->part_o + at * dvp,
+        .m = c->part_m + at, .l = c->part_l + at, .s = s->s, .p = s->p, .vb = s->vb, .k_tail = s->k_tail};
+}
+
+/* Task (unit of kv heads, chunk): one kv head's row groups call by call,
+ * or every kv head of the unit MDEC_SUB keys a turn (fmha_matrix_decode_heads). */
+static void mdec_task(void *vctx, size_t task, int thread) {
+    const mdec_ctx *c = vctx;
+    const fmha_plan *plan = c->m.plan;
+    const fmha_problem *p = &plan->p;
+    const int64_t heads = fmha_matrix_decode_heads(plan);
+    const int64_t unit0 = (int64_t)(task / (size_t)c->splits) * heads;
+    const int64_t split = (int64_t)(task % (size_t)c->splits);
+    const int64_t b = unit0 / p->heads_kv, hk0 = unit0 % p->heads_kv;
+    const int64_t unit_rows = plan->group * p->seq_q, kv_es = 2;
+    const size_t qt_words = (size_t)FMHA_MATRIX_DEC_BLOCKS * (size_t)p->head_dim / 32 * 512;
+    const size_t dvp = fmha_matrix_dvp((size_t)p->head_dim_v);
     mdec_scratch s;
     fmha_carver carver = {c->m.ws + (size_t)thread * plan->thread_bytes, 0};
     mdec_carve(plan, &carver, &s);
     const fmha_uk_matrix *mx = &plan->uk->matrix;
+    if (heads > 1) { /* one group of rows a head (fmha_matrix_decode_heads); each head's partials resumed turn by turn */
+        const size_t range = (size_t)FMHA_MATRIX_DEC_BLOCKS * MATRIX_BQ;
+        fmha_matrix_dec_args call[MDEC_MAX_HEADS];
+        for (int64_t hh = 0; hh < heads; hh++)
+            call[hh] = mdec_call(c, &s, b, hk0 + hh, 0, split, s.qt + (size_t)hh * qt_words,
+                                 s.lo + (size_t)hh * range, s.hi + (size_t)hh * range);
+        for (int64_t j0 = 0, more = 1; more; j0 += MDEC_SUB) {
+            more = 0;
+            for (int64_t hh = 0; hh < heads; hh++) {
+                fmha_matrix_dec_args a = call[hh];
+                const int64_t a0 = a.kb + j0, a1 = a0 + MDEC_SUB < a.ke ? a0 + MDEC_SUB : a.ke;
+                if (j0 > 0 && a0 >= a.ke) continue;
+                a.k += j0 * a.k_rs, a.v += j0 * a.v_rs;
+                a.kb = a0, a.ke = a1 > a0 ? a1 : a0;
+                a.resume = j0 > 0, a.unfinished = a1 < call[hh].ke;
+                /* the next turn's keys: the next head's, or the first head's next ones */
+                const int64_t nh = hh + 1 < heads ? hh + 1 : 0, nj = hh + 1 < heads ? j0 : j0 + MDEC_SUB;
+                const int64_t n0 = call[nh].kb + nj;
+                if (n0 < call[nh].ke) {
+                    a.next_k = call[nh].k + nj * a.k_rs, a.next_v = call[nh].v + nj * a.v_rs;
+                    a.next_n = (size_t)(call[nh].ke - n0);
+                }
+                mx->decode(&a);
+                more |= a.unfinished;
+            }
+        }
+        return;
+    }
+    const int64_t hk = hk0;
+    const int64_t *ks = p->k_strides, *vs = p->v_strides;
     const int64_t group_rows = (int64_t)FMHA_MATRIX_DEC_BLOCKS * MATRIX_BQ;
     for (int64_t g0 = 0; g0 < unit_rows; g0 += group_rows) {
-        const int64_t n_rows = unit_rows - g0 < group_rows ? unit_rows - g0 : group_rows;
-        const size_t nb = (size_t)((n_rows + MATRIX_BQ - 1) / MATRIX_BQ);
-        /* each row's visible keys within the chunk; the call's keys: their union */
-        int64_t kb = c1, ke = c0;
-        for (size_t blk = 0; blk < nb; blk++) {
-            const int64_t r0 = g0 + (int64_t)blk * MATRIX_BQ;
-            const int64_t nq = unit_rows - r0 < MATRIX_BQ ? unit_rows - r0 : MATRIX_BQ;
-            const void *q_rows[MATRIX_BQ];
-            int64_t *lo = s.lo + blk * MATRIX_BQ, *hi = s.hi + blk * MATRIX_BQ;
-            for (int64_t r = 0; r < nq; r++) {
-                int64_t h, i;
-                matrix_row(plan, hk, r0 + r, &h, &i);
-                q_rows[r] = c->m.q + (b * qs[0] + i * qs[1] + h * qs[2]) * es;
-                fmha_tile_pos row = {b, h, i, 1, 0, 0};
-                fmha_mask_kv_range(plan, &row, &lo[r], &hi[r]);
-                if (i >= q_len) lo[r] = hi[r] = 0;
-                if (lo[r] < c0) lo[r] = c0;
-                if (hi[r] > c1) hi[r] = c1;
-                if (hi[r] > lo[r]) {
-                    if (lo[r] < kb) kb = lo[r];
-                    if (hi[r] > ke) ke = hi[r];
-                }
-            }
-            mx->pack_qt((size_t)nq, (size_t)p->head_dim, q_rows, q_src, qs[3], plan->scale < 0.0f,
-                        s.qt + blk * (size_t)p->head_dim / 32 * 512);
-        }
-        if (ke < kb) ke = kb;
-        const size_t at = mdec_at(c, unit, split, (size_t)g0);
-        fmha_matrix_dec_args a = {
-            .nb = nb, .nq = (size_t)(n_rows - (int64_t)(nb - 1) * MATRIX_BQ), .d = (size_t)p->head_dim,
-            .dv = (size_t)p->head_dim_v, .dvp = dvp, .qt = s.qt,
-            .k = c->m.k + (b * ks[0] + kb * ks[1] + hk * ks[2]) * kv_es,
-            .v = c->m.v + (b * vs[0] + kb * vs[1] + hk * vs[2]) * kv_es, .k_rs = (ptrdiff_t)(ks[1] * kv_es),
-            .v_rs = (ptrdiff_t)(vs[1] * kv_es), .kb = kb, .ke = ke, .lo = s.lo, .hi = s.hi,
-            .scale_log2 = fabsf(plan->scale) * (float)M_LOG2E,
-            .rescale_log2 = (float)plan->uk->tuning->matrix_rescale_log2, .o = c->part_o + at * dvp,
-            .m = c->part_m + at, .l = c->part_l + at, .s = s.s, .p = s.p, .vb = s.vb, .k_tail = s.k_tail};
+        fmha_matrix_dec_args a = mdec_call(c, &s, b, hk, g0, split, s.qt, s.lo, s.hi);
+        const int64_t kb = a.kb, ke = a.ke;
         if (!p->block_table || ke <= kb) {
             if (p->block_table) a.k = c->m.k, a.v = c->m.v; /* nothing read: no table entry either */
             mx->decode(&a);
@@ -546,7 +618,7 @@ static void mdec_task(void *vctx, size_t task, int thread) {
             if (a0 > kb) pa.o = s.page_o, pa.m = s.page_m, pa.l = s.page_l;
             mx->decode(&pa);
             if (a0 > kb)
-                mdec_merge_page(a.o, a.m, a.l, s.page_o, s.page_m, s.page_l, nb * MATRIX_BQ, dvp, pa.scale_log2);
+                mdec_merge_page(a.o, a.m, a.l, s.page_o, s.page_m, s.page_l, a.nb * MATRIX_BQ, dvp, pa.scale_log2);
         }
     }
 }
@@ -613,6 +685,6 @@ void fmha_matrix_decode_run(fmha_plan *run, const void *q, const void *k, const 
     fmha_carver sh = {ws + (size_t)run->threads * run->thread_bytes, 0};
     mdec_carve_shared(run, &sh, &c.part_o, &c.part_m, &c.part_l);
     const size_t units = (size_t)(p->batch * p->heads_kv);
-    fmha_run_parallel(run, units * (size_t)c.splits, mdec_task, &c);
+    fmha_run_parallel(run, units / (size_t)fmha_matrix_decode_heads(run) * (size_t)c.splits, mdec_task, &c);
     fmha_run_parallel(run, units * (c.rows / MATRIX_BQ), mdec_merge_task, &c);
 }

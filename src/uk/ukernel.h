@@ -510,7 +510,12 @@ typedef struct fmha_matrix_bwd_args {
  *              (pack_qt, from bf16 or rounded to it; zero past nq; negated
  *              for a negative scale)
  * Outputs as the forward's, per row block: o [32][dvp] unnormalised, m
- * (raw score units, -inf for a row that saw no key), l. */
+ * (raw score units, -inf for a row that saw no key), l. A range of keys
+ * may take several calls, each starting where the last ended on the
+ * 128-key grid from the first call's kb: `resume` continues from the o, m
+ * and l the last left (o in the kernel's own column order) and
+ * `unfinished` leaves o in that order for the next; the calls then give
+ * the one call's bits. */
 enum { FMHA_MATRIX_DEC_BLOCKS = 4 };
 typedef struct fmha_matrix_dec_args {
     size_t nb;                    /* row blocks, 1..FMHA_MATRIX_DEC_BLOCKS */
@@ -526,6 +531,11 @@ typedef struct fmha_matrix_dec_args {
     uint16_t *p;                  /* scratch [nb][32][128] bf16 */
     uint32_t *vb;                 /* scratch [4][dvp / 16][16][16] words */
     uint16_t *k_tail;             /* scratch [32][D] bf16: the last keys short of 32, zero-padded */
+    int resume, unfinished;       /* 0, 0: one call over the range */
+    /* optional: the next call's first keys (rows k_rs and v_rs bytes
+     * apart), sent towards L2 during this call's last block */
+    const char *next_k, *next_v;
+    size_t next_n;
 } fmha_matrix_dec_args;
 
 typedef struct fmha_uk_matrix {

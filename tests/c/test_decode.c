@@ -336,6 +336,63 @@ static void test_shapes(void) {
      * blocks), a window crossing the key chunks, Dv short of a tile */
     dec_case rows = {2, 16, 1, 12, 1500, 96, 40, FMHA_CAUSAL_BOTTOM_RIGHT, 1, 1, 1, 0, FMHA_DTYPE_BF16};
     run_case(&rows);
+    /* bf16 on the tiles, kv heads side by side: a task runs its batch
+     * element's 4 kv heads 256 keys a turn over chunks of 512 (64 rows a
+     * kv head), ragged keys and a window */
+    dec_case turns = {2, 16, 4, 16, tu_emulated() ? 1500 : 3000, 64, 64, FMHA_CAUSAL_BOTTOM_RIGHT, 1, 0, 1, 0,
+                      FMHA_DTYPE_BF16};
+    run_case(&turns);
+}
+
+/* The matrix decode kernel's calls resumed on the 128-key grid (contract
+ * in ukernel.h) give the one call's bits: 1000 keys in turns of 256, each
+ * told the next turn's keys, against one call; 40 rows in two blocks, each
+ * row its own key range. */
+static void test_matrix_decode_resume(const fmha_ukernels *uk) {
+    if (!uk->matrix.decode) return;
+    enum { D = 64, DV = 64, NK = 1000, NB = 2, ROWS = 40, TURN = 256 };
+    const size_t dvp = fmha_matrix_dvp(DV), qt_words = D / 32 * 512;
+    /* k, v [NK][D] bf16 rows; q [ROWS][D] bf16 */
+    uint16_t *k = malloc(NK * D * 2), *v = malloc(NK * DV * 2), *q = malloc(ROWS * D * 2);
+    for (size_t i = 0; i < NK * D; i++) k[i] = fmha_f32_to_bf16((float)tu_uniform(-1, 1));
+    for (size_t i = 0; i < NK * DV; i++) v[i] = fmha_f32_to_bf16((float)tu_uniform(-1, 1));
+    for (size_t i = 0; i < ROWS * D; i++) q[i] = fmha_f32_to_bf16((float)tu_uniform(-2, 2));
+    /* qt [NB][D / 32 * 512] words; lo, hi [NB][32]; the outputs twice */
+    uint32_t *qt = calloc(NB * qt_words, 4), *vb = calloc(NB * 2 * dvp / 16 * 256, 4);
+    int64_t lo[NB * 32] = {0}, hi[NB * 32] = {0};
+    float *s = calloc(NB * 128 * 32, 4), *o[2], m[2][NB * 32], l[2][NB * 32];
+    uint16_t *pbuf = calloc(NB * 32 * 128, 2), *k_tail = calloc(32 * D, 2);
+    for (int t = 0; t < 2; t++) o[t] = calloc(NB * 32 * dvp, 4);
+    for (size_t blk = 0; blk < NB; blk++) {
+        const void *rows[32];
+        const size_t nq = blk + 1 < NB ? 32 : ROWS - 32 * (NB - 1);
+        for (size_t r = 0; r < nq; r++) {
+            rows[r] = q + (32 * blk + r) * D;
+            lo[32 * blk + r] = (int64_t)((32 * blk + r) * 37 % 300);
+            hi[32 * blk + r] = NK - (int64_t)((32 * blk + r) * 11 % 200);
+        }
+        uk->matrix.pack_qt(nq, D, rows, FMHA_MATRIX_SRC_BF16, 1, 0, qt + blk * qt_words);
+    }
+    fmha_matrix_dec_args one = {.nb = NB, .nq = ROWS - 32 * (NB - 1), .d = D, .dv = DV, .dvp = dvp, .qt = qt,
+                                .k = (const char *)k, .v = (const char *)v, .k_rs = D * 2, .v_rs = DV * 2,
+                                .kb = 0, .ke = NK, .lo = lo, .hi = hi, .scale_log2 = 0.125f * 1.4426950f,
+                                .rescale_log2 = 8, .o = o[0], .m = m[0], .l = l[0], .s = s, .p = pbuf, .vb = vb,
+                                .k_tail = k_tail};
+    uk->matrix.decode(&one);
+    for (int64_t j0 = 0; j0 < NK; j0 += TURN) {
+        fmha_matrix_dec_args a = one;
+        a.o = o[1], a.m = m[1], a.l = l[1];
+        a.k += j0 * a.k_rs, a.v += j0 * a.v_rs, a.kb = j0, a.ke = j0 + TURN < NK ? j0 + TURN : NK;
+        a.resume = j0 > 0, a.unfinished = a.ke < NK;
+        if (a.unfinished) a.next_k = a.k + TURN * a.k_rs, a.next_v = a.v + TURN * a.v_rs, a.next_n = TURN;
+        uk->matrix.decode(&a);
+    }
+    int same = memcmp(m[0], m[1], sizeof m[0]) == 0 && memcmp(l[0], l[1], sizeof l[0]) == 0;
+    for (size_t r = 0; r < ROWS; r++) same &= memcmp(o[0] + r * dvp, o[1] + r * dvp, DV * 4) == 0;
+    tu_check(same, "%s: matrix decode in turns of %d keys gives the one call's bits", uk->isa, TURN);
+    tu_check(isfinite(l[0][0]) && l[0][0] > 0, "%s: matrix decode resume: row 0 summed (l %g)", uk->isa,
+             (double)l[0][0]);
+    free(k), free(v), free(q), free(qt), free(vb), free(s), free(pbuf), free(k_tail), free(o[0]), free(o[1]);
 }
 
 /* ---- MLA: V inside K ---- */
@@ -894,6 +951,7 @@ int main(void) {
         const fmha_ukernels *uk = fmha_cpu_kernels_for(fmha_isa_at(ii)->name);
         if (uk) test_kernels(uk);
         if (uk) test_h16_kernels(uk);
+        if (uk) test_matrix_decode_resume(uk);
     }
     test_fallbacks();
     fmha_cpu_force_isa(isa_default);

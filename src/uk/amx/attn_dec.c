@@ -264,6 +264,7 @@ void FMHA_AMX_FN(fmha_matrix_decode)(fmha_matrix_dec_args *a) {
     for (size_t i = 0; i < nb; i++) {
         rows[i] = (dec_rows){i + 1 < nb ? 32 : a->nq, a->qt + i * qt_words, a->lo + 32 * i, a->hi + 32 * i,
                              a->o + i * 32 * a->dvp, a->m + 32 * i, a->s + i * DEC_BK * 32, a->p + i * 32 * DEC_BK};
+        if (a->resume) continue;
         memset(rows[i].o, 0, 32 * a->dvp * sizeof(float));
         for (size_t r = 0; r < 32; r++) {
             rows[i].m[r] = -INFINITY;
@@ -274,8 +275,10 @@ void FMHA_AMX_FN(fmha_matrix_decode)(fmha_matrix_dec_args *a) {
         const size_t nk = (size_t)(a->ke - k0 < DEC_BK ? a->ke - k0 : DEC_BK), n = (nk + 31) / 32 * 32;
         const char *k = a->k + (k0 - a->kb) * a->k_rs, *v = a->v + (k0 - a->kb) * a->v_rs;
         /* the next block's keys, sent towards L2 while this one computes */
-        const size_t next_n = (size_t)(a->ke - k0 - (int64_t)nk < DEC_BK ? a->ke - k0 - (int64_t)nk : DEC_BK);
+        size_t next_n = (size_t)(a->ke - k0 - (int64_t)nk < DEC_BK ? a->ke - k0 - (int64_t)nk : DEC_BK);
         const char *next_k = k + DEC_BK * a->k_rs, *next_v = v + DEC_BK * a->v_rs;
+        if (!next_n && a->next_n) /* the last block: the next call's first keys */
+            next_k = a->next_k, next_v = a->next_v, next_n = a->next_n < DEC_BK ? a->next_n : DEC_BK;
         dec_pack_v(nk, a->dv, (const uint16_t *)v, a->v_rs / 2, a->dvp, a->vb);
         /* S^T pass by pass, each pass's 32 keys (in L1) for every row block;
          * the keys short of 32 from a zero-padded copy */
@@ -304,5 +307,6 @@ void FMHA_AMX_FN(fmha_matrix_decode)(fmha_matrix_dec_args *a) {
             for (size_t i = 0; i < nb; i++) dec_values_cols(a, &rows[i], n, c);
         }
     }
-    for (size_t i = 0; i < nb; i++) dec_unpermute(rows[i].o, rows[i].nq, a->dvp);
+    if (!a->unfinished)
+        for (size_t i = 0; i < nb; i++) dec_unpermute(rows[i].o, rows[i].nq, a->dvp);
 }
