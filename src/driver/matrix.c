@@ -332,14 +332,16 @@ void fmha_matrix_run(fmha_plan *run, const void *q, const void *k, const void *v
  * work is split over keys so that few units still fill the threads:
  *   tasks (b, kv head, chunk of keys): the unit's rows (its group's heads'
  *     queries, as matrix_row), in groups of FMHA_MATRIX_DEC_BLOCKS blocks
- *     of 32, each group one call over the chunk's visible keys; partial
- *     O [dvp], m and l of every row and chunk to the shared workspace.
- *     Where a key's kv heads lie side by side ([B, S, H, D]) a task takes
- *     every kv head of its batch element instead (fmha_matrix_decode_heads) and runs
- *     them MDEC_SUB keys at a time, head after head (the kernel resuming
- *     each head's partials), so that the cache is read front to back: one
- *     head over the whole chunk reads 256 bytes of every 2 KiB (bf16,
- *     Hkv 8, D 128), a walk the hardware prefetchers follow badly
+ *     of 32, each group over the chunk's visible keys (one call, or one a
+ *     page of a paged cache, the kernel resuming the group's partials);
+ *     partial O [dvp], m and l of every row and chunk to the shared
+ *     workspace. Where a key's kv heads lie side by side ([B, S, H, D],
+ *     paged or not) a task takes every kv head of its batch element
+ *     instead (fmha_matrix_decode_heads) and runs them MDEC_SUB keys at a
+ *     time (never across a page), head after head, so that the cache is
+ *     read front to back: one head over the whole chunk reads 256 bytes of
+ *     every 2 KiB (bf16, Hkv 8, D 128), a walk the hardware prefetchers
+ *     follow badly
  *   tasks (b, kv head, block of 32 rows): each row's chunks merged,
  *     M = max_c m_c, w_c = 2^((m_c - M) |scale| log2 e), O = sum_c w_c O_c,
  *     l = sum_c w_c l_c,
@@ -357,13 +359,12 @@ enum { MDEC_TASKS = 64, MDEC_MIN_CHUNK = 256,
        MDEC_MAX_HEADS = 16 };
 
 /* Kv heads a task runs (the comment above): every kv head of a batch
- * element when K's and V's heads are adjacent in memory, the cache is not
- * paged and a unit's rows take one kernel call; else 1. */
+ * element (up to MDEC_MAX_HEADS) when K's and V's heads are adjacent in
+ * memory and a unit's rows take one kernel call; else 1. */
 int64_t fmha_matrix_decode_heads(const fmha_plan *plan) {
     const fmha_problem *p = &plan->p;
     const int64_t rows = plan->group * p->seq_q;
-    if (p->heads_kv == 1 || p->heads_kv > MDEC_MAX_HEADS || p->block_table ||
-        rows > (int64_t)FMHA_MATRIX_DEC_BLOCKS * MATRIX_BQ)
+    if (p->heads_kv == 1 || p->heads_kv > MDEC_MAX_HEADS || rows > (int64_t)FMHA_MATRIX_DEC_BLOCKS * MATRIX_BQ)
         return 1;
     return p->k_strides[2] == p->head_dim && p->v_strides[2] == p->head_dim_v ? p->heads_kv : 1;
 }
@@ -411,7 +412,6 @@ int fmha_matrix_decode_plan(const fmha_plan *plan) {
 typedef struct mdec_scratch {
     uint32_t *qt, *vb;
     float *o, *s;
-    float *page_o, *page_m, *page_l; /* paged: one page's partials [NB][32][dvp], [NB][32], [NB][32] */
     uint16_t *p, *k_tail;
     int64_t *lo, *hi;
 } mdec_scratch;
@@ -427,35 +427,6 @@ static void mdec_carve(const fmha_plan *plan, fmha_carver *c, mdec_scratch *s) {
     s->k_tail = fmha_carve(c, MATRIX_BQ * d * sizeof(uint16_t));
     s->lo = fmha_carve(c, heads * nb * MATRIX_BQ * sizeof(int64_t));
     s->hi = fmha_carve(c, heads * nb * MATRIX_BQ * sizeof(int64_t));
-    const size_t paged_rows = plan->p.block_table ? nb * MATRIX_BQ : 0;
-    s->page_o = fmha_carve(c, paged_rows * dvp * sizeof(float));
-    s->page_m = fmha_carve(c, paged_rows * sizeof(float));
-    s->page_l = fmha_carve(c, paged_rows * sizeof(float));
-}
-
-/* o = wa o + wp x over n floats (restrict: the compiler's vectorizer takes it at -O2). */
-static void mdec_scale_add(float *restrict o, float wa, const float *restrict x, float wp, size_t n) {
-    for (size_t e = 0; e < n; e++) o[e] = wa * o[e] + wp * x[e];
-}
-
-/* A page's partials (po, pm, pl) merged into a chunk's (o, m, l), row by
- * row, as mdec_merge_task merges chunks: a row that saw no key of the page
- * keeps its own, one that saw none before takes the page's. */
-static void mdec_merge_page(float *o, float *m, float *l, const float *po, const float *pm, const float *pl,
-                            size_t rows, size_t dvp, float c1) {
-    for (size_t r = 0; r < rows; r++) {
-        if (!fmha_partial_counts(pm[r])) continue;
-        if (!fmha_partial_counts(m[r])) {
-            memcpy(o + r * dvp, po + r * dvp, dvp * sizeof(float));
-            m[r] = pm[r], l[r] = pl[r];
-            continue;
-        }
-        const float top = fmha_partials_max(m[r], pm[r]);
-        const float wa = exp2f((m[r] - top) * c1), wp = exp2f((pm[r] - top) * c1);
-        mdec_scale_add(o + r * dvp, wa, po + r * dvp, wp, dvp);
-        l[r] = wa * l[r] + wp * pl[r];
-        m[r] = top;
-    }
 }
 
 /* Shared: every (unit, chunk, row)'s partial O [dvp], m and l (the part's
@@ -495,10 +466,10 @@ static size_t mdec_at(const mdec_ctx *c, size_t unit, int64_t split, size_t row)
     return (unit * (size_t)c->splits + (size_t)split) * c->rows + row;
 }
 
-/* One call's arguments for rows [g0, g0 + group) of unit (b, hk) against
- * chunk `split` ([c0, c1)): its rows' Q^T blocks packed into qt, their key
- * ranges into lo and hi, the call's keys [kb, ke) (the union of the rows'
- * ranges) and its partials' place. */
+/* The arguments for rows [g0, g0 + group) of unit (b, hk) against chunk
+ * `split` ([c0, c1)), all but K's and V's rows: its rows' Q^T blocks packed
+ * into qt, their key ranges into lo and hi, the keys [kb, ke) (the union
+ * of the rows' ranges) and its partials' place. */
 static fmha_matrix_dec_args mdec_call(const mdec_ctx *c, const mdec_scratch *s, int64_t b, int64_t hk, int64_t g0,
                                       int64_t split, uint32_t *qt, int64_t *lo_all, int64_t *hi_all) {
     const fmha_plan *plan = c->m.plan;
@@ -541,17 +512,27 @@ static fmha_matrix_dec_args mdec_call(const mdec_ctx *c, const mdec_scratch *s, 
     const size_t at = mdec_at(c, (size_t)(b * p->heads_kv + hk), split, (size_t)g0);
     return (fmha_matrix_dec_args){
         .nb = nb, .nq = (size_t)(n_rows - (int64_t)(nb - 1) * MATRIX_BQ), .d = (size_t)p->head_dim,
-        .dv = (size_t)p->head_dim_v, .dvp = dvp, .qt = qt,
-        .k = c->m.k + (b * ks[0] + kb * ks[1] + hk * ks[2]) * kv_es,
-        .v = c->m.v + (b * vs[0] + kb * vs[1] + hk * vs[2]) * kv_es, .k_rs = (ptrdiff_t)(ks[1] * kv_es),
+        .dv = (size_t)p->head_dim_v, .dvp = dvp, .qt = qt, .k_rs = (ptrdiff_t)(ks[1] * kv_es),
         .v_rs = (ptrdiff_t)(vs[1] * kv_es), .kb = kb, .ke = ke, .lo = lo_all, .hi = hi_all,
         .scale_log2 = fabsf(plan->scale) * (float)M_LOG2E,
         .rescale_log2 = (float)plan->uk->tuning->matrix_rescale_log2, .o = c->part_o + at * dvp,
         .m = c->part_m + at, .l = c->part_l + at, .s = s->s, .p = s->p, .vb = s->vb, .k_tail = s->k_tail};
 }
 
-/* Task (unit of kv heads, chunk): one kv head's row groups call by call,
- * or every kv head of the unit MDEC_SUB keys a turn (fmha_matrix_decode_heads). */
+/* The end of a call's keys from a0: ke, or `turn` keys on, or the end of
+ * a0's page, whichever comes first. */
+static int64_t mdec_turn_end(const fmha_problem *p, int64_t a0, int64_t ke, int64_t turn) {
+    int64_t a1 = ke - a0 < turn ? ke : a0 + turn;
+    if (p->block_table && (a0 / p->page_size + 1) * p->page_size < a1) a1 = (a0 / p->page_size + 1) * p->page_size;
+    return a1;
+}
+
+/* Task (unit of kv heads, chunk): each group of a head's rows over the
+ * chunk's keys in calls that never cross a page (a contiguous run of
+ * rows, based through the table), the kernel resuming the group's
+ * partials; with several heads (fmha_matrix_decode_heads) the heads take
+ * turns of MDEC_SUB keys, head after head, each call sending the next
+ * call's first keys towards L2. */
 static void mdec_task(void *vctx, size_t task, int thread) {
     const mdec_ctx *c = vctx;
     const fmha_plan *plan = c->m.plan;
@@ -560,65 +541,49 @@ static void mdec_task(void *vctx, size_t task, int thread) {
     const int64_t unit0 = (int64_t)(task / (size_t)c->splits) * heads;
     const int64_t split = (int64_t)(task % (size_t)c->splits);
     const int64_t b = unit0 / p->heads_kv, hk0 = unit0 % p->heads_kv;
-    const int64_t unit_rows = plan->group * p->seq_q, kv_es = 2;
+    const int64_t unit_rows = plan->group * p->seq_q, kv_es = 2, turn = heads > 1 ? MDEC_SUB : INT64_MAX;
+    const int64_t *ks = p->k_strides, *vs = p->v_strides;
+    const size_t range = (size_t)FMHA_MATRIX_DEC_BLOCKS * MATRIX_BQ;
     const size_t qt_words = (size_t)FMHA_MATRIX_DEC_BLOCKS * (size_t)p->head_dim / 32 * 512;
-    const size_t dvp = fmha_matrix_dvp((size_t)p->head_dim_v);
     mdec_scratch s;
     fmha_carver carver = {c->m.ws + (size_t)thread * plan->thread_bytes, 0};
     mdec_carve(plan, &carver, &s);
     const fmha_uk_matrix *mx = &plan->uk->matrix;
-    if (heads > 1) { /* one group of rows a head (fmha_matrix_decode_heads); each head's partials resumed turn by turn */
-        const size_t range = (size_t)FMHA_MATRIX_DEC_BLOCKS * MATRIX_BQ;
+    /* heads > 1 only where a head's rows are one group */
+    for (int64_t g0 = 0; g0 < unit_rows; g0 += (int64_t)range) {
         fmha_matrix_dec_args call[MDEC_MAX_HEADS];
-        for (int64_t hh = 0; hh < heads; hh++)
-            call[hh] = mdec_call(c, &s, b, hk0 + hh, 0, split, s.qt + (size_t)hh * qt_words,
+        int64_t next[MDEC_MAX_HEADS]; /* each head's next key */
+        for (int64_t hh = 0; hh < heads; hh++) {
+            call[hh] = mdec_call(c, &s, b, hk0 + hh, g0, split, s.qt + (size_t)hh * qt_words,
                                  s.lo + (size_t)hh * range, s.hi + (size_t)hh * range);
-        for (int64_t j0 = 0, more = 1; more; j0 += MDEC_SUB) {
+            next[hh] = call[hh].kb;
+        }
+        for (int first = 1, more = 1; more; first = 0) {
             more = 0;
             for (int64_t hh = 0; hh < heads; hh++) {
                 fmha_matrix_dec_args a = call[hh];
-                const int64_t a0 = a.kb + j0, a1 = a0 + MDEC_SUB < a.ke ? a0 + MDEC_SUB : a.ke;
-                if (j0 > 0 && a0 >= a.ke) continue;
-                a.k += j0 * a.k_rs, a.v += j0 * a.v_rs;
+                const int64_t a0 = next[hh], hk = hk0 + hh;
+                if (!first && a0 >= a.ke) continue;
+                const int64_t a1 = mdec_turn_end(p, a0, a.ke, turn);
+                if (a1 > a0) {
+                    a.k = c->m.k + fmha_kv_row_at(p, ks, b, hk, a0) * kv_es;
+                    a.v = c->m.v + fmha_kv_row_at(p, vs, b, hk, a0) * kv_es;
+                } else { /* no keys (the partials set to none): nothing read, no table entry either */
+                    a.k = c->m.k, a.v = c->m.v;
+                }
                 a.kb = a0, a.ke = a1 > a0 ? a1 : a0;
-                a.resume = j0 > 0, a.unfinished = a1 < call[hh].ke;
-                /* the next turn's keys: the next head's, or the first head's next ones */
-                const int64_t nh = hh + 1 < heads ? hh + 1 : 0, nj = hh + 1 < heads ? j0 : j0 + MDEC_SUB;
-                const int64_t n0 = call[nh].kb + nj;
-                if (n0 < call[nh].ke) {
-                    a.next_k = call[nh].k + nj * a.k_rs, a.next_v = call[nh].v + nj * a.v_rs;
-                    a.next_n = (size_t)(call[nh].ke - n0);
+                a.resume = a0 > call[hh].kb, a.unfinished = a1 < call[hh].ke;
+                next[hh] = a1;
+                /* the next call's keys: the next head's turn, or the first head's next one */
+                const int64_t nh = hh + 1 < heads ? hh + 1 : 0, n0 = next[nh];
+                if (n0 < call[nh].ke && (heads > 1 || a.unfinished)) {
+                    a.next_k = c->m.k + fmha_kv_row_at(p, ks, b, hk0 + nh, n0) * kv_es;
+                    a.next_v = c->m.v + fmha_kv_row_at(p, vs, b, hk0 + nh, n0) * kv_es;
+                    a.next_n = (size_t)(mdec_turn_end(p, n0, call[nh].ke, turn) - n0);
                 }
                 mx->decode(&a);
                 more |= a.unfinished;
             }
-        }
-        return;
-    }
-    const int64_t hk = hk0;
-    const int64_t *ks = p->k_strides, *vs = p->v_strides;
-    const int64_t group_rows = (int64_t)FMHA_MATRIX_DEC_BLOCKS * MATRIX_BQ;
-    for (int64_t g0 = 0; g0 < unit_rows; g0 += group_rows) {
-        fmha_matrix_dec_args a = mdec_call(c, &s, b, hk, g0, split, s.qt, s.lo, s.hi);
-        const int64_t kb = a.kb, ke = a.ke;
-        if (!p->block_table || ke <= kb) {
-            if (p->block_table) a.k = c->m.k, a.v = c->m.v; /* nothing read: no table entry either */
-            mx->decode(&a);
-            continue;
-        }
-        /* paged: a call per page (its rows contiguous), the first into the
-         * chunk's partials, each later one merged into them */
-        const int64_t ps = p->page_size;
-        for (int64_t a0 = kb, a1; a0 < ke; a0 = a1) {
-            a1 = (a0 / ps + 1) * ps < ke ? (a0 / ps + 1) * ps : ke; /* the page's end, or ke */
-            fmha_matrix_dec_args pa = a;
-            pa.k = c->m.k + fmha_kv_row_at(p, ks, b, hk, a0) * kv_es;
-            pa.v = c->m.v + fmha_kv_row_at(p, vs, b, hk, a0) * kv_es;
-            pa.kb = a0, pa.ke = a1;
-            if (a0 > kb) pa.o = s.page_o, pa.m = s.page_m, pa.l = s.page_l;
-            mx->decode(&pa);
-            if (a0 > kb)
-                mdec_merge_page(a.o, a.m, a.l, s.page_o, s.page_m, s.page_l, a.nb * MATRIX_BQ, dvp, pa.scale_log2);
         }
     }
 }
