@@ -73,13 +73,31 @@ static inline __attribute__((always_inline)) void prefetch_block_rows(const char
 
 /* One 32-key pass of S^T for a row block: s [32 keys][32 rows] (row
  * stride 32 floats) of the keys at k (rows k_rs bytes apart), D / 32
- * k-steps of 2 x 2 products. */
+ * k-steps of 2 x 2 products; a block of 16 rows or fewer (`half`) takes
+ * the 2 x 1 products of its rows 0-15 only and leaves s's lanes 16-31. */
 static void dec_scores_pass(const fmha_matrix_dec_args *a, const dec_rows *rb, const char *kt, ptrdiff_t k_rs,
-                            float *s) {
+                            float *s, int half) {
     const size_t steps = a->d / 32;
     TILE_ZERO(0);
-    TILE_ZERO(1);
     TILE_ZERO(2);
+    if (half) {
+        TILE_LOAD(4, kt, k_rs);
+        TILE_LOAD(6, rb->qt, 64);
+        TILE_LOAD(5, kt + 16 * k_rs, k_rs);
+        for (size_t t = 0; t < steps; t++) {
+            TILE_DPBF16PS(0, 4, 6);
+            if (t + 1 < steps) TILE_LOAD(4, kt + 64 * (t + 1), k_rs);
+            TILE_DPBF16PS(2, 5, 6);
+            if (t + 1 < steps) {
+                TILE_LOAD(6, rb->qt + (t + 1) * 512, 64);
+                TILE_LOAD(5, kt + 64 * (t + 1) + 16 * k_rs, k_rs);
+            }
+        }
+        TILE_STORE(0, s, 128);
+        TILE_STORE(2, s + 16 * 32, 128);
+        return;
+    }
+    TILE_ZERO(1);
     TILE_ZERO(3);
     tile_loads((step_tiles){kt, (const char *)rb->qt, (size_t)(16 * k_rs), (size_t)k_rs, 256 * 4, 64});
     for (size_t t = 0; t < steps; t++) {
@@ -95,12 +113,31 @@ static void dec_scores_pass(const fmha_matrix_dec_args *a, const dec_rows *rb, c
 }
 
 /* Columns [16 c, 16 c + 32) of a row block's O [32][dvp] += P [32][n] V
- * over n keys (V interleaved in vb). */
-static void dec_values_cols(const fmha_matrix_dec_args *a, const dec_rows *rb, size_t n, size_t c) {
+ * over n keys (V interleaved in vb); `half`: rows 0-15 only. */
+static void dec_values_cols(const fmha_matrix_dec_args *a, const dec_rows *rb, size_t n, size_t c, int half) {
     const size_t ctiles = a->dvp / 16, ldo = a->dvp * 4, steps = n / 32, ldp = DEC_BK * 2;
     float *o = rb->o + c * 16;
     TILE_LOAD(0, o, ldo);
     TILE_LOAD(1, o + 16, ldo);
+    if (half) {
+        const char *vb = (const char *)(a->vb + c * 256);
+        TILE_LOAD(4, rb->p, ldp);
+        TILE_LOAD(6, vb, 64);
+        TILE_LOAD(7, vb + 256 * 4, 64);
+        for (size_t t = 0; t < steps; t++) {
+            const char *vn = (const char *)(a->vb + ((t + 1) * ctiles + c) * 256);
+            TILE_DPBF16PS(0, 4, 6);
+            if (t + 1 < steps) TILE_LOAD(6, vn, 64);
+            TILE_DPBF16PS(1, 4, 7);
+            if (t + 1 < steps) {
+                TILE_LOAD(4, rb->p + 32 * (t + 1), ldp);
+                TILE_LOAD(7, vn + 256 * 4, 64);
+            }
+        }
+        TILE_STORE(0, o, ldo);
+        TILE_STORE(1, o + 16, ldo);
+        return;
+    }
     TILE_LOAD(2, o + 16 * a->dvp, ldo);
     TILE_LOAD(3, o + 16 * a->dvp + 16, ldo);
     tile_loads((step_tiles){(const char *)rb->p, (const char *)(a->vb + c * 256), 16 * ldp, ldp, 256 * 4, 64});
@@ -171,22 +208,26 @@ static void dec_unpermute(float *o, size_t n, size_t dvp) {
 }
 
 /* The softmax of a block of n keys over S^T, lanes over rows: m, the sums
- * and O's rows (by alpha, in memory) updated, P [32][n] written as bf16. */
-static void dec_softmax(const fmha_matrix_dec_args *a, const dec_rows *rb, int64_t k0, size_t n, float *lsum) {
+ * and O's rows (by alpha, in memory) updated, P [32][n] written as bf16;
+ * nv vectors of 16 rows (a compile-time constant at each use): 1 for a
+ * block of 16 rows or fewer (`half`), whose rows 16-31 are left. */
+static inline __attribute__((always_inline)) void dec_softmax_lanes(const fmha_matrix_dec_args *a,
+                                                                    const dec_rows *rb, int64_t k0, size_t n,
+                                                                    float *lsum, const int nv) {
     __m512i lo[2], hi[2];
     dec_ranges(rb, k0, a->ke - k0 < (int64_t)n ? (size_t)(a->ke - k0) : n, lo, hi);
     const __m512 c1 = _mm512_set1_ps(a->scale_log2), neg_inf = _mm512_set1_ps(-INFINITY);
     __m512 mx[2] = {neg_inf, neg_inf};
     for (size_t j = 0; j < n; j++) {
         const __m512i jv = _mm512_set1_epi32((int)j);
-        for (int v = 0; v < 2; v++) {
+        for (int v = 0; v < nv; v++) {
             const __mmask16 keep = _mm512_cmple_epi32_mask(lo[v], jv) & _mm512_cmpgt_epi32_mask(hi[v], jv);
             mx[v] = _mm512_mask_max_ps(mx[v], keep, _mm512_loadu_ps(rb->s + j * 32 + 16 * v), mx[v]);
         }
     }
     __m512 m_use[2], mc[2], sum[2];
     float alpha[32];
-    for (int v = 0; v < 2; v++) {
+    for (int v = 0; v < nv; v++) {
         const __m512 m_old = _mm512_loadu_ps(rb->m + 16 * v);
         const __mmask16 grew = _mm512_cmp_ps_mask(mx[v], m_old, _CMP_GT_OQ);
         const __mmask16 first = grew & _mm512_cmp_ps_mask(m_old, neg_inf, _CMP_EQ_OQ);
@@ -209,7 +250,7 @@ static void dec_softmax(const fmha_matrix_dec_args *a, const dec_rows *rb, int64
         m_use[v] = _mm512_mask_mov_ps(m_new, _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ), _mm512_setzero_ps());
         mc[v] = _mm512_mul_ps(m_use[v], c1);
     }
-    for (size_t r = 0; r < 32; r++) /* O's rows before this block's P V */
+    for (size_t r = 0; r < 16 * (size_t)nv; r++) /* O's rows before this block's P V */
         if (alpha[r] != 1.0f)
             for (size_t c = 0; c < a->dvp; c += 16)
                 _mm512_storeu_ps(rb->o + r * a->dvp + c, _mm512_mul_ps(_mm512_loadu_ps(rb->o + r * a->dvp + c),
@@ -220,10 +261,9 @@ static void dec_softmax(const fmha_matrix_dec_args *a, const dec_rows *rb, int64
     const __m512i pair_idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
                                               22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     float far_check[32];
-    _mm512_storeu_ps(far_check, _mm512_abs_ps(mc[0]));
-    _mm512_storeu_ps(far_check + 16, _mm512_abs_ps(mc[1]));
     int far = 0;
-    for (int r = 0; r < 32; r++) far |= far_check[r] >= 0x1p12f;
+    for (int v = 0; v < nv; v++) _mm512_storeu_ps(far_check + 16 * v, _mm512_abs_ps(mc[v]));
+    for (int r = 0; r < 16 * nv; r++) far |= far_check[r] >= 0x1p12f;
     for (size_t kk = 0; kk < n; kk += 32) {
         __m512i cols[2][16];
         for (size_t pr = 0; pr < 16; pr++) {
@@ -231,7 +271,7 @@ static void dec_softmax(const fmha_matrix_dec_args *a, const dec_rows *rb, int64
             for (int e = 0; e < 2; e++) {
                 const size_t j = kk + 2 * pr + (size_t)e;
                 const __m512i jv = _mm512_set1_epi32((int)j);
-                for (int v = 0; v < 2; v++) {
+                for (int v = 0; v < nv; v++) {
                     const __mmask16 keep = _mm512_cmple_epi32_mask(lo[v], jv) & _mm512_cmpgt_epi32_mask(hi[v], jv);
                     const __m512 sv = _mm512_loadu_ps(rb->s + j * 32 + 16 * v);
                     const __m512 t = far ? _mm512_mul_ps(_mm512_sub_ps(sv, m_use[v]), c1) : _mm512_fmsub_ps(sv, c1, mc[v]);
@@ -239,22 +279,29 @@ static void dec_softmax(const fmha_matrix_dec_args *a, const dec_rows *rb, int64
                     sum[v] = _mm512_add_ps(sum[v], p[e][v]);
                 }
             }
-            for (int v = 0; v < 2; v++)
+            for (int v = 0; v < nv; v++)
                 cols[v][pr] = _mm512_permutexvar_epi16(pair_idx, (__m512i)_mm512_cvtne2ps_pbh(p[1][v], p[0][v]));
         }
-        for (int v = 0; v < 2; v++) {
+        for (int v = 0; v < nv; v++) {
             transpose_16x16(cols[v]); /* cols[v][r]: row 16 v + r's 16 key pairs */
             for (size_t r = 0; r < 16; r++) _mm512_storeu_si512(rb->p + (16 * (size_t)v + r) * DEC_BK + kk, cols[v][r]);
         }
     }
-    _mm512_storeu_ps(lsum, sum[0]);
-    _mm512_storeu_ps(lsum + 16, sum[1]);
+    for (int v = 0; v < nv; v++) _mm512_storeu_ps(lsum + 16 * v, sum[v]);
     /* a NaN sum (a NaN or +inf score seen) makes m NaN, which the merge
      * carries to the row (partials.h); the max above skips NaN scores */
-    for (int v = 0; v < 2; v++) {
+    for (int v = 0; v < nv; v++) {
         const __mmask16 nan = _mm512_cmp_ps_mask(sum[v], sum[v], _CMP_UNORD_Q);
         if (nan) _mm512_mask_storeu_ps(rb->m + 16 * v, nan, _mm512_set1_ps(NAN));
     }
+}
+
+static void dec_softmax(const fmha_matrix_dec_args *a, const dec_rows *rb, int64_t k0, size_t n, float *lsum,
+                        int half) {
+    if (half)
+        dec_softmax_lanes(a, rb, k0, n, lsum, 1);
+    else
+        dec_softmax_lanes(a, rb, k0, n, lsum, 2);
 }
 
 void FMHA_AMX_FN(fmha_matrix_decode)(fmha_matrix_dec_args *a) {
@@ -287,16 +334,18 @@ void FMHA_AMX_FN(fmha_matrix_decode)(fmha_matrix_dec_args *a) {
             prefetch_block_rows(next_k, a->k_rs, kk < next_n ? kk : next_n, kk + 32 < next_n ? kk + 32 : next_n,
                                 row_bytes);
             for (size_t i = 0; i < nb; i++)
-                dec_scores_pass(a, &rows[i], k + (ptrdiff_t)kk * a->k_rs, a->k_rs, rows[i].s + kk * 32);
+                dec_scores_pass(a, &rows[i], k + (ptrdiff_t)kk * a->k_rs, a->k_rs, rows[i].s + kk * 32,
+                                rows[i].nq <= 16);
         }
         if (whole < nk) {
             memset(a->k_tail, 0, 32 * row_bytes);
             for (size_t j = whole; j < nk; j++)
                 memcpy((char *)a->k_tail + (j - whole) * row_bytes, k + (ptrdiff_t)j * a->k_rs, row_bytes);
             for (size_t i = 0; i < nb; i++)
-                dec_scores_pass(a, &rows[i], (const char *)a->k_tail, (ptrdiff_t)row_bytes, rows[i].s + whole * 32);
+                dec_scores_pass(a, &rows[i], (const char *)a->k_tail, (ptrdiff_t)row_bytes, rows[i].s + whole * 32,
+                                rows[i].nq <= 16);
         }
-        for (size_t i = 0; i < nb; i++) dec_softmax(a, &rows[i], k0, n, a->l + 32 * i);
+        for (size_t i = 0; i < nb; i++) dec_softmax(a, &rows[i], k0, n, a->l + 32 * i, rows[i].nq <= 16);
         /* P V a pair of column tiles at a time, its V slice (in L1) for
          * every row block; the next block's V rows spread over the pairs */
         const size_t per = (next_n + ctiles / 2 - 1) / (ctiles / 2);
@@ -304,7 +353,7 @@ void FMHA_AMX_FN(fmha_matrix_decode)(fmha_matrix_dec_args *a) {
             const size_t r0 = c / 2 * per;
             prefetch_block_rows(next_v, a->v_rs, r0 < next_n ? r0 : next_n, r0 + per < next_n ? r0 + per : next_n,
                                 a->dv * 2);
-            for (size_t i = 0; i < nb; i++) dec_values_cols(a, &rows[i], n, c);
+            for (size_t i = 0; i < nb; i++) dec_values_cols(a, &rows[i], n, c, rows[i].nq <= 16);
         }
     }
     if (!a->unfinished)
