@@ -112,7 +112,9 @@
  * more; 0, the default: never), dense_max_scores=N (AUTO runs dense while
  * Sq * Skv <= N; default 9216), decode_prefetch_bytes=N (decode prefetches
  * K and V past N bytes; default 8 MiB), decode_prefetch_f32_bytes=N (the
- * same where K and V are both float32; default 8 MiB), decode_split_keys=N (decode's key
+ * same where K and V are both float32; default 8 MiB),
+ * decode_prefetch_h16_bytes=N (the same where K and V are both bf16 or
+ * f16; default 8 MiB), decode_split_keys=N (decode's key
  * splits hold at least N keys, a multiple of 128; default 256),
  * matrix_decode_rows=N (decoding on AMX tiles from N rows a kv head, N >=
  * 1; default 8), and the bf16 attention on AMX tiles' schedule:

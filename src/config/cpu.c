@@ -89,8 +89,10 @@ static void wisdom_read(void) {
 int fmha_tuning_heuristic(const fmha_cache_sizes *c, char *fields, size_t size) {
     if (size) fields[0] = '\0';
     if (c->l2 <= 0) return 0;
-    snprintf(fields, size, "k_copy_bytes=%lld,decode_prefetch_bytes=%lld,decode_prefetch_f32_bytes=%lld",
-             (long long)(c->l2 / 8), (long long)(8 * c->l2), (long long)(8 * c->l2));
+    snprintf(fields, size,
+             "k_copy_bytes=%lld,decode_prefetch_bytes=%lld,decode_prefetch_f32_bytes=%lld,"
+             "decode_prefetch_h16_bytes=%lld",
+             (long long)(c->l2 / 8), (long long)(8 * c->l2), (long long)(8 * c->l2), (long long)(8 * c->l2));
     return 1;
 }
 
@@ -126,7 +128,7 @@ static const char *cpu_source_text(const char *isa, const char **name, fmha_tuni
 }
 
 void fmha_tuning_lookup(const char *isa, fmha_tuning *out, char *name, size_t name_size) {
-    char buf[128], err[160];
+    char buf[256], err[160];
     const char *base_name;
     fmha_tuning_source source;
     const char *text = cpu_source_text(isa, &base_name, &source, buf, sizeof buf);

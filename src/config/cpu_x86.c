@@ -177,7 +177,9 @@ void fmha_arch_cache_sizes(fmha_cache_sizes *c) {
  *         by alternating runs (design.md). */
 #define ZEN4 "zen4", ""
 #define XEON_6_167 "xeon-6-167", "k_copy_bytes=262144,matrix_block_kv=256"
-#define XEON_6_207 "xeon-6-207", "k_copy_bytes=262144,decode_prefetch_f32_bytes=1125899906842624,decode_split_keys=4096,matrix_block_kv=256,matrix_overlap=0"
+#define XEON_6_207                                                                                                     \
+    "xeon-6-207", "k_copy_bytes=262144,decode_prefetch_f32_bytes=1125899906842624,decode_prefetch_h16_bytes=50331648,"  \
+                  "decode_split_keys=4096,matrix_block_kv=256,matrix_overlap=0"
 static const fmha_arch_tuning x86_tunings[] = {
     {"avx512bf16", "AuthenticAMD", 25, 17, 17, ZEN4},
     {"avx512", "AuthenticAMD", 25, 17, 17, ZEN4},

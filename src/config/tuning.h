@@ -48,10 +48,12 @@ typedef enum fmha_tune_rows {
  *   dense_max_scores   AUTO runs dense up to Sq * Skv this large (plan.c)
  *   decode_prefetch_bytes  the decode driver prefetches when a call's K
  *                      and V hold more bytes than this (decode.c), unless
- *                      both are float32 caches:
+ *                      both are float32 or both 2-byte caches (not tuned:
+ *                      fmha_tune has no row of a quantized cache):
  *   decode_prefetch_f32_bytes  the same for float32 K and V, whose rows a
  *                      CPU's hardware prefetchers may follow on their own
  *                      (design.md, "Decode")
+ *   decode_prefetch_h16_bytes  the same for bf16 or f16 K and V
  *   decode_split_keys  the decode driver's chunks hold at least this many
  *                      keys (decode.c)
  *   matrix_block_kv    keys per step of the matrix driver's forward
@@ -68,8 +70,9 @@ typedef enum fmha_tune_rows {
     X(block_kv, FMHA_TUNING_OF_TABLE, 32, 1024, 32, FMHA_TUNE_TILED, (64, 192, 256))                          \
     X(k_copy_bytes, 0, 0, (int64_t)1 << 40, 1, FMHA_TUNE_F32, (1, 192 << 10, 768 << 10))                      \
     X(dense_max_scores, 96 * 96, 0, (int64_t)1 << 40, 1, FMHA_TUNE_DENSE, (1, 128 * 128, 192 * 192))          \
-    X(decode_prefetch_bytes, 8 << 20, 0, (int64_t)1 << 50, 1, FMHA_TUNE_DECODE, ((int64_t)1 << 50, 4 << 20)) \
+    X(decode_prefetch_bytes, 8 << 20, 0, (int64_t)1 << 50, 1, FMHA_TUNE_NONE, ())                             \
     X(decode_prefetch_f32_bytes, 8 << 20, 0, (int64_t)1 << 50, 1, FMHA_TUNE_DECODE_F32, ((int64_t)1 << 50))     \
+    X(decode_prefetch_h16_bytes, 8 << 20, 0, (int64_t)1 << 50, 1, FMHA_TUNE_DECODE, ((int64_t)1 << 50, 4 << 20)) \
     X(decode_split_keys, 256, 128, (int64_t)1 << 20, 128, FMHA_TUNE_DECODE, (1024, 4096))                     \
     X(matrix_block_kv, 128, 32, 512, 32, FMHA_TUNE_MATRIX, (64, 256))                                         \
     X(matrix_rescale_log2, 8, 0, 16, 1, FMHA_TUNE_MATRIX, (0))                                                \

@@ -69,7 +69,8 @@ struct fmha_plan {
          * `splits` chunks of `chunk` keys (split-KV); all from the shape.
          * prefetch: the driver asks for each head's next sub-block ahead
          * (K and V past the tuning's decode_prefetch_bytes, float32 K and
-         * V past its decode_prefetch_f32_bytes). Precision
+         * V past its decode_prefetch_f32_bytes, bf16 or f16 past its
+         * decode_prefetch_h16_bytes). Precision
          * FAST: scores, how the scores are taken (fmha_dec_scores); vint,
          * P V in integers on 16-bit P (uk->cache[v_format].values_int). */
         struct {

@@ -72,8 +72,9 @@ enum { DEC_TASKS = 64 };
 
 /* Software prefetch (dec_prefetch_head) pays where K and V stream from
  * memory and costs where they sit in cache: it is on when a call's K and V
- * hold more bytes than the tuning's decode_prefetch_bytes, or for float32
- * K and V its decode_prefetch_f32_bytes (default 8 MiB each, from these
+ * hold more bytes than the tuning's decode_prefetch_bytes, for float32 K
+ * and V its decode_prefetch_f32_bytes, for bf16 or f16 K and V its
+ * decode_prefetch_h16_bytes (default 8 MiB each, from these
  * figures; design.md, "Decode", has a Xeon's, where float32 loses).
  * Zen 4 (1 MiB L2 a core, 32 MiB L3), Hq 32 / Hkv 8, D 128, 2 threads,
  * ms off / on, alternating: float32 Skv 512 (4 MiB) 0.10-0.13 / 0.15-0.19,
@@ -132,8 +133,11 @@ int fmha_decode_plan(fmha_plan *plan) {
                              (fmha_format_row_units(kf, p->head_dim) * (int64_t)kf->unit_bytes +
                               fmha_format_row_units(vf, p->head_dim_v) * (int64_t)vf->unit_bytes);
     const int f32_cache = plan->k_format == FMHA_FORMAT_F32 && plan->v_format == FMHA_FORMAT_F32;
-    plan->drv.dec.prefetch =
-        kv_bytes > (f32_cache ? uk->tuning->decode_prefetch_f32_bytes : uk->tuning->decode_prefetch_bytes);
+    const int h16_cache = (plan->k_format == FMHA_FORMAT_BF16 || plan->k_format == FMHA_FORMAT_F16) &&
+                          (plan->v_format == FMHA_FORMAT_BF16 || plan->v_format == FMHA_FORMAT_F16);
+    plan->drv.dec.prefetch = kv_bytes > (f32_cache   ? uk->tuning->decode_prefetch_f32_bytes
+                                         : h16_cache ? uk->tuning->decode_prefetch_h16_bytes
+                                                     : uk->tuning->decode_prefetch_bytes);
     /* integer dot products: precision FAST, a format that allows them
      * (format.h) and a kernel for it; scores in whole blocks of 32 */
     const int fast = p->precision == FMHA_PRECISION_FAST, blocks = p->head_dim % 32 == 0;

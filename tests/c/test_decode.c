@@ -477,38 +477,45 @@ static void mla_case(int64_t B, int64_t hq, int64_t sq, int64_t skv, fmha_dtype 
 }
 
 /* The prefetch's thresholds: float32 K and V take decode_prefetch_f32_bytes,
- * any other cache decode_prefetch_bytes (planned on trial contexts of the
- * default table, one threshold 0 and the other 2^50 each way). */
+ * bf16 and f16 decode_prefetch_h16_bytes, a quantized cache (q8_0)
+ * decode_prefetch_bytes (planned on trial contexts of the default table,
+ * one threshold 0 and the others 2^50, each in turn). */
 static void test_prefetch_thresholds(void) {
     const fmha_ukernels *uk = fmha_cpu_kernels();
     if (!uk->decode.softmax) {
         printf("skip: prefetch thresholds (the default table has no decode kernels)\n");
         return;
     }
-    static const fmha_kv_dtype kv[] = {FMHA_KV_DTYPE_F32, FMHA_KV_DTYPE_BF16, FMHA_KV_DTYPE_F16};
-    static const char *const kv_name[] = {"float32", "bf16", "f16"};
-    for (int f32_on = 0; f32_on < 2; f32_on++) {
+    /* caches: float32, bf16, f16 (kv_dtype), q8_0 (k_format, v_format); class: 0 f32, 1 2-byte, 2 quantized */
+    static const char *const name[] = {"float32", "bf16", "f16", "q8_0"};
+    static const int cls[] = {0, 1, 1, 2};
+    for (int on = 0; on < 3; on++) {
         fmha_tuning t = *uk->tuning;
-        t.decode_prefetch_f32_bytes = f32_on ? 0 : (int64_t)1 << 50;
-        t.decode_prefetch_bytes = f32_on ? (int64_t)1 << 50 : 0;
+        t.decode_prefetch_f32_bytes = on == 0 ? 0 : (int64_t)1 << 50;
+        t.decode_prefetch_h16_bytes = on == 1 ? 0 : (int64_t)1 << 50;
+        t.decode_prefetch_bytes = on == 2 ? 0 : (int64_t)1 << 50;
         fmha_trial trial;
         if (!tu_check(fmha_cpu_trial(uk->isa, &t, &trial) == 0, "prefetch thresholds: a trial of %s", uk->isa))
             return;
-        for (size_t d = 0; d < sizeof kv / sizeof kv[0]; d++) {
+        for (int d = 0; d < 4; d++) {
             fmha_problem p;
             fmha_problem_init(&p, 1, 8, 2, 1, 4096, 128, 128, FMHA_LAYOUT_BSHD);
             p.causal = FMHA_CAUSAL_BOTTOM_RIGHT;
-            p.kv_dtype = kv[d];
+            if (d < 3) {
+                static const fmha_kv_dtype kv[] = {FMHA_KV_DTYPE_F32, FMHA_KV_DTYPE_BF16, FMHA_KV_DTYPE_F16};
+                p.kv_dtype = kv[d];
+            } else { /* rows of 4 blocks of 34 bytes, strides in bytes */
+                const int64_t row = 128 / 32 * 34, st[4] = {4096 * 2 * row, 2 * row, row, 1};
+                p.k_format = p.v_format = FMHA_KV_FORMAT_Q8_0;
+                memcpy(p.k_strides, st, sizeof st), memcpy(p.v_strides, st, sizeof st);
+            }
             fmha_plan plan;
             const fmha_status st = fmha_plan_init_in(&trial.ctx, &p, &plan);
             if (!tu_check(st == FMHA_OK && plan.driver == &fmha_fwd_driver_decode,
-                          "prefetch thresholds: K and V %s planned on decode (status %d)",
-                          kv_name[d], (int)st))
+                          "prefetch thresholds: K and V %s planned on decode (status %d)", name[d], (int)st))
                 continue;
-            const int want = kv[d] == FMHA_KV_DTYPE_F32 ? f32_on : !f32_on;
-            tu_check(plan.drv.dec.prefetch == want, "prefetch thresholds: K and V %s, %s: prefetch %d, wanted %d",
-                     kv_name[d], f32_on ? "float32's 0, the others' 2^50" : "float32's 2^50, the others' 0",
-                     plan.drv.dec.prefetch, want);
+            tu_check(plan.drv.dec.prefetch == (cls[d] == on), "prefetch thresholds: K and V %s, class %d's at 0: "
+                     "prefetch %d, wanted %d", name[d], on, plan.drv.dec.prefetch, cls[d] == on);
         }
     }
 }

@@ -3,7 +3,7 @@
  * FMHA_TUNING; with small tiles, K copied, no dense crossover, the decode
  * driver's prefetch on any size and small decode splits (block_kv=32,
  * k_copy_bytes=1,dense_max_scores=1,decode_prefetch_bytes=1,
- * decode_prefetch_f32_bytes=1,decode_split_keys=128); with large tiles on the 14 x 32 float32 tile
+ * decode_prefetch_f32_bytes=1,decode_prefetch_h16_bytes=1,decode_split_keys=128); with large tiles on the 14 x 32 float32 tile
  * (block_kv=256,tile_mr=14,tile_nr=32,k_copy_bytes=4096); on the 12 x 32
  * tile (tile_mr=12,tile_nr=32,k_copy_bytes=1); and with an invalid text
  * (block_kv=48, ignored). Every table also runs on each float32 tile shape
@@ -55,6 +55,11 @@ static void test_parse(void) {
     tu_check(fmha_tuning_apply("decode_prefetch_f32_bytes=0", &t, err, sizeof err) == 0 &&
                  t.decode_prefetch_f32_bytes == 0 && t.decode_prefetch_bytes == base.decode_prefetch_bytes,
              "apply decode_prefetch_f32_bytes (the other formats' threshold kept)");
+    t = base;
+    tu_check(fmha_tuning_apply("decode_prefetch_h16_bytes=0", &t, err, sizeof err) == 0 &&
+                 t.decode_prefetch_h16_bytes == 0 && t.decode_prefetch_bytes == base.decode_prefetch_bytes &&
+                 t.decode_prefetch_f32_bytes == base.decode_prefetch_f32_bytes,
+             "apply decode_prefetch_h16_bytes (the other thresholds kept)");
     t = base;
     tu_check(fmha_tuning_apply("matrix_block_kv=64,matrix_rescale_log2=0,matrix_overlap=0", &t, err, sizeof err) ==
                      0 &&
