@@ -111,7 +111,8 @@
  * K once per call, rows contiguous, when one head's K holds N bytes or
  * more; 0, the default: never), dense_max_scores=N (AUTO runs dense while
  * Sq * Skv <= N; default 9216), decode_prefetch_bytes=N (decode prefetches
- * K and V past N bytes; default 8 MiB), decode_prefetch_f32_bytes=N (the
+ * K and V past N bytes where they are neither both float32 nor both bf16
+ * or f16: the quantized formats; default 8 MiB), decode_prefetch_f32_bytes=N (the
  * same where K and V are both float32; default 8 MiB),
  * decode_prefetch_h16_bytes=N (the same where K and V are both bf16 or
  * f16; default 8 MiB), decode_split_keys=N (decode's key

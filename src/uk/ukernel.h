@@ -511,11 +511,12 @@ typedef struct fmha_matrix_bwd_args {
  *              for a negative scale)
  * Outputs as the forward's, per row block: o [32][dvp] unnormalised, m
  * (raw score units, -inf for a row that saw no key), l. A range of keys
- * may take several calls, each starting where the last ended on the
- * 128-key grid from the first call's kb: `resume` continues from the o, m
- * and l the last left (o in the kernel's own column order) and
- * `unfinished` leaves o in that order for the next; the calls then give
- * the one call's bits. */
+ * may take several calls, each starting where the last ended: `resume`
+ * continues from the o, m and l the last left (o in the kernel's own
+ * column order) and `unfinished` leaves o in that order for the next.
+ * Calls that start on the 128-key grid from the first call's kb give the
+ * one call's bits; others (a paged cache's pages) give bits of their own,
+ * the same at every run. */
 enum { FMHA_MATRIX_DEC_BLOCKS = 4 };
 typedef struct fmha_matrix_dec_args {
     size_t nb;                    /* row blocks, 1..FMHA_MATRIX_DEC_BLOCKS */

@@ -358,7 +358,8 @@ static void test_matrix_decode_resume(const fmha_ukernels *uk) {
     for (size_t i = 0; i < NK * DV; i++) v[i] = fmha_f32_to_bf16((float)tu_uniform(-1, 1));
     for (size_t i = 0; i < ROWS * D; i++) q[i] = fmha_f32_to_bf16((float)tu_uniform(-2, 2));
     /* qt [NB][D / 32 * 512] words; lo, hi [NB][32]; the outputs twice */
-    uint32_t *qt = calloc(NB * qt_words, 4), *vb = calloc(NB * 2 * dvp / 16 * 256, 4);
+    /* vb: the kernel's V interleave of a 128-key block, [128 / 32][dvp / 16][16][16] words */
+    uint32_t *qt = calloc(NB * qt_words, 4), *vb = calloc(128 / 32 * dvp / 16 * 256, 4);
     int64_t lo[NB * 32] = {0}, hi[NB * 32] = {0};
     float *s = calloc(NB * 128 * 32, 4), *o[2], m[2][NB * 32], l[2][NB * 32];
     uint16_t *pbuf = calloc(NB * 32 * 128, 2), *k_tail = calloc(32 * D, 2);
@@ -384,7 +385,10 @@ static void test_matrix_decode_resume(const fmha_ukernels *uk) {
         a.o = o[1], a.m = m[1], a.l = l[1];
         a.k += j0 * a.k_rs, a.v += j0 * a.v_rs, a.kb = j0, a.ke = j0 + TURN < NK ? j0 + TURN : NK;
         a.resume = j0 > 0, a.unfinished = a.ke < NK;
-        if (a.unfinished) a.next_k = a.k + TURN * a.k_rs, a.next_v = a.v + TURN * a.v_rs, a.next_n = TURN;
+        if (a.unfinished) {
+            const int64_t left = NK - a.ke;
+            a.next_k = a.k + TURN * a.k_rs, a.next_v = a.v + TURN * a.v_rs, a.next_n = left < TURN ? left : TURN;
+        }
         uk->matrix.decode(&a);
     }
     int same = memcmp(m[0], m[1], sizeof m[0]) == 0 && memcmp(l[0], l[1], sizeof l[0]) == 0;
