@@ -152,7 +152,24 @@ wait_for_venv() {
     [ "$rc" = 0 ] || echo "test.sh: the .venv stage failed (see its log)" >&2
     return "$rc"
 }
+# The failed tests of each ctest run and their lines that say why (the
+# seed, FAIL lines, sanitizer reports), printed last: a long log's tail
+# then still names them.
+print_failures() {
+    local dir f
+    for dir in build-asan build build-aarch64; do
+        f=$dir/Testing/Temporary/LastTestsFailed.log
+        [ -s "$f" ] && [ "$f" -nt "$logs" ] || continue # this run's
+        echo "== failed tests ($dir) =="
+        cat "$f"
+        awk '/ Testing: /{n = 0; name = $NF}
+             /seed: |FAIL|ERROR: |runtime error|SUMMARY: |passed, [1-9]/{keep[n++] = name ": " $0}
+             /^Test Failed/{for (i = 0; i < n && i < 20; i++) print keep[i]}' \
+            "$dir/Testing/Temporary/LastTest.log" || true
+    done
+}
 print_times() {
+    print_failures
     echo "== stage times =="
     for i in "${!stage_names[@]}"; do
         printf '%6d s  %-72s %s\n' "${stage_secs[$i]}" "${stage_names[$i]}" "${stage_status[$i]}"
