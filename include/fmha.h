@@ -438,7 +438,7 @@ typedef struct fmha_param_grads {
  * where a q8_0 block rounds it to a half) and takes the scores of int8,
  * q8_0 and q4_0 keys in integer dot products (VNNI, AVX-VNNI, SDOT),
  * and P V of int8, q8_0 and q4_0 values on P quantized to 16 bits per
- * block of 32 columns; float8 keys meet the query rounded to bf16 where
+ * block of 32 columns and 64 keys; float8 keys meet the query rounded to bf16 where
  * the table's bf16 dot product pays (the avx512bf16 table). A query row
  * holding a NaN or inf, and a head dim that is not a multiple of 32, keep
  * ACCURATE's arithmetic. FAST takes a format's integer path only because

@@ -56,6 +56,13 @@ enum { DEC_MAX_ROWS = 32, DEC_TILE = 128, DEC_MAX_UNIT_ROWS = 256 };
  * place. The most heads of a unit. */
 enum { DEC_SUB = 16, DEC_MAX_HEADS = DEC_MAX_UNIT_ROWS };
 
+/* Keys a call of the integer P V (values_int, its most): each call
+ * quantizes P per row and block and scales O once, which at DEC_SUB keys
+ * cost as much as the products. Sub-blocks of V that cross pages are
+ * staged as stored bytes, so a paged cache keeps the contiguous one's
+ * bits. */
+enum { DEC_VINT_SUB = 64 };
+
 /* Crossover (fmha_plan_decode_shape): queries at most 16 and keys at least 8
  * per query. Measured with fmha-bench (B = 1, Hq = 32, D = 128, float32,
  * 2 threads, AVX-512, ms auto(decode) / tiled / dense): Sq = 1, Hkv = 8:
@@ -185,7 +192,13 @@ static void dec_carve(const fmha_plan *plan, fmha_carver *c, dec_scratch *s) {
     size_t heads = (size_t)plan->drv.dec.heads;
     s->s = fmha_carve(c, heads * rows * DEC_TILE * sizeof(float));
     s->kf = fmha_carve(c, staged ? heads * DEC_SUB * D * sizeof(float) : 0);
-    s->vf = fmha_carve(c, staged ? heads * DEC_SUB * Dv * sizeof(float) : 0);
+    /* [heads][DEC_SUB][Dv] float32, or [DEC_VINT_SUB][heads] rows as stored (vint) */
+    const fmha_cache_format *vfmt = fmha_cache_format_at(plan->v_format);
+    const size_t vf_float = heads * DEC_SUB * Dv * sizeof(float),
+                 vf_raw = plan->drv.dec.vint ? heads * DEC_VINT_SUB * (size_t)fmha_format_row_units(vfmt, (int64_t)Dv) *
+                                                   vfmt->unit_bytes
+                                             : 0;
+    s->vf = fmha_carve(c, staged ? (vf_float > vf_raw ? vf_float : vf_raw) : 0);
     s->alpha = fmha_carve(c, heads * rows * sizeof(float));
     s->ones = fmha_carve(c, rows * sizeof(float));
     s->lo = fmha_carve(c, rows * sizeof(int64_t));
@@ -324,7 +337,7 @@ static int dec_has_scales(const fmha_problem *p, int which) {
  * rows DEC_TILE apart: the scores by K's scales, P by V's. */
 static void dec_scale_columns(const fmha_problem *p, int which, int64_t b, int64_t hk, int64_t k0, int64_t nj,
                               int64_t n, float *x) {
-    float sc[DEC_SUB];
+    float sc[DEC_VINT_SUB]; /* nj <= the larger sub-block */
     fmha_kv_scales_of(p, which, b, hk, k0, nj, sc);
     for (int64_t r = 0; r < n; r++) {
         float *restrict row = x + r * DEC_TILE;
@@ -345,11 +358,11 @@ static void dec_scale_columns(const fmha_problem *p, int which, int64_t b, int64
  * hardware prefetchers follow one head's rows key after key, but not a
  * walk that reads a few hundred bytes of each head in turn. */
 static void dec_prefetch_head(const dec_ctx *c, fmha_cache_format_id fmt, const int64_t *st, const void *x,
-                              int64_t len, int64_t b, int64_t hk, int64_t k0, int64_t end) {
+                              int64_t len, int64_t b, int64_t hk, int64_t k0, int64_t keys, int64_t end) {
     const fmha_problem *p = &c->plan->p;
     const fmha_cache_format *f = fmha_cache_format_at(fmt);
     const int64_t bytes = fmha_format_row_units(f, len) * (int64_t)f->unit_bytes;
-    const int64_t nj = end - k0 < DEC_SUB ? end - k0 : DEC_SUB;
+    const int64_t nj = end - k0 < keys ? end - k0 : keys;
     for (int64_t j = 0; j < nj; j++) {
         const char *row = (const char *)x + fmha_kv_row_at(p, st, b, hk, k0 + j) * (int64_t)f->unit_bytes;
         for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(row + at, 0, 1);
@@ -492,6 +505,7 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
     const fmha_uk_cache *k_kern = &uk->cache[plan->k_format], *v_kern = &uk->cache[plan->v_format];
     const fmha_uk_cache *staged = &uk->cache[FMHA_FORMAT_F32];
     const int k_scaled = dec_has_scales(p, 0), v_scaled = dec_has_scales(p, 1);
+    const int64_t vsub = plan->drv.dec.vint ? DEC_VINT_SUB : DEC_SUB; /* keys a values call */
     for (int64_t r = 0; r < rows; r++) s.ones[r] = 1.0f;
     for (int64_t k0 = kb; k0 < ke; k0 += DEC_TILE) {
         int64_t nk = ke - k0 < DEC_TILE ? ke - k0 : DEC_TILE;
@@ -508,8 +522,9 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
             for (int64_t hh = 0; hh < heads; hh++) {
                 /* this head's next sub-block of K (the first of V at the tile's end) */
                 if (plan->drv.dec.prefetch) {
-                    if (j0 + DEC_SUB < nk) dec_prefetch_head(c, plan->k_format, ks, c->k, D, b, hk0 + hh, k0 + j0 + DEC_SUB, ke);
-                    else dec_prefetch_head(c, plan->v_format, vs, c->v, Dv, b, hk0 + hh, k0, ke);
+                    if (j0 + DEC_SUB < nk)
+                        dec_prefetch_head(c, plan->k_format, ks, c->k, D, b, hk0 + hh, k0 + j0 + DEC_SUB, DEC_SUB, ke);
+                    else dec_prefetch_head(c, plan->v_format, vs, c->v, Dv, b, hk0 + hh, k0, vsub, ke);
                 }
                 const float *qh = s.qf + hh * rows * D;
                 float *sh = s.s + hh * rows * DEC_TILE + j0;
@@ -548,8 +563,8 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
                                s.alpha + hh * rows);
         }
         /* values in the same order; the first sub-block rescales O by alpha */
-        for (int64_t j0 = 0; j0 < nk; j0 += DEC_SUB) {
-            const int64_t nj = nk - j0 < DEC_SUB ? nk - j0 : DEC_SUB;
+        for (int64_t j0 = 0; j0 < nk; j0 += vsub) {
+            const int64_t nj = nk - j0 < vsub ? nk - j0 : vsub;
             size_t ld = dec_rows(c, plan->v_format, vs, c->v, Dv, b, hk0, heads, k0 + j0, nj, plan->drv.dec.vint, s.vf,
                                  rows_of, &in_place);
             const fmha_cache_values_ukernel_fn values = plan->drv.dec.vint ? v_kern->values_int
@@ -558,8 +573,10 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
             for (int64_t hh = 0; hh < heads; hh++) {
                 /* this head's next sub-block of V (the next tile's first of K at the end) */
                 if (plan->drv.dec.prefetch) {
-                    if (j0 + DEC_SUB < nk) dec_prefetch_head(c, plan->v_format, vs, c->v, Dv, b, hk0 + hh, k0 + j0 + DEC_SUB, ke);
-                    else if (k0 + DEC_TILE < ke) dec_prefetch_head(c, plan->k_format, ks, c->k, D, b, hk0 + hh, k0 + DEC_TILE, ke);
+                    if (j0 + vsub < nk)
+                        dec_prefetch_head(c, plan->v_format, vs, c->v, Dv, b, hk0 + hh, k0 + j0 + vsub, vsub, ke);
+                    else if (k0 + DEC_TILE < ke)
+                        dec_prefetch_head(c, plan->k_format, ks, c->k, D, b, hk0 + hh, k0 + DEC_TILE, DEC_SUB, ke);
                 }
                 float *ph = s.s + hh * rows * DEC_TILE + j0;
                 const float *ah = j0 == 0 ? s.alpha + hh * rows : s.ones;

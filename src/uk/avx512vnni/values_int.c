@@ -4,8 +4,8 @@
  *
  * Each row's P, times each block's scale, is quantized to 16 bits per
  * block of 32 columns (int8: one scale for the row), as pairs of keys in
- * a dword; V's bytes widen to 16 bits and two keys' rows interleave, so
- * that one vpdpwssd adds two keys' products for 16 columns (in the order
+ * a dword; V's bytes (q4_0: its nibbles) widen to 16 bits and two keys'
+ * rows interleave, so that one vpdpwssd adds two keys' products for 16 columns (in the order
  * the 16-bit unpacks leave them: 0-3, 8-11, 16-19, 24-27 and 4-7, 12-15,
  * 20-23, 28-31 of a block, put back in order once at the end). Blocks of
  * 4 rows x 64 columns keep 16 int32 accumulators. */
@@ -28,9 +28,11 @@ FMHA_INLINE __m512i widen_block(const int kind, const uint8_t *x, size_t b, __mm
     if (kind == V_INT8) return _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(cm, x + 32 * b));
     const uint8_t *at = x + b * fmha_int_block_bytes(kind) + fmha_int_block_values_at(kind);
     if (kind == V_Q8_0) return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)at));
-    const __m256i n = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)at));
-    const __m256i lo = _mm256_and_si256(n, _mm256_set1_epi16(15)), hi = _mm256_srli_epi16(n, 4);
-    return _mm512_sub_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi16(8));
+    /* q4_0: the 16 bytes twice, low nibbles to words 0-15, high to 16-31 */
+    const __m512i twice = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)at)));
+    const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    const __m512i nib = _mm512_and_si512(_mm512_srlv_epi16(twice, shift), _mm512_set1_epi16(15));
+    return _mm512_sub_epi16(nib, _mm512_set1_epi16(8));
 }
 
 /* Row r's P' for block b (keys in pairs: pw [nk / 2 rounded up] dwords, the
