@@ -438,14 +438,15 @@ typedef struct fmha_param_grads {
  * where a q8_0 block rounds it to a half) and takes the scores of int8,
  * q8_0 and q4_0 keys in integer dot products (VNNI, AVX-VNNI, SDOT),
  * and P V of int8, q8_0 and q4_0 values on P quantized to 16 bits per
- * block of 32 columns and 64 keys; float8 keys meet the query rounded to bf16 where
- * the table's bf16 dot product pays (the avx512bf16 table). A query row
- * holding a NaN or inf, and a head dim that is not a multiple of 32, keep
- * ACCURATE's arithmetic. FAST takes a format's integer path only because
- * its error is no worse than llama.cpp's own arithmetic on the same cache
- * (the query as q8_0 blocks, integer products): relative L2 error of O
- * against float64 on the values each cache holds (Hq 32 / Hkv 8, D 128,
- * Skv 4096, Sq 1, Q, K, V uniform in [-1, 1); test_kvformat prints it):
+ * block of 32 columns and 64 keys; float8 keys meet the query rounded to
+ * bf16 where the table's bf16 dot product pays (the avx512bf16 table). A
+ * query row holding a NaN or inf, and a head dim that is not a multiple
+ * of 32, keep ACCURATE's arithmetic. FAST takes a format's integer path
+ * only because its error is no worse than llama.cpp's own arithmetic on
+ * the same cache (the query as q8_0 blocks, integer products): relative
+ * L2 error of O against float64 on the values each cache holds (Hq 32 /
+ * Hkv 8, D 128, Skv 4096, Sq 1, Q, K, V uniform in [-1, 1); test_kvformat
+ * prints it):
  *              ACCURATE  FAST     llama.cpp  FAST vs ACCURATE
  *   int8       1.6e-7    1.27e-3  1.27e-3    1.27e-3
  *   q8_0       1.5e-7    1.27e-3  1.27e-3    1.27e-3

@@ -5,10 +5,10 @@
  * Each row's P, times each block's scale, is quantized to 16 bits per
  * block of 32 columns (int8: one scale for the row), as pairs of keys in
  * a dword; V's bytes (q4_0: its nibbles) widen to 16 bits and two keys'
- * rows interleave, so that one vpdpwssd adds two keys' products for 16 columns (in the order
- * the 16-bit unpacks leave them: 0-3, 8-11, 16-19, 24-27 and 4-7, 12-15,
- * 20-23, 28-31 of a block, put back in order once at the end). Blocks of
- * 4 rows x 64 columns keep 16 int32 accumulators. */
+ * rows interleave, so that one vpdpwssd adds two keys' products for 16
+ * columns (in the order the 16-bit unpacks leave them: 0-3, 8-11, 16-19,
+ * 24-27 and 4-7, 12-15, 20-23, 28-31 of a block, put back in order once
+ * at the end). Blocks of 4 rows x 64 columns keep 16 int32 accumulators. */
 #include <immintrin.h>
 #include <math.h>
 #include <stddef.h>
