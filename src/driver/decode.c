@@ -137,8 +137,7 @@ int fmha_decode_plan(fmha_plan *plan) {
     plan->drv.dec.splits = ceil_div(p->seq_kv, plan->drv.dec.chunk);
     const fmha_cache_format *kf = fmha_cache_format_at(plan->k_format), *vf = fmha_cache_format_at(plan->v_format);
     const int64_t kv_bytes = p->batch * p->seq_kv * p->heads_kv *
-                             (fmha_format_row_units(kf, p->head_dim) * (int64_t)kf->unit_bytes +
-                              fmha_format_row_units(vf, p->head_dim_v) * (int64_t)vf->unit_bytes);
+                             (fmha_format_row_bytes(kf, p->head_dim) + fmha_format_row_bytes(vf, p->head_dim_v));
     const int f32_cache = plan->k_format == FMHA_FORMAT_F32 && plan->v_format == FMHA_FORMAT_F32;
     const int h16_cache = (plan->k_format == FMHA_FORMAT_BF16 || plan->k_format == FMHA_FORMAT_F16) &&
                           (plan->v_format == FMHA_FORMAT_BF16 || plan->v_format == FMHA_FORMAT_F16);
@@ -193,10 +192,10 @@ static void dec_carve(const fmha_plan *plan, fmha_carver *c, dec_scratch *s) {
     s->s = fmha_carve(c, heads * rows * DEC_TILE * sizeof(float));
     s->kf = fmha_carve(c, staged ? heads * DEC_SUB * D * sizeof(float) : 0);
     /* [heads][DEC_SUB][Dv] float32, or [DEC_VINT_SUB][heads] rows as stored (vint) */
-    const fmha_cache_format *vfmt = fmha_cache_format_at(plan->v_format);
     const size_t vf_float = heads * DEC_SUB * Dv * sizeof(float),
-                 vf_raw = plan->drv.dec.vint ? heads * DEC_VINT_SUB * (size_t)fmha_format_row_units(vfmt, (int64_t)Dv) *
-                                                   vfmt->unit_bytes
+                 vf_raw = plan->drv.dec.vint ? heads * DEC_VINT_SUB *
+                                                   (size_t)fmha_format_row_bytes(fmha_cache_format_at(plan->v_format),
+                                                                                 (int64_t)Dv)
                                              : 0;
     s->vf = fmha_carve(c, staged ? (vf_float > vf_raw ? vf_float : vf_raw) : 0);
     s->alpha = fmha_carve(c, heads * rows * sizeof(float));
@@ -361,7 +360,7 @@ static void dec_prefetch_head(const dec_ctx *c, fmha_cache_format_id fmt, const 
                               int64_t len, int64_t b, int64_t hk, int64_t k0, int64_t keys, int64_t end) {
     const fmha_problem *p = &c->plan->p;
     const fmha_cache_format *f = fmha_cache_format_at(fmt);
-    const int64_t bytes = fmha_format_row_units(f, len) * (int64_t)f->unit_bytes;
+    const int64_t bytes = fmha_format_row_bytes(f, len);
     const int64_t nj = end - k0 < keys ? end - k0 : keys;
     for (int64_t j = 0; j < nj; j++) {
         const char *row = (const char *)x + fmha_kv_row_at(p, st, b, hk, k0 + j) * (int64_t)f->unit_bytes;

@@ -93,6 +93,11 @@ static inline int64_t fmha_format_row_units(const fmha_cache_format *f, int64_t 
     return len / f->block * f->block_units;
 }
 
+/* Bytes of a row of len values as stored. */
+static inline int64_t fmha_format_row_bytes(const fmha_cache_format *f, int64_t len) {
+    return fmha_format_row_units(f, len) * (int64_t)f->unit_bytes;
+}
+
 /* Value e of the row at storage unit `at` of x, elements cs units apart
  * (block formats: cs is 1), before external scales. */
 static inline float fmha_format_value(const fmha_cache_format *f, const void *x, int64_t at, int64_t e, int64_t cs) {

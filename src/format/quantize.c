@@ -15,7 +15,7 @@ size_t fmha_kv_format_row_bytes(fmha_kv_format format, int64_t dim) {
     if (format <= FMHA_KV_FORMAT_DTYPE || format > FMHA_KV_FORMAT_Q4_0 || dim < 1 || dim > ((int64_t)1 << 40)) return 0;
     const fmha_cache_format *f = fmha_cache_format_at((fmha_cache_format_id)(format - FMHA_KV_FORMAT_F32));
     if (dim % f->block) return 0;
-    return (size_t)fmha_format_row_units(f, dim) * f->unit_bytes;
+    return (size_t)fmha_format_row_bytes(f, dim);
 }
 
 /* OCP float8 with m mantissa bits, exponent bias `bias`, largest finite
