@@ -45,6 +45,9 @@ typedef struct dec_rows {
     uint16_t *p;
 } dec_rows;
 
+/* A block of 16 rows or fewer: its kernels take half the tile work. */
+static inline int dec_half(const dec_rows *rb) { return rb->nq <= 16; }
+
 void FMHA_AMX_FN(fmha_matrix_pack_qt)(size_t nq, size_t d, const void *const *rows, int src, ptrdiff_t cs,
                                       int negate, uint32_t *qt) {
     const __m512i sign = _mm512_set1_epi32(negate ? (int)0x80008000u : 0);
@@ -73,14 +76,14 @@ static inline __attribute__((always_inline)) void prefetch_block_rows(const char
 
 /* One 32-key pass of S^T for a row block: s [32 keys][32 rows] (row
  * stride 32 floats) of the keys at k (rows k_rs bytes apart), D / 32
- * k-steps of 2 x 2 products; a block of 16 rows or fewer (`half`) takes
+ * k-steps of 2 x 2 products; a block of 16 rows or fewer (dec_half) takes
  * the 2 x 1 products of its rows 0-15 only and leaves s's lanes 16-31. */
 static void dec_scores_pass(const fmha_matrix_dec_args *a, const dec_rows *rb, const char *kt, ptrdiff_t k_rs,
-                            float *s, int half) {
+                            float *s) {
     const size_t steps = a->d / 32;
     TILE_ZERO(0);
     TILE_ZERO(2);
-    if (half) {
+    if (dec_half(rb)) {
         TILE_LOAD(4, kt, k_rs);
         TILE_LOAD(6, rb->qt, 64);
         TILE_LOAD(5, kt + 16 * k_rs, k_rs);
@@ -113,13 +116,13 @@ static void dec_scores_pass(const fmha_matrix_dec_args *a, const dec_rows *rb, c
 }
 
 /* Columns [16 c, 16 c + 32) of a row block's O [32][dvp] += P [32][n] V
- * over n keys (V interleaved in vb); `half`: rows 0-15 only. */
-static void dec_values_cols(const fmha_matrix_dec_args *a, const dec_rows *rb, size_t n, size_t c, int half) {
+ * over n keys (V interleaved in vb); a half block (dec_half): rows 0-15 only. */
+static void dec_values_cols(const fmha_matrix_dec_args *a, const dec_rows *rb, size_t n, size_t c) {
     const size_t ctiles = a->dvp / 16, ldo = a->dvp * 4, steps = n / 32, ldp = DEC_BK * 2;
     float *o = rb->o + c * 16;
     TILE_LOAD(0, o, ldo);
     TILE_LOAD(1, o + 16, ldo);
-    if (half) {
+    if (dec_half(rb)) {
         const char *vb = (const char *)(a->vb + c * 256);
         TILE_LOAD(4, rb->p, ldp);
         TILE_LOAD(6, vb, 64);
@@ -210,7 +213,7 @@ static void dec_unpermute(float *o, size_t n, size_t dvp) {
 /* The softmax of a block of n keys over S^T, lanes over rows: m, the sums
  * and O's rows (by alpha, in memory) updated, P [32][n] written as bf16;
  * nv vectors of 16 rows (a compile-time constant at each use): 1 for a
- * block of 16 rows or fewer (`half`), whose rows 16-31 are left. */
+ * block of 16 rows or fewer (dec_half), whose rows 16-31 are left. */
 static inline __attribute__((always_inline)) void dec_softmax_lanes(const fmha_matrix_dec_args *a,
                                                                     const dec_rows *rb, int64_t k0, size_t n,
                                                                     float *lsum, const int nv) {
@@ -296,9 +299,8 @@ static inline __attribute__((always_inline)) void dec_softmax_lanes(const fmha_m
     }
 }
 
-static void dec_softmax(const fmha_matrix_dec_args *a, const dec_rows *rb, int64_t k0, size_t n, float *lsum,
-                        int half) {
-    if (half)
+static void dec_softmax(const fmha_matrix_dec_args *a, const dec_rows *rb, int64_t k0, size_t n, float *lsum) {
+    if (dec_half(rb))
         dec_softmax_lanes(a, rb, k0, n, lsum, 1);
     else
         dec_softmax_lanes(a, rb, k0, n, lsum, 2);
@@ -334,18 +336,16 @@ void FMHA_AMX_FN(fmha_matrix_decode)(fmha_matrix_dec_args *a) {
             prefetch_block_rows(next_k, a->k_rs, kk < next_n ? kk : next_n, kk + 32 < next_n ? kk + 32 : next_n,
                                 row_bytes);
             for (size_t i = 0; i < nb; i++)
-                dec_scores_pass(a, &rows[i], k + (ptrdiff_t)kk * a->k_rs, a->k_rs, rows[i].s + kk * 32,
-                                rows[i].nq <= 16);
+                dec_scores_pass(a, &rows[i], k + (ptrdiff_t)kk * a->k_rs, a->k_rs, rows[i].s + kk * 32);
         }
         if (whole < nk) {
             memset(a->k_tail, 0, 32 * row_bytes);
             for (size_t j = whole; j < nk; j++)
                 memcpy((char *)a->k_tail + (j - whole) * row_bytes, k + (ptrdiff_t)j * a->k_rs, row_bytes);
             for (size_t i = 0; i < nb; i++)
-                dec_scores_pass(a, &rows[i], (const char *)a->k_tail, (ptrdiff_t)row_bytes, rows[i].s + whole * 32,
-                                rows[i].nq <= 16);
+                dec_scores_pass(a, &rows[i], (const char *)a->k_tail, (ptrdiff_t)row_bytes, rows[i].s + whole * 32);
         }
-        for (size_t i = 0; i < nb; i++) dec_softmax(a, &rows[i], k0, n, a->l + 32 * i, rows[i].nq <= 16);
+        for (size_t i = 0; i < nb; i++) dec_softmax(a, &rows[i], k0, n, a->l + 32 * i);
         /* P V a pair of column tiles at a time, its V slice (in L1) for
          * every row block; the next block's V rows spread over the pairs */
         const size_t per = (next_n + ctiles / 2 - 1) / (ctiles / 2);
@@ -353,7 +353,7 @@ void FMHA_AMX_FN(fmha_matrix_decode)(fmha_matrix_dec_args *a) {
             const size_t r0 = c / 2 * per;
             prefetch_block_rows(next_v, a->v_rs, r0 < next_n ? r0 : next_n, r0 + per < next_n ? r0 + per : next_n,
                                 a->dv * 2);
-            for (size_t i = 0; i < nb; i++) dec_values_cols(a, &rows[i], n, c, rows[i].nq <= 16);
+            for (size_t i = 0; i < nb; i++) dec_values_cols(a, &rows[i], n, c);
         }
     }
     if (!a->unfinished)
