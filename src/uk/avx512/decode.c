@@ -34,16 +34,16 @@ FMHA_INLINE __m512 widen_kv(const int kind, __m256i h) {
     return _mm512_cvtph_ps(h);
 }
 
-/* 16 fp8 bytes as float32. E5M2 is the top byte of a half. E4M3FN shifted
- * into a half's exponent and mantissa is the value / 2^8 (subnormals too);
- * S.1111.111 is its NaN. */
+/* 16 fp8 bytes as float32. E5M2 is the top byte of a half. E4M3FN
+ * sign-extended and shifted left by 7 is a half of the value / 2^8
+ * (subnormals too) once bit 14, a copy of the sign, is cleared: 9 µops
+ * with the NaN (S.1111.111) against 11 with the sign moved on its own. */
 FMHA_INLINE __m512 widen_fp8(const int kind, __m128i b8) {
-    const __m256i b = _mm256_cvtepu8_epi16(b8);
-    if (kind == KV_E5M2) return _mm512_cvtph_ps(_mm256_slli_epi16(b, 8));
-    const __m256i mag = _mm256_and_si256(b, _mm256_set1_epi16(0x7f));
-    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(mag, 7), _mm256_slli_epi16(_mm256_srli_epi16(b, 7), 15));
+    if (kind == KV_E5M2) return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(b8), 8));
+    const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b8), 7), _mm256_set1_epi16((short)0xBF80));
     const __m512 x = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
-    const __mmask16 nan = _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7f));
+    const __m256i nan_bits = _mm256_set1_epi16(0x3F80); /* the magnitude's 7 bits */
+    const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, nan_bits), nan_bits);
     return _mm512_mask_mov_ps(x, nan, _mm512_set1_ps(NAN));
 }
 
