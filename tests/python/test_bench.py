@@ -201,6 +201,7 @@ def test_unwritable_output_fails_before_running(tmp_path):
     ["--heads", "0"],
     ["--dim-v", "0"],
     ["--dim-v", "32", "--kv-format", "int8"],
+    ["--kv-format", "int8", "--kv-dtype", "bfloat16"],
     ["--dim-v", "32", "--page-size", "16"],
     ["--kv-lengths", "uniform:0.5"],
     ["--kv-lengths", "uniform:0.5", "--variants", "decode,causal"],
@@ -300,6 +301,26 @@ def test_decode_rows(tmp_path):
                    "--modes", "fwd", "--impls", "fmha_auto", "--variants", "decode")
     (r,) = [r for r in doc["results"] if r["seq"] == 100 and r.get("page_size") == 7]
     assert r["seq_q"] == 3 and r["status"] == "ok" and r["rel_err"] < 1e-5, r
+
+
+def test_paged_format_rows(tmp_path):
+    """--kv-format with --page-size: the format's rows (and int8's scales a
+    key) in a shuffled paged cache, over sequences of uneven lengths; each
+    row holds the same values as the contiguous cache, so its error against
+    the float64 reference is the contiguous row's, and its KV_GB/s counts
+    the rows as stored."""
+    for fmt in ("int8", "fp8_e4m3", "q8_0", "q4_0"):
+        errs = {}
+        for page in ([], ["--page-size", "5"]):
+            doc, _ = bench(tmp_path, "--seqs", "96", "--batch", "3", "--heads-kv", "2", "--heads", "8", "--dims", "64",
+                           "--kv-lengths", "uniform:0.5", "--kv-format", fmt, "--modes", "fwd",
+                           "--impls", "fmha_auto", "--variants", "decode", *page)
+            (r,) = doc["results"]
+            assert r["status"] == "ok" and r["kv_format"] == fmt and r["kv_gbs"] > 0, r
+            assert r.get("page_size", 0) == (5 if page else 0), r
+            errs[bool(page)] = r["rel_err"]
+        assert errs[True] == pytest.approx(errs[False], rel=1e-3, abs=1e-6), (fmt, errs)
+        assert errs[True] < 0.1, (fmt, errs)  # the format's rounding, not a misplaced row
 
 
 def test_uneven_decode_rows(tmp_path):

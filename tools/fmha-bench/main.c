@@ -69,8 +69,8 @@ static void usage(FILE *f)
             "  --kv-dtype T            K and V in bfloat16 or float16 beside float32 rows\n"
             "                          (fmha_problem.kv_dtype; forward only; default: the row's)\n"
             "  --kv-format F           K and V quantized by fmha_kv_quantize into int8, fp8_e4m3,\n"
-            "                          fp8_e5m2, q8_0 or q4_0 (forward only, contiguous caches; the\n"
-            "                          error column is against the unquantized float64 attention)\n"
+            "                          fp8_e5m2, q8_0 or q4_0 (forward only; paged with --page-size;\n"
+            "                          the error column is against the unquantized float64 attention)\n"
             "  --impls LIST            fmha_auto,fmha_dense,fmha_tiled,fmha_portable (default),\n"
             "                          fmha_plan (auto through one reused plan: per-call cost)\n"
             "  --portable-max-seq N    fmha_portable only up to this seq (default 1024)\n"
@@ -445,8 +445,8 @@ static int parse_args(int argc, char **argv, bench_options *o, run_kind *kind, b
         if (rc)
             return -1;
     }
-    if (o->kv_format && (o->page_size || o->kv_dtype))
-        return usage_error("--kv-format reads a contiguous cache of its own: not with --page-size or --kv-dtype");
+    if (o->kv_format && o->kv_dtype)
+        return usage_error("--kv-format stores the cache in its own format: not with --kv-dtype");
     if (o->dim_v && (o->kv_format || o->page_size))
         return usage_error("--dim-v needs K and V as plain tensors: not with --kv-format or --page-size");
     if (o->kv_min_fraction > 0)

@@ -140,7 +140,9 @@ void bench_case_problem(const bench_case *c, const bench_inputs *in, fmha_proble
         p->block_table_stride = in->table_stride;
         p->page_size = c->page_size;
         p->num_pages = in->num_pages;
-        p->k_strides[0] = p->v_strides[0] = c->page_size * bench_heads_kv(c) * c->head_dim;
+        p->k_strides[0] = p->v_strides[0] = c->page_size * p->k_strides[1]; /* a page of rows */
+        if (c->kv_format && p->k_scale_strides[0]) /* int8's scales a key: pooled as the rows */
+            p->k_scale_strides[0] = p->v_scale_strides[0] = c->page_size * p->k_scale_strides[1];
     }
     if (wrong)
         p->scale = WRONG_SCALE_FACTOR / sqrtf((float)c->head_dim);
@@ -265,19 +267,28 @@ static void fill_uniform(float *x, size_t n, uint64_t *state)
         x[i] = (float)((double)(splitmix64(state) >> 40) * (2.0 / 16777216.0) - 1.0);
 }
 
-/* The paged copy of k_in and v_in: each sequence's ceil(S / page) pages
- * placed at a shuffled position of the pools (splitmix64 Fisher-Yates). */
+/* The paged copy of the cache as it runs (k_run, v_run: elements, or a
+ * format's rows) and of int8's scales a key: each sequence's ceil(S / page)
+ * pages placed at a shuffled position of the pools (splitmix64
+ * Fisher-Yates); pool rows are [page, row, head, ...] as the keys' rows. */
 static int make_pools(bench_inputs *in, const bench_case *c)
 {
-    const int64_t ps = c->page_size, per_seq = (c->seq + ps - 1) / ps;
-    const size_t row = (size_t)(bench_heads_kv(c) * c->head_dim) * in->kv_elem_size;
+    const int64_t ps = c->page_size, per_seq = (c->seq + ps - 1) / ps, hkv = bench_heads_kv(c);
+    const size_t row = (size_t)hkv * (in->kv_format ? (size_t)in->kv_row_bytes : (size_t)c->head_dim * in->kv_elem_size);
+    const int key_scales = in->kv_format == FMHA_KV_FORMAT_INT8; /* [key][head] floats, paged with the rows */
     in->table_stride = per_seq;
     in->num_pages = c->batch * per_seq;
     in->table = malloc((size_t)in->num_pages * sizeof(int32_t));
     in->k_pool = malloc((size_t)(in->num_pages * ps) * row);
     in->v_pool = malloc((size_t)(in->num_pages * ps) * row);
-    if (!in->table || !in->k_pool || !in->v_pool)
+    float *scale_pool[2] = {NULL, NULL};
+    for (int t = 0; t < 2 && key_scales; t++)
+        scale_pool[t] = malloc((size_t)(in->num_pages * ps * hkv) * sizeof(float));
+    if (!in->table || !in->k_pool || !in->v_pool || (key_scales && (!scale_pool[0] || !scale_pool[1]))) {
+        free(scale_pool[0]);
+        free(scale_pool[1]);
         return -1;
+    }
     uint64_t state = INPUT_SEED ^ 0x70a6e5ULL;
     for (int64_t i = 0; i < in->num_pages; i++)
         in->table[i] = (int32_t)i;
@@ -291,9 +302,19 @@ static int make_pools(bench_inputs *in, const bench_case *c)
         for (int64_t j = 0; j < c->seq; j++) {
             size_t to = (size_t)(in->table[b * per_seq + j / ps] * ps + j % ps) * row;
             size_t from = (size_t)(b * c->seq + j) * row;
-            memcpy((char *)in->k_pool + to, (const char *)in->k_in + from, row);
-            memcpy((char *)in->v_pool + to, (const char *)in->v_in + from, row);
+            memcpy((char *)in->k_pool + to, (const char *)in->k_run + from, row);
+            memcpy((char *)in->v_pool + to, (const char *)in->v_run + from, row);
+            for (int t = 0; t < 2 && key_scales; t++) {
+                const float *sc = t ? in->v_scales : in->k_scales;
+                memcpy(scale_pool[t] + (to / row) * (size_t)hkv, sc + (size_t)(b * c->seq + j) * (size_t)hkv,
+                       (size_t)hkv * sizeof(float));
+            }
         }
+    if (key_scales) {
+        free(in->k_scales);
+        free(in->v_scales);
+        in->k_scales = scale_pool[0], in->v_scales = scale_pool[1];
+    }
     in->k_run = in->k_pool;
     in->v_run = in->v_pool;
     return 0;
