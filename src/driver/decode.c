@@ -302,14 +302,24 @@ static size_t dec_rows(const dec_ctx *c, fmha_cache_format_id fmt, const int64_t
             rows[hh] = (const char *)x + (size_t)fmha_kv_row_at(p, st, b, hk0 + hh, k0) * f->unit_bytes;
         return (size_t)st[1];
     }
-    if (raw) { /* the stored bytes, key by key across the pages */
+    if (raw) { /* the stored bytes, page run by page run */
         const size_t bytes = (size_t)units * f->unit_bytes;
+        const int heads_adjacent = heads == 1 || st[2] == units; /* a key's rows: one copy */
         char *to = (char *)buf;
         *in_place = 1;
-        for (int64_t j = 0; j < nj; j++)
-            for (int64_t hh = 0; hh < heads; hh++)
-                memcpy(to + (size_t)(j * heads + hh) * bytes,
-                       (const char *)x + (size_t)fmha_kv_row_at(p, st, b, hk0 + hh, k0 + j) * f->unit_bytes, bytes);
+        for (int64_t j = 0; j < nj;) {
+            int64_t first;
+            const int64_t run = fmha_kv_run_at(p, st, b, k0 + j, nj - j, &first);
+            for (int64_t t = 0; t < run; t++, j++) {
+                const char *key = (const char *)x + (size_t)(first + t * st[1] + hk0 * st[2]) * f->unit_bytes;
+                if (heads_adjacent) {
+                    memcpy(to + (size_t)(j * heads) * bytes, key, (size_t)heads * bytes);
+                    continue;
+                }
+                for (int64_t hh = 0; hh < heads; hh++)
+                    memcpy(to + (size_t)(j * heads + hh) * bytes, key + (size_t)(hh * st[2]) * f->unit_bytes, bytes);
+            }
+        }
         for (int64_t hh = 0; hh < heads; hh++) rows[hh] = to + (size_t)hh * bytes;
         return (size_t)(heads * units);
     }
@@ -383,9 +393,13 @@ static void dec_prefetch_head(const dec_ctx *c, fmha_cache_format_id fmt, const 
     const fmha_cache_format *f = fmha_cache_format_at(fmt);
     const int64_t bytes = fmha_format_row_bytes(f, len);
     const int64_t nj = end - k0 < keys ? end - k0 : keys;
-    for (int64_t j = 0; j < nj; j++) {
-        const char *row = (const char *)x + fmha_kv_row_at(p, st, b, hk, k0 + j) * (int64_t)f->unit_bytes;
-        for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(row + at, 0, 1);
+    for (int64_t j = 0; j < nj;) {
+        int64_t first;
+        const int64_t run = fmha_kv_run_at(p, st, b, k0 + j, nj - j, &first);
+        for (int64_t t = 0; t < run; t++, j++) {
+            const char *row = (const char *)x + (first + t * st[1] + hk * st[2]) * (int64_t)f->unit_bytes;
+            for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(row + at, 0, 1);
+        }
     }
 }
 

@@ -151,7 +151,11 @@ void fmha_kv_scales_of(const fmha_problem *p, int which, int64_t b, int64_t hk, 
             for (int64_t i = 0; i < n; i++) scales[i] = first[i * ss[1]];
             return;
         }
-        for (int64_t i = 0; i < n; i++) scales[i] = sc[fmha_kv_row_at(p, ss, b, hk, k0 + i)];
+        for (int64_t i = 0; i < n;) {
+            int64_t first;
+            const int64_t run = fmha_kv_run_at(p, ss, b, k0 + i, n - i, &first);
+            for (int64_t t = 0; t < run; t++, i++) scales[i] = sc[first + t * ss[1] + hk * ss[2]];
+        }
         return;
     }
     const float one = f->scales == FMHA_SCALES_PER_HEAD && sc ? sc[hk * ss[2]] : 1.0f;

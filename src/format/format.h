@@ -126,6 +126,21 @@ static inline int64_t fmha_kv_row_at(const fmha_problem *p, const int64_t *st, i
     return page * st[0] + (j % p->page_size) * st[1] + hk * st[2];
 }
 
+/* Keys [j, j + n) of batch element b as runs inside one page: *row gets the
+ * offset of key j's row at kv head 0 (fmha_kv_row_at), and the run's keys
+ * (returned, at most n) lie st[1] apart from it. One division a run, not
+ * one a key. */
+static inline int64_t fmha_kv_run_at(const fmha_problem *p, const int64_t *st, int64_t b, int64_t j, int64_t n,
+                                     int64_t *row) {
+    if (!p->block_table) {
+        *row = b * st[0] + j * st[1];
+        return n;
+    }
+    const int64_t in_page = j % p->page_size, left = p->page_size - in_page;
+    *row = p->block_table[b * p->block_table_stride + j / p->page_size] * st[0] + in_page * st[1];
+    return left < n ? left : n;
+}
+
 /* scales[i] (i < n) = the scales kept beside K's (which 0) or V's (1) rows
  * of keys [k0, k0 + n), kv head hk, batch element b (through the block
  * table when paged): per key, or the head's one repeated, or 1 when the
