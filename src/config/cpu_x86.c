@@ -175,7 +175,8 @@ void fmha_arch_cache_sizes(fmha_cache_sizes *c) {
  *         Xeon with AMX (48 KiB L1D, 2 MiB L2): fmha-bench --tune on the
  *         amx table, 2 threads, and K's copy from 256 KiB a head and
  *         decode's split at 1024 keys chosen by alternating runs
- *         (design.md). */
+ *         (design.md); the same entry for the tables beneath amx on
+ *         this CPU (FMHA_ISA), as for model 167. */
 #define ZEN4 "zen4", ""
 #define XEON_6_167 "xeon-6-167", "k_copy_bytes=262144,matrix_block_kv=256"
 #define XEON_6_207                                                                                                     \
@@ -190,6 +191,9 @@ static const fmha_arch_tuning x86_tunings[] = {
     {"avx512", "GenuineIntel", 6, 167, 167, XEON_6_167},
     {"avx2", "GenuineIntel", 6, 167, 167, XEON_6_167},
     {"amx", "GenuineIntel", 6, 207, 207, XEON_6_207},
+    {"avx512bf16", "GenuineIntel", 6, 207, 207, XEON_6_207},
+    {"avx512", "GenuineIntel", 6, 207, 207, XEON_6_207},
+    {"avx2", "GenuineIntel", 6, 207, 207, XEON_6_207},
 };
 #undef ZEN4
 #undef XEON_6_167
