@@ -584,14 +584,15 @@ static void test_scores_q8(const char *isa) {
 /* Per ISA: P V in integers (values_int, where the table has it) gives the
  * scalar specification's bits: random value bytes (block scales of every
  * half class, NaN and inf too), P in [0, 1) with zeros, rows of zeros and
- * rows of tiny or huge weights, 1..19 rows, 1..64 keys (odd counts: a
+ * rows of tiny or huge weights, 1..40 rows (groups of 16 on the tiles
+ * and the rows past them, 16 and 32 exactly), 1..64 keys (odd counts: a
  * pair's pad), any Dv for int8 (partial blocks and vectors), any row
  * stride. */
 static void test_values_int(const char *isa) {
     const fmha_ukernels *uk = fmha_cpu_kernels();
     const fmha_ukernels *spec = fmha_cpu_kernels_for("scalar");
     static const fmha_kv_format fmts[] = {FMHA_KV_FORMAT_INT8, FMHA_KV_FORMAT_Q8_0, FMHA_KV_FORMAT_Q4_0};
-    enum { ROWS = 19, KEYS = 64, DV = 320 };
+    enum { ROWS = 40, KEYS = 64, DV = 320 };
     for (int fi = 0; fi < 3; fi++) {
         const fmha_kv_format f = fmts[fi];
         const fmha_cache_format_id id = (fmha_cache_format_id)(f - FMHA_KV_FORMAT_F32);
@@ -606,7 +607,7 @@ static void test_values_int(const char *isa) {
         for (int c = 0; c < 40; c++) {
             /* odd cases: more than 4 rows (several blocks of rows) of at most 17
              * keys, a decode sub-block's size */
-            const size_t rows = (size_t)(c % 2 ? tu_int(5, ROWS) : tu_int(1, ROWS));
+            const size_t rows = (size_t)(c % 8 == 6 ? 16 * tu_int(1, 2) : c % 2 ? tu_int(5, ROWS) : tu_int(1, ROWS));
             const size_t nk = (size_t)(c % 2 ? tu_int(1, 17) : tu_int(1, KEYS));
             const size_t dv = nbytes == 32 ? (size_t)tu_int(1, DV) : 32 * (size_t)tu_int(1, DV / 32);
             const size_t ldv = (dv + 31) / 32 * nbytes + (size_t)tu_int(0, 50);

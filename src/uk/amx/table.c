@@ -42,9 +42,9 @@ static const fmha_uk_matrix amx_matrix = {
     .decode = FMHA_AMX_FN(fmha_matrix_decode),
 };
 
-/* avx512vnni's cache parts, with the integer scores on tiles (from 16 rows) */
+/* avx512vnni's cache parts, with the integer scores and P V on tiles (from 16 rows) */
 #define AMX_INTEGER(name)                                                                                              \
-    FMHA_AMX_FN(fmha_##name##kv_scores_q8), fmha_##name##kv_values_int__avx512vnni, .q8_tiles = 1
+    FMHA_AMX_FN(fmha_##name##kv_scores_q8), FMHA_AMX_FN(fmha_##name##kv_values_int), .q8_tiles = 1
 static const fmha_uk_cache amx_caches[FMHA_FORMAT_COUNT] =
     FMHA_AVX512_CACHES(AMX_INTEGER(int8), AMX_INTEGER(q8_0), AMX_INTEGER(q4_0), NULL, NULL);
 

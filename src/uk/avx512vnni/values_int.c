@@ -16,11 +16,9 @@
 
 #include "../avx512/unpack.h"
 #include "decode.h"
+#include "values_int.h"
 
 #define FMHA_INLINE static inline __attribute__((always_inline))
-
-enum { V_INT8 = FMHA_FORMAT_INT8, V_Q8_0 = FMHA_FORMAT_Q8_0, V_Q4_0 = FMHA_FORMAT_Q4_0 };
-enum { MAX_KEYS = 64, MAX_BLOCKS = 18 }; /* the contract's nk; D <= 576 */
 
 /* Columns [32 b, 32 b + 32) of row x as 16-bit integers (int8: the lanes
  * of cm, the others 0). */
@@ -33,36 +31,6 @@ FMHA_INLINE __m512i widen_block(const int kind, const uint8_t *x, size_t b, __mm
     const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
     const __m512i nib = _mm512_and_si512(_mm512_srlv_epi16(twice, shift), _mm512_set1_epi16(15));
     return _mm512_sub_epi16(nib, _mm512_set1_epi16(8));
-}
-
-/* Row r's P' for block b (keys in pairs: pw [nk / 2 rounded up] dwords, the
- * pad 0) and its scale *s, from the row's largest |P| pm and the block's
- * largest |scale| dm. vd: the 16-key chunks' block scales (int8: ones). */
-FMHA_INLINE void quantize_row(size_t nk, const float *p, const __m512 vd[MAX_KEYS / 16], float pm, float dm,
-                              int32_t *pw, float *s) {
-    const float mx = pm * dm;
-    const int finite = mx <= 3.40282347e38f;
-    *s = finite ? mx / 32767.0f : NAN;
-    const __m512 inv = _mm512_set1_ps(finite && mx >= 0x1p-100f ? 32767.0f / mx : 0.0f);
-    for (size_t c = 0; c * 16 < nk; c++) {
-        const __mmask16 keys = nk - 16 * c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nk - 16 * c)) - 1u);
-        const __m512 w = _mm512_mul_ps(_mm512_maskz_loadu_ps(keys, p + 16 * c), vd[c]);
-        const __m512i q = finite ? _mm512_cvtps_epi32(_mm512_mul_ps(w, inv)) : _mm512_setzero_si512();
-        _mm256_storeu_si256((__m256i *)((int16_t *)pw + 16 * c), _mm512_cvtepi32_epi16(q));
-    }
-}
-
-/* The largest |x_i| of n <= MAX_KEYS floats, NaN when one is NaN. */
-FMHA_INLINE float abs_max(size_t n, const float *x) {
-    __m512 m = _mm512_setzero_ps();
-    __mmask16 nan = 0;
-    for (size_t c = 0; c * 16 < n; c++) {
-        const __mmask16 keys = n - 16 * c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - 16 * c)) - 1u);
-        const __m512 v = _mm512_maskz_loadu_ps(keys, x + 16 * c);
-        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-        m = _mm512_max_ps(m, _mm512_abs_ps(v));
-    }
-    return nan ? NAN : _mm512_reduce_max_ps(m);
 }
 
 /* Rows [0, R) (R = 4 or 1; rows past nr repeat the last, not stored),
@@ -126,38 +94,11 @@ FMHA_INLINE void values_block(const int kind, const int R, size_t nr, size_t nk,
 FMHA_INLINE void values_int(const int kind, size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
                             const void *v, size_t ldv, float *o, size_t ldo, const float *alpha) {
     const uint8_t *v8 = v;
-    const size_t nb = kind == V_INT8 ? 1 : dv / 32; /* blocks with a P' of their own */
+    const size_t nb = value_p_blocks(kind, dv); /* blocks with a P' of their own */
     /* the keys' block scales, 16 keys a vector (int8: ones), and each block's largest */
     __m512 vd[MAX_BLOCKS][MAX_KEYS / 16];
     float dm[MAX_BLOCKS];
-    int32_t off[16];
-    for (size_t i = 0; i < 16; i++) off[i] = (int32_t)(i * ldv);
-    const int gather = ldv <= (size_t)INT32_MAX / 64;
-    for (size_t b = 0; b < nb; b++) {
-        __m512 m = _mm512_setzero_ps();
-        __mmask16 nan = 0;
-        for (size_t c = 0; c * 16 < nk; c++) {
-            const __mmask16 keys = nk - 16 * c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nk - 16 * c)) - 1u);
-            if (kind == V_INT8) {
-                vd[b][c] = _mm512_set1_ps(1.0f);
-                continue;
-            }
-            const uint8_t *at = v8 + 16 * c * ldv + b * fmha_int_block_bytes(kind);
-            __m256i h;
-            if (gather) {
-                h = _mm512_cvtepi32_epi16(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), keys,
-                                                                      _mm512_loadu_si512(off), at, 1));
-            } else {
-                uint16_t hs[16] = {0};
-                for (size_t i = 0; i < 16 && 16 * c + i < nk; i++) __builtin_memcpy(&hs[i], at + i * ldv, 2);
-                h = _mm256_loadu_si256((const __m256i *)hs);
-            }
-            vd[b][c] = _mm512_cvtph_ps(h);
-            nan |= _mm512_cmp_ps_mask(vd[b][c], vd[b][c], _CMP_UNORD_Q);
-            m = _mm512_max_ps(m, _mm512_abs_ps(vd[b][c]));
-        }
-        dm[b] = kind == V_INT8 ? 1.0f : nan ? NAN : _mm512_reduce_max_ps(m);
-    }
+    value_block_scales(kind, nk, dv, v8, ldv, vd, dm);
     int32_t pw[4][MAX_BLOCKS][MAX_KEYS / 2];
     float s[4][MAX_BLOCKS];
     for (size_t r0 = 0; r0 < rows; r0 += 4) {
