@@ -181,12 +181,20 @@ typedef struct dec_partials {
     uint8_t *qt;
 } dec_partials;
 
+/* 1 when n rows a call widen rows of format fmt once into float32 rows
+ * (fmha_uk_cache.widen_rows) rather than reading them in place. */
+static int dec_widen(const fmha_plan *plan, fmha_cache_format_id fmt, int64_t n) {
+    const int from = plan->uk->cache[fmt].widen_rows;
+    return from > 0 && n >= from;
+}
+
 static void dec_carve(const fmha_plan *plan, fmha_carver *c, dec_scratch *s) {
     size_t rows = (size_t)plan->drv.dec.rows, D = (size_t)plan->p.head_dim, Dv = (size_t)plan->p.head_dim_v;
     /* sub-blocks staged in scratch: formats without in-place kernels,
      * sub-blocks that cross pages */
     const fmha_ukernels *uk = plan->uk;
-    int staged = !uk->cache[plan->k_format].scores || !uk->cache[plan->v_format].values || plan->p.block_table;
+    int staged = !uk->cache[plan->k_format].scores || !uk->cache[plan->v_format].values || plan->p.block_table ||
+                 dec_widen(plan, plan->k_format, (int64_t)rows) || dec_widen(plan, plan->v_format, (int64_t)rows);
     s->qf = fmha_carve(c, (size_t)plan->drv.dec.heads * rows * D * sizeof(float));
     size_t heads = (size_t)plan->drv.dec.heads;
     s->s = fmha_carve(c, heads * rows * DEC_TILE * sizeof(float));
@@ -277,9 +285,10 @@ static void dec_row_range(const fmha_plan *plan, int64_t b, int64_t i, int64_t *
 /* The rows of keys [k0, k0 + nj) of K or V (x in format fmt, strides st in
  * its storage units, rows of len values), heads [hk0, hk0 + heads), as the kernels read
  * them: rows[hh] for head hk0 + hh, rows ld elements apart (returned).
- * Rows inside one page of a format with scores/values kernels, or read by
- * a kernel of the format's bytes (`raw`: the integer scores), are read in
- * place (*in_place = 1: the caller runs the format's kernels); raw rows
+ * Rows inside one page of a format with scores/values kernels (unless
+ * `widen`: many rows, dec_widen), or read by a kernel of the format's bytes
+ * (`raw`: the integer scores), are read in place (*in_place = 1: the
+ * caller runs the format's kernels); raw rows
  * that cross pages are gathered as they are stored into buf [nj][heads]
  * [row bytes], so the kernel reads the same bytes. The rest is
  * loaded into buf [nj][heads][len] float32 (the format's load kernel,
@@ -288,7 +297,7 @@ static void dec_row_range(const fmha_plan *plan, int64_t b, int64_t i, int64_t *
  * page), else key by key, or row by row; the caller then runs the float32
  * format's kernels. */
 static size_t dec_rows(const dec_ctx *c, fmha_cache_format_id fmt, const int64_t *st, const void *x, int64_t len,
-                       int64_t b, int64_t hk0, int64_t heads, int64_t k0, int64_t nj, int raw, float *buf,
+                       int64_t b, int64_t hk0, int64_t heads, int64_t k0, int64_t nj, int raw, int widen, float *buf,
                        const void **rows, int *in_place) {
     const fmha_plan *plan = c->plan;
     const fmha_problem *p = &plan->p;
@@ -296,7 +305,7 @@ static size_t dec_rows(const dec_ctx *c, fmha_cache_format_id fmt, const int64_t
     const fmha_uk_cache *kern = &plan->uk->cache[fmt];
     const int one_page = dec_one_page(p, k0, nj);
     const int64_t w = heads * len, units = fmha_format_row_units(f, len); /* one staged key; a row stored */
-    *in_place = one_page && (raw || kern->scores);
+    *in_place = one_page && (raw || (kern->scores && !widen));
     if (*in_place) {
         for (int64_t hh = 0; hh < heads; hh++)
             rows[hh] = (const char *)x + (size_t)fmha_kv_row_at(p, st, b, hk0 + hh, k0) * f->unit_bytes;
@@ -541,6 +550,8 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
     const fmha_uk_cache *staged = &uk->cache[FMHA_FORMAT_F32];
     const int k_scaled = dec_has_scales(p, 0), v_scaled = dec_has_scales(p, 1);
     const int64_t vsub = plan->drv.dec.vint ? DEC_VINT_SUB : DEC_SUB; /* keys a values call */
+    /* many rows: narrow rows widened once for all the kernels' row blocks */
+    const int widen_k = dec_widen(plan, plan->k_format, n), widen_v = dec_widen(plan, plan->v_format, n);
     for (int64_t r = 0; r < rows; r++) s.ones[r] = 1.0f;
     for (int64_t k0 = kb; k0 < ke; k0 += DEC_TILE) {
         int64_t nk = ke - k0 < DEC_TILE ? ke - k0 : DEC_TILE;
@@ -551,8 +562,8 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
          * so that a cache interleaving the heads is read in address order */
         for (int64_t j0 = 0; j0 < nk; j0 += DEC_SUB) {
             const int64_t nj = nk - j0 < DEC_SUB ? nk - j0 : DEC_SUB;
-            size_t ld = dec_rows(c, plan->k_format, ks, c->k, D, b, hk0, heads, k0 + j0, nj, qscores != 0, s.kf,
-                                 rows_of, &in_place);
+            size_t ld = dec_rows(c, plan->k_format, ks, c->k, D, b, hk0, heads, k0 + j0, nj, qscores != 0, widen_k,
+                                 s.kf, rows_of, &in_place);
             const fmha_cache_scores_ukernel_fn scores = in_place ? k_kern->scores : staged->scores;
             for (int64_t hh = 0; hh < heads; hh++) {
                 /* this head's next sub-block of K (the first of V at the tile's end) */
@@ -600,8 +611,8 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
         /* values in the same order; the first sub-block rescales O by alpha */
         for (int64_t j0 = 0; j0 < nk; j0 += vsub) {
             const int64_t nj = nk - j0 < vsub ? nk - j0 : vsub;
-            size_t ld = dec_rows(c, plan->v_format, vs, c->v, Dv, b, hk0, heads, k0 + j0, nj, plan->drv.dec.vint, s.vf,
-                                 rows_of, &in_place);
+            size_t ld = dec_rows(c, plan->v_format, vs, c->v, Dv, b, hk0, heads, k0 + j0, nj, plan->drv.dec.vint,
+                                 widen_v, s.vf, rows_of, &in_place);
             const fmha_cache_values_ukernel_fn values = plan->drv.dec.vint ? v_kern->values_int
                                                         : in_place     ? v_kern->values
                                                                        : staged->values;

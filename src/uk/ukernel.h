@@ -386,7 +386,10 @@ typedef struct fmha_uk_decode {
  * format's values, or float32 rows). scores_bf16: float8 keys' scores on
  * the query rounded to bf16 (precision FAST), read as scores_q8 reads;
  * fallback: none. q8_tiles: the driver makes the query's tiles for
- * scores_q8. */
+ * scores_q8. widen_rows: from this many rows a call, the driver widens the
+ * format's rows once into float32 rows for the float32 format's kernels
+ * rather than letting scores and values widen them once per block of rows
+ * (the same bits); 0: never. */
 typedef struct fmha_uk_cache {
     fmha_cache_load_ukernel_fn load;
     fmha_cache_scores_ukernel_fn scores;
@@ -395,6 +398,7 @@ typedef struct fmha_uk_cache {
     fmha_cache_values_int_ukernel_fn values_int;
     fmha_cache_scores_bf16_ukernel_fn scores_bf16;
     int q8_tiles; /* 1: scores_q8 reads the query's tiles (fmha_q8_rows.tiles) */
+    int widen_rows;
 } fmha_uk_cache;
 
 /* Per-thread set-up and tear-down around a job's tasks, for kernels with
