@@ -191,7 +191,7 @@ static int dec_widen(const fmha_plan *plan, fmha_cache_format_id fmt, int64_t n)
 static void dec_carve(const fmha_plan *plan, fmha_carver *c, dec_scratch *s) {
     size_t rows = (size_t)plan->drv.dec.rows, D = (size_t)plan->p.head_dim, Dv = (size_t)plan->p.head_dim_v;
     /* sub-blocks staged in scratch: formats without in-place kernels,
-     * sub-blocks that cross pages */
+     * sub-blocks that cross pages, many rows (dec_widen) */
     const fmha_ukernels *uk = plan->uk;
     int staged = !uk->cache[plan->k_format].scores || !uk->cache[plan->v_format].values || plan->p.block_table ||
                  dec_widen(plan, plan->k_format, (int64_t)rows) || dec_widen(plan, plan->v_format, (int64_t)rows);
