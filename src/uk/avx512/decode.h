@@ -39,9 +39,8 @@ FMHA_AVX512_FORMAT_DECLS(q4_0)
  * the integer kernels (scores_q8, values_int) of int8, q8_0 and q4_0 rows
  * (each a pair; FMHA_NO_INTEGER: none) and the bf16 scores of float8 keys
  * (NULL: none). widen_rows by the widening's µops a vector (decode.c):
- * e4m3 9 from 8 rows, e5m2 4 from 16, the 2-µop formats from 32, measured
- * on a model 207 Xeon (design.md, "Decode"); q8_0 and q4_0 (5-7) with
- * e5m2, by their count. */
+ * e4m3 9 from 8 rows, e5m2 4 and q8_0, q4_0 5-7 from 16, the 2-µop
+ * formats from 32, measured on a model 207 Xeon (design.md, "Decode"). */
 #define FMHA_NO_INTEGER NULL, NULL
 #define FMHA_AVX512_FORMAT(name) \
     fmha_widen_##name##__avx512, fmha_##name##kv_decode_scores__avx512, fmha_##name##kv_decode_values__avx512
