@@ -305,6 +305,7 @@ static size_t dec_rows(const dec_ctx *c, fmha_cache_format_id fmt, const int64_t
     const fmha_uk_cache *kern = &plan->uk->cache[fmt];
     const int one_page = dec_one_page(p, k0, nj);
     const int64_t w = heads * len, units = fmha_format_row_units(f, len); /* one staged key; a row stored */
+    const int heads_adjacent = heads == 1 || st[2] == units; /* a key's rows of the unit's heads side by side */
     *in_place = one_page && (raw || (kern->scores && !widen));
     if (*in_place) {
         for (int64_t hh = 0; hh < heads; hh++)
@@ -313,7 +314,6 @@ static size_t dec_rows(const dec_ctx *c, fmha_cache_format_id fmt, const int64_t
     }
     if (raw) { /* the stored bytes, page run by page run */
         const size_t bytes = (size_t)units * f->unit_bytes;
-        const int heads_adjacent = heads == 1 || st[2] == units; /* a key's rows: one copy */
         char *to = (char *)buf;
         *in_place = 1;
         for (int64_t j = 0; j < nj;) {
@@ -321,7 +321,7 @@ static size_t dec_rows(const dec_ctx *c, fmha_cache_format_id fmt, const int64_t
             const int64_t run = fmha_kv_run_at(p, st, b, k0 + j, nj - j, &first);
             for (int64_t t = 0; t < run; t++, j++) {
                 const char *key = (const char *)x + (size_t)(first + t * st[1] + hk0 * st[2]) * f->unit_bytes;
-                if (heads_adjacent) {
+                if (heads_adjacent) { /* one copy */
                     memcpy(to + (size_t)(j * heads) * bytes, key, (size_t)heads * bytes);
                     continue;
                 }
@@ -332,7 +332,6 @@ static size_t dec_rows(const dec_ctx *c, fmha_cache_format_id fmt, const int64_t
         for (int64_t hh = 0; hh < heads; hh++) rows[hh] = to + (size_t)hh * bytes;
         return (size_t)(heads * units);
     }
-    const int heads_adjacent = heads == 1 || st[2] == units;
     if (heads_adjacent && st[1] == heads * units && one_page)
         dec_stage_row(f, kern, nj * w, x, fmha_kv_row_at(p, st, b, hk0, k0), buf);
     else if (heads_adjacent)
@@ -479,13 +478,10 @@ static void dec_rescore_nonfinite(const dec_ctx *c, int64_t b, int64_t hk, int64
     const fmha_plan *plan = c->plan;
     const fmha_problem *p = &plan->p;
     if (!dec_any_nonfinite(sh, n, nj)) return; /* every call but the rare one */
-    float probe[DEC_SUB] = {0}; /* x * 0: 0 for finite x, NaN otherwise */
-    for (int64_t r = 0; r < n; r++)
-        for (int64_t j = 0; j < nj; j++) probe[j] += sh[r * DEC_TILE + j] * 0.0f;
     const fmha_cache_format *kf = fmha_cache_format_at(plan->k_format);
     const int64_t *qs = p->q_strides, D = p->head_dim;
     for (int64_t j = 0; j < nj; j++) {
-        if (probe[j] == 0.0f) continue;
+        if (!dec_any_nonfinite(sh + j, n, 1)) continue; /* key j's column */
         const char *krow = (const char *)c->k + (size_t)fmha_kv_row_at(p, p->k_strides, b, hk, k0 + j) * kf->unit_bytes;
         for (int64_t r = 0; r < n; r++) {
             const int64_t i = (rho0 + r) / plan->group, h = hk * plan->group + (rho0 + r) % plan->group;
