@@ -157,11 +157,12 @@ int fmha_decode_plan(fmha_plan *plan) {
 
 /* One thread's scratch:
  *   qf [heads][rows][D] float32 query rows, s [heads][rows][TILE] scores / P,
+ *   qt [heads][groups of 16 rows][D][16] the query rows transposed (scores_qt),
  *   kf [heads][SUB][D], vf [heads][SUB][Dv] staged sub-blocks (2-byte dtypes, paged caches),
  *   alpha [heads][rows] the tile's rescale, ones [rows] 1s, lo/hi [rows] each
  *   row's visible keys [lo, hi), acc [Dv] the merge's sum */
 typedef struct dec_scratch {
-    float *qf, *s, *kf, *vf, *alpha, *ones, *acc;
+    float *qf, *qt, *s, *kf, *vf, *alpha, *ones, *acc;
     int64_t *lo, *hi;
 } dec_scratch;
 
@@ -188,15 +189,25 @@ static int dec_widen(const fmha_plan *plan, fmha_cache_format_id fmt, int64_t n)
     return from > 0 && n >= from;
 }
 
+/* 1 when n rows a call take the float32 query's scores with rows in the
+ * lanes (fmha_uk_decode.scores_qt) on float32 K rows: read in place from a
+ * float32 cache, others widened a sub-block at a time. */
+static int dec_qt(const fmha_plan *plan, int64_t n) {
+    const fmha_uk_decode *dk = &plan->uk->decode;
+    return dk->scores_qt && dk->qt_rows > 0 && n >= dk->qt_rows && plan->drv.dec.scores == FMHA_DEC_SCORES_F32;
+}
+
 static void dec_carve(const fmha_plan *plan, fmha_carver *c, dec_scratch *s) {
     size_t rows = (size_t)plan->drv.dec.rows, D = (size_t)plan->p.head_dim, Dv = (size_t)plan->p.head_dim_v;
     /* sub-blocks staged in scratch: formats without in-place kernels,
      * sub-blocks that cross pages, many rows (dec_widen) */
     const fmha_ukernels *uk = plan->uk;
     int staged = !uk->cache[plan->k_format].scores || !uk->cache[plan->v_format].values || plan->p.block_table ||
-                 dec_widen(plan, plan->k_format, (int64_t)rows) || dec_widen(plan, plan->v_format, (int64_t)rows);
+                 dec_widen(plan, plan->k_format, (int64_t)rows) || dec_widen(plan, plan->v_format, (int64_t)rows) ||
+                 dec_qt(plan, (int64_t)rows);
     s->qf = fmha_carve(c, (size_t)plan->drv.dec.heads * rows * D * sizeof(float));
     size_t heads = (size_t)plan->drv.dec.heads;
+    s->qt = fmha_carve(c, dec_qt(plan, (int64_t)rows) ? heads * (rows + 15) / 16 * D * 16 * sizeof(float) : 0);
     s->s = fmha_carve(c, heads * rows * DEC_TILE * sizeof(float));
     s->kf = fmha_carve(c, staged ? heads * DEC_SUB * D * sizeof(float) : 0);
     /* [heads][DEC_SUB][Dv] float32, or [DEC_VINT_SUB][heads] rows as stored (vint) */
@@ -425,6 +436,21 @@ static void dec_load_query(const dec_ctx *c, int64_t b, int64_t hk0, int64_t rho
         }
 }
 
+/* qt [heads][groups of 16][D][16] = the query rows qf [heads][rows][D]
+ * transposed (the table's transposing copy), lanes past the unit's n
+ * rows 0. */
+static void dec_transpose_query(const fmha_ukernels *uk, const float *qf, int64_t heads, int64_t rows, int64_t n,
+                                int64_t D, float *qt) {
+    const int64_t groups = (rows + 15) / 16;
+    for (int64_t hh = 0; hh < heads; hh++)
+        for (int64_t g = 0; g < groups; g++) {
+            float *to = qt + (hh * groups + g) * D * 16;
+            const int64_t nr = n - 16 * g < 16 ? n - 16 * g : 16;
+            if (nr < 16) memset(to, 0, (size_t)(D * 16) * sizeof(float));
+            if (nr > 0) uk->rows.transpose((size_t)nr, (size_t)D, qf + (hh * rows + 16 * g) * D, (size_t)D, to, 16);
+        }
+}
+
 /* Unit u's query rows quantized for the integer scores (the shared qi,
  * qd, qsum) or rounded to bf16 pairs (qb), once a call for every chunk;
  * q_ok[u] 0 when a row is not finite. */
@@ -538,6 +564,11 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
     const int qscores = plan->drv.dec.scores && c->pt.q_ok[unit] ? plan->drv.dec.scores : FMHA_DEC_SCORES_F32;
     const size_t q_at = (size_t)(unit * heads * rows); /* this unit's first quantized row */
     if (!qscores) dec_load_query(c, b, hk0, rho0, n, s.qf);
+    /* many rows on the float32 query: rows in the lanes (scores_qt), the
+     * query transposed once a task, K float32 rows */
+    const int qt = !qscores && dec_qt(plan, n);
+    const int64_t groups = (rows + 15) / 16;
+    if (qt) dec_transpose_query(uk, s.qf, heads, rows, n, D, s.qt);
 
     const int64_t *ks = p->k_strides, *vs = p->v_strides;
     long long computed = 0;
@@ -547,7 +578,8 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
     const int k_scaled = dec_has_scales(p, 0), v_scaled = dec_has_scales(p, 1);
     const int64_t vsub = plan->drv.dec.vint ? DEC_VINT_SUB : DEC_SUB; /* keys a values call */
     /* many rows: narrow rows widened once for all the kernels' row blocks */
-    const int widen_k = dec_widen(plan, plan->k_format, n), widen_v = dec_widen(plan, plan->v_format, n);
+    const int widen_k = dec_widen(plan, plan->k_format, n) || (qt && plan->k_format != FMHA_FORMAT_F32),
+              widen_v = dec_widen(plan, plan->v_format, n);
     for (int64_t r = 0; r < rows; r++) s.ones[r] = 1.0f;
     for (int64_t k0 = kb; k0 < ke; k0 += DEC_TILE) {
         int64_t nk = ke - k0 < DEC_TILE ? ke - k0 : DEC_TILE;
@@ -583,6 +615,11 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
                 } else if (qscores == FMHA_DEC_SCORES_BF16) {
                     k_kern->scores_bf16((size_t)n, (size_t)nj, (size_t)D, c->pt.qb + x * (size_t)(D / 2),
                                         (size_t)(D / 2), rows_of[hh], ld, sh, DEC_TILE, plan->scale);
+                } else if (qt) { /* float32 rows, in place or staged */
+                    for (int64_t g = 0; g < groups && 16 * g < n; g++)
+                        uk->decode.scores_qt((size_t)(n - 16 * g < 16 ? n - 16 * g : 16), (size_t)nj, (size_t)D,
+                                             s.qt + (hh * groups + g) * D * 16, rows_of[hh], ld,
+                                             sh + 16 * g * DEC_TILE, DEC_TILE, plan->scale);
                 } else {
                     scores((size_t)n, (size_t)nj, (size_t)D, qh, (size_t)D, rows_of[hh], ld, sh, DEC_TILE,
                            plan->scale);
@@ -725,7 +762,7 @@ static void dec_merge_task(void *vctx, size_t unit, int thread) {
                 float w = expf(pmx - mx);
                 l = fmaf(w, c->pt.pl[at], l);
                 const float *po = c->pt.po + at * (size_t)Dv;
-                for (int64_t e = 0; e < Dv; e++) acc[e] = fmaf(w, po[e], acc[e]);
+                plan->uk->rows.axpy((size_t)Dv, w, po, acc);
             }
             float finite = 0.0f; /* x * 0: 0 for finite x, NaN otherwise */
             for (int64_t e = 0; e < Dv; e++) finite += acc[e] * 0.0f;

@@ -93,11 +93,16 @@ typedef void (*fmha_f32_add_transposed_ukernel_fn)(size_t nk, size_t nq, const f
  * among their outputs, bit i for row i. */
 typedef uint64_t (*fmha_f32_finish_ukernel_fn)(size_t rows, size_t cols, const float *ot, size_t ldt,
                                                const float *scale, float *o, size_t ldo);
+/* y[i] = fmaf(a, x[i], y[i]) for i < n: one rounding each, so every ISA
+ * gives the specification's bits (the split-KV merges' weighted sums). */
+typedef void (*fmha_f32_axpy_ukernel_fn)(size_t n, float a, const float *x, float *y);
+
 /* Packing: dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols, a
  * copy of the 32-bit words' bits (the bf16 path moves pairs of bf16 with
  * it; a NaN keeps its payload). */
 typedef void (*fmha_f32_transpose_ukernel_fn)(size_t rows, size_t cols, const float *src, size_t lds, float *dst,
                                               size_t ldd);
+void fmha_f32_axpy_ukernel__scalar(size_t n, float a, const float *x, float *y);
 void fmha_f32_transpose_ukernel__scalar(size_t rows, size_t cols, const float *src, size_t lds, float *dst,
                                         size_t ldd);
 /* Its specification (uk/scalar/f32.c). */
@@ -171,8 +176,8 @@ typedef void (*fmha_bf16_pair_rows_split_ukernel_fn)(const float *a, const float
 /* ---- decoding: keys in the lanes ----
  * A decode step serves a few query rows (the query heads of one key/value
  * head times the query positions) from one pass over K and V, so the lanes
- * run over keys (scores) and over the value dimension (the output), never
- * over queries. K and V rows have contiguous elements in a cache format
+ * run over keys (scores) and over the value dimension (the output); from
+ * 16 rows the scores may run rows in the lanes instead (scores_qt). K and V rows have contiguous elements in a cache format
  * (src/format/format.h); a format's kernels read its rows in place and widen in
  * registers, and rows of a format without them are first loaded into
  * float32 rows (fmha_cache_load_ukernel_fn) for the float32 format's. */
@@ -186,6 +191,18 @@ typedef void (*fmha_bf16_pair_rows_split_ukernel_fn)(const float *a, const float
 typedef void (*fmha_cache_scores_ukernel_fn)(size_t rows, size_t nk, size_t d, const float *q,
                                              size_t ldq, const void *k, size_t ldk, float *s,
                                              size_t lds, float scale);
+
+/* The float32 scores of many rows, rows in the lanes: the same s[r][j]
+ * as fmha_cache_scores_ukernel_fn, with the query transposed, qt[e * 16
+ * + r] = q[r][e] for r < rows <= 16 (lanes past rows: any finite value),
+ * K float32 rows ldk floats apart. Each (row, key) is summed e = 0, 1, ...
+ * in one chain of fmaf from zero, then scaled: the scalar float32 scores'
+ * bits. A K element broadcast feeds one FMA of 16 rows, and one 16 x 16
+ * transposition a block of 16 keys replaces the per-block sums of the
+ * keys-in-lanes kernels. */
+typedef void (*fmha_f32_decode_scores_qt_ukernel_fn)(size_t rows, size_t nk, size_t d, const float *qt,
+                                                     const float *k, size_t ldk, float *s, size_t lds,
+                                                     float scale);
 
 /* Online-softmax step along rows (keys run along a row), in place:
  *   m_new[r] = max(m[r], max_j s[r][j]); s[r][j] = exp(s[r][j] - m_new[r]);
@@ -366,6 +383,7 @@ typedef struct fmha_uk_rows {
     fmha_f32_to_bf16_ukernel_fn to_bf16;
     fmha_u16_interleave_ukernel_fn interleave_u16;
     fmha_f32_dropout_ukernel_fn dropout;
+    fmha_f32_axpy_ukernel_fn axpy;
 } fmha_uk_rows;
 
 /* Decoding's softmax. Fallback: none (decode problems then run on the
@@ -373,6 +391,9 @@ typedef struct fmha_uk_rows {
  * required. */
 typedef struct fmha_uk_decode {
     fmha_f32_decode_softmax_ukernel_fn softmax;
+    /* optional: NULL, scores serve every row count */
+    fmha_f32_decode_scores_qt_ukernel_fn scores_qt;
+    int qt_rows; /* from this many rows a call the driver runs scores_qt */
 } fmha_uk_decode;
 
 /* One cache format's kernels. load: fallback the scalar part's. scores and

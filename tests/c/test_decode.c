@@ -161,6 +161,37 @@ static void test_h16_kernels(const fmha_ukernels *uk) {
     }
 }
 
+/* The rows-in-lanes scores (decode.scores_qt) give the scalar float32
+ * scores' bits (one fmaf chain from zero a row and key, then the scale),
+ * whatever the lanes past the rows hold: every row count to 16, tails of
+ * keys and of the head dim, row strides past d. */
+static void test_scores_qt(const fmha_ukernels *uk) {
+    if (!uk->decode.scores_qt) return;
+    static const size_t dims[] = {1, 3, 4, 7, 16, 33, 64, 100, 128, 256};
+    for (int c = 0; c < 40; c++) {
+        size_t rows = c < 16 ? (size_t)c + 1 : (size_t)tu_int(1, 16), nk = (size_t)tu_int(1, 40);
+        size_t d = dims[tu_int(0, 9)], ldk = d + (size_t)tu_int(0, 5), lds = nk + 3;
+        /* q [rows][d], qt [d][16] (lanes past rows: noise), k [nk][ldk], s [rows][lds] */
+        float *q = malloc(rows * d * sizeof(float)), *qt = malloc(d * 16 * sizeof(float));
+        float *k = malloc(nk * ldk * sizeof(float));
+        float *s1 = malloc(rows * lds * sizeof(float)), *s2 = malloc(rows * lds * sizeof(float));
+        tu_fill(q, rows * d, -1, 1);
+        tu_fill(qt, d * 16, -4, 4);
+        tu_fill(k, nk * ldk, -1, 1);
+        for (size_t r = 0; r < rows; r++)
+            for (size_t e = 0; e < d; e++) qt[e * 16 + r] = q[r * d + e];
+        tu_fill(s1, rows * lds, 0, 1);
+        memcpy(s2, s1, rows * lds * sizeof(float));
+        const float scale = (float)tu_uniform(0.05, 2.0);
+        fmha_f32_decode_scores__scalar(rows, nk, d, q, d, k, ldk, s1, lds, scale);
+        uk->decode.scores_qt(rows, nk, d, qt, k, ldk, s2, lds, scale);
+        tu_check(!memcmp(s1, s2, rows * lds * sizeof(float)),
+                 "%s decode scores_qt (%zu rows, %zu keys, d %zu): not the scalar scores' bits", uk->isa, rows, nk,
+                 d);
+        free(q), free(qt), free(k), free(s1), free(s2);
+    }
+}
+
 /* ---- shapes against the reference ---- */
 
 typedef struct dec_case {
@@ -962,6 +993,7 @@ int main(void) {
         const fmha_ukernels *uk = fmha_cpu_kernels_for(fmha_isa_at(ii)->name);
         if (uk) test_kernels(uk);
         if (uk) test_h16_kernels(uk);
+        if (uk) test_scores_qt(uk);
         if (uk) test_matrix_decode_resume(uk);
     }
     test_fallbacks();

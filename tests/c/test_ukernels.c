@@ -914,6 +914,25 @@ static void test_transpose(const fmha_ukernels *u) {
         }
 }
 
+/* The weighted sum y += a x against its specification, bit for bit (one
+ * rounding each: values whose products round, NaN and inf included);
+ * nothing written past n. */
+static void test_axpy(const fmha_ukernels *u) {
+    const size_t ns[] = {0, 1, 15, 16, 17, 64, 100, 131};
+    for (size_t t = 0; t < sizeof ns / sizeof *ns; t++) {
+        const size_t n = ns[t];
+        float x[136], got[136], want[136];
+        tu_fill(x, 136, -3, 3);
+        tu_fill(want, 136, -3, 3);
+        if (n > 2) x[1] = INFINITY, want[2] = NAN;
+        memcpy(got, want, sizeof got);
+        const float a = (float)tu_uniform(-2, 2);
+        fmha_f32_axpy_ukernel__scalar(n, a, x, want);
+        u->rows.axpy(n, a, x, got);
+        tu_check(!memcmp(got, want, sizeof got), "%s: axpy n=%zu differs from its specification", u->isa, n);
+    }
+}
+
 /* The optional 16-bit pairing kernel against its specification, bit for
  * bit (random bit patterns, NaN payloads included), with and without the
  * high row; nothing written past n. */
@@ -1073,6 +1092,7 @@ int main(void) {
         test_add_transposed(u);
         test_finish(u);
         test_transpose(u);
+        test_axpy(u);
         test_to_bf16(u);
         test_interleave(u);
 #if FMHA_HAVE_X86

@@ -7,6 +7,8 @@
 
 void fmha_f32_decode_scores__avx512(size_t rows, size_t nk, size_t d, const float *q, size_t ldq,
                                     const void *k, size_t ldk, float *s, size_t lds, float scale);
+void fmha_f32_decode_scores_qt__avx512(size_t rows, size_t nk, size_t d, const float *qt, const float *k,
+                                       size_t ldk, float *s, size_t lds, float scale);
 void fmha_f32_decode_softmax__avx512(size_t rows, size_t nk, float *s, size_t lds, float *m,
                                      float *l, float *alpha);
 void fmha_f32_decode_values__avx512(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,

@@ -15,6 +15,7 @@
 #include "exp.h"
 #include "softmax.h"
 #include "tile.h"
+#include "transpose.h"
 
 /* MR = 6: 24 accumulators + 4 B rows of the 32 zmm. Measured on Zen 5 at
  * k = 64: 6x64 runs at 94-98% of the FMA peak, 4x64 at 83-97%. */
@@ -70,40 +71,8 @@ void fmha_f32_ds_ukernel_64__avx512(size_t rows, const float *p, float *dp, size
     ds_tile(AVX512_VECS, rows, p, dp, lds, dsum);
 }
 
-/* Transposes 16 rows of 16 floats in registers: on return x[c][l] is the
- * old x[l][c]. Unpack pairs, shuffle quads within 128-bit lanes, then move
- * 128-bit lanes across the four row groups. */
-FMHA_INLINE void transpose_16x16(__m512 x[16]) {
-    __m512 t[16], u[16];
-    /* fully unrolled, so x, t and u live in registers (-O2 does not unroll) */
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_ps(x[2 * i], x[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(x[2 * i], x[2 * i + 1]);
-    }
-    /* u[4g + k], 128-bit lane L: column 4L + k of rows 4g .. 4g + 3 */
-#pragma GCC unroll 4
-    for (int g = 0; g < 4; g++) {
-        u[4 * g + 0] = _mm512_shuffle_ps(t[4 * g + 0], t[4 * g + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g + 0], t[4 * g + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
-        __m512 s0 = _mm512_shuffle_f32x4(u[k], u[4 + k], _MM_SHUFFLE(2, 0, 2, 0));
-        __m512 s1 = _mm512_shuffle_f32x4(u[k], u[4 + k], _MM_SHUFFLE(3, 1, 3, 1));
-        __m512 s2 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], _MM_SHUFFLE(2, 0, 2, 0));
-        __m512 s3 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], _MM_SHUFFLE(3, 1, 3, 1));
-        x[k + 0] = _mm512_shuffle_f32x4(s0, s2, _MM_SHUFFLE(2, 0, 2, 0));
-        x[k + 8] = _mm512_shuffle_f32x4(s0, s2, _MM_SHUFFLE(3, 1, 3, 1));
-        x[k + 4] = _mm512_shuffle_f32x4(s1, s3, _MM_SHUFFLE(2, 0, 2, 0));
-        x[k + 12] = _mm512_shuffle_f32x4(s1, s3, _MM_SHUFFLE(3, 1, 3, 1));
-    }
-}
-
 /* x[l] = the lanes of m of row l of src (rows ld apart) for l < n, zero
- * for l >= n: a 16 x 16 block ready for transpose_16x16. */
+ * for l >= n: a 16 x 16 block ready for fmha_avx512_transpose16. */
 FMHA_INLINE void load_block_16(const float *src, ptrdiff_t ld, size_t n, __mmask16 m, __m512 x[16]) {
     for (size_t l = 0; l < 16; l++) x[l] = l < n ? _mm512_maskz_loadu_ps(m, src + (ptrdiff_t)l * ld) : _mm512_setzero_ps();
 }
@@ -120,12 +89,24 @@ void fmha_f32_add_transposed_ukernel__avx512(size_t nk, size_t nq, const float *
             const __mmask16 kmask = (__mmask16)((1u << keys) - 1u);
             __m512 x[16];
             load_block_16(src + (ptrdiff_t)i0 * q_stride + (ptrdiff_t)r0, q_stride, rows, kmask, x);
-            transpose_16x16(x);
+            fmha_avx512_transpose16(x);
             for (size_t c = 0; c < keys; c++) {
                 float *row = st + (r0 + c) * lds + i0;
                 _mm512_storeu_ps(row, _mm512_add_ps(_mm512_loadu_ps(row), x[c]));
             }
         }
+    }
+}
+
+/* y += a x: 16 lanes a step, the tail masked. */
+void fmha_f32_axpy_ukernel__avx512(size_t n, float a, const float *x, float *y) {
+    const __m512 av = _mm512_set1_ps(a);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
     }
 }
 
@@ -142,13 +123,13 @@ void fmha_f32_transpose_ukernel__avx512(size_t rows, size_t cols, const float *s
             if (nr == 16 && nc == 16) { /* a full block: unmasked, in registers */
 #pragma GCC unroll 16
                 for (int l = 0; l < 16; l++) x[l] = _mm512_loadu_ps(src + (r0 + (size_t)l) * lds + c0);
-                transpose_16x16(x);
+                fmha_avx512_transpose16(x);
 #pragma GCC unroll 16
                 for (int c = 0; c < 16; c++) _mm512_storeu_ps(dst + (c0 + (size_t)c) * ldd + r0, x[c]);
                 continue;
             }
             load_block_16(src + r0 * lds + c0, (ptrdiff_t)lds, nr, cmask, x);
-            transpose_16x16(x);
+            fmha_avx512_transpose16(x);
             for (size_t c = 0; c < nc; c++) _mm512_mask_storeu_ps(dst + (c0 + c) * ldd + r0, rmask, x[c]);
         }
     }
@@ -203,7 +184,7 @@ uint64_t fmha_f32_finish_ukernel__avx512(size_t rows, size_t cols, const float *
                     x[c] = _mm512_mul_ps(_mm512_loadu_ps(ot + (c0 + (size_t)c) * ldt + i0), sc);
                     nonfinite |= _mm512_fpclass_ps_mask(x[c], 0x99); /* NaN, +inf, -inf */
                 }
-                transpose_16x16(x);
+                fmha_avx512_transpose16(x);
 #pragma GCC unroll 16
                 for (int i = 0; i < 16; i++) _mm512_storeu_ps(o + (i0 + (size_t)i) * ldo + c0, x[i]);
                 continue;
@@ -213,7 +194,7 @@ uint64_t fmha_f32_finish_ukernel__avx512(size_t rows, size_t cols, const float *
                 x[c] = _mm512_mul_ps(x[c], sc);
                 nonfinite |= _mm512_fpclass_ps_mask(x[c], 0x99); /* NaN, +inf, -inf */
             }
-            transpose_16x16(x);
+            fmha_avx512_transpose16(x);
             for (size_t i = 0; i < nr; i++) _mm512_mask_storeu_ps(o + (i0 + i) * ldo + c0, cmask, x[i]);
         }
         bad |= (uint64_t)(nonfinite & rmask) << i0;

@@ -50,6 +50,8 @@ void fmha_f32_exp_sub_lowp_ukernel_64__avx512(size_t rows, float *s, size_t lds,
 void fmha_f32_ds_ukernel_64__avx512(size_t rows, const float *p, float *dp, size_t lds,
                                     const float *dsum);
 
+/* y += a x, one FMA each (fmha_f32_axpy_ukernel_fn). */
+void fmha_f32_axpy_ukernel__avx512(size_t n, float a, const float *x, float *y);
 /* dst[c][r] = src[r][c] (fmha_f32_transpose_ukernel_fn). */
 void fmha_f32_transpose_ukernel__avx512(size_t rows, size_t cols, const float *src, size_t lds, float *dst,
                                         size_t ldd);

@@ -49,9 +49,11 @@ const fmha_uk_rows fmha_uk_rows__avx512 = {
     .to_bf16 = fmha_f32_to_bf16_ukernel__avx512,
     .interleave_u16 = fmha_u16_interleave_ukernel__avx512,
     .dropout = fmha_f32_dropout_ukernel__avx512,
+    .axpy = fmha_f32_axpy_ukernel__avx512,
 };
 
-const fmha_uk_decode fmha_uk_decode__avx512 = {.softmax = fmha_f32_decode_softmax__avx512};
+const fmha_uk_decode fmha_uk_decode__avx512 = {
+    .softmax = fmha_f32_decode_softmax__avx512, .scores_qt = fmha_f32_decode_scores_qt__avx512, .qt_rows = 16};
 
 /* every format read in place, widened in registers */
 const fmha_uk_cache fmha_uk_caches__avx512[FMHA_FORMAT_COUNT] = FMHA_AVX512_CACHES(FMHA_NO_INTEGER, FMHA_NO_INTEGER, FMHA_NO_INTEGER, NULL, NULL);

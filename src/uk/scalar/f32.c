@@ -99,6 +99,11 @@ static void fmha_f32_add_transposed_ukernel__scalar(size_t nk, size_t nq, const 
     }
 }
 
+/* y += a x, one fmaf each (fmha_f32_axpy_ukernel_fn): the specification. */
+FMHA_SCALAR_FMA_CLONES void fmha_f32_axpy_ukernel__scalar(size_t n, float a, const float *x, float *y) {
+    for (size_t i = 0; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+}
+
 /* A transposing copy (fmha_f32_transpose_ukernel_fn): the specification. */
 void fmha_f32_transpose_ukernel__scalar(size_t rows, size_t cols, const float *src, size_t lds, float *dst,
                                         size_t ldd) {
@@ -147,6 +152,7 @@ static const fmha_uk_rows scalar_rows = {
     .to_bf16 = fmha_f32_to_bf16_ukernel__scalar,
     .interleave_u16 = fmha_u16_interleave_ukernel__scalar,
     .dropout = fmha_f32_dropout_ukernel__scalar,
+    .axpy = fmha_f32_axpy_ukernel__scalar,
 };
 
 static const fmha_uk_decode scalar_decode = {.softmax = fmha_f32_decode_softmax__scalar};
