@@ -56,7 +56,8 @@ const fmha_uk_decode fmha_uk_decode__avx512 = {
     .softmax = fmha_f32_decode_softmax__avx512, .scores_qt = fmha_f32_decode_scores_qt__avx512, .qt_rows = 16};
 
 /* every format read in place, widened in registers */
-const fmha_uk_cache fmha_uk_caches__avx512[FMHA_FORMAT_COUNT] = FMHA_AVX512_CACHES(FMHA_NO_INTEGER, FMHA_NO_INTEGER, FMHA_NO_INTEGER, NULL, NULL);
+const fmha_uk_cache fmha_uk_caches__avx512[FMHA_FORMAT_COUNT] = FMHA_AVX512_CACHES(
+    FMHA_NO_INTEGER, FMHA_NO_INTEGER, FMHA_NO_INTEGER, NULL, NULL, FMHA_AVX512_E4M3_VALUES);
 
 const fmha_isa_parts fmha_isa_avx512 = {
     .isa = "avx512",

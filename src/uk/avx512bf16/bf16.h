@@ -39,6 +39,10 @@ void fmha_bf16_softmax_pairs_ukernel_64__avx512bf16(size_t rows, const float *s,
 /* Scores of float8 keys on the bf16 query (decode_fp8.c; fmha_cache_scores_bf16_ukernel_fn). */
 void fmha_e4m3kv_scores_bf16__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
                                          const void *k, size_t ldk, float *s, size_t lds, float scale);
+/* e4m3 values read in place through the bf16 table (fmha_cache_values_ukernel_fn;
+ * the bits of avx512's e4m3 values kernel) */
+void fmha_e4m3kv_decode_values__avx512bf16(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                           const void *v, size_t ldv, float *o, size_t ldo, const float *alpha);
 void fmha_e5m2kv_scores_bf16__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
                                          const void *k, size_t ldk, float *s, size_t lds, float scale);
 

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "../avx512/reduce.h"
+#include "../avx512/unpack.h"
 #include "bf16.h"
 
 #define FMHA_INLINE static inline __attribute__((always_inline))
@@ -131,4 +132,81 @@ void fmha_e4m3kv_scores_bf16__avx512bf16(size_t rows, size_t nk, size_t d, const
 void fmha_e5m2kv_scores_bf16__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
                                          const void *k, size_t ldk, float *s, size_t lds, float scale) {
     scores_bf16(e5m2_bf16, rows, nk, d, q, ldq, k, ldk, s, lds, scale);
+}
+
+/* ---- e4m3 values read through the table ----
+ * The in-place AVX-512 values kernel widens e4m3 in 9 µops a vector of 16
+ * (avx512/decode.c). Here 32 bytes become 32 bf16 through the table (7
+ * µops) and each bf16 becomes a float32 by one unpack with zeros (vpunpck
+ * lwd / hwd: 2 µops for the 32), 4.5 µops a vector; the unpacks leave a
+ * block's columns in avx512/unpack.h's order, which the end of a call puts
+ * back. The values are the same float32 values and each column's chain of
+ * FMAs over the keys the same, so the bits are avx512's kernel's. */
+
+/* Rows [0, R) of o (R = 4 or 1; rows past n repeat the last, not stored),
+ * columns [c0, c0 + 64): acc[r][2 bb + u], block bb's lo (u 0) and hi (u
+ * 1) unpack's columns. */
+FMHA_INLINE void e4m3_values_block(const int R, const fp8_table *tb, size_t n, size_t nk, size_t dv, size_t c0,
+                                   const float *p, size_t ldp, const uint8_t *v, size_t ldv, float *o, size_t ldo,
+                                   const float *alpha) {
+    const size_t left0 = dv - c0, left1 = dv - c0 > 32 ? dv - c0 - 32 : 0;
+    const __mmask32 bm0 = left0 >= 32 ? 0xffffffffu : (__mmask32)((1u << left0) - 1u);
+    const __mmask32 bm1 = left1 >= 32 ? 0xffffffffu : (__mmask32)((1u << left1) - 1u);
+    const float *pr[4];
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        pr[r] = p + ((size_t)r < n ? (size_t)r : n - 1) * ldp;
+        acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = _mm512_setzero_ps();
+    }
+    const __m512i zero = _mm512_setzero_si512();
+    for (size_t j = 0; j < nk; j++) {
+        const uint8_t *x = v + j * ldv + c0;
+        __m512 vv[4];
+#pragma GCC unroll 2
+        for (int bb = 0; bb < 2; bb++) {
+            const __mmask32 bm = bb ? bm1 : bm0;
+            const __m512i w = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(bm, x + 32 * bb));
+            const __m512i lo = _mm512_permutex2var_epi16(tb->t[0], w, tb->t[1]);
+            const __m512i hi = _mm512_permutex2var_epi16(tb->t[2], w, tb->t[3]);
+            const __m512i mag = _mm512_mask_mov_epi16(lo, _mm512_test_epi16_mask(w, _mm512_set1_epi16(0x40)), hi);
+            const __m512i bf =
+                _mm512_ternarylogic_epi32(mag, _mm512_slli_epi16(w, 8), _mm512_set1_epi16((short)0x8000), 0xF8);
+            vv[2 * bb] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, bf));
+            vv[2 * bb + 1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, bf));
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const __m512 pv = _mm512_set1_ps(pr[r][j]);
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) acc[r][u] = _mm512_fmadd_ps(pv, vv[u], acc[r][u]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        if ((size_t)r >= n) break;
+        const __m512 a = _mm512_set1_ps(alpha[r]);
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; h++) { /* 16 columns at a time, in order */
+            const size_t c = c0 + 16 * (size_t)h;
+            if (c >= dv) break;
+            const __mmask16 cm = dv - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (dv - c)) - 1u);
+            float *orow = o + (size_t)r * ldo + c;
+            const __m512 sum = fmha_avx512_unpacked_in_order(acc[r][h / 2 * 2], acc[r][h / 2 * 2 + 1], h % 2);
+            _mm512_mask_storeu_ps(orow, cm, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(cm, orow), a, sum));
+        }
+    }
+}
+
+void fmha_e4m3kv_decode_values__avx512bf16(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                           const void *v, size_t ldv, float *o, size_t ldo, const float *alpha) {
+    const fp8_table tb = table_of(e4m3_bf16);
+    const size_t blocked = rows >= 3 ? (rows + 1) / 4 * 4 : 0;
+    for (size_t c0 = 0; c0 < dv; c0 += 64) {
+        for (size_t r0 = 0; r0 < blocked; r0 += 4)
+            e4m3_values_block(4, &tb, rows - r0 < 4 ? rows - r0 : 4, nk, dv, c0, p + r0 * ldp, ldp, v, ldv,
+                              o + r0 * ldo, ldo, alpha + r0);
+        for (size_t r = blocked; r < rows; r++)
+            e4m3_values_block(1, &tb, 1, nk, dv, c0, p + r * ldp, ldp, v, ldv, o + r * ldo, ldo, alpha + r);
+    }
 }

@@ -1,8 +1,9 @@
 /* avx512bf16/table.c: the ISA of CPUs with AVX512_BF16 (and AVX512-VNNI,
  * which every one of them has): the AVX-512 parts (avx512/parts.h: same MR,
  * NR and tile sizes) with avx512vnni's integer kernels and this
- * directory's bf16 scores of float8 keys in the cache parts, plus the bf16
- * part of its vdpbf16ps kernels. */
+ * directory's bf16 scores of float8 keys and e4m3 values read through
+ * their bf16 table (decode_fp8.c) in the cache parts, plus the bf16 part
+ * of its vdpbf16ps kernels. */
 #include "../avx512/decode.h"
 #include "../avx512/f32.h"
 #include "../avx512/parts.h"
@@ -11,7 +12,8 @@
 
 const fmha_uk_cache fmha_uk_caches__avx512bf16[FMHA_FORMAT_COUNT] =
     FMHA_AVX512_CACHES(FMHA_AVX512VNNI_INTEGER(int8), FMHA_AVX512VNNI_INTEGER(q8_0), FMHA_AVX512VNNI_INTEGER(q4_0),
-                       fmha_e4m3kv_scores_bf16__avx512bf16, fmha_e5m2kv_scores_bf16__avx512bf16);
+                       fmha_e4m3kv_scores_bf16__avx512bf16, fmha_e5m2kv_scores_bf16__avx512bf16,
+                       fmha_e4m3kv_decode_values__avx512bf16);
 
 _Static_assert((int)FMHA_AVX512BF16_MR == (int)FMHA_AVX512_MR &&
                    (int)FMHA_AVX512BF16_NR == (int)FMHA_AVX512_NR,
