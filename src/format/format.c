@@ -164,6 +164,23 @@ void fmha_kv_scales_of(const fmha_problem *p, int which, int64_t b, int64_t hk, 
 
 static int scale_bad(float x) { return !(x >= 0.0f && x <= 3.40282347e38f); }
 
+/* 1 when one of run[0..n) is a bad scale (scale_bad but for -0, which the
+ * caller's exact pass lets through), on the bits, in blocks of a fixed
+ * trip count (vectorised at -O2): past the largest finite float (inf,
+ * NaN, the sign set). */
+static int scales_bad_block(const float *run, int64_t n) {
+    int64_t i = 0;
+    uint32_t bad = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int e = 0; e < 16; e++) {
+            uint32_t u;
+            memcpy(&u, run + i + e, sizeof u);
+            bad |= (uint32_t)(u > 0x7F7FFFFFu) & (uint32_t)(u != 0x80000000u);
+        }
+    for (; i < n; i++) bad |= (uint32_t)scale_bad(run[i]);
+    return bad != 0;
+}
+
 fmha_status fmha_kv_scales_check(const fmha_problem *p) {
     for (int which = 0; which < 2; which++) {
         const fmha_cache_format *f = fmha_cache_format_at(fmha_problem_format(p, which));
@@ -178,35 +195,28 @@ fmha_status fmha_kv_scales_check(const fmha_problem *p) {
                                      (long long)(h * ss[2]), (long long)h, (double)sc[h * ss[2]]);
             continue;
         }
+        /* page run by page run (the whole sequence when not paged); a run
+         * whose keys' scales are one block of floats (heads adjacent, keys
+         * one row of heads apart) takes a vector pass first */
+        const int blocks = ss[2] == 1 && ss[1] == p->heads_kv;
         for (int64_t b = 0; b < p->batch; b++) {
             const int64_t keys = p->masks.kv_lengths ? p->masks.kv_lengths[b] : p->seq_kv;
-            if (!p->block_table && ss[2] == 1 && ss[1] == p->heads_kv) { /* one contiguous run: a vector pass */
-                const float *run = sc + b * ss[0];
-                const int64_t n = keys * p->heads_kv;
-                int64_t i = 0;
-                uint32_t bad = 0;
-                /* on the bits, in blocks of a fixed trip count (vectorised at
-                 * -O2): bad past the largest finite float (inf, NaN, the
-                 * sign set) but for -0 */
-                for (; i + 16 <= n; i += 16)
-                    for (int e = 0; e < 16; e++) {
-                        uint32_t u;
-                        memcpy(&u, run + i + e, sizeof u);
-                        bad |= (uint32_t)(u > 0x7F7FFFFFu) & (uint32_t)(u != 0x80000000u);
+            for (int64_t j0 = 0; j0 < keys;) {
+                int64_t first;
+                const int64_t run = fmha_kv_run_at(p, ss, b, j0, keys - j0, &first);
+                if (blocks && !scales_bad_block(sc + first, run * p->heads_kv)) {
+                    j0 += run;
+                    continue;
+                }
+                for (int64_t j = j0; j < j0 + run; j++)
+                    for (int64_t h = 0; h < p->heads_kv; h++) {
+                        const float x = sc[first + (j - j0) * ss[1] + h * ss[2]];
+                        if (scale_bad(x))
+                            return fmha_fail(FMHA_ERR_BAD_SCALE,
+                                             "%s of batch element %lld, key %lld, kv head %lld must be finite and >= 0, got %g",
+                                             name, (long long)b, (long long)j, (long long)h, (double)x);
                     }
-                for (; i < n; i++) bad |= (uint32_t)scale_bad(run[i]);
-                if (!bad) continue;
-            }
-            for (int64_t j = 0; j < keys; j++) {
-                int bad = 0;
-                const int64_t first = fmha_kv_row_at(p, ss, b, 0, j);
-                for (int64_t h = 0; h < p->heads_kv; h++) bad |= scale_bad(sc[first + h * ss[2]]);
-                if (!bad) continue;
-                for (int64_t h = 0; h < p->heads_kv; h++)
-                    if (scale_bad(sc[first + h * ss[2]]))
-                        return fmha_fail(FMHA_ERR_BAD_SCALE,
-                                         "%s of batch element %lld, key %lld, kv head %lld must be finite and >= 0, got %g",
-                                         name, (long long)b, (long long)j, (long long)h, (double)sc[first + h * ss[2]]);
+                j0 += run;
             }
         }
     }
