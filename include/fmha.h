@@ -472,7 +472,13 @@ typedef enum fmha_precision {
      * and f16 caches, the step on the tiles ("matrix_decode"); relative L2
      * error of O about 1.7e-3 (Hq 32 / Hkv 8, D 128, Skv 16384, Sq 4, Q,
      * K, V uniform in [-1, 1)), against 3e-7 for FAST's float32 query,
-     * which such a step keeps. */
+     * which such a step keeps. Without a matrix engine, on AVX512-BF16
+     * (the avx512bf16 table), the decode driver rounds the query and P
+     * the same way and takes both products in vdpbf16ps, any row count,
+     * D a multiple of 32: 1.8e-3 (Skv 4096, the rest as above). A bf16
+     * problem at FAST decodes a bf16 cache there the same way (P in bf16,
+     * FAST's rule above): 2.4e-3 with O stored as bf16, 1.44x the 1.65e-3
+     * of rounding the float32 path's O to bf16. */
     FMHA_PRECISION_BF16
 } fmha_precision;
 
@@ -802,12 +808,15 @@ FMHA_API size_t fmha_plan_workspace_held(const fmha_plan *plan);
  *              the cache's values), "integer" (decode under precision
  *              FAST: the query quantized as q8_0 against int8, q8_0 or q4_0
  *              keys in integer dot products) or "bf16" (decode under FAST:
- *              the query rounded to bf16 against float8 keys; and
- *              matrix_decode's float32 query at precision BF16); see
- *              fmha_precision
- *   values     how P V is taken: "float32", or "integer" (decode under
+ *              the query rounded to bf16 against float8 keys; a bf16
+ *              query against a bf16 cache in vdpbf16ps; and a float32
+ *              query at precision BF16 against a bf16 cache, on
+ *              matrix_decode or in vdpbf16ps); see fmha_precision
+ *   values     how P V is taken: "float32", "integer" (decode under
  *              precision FAST: P quantized to 16 bits against int8, q8_0
- *              or q4_0 values)
+ *              or q4_0 values) or "bf16" (decode in vdpbf16ps: P rounded
+ *              to bf16 against bf16 values, where scores is "bf16" on a
+ *              bf16 cache)
  *   tuning_source  where the tuning came from: "env" (FMHA_TUNING),
  *              "wisdom" (a wisdom file), "builtin" (measured and compiled
  *              in), "heuristic" (from the cache sizes) or "generic"

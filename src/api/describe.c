@@ -66,7 +66,9 @@ size_t fmha_plan_describe(const fmha_plan *plan, char *buf, size_t buf_size) {
                      : !decode  ? "float32"
                      : plan->drv.dec.scores == FMHA_DEC_SCORES_Q8 ? "integer"
                                          : plan->drv.dec.scores == FMHA_DEC_SCORES_BF16 ? "bf16" : "float32",
-                     decode && plan->drv.dec.vint ? "integer" : "float32",
+                     decode && plan->drv.dec.vint    ? "integer"
+                     : decode && plan->drv.dec.vbf16 ? "bf16"
+                                                     : "float32",
                      fmha_tuning_source_name(plan->uk->tuning->source));
     return n < 0 ? 0 : (size_t)n;
 }

@@ -72,10 +72,12 @@ struct fmha_plan {
          * V past its decode_prefetch_f32_bytes, bf16 or f16 past its
          * decode_prefetch_h16_bytes). Precision
          * FAST: scores, how the scores are taken (fmha_dec_scores); vint,
-         * P V in integers on 16-bit P (uk->cache[v_format].values_int). */
+         * P V in integers on 16-bit P (uk->cache[v_format].values_int);
+         * vbf16, P V on bf16 P for a bf16 cache (values_bf16: a bf16
+         * problem at FAST, a float32 one at BF16). */
         struct {
             int64_t heads, rows, units, chunk, splits;
-            int prefetch, scores, vint;
+            int prefetch, scores, vint, vbf16;
         } dec;
         /* matrix.c: how the matrix part reads the operands */
         struct fmha_matrix_mode {
@@ -299,7 +301,8 @@ void fmha_matrix_run(fmha_plan *run, const void *q, const void *k, const void *v
  * query against the cache's values, or (precision FAST) the query
  * quantized as q8_0 once a call against int8, q8_0 or q4_0 keys in
  * integer dot products (uk->cache[k].scores_q8), or rounded to bf16
- * against float8 keys (scores_bf16). */
+ * against float8 keys (scores_bf16), or in bf16 pairs against bf16 keys
+ * (a bf16 problem at FAST, a float32 one at BF16: scores_bf16). */
 typedef enum fmha_dec_scores {
     FMHA_DEC_SCORES_F32 = 0,
     FMHA_DEC_SCORES_Q8,

@@ -148,10 +148,19 @@ int fmha_decode_plan(fmha_plan *plan) {
      * (format.h) and a kernel for it; scores in whole blocks of 32 */
     const int fast = p->precision == FMHA_PRECISION_FAST, blocks = p->head_dim % 32 == 0;
     const fmha_uk_cache *kc = &uk->cache[plan->k_format];
+    /* bf16 pairs on a bf16 cache: the query's and P's rounding to bf16 is
+     * what a bf16 problem at FAST (P) and a float32 one at BF16 (Q and
+     * P) allow, as the tiles of a matrix engine round them */
+    const int pairs_allowed = (p->dtype == FMHA_DTYPE_BF16 && plan->precision == FMHA_PRECISION_FAST) ||
+                              (p->dtype == FMHA_DTYPE_F32 && plan->precision == FMHA_PRECISION_BF16);
+    const int bf16_pairs = pairs_allowed && blocks && plan->k_format == FMHA_FORMAT_BF16 &&
+                           plan->v_format == FMHA_FORMAT_BF16 && kc->scores_bf16 &&
+                           uk->cache[FMHA_FORMAT_BF16].values_bf16;
     plan->drv.dec.scores = fast && blocks && kf->fast_integer && kc->scores_q8 ? FMHA_DEC_SCORES_Q8
-                       : fast && blocks && kf->fast_bf16 && kc->scores_bf16 ? FMHA_DEC_SCORES_BF16
-                                                                             : FMHA_DEC_SCORES_F32;
+                       : (fast && blocks && kf->fast_bf16 && kc->scores_bf16) || bf16_pairs ? FMHA_DEC_SCORES_BF16
+                                                                                             : FMHA_DEC_SCORES_F32;
     plan->drv.dec.vint = fast && vf->fast_integer && uk->cache[plan->v_format].values_int != NULL;
+    plan->drv.dec.vbf16 = bf16_pairs;
     return 1;
 }
 
@@ -481,7 +490,10 @@ static void dec_quantize_task(void *vctx, size_t unit, int thread) {
                 finite += row[e] * 0.0f + row[e + 1] * 0.0f;
                 pairs[e / 2] = (uint32_t)fmha_f32_to_bf16(row[e]) | (uint32_t)fmha_f32_to_bf16(row[e + 1]) << 16;
             }
-            ok &= finite == 0.0f;
+            /* float8 keys: a row not finite keeps the float32 kernels (fmha.h);
+             * bf16 pairs against bf16 keys carry NaN and inf as the float32
+             * products do, so such a row changes no other row's bits */
+            if (!plan->drv.dec.vbf16) ok &= finite == 0.0f;
         }
     if (ok && dec_q8_tiles(plan)) /* the tiles the kernel reads, head by head */
         for (int64_t hh = 0; hh < plan->drv.dec.heads; hh++) {
@@ -644,11 +656,12 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
         /* values in the same order; the first sub-block rescales O by alpha */
         for (int64_t j0 = 0; j0 < nk; j0 += vsub) {
             const int64_t nj = nk - j0 < vsub ? nk - j0 : vsub;
-            size_t ld = dec_rows(c, plan->v_format, vs, c->v, Dv, b, hk0, heads, k0 + j0, nj, plan->drv.dec.vint,
-                                 widen_v, s.vf, rows_of, &in_place);
-            const fmha_cache_values_ukernel_fn values = plan->drv.dec.vint ? v_kern->values_int
-                                                        : in_place     ? v_kern->values
-                                                                       : staged->values;
+            size_t ld = dec_rows(c, plan->v_format, vs, c->v, Dv, b, hk0, heads, k0 + j0, nj,
+                                 plan->drv.dec.vint || plan->drv.dec.vbf16, widen_v, s.vf, rows_of, &in_place);
+            const fmha_cache_values_ukernel_fn values = plan->drv.dec.vint    ? v_kern->values_int
+                                                        : plan->drv.dec.vbf16 ? v_kern->values_bf16
+                                                        : in_place            ? v_kern->values
+                                                                              : staged->values;
             for (int64_t hh = 0; hh < heads; hh++) {
                 /* this head's next sub-block of V (the next tile's first of K at the end) */
                 if (plan->drv.dec.prefetch) {

@@ -265,7 +265,8 @@ typedef void (*fmha_cache_scores_q8_ukernel_fn)(size_t rows, size_t nk, size_t d
                                                 const void *k, size_t ldk, float *s, size_t lds, float scale);
 
 /* Scores of float8 keys on the query rounded to bf16 (precision FAST;
- * every float8 value is a bf16 value): q [rows][ldq] words, each a pair of
+ * every float8 value is a bf16 value), and of bf16 keys on a bf16 query
+ * (a bf16 problem at FAST, a float32 one at BF16): q [rows][ldq] words, each a pair of
  * bf16 (element 2p in the low half, 2p + 1 in the high), rounded to
  * nearest even by the driver. With vdpbf16ps's arithmetic (each product
  * exact in float32, added high half first, one rounding each) in 16
@@ -277,6 +278,19 @@ typedef void (*fmha_cache_scores_q8_ukernel_fn)(size_t rows, size_t nk, size_t d
  * GEMM's, ../scalar/bf16.h). */
 typedef void (*fmha_cache_scores_bf16_ukernel_fn)(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
                                                   const void *k, size_t ldk, float *s, size_t lds, float scale);
+
+/* P V on P rounded to bf16, for bf16 values beside the bf16 scores (a
+ * bf16 problem at FAST, a float32 one at BF16):
+ *   o[r][c] = fmaf(o[r][c], alpha[r], acc[r][c])
+ * where acc[r][c] sums, from 0, over the pairs of keys (2i, 2i + 1) in
+ * order, bf16(P[r][2i + 1]) V(2i + 1, c) and then bf16(P[r][2i]) V(2i, c)
+ * (vdpbf16ps's arithmetic: each product exact, one rounding each); an odd
+ * nk's last pair has neither P nor V past nk; nk <= 128. bf16() rounds to nearest
+ * even (fmha_f32_to_bf16). V rows are bf16, ldv elements apart. Holds
+ * for operands and sums that stay normal, as scores_bf16's. */
+typedef void (*fmha_cache_values_bf16_ukernel_fn)(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                                  const void *v, size_t ldv, float *o, size_t ldo,
+                                                  const float *alpha);
 
 /* P V in integers on P quantized to 16 bits (precision FAST, with the
  * integer scores): for each row r and block b of 32 value columns (the
@@ -418,6 +432,7 @@ typedef struct fmha_uk_cache {
     fmha_cache_scores_q8_ukernel_fn scores_q8;
     fmha_cache_values_int_ukernel_fn values_int;
     fmha_cache_scores_bf16_ukernel_fn scores_bf16;
+    fmha_cache_values_bf16_ukernel_fn values_bf16;
     int q8_tiles; /* 1: scores_q8 reads the query's tiles (fmha_q8_rows.tiles) */
     int widen_rows;
 } fmha_uk_cache;

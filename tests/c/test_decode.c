@@ -192,6 +192,46 @@ static void test_scores_qt(const fmha_ukernels *uk) {
     }
 }
 
+/* The bf16 pair kernels of a bf16 cache (scores_bf16, values_bf16: a bf16
+ * problem at FAST, a float32 one at BF16) give their specifications' bits
+ * (normal operands, as the contract asks): rows 1-9, keys 1-128 (odd
+ * counts too), head dims of whole blocks of 32, value dims with tails. */
+static void test_bf16_pairs(const fmha_ukernels *uk) {
+    const fmha_uk_cache *c = &uk->cache[FMHA_FORMAT_BF16];
+    if (!c->scores_bf16 || !c->values_bf16) return;
+    for (int t = 0; t < 24; t++) {
+        const size_t rows = (size_t)tu_int(1, 9), nk = t < 4 ? (size_t)(125 + t) : (size_t)tu_int(1, 40);
+        const size_t d = 32 * (size_t)tu_int(1, 8), dv = (size_t)tu_int(1, 200);
+        const size_t ldk = d + (size_t)tu_int(0, 5), ldv = dv + (size_t)tu_int(0, 5), lds = nk + 3;
+        /* q [rows][d / 2] pairs, k [nk][ldk], v [nk][ldv] bf16; s, p [rows][lds]; o [rows][dv] */
+        uint32_t *q = malloc(rows * d / 2 * sizeof(uint32_t));
+        uint16_t *k = malloc(nk * ldk * sizeof(uint16_t)), *v = malloc(nk * ldv * sizeof(uint16_t));
+        float *s1 = malloc(rows * lds * sizeof(float)), *s2 = malloc(rows * lds * sizeof(float));
+        float *o1 = malloc(rows * dv * sizeof(float)), *o2 = malloc(rows * dv * sizeof(float)), alpha[9];
+        for (size_t i = 0; i < rows * d / 2; i++)
+            q[i] = (uint32_t)fmha_f32_to_bf16((float)tu_uniform(-1, 1)) |
+                   (uint32_t)fmha_f32_to_bf16((float)tu_uniform(-1, 1)) << 16;
+        for (size_t i = 0; i < nk * ldk; i++) k[i] = fmha_f32_to_bf16((float)tu_uniform(-2, 2));
+        for (size_t i = 0; i < nk * ldv; i++) v[i] = fmha_f32_to_bf16((float)tu_uniform(-2, 2));
+        fmha_bf16kv_scores_bf16__scalar(rows, nk, d, q, d / 2, k, ldk, s1, lds, 0.3f);
+        c->scores_bf16(rows, nk, d, q, d / 2, k, ldk, s2, lds, 0.3f);
+        size_t bad = 0;
+        for (size_t r = 0; r < rows; r++) bad += memcmp(s1 + r * lds, s2 + r * lds, nk * sizeof(float)) != 0;
+        tu_check(bad == 0, "%s bf16 keys scores_bf16 (%zu rows, %zu keys, d %zu): not the specification's bits",
+                 uk->isa, rows, nk, d);
+        /* P in (0.01, 1): normal, as a softmax leaves it */
+        for (size_t i = 0; i < rows * lds; i++) s1[i] = (float)tu_uniform(0.01, 1);
+        tu_fill(o1, rows * dv, -1, 1);
+        memcpy(o2, o1, rows * dv * sizeof(float));
+        tu_fill(alpha, rows, 0, 1);
+        fmha_bf16kv_values_bf16__scalar(rows, nk, dv, s1, lds, v, ldv, o1, dv, alpha);
+        c->values_bf16(rows, nk, dv, s1, lds, v, ldv, o2, dv, alpha);
+        tu_check(!memcmp(o1, o2, rows * dv * sizeof(float)),
+                 "%s values_bf16 (%zu rows, %zu keys, dv %zu): not the specification's bits", uk->isa, rows, nk, dv);
+        free(q), free(k), free(v), free(s1), free(s2), free(o1), free(o2);
+    }
+}
+
 /* ---- shapes against the reference ---- */
 
 typedef struct dec_case {
@@ -945,6 +985,17 @@ static void test_f32_query_bf16_cache(void) {
         fast.precision = FMHA_PRECISION_FAST;
         tu_check(tu_planned_driver(&fast, &fmha_fwd_driver_matrix_decode) == 0,
                  "%s: f32 query, bf16 cache, FAST: planned on the tiles", isa);
+        /* without tiles, a table with bf16 pair kernels takes both products in them */
+        const fmha_uk_cache *bc = &fmha_cpu_kernels()->cache[FMHA_FORMAT_BF16];
+        if (!tiles) {
+            fmha_plan *plan = NULL;
+            char line[1024] = "";
+            if (fmha_plan_create(&p, &plan) == FMHA_OK) fmha_plan_describe(plan, line, sizeof line);
+            fmha_plan_destroy(plan);
+            const int pairs = strstr(line, " scores=bf16 values=bf16") != NULL;
+            tu_check(pairs == (bc->scores_bf16 && bc->values_bf16), "%s: f32 query, bf16 cache, BF16: bf16 pairs %d (%s)",
+                     isa, pairs, line);
+        }
         for (int threads = 1; threads <= (tu_emulated() ? 2 : 3); threads++) {
             fmha_set_num_threads(threads);
             if (!tu_check(tu_forward(&p, q.data, k.data, v.data, o, lse, NULL, 0) == FMHA_OK,
@@ -994,6 +1045,7 @@ int main(void) {
         if (uk) test_kernels(uk);
         if (uk) test_h16_kernels(uk);
         if (uk) test_scores_qt(uk);
+        if (uk) test_bf16_pairs(uk);
         if (uk) test_matrix_decode_resume(uk);
     }
     test_fallbacks();

@@ -1,5 +1,5 @@
 /* avx512/reduce.h: the transposing sum of 16 vectors the decode scores
- * kernels end with (decode.c; avx512bf16/decode_fp8.c), one tree: lane j
+ * kernels end with (decode.c; avx512bf16/decode_bf16.c), one tree: lane j
  * of the result is ((G0 + G1) + (G2 + G3)) over a[j]'s 128-bit groups,
  * Gk = (x4k + x4k+2) + (x4k+1 + x4k+3) of its lanes x. */
 #ifndef FMHA_UK_AVX512_REDUCE_H

@@ -2,7 +2,7 @@
  * which every one of them has): the AVX-512 parts (avx512/parts.h: same MR,
  * NR and tile sizes) with avx512vnni's integer kernels and this
  * directory's bf16 scores of float8 keys and e4m3 values read through
- * their bf16 table (decode_fp8.c) in the cache parts, plus the bf16 part
+ * their bf16 table (decode_bf16.c) in the cache parts, plus the bf16 part
  * of its vdpbf16ps kernels. */
 #include "../avx512/decode.h"
 #include "../avx512/f32.h"
@@ -13,7 +13,9 @@
 const fmha_uk_cache fmha_uk_caches__avx512bf16[FMHA_FORMAT_COUNT] =
     FMHA_AVX512_CACHES(FMHA_AVX512VNNI_INTEGER(int8), FMHA_AVX512VNNI_INTEGER(q8_0), FMHA_AVX512VNNI_INTEGER(q4_0),
                        fmha_e4m3kv_scores_bf16__avx512bf16, fmha_e5m2kv_scores_bf16__avx512bf16,
-                       fmha_e4m3kv_decode_values__avx512bf16);
+                       fmha_e4m3kv_decode_values__avx512bf16,
+                       .scores_bf16 = fmha_bf16kv_scores_bf16__avx512bf16,
+                       .values_bf16 = fmha_bf16kv_values_bf16__avx512bf16);
 
 _Static_assert((int)FMHA_AVX512BF16_MR == (int)FMHA_AVX512_MR &&
                    (int)FMHA_AVX512BF16_NR == (int)FMHA_AVX512_NR,

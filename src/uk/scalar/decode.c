@@ -184,17 +184,25 @@ static float bf16_half(uint32_t w, int hi) {
     return x;
 }
 
+/* Element e of a key row: a float8 byte through `value`, or (value NULL)
+ * a bf16. */
+static float key_value(float (*value)(uint8_t), const void *row, size_t e) {
+    if (value) return value(((const uint8_t *)row)[e]);
+    return fmha_bf16_to_f32(((const uint16_t *)row)[e]);
+}
+
 FMHA_SCALAR_FMA_CLONES static void scores_bf16(float (*value)(uint8_t), size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
                         const void *k, size_t ldk, float *s, size_t lds, float scale) {
+    const size_t unit = value ? 1 : 2; /* bytes a storage unit */
     for (size_t r = 0; r < rows; r++)
         for (size_t j = 0; j < nk; j++) {
-            const uint8_t *row = (const uint8_t *)k + j * ldk;
+            const void *row = (const char *)k + j * ldk * unit;
             float lane[16] = {0};
             for (size_t t = 0; t < d / 32; t++)
                 for (size_t i = 0; i < 16; i++) {
                     const uint32_t w = q[r * ldq + 16 * t + i];
-                    lane[i] += bf16_half(w, 1) * value(row[32 * t + 2 * i + 1]);
-                    lane[i] += bf16_half(w, 0) * value(row[32 * t + 2 * i]);
+                    lane[i] += bf16_half(w, 1) * key_value(value, row, 32 * t + 2 * i + 1);
+                    lane[i] += bf16_half(w, 0) * key_value(value, row, 32 * t + 2 * i);
                 }
             float g[4];
             for (int x = 0; x < 4; x++) g[x] = (lane[4 * x] + lane[4 * x + 2]) + (lane[4 * x + 1] + lane[4 * x + 3]);
@@ -210,4 +218,27 @@ void fmha_e4m3kv_scores_bf16__scalar(size_t rows, size_t nk, size_t d, const uin
 void fmha_e5m2kv_scores_bf16__scalar(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq, const void *k,
                                      size_t ldk, float *s, size_t lds, float scale) {
     scores_bf16(fmha_fp8_e5m2_to_f32, rows, nk, d, q, ldq, k, ldk, s, lds, scale);
+}
+
+void fmha_bf16kv_scores_bf16__scalar(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq, const void *k,
+                                     size_t ldk, float *s, size_t lds, float scale) {
+    scores_bf16(NULL, rows, nk, d, q, ldq, k, ldk, s, lds, scale);
+}
+
+/* ---- P V on bf16 P (the specification of values_bf16) ---- */
+FMHA_SCALAR_FMA_CLONES void fmha_bf16kv_values_bf16__scalar(size_t rows, size_t nk, size_t dv, const float *p,
+                                                            size_t ldp, const void *v, size_t ldv, float *o,
+                                                            size_t ldo, const float *alpha) {
+    const uint16_t *vb = v;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < dv; c++) {
+            float acc = 0.0f;
+            for (size_t j = 0; j < nk; j += 2) {
+                if (j + 1 < nk)
+                    acc += fmha_bf16_to_f32(fmha_f32_to_bf16(p[r * ldp + j + 1])) *
+                           fmha_bf16_to_f32(vb[(j + 1) * ldv + c]);
+                acc += fmha_bf16_to_f32(fmha_f32_to_bf16(p[r * ldp + j])) * fmha_bf16_to_f32(vb[j * ldv + c]);
+            }
+            o[r * ldo + c] = fmaf(o[r * ldo + c], alpha[r], acc);
+        }
 }

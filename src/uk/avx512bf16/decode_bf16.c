@@ -1,6 +1,9 @@
-/* avx512bf16/decode_fp8.c: scores of float8 keys (OCP e4m3fn, e5m2) on the
- * query rounded to bf16 (fmha_cache_scores_bf16_ukernel_fn; contract and
- * specification in ../ukernel.h and ../scalar/decode.c), with vdpbf16ps.
+/* avx512bf16/decode_bf16.c: decoding in bf16 pairs with vdpbf16ps: the
+ * scores of float8 keys (OCP e4m3fn, e5m2) on the query rounded to bf16
+ * and of bf16 keys on a bf16 query (fmha_cache_scores_bf16_ukernel_fn),
+ * P V on P rounded to bf16 for bf16 values (fmha_cache_values_bf16_
+ * ukernel_fn), and e4m3 values widened through the float8 table; contracts
+ * and specifications in ../ukernel.h and ../scalar/decode.c.
  *
  * Every float8 value is a bf16 value (3 or 2 mantissa bits, exponents
  * inside bf16's), so 32 bytes of a key become 32 bf16 exactly, in order:
@@ -56,6 +59,9 @@ FMHA_INLINE fp8_table table_of(const uint16_t *bits) {
     return tb;
 }
 
+/* Key rows: float8 bytes through a table, or bf16 as stored. */
+enum { KEY_FP8, KEY_BF16 };
+
 /* 32 float8 bytes at x as 32 bf16, in order. */
 FMHA_INLINE __m512bh fp8_to_bf16(const fp8_table *tb, const uint8_t *x) {
     const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)x));
@@ -77,13 +83,15 @@ FMHA_INLINE void step(const int R, const int J, const __m512bh qv[4], const __m5
 /* R rows x 16 / R keys (R = 4 or 1; rows past nr and keys past nj repeat
  * the last, not stored); row r's keys in lanes [r * J, (r + 1) * J) after
  * the reduction. */
-FMHA_INLINE void scores_block(const int R, const fp8_table *tb, size_t nr, size_t nj, size_t d, const uint32_t *q,
-                              size_t ldq, const uint8_t *k, size_t ldk, float *s, size_t lds, float scale) {
+FMHA_INLINE void scores_block(const int kind, const int R, const fp8_table *tb, size_t nr, size_t nj, size_t d,
+                              const uint32_t *q, size_t ldq, const uint8_t *k, size_t ldk, float *s, size_t lds,
+                              float scale) {
     const int J = 16 / R;
+    const size_t unit = kind == KEY_BF16 ? 2 : 1; /* bytes a storage unit */
     const uint32_t *qr[4];
     const uint8_t *kr[16];
     for (int r = 0; r < R; r++) qr[r] = q + ((size_t)r < nr ? (size_t)r : nr - 1) * ldq;
-    for (int jj = 0; jj < J; jj++) kr[jj] = k + ((size_t)jj < nj ? (size_t)jj : nj - 1) * ldk;
+    for (int jj = 0; jj < J; jj++) kr[jj] = k + ((size_t)jj < nj ? (size_t)jj : nj - 1) * ldk * unit;
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int x = 0; x < 16; x++) acc[x] = _mm512_setzero_ps();
@@ -92,7 +100,9 @@ FMHA_INLINE void scores_block(const int R, const fp8_table *tb, size_t nr, size_
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) qv[r] = (__m512bh)_mm512_loadu_si512(qr[r] + e / 2);
 #pragma GCC unroll 16
-        for (int jj = 0; jj < J; jj++) kv[jj] = fp8_to_bf16(tb, kr[jj] + e);
+        for (int jj = 0; jj < J; jj++)
+            kv[jj] = kind == KEY_BF16 ? (__m512bh)_mm512_loadu_si512((const void *)(kr[jj] + 2 * e))
+                                      : fp8_to_bf16(tb, kr[jj] + e);
         step(R, J, qv, kv, acc);
     }
     const __m512 sum = _mm512_mul_ps(fmha_avx512_reduce16(acc), _mm512_set1_ps(scale));
@@ -109,29 +119,148 @@ FMHA_INLINE void scores_block(const int R, const fp8_table *tb, size_t nr, size_
 
 /* Rows in blocks of 4 (a last block of 3 with a repeated row) against 4
  * keys at a time, then the rows left one at a time against 16. */
-FMHA_INLINE void scores_bf16(const uint16_t *bits, size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
-                             const void *k, size_t ldk, float *s, size_t lds, float scale) {
-    const fp8_table tb = table_of(bits);
+FMHA_INLINE void scores_bf16(const int kind, const uint16_t *bits, size_t rows, size_t nk, size_t d,
+                             const uint32_t *q, size_t ldq, const void *k, size_t ldk, float *s, size_t lds,
+                             float scale) {
+    fp8_table tb;
+    if (kind == KEY_FP8) tb = table_of(bits);
+    const size_t unit = kind == KEY_BF16 ? 2 : 1;
     const uint8_t *k8 = k;
     const size_t blocked = rows >= 3 ? (rows + 1) / 4 * 4 : 0;
     for (size_t r0 = 0; r0 < blocked; r0 += 4)
         for (size_t j0 = 0; j0 < nk; j0 += 4)
-            scores_block(4, &tb, rows - r0 < 4 ? rows - r0 : 4, nk - j0 < 4 ? nk - j0 : 4, d, q + r0 * ldq, ldq,
-                         k8 + j0 * ldk, ldk, s + r0 * lds + j0, lds, scale);
+            scores_block(kind, 4, &tb, rows - r0 < 4 ? rows - r0 : 4, nk - j0 < 4 ? nk - j0 : 4, d, q + r0 * ldq,
+                         ldq, k8 + j0 * ldk * unit, ldk, s + r0 * lds + j0, lds, scale);
     for (size_t r = blocked; r < rows; r++)
         for (size_t j0 = 0; j0 < nk; j0 += 16)
-            scores_block(1, &tb, 1, nk - j0 < 16 ? nk - j0 : 16, d, q + r * ldq, ldq, k8 + j0 * ldk, ldk,
-                         s + r * lds + j0, lds, scale);
+            scores_block(kind, 1, &tb, 1, nk - j0 < 16 ? nk - j0 : 16, d, q + r * ldq, ldq, k8 + j0 * ldk * unit,
+                         ldk, s + r * lds + j0, lds, scale);
 }
 
 void fmha_e4m3kv_scores_bf16__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
                                          const void *k, size_t ldk, float *s, size_t lds, float scale) {
-    scores_bf16(e4m3_bf16, rows, nk, d, q, ldq, k, ldk, s, lds, scale);
+    scores_bf16(KEY_FP8, e4m3_bf16, rows, nk, d, q, ldq, k, ldk, s, lds, scale);
 }
 
 void fmha_e5m2kv_scores_bf16__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
                                          const void *k, size_t ldk, float *s, size_t lds, float scale) {
-    scores_bf16(e5m2_bf16, rows, nk, d, q, ldq, k, ldk, s, lds, scale);
+    scores_bf16(KEY_FP8, e5m2_bf16, rows, nk, d, q, ldq, k, ldk, s, lds, scale);
+}
+
+void fmha_bf16kv_scores_bf16__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
+                                         const void *k, size_t ldk, float *s, size_t lds, float scale) {
+    scores_bf16(KEY_BF16, NULL, rows, nk, d, q, ldq, k, ldk, s, lds, scale);
+}
+
+/* The value columns [c, c + 32) below dv, as a lane mask. */
+FMHA_INLINE __mmask32 block_lanes(size_t dv, size_t c) {
+    const size_t left = dv > c ? dv - c : 0;
+    return left >= 32 ? 0xffffffffu : (__mmask32)((1u << left) - 1u);
+}
+
+/* o[r][c0 + c] = o alpha[r] + the sums of rows r < n (of R), columns [c0,
+ * c0 + 64) below dv, from acc[r][2 bb + u]: block bb's lo (u 0) and hi
+ * (u 1) unpack's columns, put back in order. */
+FMHA_INLINE void finish_unpacked(const int R, size_t n, size_t dv, size_t c0, __m512 acc[4][4], float *o, size_t ldo,
+                                 const float *alpha) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        if ((size_t)r >= n) break;
+        const __m512 a = _mm512_set1_ps(alpha[r]);
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; h++) { /* 16 columns at a time, in order */
+            const size_t c = c0 + 16 * (size_t)h;
+            if (c >= dv) break;
+            const __mmask16 cm = dv - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (dv - c)) - 1u);
+            float *orow = o + (size_t)r * ldo + c;
+            const __m512 sum = fmha_avx512_unpacked_in_order(acc[r][h / 2 * 2], acc[r][h / 2 * 2 + 1], h % 2);
+            _mm512_mask_storeu_ps(orow, cm, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(cm, orow), a, sum));
+        }
+    }
+}
+
+/* ---- P V on bf16 P ----
+ * Two keys' V rows interleave by vpunpcklwd / vpunpckhwd (a block of 32
+ * columns in avx512/unpack.h's order, put back at the end of a call) and
+ * meet the row's pair of bf16 P, one vdpbf16ps for 16 columns and 2 keys:
+ * half the FMAs' instructions, no widening. P is rounded to bf16 pairs
+ * once a call: pp [rows][nk / 2 rounded up] words (P of key 2i in the low
+ * half); an odd nk's last pair meets a zero row of V. */
+enum { VBF_MAX_KEYS = 128 }; /* the contract's nk */
+
+/* 32 columns of row x from c (the lanes of m; the others 0). */
+FMHA_INLINE __m512i load_bf16_cols(const uint16_t *x, size_t c, __mmask32 m) {
+    return _mm512_maskz_loadu_epi16(m, x + c);
+}
+
+/* Rows [0, R) (R = 4 or 1; rows past n repeat the last, not stored),
+ * columns [c0, c0 + 64): acc[r][2 bb + u], block bb's lo (u 0) and hi
+ * (u 1) unpack's columns. */
+FMHA_INLINE void values_bf16_block(const int R, size_t n, size_t nk, size_t dv, size_t c0, const uint32_t *pp,
+                                   size_t ldpp, const uint16_t *v, size_t ldv, float *o, size_t ldo, const float *alpha) {
+    const __mmask32 bm0 = block_lanes(dv, c0), bm1 = block_lanes(dv, c0 + 32);
+    const uint32_t *pr[4];
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        pr[r] = pp + ((size_t)r < n ? (size_t)r : n - 1) * ldpp;
+        acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = _mm512_setzero_ps();
+    }
+    for (size_t j = 0; j < nk; j += 2) {
+        const uint16_t *x0 = v + j * ldv, *x1 = x0 + ldv;
+        const int pair = j + 1 < nk; /* else the second row is zeros */
+        __m512bh vv[4];
+#pragma GCC unroll 2
+        for (int bb = 0; bb < 2; bb++) {
+            const __mmask32 bm = bb ? bm1 : bm0;
+            const __m512i a = load_bf16_cols(x0, c0 + 32 * (size_t)bb, bm);
+            const __m512i b = pair ? load_bf16_cols(x1, c0 + 32 * (size_t)bb, bm) : _mm512_setzero_si512();
+            vv[2 * bb] = (__m512bh)_mm512_unpacklo_epi16(a, b);
+            vv[2 * bb + 1] = (__m512bh)_mm512_unpackhi_epi16(a, b);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const __m512bh pv = (__m512bh)_mm512_set1_epi32((int)pr[r][j / 2]);
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) acc[r][u] = _mm512_dpbf16_ps(acc[r][u], pv, vv[u]);
+        }
+    }
+    finish_unpacked(R, n, dv, c0, acc, o, ldo, alpha);
+}
+
+/* pp [rows][ldpp] = row r's P in bf16 pairs, keys past nk 0 (round to
+ * nearest even: fmha_f32_to_bf16's, NaN quieted). */
+FMHA_INLINE void round_pairs(size_t rows, size_t nk, const float *p, size_t ldp, uint32_t *pp, size_t ldpp) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < nk; j += 32) {
+            const size_t left = nk - j;
+            const __mmask16 m0 = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+            const __mmask16 m1 = left >= 32 ? (__mmask16)0xffff : left > 16 ? (__mmask16)((1u << (left - 16)) - 1u) : 0;
+            const __m512 a = _mm512_maskz_loadu_ps(m0, p + r * ldp + j), b = _mm512_maskz_loadu_ps(m1, p + r * ldp + j + 16);
+            /* vcvtne2ps2bf16: b's 16 in the high half, a's in the low, each a pair's element in order */
+            const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(b, a);
+            const size_t words = (left >= 32 ? 32 : left + 1) / 2;
+            _mm512_mask_storeu_epi32(pp + r * ldpp + j / 2, (__mmask16)((1u << words) - 1u), w);
+        }
+}
+
+void fmha_bf16kv_values_bf16__avx512bf16(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp, const void *v,
+                                         size_t ldv, float *o, size_t ldo, const float *alpha) {
+    const uint16_t *vb = v;
+    uint32_t pp[4 * VBF_MAX_KEYS / 2]; /* [4][VBF_MAX_KEYS / 2]: a block of rows' P pairs */
+    for (size_t r0 = 0; r0 < rows; r0 += 4) {
+        const size_t nr = rows - r0 < 4 ? rows - r0 : 4;
+        round_pairs(nr, nk, p + r0 * ldp, ldp, pp, VBF_MAX_KEYS / 2);
+        for (size_t c0 = 0; c0 < dv; c0 += 64) {
+            if (nr == 4) {
+                values_bf16_block(4, 4, nk, dv, c0, pp, VBF_MAX_KEYS / 2, vb, ldv, o + r0 * ldo, ldo, alpha + r0);
+                continue;
+            }
+            for (size_t r = 0; r < nr; r++)
+                values_bf16_block(1, 1, nk, dv, c0, pp + r * (VBF_MAX_KEYS / 2), VBF_MAX_KEYS / 2, vb, ldv,
+                                  o + (r0 + r) * ldo, ldo, alpha + r0 + r);
+        }
+    }
 }
 
 /* ---- e4m3 values read through the table ----
@@ -149,9 +278,7 @@ void fmha_e5m2kv_scores_bf16__avx512bf16(size_t rows, size_t nk, size_t d, const
 FMHA_INLINE void e4m3_values_block(const int R, const fp8_table *tb, size_t n, size_t nk, size_t dv, size_t c0,
                                    const float *p, size_t ldp, const uint8_t *v, size_t ldv, float *o, size_t ldo,
                                    const float *alpha) {
-    const size_t left0 = dv - c0, left1 = dv - c0 > 32 ? dv - c0 - 32 : 0;
-    const __mmask32 bm0 = left0 >= 32 ? 0xffffffffu : (__mmask32)((1u << left0) - 1u);
-    const __mmask32 bm1 = left1 >= 32 ? 0xffffffffu : (__mmask32)((1u << left1) - 1u);
+    const __mmask32 bm0 = block_lanes(dv, c0), bm1 = block_lanes(dv, c0 + 32);
     const float *pr[4];
     __m512 acc[4][4];
 #pragma GCC unroll 4
@@ -182,20 +309,7 @@ FMHA_INLINE void e4m3_values_block(const int R, const fp8_table *tb, size_t n, s
             for (int u = 0; u < 4; u++) acc[r][u] = _mm512_fmadd_ps(pv, vv[u], acc[r][u]);
         }
     }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) {
-        if ((size_t)r >= n) break;
-        const __m512 a = _mm512_set1_ps(alpha[r]);
-#pragma GCC unroll 4
-        for (int h = 0; h < 4; h++) { /* 16 columns at a time, in order */
-            const size_t c = c0 + 16 * (size_t)h;
-            if (c >= dv) break;
-            const __mmask16 cm = dv - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (dv - c)) - 1u);
-            float *orow = o + (size_t)r * ldo + c;
-            const __m512 sum = fmha_avx512_unpacked_in_order(acc[r][h / 2 * 2], acc[r][h / 2 * 2 + 1], h % 2);
-            _mm512_mask_storeu_ps(orow, cm, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(cm, orow), a, sum));
-        }
-    }
+    finish_unpacked(R, n, dv, c0, acc, o, ldo, alpha);
 }
 
 void fmha_e4m3kv_decode_values__avx512bf16(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
