@@ -304,7 +304,7 @@ static void run_case(const fmt_case *fc, const char *isa) {
                 const int64_t j = kv_len[0] - 1, at = ((int64_t)table[j / fc->page] * fc->page + j % fc->page) * hkv;
                 const float keep = pk.scales[at];
                 pk.scales[at] = -INFINITY;
-                const fmha_status bad = tu_forward(&pp, qin, pk.bytes, vin, o2, lse2, NULL, 0);
+                const fmha_status bad = fmha_forward(&pp, qin, pk.bytes, vin, o2, lse2, NULL, 0);
                 char key[32];
                 snprintf(key, sizeof key, "key %lld,", (long long)j);
                 tu_check(bad == FMHA_ERR_BAD_SCALE && strstr(fmha_last_error_message(), key) != NULL,
