@@ -117,6 +117,8 @@
  * decode_prefetch_h16_bytes=N (the same where K and V are both bf16 or
  * f16; default 8 MiB), decode_split_keys=N (decode's key
  * splits hold at least N keys, a multiple of 128; default 256),
+ * decode_split_keys_16rows=N (the same where a kv head's rows, group x
+ * Sq, in a unit reach 16: steps of several positions; default 256),
  * matrix_decode_rows=N (decoding on AMX tiles from N rows a kv head, N >=
  * 1; default 8), and the bf16 attention on AMX tiles' schedule:
  * matrix_block_kv=N (keys per step, a multiple of 32 up to 512; default

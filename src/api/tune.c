@@ -40,7 +40,7 @@ enum { TUNE_ROUNDS = 5, TUNE_CALLS = 1, TUNE_MAX_ROWS = 16, TUNE_MAX_CANDIDATES 
 
 /* One problem the tuner times. */
 typedef struct tune_row {
-    char what[64];        /* "float32 fwd S=1024 D=128" */
+    char what[80];        /* "float32 fwd S=1024 D=128" */
     fmha_problem p;
     int backward;         /* forward+backward */
     int bf16;             /* operands bf16, else float32 */
@@ -61,7 +61,7 @@ typedef struct tuner {
     void *user;
     tune_row rows[TUNE_MAX_ROWS];
     int n_rows;
-    tune_rows f32_rows, bf16_rows, dense_rows, decode_rows, decode_f32_rows;
+    tune_rows f32_rows, bf16_rows, dense_rows, decode_rows, decode_f32_rows, decode_16_rows;
     int64_t shrink;       /* sequence lengths divided by this (tests: tune.h) */
 } tuner;
 
@@ -109,16 +109,18 @@ static void row_free(tune_row *r) {
 }
 
 /* Adds a row of B 1, hq heads (hkv for K and V), Sq x Skv (each divided by
- * the tuner's shrink, at least 1 and 16), D; returns its index, or -1 when
- * memory ran out. */
+ * the tuner's shrink, at least 16; a decode step's Sq < Skv kept), D;
+ * returns its index, or -1 when memory ran out. */
 static int add_row(tuner *tn, int bf16, int backward, int64_t hq, int64_t hkv, int64_t sq, int64_t skv, int64_t d) {
     tune_row *r = &tn->rows[tn->n_rows];
     *r = (tune_row){.backward = backward, .bf16 = bf16};
-    sq = sq > 1 && sq / tn->shrink < 16 ? 16 : sq > 1 ? sq / tn->shrink : 1;
+    const int decode = sq < skv; /* a decode step keeps its query length */
+    if (!decode) sq = sq / tn->shrink < 16 ? 16 : sq / tn->shrink;
     skv = skv / tn->shrink < 16 ? 16 : skv / tn->shrink;
-    if (sq == 1)
-        snprintf(r->what, sizeof r->what, "%s decode Sq=1 Skv=%lld Hq=%lld Hkv=%lld D=%lld", bf16 ? "bfloat16" : "float32",
-                 (long long)skv, (long long)hq, (long long)hkv, (long long)d);
+    if (decode)
+        snprintf(r->what, sizeof r->what, "%s decode Sq=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld",
+                 bf16 ? "bfloat16" : "float32", (long long)sq, (long long)skv, (long long)hq, (long long)hkv,
+                 (long long)d);
     else
         snprintf(r->what, sizeof r->what, "%s %s S=%lld D=%lld", bf16 ? "bfloat16" : "float32",
                  backward ? "fwdbwd" : "fwd", (long long)sq, (long long)d);
@@ -420,6 +422,11 @@ static int add_rows(tuner *tn, const fmha_ukernels *uk) {
         const int r32 = add_row(tn, 0, 0, 32, 8, 1, 65536, 128);
         if (r32 < 0) return -1;
         tn->decode_f32_rows |= 1u << r32;
+        /* 4 positions of GQA 4 (16 rows a kv head), a bf16 step of 67
+         * MiB: the chunks' threshold of many rows */
+        const int r16 = add_row(tn, 1, 0, 32, 8, 4, 16384, 128);
+        if (r16 < 0) return -1;
+        tn->decode_16_rows |= 1u << r16;
     }
     return 0;
 }
@@ -482,6 +489,7 @@ fmha_status fmha_tune_shrunk(const char *path, double budget_s, fmha_tune_progre
                                : f->rows == FMHA_TUNE_DENSE  ? tn->dense_rows
                                : f->rows == FMHA_TUNE_DECODE ? tn->decode_rows
                                : f->rows == FMHA_TUNE_DECODE_F32 ? tn->decode_f32_rows
+                               : f->rows == FMHA_TUNE_DECODE_ROWS ? tn->decode_16_rows
                                                              : 0;
         tune_field(tn, &t, f, rows);
     }

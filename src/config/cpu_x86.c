@@ -167,7 +167,9 @@ void fmha_arch_cache_sizes(fmha_cache_sizes *c) {
  * heuristic's.
  *   zen4: AuthenticAMD family 25 model 17 (EPYC): keys per tile of 64..256
  *         and the dense crossover measured within noise of generic, K read
- *         in place at 82-89% of the FMA peak: the generic values.
+ *         in place at 82-89% of the FMA peak: the generic values, but for
+ *         decode's chunks of 16 rows or more (fmha-bench --tune, 2
+ *         threads: 1024 keys 0.91x the time of 256 on a 4-position step).
  *   xeon-6-167: GenuineIntel family 6 model 167 as a KVM guest reports a
  *         Xeon with AMX (48 KiB L1D, 2 MiB L2): fmha-bench --tune, the
  *         measurements in design.md.
@@ -177,7 +179,7 @@ void fmha_arch_cache_sizes(fmha_cache_sizes *c) {
  *         decode's split at 1024 keys chosen by alternating runs
  *         (design.md); the same entry for the tables beneath amx on
  *         this CPU (FMHA_ISA), as for model 167. */
-#define ZEN4 "zen4", ""
+#define ZEN4 "zen4", "decode_split_keys_16rows=1024"
 #define XEON_6_167 "xeon-6-167", "k_copy_bytes=262144,matrix_block_kv=256"
 #define XEON_6_207                                                                                                     \
     "xeon-6-207", "k_copy_bytes=262144,decode_prefetch_f32_bytes=1125899906842624,decode_prefetch_h16_bytes=50331648,"  \

@@ -24,7 +24,8 @@
  * every tiled row (float32 only where a matrix engine takes bf16), bf16
  * rows on a matrix engine (tuned only where the table has one), the dense
  * crossover's rows, decode rows (a bf16 cache), decode rows of a float32
- * cache; NONE: not tuned field by field. */
+ * cache, decode rows of 16 rows a kv head (4 positions, GQA 4); NONE: not
+ * tuned field by field. */
 typedef enum fmha_tune_rows {
     FMHA_TUNE_NONE,
     FMHA_TUNE_F32,
@@ -32,7 +33,8 @@ typedef enum fmha_tune_rows {
     FMHA_TUNE_MATRIX,
     FMHA_TUNE_DENSE,
     FMHA_TUNE_DECODE,
-    FMHA_TUNE_DECODE_F32
+    FMHA_TUNE_DECODE_F32,
+    FMHA_TUNE_DECODE_ROWS
 } fmha_tune_rows;
 
 /* X(key, default, lo, hi, multiple, rows, candidates): every field, in
@@ -56,6 +58,9 @@ typedef enum fmha_tune_rows {
  *   decode_prefetch_h16_bytes  the same for bf16 or f16 K and V
  *   decode_split_keys  the decode driver's chunks hold at least this many
  *                      keys (decode.c)
+ *   decode_split_keys_16rows  the same where a unit serves 16 rows or more
+ *                      (a step of several positions: a task's fixed cost,
+ *                      its partial O and query, grows with its rows)
  *   matrix_block_kv    keys per step of the matrix driver's forward
  *   matrix_rescale_log2  its lazy rescale: a row's reference maximum moves
  *                      only when the scores pass it by more (log2 units):
@@ -74,6 +79,7 @@ typedef enum fmha_tune_rows {
     X(decode_prefetch_f32_bytes, 8 << 20, 0, (int64_t)1 << 50, 1, FMHA_TUNE_DECODE_F32, ((int64_t)1 << 50))     \
     X(decode_prefetch_h16_bytes, 8 << 20, 0, (int64_t)1 << 50, 1, FMHA_TUNE_DECODE, ((int64_t)1 << 50, 4 << 20)) \
     X(decode_split_keys, 256, 128, (int64_t)1 << 20, 128, FMHA_TUNE_DECODE, (1024, 4096))                     \
+    X(decode_split_keys_16rows, 256, 128, (int64_t)1 << 20, 128, FMHA_TUNE_DECODE_ROWS, (1024, 4096))         \
     X(matrix_block_kv, 128, 32, 512, 32, FMHA_TUNE_MATRIX, (64, 256))                                         \
     X(matrix_rescale_log2, 8, 0, 16, 1, FMHA_TUNE_MATRIX, (0))                                                \
     X(matrix_overlap, 1, 0, 1, 1, FMHA_TUNE_MATRIX, (0))                                                      \

@@ -72,7 +72,8 @@ enum { DEC_VINT_SUB = 64 };
  * 512 4.4/14/32 (a busy machine: +-30%). Decode loses at 4 keys a query. */
 
 /* Split-KV: aim for DEC_TASKS tasks in all, chunks of at least the
- * tuning's decode_split_keys (default 256). The split follows the
+ * tuning's decode_split_keys (default 256; decode_split_keys_16rows where
+ * a unit serves 16 rows or more). The split follows the
  * problem's shape and the tuning, never the thread count, so results are
  * bitwise the same for every thread count under one tuning. */
 enum { DEC_TASKS = 64 };
@@ -129,7 +130,8 @@ int fmha_decode_plan(fmha_plan *plan) {
             }
     int64_t units = p->batch * p->heads_kv / plan->drv.dec.heads * plan->drv.dec.units;
     int64_t splits = ceil_div(DEC_TASKS, units);
-    const int64_t min_chunk = uk->tuning->decode_split_keys;
+    const int64_t min_chunk =
+        plan->drv.dec.rows >= 16 ? uk->tuning->decode_split_keys_16rows : uk->tuning->decode_split_keys;
     int64_t most = ceil_div(p->seq_kv, min_chunk);
     if (splits > most) splits = most;
     if (splits < 1) splits = 1;

@@ -3,7 +3,8 @@
  * FMHA_TUNING; with small tiles, K copied, no dense crossover, the decode
  * driver's prefetch on any size and small decode splits (block_kv=32,
  * k_copy_bytes=1,dense_max_scores=1,decode_prefetch_bytes=1,
- * decode_prefetch_f32_bytes=1,decode_prefetch_h16_bytes=1,decode_split_keys=128); with large tiles on the 14 x 32 float32 tile
+ * decode_prefetch_f32_bytes=1,decode_prefetch_h16_bytes=1,decode_split_keys=128,
+ * decode_split_keys_16rows=128); with large tiles on the 14 x 32 float32 tile
  * (block_kv=256,tile_mr=14,tile_nr=32,k_copy_bytes=4096); on the 12 x 32
  * tile (tile_mr=12,tile_nr=32,k_copy_bytes=1); and with an invalid text
  * (block_kv=48, ignored). Every table also runs on each float32 tile shape
@@ -72,6 +73,10 @@ static void test_parse(void) {
                  t.block_kv == 128,
              "apply the tile shape, K's copy and decode's split");
     t = base;
+    tu_check(fmha_tuning_apply("decode_split_keys_16rows=1024", &t, err, sizeof err) == 0 &&
+                 t.decode_split_keys_16rows == 1024 && t.decode_split_keys == base.decode_split_keys,
+             "apply decode's split of many rows (the other split kept)");
+    t = base;
     tu_check(fmha_tuning_apply("generic", &t, err, sizeof err) == 0 && t.block_kv == FMHA_TUNING_OF_TABLE &&
                  t.dense_max_scores == fmha_tuning_generic.dense_max_scores,
              "apply generic: every field at its default");
@@ -98,7 +103,8 @@ static void test_parse(void) {
                                       "matrix_block_kv=544", "matrix_block_kv=0", "matrix_rescale_log2=17",
                                       "matrix_overlap=2", "matrix_overlap", "tile_nr=24", "tile_nr=80",
                                       "tile_mr=17", "tile_mr=0", "k_copy_bytes=-1", "decode_split_keys=100",
-                                      "decode_split_keys=0", "decode_split_keys=2097152", "matrix_decode_rows=0"};
+                                      "decode_split_keys=0", "decode_split_keys=2097152", "matrix_decode_rows=0",
+                                      "decode_split_keys_16rows=100", "decode_split_keys_16rows=0"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         t = base;
         t.block_kv = 7;
