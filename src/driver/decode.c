@@ -99,6 +99,15 @@ static void dec_stage_row(const fmha_cache_format *f, const fmha_uk_cache *kern,
     kern->load((size_t)n, (const char *)src + (size_t)at * f->unit_bytes, dst);
 }
 
+/* One row (or a key's side-by-side heads) of `values` elements from
+ * element `at` of x into dst: its stored bytes (raw) or the format's load
+ * into float32 (dec_stage_row). */
+static void dec_gather_row(const fmha_cache_format *f, const fmha_uk_cache *kern, int raw, int64_t values,
+                           size_t bytes, const void *x, int64_t at, char *dst) {
+    if (raw) memcpy(dst, (const char *)x + (size_t)at * f->unit_bytes, bytes);
+    else dec_stage_row(f, kern, values, x, at, (float *)(void *)dst);
+}
+
 /* 1 if keys [k0, k0 + nk) lie in one page (always without a block table). */
 static int dec_one_page(const fmha_problem *p, int64_t k0, int64_t nk) {
     return !p->block_table || k0 / p->page_size == (k0 + nk - 1) / p->page_size;
@@ -316,8 +325,9 @@ static void dec_row_range(const fmha_plan *plan, int64_t b, int64_t i, int64_t *
  * loaded into buf [nj][heads][len] float32 (the format's load kernel,
  * gathered across pages) in address order: the whole sub-block in one run
  * when it is one in memory (the unit's heads and the keys adjacent, one
- * page), else key by key, or row by row; the caller then runs the float32
- * format's kernels. */
+ * page), else page run by page run, a key's heads in one copy or row by
+ * row (the raw gather's walk); the caller then runs the float32 format's
+ * kernels. */
 static size_t dec_rows(const dec_ctx *c, fmha_cache_format_id fmt, const int64_t *st, const void *x, int64_t len,
                        int64_t b, int64_t hk0, int64_t heads, int64_t k0, int64_t nj, int raw, int widen, float *buf,
                        const void **rows, int *in_place) {
@@ -334,36 +344,36 @@ static size_t dec_rows(const dec_ctx *c, fmha_cache_format_id fmt, const int64_t
             rows[hh] = (const char *)x + (size_t)fmha_kv_row_at(p, st, b, hk0 + hh, k0) * f->unit_bytes;
         return (size_t)st[1];
     }
-    if (raw) { /* the stored bytes, page run by page run */
-        const size_t bytes = (size_t)units * f->unit_bytes;
-        char *to = (char *)buf;
-        *in_place = 1;
+    /* gathered page run by page run: the stored bytes (raw: [nj][heads]
+     * [row bytes], which the format's kernels read as they read the
+     * cache) or the format's load into float32 ([nj][heads][len]); a key's
+     * heads in one copy when side by side, the whole sub-block in one load
+     * when it is one in memory */
+    const size_t bytes = (size_t)units * f->unit_bytes;
+    const size_t key_out = raw ? (size_t)heads * bytes : (size_t)w * sizeof(float);
+    const size_t head_out = raw ? bytes : (size_t)len * sizeof(float);
+    char *to = (char *)buf;
+    if (!raw && heads_adjacent && st[1] == heads * units && one_page) {
+        dec_stage_row(f, kern, nj * w, x, fmha_kv_row_at(p, st, b, hk0, k0), buf);
+    } else {
         for (int64_t j = 0; j < nj;) {
             int64_t first;
             const int64_t run = fmha_kv_run_at(p, st, b, k0 + j, nj - j, &first);
             for (int64_t t = 0; t < run; t++, j++) {
-                const char *key = (const char *)x + (size_t)(first + t * st[1] + hk0 * st[2]) * f->unit_bytes;
-                if (heads_adjacent) { /* one copy */
-                    memcpy(to + (size_t)(j * heads) * bytes, key, (size_t)heads * bytes);
+                const int64_t at = first + t * st[1] + hk0 * st[2]; /* head hk0's row of key k0 + j */
+                char *key_to = to + (size_t)j * key_out;
+                if (heads_adjacent) {
+                    dec_gather_row(f, kern, raw, w, (size_t)heads * bytes, x, at, key_to);
                     continue;
                 }
                 for (int64_t hh = 0; hh < heads; hh++)
-                    memcpy(to + (size_t)(j * heads + hh) * bytes, key + (size_t)(hh * st[2]) * f->unit_bytes, bytes);
+                    dec_gather_row(f, kern, raw, len, bytes, x, at + hh * st[2], key_to + (size_t)hh * head_out);
             }
         }
-        for (int64_t hh = 0; hh < heads; hh++) rows[hh] = to + (size_t)hh * bytes;
-        return (size_t)(heads * units);
     }
-    if (heads_adjacent && st[1] == heads * units && one_page)
-        dec_stage_row(f, kern, nj * w, x, fmha_kv_row_at(p, st, b, hk0, k0), buf);
-    else if (heads_adjacent)
-        for (int64_t j = 0; j < nj; j++) dec_stage_row(f, kern, w, x, fmha_kv_row_at(p, st, b, hk0, k0 + j), buf + j * w);
-    else
-        for (int64_t j = 0; j < nj; j++)
-            for (int64_t hh = 0; hh < heads; hh++)
-                dec_stage_row(f, kern, len, x, fmha_kv_row_at(p, st, b, hk0 + hh, k0 + j), buf + j * w + hh * len);
-    for (int64_t hh = 0; hh < heads; hh++) rows[hh] = buf + hh * len;
-    return (size_t)w;
+    *in_place = raw;
+    for (int64_t hh = 0; hh < heads; hh++) rows[hh] = to + (size_t)hh * head_out;
+    return raw ? (size_t)(heads * units) : (size_t)w;
 }
 
 /* 1 when K's (which 0) or V's (1) format keeps scales beside its rows. */
