@@ -62,14 +62,19 @@ FMHA_INLINE fp8_table table_of(const uint16_t *bits) {
 /* Key rows: float8 bytes through a table, or bf16 as stored. */
 enum { KEY_FP8, KEY_BF16 };
 
-/* 32 float8 bytes at x as 32 bf16, in order. */
-FMHA_INLINE __m512bh fp8_to_bf16(const fp8_table *tb, const uint8_t *x) {
-    const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)x));
+/* 32 float8 bytes as 32 bf16, in order. */
+FMHA_INLINE __m512i fp8_bytes_to_bf16(const fp8_table *tb, __m256i bytes) {
+    const __m512i w = _mm512_cvtepu8_epi16(bytes);
     const __m512i lo = _mm512_permutex2var_epi16(tb->t[0], w, tb->t[1]); /* magnitudes 0-63 (index bits 5:0) */
     const __m512i hi = _mm512_permutex2var_epi16(tb->t[2], w, tb->t[3]); /* 64-127 */
     const __m512i mag = _mm512_mask_mov_epi16(lo, _mm512_test_epi16_mask(w, _mm512_set1_epi16(0x40)), hi);
     /* the sign: bit 7 of the byte to bit 15 of the word */
-    return (__m512bh)_mm512_ternarylogic_epi32(mag, _mm512_slli_epi16(w, 8), _mm512_set1_epi16((short)0x8000), 0xF8);
+    return _mm512_ternarylogic_epi32(mag, _mm512_slli_epi16(w, 8), _mm512_set1_epi16((short)0x8000), 0xF8);
+}
+
+/* 32 float8 bytes at x as 32 bf16, in order. */
+FMHA_INLINE __m512bh fp8_to_bf16(const fp8_table *tb, const uint8_t *x) {
+    return (__m512bh)fp8_bytes_to_bf16(tb, _mm256_loadu_si256((const __m256i *)x));
 }
 
 /* acc[r * J + jj] += q_r . k_jj over one step of 32 values. */
@@ -293,12 +298,7 @@ FMHA_INLINE void e4m3_values_block(const int R, const fp8_table *tb, size_t n, s
 #pragma GCC unroll 2
         for (int bb = 0; bb < 2; bb++) {
             const __mmask32 bm = bb ? bm1 : bm0;
-            const __m512i w = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(bm, x + 32 * bb));
-            const __m512i lo = _mm512_permutex2var_epi16(tb->t[0], w, tb->t[1]);
-            const __m512i hi = _mm512_permutex2var_epi16(tb->t[2], w, tb->t[3]);
-            const __m512i mag = _mm512_mask_mov_epi16(lo, _mm512_test_epi16_mask(w, _mm512_set1_epi16(0x40)), hi);
-            const __m512i bf =
-                _mm512_ternarylogic_epi32(mag, _mm512_slli_epi16(w, 8), _mm512_set1_epi16((short)0x8000), 0xF8);
+            const __m512i bf = fp8_bytes_to_bf16(tb, _mm256_maskz_loadu_epi8(bm, x + 32 * bb));
             vv[2 * bb] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, bf));
             vv[2 * bb + 1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, bf));
         }
