@@ -13,20 +13,22 @@
 
 #include "decode.h"
 
-#define FMHA_VALUES_INT_INLINE static inline __attribute__((always_inline))
-
 enum { V_INT8 = FMHA_FORMAT_INT8, V_Q8_0 = FMHA_FORMAT_Q8_0, V_Q4_0 = FMHA_FORMAT_Q4_0 };
 enum { MAX_KEYS = 64, MAX_BLOCKS = 18 }; /* the contract's nk; D <= 576 */
 
 /* P's blocks with a P' of their own: one a block of 32 columns, int8's one
  * for the row (its per-key scale is the driver's, already in P). */
-FMHA_VALUES_INT_INLINE size_t value_p_blocks(const int kind, size_t dv) { return kind == V_INT8 ? 1 : dv / 32; }
+static inline __attribute__((always_inline)) size_t value_p_blocks(const int kind, size_t dv) {
+    return kind == V_INT8 ? 1 : dv / 32;
+}
 
 /* vd[b][c]: the block scales of keys [16 c, 16 c + 16) in block b (int8:
  * ones), dm[b] the largest |scale| of the block (NaN when one is NaN), b <
  * value_p_blocks. */
-FMHA_VALUES_INT_INLINE void value_block_scales(const int kind, size_t nk, size_t dv, const uint8_t *v8, size_t ldv,
-                                               __m512 vd[MAX_BLOCKS][MAX_KEYS / 16], float dm[MAX_BLOCKS]) {
+static inline __attribute__((always_inline)) void value_block_scales(const int kind, size_t nk, size_t dv,
+                                                                     const uint8_t *v8, size_t ldv,
+                                                                     __m512 vd[MAX_BLOCKS][MAX_KEYS / 16],
+                                                                     float dm[MAX_BLOCKS]) {
     const size_t nb = value_p_blocks(kind, dv);
     int32_t off[16];
     for (size_t i = 0; i < 16; i++) off[i] = (int32_t)(i * ldv);
@@ -61,8 +63,9 @@ FMHA_VALUES_INT_INLINE void value_block_scales(const int kind, size_t nk, size_t
 /* Row r's P' for block b (keys in pairs: pw [nk / 2 rounded up] dwords, the
  * pad 0) and its scale *s, from the row's largest |P| pm and the block's
  * largest |scale| dm. vd: the 16-key chunks' block scales (int8: ones). */
-FMHA_VALUES_INT_INLINE void quantize_row(size_t nk, const float *p, const __m512 vd[MAX_KEYS / 16], float pm, float dm,
-                              int32_t *pw, float *s) {
+static inline __attribute__((always_inline)) void quantize_row(size_t nk, const float *p,
+                                                               const __m512 vd[MAX_KEYS / 16], float pm, float dm,
+                                                               int32_t *pw, float *s) {
     const float mx = pm * dm;
     const int finite = mx <= 3.40282347e38f;
     *s = finite ? mx / 32767.0f : NAN;
@@ -76,7 +79,7 @@ FMHA_VALUES_INT_INLINE void quantize_row(size_t nk, const float *p, const __m512
 }
 
 /* The largest |x_i| of n <= MAX_KEYS floats, NaN when one is NaN. */
-FMHA_VALUES_INT_INLINE float abs_max(size_t n, const float *x) {
+static inline __attribute__((always_inline)) float abs_max(size_t n, const float *x) {
     __m512 m = _mm512_setzero_ps();
     __mmask16 nan = 0;
     for (size_t c = 0; c * 16 < n; c++) {
