@@ -115,7 +115,9 @@
  * or f16: the quantized formats; default 8 MiB), decode_prefetch_f32_bytes=N (the
  * same where K and V are both float32; default 8 MiB),
  * decode_prefetch_h16_bytes=N (the same where K and V are both bf16 or
- * f16; default 8 MiB), decode_split_keys=N (decode's key
+ * f16; default 8 MiB), decode_prefetch_ahead_bytes=N (how far decode's
+ * prefetch runs ahead of its reads, bytes of K and V over the heads a
+ * task walks together, 0..64 MiB; default 64 KiB), decode_split_keys=N (decode's key
  * splits hold at least N keys, a multiple of 128; default 256),
  * decode_split_keys_16rows=N (the same where a kv head's rows, group x
  * Sq, in a unit reach 16: steps of several positions; default 256),

@@ -56,6 +56,9 @@ typedef enum fmha_tune_rows {
  *                      CPU's hardware prefetchers may follow on their own
  *                      (design.md, "Decode")
  *   decode_prefetch_h16_bytes  the same for bf16 or f16 K and V
+ *   decode_prefetch_ahead_bytes  how far a decode task's prefetch runs
+ *                      ahead of its reads, in bytes of K and V over a
+ *                      unit's heads (decode.c, dec_prefetch_stream)
  *   decode_split_keys  the decode driver's chunks hold at least this many
  *                      keys (decode.c)
  *   decode_split_keys_16rows  the same where a unit serves 16 rows or more
@@ -78,6 +81,7 @@ typedef enum fmha_tune_rows {
     X(decode_prefetch_bytes, 8 << 20, 0, (int64_t)1 << 50, 1, FMHA_TUNE_NONE, ())                             \
     X(decode_prefetch_f32_bytes, 8 << 20, 0, (int64_t)1 << 50, 1, FMHA_TUNE_DECODE_F32, ((int64_t)1 << 50))     \
     X(decode_prefetch_h16_bytes, 8 << 20, 0, (int64_t)1 << 50, 1, FMHA_TUNE_DECODE, ((int64_t)1 << 50, 4 << 20)) \
+    X(decode_prefetch_ahead_bytes, 64 << 10, 0, 64 << 20, 1, FMHA_TUNE_NONE, ())                             \
     X(decode_split_keys, 256, 128, (int64_t)1 << 20, 128, FMHA_TUNE_DECODE, (1024, 4096))                     \
     X(decode_split_keys_16rows, 256, 128, (int64_t)1 << 20, 128, FMHA_TUNE_DECODE_ROWS, (1024, 4096))         \
     X(matrix_block_kv, 128, 32, 512, 32, FMHA_TUNE_MATRIX, (64, 256))                                         \

@@ -416,8 +416,9 @@ static int dec_any_nonfinite(const float *sh, int64_t n, int64_t nj) {
 }
 
 /* Asks for head hk's rows of the sub-block at key k0 (keys before `end`) of
- * K or V into L2 (prefetcht2), one sub-block before the kernels read them.
- * Called head by head, before each head's kernel, so that the requests
+ * K or V into L2 (prefetcht2; into L1, prefetcht0, every format lost 1.2-1.8x
+ * on Zen 4). dec_prefetch_stream decides which and when: head by head,
+ * before each head's kernel, so that the requests
  * spread over the sub-block's work: in one burst of all heads' rows they
  * waited on the fill buffers and lost float32 rows 5-10%. At Skv = 65536,
  * Hq 32 / Hkv 8, D 128, 2 threads on Zen 4 (ms, off / on, alternating,
@@ -440,6 +441,40 @@ static void dec_prefetch_head(const dec_ctx *c, fmha_cache_format_id fmt, const 
             const char *row = (const char *)x + (first + t * st[1] + hk * st[2]) * (int64_t)f->unit_bytes;
             for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(row + at, 0, 1);
         }
+    }
+}
+
+/* A head's K and V as one stream in the order a task reads them (tile
+ * t's K keys, then its V keys), position 2 DEC_TILE t + (0..DEC_TILE for
+ * K, DEC_TILE.. for V): asks for the head's rows from *pf up to `until`,
+ * DEC_SUB keys a request, and moves *pf there. The reads run
+ * dec_prefetch_keys behind, a distance in bytes: one sub-block ahead (16
+ * keys) kept 8 KiB of float32 rows in flight a head but only 2 KiB of
+ * int8's, too few to cover memory's latency. Zen 4, Skv 65536, Hq 32 /
+ * Hkv 8 (8 heads a task), D 128, 2 threads, ms, fastest of 4 alternating,
+ * one sub-block ahead (K; V's 64-key sub-blocks one ahead) / 32 / 64 /
+ * 128 KiB over the heads: int8 6.70 / 6.69 / 6.11 / 6.26, q8_0 7.69 /
+ * 7.00 / 7.03 / 6.98, float32 20.2 / 20.0 / 20.2 / 20.8, bf16 10.8 / 10.7
+ * / 10.7 / 10.8; q4_0 and fp8_e4m3, whose kernels bound them, and uneven
+ * paged batches did not move. */
+static void dec_prefetch_stream(const dec_ctx *c, int64_t b, int64_t hk, int64_t kb, int64_t ke, int64_t *pf,
+                                int64_t until) {
+    const fmha_plan *plan = c->plan;
+    const fmha_problem *p = &plan->p;
+    while (*pf < until) {
+        const int64_t t = *pf / (2 * DEC_TILE), w = *pf % (2 * DEC_TILE), v = w >= DEC_TILE;
+        const int64_t k = kb + t * DEC_TILE + w % DEC_TILE;
+        if (k >= ke) { /* past this tile's keys: its V, or the end */
+            if (v || kb + t * DEC_TILE >= ke) {
+                *pf = INT64_MAX;
+                return;
+            }
+            *pf = 2 * DEC_TILE * t + DEC_TILE;
+            continue;
+        }
+        if (v) dec_prefetch_head(c, plan->v_format, p->v_strides, c->v, p->head_dim_v, b, hk, k, DEC_SUB, ke);
+        else dec_prefetch_head(c, plan->k_format, p->k_strides, c->k, p->head_dim, b, hk, k, DEC_SUB, ke);
+        *pf += DEC_SUB;
     }
 }
 
@@ -543,6 +578,17 @@ static void dec_rescore_nonfinite(const dec_ctx *c, int64_t b, int64_t hk, int64
     }
 }
 
+/* Keys a head's prefetch runs ahead of its reads: the tuning's
+ * decode_prefetch_ahead_bytes over the unit's heads, in rows of K and V
+ * (their mean), whole sub-blocks, at least one. */
+static int64_t dec_prefetch_keys(const fmha_plan *plan) {
+    const fmha_problem *p = &plan->p;
+    const int64_t row = (fmha_format_row_bytes(fmha_cache_format_at(plan->k_format), p->head_dim) +
+                         fmha_format_row_bytes(fmha_cache_format_at(plan->v_format), p->head_dim_v) + 1) / 2;
+    const int64_t keys = ceil_div(plan->uk->tuning->decode_prefetch_ahead_bytes / plan->drv.dec.heads, row);
+    return keys < DEC_SUB ? DEC_SUB : ceil_div(keys, DEC_SUB) * DEC_SUB;
+}
+
 static void dec_split_task(void *vctx, size_t task, int thread) {
     const dec_ctx *c = vctx;
     const fmha_plan *plan = c->plan;
@@ -605,7 +651,13 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
     const int widen_k = dec_widen(plan, plan->k_format, n) || (qt && plan->k_format != FMHA_FORMAT_F32),
               widen_v = dec_widen(plan, plan->v_format, n);
     for (int64_t r = 0; r < rows; r++) s.ones[r] = 1.0f;
+    /* prefetch: each head's stream position requested so far, and how far
+     * ahead of its reads (keys of the wider of K's and V's rows) */
+    int64_t pf[DEC_MAX_HEADS];
+    for (int64_t hh = 0; hh < heads; hh++) pf[hh] = 0;
+    const int64_t pf_ahead = dec_prefetch_keys(plan);
     for (int64_t k0 = kb; k0 < ke; k0 += DEC_TILE) {
+        const int64_t at = (k0 - kb) / DEC_TILE * 2 * DEC_TILE; /* this tile's stream position */
         int64_t nk = ke - k0 < DEC_TILE ? ke - k0 : DEC_TILE;
         /* K and V one sub-block at a time: in place, or staged (dec_rows) */
         const void *rows_of[DEC_MAX_HEADS];
@@ -618,12 +670,8 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
                                  s.kf, rows_of, &in_place);
             const fmha_cache_scores_ukernel_fn scores = in_place ? k_kern->scores : staged->scores;
             for (int64_t hh = 0; hh < heads; hh++) {
-                /* this head's next sub-block of K (the first of V at the tile's end) */
-                if (plan->drv.dec.prefetch) {
-                    if (j0 + DEC_SUB < nk)
-                        dec_prefetch_head(c, plan->k_format, ks, c->k, D, b, hk0 + hh, k0 + j0 + DEC_SUB, DEC_SUB, ke);
-                    else dec_prefetch_head(c, plan->v_format, vs, c->v, Dv, b, hk0 + hh, k0, vsub, ke);
-                }
+                if (plan->drv.dec.prefetch)
+                    dec_prefetch_stream(c, b, hk0 + hh, kb, ke, &pf[hh], at + j0 + DEC_SUB + pf_ahead);
                 const float *qh = s.qf + hh * rows * D;
                 float *sh = s.s + hh * rows * DEC_TILE + j0;
                 const size_t x = q_at + (size_t)(hh * rows); /* its first quantized row */
@@ -675,13 +723,8 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
                                                         : in_place            ? v_kern->values
                                                                               : staged->values;
             for (int64_t hh = 0; hh < heads; hh++) {
-                /* this head's next sub-block of V (the next tile's first of K at the end) */
-                if (plan->drv.dec.prefetch) {
-                    if (j0 + vsub < nk)
-                        dec_prefetch_head(c, plan->v_format, vs, c->v, Dv, b, hk0 + hh, k0 + j0 + vsub, vsub, ke);
-                    else if (k0 + DEC_TILE < ke)
-                        dec_prefetch_head(c, plan->k_format, ks, c->k, D, b, hk0 + hh, k0 + DEC_TILE, DEC_SUB, ke);
-                }
+                if (plan->drv.dec.prefetch)
+                    dec_prefetch_stream(c, b, hk0 + hh, kb, ke, &pf[hh], at + DEC_TILE + j0 + nj + pf_ahead);
                 float *ph = s.s + hh * rows * DEC_TILE + j0;
                 const float *ah = j0 == 0 ? s.alpha + hh * rows : s.ones;
                 if (v_scaled) dec_scale_columns(p, 1, b, hk0 + hh, k0 + j0, nj, n, ph); /* P's sums are taken */

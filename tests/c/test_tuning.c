@@ -1,10 +1,10 @@
 /* test_tuning.c: tunings per microarchitecture (src/config/tuning.h) and the
  * FMHA_TUNING override. ctest runs this program six times: without
  * FMHA_TUNING; with small tiles, K copied, no dense crossover, the decode
- * driver's prefetch on any size and small decode splits (block_kv=32,
+ * driver's prefetch on any size, one sub-block ahead, and small decode splits (block_kv=32,
  * k_copy_bytes=1,dense_max_scores=1,decode_prefetch_bytes=1,
  * decode_prefetch_f32_bytes=1,decode_prefetch_h16_bytes=1,decode_split_keys=128,
- * decode_split_keys_16rows=128); with large tiles on the 14 x 32 float32 tile
+ * decode_split_keys_16rows=128,decode_prefetch_ahead_bytes=0); with large tiles on the 14 x 32 float32 tile
  * (block_kv=256,tile_mr=14,tile_nr=32,k_copy_bytes=4096); on the 12 x 32
  * tile (tile_mr=12,tile_nr=32,k_copy_bytes=1); and with an invalid text
  * (block_kv=48, ignored). Every table also runs on each float32 tile shape
@@ -77,6 +77,10 @@ static void test_parse(void) {
                  t.decode_split_keys_16rows == 1024 && t.decode_split_keys == base.decode_split_keys,
              "apply decode's split of many rows (the other split kept)");
     t = base;
+    tu_check(fmha_tuning_apply("decode_prefetch_ahead_bytes=4096", &t, err, sizeof err) == 0 &&
+                 t.decode_prefetch_ahead_bytes == 4096 && t.decode_prefetch_bytes == base.decode_prefetch_bytes,
+             "apply decode's prefetch distance (the thresholds kept)");
+    t = base;
     tu_check(fmha_tuning_apply("generic", &t, err, sizeof err) == 0 && t.block_kv == FMHA_TUNING_OF_TABLE &&
                  t.dense_max_scores == fmha_tuning_generic.dense_max_scores,
              "apply generic: every field at its default");
@@ -104,7 +108,8 @@ static void test_parse(void) {
                                       "matrix_overlap=2", "matrix_overlap", "tile_nr=24", "tile_nr=80",
                                       "tile_mr=17", "tile_mr=0", "k_copy_bytes=-1", "decode_split_keys=100",
                                       "decode_split_keys=0", "decode_split_keys=2097152", "matrix_decode_rows=0",
-                                      "decode_split_keys_16rows=100", "decode_split_keys_16rows=0"};
+                                      "decode_split_keys_16rows=100", "decode_split_keys_16rows=0",
+                                      "decode_prefetch_ahead_bytes=-1", "decode_prefetch_ahead_bytes=67108865"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         t = base;
         t.block_kv = 7;
