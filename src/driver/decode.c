@@ -384,35 +384,11 @@ static int dec_has_scales(const fmha_problem *p, int which) {
 
 /* x[r][j] *= the scale of key k0 + j (K's: which 0, V's: 1), r < n, j < nj;
  * rows DEC_TILE apart: the scores by K's scales, P by V's. */
-static void dec_scale_columns(const fmha_problem *p, int which, int64_t b, int64_t hk, int64_t k0, int64_t nj,
+static void dec_scale_columns(const fmha_plan *plan, int which, int64_t b, int64_t hk, int64_t k0, int64_t nj,
                               int64_t n, float *x) {
     float sc[DEC_VINT_SUB]; /* nj <= the larger sub-block */
-    fmha_kv_scales_of(p, which, b, hk, k0, nj, sc);
-    for (int64_t r = 0; r < n; r++) {
-        float *restrict row = x + r * DEC_TILE;
-        int64_t j = 0;
-        for (; j + 16 <= nj; j += 16) /* a fixed trip count: vectorised at -O2 */
-            for (int t = 0; t < 16; t++) row[j + t] *= sc[j + t];
-        for (; j < nj; j++) row[j] *= sc[j];
-    }
-}
-
-/* 1 when a score of rows r < n, keys j < nj (rows DEC_TILE apart) is not
- * finite: on the bits, an exponent of all ones carries into bit 31. */
-static int dec_any_nonfinite(const float *sh, int64_t n, int64_t nj) {
-    uint32_t carry = 0;
-    for (int64_t r = 0; r < n; r++) {
-        const float *row = sh + r * DEC_TILE;
-        int64_t j = 0;
-        for (; j + 16 <= nj; j += 16) /* a fixed trip count: vectorised at -O2 */
-            for (int t = 0; t < 16; t++) {
-                uint32_t u;
-                memcpy(&u, row + j + t, sizeof u);
-                carry |= (u & 0x7F800000u) + 0x00800000u;
-            }
-        for (; j < nj; j++) carry |= (uint32_t)!isfinite(row[j]) << 31;
-    }
-    return (int)(carry >> 31);
+    fmha_kv_scales_of(&plan->p, which, b, hk, k0, nj, sc);
+    plan->uk->rows.scale_columns((size_t)n, (size_t)nj, sc, x, DEC_TILE);
 }
 
 /* Asks for head hk's rows of the sub-block at key k0 (keys before `end`) of
@@ -562,11 +538,12 @@ static void dec_rescore_nonfinite(const dec_ctx *c, int64_t b, int64_t hk, int64
                                   int64_t nj, float *sh) {
     const fmha_plan *plan = c->plan;
     const fmha_problem *p = &plan->p;
-    if (!dec_any_nonfinite(sh, n, nj)) return; /* every call but the rare one */
+    const fmha_f32_nonfinite_ukernel_fn nonfinite = plan->uk->rows.nonfinite;
+    if (!nonfinite((size_t)n, (size_t)nj, sh, DEC_TILE)) return; /* every call but the rare one */
     const fmha_cache_format *kf = fmha_cache_format_at(plan->k_format);
     const int64_t *qs = p->q_strides, D = p->head_dim;
     for (int64_t j = 0; j < nj; j++) {
-        if (!dec_any_nonfinite(sh + j, n, 1)) continue; /* key j's column */
+        if (!nonfinite((size_t)n, 1, sh + j, DEC_TILE)) continue; /* key j's column */
         const char *krow = (const char *)c->k + (size_t)fmha_kv_row_at(p, p->k_strides, b, hk, k0 + j) * kf->unit_bytes;
         for (int64_t r = 0; r < n; r++) {
             const int64_t i = (rho0 + r) / plan->group, h = hk * plan->group + (rho0 + r) % plan->group;
@@ -696,7 +673,7 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
                     scores((size_t)n, (size_t)nj, (size_t)D, qh, (size_t)D, rows_of[hh], ld, sh, DEC_TILE,
                            plan->scale);
                 }
-                if (k_scaled) dec_scale_columns(p, 0, b, hk0 + hh, k0 + j0, nj, n, sh);
+                if (k_scaled) dec_scale_columns(plan, 0, b, hk0 + hh, k0 + j0, nj, n, sh);
             }
         }
         for (int64_t hh = 0; hh < heads; hh++) {
@@ -727,7 +704,7 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
                     dec_prefetch_stream(c, b, hk0 + hh, kb, ke, &pf[hh], at + DEC_TILE + j0 + nj + pf_ahead);
                 float *ph = s.s + hh * rows * DEC_TILE + j0;
                 const float *ah = j0 == 0 ? s.alpha + hh * rows : s.ones;
-                if (v_scaled) dec_scale_columns(p, 1, b, hk0 + hh, k0 + j0, nj, n, ph); /* P's sums are taken */
+                if (v_scaled) dec_scale_columns(plan, 1, b, hk0 + hh, k0 + j0, nj, n, ph); /* P's sums are taken */
                 float *oh = po + hh * rows * Dv;
                 values((size_t)n, (size_t)nj, (size_t)Dv, ph, DEC_TILE, rows_of[hh], ld, oh, (size_t)Dv, ah);
             }

@@ -29,6 +29,8 @@ void fmha_ukernels_compose(const fmha_isa_parts *parts, fmha_ukernels *out) {
     FMHA_FILL(out->rows, *spec->rows, interleave_u16);
     FMHA_FILL(out->rows, *spec->rows, dropout);
     FMHA_FILL(out->rows, *spec->rows, axpy);
+    FMHA_FILL(out->rows, *spec->rows, scale_columns);
+    FMHA_FILL(out->rows, *spec->rows, nonfinite);
 
     const fmha_uk_cache *f32 = parts->cache[FMHA_FORMAT_F32];
     if (parts->decode && parts->decode->softmax && f32 && f32->scores && f32->values) out->decode = *parts->decode;

@@ -96,6 +96,12 @@ typedef uint64_t (*fmha_f32_finish_ukernel_fn)(size_t rows, size_t cols, const f
 /* y[i] = fmaf(a, x[i], y[i]) for i < n: one rounding each, so every ISA
  * gives the specification's bits (the split-KV merges' weighted sums). */
 typedef void (*fmha_f32_axpy_ukernel_fn)(size_t n, float a, const float *x, float *y);
+/* x[r * ldx + j] *= sc[j] for r < rows, j < n: one rounding each (the
+ * decode driver's per-key scales on scores and on P). */
+typedef void (*fmha_f32_scale_columns_ukernel_fn)(size_t rows, size_t n, const float *sc, float *x, size_t ldx);
+/* 1 when some x[r * ldx + j] (r < rows, j < n) is a NaN or an infinity,
+ * else 0 (the decode driver's check of the integer scores). */
+typedef int (*fmha_f32_nonfinite_ukernel_fn)(size_t rows, size_t n, const float *x, size_t ldx);
 
 /* Packing: dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols, a
  * copy of the 32-bit words' bits (the bf16 path moves pairs of bf16 with
@@ -103,6 +109,8 @@ typedef void (*fmha_f32_axpy_ukernel_fn)(size_t n, float a, const float *x, floa
 typedef void (*fmha_f32_transpose_ukernel_fn)(size_t rows, size_t cols, const float *src, size_t lds, float *dst,
                                               size_t ldd);
 void fmha_f32_axpy_ukernel__scalar(size_t n, float a, const float *x, float *y);
+void fmha_f32_scale_columns_ukernel__scalar(size_t rows, size_t n, const float *sc, float *x, size_t ldx);
+int fmha_f32_nonfinite_ukernel__scalar(size_t rows, size_t n, const float *x, size_t ldx);
 void fmha_f32_transpose_ukernel__scalar(size_t rows, size_t cols, const float *src, size_t lds, float *dst,
                                         size_t ldd);
 /* Its specification (uk/scalar/f32.c). */
@@ -398,6 +406,8 @@ typedef struct fmha_uk_rows {
     fmha_u16_interleave_ukernel_fn interleave_u16;
     fmha_f32_dropout_ukernel_fn dropout;
     fmha_f32_axpy_ukernel_fn axpy;
+    fmha_f32_scale_columns_ukernel_fn scale_columns;
+    fmha_f32_nonfinite_ukernel_fn nonfinite;
 } fmha_uk_rows;
 
 /* Decoding's softmax. Fallback: none (decode problems then run on the

@@ -933,6 +933,39 @@ static void test_axpy(const fmha_ukernels *u) {
     }
 }
 
+/* The per-column scaling and the NaN / infinity check against their
+ * specifications: bits for the scaling (NaN and inf among the values and
+ * the scales), nothing written past n columns or outside the rows; the
+ * check on a lone NaN or inf at every place, and none past n. */
+static void test_columns(const fmha_ukernels *u) {
+    const size_t ns[] = {0, 1, 15, 16, 17, 33, 64, 100};
+    for (size_t t = 0; t < sizeof ns / sizeof *ns; t++) {
+        const size_t n = ns[t], rows = 3, ldx = 104;
+        float sc[104], got[3 * 104], want[3 * 104];
+        tu_fill(sc, 104, -4, 4);
+        tu_fill(want, 3 * 104, -3, 3);
+        if (n > 3) sc[2] = INFINITY, want[ldx + 1] = NAN, want[2 * ldx + 3] = -INFINITY;
+        memcpy(got, want, sizeof got);
+        fmha_f32_scale_columns_ukernel__scalar(rows, n, sc, want, ldx);
+        u->rows.scale_columns(rows, n, sc, got, ldx);
+        tu_check(!memcmp(got, want, sizeof got), "%s: scale_columns n=%zu differs from its specification", u->isa, n);
+        float x[3 * 104];
+        tu_fill(x, 3 * 104, -1e30, 1e30);
+        tu_check(!u->rows.nonfinite(rows, n, x, ldx), "%s: nonfinite n=%zu on finite values", u->isa, n);
+        for (size_t r = 0; r < rows; r++)
+            for (size_t j = 0; j < n; j++) {
+                const float bad[] = {NAN, INFINITY, -INFINITY};
+                const float keep = x[r * ldx + j];
+                x[r * ldx + j] = bad[(r + j) % 3];
+                tu_check(u->rows.nonfinite(rows, n, x, ldx) == 1 && fmha_f32_nonfinite_ukernel__scalar(rows, n, x, ldx) == 1,
+                         "%s: nonfinite n=%zu misses row %zu column %zu", u->isa, n, r, j);
+                x[r * ldx + j] = keep;
+            }
+        x[n] = NAN; /* past the columns */
+        tu_check(!u->rows.nonfinite(rows, n, x, ldx), "%s: nonfinite n=%zu reads past its columns", u->isa, n);
+    }
+}
+
 /* The optional 16-bit pairing kernel against its specification, bit for
  * bit (random bit patterns, NaN payloads included), with and without the
  * high row; nothing written past n. */
@@ -1093,6 +1126,7 @@ int main(void) {
         test_finish(u);
         test_transpose(u);
         test_axpy(u);
+        test_columns(u);
         test_to_bf16(u);
         test_interleave(u);
 #if FMHA_HAVE_X86

@@ -98,6 +98,31 @@ void fmha_f32_add_transposed_ukernel__avx512(size_t nk, size_t nq, const float *
     }
 }
 
+/* x[r][j] *= sc[j]: 16 columns a step, the tail masked. */
+void fmha_f32_scale_columns_ukernel__avx512(size_t rows, size_t n, const float *sc, float *x, size_t ldx) {
+    for (size_t j = 0; j < n; j += 16) {
+        const __mmask16 m = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
+        const __m512 s = _mm512_maskz_loadu_ps(m, sc + j);
+        for (size_t r = 0; r < rows; r++) {
+            float *at = x + r * ldx + j;
+            _mm512_mask_storeu_ps(at, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, at), s));
+        }
+    }
+}
+
+/* Any exponent of all ones: 16 columns a step, the tail masked. */
+int fmha_f32_nonfinite_ukernel__avx512(size_t rows, size_t n, const float *x, size_t ldx) {
+    const __m512i e = _mm512_set1_epi32(0x7F800000);
+    __mmask16 any = 0;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < n; j += 16) {
+            const __mmask16 m = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
+            const __m512i u = _mm512_maskz_loadu_epi32(m, x + r * ldx + j);
+            any |= _mm512_mask_cmpeq_epi32_mask(m, _mm512_and_si512(u, e), e);
+        }
+    return any != 0;
+}
+
 /* y += a x: 16 lanes a step, the tail masked. */
 void fmha_f32_axpy_ukernel__avx512(size_t n, float a, const float *x, float *y) {
     const __m512 av = _mm512_set1_ps(a);

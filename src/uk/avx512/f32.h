@@ -52,6 +52,10 @@ void fmha_f32_ds_ukernel_64__avx512(size_t rows, const float *p, float *dp, size
 
 /* y += a x, one FMA each (fmha_f32_axpy_ukernel_fn). */
 void fmha_f32_axpy_ukernel__avx512(size_t n, float a, const float *x, float *y);
+/* x[r][j] *= sc[j] (fmha_f32_scale_columns_ukernel_fn). */
+void fmha_f32_scale_columns_ukernel__avx512(size_t rows, size_t n, const float *sc, float *x, size_t ldx);
+/* Any NaN or infinity (fmha_f32_nonfinite_ukernel_fn). */
+int fmha_f32_nonfinite_ukernel__avx512(size_t rows, size_t n, const float *x, size_t ldx);
 /* dst[c][r] = src[r][c] (fmha_f32_transpose_ukernel_fn). */
 void fmha_f32_transpose_ukernel__avx512(size_t rows, size_t cols, const float *src, size_t lds, float *dst,
                                         size_t ldd);

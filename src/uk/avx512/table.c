@@ -50,6 +50,8 @@ const fmha_uk_rows fmha_uk_rows__avx512 = {
     .interleave_u16 = fmha_u16_interleave_ukernel__avx512,
     .dropout = fmha_f32_dropout_ukernel__avx512,
     .axpy = fmha_f32_axpy_ukernel__avx512,
+    .scale_columns = fmha_f32_scale_columns_ukernel__avx512,
+    .nonfinite = fmha_f32_nonfinite_ukernel__avx512,
 };
 
 const fmha_uk_decode fmha_uk_decode__avx512 = {

@@ -104,6 +104,26 @@ FMHA_SCALAR_FMA_CLONES void fmha_f32_axpy_ukernel__scalar(size_t n, float a, con
     for (size_t i = 0; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
 
+/* x[r][j] *= sc[j] (fmha_f32_scale_columns_ukernel_fn): the specification. */
+FMHA_SCALAR_FMA_CLONES void fmha_f32_scale_columns_ukernel__scalar(size_t rows, size_t n, const float *sc, float *x,
+                                                                   size_t ldx) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < n; j++) x[r * ldx + j] *= sc[j];
+}
+
+/* Any NaN or infinity (fmha_f32_nonfinite_ukernel_fn): the specification,
+ * on the bits (an exponent of all ones). */
+FMHA_SCALAR_FMA_CLONES int fmha_f32_nonfinite_ukernel__scalar(size_t rows, size_t n, const float *x, size_t ldx) {
+    uint32_t any = 0;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < n; j++) {
+            uint32_t u;
+            memcpy(&u, x + r * ldx + j, sizeof u);
+            any |= (u & 0x7F800000u) == 0x7F800000u;
+        }
+    return (int)any;
+}
+
 /* A transposing copy (fmha_f32_transpose_ukernel_fn): the specification. */
 void fmha_f32_transpose_ukernel__scalar(size_t rows, size_t cols, const float *src, size_t lds, float *dst,
                                         size_t ldd) {
@@ -153,6 +173,8 @@ static const fmha_uk_rows scalar_rows = {
     .interleave_u16 = fmha_u16_interleave_ukernel__scalar,
     .dropout = fmha_f32_dropout_ukernel__scalar,
     .axpy = fmha_f32_axpy_ukernel__scalar,
+    .scale_columns = fmha_f32_scale_columns_ukernel__scalar,
+    .nonfinite = fmha_f32_nonfinite_ukernel__scalar,
 };
 
 static const fmha_uk_decode scalar_decode = {.softmax = fmha_f32_decode_softmax__scalar};
