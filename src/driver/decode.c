@@ -48,7 +48,7 @@
 
 /* Most rows of one kv head served from one pass over its K and V, keys per
  * tile, and most rows (all heads) of a unit. */
-enum { DEC_MAX_ROWS = 32, DEC_TILE = 128, DEC_MAX_UNIT_ROWS = 256 };
+enum { DEC_MAX_ROWS = 64, DEC_TILE = 128, DEC_MAX_UNIT_ROWS = 256 };
 
 /* Keys a sub-block: a tile's scores and values run sub-block by sub-block,
  * every head of the unit in turn, so that a cache interleaving the kv heads
