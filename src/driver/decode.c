@@ -244,9 +244,11 @@ static void dec_carve(const fmha_plan *plan, fmha_carver *c, dec_scratch *s) {
     s->acc = fmha_carve(c, Dv * sizeof(float));
 }
 
-/* 1 when the integer scores' kernel reads the query's tiles. */
+/* 1 when the integer scores' kernel reads the query's tiles: kernels
+ * that take them from 16 rows a call (AMX tiles, AVX-512 rows in lanes). */
 static int dec_q8_tiles(const fmha_plan *plan) {
-    return plan->drv.dec.scores == FMHA_DEC_SCORES_Q8 && plan->uk->cache[plan->k_format].q8_tiles;
+    return plan->drv.dec.scores == FMHA_DEC_SCORES_Q8 && plan->uk->cache[plan->k_format].q8_tiles &&
+           plan->drv.dec.rows >= 16;
 }
 
 /* Bytes of a unit's query tiles (every head's rows in groups of 16). */

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "../avx512vnni/decode.h"
+#include "../avx512vnni/rows_in_lanes.h"
 #include "amx.h"
 #include "tile.h"
 
@@ -34,59 +35,6 @@ enum { Q8_INT8 = FMHA_FORMAT_INT8, Q8_Q8_0 = FMHA_FORMAT_Q8_0, Q8_Q4_0 = FMHA_FO
 /* Rows a step needs before the tiles pay (measured above; below:
  * avx512vnni's kernel). */
 enum { TILE_MIN_ROWS = 16 };
-
-/* a [16][64]: the 16 keys' values of blocks 2c and 2c + 1 (zeros past the
- * row's nb blocks). */
-FMHA_INLINE void pack_keys(const int kind, const uint8_t *const kr[16], size_t c, size_t nb, uint8_t *a) {
-    for (int i = 0; i < 16; i++)
-        for (size_t h = 0; h < 2; h++) {
-            uint8_t *to = a + 64 * i + 32 * h;
-            const size_t b = 2 * c + h;
-            if (b >= nb) {
-                _mm256_storeu_si256((__m256i *)to, _mm256_setzero_si256());
-                continue;
-            }
-            const uint8_t *from = kr[i] + b * fmha_int_block_bytes(kind) + fmha_int_block_values_at(kind);
-            if (kind != Q8_Q4_0) {
-                _mm256_storeu_si256((__m256i *)to, _mm256_loadu_si256((const __m256i *)from));
-                continue;
-            }
-            const __m128i x = _mm_loadu_si128((const __m128i *)from), nib = _mm_set1_epi8(15);
-            _mm_storeu_si128((__m128i *)to, _mm_and_si128(x, nib));
-            _mm_storeu_si128((__m128i *)(to + 16), _mm_and_si128(_mm_srli_epi16(x, 4), nib));
-        }
-}
-
-/* x[i] = column i of the 16 x 16 matrix whose row j is x[j] (in place). */
-FMHA_INLINE void transpose16(__m512 x[16]) {
-    __m512 t[16];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_ps(x[2 * i], x[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(x[2 * i], x[2 * i + 1]);
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++)
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            const __m512d a = _mm512_castps_pd(t[4 * i + h]), b = _mm512_castps_pd(t[4 * i + 2 + h]);
-            x[4 * i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-            x[4 * i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-        }
-    /* x[4i + k] now holds, in each 128-bit lane L, column 4L + k of rows 4i..4i+3 */
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
-        const __m512 a0 = _mm512_shuffle_f32x4(x[k], x[4 + k], 0x88), a1 = _mm512_shuffle_f32x4(x[k], x[4 + k], 0xDD);
-        const __m512 b0 = _mm512_shuffle_f32x4(x[8 + k], x[12 + k], 0x88),
-                     b1 = _mm512_shuffle_f32x4(x[8 + k], x[12 + k], 0xDD);
-        t[k] = _mm512_shuffle_f32x4(a0, b0, 0x88);      /* column k */
-        t[8 + k] = _mm512_shuffle_f32x4(a0, b0, 0xDD);  /* column 8 + k */
-        t[4 + k] = _mm512_shuffle_f32x4(a1, b1, 0x88);  /* column 4 + k */
-        t[12 + k] = _mm512_shuffle_f32x4(a1, b1, 0xDD); /* column 12 + k */
-    }
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; i++) x[i] = t[i];
-}
 
 /* 16 keys (kr; nj stored) x the 16-row group g of q (nr stored). */
 FMHA_INLINE void tiles_block(const int kind, size_t nj, size_t nr, size_t d, const uint8_t *tiles,
@@ -101,7 +49,7 @@ FMHA_INLINE void tiles_block(const int kind, size_t nj, size_t nr, size_t d, con
 #pragma GCC unroll 16
     for (int m = 0; m < 16; m++) acc[m] = _mm512_setzero_ps();
     for (size_t c = 0; c < chunks; c++) {
-        pack_keys(kind, kr, c, nb, a);
+        fmha_q8_keys_pack(kind, kr, c, nb, 0, a);
         TILE_ZERO(0);
         TILE_ZERO(1);
         TILE_LOAD(2, a, 64);
@@ -134,12 +82,7 @@ FMHA_INLINE void tiles_block(const int kind, size_t nj, size_t nr, size_t d, con
             }
         }
     }
-    const __m512 sv = _mm512_set1_ps(scale);
-#pragma GCC unroll 16
-    for (int m = 0; m < 16; m++) acc[m] = _mm512_mul_ps(acc[m], sv);
-    transpose16(acc); /* acc[n]: row n's 16 keys */
-    const __mmask16 keys = (__mmask16)((1u << nj) - 1u);
-    for (size_t n = 0; n < nr; n++) _mm512_mask_storeu_ps(s + n * lds, keys, acc[n]);
+    fmha_q8_store_rows(acc, scale, nj, nr, s, lds);
 }
 
 FMHA_INLINE void scores_tiles(const int kind, size_t rows, size_t nk, size_t d, const fmha_q8_rows *q, const void *k,

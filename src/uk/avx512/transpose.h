@@ -1,6 +1,7 @@
 /* avx512/transpose.h: the 16 x 16 float32 transposition in registers,
  * shared by the packing copy (f32.c) and the rows-in-lanes decode scores
- * (decode.c), whose accumulators hold keys by row and leave rows by key. */
+ * (decode.c; the integer ones through avx512vnni/rows_in_lanes.h), whose
+ * accumulators hold keys by row and leave rows by key. */
 #ifndef FMHA_UK_AVX512_TRANSPOSE_H
 #define FMHA_UK_AVX512_TRANSPOSE_H
 

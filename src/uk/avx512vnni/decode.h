@@ -23,7 +23,9 @@ void fmha_q4_0kv_values_int__avx512vnni(size_t rows, size_t nk, size_t dv, const
 /* every cache format's kernels: AVX-512's, with the integer ones */
 extern const fmha_uk_cache fmha_uk_caches__avx512vnni[FMHA_FORMAT_COUNT];
 
-/* The integer kernels of a format (FMHA_AVX512_CACHES's pairs). */
-#define FMHA_AVX512VNNI_INTEGER(name) fmha_##name##kv_scores_q8__avx512vnni, fmha_##name##kv_values_int__avx512vnni
+/* The integer kernels of a format (FMHA_AVX512_CACHES's pairs); the
+ * scores read the query's tiles from 16 rows a call. */
+#define FMHA_AVX512VNNI_INTEGER(name)                                                                   \
+    fmha_##name##kv_scores_q8__avx512vnni, fmha_##name##kv_values_int__avx512vnni, .q8_tiles = 1
 
 #endif /* FMHA_UK_AVX512VNNI_DECODE_H */

@@ -12,12 +12,16 @@
  * vpdpbusd multiplies unsigned by signed bytes: the keys are the unsigned
  * side (int8 and q8_0 values plus 128, by flipping the top bit; q4_0's
  * nibbles as stored, value + 8) and each row's sum starts from -128 (or
- * -8) times its block's sum of q, which cancels the offset exactly. */
+ * -8) times its block's sum of q, which cancels the offset exactly. From
+ * 16 rows a call, whole groups of 16 rows run with the rows in the lanes
+ * on the query's tiles (rows_in_lanes, below; the table asks the driver
+ * for them: q8_tiles). */
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "decode.h"
+#include "rows_in_lanes.h"
 
 #define FMHA_INLINE static inline __attribute__((always_inline))
 
@@ -142,6 +146,64 @@ FMHA_INLINE void rows_block(const int kind, const int G, size_t nj, size_t d, co
     for (int r = 0; r < G; r++) _mm512_mask_storeu_ps(s + r * lds, keys, _mm512_mul_ps(acc[r], sv));
 }
 
+/* ---- 16 rows in the lanes, on the query's tiles ----
+ * From 16 rows a call the keys-in-lanes transposition of each key block
+ * is done once per 8 rows; with the rows in the lanes there is none: a
+ * vector of the query's tiles (fmha_q8_rows.tiles: a quad of values of 16
+ * rows) meets one key's quad broadcast from memory, one vpdpbusd for 16
+ * rows, and the block's float32 step runs a key at a time, one 16 x 16
+ * transpose giving s [rows][keys] at the end (as amx/decode_q8.c). */
+
+/* 16 keys (kr; nj stored) x 16 rows of the tile group `tiles` (nr stored). */
+FMHA_INLINE void rows_in_lanes(const int kind, size_t nj, size_t nr, size_t d, const uint8_t *tiles,
+                               const uint8_t *const kr[16], float *s, size_t lds, float scale) {
+    const size_t chunks = (d + 63) / 64, nb = d / 32;
+    const float *qd = (const float *)(tiles + chunks * 2048);
+    const int32_t *qsum = (const int32_t *)(qd + nb * 16);
+    const int32_t offset = kind == Q8_Q4_0 ? 8 : 128; /* the keys' bytes are their integers + offset */
+    _Alignas(64) uint8_t a[16 * 64];
+    _Alignas(64) float kd[16];
+    __m512 acc[16]; /* acc[m]: key m's 16 rows */
+#pragma GCC unroll 16
+    for (int m = 0; m < 16; m++) acc[m] = _mm512_setzero_ps();
+    for (size_t c = 0; c < chunks; c++) {
+        fmha_q8_keys_pack(kind, kr, c, nb, kind != Q8_Q4_0, a); /* unsigned: + 128 or + 8 */
+        for (size_t h = 0; h < 2 && 2 * c + h < nb; h++) {
+            const size_t b = 2 * c + h;
+            /* tile row 8 h + t: quad t of block b, row n in dword n */
+            const uint8_t *qb = tiles + c * 2048 + h * 1024 + 8 * h * 64;
+            __m512i qv[8];
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) qv[t] = _mm512_loadu_si512(qb + 64 * t);
+            const __m512i off = _mm512_mullo_epi32(_mm512_loadu_si512(qsum + 16 * b), _mm512_set1_epi32(-offset));
+            const __m512 qdv = _mm512_loadu_ps(qd + 16 * b);
+            if (kind != Q8_INT8) {
+                uint16_t hs[16];
+                for (int m = 0; m < 16; m++) __builtin_memcpy(&hs[m], kr[m] + b * fmha_int_block_bytes(kind), 2);
+                _mm512_store_ps(kd, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)hs)));
+            }
+#pragma GCC unroll 4
+            for (int m = 0; m < 16; m += 4) { /* four keys' chains at a time */
+                __m512i sum[4] = {off, off, off, off};
+#pragma GCC unroll 8
+                for (int t = 0; t < 8; t++)
+#pragma GCC unroll 4
+                    for (int i = 0; i < 4; i++) {
+                        int32_t k4;
+                        __builtin_memcpy(&k4, a + 64 * (m + i) + 32 * h + 4 * t, 4);
+                        sum[i] = _mm512_dpbusd_epi32(sum[i], _mm512_set1_epi32(k4), qv[t]);
+                    }
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) {
+                    const __m512 w = kind == Q8_INT8 ? qdv : _mm512_mul_ps(qdv, _mm512_set1_ps(kd[m + i]));
+                    acc[m + i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[i]), w, acc[m + i]);
+                }
+            }
+        }
+    }
+    fmha_q8_store_rows(acc, scale, nj, nr, s, lds);
+}
+
 /* Keys in groups of 16, rows in groups of 8, then 4, 2, 1. */
 FMHA_INLINE void scores_q8(const int kind, size_t rows, size_t nk, size_t d, const fmha_q8_rows *q, const void *k,
                            size_t ldk, float *s, size_t lds, float scale) {
@@ -158,6 +220,10 @@ FMHA_INLINE void scores_q8(const int kind, size_t rows, size_t nk, size_t d, con
         }
         const __m512i offsets = _mm512_loadu_si512(off);
         size_t r = 0;
+        if (q->tiles) /* whole groups of 16 rows in the lanes, the rest below */
+            for (; r + 16 <= rows; r += 16)
+                rows_in_lanes(kind, nj, 16, d, (const uint8_t *)q->tiles + r / 16 * fmha_q8_tiles_group_bytes(d), kr,
+                              s + r * lds + j0, lds, scale);
         for (; r + 8 <= rows; r += 8) {
             const fmha_q8_rows qr = {q->q + r * q->ld, q->d + r * (q->ld / 32), q->sum + r * (q->ld / 32), q->ld, NULL};
             rows_block(kind, 8, nj, d, &qr, kr, offsets, gather, s + r * lds + j0, lds, scale);
