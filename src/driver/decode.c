@@ -422,6 +422,29 @@ static void dec_prefetch_head(const dec_ctx *c, fmha_cache_format_id fmt, const 
     }
 }
 
+/* Asks for the per-key scales of K (which 0) or V (1) of keys [k0, k0 +
+ * keys) (before `end`), kv heads [hk, hk + heads): a paged cache's pages
+ * of scales lie anywhere, and read one page after another they waited on
+ * memory (an uneven paged int8 batch, Zen 4: fmha_kv_scales_of 10% of the
+ * step). Only where the format keeps them beside its rows per key. */
+static void dec_prefetch_scales(const fmha_problem *p, int which, int64_t b, int64_t hk, int64_t heads, int64_t k0,
+                                int64_t keys, int64_t end) {
+    const fmha_cache_format *f = fmha_cache_format_at(fmha_problem_format(p, which));
+    const float *sc = which ? p->v_scales : p->k_scales;
+    if (f->scales != FMHA_SCALES_PER_KEY || !sc) return;
+    const int64_t *ss = which ? p->v_scale_strides : p->k_scale_strides;
+    const int64_t nj = end - k0 < keys ? end - k0 : keys;
+    for (int64_t j = 0; j < nj;) {
+        int64_t first;
+        const int64_t run = fmha_kv_run_at(p, ss, b, k0 + j, nj - j, &first);
+        for (int64_t t = 0; t < run; t++, j++) {
+            const float *at = sc + first + t * ss[1] + hk * ss[2];
+            __builtin_prefetch(at, 0, 1);
+            __builtin_prefetch(at + (heads - 1) * ss[2], 0, 1);
+        }
+    }
+}
+
 /* A head's K and V as one stream in the order a task reads them (tile
  * t's K keys, then its V keys), position 2 DEC_TILE t + (0..DEC_TILE for
  * K, DEC_TILE.. for V): asks for the head's rows from *pf up to `until`,
@@ -435,8 +458,8 @@ static void dec_prefetch_head(const dec_ctx *c, fmha_cache_format_id fmt, const 
  * 7.00 / 7.03 / 6.98, float32 20.2 / 20.0 / 20.2 / 20.8, bf16 10.8 / 10.7
  * / 10.7 / 10.8; q4_0 and fp8_e4m3, whose kernels bound them, and uneven
  * paged batches did not move. */
-static void dec_prefetch_stream(const dec_ctx *c, int64_t b, int64_t hk, int64_t kb, int64_t ke, int64_t *pf,
-                                int64_t until) {
+static void dec_prefetch_stream(const dec_ctx *c, int64_t b, int64_t hk, int64_t scale_heads, int64_t kb, int64_t ke,
+                                int64_t *pf, int64_t until) {
     const fmha_plan *plan = c->plan;
     const fmha_problem *p = &plan->p;
     while (*pf < until) {
@@ -452,6 +475,7 @@ static void dec_prefetch_stream(const dec_ctx *c, int64_t b, int64_t hk, int64_t
         }
         if (v) dec_prefetch_head(c, plan->v_format, p->v_strides, c->v, p->head_dim_v, b, hk, k, DEC_SUB, ke);
         else dec_prefetch_head(c, plan->k_format, p->k_strides, c->k, p->head_dim, b, hk, k, DEC_SUB, ke);
+        if (scale_heads) dec_prefetch_scales(p, v, b, hk, scale_heads, k, DEC_SUB, ke);
         *pf += DEC_SUB;
     }
 }
@@ -650,7 +674,7 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
             const fmha_cache_scores_ukernel_fn scores = in_place ? k_kern->scores : staged->scores;
             for (int64_t hh = 0; hh < heads; hh++) {
                 if (plan->drv.dec.prefetch)
-                    dec_prefetch_stream(c, b, hk0 + hh, kb, ke, &pf[hh], at + j0 + DEC_SUB + pf_ahead);
+                    dec_prefetch_stream(c, b, hk0 + hh, hh ? 0 : heads, kb, ke, &pf[hh], at + j0 + DEC_SUB + pf_ahead);
                 const float *qh = s.qf + hh * rows * D;
                 float *sh = s.s + hh * rows * DEC_TILE + j0;
                 const size_t x = q_at + (size_t)(hh * rows); /* its first quantized row */
@@ -703,7 +727,8 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
                                                                               : staged->values;
             for (int64_t hh = 0; hh < heads; hh++) {
                 if (plan->drv.dec.prefetch)
-                    dec_prefetch_stream(c, b, hk0 + hh, kb, ke, &pf[hh], at + DEC_TILE + j0 + nj + pf_ahead);
+                    dec_prefetch_stream(c, b, hk0 + hh, hh ? 0 : heads, kb, ke, &pf[hh],
+                                        at + DEC_TILE + j0 + nj + pf_ahead);
                 float *ph = s.s + hh * rows * DEC_TILE + j0;
                 const float *ah = j0 == 0 ? s.alpha + hh * rows : s.ones;
                 if (v_scaled) dec_scale_columns(plan, 1, b, hk0 + hh, k0 + j0, nj, n, ph); /* P's sums are taken */

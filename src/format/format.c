@@ -199,11 +199,21 @@ fmha_status fmha_kv_scales_check(const fmha_problem *p) {
          * whose keys' scales are one block of floats (heads adjacent, keys
          * one row of heads apart) takes a vector pass first */
         const int blocks = ss[2] == 1 && ss[1] == p->heads_kv;
+        /* pages of scales lie anywhere: the run SCALES_AHEAD pages on is
+         * asked for while this one is checked (one page after another
+         * waited on memory's latency each) */
+        enum { SCALES_AHEAD = 4 };
         for (int64_t b = 0; b < p->batch; b++) {
             const int64_t keys = p->masks.kv_lengths ? p->masks.kv_lengths[b] : p->seq_kv;
             for (int64_t j0 = 0; j0 < keys;) {
                 int64_t first;
                 const int64_t run = fmha_kv_run_at(p, ss, b, j0, keys - j0, &first);
+                const int64_t ahead = p->block_table ? j0 + SCALES_AHEAD * p->page_size : keys;
+                if (blocks && ahead < keys) {
+                    int64_t at;
+                    const int64_t n = fmha_kv_run_at(p, ss, b, ahead, keys - ahead, &at) * p->heads_kv;
+                    for (int64_t e = 0; e < n; e += 16) __builtin_prefetch(sc + at + e, 0, 1);
+                }
                 if (blocks && !scales_bad_block(sc + first, run * p->heads_kv)) {
                     j0 += run;
                     continue;
