@@ -394,10 +394,10 @@ static void dec_scale_columns(const fmha_plan *plan, int which, int64_t b, int64
 }
 
 /* Asks for head hk's rows of the sub-block at key k0 (keys before `end`) of
- * K or V into L2 (prefetcht2; into L1, prefetcht0, every format lost 1.2-1.8x
- * on Zen 4). dec_prefetch_stream decides which and when: head by head,
- * before each head's kernel, so that the requests
- * spread over the sub-block's work: in one burst of all heads' rows they
+ * K or V into L2 (prefetcht2; into L1, prefetcht0, every format lost
+ * 1.2-1.8x on Zen 4). dec_prefetch_stream decides which and when: head by
+ * head, before each head's kernel, so that the requests spread over the
+ * sub-block's work: in one burst of all heads' rows they
  * waited on the fill buffers and lost float32 rows 5-10%. At Skv = 65536,
  * Hq 32 / Hkv 8, D 128, 2 threads on Zen 4 (ms, off / on, alternating,
  * two runs each): float32 24.3 / 19.3-20.8, bf16 18.8-19.1 / 11.1-12.4,
