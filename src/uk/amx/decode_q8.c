@@ -21,7 +21,6 @@
  * Tiles: tmm0, tmm1 C of the even and odd block, tmm2 A, tmm3 and tmm4 B. */
 #include <immintrin.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "../avx512vnni/decode.h"
 #include "../avx512vnni/rows_in_lanes.h"
@@ -69,11 +68,7 @@ FMHA_INLINE void tiles_block(const int kind, size_t nj, size_t nr, size_t d, con
             const __m512 qdv = _mm512_loadu_ps(qd + 16 * b);
             const __m512i off = kind == Q8_Q4_0 ? _mm512_slli_epi32(_mm512_loadu_si512(qsum + 16 * b), 3)
                                                 : _mm512_setzero_si512(); /* 8 x sum: nibbles are value + 8 */
-            if (kind != Q8_INT8) {
-                uint16_t hs[16];
-                for (int m = 0; m < 16; m++) memcpy(&hs[m], kr[m] + b * fmha_int_block_bytes(kind), 2);
-                _mm512_store_ps(kd, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)hs)));
-            }
+            if (kind != Q8_INT8) _mm512_store_ps(kd, fmha_q8_key_halves(kind, kr, b));
 #pragma GCC unroll 16
             for (int m = 0; m < 16; m++) {
                 const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(cs[h] + 16 * m), off));

@@ -90,16 +90,9 @@ FMHA_INLINE void block_dwords(const int kind, const uint8_t *const kr[16], size_
  * of the dword at each block's start (its half and two value bytes) when
  * the offsets fit in 32 bits, else key by key. */
 FMHA_INLINE __m512 block_scales(const int kind, const uint8_t *const kr[16], __m512i offsets, int gather, size_t b) {
+    if (!gather) return fmha_q8_key_halves(kind, kr, b);
     const size_t at = b * fmha_int_block_bytes(kind);
-    __m256i h;
-    if (gather) {
-        h = _mm512_cvtepi32_epi16(_mm512_i32gather_epi32(offsets, kr[0] + at, 1));
-    } else {
-        uint16_t hs[16];
-        for (int i = 0; i < 16; i++) __builtin_memcpy(&hs[i], kr[i] + at, 2);
-        h = _mm256_loadu_si256((const __m256i *)hs);
-    }
-    return _mm512_cvtph_ps(h);
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(offsets, kr[0] + at, 1)));
 }
 
 /* Rows [0, G) of q (G = 8, 4, 2 or 1) against 16 keys (kr; keys past nj
@@ -177,11 +170,7 @@ FMHA_INLINE void rows_in_lanes(const int kind, size_t nj, size_t nr, size_t d, c
             for (int t = 0; t < 8; t++) qv[t] = _mm512_loadu_si512(qb + 64 * t);
             const __m512i off = _mm512_mullo_epi32(_mm512_loadu_si512(qsum + 16 * b), _mm512_set1_epi32(-offset));
             const __m512 qdv = _mm512_loadu_ps(qd + 16 * b);
-            if (kind != Q8_INT8) {
-                uint16_t hs[16];
-                for (int m = 0; m < 16; m++) __builtin_memcpy(&hs[m], kr[m] + b * fmha_int_block_bytes(kind), 2);
-                _mm512_store_ps(kd, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)hs)));
-            }
+            if (kind != Q8_INT8) _mm512_store_ps(kd, fmha_q8_key_halves(kind, kr, b));
 #pragma GCC unroll 4
             for (int m = 0; m < 16; m += 4) { /* four keys' chains at a time */
                 __m512i sum[4] = {off, off, off, off};

@@ -1,7 +1,8 @@
 /* avx512vnni/rows_in_lanes.h: what the integer scores with 16 rows in
  * the lanes share, on AVX-512 (decode_q8.c) and on AMX tiles
- * (amx/decode_q8.c): the keys' values laid out as bytes, 64 a key, and
- * the accumulators [key][16 rows] scaled and stored as s [rows][keys].
+ * (amx/decode_q8.c): the keys' values laid out as bytes, 64 a key, their
+ * block scales read key by key, and the accumulators [key][16 rows]
+ * scaled and stored as s [rows][keys].
  * Static inline, compiled into each. */
 #ifndef FMHA_UK_AVX512VNNI_ROWS_IN_LANES_H
 #define FMHA_UK_AVX512VNNI_ROWS_IN_LANES_H
@@ -37,6 +38,15 @@ static inline __attribute__((always_inline)) void fmha_q8_keys_pack(const int ki
             _mm_storeu_si128((__m128i *)to, _mm_and_si128(x, nib));
             _mm_storeu_si128((__m128i *)(to + 16), _mm_and_si128(_mm_srli_epi16(x, 4), nib));
         }
+}
+
+/* The 16 keys' (kr) half scales of block b (q8_0, q4_0) as float32, key
+ * by key (where no gather serves). */
+static inline __attribute__((always_inline)) __m512 fmha_q8_key_halves(const int kind, const uint8_t *const kr[16],
+                                                                      size_t b) {
+    uint16_t hs[16];
+    for (int i = 0; i < 16; i++) __builtin_memcpy(&hs[i], kr[i] + b * fmha_int_block_bytes(kind), 2);
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)hs));
 }
 
 /* s [n][lds] (n < nr, keys j < nj) = scale * acc[j][n]; acc is clobbered. */
