@@ -67,16 +67,17 @@ struct fmha_plan {
         /* decode.c: a unit serves `heads` kv heads x `rows` rows of each
          * (rows of a kv head: group x Sq, in `units` units); keys in
          * `splits` chunks of `chunk` keys (split-KV); all from the shape.
-         * prefetch: the driver asks for each head's next sub-block ahead
-         * (K and V past the tuning's decode_prefetch_bytes, float32 K and
-         * V past its decode_prefetch_f32_bytes, bf16 or f16 past its
+         * prefetch: the driver asks for each head's K and V ahead of its
+         * reads, prefetch_keys keys ahead (decode_prefetch_ahead_bytes),
+         * when they pass the tuning's decode_prefetch_bytes (float32 K and
+         * V its decode_prefetch_f32_bytes, bf16 or f16 its
          * decode_prefetch_h16_bytes). Precision
          * FAST: scores, how the scores are taken (fmha_dec_scores); vint,
          * P V in integers on 16-bit P (uk->cache[v_format].values_int);
          * vbf16, P V on bf16 P for a bf16 cache (values_bf16: a bf16
          * problem at FAST, a float32 one at BF16). */
         struct {
-            int64_t heads, rows, units, chunk, splits;
+            int64_t heads, rows, units, chunk, splits, prefetch_keys;
             int prefetch, scores, vint, vbf16;
         } dec;
         /* matrix.c: how the matrix part reads the operands */

@@ -113,6 +113,17 @@ static int dec_one_page(const fmha_problem *p, int64_t k0, int64_t nk) {
     return !p->block_table || k0 / p->page_size == (k0 + nk - 1) / p->page_size;
 }
 
+/* Keys a head's prefetch runs ahead of its reads: the tuning's
+ * decode_prefetch_ahead_bytes over the unit's heads, in rows of K and V
+ * (their mean), whole sub-blocks, at least one. */
+static int64_t dec_prefetch_keys(const fmha_plan *plan) {
+    const fmha_problem *p = &plan->p;
+    const int64_t row = (fmha_format_row_bytes(fmha_cache_format_at(plan->k_format), p->head_dim) +
+                         fmha_format_row_bytes(fmha_cache_format_at(plan->v_format), p->head_dim_v) + 1) / 2;
+    const int64_t keys = ceil_div(plan->uk->tuning->decode_prefetch_ahead_bytes / plan->drv.dec.heads, row);
+    return keys < DEC_SUB ? DEC_SUB : ceil_div(keys, DEC_SUB) * DEC_SUB;
+}
+
 int fmha_decode_plan(fmha_plan *plan) {
     const fmha_problem *p = &plan->p;
     const fmha_ukernels *uk = plan->uk;
@@ -155,6 +166,7 @@ int fmha_decode_plan(fmha_plan *plan) {
     plan->drv.dec.prefetch = kv_bytes > (f32_cache   ? uk->tuning->decode_prefetch_f32_bytes
                                          : h16_cache ? uk->tuning->decode_prefetch_h16_bytes
                                                      : uk->tuning->decode_prefetch_bytes);
+    plan->drv.dec.prefetch_keys = dec_prefetch_keys(plan);
     /* integer dot products: precision FAST, a format that allows them
      * (format.h) and a kernel for it; scores in whole blocks of 32 */
     const int fast = p->precision == FMHA_PRECISION_FAST, blocks = p->head_dim % 32 == 0;
@@ -581,17 +593,6 @@ static void dec_rescore_nonfinite(const dec_ctx *c, int64_t b, int64_t hk, int64
     }
 }
 
-/* Keys a head's prefetch runs ahead of its reads: the tuning's
- * decode_prefetch_ahead_bytes over the unit's heads, in rows of K and V
- * (their mean), whole sub-blocks, at least one. */
-static int64_t dec_prefetch_keys(const fmha_plan *plan) {
-    const fmha_problem *p = &plan->p;
-    const int64_t row = (fmha_format_row_bytes(fmha_cache_format_at(plan->k_format), p->head_dim) +
-                         fmha_format_row_bytes(fmha_cache_format_at(plan->v_format), p->head_dim_v) + 1) / 2;
-    const int64_t keys = ceil_div(plan->uk->tuning->decode_prefetch_ahead_bytes / plan->drv.dec.heads, row);
-    return keys < DEC_SUB ? DEC_SUB : ceil_div(keys, DEC_SUB) * DEC_SUB;
-}
-
 static void dec_split_task(void *vctx, size_t task, int thread) {
     const dec_ctx *c = vctx;
     const fmha_plan *plan = c->plan;
@@ -654,11 +655,10 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
     const int widen_k = dec_widen(plan, plan->k_format, n) || (qt && plan->k_format != FMHA_FORMAT_F32),
               widen_v = dec_widen(plan, plan->v_format, n);
     for (int64_t r = 0; r < rows; r++) s.ones[r] = 1.0f;
-    /* prefetch: each head's stream position requested so far, and how far
-     * ahead of its reads (keys of the wider of K's and V's rows) */
+    /* prefetch: each head's stream position requested so far, prefetch_keys ahead of its reads */
     int64_t pf[DEC_MAX_HEADS];
     for (int64_t hh = 0; hh < heads; hh++) pf[hh] = 0;
-    const int64_t pf_ahead = dec_prefetch_keys(plan);
+    const int64_t pf_ahead = plan->drv.dec.prefetch_keys;
     for (int64_t k0 = kb; k0 < ke; k0 += DEC_TILE) {
         const int64_t at = (k0 - kb) / DEC_TILE * 2 * DEC_TILE; /* this tile's stream position */
         int64_t nk = ke - k0 < DEC_TILE ? ke - k0 : DEC_TILE;
