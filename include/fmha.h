@@ -79,7 +79,8 @@
  * FMHA_ISA=scalar|avx2|avx2vnni|avx512|avx512vnni|avx512bf16|amx|neon|
  * neondot|neonbf16|sve forces a set (falling back to the best supported one
  * if the CPU lacks it); the *vnni and neondot sets add integer dot products
- * for quantized caches (see fmha_precision). The float32 tile shape is
+ * for quantized caches (see fmha_precision); avx512bf16 needs AVX512_BF16
+ * and AVX512-VBMI (Zen 4, Zen 5; Cooper Lake runs avx512vnni). The float32 tile shape is
  * not a set of its own but a field of the tuning (tile_mr, tile_nr below).
  * FMHA_ISA=amx_emu runs the amx set's kernels on a software tile unit, on
  * any CPU with AVX512_BF16: for testing the AMX code where no AMX is (much

@@ -63,11 +63,15 @@ static int x86_has_avx512vnni(void) {
 }
 
 /* AVX-512 and AVX512-VNNI as above plus AVX512_BF16 (cpuid leaf 7,
- * subleaf 1): every CPU with BF16 has VNNI, whose cache parts the table
- * shares. */
+ * subleaf 1) and AVX512-VBMI (leaf 7: ecx bit 1; the float8 kernels' byte
+ * lookups): every CPU with BF16 has VNNI, whose cache parts the table
+ * shares; Zen 4, Zen 5 and Sapphire Rapids on have VBMI, Cooper Lake
+ * (BF16 without VBMI) runs the avx512vnni table. */
 static int x86_has_avx512bf16(void) {
     unsigned int r[4];
     if (!x86_has_avx512vnni()) return 0;
+    x86_leaf7(0, r);
+    if (!((r[2] >> 1) & 1)) return 0;
     x86_leaf7(1, r);
     return (r[0] >> 5) & 1;
 }

@@ -40,8 +40,8 @@ FMHA_AVX512_FORMAT_DECLS(q4_0)
  * initializer (float32 rows need no load kernel: the scalar copy), with
  * the integer kernels (scores_q8, values_int) of int8, q8_0 and q4_0 rows
  * (each a pair; FMHA_NO_INTEGER: none) and the bf16 scores of float8 keys
- * (NULL: none), the values kernel of e4m3 rows read in place
- * (FMHA_AVX512_E4M3_VALUES: this directory's), and the bf16 format's
+ * (NULL: none), the load, scores and values kernels of e4m3 and e5m2
+ * rows (FMHA_AVX512_FORMAT(e4m3), (e5m2): this directory's), and the bf16 format's
  * pair kernels (the last arguments: designated scores_bf16 and
  * values_bf16; FMHA_NO_BF16_PAIRS: none). widen_rows by the
  * widening's µops a vector (decode.c):
@@ -50,17 +50,15 @@ FMHA_AVX512_FORMAT_DECLS(q4_0)
 #define FMHA_NO_INTEGER NULL, NULL
 #define FMHA_AVX512_FORMAT(name) \
     fmha_widen_##name##__avx512, fmha_##name##kv_decode_scores__avx512, fmha_##name##kv_decode_values__avx512
-#define FMHA_AVX512_E4M3_VALUES fmha_e4m3kv_decode_values__avx512
 #define FMHA_NO_BF16_PAIRS .values_bf16 = NULL
-#define FMHA_AVX512_CACHES(int8_int, q8_0_int, q4_0_int, e4m3_bf16, e5m2_bf16, e4m3_values, ...)                      \
+#define FMHA_AVX512_CACHES(int8_int, q8_0_int, q4_0_int, e4m3_bf16, e5m2_bf16, e4m3_kernels, e5m2_kernels, ...)                   \
     {                                                                                                                  \
         [FMHA_FORMAT_F32] = {.scores = fmha_f32_decode_scores__avx512, .values = fmha_f32_decode_values__avx512},     \
         [FMHA_FORMAT_BF16] = {FMHA_AVX512_FORMAT(bf16), .widen_rows = 32, __VA_ARGS__},                               \
         [FMHA_FORMAT_F16] = {FMHA_AVX512_FORMAT(f16), .widen_rows = 32},                                              \
         [FMHA_FORMAT_INT8] = {FMHA_AVX512_FORMAT(int8), int8_int, .widen_rows = 32},                                   \
-        [FMHA_FORMAT_FP8_E4M3] = {fmha_widen_e4m3__avx512, fmha_e4m3kv_decode_scores__avx512, e4m3_values,            \
-                                  .scores_bf16 = e4m3_bf16, .widen_rows = 8},                                          \
-        [FMHA_FORMAT_FP8_E5M2] = {FMHA_AVX512_FORMAT(e5m2), .scores_bf16 = e5m2_bf16, .widen_rows = 16},               \
+        [FMHA_FORMAT_FP8_E4M3] = {e4m3_kernels, .scores_bf16 = e4m3_bf16, .widen_rows = 8},                            \
+        [FMHA_FORMAT_FP8_E5M2] = {e5m2_kernels, .scores_bf16 = e5m2_bf16, .widen_rows = 16},                           \
         [FMHA_FORMAT_Q8_0] = {FMHA_AVX512_FORMAT(q8_0), q8_0_int, .widen_rows = 16},                                   \
         [FMHA_FORMAT_Q4_0] = {FMHA_AVX512_FORMAT(q4_0), q4_0_int, .widen_rows = 16}                                    \
     }

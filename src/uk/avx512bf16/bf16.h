@@ -44,10 +44,15 @@ void fmha_bf16kv_values_bf16__avx512bf16(size_t rows, size_t nk, size_t dv, cons
                                          size_t ldv, float *o, size_t ldo, const float *alpha);
 void fmha_e4m3kv_scores_bf16__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
                                          const void *k, size_t ldk, float *s, size_t lds, float scale);
-/* e4m3 values read in place through the bf16 table (fmha_cache_values_ukernel_fn;
- * the bits of avx512's e4m3 values kernel) */
+/* float8 values read in place through the bf16 table (fmha_cache_values_ukernel_fn;
+ * the bits of avx512's values kernels) */
 void fmha_e4m3kv_decode_values__avx512bf16(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
                                            const void *v, size_t ldv, float *o, size_t ldo, const float *alpha);
+void fmha_e5m2kv_decode_values__avx512bf16(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                           const void *v, size_t ldv, float *o, size_t ldo, const float *alpha);
+/* float8 rows widened to float32 through the bf16 table (fmha_load_ukernel_fn) */
+void fmha_widen_e4m3__avx512bf16(size_t n, const void *src_row, float *dst);
+void fmha_widen_e5m2__avx512bf16(size_t n, const void *src_row, float *dst);
 void fmha_e5m2kv_scores_bf16__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
                                          const void *k, size_t ldk, float *s, size_t lds, float scale);
 

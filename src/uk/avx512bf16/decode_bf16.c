@@ -59,23 +59,55 @@ FMHA_INLINE fp8_table table_of(const uint16_t *bits) {
     return tb;
 }
 
+/* The same table as bytes for vpermi2b (AVX512-VBMI): hi[m] and lo[m],
+ * the high and low bytes of magnitude m's bf16 bits, 64 entries a vector,
+ * and the byte order that makes vpunpck{l,h}bw's words come out in order
+ * (element 8 l + i of 32 words at byte 16 l + i, element 32 + 8 l + i at
+ * byte 16 l + 8 + i, l the 128-bit lane). */
+typedef struct fp8_bytes {
+    __m512i hi0, hi1, lo0, lo1, order;
+} fp8_bytes;
+
+/* byte 16 l + 8 h + i takes element 32 h + 8 l + i */
+static const uint8_t unpack_order[64] __attribute__((aligned(64))) = {
+    0,  1,  2,  3,  4,  5,  6,  7,  32, 33, 34, 35, 36, 37, 38, 39, 8,  9,  10, 11, 12, 13,
+    14, 15, 40, 41, 42, 43, 44, 45, 46, 47, 16, 17, 18, 19, 20, 21, 22, 23, 48, 49, 50, 51,
+    52, 53, 54, 55, 24, 25, 26, 27, 28, 29, 30, 31, 56, 57, 58, 59, 60, 61, 62, 63};
+
+FMHA_INLINE __m512i bytes_of(const __m512i w0, const __m512i w1, const int shift) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srli_epi16(w0, shift))),
+                              _mm512_cvtepi16_epi8(_mm512_srli_epi16(w1, shift)), 1);
+}
+
+FMHA_INLINE fp8_bytes bytes_table_of(const uint16_t *bits) {
+    const fp8_table tb = table_of(bits);
+    fp8_bytes b;
+    b.hi0 = bytes_of(tb.t[0], tb.t[1], 8);
+    b.hi1 = bytes_of(tb.t[2], tb.t[3], 8);
+    b.lo0 = bytes_of(tb.t[0], tb.t[1], 0);
+    b.lo1 = bytes_of(tb.t[2], tb.t[3], 0);
+    b.order = _mm512_load_si512((const void *)unpack_order);
+    return b;
+}
+
+/* 64 float8 bytes as 64 bf16 in order: *lo elements 0-31, *hi 32-63.
+ * One vpermb puts the bytes in unpack order, two vpermi2b look up the
+ * bf16's high and low bytes by the magnitude (index bits 6:0; bit 7, the
+ * sign, is ignored), the sign is or-ed into the high byte, and two unpacks
+ * make the words: 3 permutes where the word table takes 6 (each
+ * vpermt2w's 32 words, and the zero extension), and no vpternlogd, which
+ * shares the FMA pipes on Zen 4. */
+FMHA_INLINE void fp8x64_to_bf16(const fp8_bytes *tb, __m512i bytes, __m512i *lo, __m512i *hi) {
+    const __m512i b = _mm512_permutexvar_epi8(tb->order, bytes);
+    const __m512i sign = _mm512_and_si512(b, _mm512_set1_epi8((char)0x80));
+    const __m512i h = _mm512_or_si512(_mm512_permutex2var_epi8(tb->hi0, b, tb->hi1), sign);
+    const __m512i l = _mm512_permutex2var_epi8(tb->lo0, b, tb->lo1);
+    *lo = _mm512_unpacklo_epi8(l, h);
+    *hi = _mm512_unpackhi_epi8(l, h);
+}
+
 /* Key rows: float8 bytes through a table, or bf16 as stored. */
 enum { KEY_FP8, KEY_BF16 };
-
-/* 32 float8 bytes as 32 bf16, in order. */
-FMHA_INLINE __m512i fp8_bytes_to_bf16(const fp8_table *tb, __m256i bytes) {
-    const __m512i w = _mm512_cvtepu8_epi16(bytes);
-    const __m512i lo = _mm512_permutex2var_epi16(tb->t[0], w, tb->t[1]); /* magnitudes 0-63 (index bits 5:0) */
-    const __m512i hi = _mm512_permutex2var_epi16(tb->t[2], w, tb->t[3]); /* 64-127 */
-    const __m512i mag = _mm512_mask_mov_epi16(lo, _mm512_test_epi16_mask(w, _mm512_set1_epi16(0x40)), hi);
-    /* the sign: bit 7 of the byte to bit 15 of the word */
-    return _mm512_ternarylogic_epi32(mag, _mm512_slli_epi16(w, 8), _mm512_set1_epi16((short)0x8000), 0xF8);
-}
-
-/* 32 float8 bytes at x as 32 bf16, in order. */
-FMHA_INLINE __m512bh fp8_to_bf16(const fp8_table *tb, const uint8_t *x) {
-    return (__m512bh)fp8_bytes_to_bf16(tb, _mm256_loadu_si256((const __m256i *)x));
-}
 
 /* acc[r * J + jj] += q_r . k_jj over one step of 32 values. */
 FMHA_INLINE void step(const int R, const int J, const __m512bh qv[4], const __m512bh kv[16], __m512 acc[16]) {
@@ -87,8 +119,10 @@ FMHA_INLINE void step(const int R, const int J, const __m512bh qv[4], const __m5
 
 /* R rows x 16 / R keys (R = 4 or 1; rows past nr and keys past nj repeat
  * the last, not stored); row r's keys in lanes [r * J, (r + 1) * J) after
- * the reduction. */
-FMHA_INLINE void scores_block(const int kind, const int R, const fp8_table *tb, size_t nr, size_t nj, size_t d,
+ * the reduction. bf16 keys in steps of 32 values; float8 keys in steps of
+ * 64 (fp8x64_to_bf16), each accumulator taking the step's first 32 and
+ * then its second 32, the specification's order; a last 32 alone. */
+FMHA_INLINE void scores_block(const int kind, const int R, const fp8_bytes *tb, size_t nr, size_t nj, size_t d,
                               const uint32_t *q, size_t ldq, const uint8_t *k, size_t ldk, float *s, size_t lds,
                               float scale) {
     const int J = 16 / R;
@@ -100,15 +134,37 @@ FMHA_INLINE void scores_block(const int kind, const int R, const fp8_table *tb, 
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int x = 0; x < 16; x++) acc[x] = _mm512_setzero_ps();
-    for (size_t e = 0; e < d; e += 32) {
-        __m512bh qv[4], kv[16];
+    if (kind == KEY_BF16) {
+        for (size_t e = 0; e < d; e += 32) {
+            __m512bh qv[4], kv[16];
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) qv[r] = (__m512bh)_mm512_loadu_si512(qr[r] + e / 2);
+            for (int r = 0; r < R; r++) qv[r] = (__m512bh)_mm512_loadu_si512(qr[r] + e / 2);
 #pragma GCC unroll 16
-        for (int jj = 0; jj < J; jj++)
-            kv[jj] = kind == KEY_BF16 ? (__m512bh)_mm512_loadu_si512((const void *)(kr[jj] + 2 * e))
-                                      : fp8_to_bf16(tb, kr[jj] + e);
-        step(R, J, qv, kv, acc);
+            for (int jj = 0; jj < J; jj++) kv[jj] = (__m512bh)_mm512_loadu_si512((const void *)(kr[jj] + 2 * e));
+            step(R, J, qv, kv, acc);
+        }
+    } else {
+        for (size_t e = 0; e < d; e += 64) {
+            const int two = e + 64 <= d; /* else the last 32 */
+            __m512bh qlo[4], qhi[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                qlo[r] = (__m512bh)_mm512_loadu_si512(qr[r] + e / 2);
+                qhi[r] = two ? (__m512bh)_mm512_loadu_si512(qr[r] + e / 2 + 16) : qlo[r];
+            }
+#pragma GCC unroll 16
+            for (int jj = 0; jj < J; jj++) {
+                __m512i lo, hi;
+                const __m512i x = two ? _mm512_loadu_si512((const void *)(kr[jj] + e))
+                                      : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(kr[jj] + e)));
+                fp8x64_to_bf16(tb, x, &lo, &hi);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    acc[r * J + jj] = _mm512_dpbf16_ps(acc[r * J + jj], qlo[r], (__m512bh)lo);
+                    if (two) acc[r * J + jj] = _mm512_dpbf16_ps(acc[r * J + jj], qhi[r], (__m512bh)hi);
+                }
+            }
+        }
     }
     const __m512 sum = _mm512_mul_ps(fmha_avx512_reduce16(acc), _mm512_set1_ps(scale));
     const __mmask16 keys = (__mmask16)((1u << nj) - 1u);
@@ -127,8 +183,8 @@ FMHA_INLINE void scores_block(const int kind, const int R, const fp8_table *tb, 
 FMHA_INLINE void scores_bf16(const int kind, const uint16_t *bits, size_t rows, size_t nk, size_t d,
                              const uint32_t *q, size_t ldq, const void *k, size_t ldk, float *s, size_t lds,
                              float scale) {
-    fp8_table tb;
-    if (kind == KEY_FP8) tb = table_of(bits);
+    fp8_bytes tb;
+    if (kind == KEY_FP8) tb = bytes_table_of(bits);
     const size_t unit = kind == KEY_BF16 ? 2 : 1;
     const uint8_t *k8 = k;
     const size_t blocked = rows >= 3 ? (rows + 1) / 4 * 4 : 0;
@@ -268,22 +324,23 @@ void fmha_bf16kv_values_bf16__avx512bf16(size_t rows, size_t nk, size_t dv, cons
     }
 }
 
-/* ---- e4m3 values read through the table ----
+/* ---- float8 values read through the table ----
  * The in-place AVX-512 values kernel widens e4m3 in 9 µops a vector of 16
- * (avx512/decode.c). Here 32 bytes become 32 bf16 through the table (7
- * µops) and each bf16 becomes a float32 by one unpack with zeros (vpunpck
- * lwd / hwd: 2 µops for the 32), 4.5 µops a vector; the unpacks leave a
- * block's columns in avx512/unpack.h's order, which the end of a call puts
- * back. The values are the same float32 values and each column's chain of
- * FMAs over the keys the same, so the bits are avx512's kernel's. */
+ * and e5m2 in 4 (avx512/decode.c). Here 64 bytes become 64 bf16
+ * (fp8x64_to_bf16: 3 permutes and 4 other µops) and each bf16 a float32 by
+ * one unpack with zeros (vpunpck lwd / hwd), about 2.75 µops a vector;
+ * the unpacks leave a block's columns in avx512/unpack.h's order, which
+ * the end of a call puts back. The values are the same float32 values and
+ * each column's chain of FMAs over the keys the same, so the bits are
+ * avx512's kernel's. */
 
 /* Rows [0, R) of o (R = 4 or 1; rows past n repeat the last, not stored),
  * columns [c0, c0 + 64): acc[r][2 bb + u], block bb's lo (u 0) and hi (u
  * 1) unpack's columns. */
-FMHA_INLINE void e4m3_values_block(const int R, const fp8_table *tb, size_t n, size_t nk, size_t dv, size_t c0,
-                                   const float *p, size_t ldp, const uint8_t *v, size_t ldv, float *o, size_t ldo,
-                                   const float *alpha) {
-    const __mmask32 bm0 = block_lanes(dv, c0), bm1 = block_lanes(dv, c0 + 32);
+FMHA_INLINE void fp8_values_block(const int R, const fp8_bytes *tb, size_t n, size_t nk, size_t dv, size_t c0,
+                                  const float *p, size_t ldp, const uint8_t *v, size_t ldv, float *o, size_t ldo,
+                                  const float *alpha) {
+    const __mmask64 bm = (__mmask64)block_lanes(dv, c0) | (__mmask64)block_lanes(dv, c0 + 32) << 32;
     const float *pr[4];
     __m512 acc[4][4];
 #pragma GCC unroll 4
@@ -294,14 +351,13 @@ FMHA_INLINE void e4m3_values_block(const int R, const fp8_table *tb, size_t n, s
     const __m512i zero = _mm512_setzero_si512();
     for (size_t j = 0; j < nk; j++) {
         const uint8_t *x = v + j * ldv + c0;
+        __m512i lo, hi;
+        fp8x64_to_bf16(tb, ~bm ? _mm512_maskz_loadu_epi8(bm, x) : _mm512_loadu_si512((const void *)x), &lo, &hi);
         __m512 vv[4];
-#pragma GCC unroll 2
-        for (int bb = 0; bb < 2; bb++) {
-            const __mmask32 bm = bb ? bm1 : bm0;
-            const __m512i bf = fp8_bytes_to_bf16(tb, _mm256_maskz_loadu_epi8(bm, x + 32 * bb));
-            vv[2 * bb] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, bf));
-            vv[2 * bb + 1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, bf));
-        }
+        vv[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, lo));
+        vv[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, lo));
+        vv[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, hi));
+        vv[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, hi));
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const __m512 pv = _mm512_set1_ps(pr[r][j]);
@@ -312,15 +368,53 @@ FMHA_INLINE void e4m3_values_block(const int R, const fp8_table *tb, size_t n, s
     finish_unpacked(R, n, dv, c0, acc, o, ldo, alpha);
 }
 
-void fmha_e4m3kv_decode_values__avx512bf16(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
-                                           const void *v, size_t ldv, float *o, size_t ldo, const float *alpha) {
-    const fp8_table tb = table_of(e4m3_bf16);
+FMHA_INLINE void fp8_values(const uint16_t *bits, size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                            const void *v, size_t ldv, float *o, size_t ldo, const float *alpha) {
+    const fp8_bytes tb = bytes_table_of(bits);
     const size_t blocked = rows >= 3 ? (rows + 1) / 4 * 4 : 0;
     for (size_t c0 = 0; c0 < dv; c0 += 64) {
         for (size_t r0 = 0; r0 < blocked; r0 += 4)
-            e4m3_values_block(4, &tb, rows - r0 < 4 ? rows - r0 : 4, nk, dv, c0, p + r0 * ldp, ldp, v, ldv,
-                              o + r0 * ldo, ldo, alpha + r0);
+            fp8_values_block(4, &tb, rows - r0 < 4 ? rows - r0 : 4, nk, dv, c0, p + r0 * ldp, ldp, v, ldv,
+                             o + r0 * ldo, ldo, alpha + r0);
         for (size_t r = blocked; r < rows; r++)
-            e4m3_values_block(1, &tb, 1, nk, dv, c0, p + r * ldp, ldp, v, ldv, o + r * ldo, ldo, alpha + r);
+            fp8_values_block(1, &tb, 1, nk, dv, c0, p + r * ldp, ldp, v, ldv, o + r * ldo, ldo, alpha + r);
     }
 }
+
+
+/* dst[i] = value i of a float8 row, i < n: 64 at a time through the
+ * table, each bf16 zero-extended and shifted into a float32 (the load
+ * kernel's contract; the values are exact, so the bits are avx512's). */
+FMHA_INLINE void widen_fp8_row(const uint16_t *bits, size_t n, const void *src_row, float *dst) {
+    const fp8_bytes tb = bytes_table_of(bits);
+    const uint8_t *src = src_row;
+    for (size_t i = 0; i < n; i += 64) {
+        const size_t left = n - i;
+        const __mmask64 m = left >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << left) - 1;
+        __m512i w[2];
+        fp8x64_to_bf16(&tb, _mm512_maskz_loadu_epi8(m, src + i), &w[0], &w[1]);
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++) { /* 16 values from i + 16 q */
+            const __m256i h = q % 2 ? _mm512_extracti64x4_epi64(w[q / 2], 1) : _mm512_castsi512_si256(w[q / 2]);
+            const __m512 f = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+            const size_t at = 16 * (size_t)q;
+            if (left >= at + 16)
+                _mm512_storeu_ps(dst + i + at, f);
+            else if (left > at)
+                _mm512_mask_storeu_ps(dst + i + at, (__mmask16)((1u << (left - at)) - 1u), f);
+        }
+    }
+}
+
+/* A float8 format's values and load kernels. */
+#define FP8_TABLE_KERNELS(name)                                                                                        \
+    void fmha_##name##kv_decode_values__avx512bf16(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,     \
+                                                   const void *v, size_t ldv, float *o, size_t ldo,                   \
+                                                   const float *alpha) {                                              \
+        fp8_values(name##_bf16, rows, nk, dv, p, ldp, v, ldv, o, ldo, alpha);                                          \
+    }                                                                                                                  \
+    void fmha_widen_##name##__avx512bf16(size_t n, const void *src_row, float *dst) {                                 \
+        widen_fp8_row(name##_bf16, n, src_row, dst);                                                                   \
+    }
+FP8_TABLE_KERNELS(e4m3)
+FP8_TABLE_KERNELS(e5m2)

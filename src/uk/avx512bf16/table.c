@@ -1,19 +1,23 @@
-/* avx512bf16/table.c: the ISA of CPUs with AVX512_BF16 (and AVX512-VNNI,
- * which every one of them has): the AVX-512 parts (avx512/parts.h: same MR,
- * NR and tile sizes) with avx512vnni's integer kernels and this
- * directory's bf16 scores of float8 keys and e4m3 values read through
- * their bf16 table (decode_bf16.c) in the cache parts, plus the bf16 part
- * of its vdpbf16ps kernels. */
+/* avx512bf16/table.c: the ISA of CPUs with AVX512_BF16 and AVX512-VBMI
+ * (and AVX512-VNNI, which every one of them has): the AVX-512 parts
+ * (avx512/parts.h: same MR, NR and tile sizes) with avx512vnni's integer
+ * kernels and this directory's float8 kernels (decode_bf16.c: bf16 scores
+ * of float8 keys, float8 rows loaded and values taken through their bf16
+ * table) in the cache parts, plus the bf16 part of its vdpbf16ps kernels. */
 #include "../avx512/decode.h"
 #include "../avx512/f32.h"
 #include "../avx512/parts.h"
 #include "../avx512vnni/decode.h"
 #include "bf16.h"
 
+/* float8 rows loaded and their values taken through the bf16 table
+ * (decode_bf16.c), their float32-query scores avx512's */
+#define AVX512BF16_FP8(name) \
+    fmha_widen_##name##__avx512bf16, fmha_##name##kv_decode_scores__avx512, fmha_##name##kv_decode_values__avx512bf16
 const fmha_uk_cache fmha_uk_caches__avx512bf16[FMHA_FORMAT_COUNT] =
     FMHA_AVX512_CACHES(FMHA_AVX512VNNI_INTEGER(int8), FMHA_AVX512VNNI_INTEGER(q8_0), FMHA_AVX512VNNI_INTEGER(q4_0),
                        fmha_e4m3kv_scores_bf16__avx512bf16, fmha_e5m2kv_scores_bf16__avx512bf16,
-                       fmha_e4m3kv_decode_values__avx512bf16,
+                       AVX512BF16_FP8(e4m3), AVX512BF16_FP8(e5m2),
                        .scores_bf16 = fmha_bf16kv_scores_bf16__avx512bf16,
                        .values_bf16 = fmha_bf16kv_values_bf16__avx512bf16);
 
