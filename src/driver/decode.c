@@ -58,9 +58,9 @@ enum { DEC_SUB = 16, DEC_MAX_HEADS = DEC_MAX_UNIT_ROWS };
 
 /* Keys a call of the integer P V (values_int, its most): each call
  * quantizes P per row and block and scales O once, which at DEC_SUB keys
- * cost as much as the products. Sub-blocks of V that cross pages are
- * staged as stored bytes, so a paged cache keeps the contiguous one's
- * bits. */
+ * cost as much as the products. The kernel takes its rows by address
+ * (dec_vint_rows), so a sub-block that crosses pages is read in place and
+ * a paged cache keeps the contiguous one's bits. */
 enum { DEC_VINT_SUB = 64 };
 
 /* Crossover (fmha_plan_decode_shape): queries at most 16 and keys at least 8
@@ -242,13 +242,8 @@ static void dec_carve(const fmha_plan *plan, fmha_carver *c, dec_scratch *s) {
     s->qt = fmha_carve(c, dec_qt(plan, (int64_t)rows) ? heads * (rows + 15) / 16 * D * 16 * sizeof(float) : 0);
     s->s = fmha_carve(c, heads * rows * DEC_TILE * sizeof(float));
     s->kf = fmha_carve(c, staged ? heads * DEC_SUB * D * sizeof(float) : 0);
-    /* [heads][DEC_SUB][Dv] float32, or [DEC_VINT_SUB][heads] rows as stored (vint) */
-    const size_t vf_float = heads * DEC_SUB * Dv * sizeof(float),
-                 vf_raw = plan->drv.dec.vint ? heads * DEC_VINT_SUB *
-                                                   (size_t)fmha_format_row_bytes(fmha_cache_format_at(plan->v_format),
-                                                                                 (int64_t)Dv)
-                                             : 0;
-    s->vf = fmha_carve(c, staged ? (vf_float > vf_raw ? vf_float : vf_raw) : 0);
+    /* [heads][DEC_SUB][Dv] float32, or [DEC_SUB][heads] rows as stored (bf16 pairs) */
+    s->vf = fmha_carve(c, staged ? heads * DEC_SUB * Dv * sizeof(float) : 0);
     s->alpha = fmha_carve(c, heads * rows * sizeof(float));
     s->ones = fmha_carve(c, rows * sizeof(float));
     s->lo = fmha_carve(c, rows * sizeof(int64_t));
@@ -388,6 +383,21 @@ static size_t dec_rows(const dec_ctx *c, fmha_cache_format_id fmt, const int64_t
     *in_place = raw;
     for (int64_t hh = 0; hh < heads; hh++) rows[hh] = to + (size_t)hh * head_out;
     return raw ? (size_t)(heads * units) : (size_t)w;
+}
+
+/* rows[j] = V's row of key k0 + j at kv head hk as stored, j < nj: the
+ * integer P V's rows, read in place across pages (a run's keys st[1]
+ * apart, one block-table lookup a run). */
+static void dec_vint_rows(const dec_ctx *c, int64_t b, int64_t hk, int64_t k0, int64_t nj, const void **rows) {
+    const fmha_problem *p = &c->plan->p;
+    const int64_t *st = p->v_strides;
+    const size_t unit = fmha_cache_format_at(c->plan->v_format)->unit_bytes;
+    for (int64_t j = 0; j < nj;) {
+        int64_t first;
+        const int64_t run = fmha_kv_run_at(p, st, b, k0 + j, nj - j, &first);
+        for (int64_t t = 0; t < run; t++, j++)
+            rows[j] = (const char *)c->v + (size_t)(first + t * st[1] + hk * st[2]) * unit;
+    }
 }
 
 /* 1 when K's (which 0) or V's (1) format keeps scales beside its rows. */
@@ -719,12 +729,14 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
         /* values in the same order; the first sub-block rescales O by alpha */
         for (int64_t j0 = 0; j0 < nk; j0 += vsub) {
             const int64_t nj = nk - j0 < vsub ? nk - j0 : vsub;
-            size_t ld = dec_rows(c, plan->v_format, vs, c->v, Dv, b, hk0, heads, k0 + j0, nj,
-                                 plan->drv.dec.vint || plan->drv.dec.vbf16, widen_v, s.vf, rows_of, &in_place);
-            const fmha_cache_values_ukernel_fn values = plan->drv.dec.vint    ? v_kern->values_int
-                                                        : plan->drv.dec.vbf16 ? v_kern->values_bf16
-                                                        : in_place            ? v_kern->values
-                                                                              : staged->values;
+            /* the integer P V reads its rows where they are (dec_vint_rows),
+             * the others as dec_rows gives them */
+            size_t ld = plan->drv.dec.vint ? 0
+                                           : dec_rows(c, plan->v_format, vs, c->v, Dv, b, hk0, heads, k0 + j0, nj,
+                                                      plan->drv.dec.vbf16, widen_v, s.vf, rows_of, &in_place);
+            const fmha_cache_values_ukernel_fn values = plan->drv.dec.vbf16 ? v_kern->values_bf16
+                                                        : in_place          ? v_kern->values
+                                                                            : staged->values;
             for (int64_t hh = 0; hh < heads; hh++) {
                 if (plan->drv.dec.prefetch)
                     dec_prefetch_stream(c, b, hk0 + hh, hh ? 0 : heads, kb, ke, &pf[hh],
@@ -733,7 +745,13 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
                 const float *ah = j0 == 0 ? s.alpha + hh * rows : s.ones;
                 if (v_scaled) dec_scale_columns(plan, 1, b, hk0 + hh, k0 + j0, nj, n, ph); /* P's sums are taken */
                 float *oh = po + hh * rows * Dv;
-                values((size_t)n, (size_t)nj, (size_t)Dv, ph, DEC_TILE, rows_of[hh], ld, oh, (size_t)Dv, ah);
+                if (plan->drv.dec.vint) {
+                    const void *v_rows[DEC_VINT_SUB];
+                    dec_vint_rows(c, b, hk0 + hh, k0 + j0, nj, v_rows);
+                    v_kern->values_int((size_t)n, (size_t)nj, (size_t)Dv, ph, DEC_TILE, v_rows, oh, (size_t)Dv, ah);
+                } else {
+                    values((size_t)n, (size_t)nj, (size_t)Dv, ph, DEC_TILE, rows_of[hh], ld, oh, (size_t)Dv, ah);
+                }
             }
         }
         computed += heads;

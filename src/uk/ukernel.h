@@ -312,12 +312,15 @@ typedef void (*fmha_cache_values_bf16_ukernel_fn)(size_t rows, size_t nk, size_t
  *   nearest even, |P'_j| <= 32767); when it is not: P'_j = 0, s = NaN
  *   isum(c) = sum_j P'_j * vq(j, c)          (exact int32)
  *   o[r][c] = fmaf(o[r][c], alpha[r], (float)isum(c) * s)
- * vq, vd as scores_q8's kq, kd. P' keeps 15 bits of each block's largest
- * weight: about float32's error on O at a fraction of its products. 1 <=
- * nk <= 64; rows >= 1. A non-finite block scale makes its columns NaN (the
- * driver then recomputes the row, fmha_cache_values_ukernel_fn's rule). */
+ * vq, vd as scores_q8's kq, kd, V's row j (its stored bytes) at
+ * v_rows[j]: the rows of a call may lie anywhere (a paged cache's pages),
+ * so a call spans pages without a copy. P' keeps 15 bits of each block's
+ * largest weight: about float32's error on O at a fraction of its
+ * products. 1 <= nk <= 64; rows >= 1. A non-finite block scale makes its
+ * columns NaN (the driver then recomputes the row,
+ * fmha_cache_values_ukernel_fn's rule). */
 typedef void (*fmha_cache_values_int_ukernel_fn)(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
-                                                 const void *v, size_t ldv, float *o, size_t ldo,
+                                                 const void *const *v_rows, float *o, size_t ldo,
                                                  const float *alpha);
 
 /* dst[i] = element i of the row at src as float32, i < n (a multiple of 32

@@ -638,8 +638,18 @@ static void test_values_int(const char *isa) {
             tu_fill(o1, ROWS * DV, -1, 1);
             memcpy(o2, o1, ROWS * DV * sizeof(float));
             tu_fill(alpha, ROWS, 0, 1);
-            spec->cache[id].values_int(rows, nk, dv, p, KEYS, v, ldv, o1, DV, alpha);
-            uk->cache[id].values_int(rows, nk, dv, p, KEYS, v, ldv, o2, DV, alpha);
+            /* the rows in order, or anywhere (a paged cache: every other case
+             * takes them in a shuffled order, the stride's pad between) */
+            const void *v_rows[KEYS];
+            size_t order[KEYS];
+            for (size_t j = 0; j < KEYS; j++) order[j] = j;
+            for (size_t j = KEYS - 1; c % 2 && j > 0; j--) {
+                const size_t t = (size_t)tu_int(0, (int)j), x = order[j];
+                order[j] = order[t], order[t] = x;
+            }
+            for (size_t j = 0; j < nk; j++) v_rows[j] = v + order[j] * ldv;
+            spec->cache[id].values_int(rows, nk, dv, p, KEYS, v_rows, o1, DV, alpha);
+            uk->cache[id].values_int(rows, nk, dv, p, KEYS, v_rows, o2, DV, alpha);
             for (size_t i = 0; i < ROWS * DV; i++)
                 bad += memcmp(&o1[i], &o2[i], sizeof(float)) && !(isnan(o1[i]) && isnan(o2[i]));
         }

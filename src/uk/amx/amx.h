@@ -57,11 +57,11 @@ enum { FMHA_AMX_MR = 16, FMHA_AMX_NR = 64 };
                                          size_t ldk, float *s, size_t lds, float scale);                               \
     /* Integer P V on tiles from 16 rows (values_int.c; fmha_cache_values_int_ukernel_fn). */                         \
     void fmha_int8kv_values_int__##SUFFIX(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,               \
-                                          const void *v, size_t ldv, float *o, size_t ldo, const float *alpha);        \
+                                          const void *const *v_rows, float *o, size_t ldo, const float *alpha);        \
     void fmha_q8_0kv_values_int__##SUFFIX(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,               \
-                                          const void *v, size_t ldv, float *o, size_t ldo, const float *alpha);        \
+                                          const void *const *v_rows, float *o, size_t ldo, const float *alpha);        \
     void fmha_q4_0kv_values_int__##SUFFIX(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,               \
-                                          const void *v, size_t ldv, float *o, size_t ldo, const float *alpha);
+                                          const void *const *v_rows, float *o, size_t ldo, const float *alpha);
 
 FMHA_AMX_DECLARE(amx)
 FMHA_AMX_DECLARE(amx_emu)

@@ -46,7 +46,7 @@ FMHA_INLINE __m256i block_values(const int kind, const uint8_t *x, size_t b, __m
 }
 
 /* bt [cb][2][16][64]: the B tiles of every block of 32 columns (banner). */
-FMHA_INLINE void pack_values(const int kind, size_t nk, size_t dv, const uint8_t *v, size_t ldv, size_t cb,
+FMHA_INLINE void pack_values(const int kind, size_t nk, size_t dv, const void *const *v_rows, size_t cb,
                              uint8_t *bt) {
     for (size_t b = 0; b < cb; b++) {
         const __mmask32 cm = dv - 32 * b >= 32 ? 0xffffffffu : (__mmask32)((1u << (dv - 32 * b)) - 1u);
@@ -56,7 +56,7 @@ FMHA_INLINE void pack_values(const int kind, size_t nk, size_t dv, const uint8_t
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) {
                 const size_t j = 4 * g + (size_t)i;
-                x[i] = j < nk ? block_values(kind, v + j * ldv, b, cm) : _mm256_setzero_si256();
+                x[i] = j < nk ? block_values(kind, v_rows[j], b, cm) : _mm256_setzero_si256();
             }
             const __m256i l01 = _mm256_unpacklo_epi8(x[0], x[1]), h01 = _mm256_unpackhi_epi8(x[0], x[1]);
             const __m256i l23 = _mm256_unpacklo_epi8(x[2], x[3]), h23 = _mm256_unpackhi_epi8(x[2], x[3]);
@@ -141,15 +141,14 @@ FMHA_INLINE void group_values(const int kind, size_t nk, size_t dv, const float 
 }
 
 FMHA_INLINE void values_tiles(const int kind, size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
-                              const void *v, size_t ldv, float *o, size_t ldo, const float *alpha) {
+                              const void *const *v_rows, float *o, size_t ldo, const float *alpha) {
     FMHA_AMX_FN(fmha_amx_ready)(); /* configures on a call outside a job (tests) */
-    const uint8_t *v8 = v;
     const size_t cb = (dv + 31) / 32;
     __m512 vd[MAX_BLOCKS][MAX_KEYS / 16];
     float dm[MAX_BLOCKS];
-    value_block_scales(kind, nk, dv, v8, ldv, vd, dm);
+    value_block_scales(kind, nk, dv, v_rows, vd, dm);
     _Alignas(64) uint8_t bt[MAX_BLOCKS * 2048];
-    pack_values(kind, nk, dv, v8, ldv, cb, bt);
+    pack_values(kind, nk, dv, v_rows, cb, bt);
     for (size_t r0 = 0; r0 + GROUP_ROWS <= rows; r0 += GROUP_ROWS)
         group_values(kind, nk, dv, p + r0 * ldp, ldp, bt, (const __m512(*)[MAX_KEYS / 16])vd, dm, o + r0 * ldo, ldo,
                      alpha + r0);
@@ -157,12 +156,12 @@ FMHA_INLINE void values_tiles(const int kind, size_t rows, size_t nk, size_t dv,
 
 #define AMX_VALUES_INT(name, kind)                                                                                     \
     void FMHA_AMX_FN(fmha_##name##kv_values_int)(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,       \
-                                                  const void *v, size_t ldv, float *o, size_t ldo,                      \
+                                                  const void *const *v_rows, float *o, size_t ldo,                      \
                                                   const float *alpha) {                                                 \
         const size_t tiled = rows / GROUP_ROWS * GROUP_ROWS; /* the rest: avx512vnni's kernel, the same bits */        \
-        if (tiled) values_tiles(kind, tiled, nk, dv, p, ldp, v, ldv, o, ldo, alpha);                                  \
+        if (tiled) values_tiles(kind, tiled, nk, dv, p, ldp, v_rows, o, ldo, alpha);                                  \
         if (rows > tiled)                                                                                              \
-            fmha_##name##kv_values_int__avx512vnni(rows - tiled, nk, dv, p + tiled * ldp, ldp, v, ldv,                 \
+            fmha_##name##kv_values_int__avx512vnni(rows - tiled, nk, dv, p + tiled * ldp, ldp, v_rows,                 \
                                                    o + tiled * ldo, ldo, alpha + tiled);                               \
     }
 AMX_VALUES_INT(int8, V_INT8)

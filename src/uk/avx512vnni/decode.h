@@ -13,12 +13,12 @@ void fmha_q8_0kv_scores_q8__avx512vnni(size_t rows, size_t nk, size_t d, const f
 void fmha_q4_0kv_scores_q8__avx512vnni(size_t rows, size_t nk, size_t d, const fmha_q8_rows *q, const void *k,
                                        size_t ldk, float *s, size_t lds, float scale);
 
-void fmha_int8kv_values_int__avx512vnni(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp, const void *v,
-                                        size_t ldv, float *o, size_t ldo, const float *alpha);
-void fmha_q8_0kv_values_int__avx512vnni(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp, const void *v,
-                                        size_t ldv, float *o, size_t ldo, const float *alpha);
-void fmha_q4_0kv_values_int__avx512vnni(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp, const void *v,
-                                        size_t ldv, float *o, size_t ldo, const float *alpha);
+void fmha_int8kv_values_int__avx512vnni(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                        const void *const *v_rows, float *o, size_t ldo, const float *alpha);
+void fmha_q8_0kv_values_int__avx512vnni(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                        const void *const *v_rows, float *o, size_t ldo, const float *alpha);
+void fmha_q4_0kv_values_int__avx512vnni(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                        const void *const *v_rows, float *o, size_t ldo, const float *alpha);
 
 /* every cache format's kernels: AVX-512's, with the integer ones */
 extern const fmha_uk_cache fmha_uk_caches__avx512vnni[FMHA_FORMAT_COUNT];

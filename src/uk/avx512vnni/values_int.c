@@ -36,7 +36,7 @@ FMHA_INLINE __m512i widen_block(const int kind, const uint8_t *x, size_t b, __mm
 /* Rows [0, R) (R = 4 or 1; rows past nr repeat the last, not stored),
  * columns [c0, c0 + 64): blocks b0 = c0 / 32 and b0 + 1 (if any). */
 FMHA_INLINE void values_block(const int kind, const int R, size_t nr, size_t nk, size_t dv, size_t c0,
-                              const uint8_t *v, size_t ldv, int32_t pw[4][MAX_BLOCKS][MAX_KEYS / 2],
+                              const void *const *v_rows, int32_t pw[4][MAX_BLOCKS][MAX_KEYS / 2],
                               const float s[4][MAX_BLOCKS], float *o, size_t ldo, const float *alpha) {
     const size_t b0 = c0 / 32, nb = dv - c0 > 32 ? 2 : 1; /* blocks in these columns */
     const size_t pb0 = kind == V_INT8 ? 0 : b0, pb1 = kind == V_INT8 ? 0 : b0 + 1; /* their P' */
@@ -46,7 +46,7 @@ FMHA_INLINE void values_block(const int kind, const int R, size_t nr, size_t nk,
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = _mm512_setzero_si512();
     for (size_t j = 0; j < nk; j += 2) {
-        const uint8_t *x0 = v + j * ldv, *x1 = j + 1 < nk ? x0 + ldv : x0; /* the pad's P' is 0 */
+        const uint8_t *x0 = v_rows[j], *x1 = j + 1 < nk ? v_rows[j + 1] : x0; /* the pad's P' is 0 */
         const __m512i a0 = widen_block(kind, x0, b0, cm0), a1 = widen_block(kind, x1, b0, cm0);
         const __m512i lo0 = _mm512_unpacklo_epi16(a0, a1), hi0 = _mm512_unpackhi_epi16(a0, a1);
 #pragma GCC unroll 4
@@ -92,13 +92,12 @@ FMHA_INLINE void values_block(const int kind, const int R, size_t nr, size_t nk,
 /* Rows in blocks of 4 (the last 1-3 one at a time), each block's P'
  * quantized once, then 64 columns at a time. */
 FMHA_INLINE void values_int(const int kind, size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
-                            const void *v, size_t ldv, float *o, size_t ldo, const float *alpha) {
-    const uint8_t *v8 = v;
+                            const void *const *v_rows, float *o, size_t ldo, const float *alpha) {
     const size_t nb = value_p_blocks(kind, dv); /* blocks with a P' of their own */
     /* the keys' block scales, 16 keys a vector (int8: ones), and each block's largest */
     __m512 vd[MAX_BLOCKS][MAX_KEYS / 16];
     float dm[MAX_BLOCKS];
-    value_block_scales(kind, nk, dv, v8, ldv, vd, dm);
+    value_block_scales(kind, nk, dv, v_rows, vd, dm);
     int32_t pw[4][MAX_BLOCKS][MAX_KEYS / 2];
     float s[4][MAX_BLOCKS];
     for (size_t r0 = 0; r0 < rows; r0 += 4) {
@@ -108,26 +107,26 @@ FMHA_INLINE void values_int(const int kind, size_t rows, size_t nk, size_t dv, c
             for (size_t b = 0; b < nb; b++) quantize_row(nk, p + (r0 + r) * ldp, vd[b], pm, dm[b], pw[r][b], &s[r][b]);
         }
         for (size_t c0 = 0; c0 < dv; c0 += 64) {
-            if (nr == 4) values_block(kind, 4, 4, nk, dv, c0, v8, ldv, pw, s, o + r0 * ldo, ldo, alpha + r0);
+            if (nr == 4) values_block(kind, 4, 4, nk, dv, c0, v_rows, pw, s, o + r0 * ldo, ldo, alpha + r0);
             else
                 for (size_t r = 0; r < nr; r++) /* one row: its P' moved to the first slot */
-                    values_block(kind, 1, 1, nk, dv, c0, v8, ldv, (int32_t(*)[MAX_BLOCKS][MAX_KEYS / 2])pw[r],
+                    values_block(kind, 1, 1, nk, dv, c0, v_rows, (int32_t(*)[MAX_BLOCKS][MAX_KEYS / 2])pw[r],
                                  (const float(*)[MAX_BLOCKS])s[r], o + (r0 + r) * ldo, ldo, alpha + r0 + r);
         }
     }
 }
 
-void fmha_int8kv_values_int__avx512vnni(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp, const void *v,
-                                        size_t ldv, float *o, size_t ldo, const float *alpha) {
-    values_int(V_INT8, rows, nk, dv, p, ldp, v, ldv, o, ldo, alpha);
+void fmha_int8kv_values_int__avx512vnni(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                        const void *const *v_rows, float *o, size_t ldo, const float *alpha) {
+    values_int(V_INT8, rows, nk, dv, p, ldp, v_rows, o, ldo, alpha);
 }
 
-void fmha_q8_0kv_values_int__avx512vnni(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp, const void *v,
-                                        size_t ldv, float *o, size_t ldo, const float *alpha) {
-    values_int(V_Q8_0, rows, nk, dv, p, ldp, v, ldv, o, ldo, alpha);
+void fmha_q8_0kv_values_int__avx512vnni(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                        const void *const *v_rows, float *o, size_t ldo, const float *alpha) {
+    values_int(V_Q8_0, rows, nk, dv, p, ldp, v_rows, o, ldo, alpha);
 }
 
-void fmha_q4_0kv_values_int__avx512vnni(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp, const void *v,
-                                        size_t ldv, float *o, size_t ldo, const float *alpha) {
-    values_int(V_Q4_0, rows, nk, dv, p, ldp, v, ldv, o, ldo, alpha);
+void fmha_q4_0kv_values_int__avx512vnni(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                        const void *const *v_rows, float *o, size_t ldo, const float *alpha) {
+    values_int(V_Q4_0, rows, nk, dv, p, ldp, v_rows, o, ldo, alpha);
 }

@@ -24,15 +24,26 @@ static inline __attribute__((always_inline)) size_t value_p_blocks(const int kin
 
 /* vd[b][c]: the block scales of keys [16 c, 16 c + 16) in block b (int8:
  * ones), dm[b] the largest |scale| of the block (NaN when one is NaN), b <
- * value_p_blocks. */
+ * value_p_blocks. V's row j at v_rows[j]: each 16 keys' halves by one
+ * gather on the rows' 32-bit offsets from row 0 (every cache here: the
+ * rows within 1 GiB of each other), else row by row. */
 static inline __attribute__((always_inline)) void value_block_scales(const int kind, size_t nk, size_t dv,
-                                                                     const uint8_t *v8, size_t ldv,
+                                                                     const void *const *v_rows,
                                                                      __m512 vd[MAX_BLOCKS][MAX_KEYS / 16],
                                                                      float dm[MAX_BLOCKS]) {
     const size_t nb = value_p_blocks(kind, dv);
-    int32_t off[16];
-    for (size_t i = 0; i < 16; i++) off[i] = (int32_t)(i * ldv);
-    const int gather = ldv <= (size_t)INT32_MAX / 64;
+    const uint8_t *v0 = v_rows[0];
+    int32_t off[MAX_KEYS] __attribute__((aligned(64)));
+    int gather = 1;
+    if (kind != V_INT8) {
+        const __m512i base = _mm512_set1_epi64((long long)(uintptr_t)v0), lim = _mm512_set1_epi64(1ll << 30);
+        for (size_t c = 0; c * 8 < nk; c++) {
+            const __mmask8 keys = nk - 8 * c >= 8 ? (__mmask8)0xff : (__mmask8)((1u << (nk - 8 * c)) - 1u);
+            const __m512i d = _mm512_sub_epi64(_mm512_maskz_loadu_epi64(keys, v_rows + 8 * c), _mm512_maskz_mov_epi64(keys, base));
+            gather &= !_mm512_cmpgt_epi64_mask(_mm512_abs_epi64(d), lim);
+            _mm256_store_si256((__m256i *)(off + 8 * c), _mm512_cvtepi64_epi32(d));
+        }
+    }
     for (size_t b = 0; b < nb; b++) {
         __m512 m = _mm512_setzero_ps();
         __mmask16 nan = 0;
@@ -42,14 +53,15 @@ static inline __attribute__((always_inline)) void value_block_scales(const int k
                 vd[b][c] = _mm512_set1_ps(1.0f);
                 continue;
             }
-            const uint8_t *at = v8 + 16 * c * ldv + b * fmha_int_block_bytes(kind);
+            const uint8_t *at = v0 + b * fmha_int_block_bytes(kind);
             __m256i h;
             if (gather) {
                 h = _mm512_cvtepi32_epi16(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), keys,
-                                                                      _mm512_loadu_si512(off), at, 1));
+                                                                      _mm512_load_si512(off + 16 * c), at, 1));
             } else {
                 uint16_t hs[16] = {0};
-                for (size_t i = 0; i < 16 && 16 * c + i < nk; i++) __builtin_memcpy(&hs[i], at + i * ldv, 2);
+                for (size_t i = 0; i < 16 && 16 * c + i < nk; i++)
+                    __builtin_memcpy(&hs[i], (const uint8_t *)v_rows[16 * c + i] + b * fmha_int_block_bytes(kind), 2);
                 h = _mm256_loadu_si256((const __m256i *)hs);
             }
             vd[b][c] = _mm512_cvtph_ps(h);

@@ -141,15 +141,15 @@ SCORES_Q8(q8_0)
 SCORES_Q8(q4_0)
 
 /* ---- P V in integers on 16-bit P (the specification of values_int) ---- */
-FMHA_SCALAR_FMA_CLONES static void values_int(int32_t (*vq)(const uint8_t *, size_t), float (*vd)(const uint8_t *, size_t), size_t rows,
-                       size_t nk, size_t dv, const float *p, size_t ldp, const void *v, size_t ldv, float *o,
-                       size_t ldo, const float *alpha) {
+FMHA_SCALAR_FMA_CLONES static void values_int(int32_t (*vq)(const uint8_t *, size_t), float (*vd)(const uint8_t *, size_t),
+                                              size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                              const void *const *v_rows, float *o, size_t ldo, const float *alpha) {
     int32_t pq[64];
     for (size_t r = 0; r < rows; r++)
         for (size_t b = 0; b < (dv + 31) / 32; b++) {
             float w[64], pm = 0.0f, dm = 0.0f;
             for (size_t j = 0; j < nk; j++) {
-                const float pj = p[r * ldp + j], dj = vd((const uint8_t *)v + j * ldv, b);
+                const float pj = p[r * ldp + j], dj = vd(v_rows[j], b);
                 w[j] = pj * dj;
                 pm = isnan(pj) || isnan(pm) ? NAN : fmaxf(pm, fabsf(pj));
                 dm = isnan(dj) || isnan(dm) ? NAN : fmaxf(dm, fabsf(dj));
@@ -161,7 +161,7 @@ FMHA_SCALAR_FMA_CLONES static void values_int(int32_t (*vq)(const uint8_t *, siz
             for (size_t j = 0; j < nk; j++) pq[j] = finite ? (int32_t)rintf(w[j] * inv) : 0;
             for (size_t c = 32 * b; c < dv && c < 32 * b + 32; c++) {
                 int32_t isum = 0;
-                for (size_t j = 0; j < nk; j++) isum += pq[j] * vq((const uint8_t *)v + j * ldv, c);
+                for (size_t j = 0; j < nk; j++) isum += pq[j] * vq(v_rows[j], c);
                 o[r * ldo + c] = fmaf(o[r * ldo + c], alpha[r], (float)isum * s);
             }
         }
@@ -169,8 +169,8 @@ FMHA_SCALAR_FMA_CLONES static void values_int(int32_t (*vq)(const uint8_t *, siz
 
 #define VALUES_INT(name)                                                                                              \
     void fmha_##name##kv_values_int__scalar(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,          \
-                                            const void *v, size_t ldv, float *o, size_t ldo, const float *alpha) {  \
-        values_int(kq_##name, KD_##name, rows, nk, dv, p, ldp, v, ldv, o, ldo, alpha);                              \
+                                            const void *const *v_rows, float *o, size_t ldo, const float *alpha) {  \
+        values_int(kq_##name, KD_##name, rows, nk, dv, p, ldp, v_rows, o, ldo, alpha);                              \
     }
 VALUES_INT(int8)
 VALUES_INT(q8_0)

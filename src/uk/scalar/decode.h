@@ -29,12 +29,12 @@ void fmha_q8_0kv_scores_q8__scalar(size_t rows, size_t nk, size_t d, const fmha_
 void fmha_q4_0kv_scores_q8__scalar(size_t rows, size_t nk, size_t d, const fmha_q8_rows *q, const void *k, size_t ldk,
                                    float *s, size_t lds, float scale);
 /* P V in integers on 16-bit P (fmha_cache_values_int_ukernel_fn) */
-void fmha_int8kv_values_int__scalar(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp, const void *v,
-                                    size_t ldv, float *o, size_t ldo, const float *alpha);
-void fmha_q8_0kv_values_int__scalar(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp, const void *v,
-                                    size_t ldv, float *o, size_t ldo, const float *alpha);
-void fmha_q4_0kv_values_int__scalar(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp, const void *v,
-                                    size_t ldv, float *o, size_t ldo, const float *alpha);
+void fmha_int8kv_values_int__scalar(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                    const void *const *v_rows, float *o, size_t ldo, const float *alpha);
+void fmha_q8_0kv_values_int__scalar(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                    const void *const *v_rows, float *o, size_t ldo, const float *alpha);
+void fmha_q4_0kv_values_int__scalar(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                    const void *const *v_rows, float *o, size_t ldo, const float *alpha);
 /* float8 keys on the bf16 query (fmha_cache_scores_bf16_ukernel_fn) */
 void fmha_e4m3kv_scores_bf16__scalar(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq, const void *k,
                                      size_t ldk, float *s, size_t lds, float scale);
