@@ -2,15 +2,17 @@
  * scores of float8 keys (OCP e4m3fn, e5m2) on the query rounded to bf16
  * and of bf16 keys on a bf16 query (fmha_cache_scores_bf16_ukernel_fn),
  * P V on P rounded to bf16 for bf16 values (fmha_cache_values_bf16_
- * ukernel_fn), and e4m3 values widened through the float8 table; contracts
- * and specifications in ../ukernel.h and ../scalar/decode.c.
+ * ukernel_fn), and float8 values and loads widened through the float8
+ * table; contracts and specifications in ../ukernel.h and
+ * ../scalar/decode.c.
  *
  * Every float8 value is a bf16 value (3 or 2 mantissa bits, exponents
- * inside bf16's), so 32 bytes of a key become 32 bf16 exactly, in order:
- * each byte's magnitude (7 bits) indexes a 128-entry table of bf16 bits
- * (two vpermt2w of 64 entries and a blend; NaN and inf codes included),
- * and its sign bit is or-ed in. A block of 4 rows x 4 keys (or 1 row x 16
- * keys) keeps 16 accumulators over the head dim, one vdpbf16ps per 32
+ * inside bf16's), so 64 bytes of a row become 64 bf16 exactly, in order:
+ * each byte's magnitude (7 bits) indexes the high and the low bytes of a
+ * 128-entry table of bf16 bits (NaN and inf codes included) with two
+ * vpermi2b (AVX512-VBMI), its sign bit is or-ed in, and two byte unpacks
+ * make the words (fp8x64_to_bf16). A block of 4 rows x 4 keys (or 1 row x
+ * 16 keys) keeps 16 accumulators over the head dim, one vdpbf16ps per 32
  * values a (row, key), and ends with avx512/decode.c's transposing sum. */
 #include <immintrin.h>
 #include <stddef.h>
@@ -94,9 +96,8 @@ FMHA_INLINE fp8_bytes bytes_table_of(const uint16_t *bits) {
  * One vpermb puts the bytes in unpack order, two vpermi2b look up the
  * bf16's high and low bytes by the magnitude (index bits 6:0; bit 7, the
  * sign, is ignored), the sign is or-ed into the high byte, and two unpacks
- * make the words: 3 permutes where the word table takes 6 (each
- * vpermt2w's 32 words, and the zero extension), and no vpternlogd, which
- * shares the FMA pipes on Zen 4. */
+ * make the words: 3 permutes where the word table takes 6 (per 32 words
+ * two vpermt2w and the zero extension) and a blend. */
 FMHA_INLINE void fp8x64_to_bf16(const fp8_bytes *tb, __m512i bytes, __m512i *lo, __m512i *hi) {
     const __m512i b = _mm512_permutexvar_epi8(tb->order, bytes);
     const __m512i sign = _mm512_and_si512(b, _mm512_set1_epi8((char)0x80));
