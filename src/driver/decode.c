@@ -660,6 +660,14 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
     const fmha_uk_cache *k_kern = &uk->cache[plan->k_format], *v_kern = &uk->cache[plan->v_format];
     const fmha_uk_cache *staged = &uk->cache[FMHA_FORMAT_F32];
     const int k_scaled = dec_has_scales(p, 0), v_scaled = dec_has_scales(p, 1);
+    /* K's scale one a kv head (float8): folded into the scores' scale, no pass over the scores */
+    const int k_per_head = k_scaled && fmha_cache_format_at(plan->k_format)->scales == FMHA_SCALES_PER_HEAD;
+    float head_scale[DEC_MAX_HEADS];
+    for (int64_t hh = 0; hh < heads; hh++) {
+        float sc = 1.0f;
+        if (k_per_head) fmha_kv_scales_of(p, 0, b, hk0 + hh, 0, 1, &sc);
+        head_scale[hh] = plan->scale * sc;
+    }
     const int64_t vsub = plan->drv.dec.vint ? DEC_VINT_SUB : DEC_SUB; /* keys a values call */
     /* many rows: narrow rows widened once for all the kernels' row blocks */
     const int widen_k = dec_widen(plan, plan->k_format, n) || (qt && plan->k_format != FMHA_FORMAT_F32),
@@ -688,28 +696,27 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
                 const float *qh = s.qf + hh * rows * D;
                 float *sh = s.s + hh * rows * DEC_TILE + j0;
                 const size_t x = q_at + (size_t)(hh * rows); /* its first quantized row */
+                const float scale = head_scale[hh];
                 if (qscores == FMHA_DEC_SCORES_Q8) {
                     const size_t tb = dec_tiles_bytes(plan) / (size_t)heads; /* a head's tiles */
                     const fmha_q8_rows qq = {c->pt.qi + x * (size_t)D, c->pt.qd + x * (size_t)(D / 32),
                                              c->pt.qsum + x * (size_t)(D / 32), (size_t)D,
                                              dec_q8_tiles(plan) ? c->pt.qt + (size_t)unit * dec_tiles_bytes(plan) + (size_t)hh * tb
                                                                 : NULL};
-                    k_kern->scores_q8((size_t)n, (size_t)nj, (size_t)D, &qq, rows_of[hh], ld, sh, DEC_TILE,
-                                      plan->scale);
+                    k_kern->scores_q8((size_t)n, (size_t)nj, (size_t)D, &qq, rows_of[hh], ld, sh, DEC_TILE, scale);
                     dec_rescore_nonfinite(c, b, hk0 + hh, rho0, n, k0 + j0, nj, sh);
                 } else if (qscores == FMHA_DEC_SCORES_BF16) {
                     k_kern->scores_bf16((size_t)n, (size_t)nj, (size_t)D, c->pt.qb + x * (size_t)(D / 2),
-                                        (size_t)(D / 2), rows_of[hh], ld, sh, DEC_TILE, plan->scale);
+                                        (size_t)(D / 2), rows_of[hh], ld, sh, DEC_TILE, scale);
                 } else if (qt) { /* float32 rows, in place or staged */
                     for (int64_t g = 0; g < groups && 16 * g < n; g++)
                         uk->decode.scores_qt((size_t)(n - 16 * g < 16 ? n - 16 * g : 16), (size_t)nj, (size_t)D,
                                              s.qt + (hh * groups + g) * D * 16, rows_of[hh], ld,
-                                             sh + 16 * g * DEC_TILE, DEC_TILE, plan->scale);
+                                             sh + 16 * g * DEC_TILE, DEC_TILE, scale);
                 } else {
-                    scores((size_t)n, (size_t)nj, (size_t)D, qh, (size_t)D, rows_of[hh], ld, sh, DEC_TILE,
-                           plan->scale);
+                    scores((size_t)n, (size_t)nj, (size_t)D, qh, (size_t)D, rows_of[hh], ld, sh, DEC_TILE, scale);
                 }
-                if (k_scaled) dec_scale_columns(plan, 0, b, hk0 + hh, k0 + j0, nj, n, sh);
+                if (k_scaled && !k_per_head) dec_scale_columns(plan, 0, b, hk0 + hh, k0 + j0, nj, n, sh);
             }
         }
         for (int64_t hh = 0; hh < heads; hh++) {
