@@ -205,12 +205,14 @@ typedef struct dec_scratch {
  * rows][D / 32]; with bf16 scores rounded, qb [units][heads x rows][D / 2]
  * bf16 pairs; q_ok [units]: 0 when a row holds a NaN or inf (the float32
  * kernels serve); where K's kernel reads them, the integer query's tiles
- * qt [units][heads][groups of 16 rows][fmha_q8_tiles_group_bytes(D)] */
+ * qt [units][heads][groups of 16 rows][fmha_q8_tiles_group_bytes(D)],
+ * and where it reads the bf16 pairs with the rows in the lanes, their
+ * tiles qbt [units][heads][groups of 16 rows][D / 2][16] */
 typedef struct dec_partials {
     float *po, *pm, *pl, *qd;
     int8_t *qi;
     int32_t *qsum, *q_ok;
-    uint32_t *qb;
+    uint32_t *qb, *qbt;
     uint8_t *qt;
 } dec_partials;
 
@@ -258,6 +260,18 @@ static int dec_q8_tiles(const fmha_plan *plan) {
            plan->drv.dec.rows >= 16;
 }
 
+/* 1 when the bf16 scores run with 16 rows in the lanes on the query's
+ * pair tiles (scores_bf16_qt: float8 keys, from 16 rows a unit). */
+static int dec_qbt(const fmha_plan *plan) {
+    return plan->drv.dec.scores == FMHA_DEC_SCORES_BF16 && plan->uk->cache[plan->k_format].scores_bf16_qt &&
+           plan->drv.dec.rows >= 16;
+}
+
+/* Words of a unit's pair tiles (every head's rows in groups of 16). */
+static size_t dec_qbt_words(const fmha_plan *plan) {
+    return (size_t)plan->drv.dec.heads * (size_t)((plan->drv.dec.rows + 15) / 16) * (size_t)(plan->p.head_dim / 2) * 16;
+}
+
 /* Bytes of a unit's query tiles (every head's rows in groups of 16). */
 static size_t dec_tiles_bytes(const fmha_plan *plan) {
     const size_t groups = (size_t)(plan->drv.dec.rows + 15) / 16;
@@ -279,6 +293,7 @@ static void dec_carve_shared(const fmha_plan *plan, fmha_carver *c, dec_partials
     pt->qsum = fmha_carve(c, q8 * (D / 32) * sizeof(int32_t));
     pt->qb = fmha_carve(c, (plan->drv.dec.scores == FMHA_DEC_SCORES_BF16 ? q_rows : 0) * (D / 2) * sizeof(uint32_t));
     pt->qt = fmha_carve(c, dec_q8_tiles(plan) ? dec_tiles_bytes(plan) * units : 0);
+    pt->qbt = fmha_carve(c, dec_qbt(plan) ? dec_qbt_words(plan) * units * sizeof(uint32_t) : 0);
     pt->q_ok = fmha_carve(c, units * sizeof(int32_t));
 }
 
@@ -566,6 +581,16 @@ static void dec_quantize_task(void *vctx, size_t unit, int thread) {
              * products do, so such a row changes no other row's bits */
             if (!plan->drv.dec.vbf16) ok &= finite == 0.0f;
         }
+    if (dec_qbt(plan)) /* the pair tiles: qbt [heads][groups][D / 2][16], rows past n 0 */
+        for (int64_t hh = 0; hh < plan->drv.dec.heads; hh++)
+            for (int64_t g = 0; 16 * g < rows; g++) {
+                uint32_t *tile = c->pt.qbt + unit * dec_qbt_words(plan) +
+                                 (size_t)((hh * ((rows + 15) / 16) + g) * (D / 2) * 16);
+                for (int64_t r = 0; r < 16; r++) {
+                    const uint32_t *pairs = c->pt.qb + (first + (size_t)(hh * rows + 16 * g + r)) * (size_t)(D / 2);
+                    for (int64_t p2 = 0; p2 < D / 2; p2++) tile[p2 * 16 + r] = 16 * g + r < n ? pairs[p2] : 0;
+                }
+            }
     if (ok && dec_q8_tiles(plan)) /* the tiles the kernel reads, head by head */
         for (int64_t hh = 0; hh < plan->drv.dec.heads; hh++) {
             const size_t x = first + (size_t)(hh * rows), tb = dec_tiles_bytes(plan) / (size_t)plan->drv.dec.heads;
@@ -705,6 +730,13 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
                                                                 : NULL};
                     k_kern->scores_q8((size_t)n, (size_t)nj, (size_t)D, &qq, rows_of[hh], ld, sh, DEC_TILE, scale);
                     dec_rescore_nonfinite(c, b, hk0 + hh, rho0, n, k0 + j0, nj, sh);
+                } else if (qscores == FMHA_DEC_SCORES_BF16 && dec_qbt(plan)) { /* rows in the lanes */
+                    const uint32_t *tiles = c->pt.qbt + (size_t)unit * dec_qbt_words(plan) +
+                                            (size_t)(hh * groups) * (size_t)(D / 2) * 16;
+                    for (int64_t g = 0; 16 * g < n; g++)
+                        k_kern->scores_bf16_qt((size_t)(n - 16 * g < 16 ? n - 16 * g : 16), (size_t)nj, (size_t)D,
+                                               tiles + (size_t)g * (size_t)(D / 2) * 16, rows_of[hh], ld,
+                                               sh + 16 * g * DEC_TILE, DEC_TILE, scale);
                 } else if (qscores == FMHA_DEC_SCORES_BF16) {
                     k_kern->scores_bf16((size_t)n, (size_t)nj, (size_t)D, c->pt.qb + x * (size_t)(D / 2),
                                         (size_t)(D / 2), rows_of[hh], ld, sh, DEC_TILE, scale);

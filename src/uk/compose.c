@@ -43,6 +43,7 @@ void fmha_ukernels_compose(const fmha_isa_parts *parts, fmha_ukernels *out) {
             out->cache[f].scores_q8 = c->scores_q8;
             out->cache[f].values_int = c->values_int;
             out->cache[f].scores_bf16 = c->scores_bf16;
+            out->cache[f].scores_bf16_qt = c->scores_bf16_qt;
             out->cache[f].values_bf16 = c->values_bf16;
             out->cache[f].q8_tiles = c->q8_tiles;
         }

@@ -287,6 +287,17 @@ typedef void (*fmha_cache_scores_q8_ukernel_fn)(size_t rows, size_t nk, size_t d
 typedef void (*fmha_cache_scores_bf16_ukernel_fn)(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
                                                   const void *k, size_t ldk, float *s, size_t lds, float scale);
 
+/* The same scores with 16 rows in the lanes (float8 keys, from 16 rows a
+ * call): qt the rows' pairs as tiles, qt[16 p + r] = row r's pair p (p <
+ * d / 2; rows past `rows` 0), and for each key a single sum from 0 over the
+ * pairs p in order, each pair as vdpbf16ps adds it (high half first, one
+ * rounding each); s[r][j] = sum * scale, r < rows <= 16, j < nk. No
+ * transposing sum: one vdpbf16ps a pair serves 16 rows. Another order of
+ * summation than scores_bf16's, so other bits; the same normal-operand
+ * caveat. d a multiple of 32. */
+typedef void (*fmha_cache_scores_bf16_qt_ukernel_fn)(size_t rows, size_t nk, size_t d, const uint32_t *qt,
+                                                     const void *k, size_t ldk, float *s, size_t lds, float scale);
+
 /* P V on P rounded to bf16, for bf16 values beside the bf16 scores (a
  * bf16 problem at FAST, a float32 one at BF16):
  *   o[r][c] = fmaf(o[r][c], alpha[r], acc[r][c])
@@ -433,7 +444,9 @@ typedef struct fmha_uk_decode {
  * the integer scores, reading V's bytes likewise; fallback: none (the
  * format's values, or float32 rows). scores_bf16: float8 keys' scores on
  * the query rounded to bf16 (precision FAST), read as scores_q8 reads;
- * fallback: none. q8_tiles: the driver makes the query's tiles for
+ * fallback: none. scores_bf16_qt: the same with 16 rows in the lanes, on
+ * the query's pair tiles, which the driver makes from 16 rows a unit;
+ * fallback: none (scores_bf16 serves). q8_tiles: the driver makes the query's tiles for
  * scores_q8. widen_rows: from this many rows a call, the driver widens the
  * format's rows once into float32 rows for the float32 format's kernels
  * rather than letting scores and values widen them once per block of rows
@@ -445,6 +458,7 @@ typedef struct fmha_uk_cache {
     fmha_cache_scores_q8_ukernel_fn scores_q8;
     fmha_cache_values_int_ukernel_fn values_int;
     fmha_cache_scores_bf16_ukernel_fn scores_bf16;
+    fmha_cache_scores_bf16_qt_ukernel_fn scores_bf16_qt;
     fmha_cache_values_bf16_ukernel_fn values_bf16;
     int q8_tiles; /* 1: scores_q8 reads the query's tiles (fmha_q8_rows.tiles) */
     int widen_rows;

@@ -702,6 +702,53 @@ static void test_scores_bf16(const char *isa) {
     }
 }
 
+/* Per ISA: the same with 16 rows in the lanes (scores_bf16_qt, where the
+ * table has it): the specification's bits on the query's pair tiles, 1..16
+ * rows (the tile's rows past them 0), 1..40 keys (blocks of 16 and a
+ * last partial one), D 32..320, any row stride, NaN codes one case in four. */
+static void test_scores_bf16_qt(const char *isa) {
+    const fmha_ukernels *uk = fmha_cpu_kernels();
+    const fmha_ukernels *spec = fmha_cpu_kernels_for("scalar");
+    static const fmha_kv_format fmts[] = {FMHA_KV_FORMAT_FP8_E4M3, FMHA_KV_FORMAT_FP8_E5M2};
+    enum { KEYS = 40, D = 320 };
+    for (int fi = 0; fi < 2; fi++) {
+        const fmha_kv_format f = fmts[fi];
+        const fmha_cache_format_id id = (fmha_cache_format_id)(f - FMHA_KV_FORMAT_F32);
+        if (!uk->cache[id].scores_bf16_qt) continue;
+        tu_check(spec->cache[id].scores_bf16_qt != NULL, "%s: the specification of %s's bf16 tile scores", isa,
+                 fmt_name(f));
+        uint8_t *k = malloc(KEYS * (D + 50));
+        uint32_t qt[D / 2 * 16];
+        float x[16 * D], s1[16 * KEYS], s2[16 * KEYS];
+        size_t bad = 0;
+        for (int c = 0; c < 40; c++) {
+            const size_t rows = (size_t)tu_int(1, 16), nk = (size_t)tu_int(1, KEYS), d = 32 * (size_t)tu_int(1, D / 32);
+            const size_t ldk = d + (size_t)tu_int(0, 50);
+            for (size_t i = 0; i < KEYS * (D + 50); i++) {
+                k[i] = (uint8_t)tu_int(0, 255);
+                if (c % 4 && fmha_cache_format_at(id)->dequant(k + i, 0) != fmha_cache_format_at(id)->dequant(k + i, 0))
+                    k[i] &= 0xbf; /* NaN codes in one case of four */
+                if (c % 4 && isinf(fmha_cache_format_at(id)->dequant(k + i, 0))) k[i] &= 0xbf;
+            }
+            tu_fill(x, 16 * D, -2, 2);
+            for (size_t p = 0; p < D / 2; p++) /* qt[16 p + r]: row r's pair p */
+                for (size_t r = 0; r < 16; r++)
+                    qt[16 * p + r] = r >= rows ? 0
+                                               : (uint32_t)fmha_f32_to_bf16(x[r * D + 2 * p]) |
+                                                     (uint32_t)fmha_f32_to_bf16(x[r * D + 2 * p + 1]) << 16;
+            tu_fill(s1, 16 * KEYS, 0, 1);
+            memcpy(s2, s1, sizeof s1);
+            const float scale = (float)tu_uniform(0.05, 2);
+            spec->cache[id].scores_bf16_qt(rows, nk, d, qt, k, ldk, s1, KEYS, scale);
+            uk->cache[id].scores_bf16_qt(rows, nk, d, qt, k, ldk, s2, KEYS, scale);
+            for (size_t i = 0; i < 16 * KEYS; i++)
+                bad += memcmp(&s1[i], &s2[i], sizeof(float)) && !(isnan(s1[i]) && isnan(s2[i]));
+        }
+        tu_check(bad == 0, "%s %s bf16 tile scores: %zu differ from the specification's bits", isa, fmt_name(f), bad);
+        free(k);
+    }
+}
+
 /* ---- the quantizers ---- */
 
 /* ggml's quantize_row_q8_0_ref and quantize_row_q4_0_ref on x[i] =
@@ -920,6 +967,7 @@ int main(void) {
     tu_each_isa(test_scores_q8);
     tu_each_isa(test_values_int);
     tu_each_isa(test_scores_bf16);
+    tu_each_isa(test_scores_bf16_qt);
     tu_each_isa(test_cases);
     tu_each_isa(test_mla);
     tu_each_isa(test_fold);

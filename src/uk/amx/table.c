@@ -46,7 +46,7 @@ static const fmha_uk_matrix amx_matrix = {
 #define AMX_INTEGER(name)                                                                                              \
     FMHA_AMX_FN(fmha_##name##kv_scores_q8), FMHA_AMX_FN(fmha_##name##kv_values_int), .q8_tiles = 1
 static const fmha_uk_cache amx_caches[FMHA_FORMAT_COUNT] =
-    FMHA_AVX512_CACHES(AMX_INTEGER(int8), AMX_INTEGER(q8_0), AMX_INTEGER(q4_0), NULL, NULL,
+    FMHA_AVX512_CACHES(AMX_INTEGER(int8), AMX_INTEGER(q8_0), AMX_INTEGER(q4_0), FMHA_NO_FP8_PAIRS, FMHA_NO_FP8_PAIRS,
                        FMHA_AVX512_FORMAT(e4m3), FMHA_AVX512_FORMAT(e5m2), FMHA_NO_BF16_PAIRS);
 
 static const fmha_uk_thread amx_thread = {FMHA_AMX_FN(fmha_amx_thread_begin), FMHA_AMX_FN(fmha_amx_thread_end),

@@ -59,7 +59,8 @@ const fmha_uk_decode fmha_uk_decode__avx512 = {
 
 /* every format read in place, widened in registers */
 const fmha_uk_cache fmha_uk_caches__avx512[FMHA_FORMAT_COUNT] = FMHA_AVX512_CACHES(
-    FMHA_NO_INTEGER, FMHA_NO_INTEGER, FMHA_NO_INTEGER, NULL, NULL, FMHA_AVX512_FORMAT(e4m3), FMHA_AVX512_FORMAT(e5m2), FMHA_NO_BF16_PAIRS);
+    FMHA_NO_INTEGER, FMHA_NO_INTEGER, FMHA_NO_INTEGER, FMHA_NO_FP8_PAIRS, FMHA_NO_FP8_PAIRS, FMHA_AVX512_FORMAT(e4m3),
+    FMHA_AVX512_FORMAT(e5m2), FMHA_NO_BF16_PAIRS);
 
 const fmha_isa_parts fmha_isa_avx512 = {
     .isa = "avx512",

@@ -44,6 +44,10 @@ void fmha_bf16kv_values_bf16__avx512bf16(size_t rows, size_t nk, size_t dv, cons
                                          size_t ldv, float *o, size_t ldo, const float *alpha);
 void fmha_e4m3kv_scores_bf16__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
                                          const void *k, size_t ldk, float *s, size_t lds, float scale);
+void fmha_e4m3kv_scores_bf16_qt__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *qt, const void *k,
+                                            size_t ldk, float *s, size_t lds, float scale);
+void fmha_e5m2kv_scores_bf16_qt__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *qt, const void *k,
+                                            size_t ldk, float *s, size_t lds, float scale);
 /* float8 values read in place through the bf16 table (fmha_cache_values_ukernel_fn;
  * the bits of avx512's values kernels) */
 void fmha_e4m3kv_decode_values__avx512bf16(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "../avx512/reduce.h"
+#include "../avx512/transpose.h"
 #include "../avx512/unpack.h"
 #include "bf16.h"
 
@@ -207,6 +208,60 @@ void fmha_e4m3kv_scores_bf16__avx512bf16(size_t rows, size_t nk, size_t d, const
 void fmha_e5m2kv_scores_bf16__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
                                          const void *k, size_t ldk, float *s, size_t lds, float scale) {
     scores_bf16(KEY_FP8, e5m2_bf16, rows, nk, d, q, ldq, k, ldk, s, lds, scale);
+}
+
+/* ---- 16 rows in the lanes (scores_bf16_qt) ----
+ * 16 keys' rows become bf16 pairs once (kb [16][d / 2], through the byte
+ * table), then each pair p of the query's tile (16 rows' pair p) meets
+ * each key's pair p broadcast from kb: one vdpbf16ps for 16 rows, 16
+ * independent chains, no transposing sum; one 16 x 16 transpose at the end
+ * gives s [rows][keys]. */
+enum { QT_MAX_PAIRS = 288 }; /* d <= 576 */
+
+FMHA_INLINE void scores_bf16_qt(const uint16_t *bits, size_t rows, size_t nk, size_t d, const uint32_t *qt,
+                                const uint8_t *k, size_t ldk, float *s, size_t lds, float scale) {
+    const fp8_bytes tb = bytes_table_of(bits);
+    _Alignas(64) uint32_t kb[16][QT_MAX_PAIRS]; /* 16 keys' pairs */
+    const __m512 sv = _mm512_set1_ps(scale);
+    for (size_t j0 = 0; j0 < nk; j0 += 16) {
+        const size_t nj = nk - j0 < 16 ? nk - j0 : 16;
+        for (size_t jj = 0; jj < 16; jj++) { /* keys past nj repeat the last, not stored */
+            const uint8_t *row = k + (j0 + (jj < nj ? jj : nj - 1)) * ldk;
+            for (size_t e = 0; e < d; e += 64) {
+                const int two = e + 64 <= d;
+                __m512i lo, hi;
+                fp8x64_to_bf16(&tb, two ? _mm512_loadu_si512((const void *)(row + e))
+                                        : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(row + e))),
+                               &lo, &hi);
+                _mm512_store_si512((void *)(kb[jj] + e / 2), lo);
+                if (two) _mm512_store_si512((void *)(kb[jj] + e / 2 + 16), hi);
+            }
+        }
+        __m512 acc[16];
+#pragma GCC unroll 16
+        for (int jj = 0; jj < 16; jj++) acc[jj] = _mm512_setzero_ps();
+        for (size_t p = 0; p < d / 2; p++) {
+            const __m512bh qv = (__m512bh)_mm512_loadu_si512(qt + 16 * p);
+#pragma GCC unroll 16
+            for (int jj = 0; jj < 16; jj++)
+                acc[jj] = _mm512_dpbf16_ps(acc[jj], qv, (__m512bh)_mm512_set1_epi32((int)kb[jj][p]));
+        }
+#pragma GCC unroll 16
+        for (int jj = 0; jj < 16; jj++) acc[jj] = _mm512_mul_ps(acc[jj], sv);
+        fmha_avx512_transpose16(acc); /* acc[r]: row r's 16 keys */
+        const __mmask16 keys = (__mmask16)((1u << nj) - 1u);
+        for (size_t r = 0; r < rows; r++) _mm512_mask_storeu_ps(s + r * lds + j0, keys, acc[r]);
+    }
+}
+
+void fmha_e4m3kv_scores_bf16_qt__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *qt, const void *k,
+                                            size_t ldk, float *s, size_t lds, float scale) {
+    scores_bf16_qt(e4m3_bf16, rows, nk, d, qt, k, ldk, s, lds, scale);
+}
+
+void fmha_e5m2kv_scores_bf16_qt__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *qt, const void *k,
+                                            size_t ldk, float *s, size_t lds, float scale) {
+    scores_bf16_qt(e5m2_bf16, rows, nk, d, qt, k, ldk, s, lds, scale);
 }
 
 void fmha_bf16kv_scores_bf16__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,

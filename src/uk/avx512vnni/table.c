@@ -10,7 +10,8 @@
  * q8_0 query, P V on 16-bit P) */
 const fmha_uk_cache fmha_uk_caches__avx512vnni[FMHA_FORMAT_COUNT] =
     FMHA_AVX512_CACHES(FMHA_AVX512VNNI_INTEGER(int8), FMHA_AVX512VNNI_INTEGER(q8_0), FMHA_AVX512VNNI_INTEGER(q4_0),
-                       NULL, NULL, FMHA_AVX512_FORMAT(e4m3), FMHA_AVX512_FORMAT(e5m2), FMHA_NO_BF16_PAIRS);
+                       FMHA_NO_FP8_PAIRS, FMHA_NO_FP8_PAIRS, FMHA_AVX512_FORMAT(e4m3), FMHA_AVX512_FORMAT(e5m2),
+                       FMHA_NO_BF16_PAIRS);
 
 const fmha_isa_parts fmha_isa_avx512vnni = {
     .isa = "avx512vnni",

@@ -220,6 +220,34 @@ void fmha_e5m2kv_scores_bf16__scalar(size_t rows, size_t nk, size_t d, const uin
     scores_bf16(fmha_fp8_e5m2_to_f32, rows, nk, d, q, ldq, k, ldk, s, lds, scale);
 }
 
+/* 16 rows in the lanes (the specification of scores_bf16_qt): one sum a
+ * (row, key) over the pairs in order */
+FMHA_SCALAR_FMA_CLONES static void scores_bf16_qt(float (*value)(uint8_t), size_t rows, size_t nk, size_t d,
+                                                  const uint32_t *qt, const void *k, size_t ldk, float *s, size_t lds,
+                                                  float scale) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < nk; j++) {
+            const void *row = (const char *)k + j * ldk;
+            float acc = 0.0f;
+            for (size_t p = 0; p < d / 2; p++) {
+                const uint32_t w = qt[16 * p + r];
+                acc += bf16_half(w, 1) * key_value(value, row, 2 * p + 1);
+                acc += bf16_half(w, 0) * key_value(value, row, 2 * p);
+            }
+            s[r * lds + j] = acc * scale;
+        }
+}
+
+void fmha_e4m3kv_scores_bf16_qt__scalar(size_t rows, size_t nk, size_t d, const uint32_t *qt, const void *k, size_t ldk,
+                                        float *s, size_t lds, float scale) {
+    scores_bf16_qt(fmha_fp8_e4m3_to_f32, rows, nk, d, qt, k, ldk, s, lds, scale);
+}
+
+void fmha_e5m2kv_scores_bf16_qt__scalar(size_t rows, size_t nk, size_t d, const uint32_t *qt, const void *k, size_t ldk,
+                                        float *s, size_t lds, float scale) {
+    scores_bf16_qt(fmha_fp8_e5m2_to_f32, rows, nk, d, qt, k, ldk, s, lds, scale);
+}
+
 void fmha_bf16kv_scores_bf16__scalar(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq, const void *k,
                                      size_t ldk, float *s, size_t lds, float scale) {
     scores_bf16(NULL, rows, nk, d, q, ldq, k, ldk, s, lds, scale);

@@ -40,6 +40,11 @@ void fmha_e4m3kv_scores_bf16__scalar(size_t rows, size_t nk, size_t d, const uin
                                      size_t ldk, float *s, size_t lds, float scale);
 void fmha_e5m2kv_scores_bf16__scalar(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq, const void *k,
                                      size_t ldk, float *s, size_t lds, float scale);
+/* the same, 16 rows in the lanes (fmha_cache_scores_bf16_qt_ukernel_fn) */
+void fmha_e4m3kv_scores_bf16_qt__scalar(size_t rows, size_t nk, size_t d, const uint32_t *qt, const void *k, size_t ldk,
+                                        float *s, size_t lds, float scale);
+void fmha_e5m2kv_scores_bf16_qt__scalar(size_t rows, size_t nk, size_t d, const uint32_t *qt, const void *k, size_t ldk,
+                                        float *s, size_t lds, float scale);
 /* bf16 keys on the bf16 query, and P V on bf16 P (fmha_cache_values_bf16_ukernel_fn) */
 void fmha_bf16kv_scores_bf16__scalar(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq, const void *k,
                                      size_t ldk, float *s, size_t lds, float scale);

@@ -187,8 +187,12 @@ static const fmha_uk_cache scalar_bf16 = {.load = fmha_widen_bf16__scalar};
 static const fmha_uk_cache scalar_f16 = {.load = fmha_widen_f16__scalar};
 static const fmha_uk_cache scalar_int8 = {.load = fmha_load_int8__scalar, .scores_q8 = fmha_int8kv_scores_q8__scalar,
                                           .values_int = fmha_int8kv_values_int__scalar};
-static const fmha_uk_cache scalar_e4m3 = {.load = fmha_load_e4m3__scalar, .scores_bf16 = fmha_e4m3kv_scores_bf16__scalar};
-static const fmha_uk_cache scalar_e5m2 = {.load = fmha_load_e5m2__scalar, .scores_bf16 = fmha_e5m2kv_scores_bf16__scalar};
+static const fmha_uk_cache scalar_e4m3 = {.load = fmha_load_e4m3__scalar,
+                                          .scores_bf16 = fmha_e4m3kv_scores_bf16__scalar,
+                                          .scores_bf16_qt = fmha_e4m3kv_scores_bf16_qt__scalar};
+static const fmha_uk_cache scalar_e5m2 = {.load = fmha_load_e5m2__scalar,
+                                          .scores_bf16 = fmha_e5m2kv_scores_bf16__scalar,
+                                          .scores_bf16_qt = fmha_e5m2kv_scores_bf16_qt__scalar};
 static const fmha_uk_cache scalar_q8_0 = {.load = fmha_load_q8_0__scalar, .scores_q8 = fmha_q8_0kv_scores_q8__scalar,
                                           .values_int = fmha_q8_0kv_values_int__scalar};
 static const fmha_uk_cache scalar_q4_0 = {.load = fmha_load_q4_0__scalar, .scores_q8 = fmha_q4_0kv_scores_q8__scalar,
