@@ -267,9 +267,15 @@ static int dec_qbt(const fmha_plan *plan) {
            plan->drv.dec.rows >= 16;
 }
 
-/* Words of a unit's pair tiles (every head's rows in groups of 16). */
+/* Words of a unit's pair tiles: [heads][groups of 16 rows][D / 2][16]. */
 static size_t dec_qbt_words(const fmha_plan *plan) {
     return (size_t)plan->drv.dec.heads * (size_t)((plan->drv.dec.rows + 15) / 16) * (size_t)(plan->p.head_dim / 2) * 16;
+}
+
+/* Unit u's pair tile of head hh, rows [16 g, 16 g + 16). */
+static uint32_t *dec_qbt_tile(const fmha_plan *plan, uint32_t *qbt, size_t u, int64_t hh, int64_t g) {
+    const size_t groups = (size_t)(plan->drv.dec.rows + 15) / 16, tile = (size_t)(plan->p.head_dim / 2) * 16;
+    return qbt + u * dec_qbt_words(plan) + ((size_t)hh * groups + (size_t)g) * tile;
 }
 
 /* Bytes of a unit's query tiles (every head's rows in groups of 16). */
@@ -584,8 +590,7 @@ static void dec_quantize_task(void *vctx, size_t unit, int thread) {
     if (dec_qbt(plan)) /* the pair tiles: qbt [heads][groups][D / 2][16], rows past n 0 */
         for (int64_t hh = 0; hh < plan->drv.dec.heads; hh++)
             for (int64_t g = 0; 16 * g < rows; g++) {
-                uint32_t *tile = c->pt.qbt + unit * dec_qbt_words(plan) +
-                                 (size_t)((hh * ((rows + 15) / 16) + g) * (D / 2) * 16);
+                uint32_t *tile = dec_qbt_tile(plan, c->pt.qbt, unit, hh, g);
                 for (int64_t r = 0; r < 16; r++) {
                     const uint32_t *pairs = c->pt.qb + (first + (size_t)(hh * rows + 16 * g + r)) * (size_t)(D / 2);
                     for (int64_t p2 = 0; p2 < D / 2; p2++) tile[p2 * 16 + r] = 16 * g + r < n ? pairs[p2] : 0;
@@ -731,11 +736,9 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
                     k_kern->scores_q8((size_t)n, (size_t)nj, (size_t)D, &qq, rows_of[hh], ld, sh, DEC_TILE, scale);
                     dec_rescore_nonfinite(c, b, hk0 + hh, rho0, n, k0 + j0, nj, sh);
                 } else if (qscores == FMHA_DEC_SCORES_BF16 && dec_qbt(plan)) { /* rows in the lanes */
-                    const uint32_t *tiles = c->pt.qbt + (size_t)unit * dec_qbt_words(plan) +
-                                            (size_t)(hh * groups) * (size_t)(D / 2) * 16;
                     for (int64_t g = 0; 16 * g < n; g++)
                         k_kern->scores_bf16_qt((size_t)(n - 16 * g < 16 ? n - 16 * g : 16), (size_t)nj, (size_t)D,
-                                               tiles + (size_t)g * (size_t)(D / 2) * 16, rows_of[hh], ld,
+                                               dec_qbt_tile(plan, c->pt.qbt, (size_t)unit, hh, g), rows_of[hh], ld,
                                                sh + 16 * g * DEC_TILE, DEC_TILE, scale);
                 } else if (qscores == FMHA_DEC_SCORES_BF16) {
                     k_kern->scores_bf16((size_t)n, (size_t)nj, (size_t)D, c->pt.qb + x * (size_t)(D / 2),

@@ -658,6 +658,17 @@ static void test_values_int(const char *isa) {
     }
 }
 
+/* n random bytes of float8 format id, its NaN and inf codes only where
+ * `special` (else their bit 6 cleared: finite codes). */
+static void fp8_key_bytes(fmha_cache_format_id id, uint8_t *k, size_t n, int special) {
+    const fmha_cache_format *f = fmha_cache_format_at(id);
+    for (size_t i = 0; i < n; i++) {
+        k[i] = (uint8_t)tu_int(0, 255);
+        const float x = f->dequant(k + i, 0);
+        if (!special && (x != x || isinf(x))) k[i] &= 0xbf;
+    }
+}
+
 /* Per ISA: float8 keys' scores on the bf16 query (scores_bf16, where the
  * table has it) give the scalar specification's bits: every byte of both
  * formats (NaN and inf codes now and then), query pairs rounded from
@@ -680,12 +691,7 @@ static void test_scores_bf16(const char *isa) {
         for (int c = 0; c < 40; c++) {
             const size_t rows = (size_t)tu_int(1, ROWS), nk = (size_t)tu_int(1, KEYS), d = 32 * (size_t)tu_int(1, D / 32);
             const size_t ldk = d + (size_t)tu_int(0, 50), ldq = D / 2;
-            for (size_t i = 0; i < KEYS * (D + 50); i++) {
-                k[i] = (uint8_t)tu_int(0, 255);
-                if (c % 4 && fmha_cache_format_at(id)->dequant(k + i, 0) != fmha_cache_format_at(id)->dequant(k + i, 0))
-                    k[i] &= 0xbf; /* NaN codes in one case of four */
-                if (c % 4 && isinf(fmha_cache_format_at(id)->dequant(k + i, 0))) k[i] &= 0xbf;
-            }
+            fp8_key_bytes(id, k, KEYS * (D + 50), c % 4 == 0);
             tu_fill(x, ROWS * D, -2, 2);
             for (size_t i = 0; i < ROWS * D / 2; i++)
                 q[i] = (uint32_t)fmha_f32_to_bf16(x[2 * i]) | (uint32_t)fmha_f32_to_bf16(x[2 * i + 1]) << 16;
@@ -724,12 +730,7 @@ static void test_scores_bf16_qt(const char *isa) {
         for (int c = 0; c < 40; c++) {
             const size_t rows = (size_t)tu_int(1, 16), nk = (size_t)tu_int(1, KEYS), d = 32 * (size_t)tu_int(1, D / 32);
             const size_t ldk = d + (size_t)tu_int(0, 50);
-            for (size_t i = 0; i < KEYS * (D + 50); i++) {
-                k[i] = (uint8_t)tu_int(0, 255);
-                if (c % 4 && fmha_cache_format_at(id)->dequant(k + i, 0) != fmha_cache_format_at(id)->dequant(k + i, 0))
-                    k[i] &= 0xbf; /* NaN codes in one case of four */
-                if (c % 4 && isinf(fmha_cache_format_at(id)->dequant(k + i, 0))) k[i] &= 0xbf;
-            }
+            fp8_key_bytes(id, k, KEYS * (D + 50), c % 4 == 0);
             tu_fill(x, 16 * D, -2, 2);
             for (size_t p = 0; p < D / 2; p++) /* qt[16 p + r]: row r's pair p */
                 for (size_t r = 0; r < 16; r++)

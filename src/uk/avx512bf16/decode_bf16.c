@@ -108,6 +108,13 @@ FMHA_INLINE void fp8x64_to_bf16(const fp8_bytes *tb, __m512i bytes, __m512i *lo,
     *hi = _mm512_unpackhi_epi8(l, h);
 }
 
+/* Values [e, e + 64) of a float8 row with d values (d a multiple of 32):
+ * the 64 bytes, or the last 32 with the upper half 0 (e + 64 > d). */
+FMHA_INLINE __m512i load_fp8x64(const uint8_t *row, size_t e, size_t d) {
+    if (e + 64 <= d) return _mm512_loadu_si512((const void *)(row + e));
+    return _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(row + e)));
+}
+
 /* Key rows: float8 bytes through a table, or bf16 as stored. */
 enum { KEY_FP8, KEY_BF16 };
 
@@ -157,9 +164,7 @@ FMHA_INLINE void scores_block(const int kind, const int R, const fp8_bytes *tb, 
 #pragma GCC unroll 16
             for (int jj = 0; jj < J; jj++) {
                 __m512i lo, hi;
-                const __m512i x = two ? _mm512_loadu_si512((const void *)(kr[jj] + e))
-                                      : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(kr[jj] + e)));
-                fp8x64_to_bf16(tb, x, &lo, &hi);
+                fp8x64_to_bf16(tb, load_fp8x64(kr[jj], e, d), &lo, &hi);
 #pragma GCC unroll 4
                 for (int r = 0; r < R; r++) {
                     acc[r * J + jj] = _mm512_dpbf16_ps(acc[r * J + jj], qlo[r], (__m512bh)lo);
@@ -228,13 +233,10 @@ FMHA_INLINE void scores_bf16_qt(const uint16_t *bits, size_t rows, size_t nk, si
         for (size_t jj = 0; jj < 16; jj++) { /* keys past nj repeat the last, not stored */
             const uint8_t *row = k + (j0 + (jj < nj ? jj : nj - 1)) * ldk;
             for (size_t e = 0; e < d; e += 64) {
-                const int two = e + 64 <= d;
                 __m512i lo, hi;
-                fp8x64_to_bf16(&tb, two ? _mm512_loadu_si512((const void *)(row + e))
-                                        : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(row + e))),
-                               &lo, &hi);
+                fp8x64_to_bf16(&tb, load_fp8x64(row, e, d), &lo, &hi);
                 _mm512_store_si512((void *)(kb[jj] + e / 2), lo);
-                if (two) _mm512_store_si512((void *)(kb[jj] + e / 2 + 16), hi);
+                if (e + 64 <= d) _mm512_store_si512((void *)(kb[jj] + e / 2 + 16), hi);
             }
         }
         __m512 acc[16];

@@ -37,9 +37,10 @@ static inline __attribute__((always_inline)) void value_block_scales(const int k
     int gather = 1;
     if (kind != V_INT8) {
         const __m512i base = _mm512_set1_epi64((long long)(uintptr_t)v0), lim = _mm512_set1_epi64(1ll << 30);
-        for (size_t c = 0; c * 8 < nk; c++) {
-            const __mmask8 keys = nk - 8 * c >= 8 ? (__mmask8)0xff : (__mmask8)((1u << (nk - 8 * c)) - 1u);
-            const __m512i d = _mm512_sub_epi64(_mm512_maskz_loadu_epi64(keys, v_rows + 8 * c), _mm512_maskz_mov_epi64(keys, base));
+        for (size_t c = 0; c * 8 < (nk + 15) / 16 * 16; c++) { /* whole 16-key chunks, lanes past nk 0 */
+            const size_t left = nk > 8 * c ? nk - 8 * c : 0;
+            const __mmask8 keys = left >= 8 ? (__mmask8)0xff : (__mmask8)((1u << left) - 1u);
+            const __m512i d = _mm512_maskz_sub_epi64(keys, _mm512_maskz_loadu_epi64(keys, v_rows + 8 * c), base);
             gather &= !_mm512_cmpgt_epi64_mask(_mm512_abs_epi64(d), lim);
             _mm256_store_si256((__m256i *)(off + 8 * c), _mm512_cvtepi64_epi32(d));
         }
