@@ -49,8 +49,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
     (broadcast_dropout is not followed) and differ from flax's own.
 
     Not supported: module (flax's sow_weights), which needs the attention
-    weights that fmha never forms (a clear error). Rows that see no key give
-    zeros, where flax averages every value.
+    weights that fmha never forms (a clear error). Rows that see no key get
+    the mean of every value, as flax's (fmha.jax.dot_product_attention).
     """
     dropout = {}
     if dropout_rate > 0.0 and not deterministic:

@@ -34,8 +34,14 @@ dimensions (size 1 broadcasts); they fold them into the batch, or loop over
 them when an operand broadcasts. One custom call per vmapped call, no
 Python loop, and exact for every batching pattern.
 
-Rows that see no key at all (a fully masked row) give zeros here (the C
-library's rule), where jax.nn.dot_product_attention averages every value.
+Rows that see no key at all (a fully masked row) follow
+jax.nn.dot_product_attention: its masked scores are one large negative
+number, so such a row weighs every key alike and gets the mean of all S
+values (its residual that number, -0.7 times float32's largest), and a
+row past query_seq_lengths gets zeros; the gradient takes the mean's path
+(dV gains the row's dO / S, dQ and dK nothing). The C library gives such
+rows zeros; fmha.jax puts the mean in their place, except over a paged or
+quantized cache (block_table, key_format), where they stay zeros.
 """
 
 import ctypes
@@ -475,9 +481,31 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     _ensure_registered()
 
     out, lse = _attention(q, k, v, extras, cfg)
+    if pool is None:
+        out, lse = _as_jax_where_no_key(out, lse, v, extras["q_lens"])
     out = jnp.reshape(out, output_shape[:-1] + (Hv,))
     if return_residual:
         residual = jnp.transpose(lse, (0, 2, 1)).astype(q.dtype)  # [B, N, T] -> [B, T, N]
         return out, jnp.reshape(residual, output_shape[:-1])
     return out
+
+
+# jax.nn's masked score (_get_large_negative for float32 scores)
+_JAX_MASKED_SCORE = np.float32(-0.7 * np.finfo(np.float32).max)
+
+
+def _as_jax_where_no_key(out, lse, v, q_lens):
+    """out [B, T, N, Hv] and lse [B, N, T] with jax.nn's rows that see no key
+    (lse -inf here): the mean of v [B, S, K, Hv] over its S keys (zeros past
+    q_lens), their lse the masked score, as logsumexp of S masked scores is."""
+    B, T, N, _ = out.shape
+    none = jnp.isneginf(lse)  # [B, N, T]
+    mean_rows = none
+    if q_lens is not None:  # jax.nn zeroes the rows past a query length
+        mean_rows = none & (jnp.arange(T, dtype=jnp.int32)[None, None, :] < q_lens[:, None, None])
+    v_mean = jnp.mean(v.astype(jnp.float32), axis=1)  # [B, K, Hv]
+    v_mean = jnp.repeat(v_mean, N // v.shape[2], axis=1)  # [B, N, Hv]: query head n reads kv head n // G
+    rows = jnp.transpose(mean_rows, (0, 2, 1))[..., None]  # [B, T, N, 1]
+    out = jnp.where(rows, v_mean[:, None].astype(out.dtype), out)
+    return out, jnp.where(none, _JAX_MASKED_SCORE, lse)
 

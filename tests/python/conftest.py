@@ -198,6 +198,35 @@ def paged_case(seed, T, N, K, page, kv_dtype=np.float32, *, B=3, H=16, S=None, s
     return dict(q=q, k=kp, v=vp, table=table, lengths=lengths, sinks=z, ref=ref)
 
 
+# jax.nn's masked score: -0.7 times float32's largest (float32 scores)
+JAX_MASKED_SCORE = float(np.float32(-0.7 * np.finfo(np.float32).max))
+
+
+def jax_reference(q, k, v, **kw):
+    """reference() under jax.nn's rule for rows that see no key, which
+    fmha.jax follows off paged caches: such a row before its query length
+    weighs every key alike (O = the mean of all S values, dV gains dO / S),
+    past it O = 0; its lse is jax.nn's masked score. Sinks keep every row
+    seeing one (its lse finite)."""
+    ref = reference(q, k, v, **kw)
+    v64 = np.asarray(v, np.float64)
+    B, S, K, Hv = v64.shape
+    T, N = ref["o"].shape[1], ref["o"].shape[2]
+    G = N // K
+    none = np.isneginf(ref["lse"])  # [B, N, T]
+    rows = none.copy()
+    if kw.get("q_lengths") is not None:
+        rows &= np.arange(T)[None, None, :] < np.asarray(kw["q_lengths"])[:, None, None]
+    rows_t = np.transpose(rows, (0, 2, 1))[..., None]  # [B, T, N, 1]
+    mean = np.repeat(v64.mean(axis=1), G, axis=1)  # [B, N, Hv]: query head n reads kv head n // G
+    ref["o"] = np.where(rows_t, mean[:, None], ref["o"])
+    ref["lse"] = np.where(none, JAX_MASKED_SCORE, ref["lse"])
+    if kw.get("d_out") is not None and "dv" in ref:
+        d_o = np.where(rows_t, np.asarray(kw["d_out"], np.float64), 0.0).sum(axis=1)  # [B, N, Hv]
+        ref["dv"] = ref["dv"] + (d_o.reshape(B, K, G, Hv).sum(axis=2) / S)[:, None]
+    return ref
+
+
 def check_paged(out, lse, ref, tol=2e-5):
     """out [B, T, N, Hv] and lse [B, N, T] (or None) against the reference:
     relative error of out below tol, the same rows without keys (lse

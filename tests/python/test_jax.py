@@ -17,7 +17,8 @@ import jax.numpy as jnp  # noqa: E402
 import fmha.jax as fj  # noqa: E402
 from fmha._lib import FmhaError  # noqa: E402
 
-from conftest import reference, rel_error, require, uniform  # noqa: E402
+from conftest import jax_reference as reference  # noqa: E402  (fmha.jax follows jax.nn where no key is seen)
+from conftest import rel_error, require, uniform  # noqa: E402
 
 TOL = 2e-5
 PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(fj.__file__)))
@@ -264,6 +265,34 @@ def test_lengths_past_the_sequence_clamp_as_jax_nn():
     got, want = f(jnp.array([9, 2], jnp.int32)), g(jnp.array([9, 2], jnp.int32))
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(f(jnp.array([5, 2], jnp.int32))))
+
+
+# Rows that see no key, as jax.nn computes them: the mean of every value
+# (masks, windows, lengths; GQA), zeros past a query length, dV gaining dO /
+# S; the residual jax.nn's masked score. A paged cache keeps zeros.
+@pytest.mark.parametrize("case", ["mask", "window", "q_lengths", "kv_lengths_and_window", "bfloat16"])
+def test_rows_that_see_no_key_follow_jax_nn(case):
+    require("window")
+    rng = np.random.default_rng(len(case))
+    dtype = jnp.bfloat16 if case == "bfloat16" else np.float32
+    q, k, v = qkv(rng, 2, 16, 5, 4, 2, 16, dtype)
+    mask = jnp.asarray(rng.random((2, 1, 16, 5)) > 0.6)
+    kw = {"mask": dict(mask=mask), "window": dict(local_window_size=(4, 0)),
+          "q_lengths": dict(mask=mask, query_seq_lengths=jnp.asarray([10, 16], jnp.int32)),
+          "kv_lengths_and_window": dict(key_value_seq_lengths=jnp.asarray([3, 5], jnp.int32),
+                                        local_window_size=(2, 2)),
+          "bfloat16": dict(mask=mask)}[case]
+    if case == "bfloat16":
+        out = np.asarray(fj.dot_product_attention(q, k, v, **kw), np.float32)
+        want = np.asarray(jax.nn.dot_product_attention(q, k, v, implementation="xla", **kw), np.float32)
+        assert rel_error(out, want) < 1e-2
+        return
+    seen = np.asarray(jax.nn.dot_product_attention(q, k, v, implementation="xla", return_residual=True, **kw)[1])
+    assert (seen < -1e38).any()  # the case has such rows
+    compare_with_jax(q, k, v, **kw)
+    _, lse = fj.dot_product_attention(q, k, v, return_residual=True, **kw)
+    _, want = jax.nn.dot_product_attention(q, k, v, implementation="xla", return_residual=True, **kw)
+    np.testing.assert_allclose(np.asarray(lse), np.asarray(want), rtol=1e-6, atol=1e-5)
 
 
 def test_implementation_xla_passes_through():

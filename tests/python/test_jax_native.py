@@ -13,7 +13,8 @@ import jax.numpy as jnp  # noqa: E402
 import fmha.jax as fj  # noqa: E402
 from fmha._lib import FmhaError  # noqa: E402
 
-from conftest import reference, rel_error, require, uniform  # noqa: E402
+from conftest import jax_reference as reference  # noqa: E402  (fmha.jax follows jax.nn where no key is seen)
+from conftest import rel_error, require, uniform  # noqa: E402
 
 TOL = 2e-5
 B, T, S, N, K, H = 2, 11, 13, 4, 2, 16   # tails, GQA, T != S
