@@ -1,7 +1,7 @@
 """test_flax: fmha.flax.dot_product_attention as the attention_fn of flax's
 linen MultiHeadDotProductAttention and nnx MultiHeadAttention: outputs and
 gradients (inputs and every parameter) against the same model with flax's
-own attention; masks, causal, GQA, extra batch dimensions, bf16; dropout
+own attention; masks (padded rows that see no key too), causal, GQA, extra batch dimensions, bf16; dropout
 against flax's weights times fmha's draw; the sow_weights error. Skipped
 when flax is not installed."""
 
@@ -39,7 +39,7 @@ def linen_model(attention_fn):
     return nn.MultiHeadDotProductAttention(num_heads=4, qkv_features=32, attention_fn=attention_fn)
 
 
-@pytest.mark.parametrize("masking", ["none", "causal", "padding"])
+@pytest.mark.parametrize("masking", ["none", "causal", "padding", "padded_rows"])
 def test_linen_outputs_and_gradients(masking):
     rng = np.random.default_rng(1)
     x = uniform(rng, (2, 9, 24))
@@ -49,6 +49,9 @@ def test_linen_outputs_and_gradients(masking):
     elif masking == "padding":
         valid = jnp.asarray(np.arange(9)[None, :] < np.array([[9], [6]]))
         mask = nn.make_attention_mask(valid, valid).astype(bool) | jnp.eye(9, dtype=bool)  # no row sees nothing
+    elif masking == "padded_rows":  # the padded queries see no key: flax's mean of the values
+        valid = jnp.asarray(np.arange(9)[None, :] < np.array([[9], [6]]))
+        mask = nn.make_attention_mask(valid, valid).astype(bool)
     ours, theirs = linen_model(ff.dot_product_attention), linen_model(nn.dot_product_attention)
     params = theirs.init(jax.random.PRNGKey(0), x, mask=mask)
 
