@@ -1,9 +1,9 @@
 """test_flax: fmha.flax.dot_product_attention as the attention_fn of flax's
 linen MultiHeadDotProductAttention and nnx MultiHeadAttention: outputs and
 gradients (inputs and every parameter) against the same model with flax's
-own attention; masks (padded rows that see no key too), causal, GQA, extra batch dimensions, bf16; dropout
-against flax's weights times fmha's draw; the sow_weights error. Skipped
-when flax is not installed."""
+own attention; masks (padded rows that see no key too), causal, GQA, extra
+batch dimensions, bf16; dropout against flax's weights times fmha's draw;
+the sow_weights error. Skipped when flax is not installed."""
 
 import functools
 
