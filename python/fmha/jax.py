@@ -482,7 +482,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
 
     out, lse = _attention(q, k, v, extras, cfg)
     if pool is None:
-        out, lse = _as_jax_where_no_key(out, lse, v, extras["q_lens"])
+        out, lse = _rows_without_keys_as_jax_nn(out, lse, v, extras["q_lens"])
     out = jnp.reshape(out, output_shape[:-1] + (Hv,))
     if return_residual:
         residual = jnp.transpose(lse, (0, 2, 1)).astype(q.dtype)  # [B, N, T] -> [B, T, N]
@@ -494,18 +494,22 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
 _JAX_MASKED_SCORE = np.float32(-0.7 * np.finfo(np.float32).max)
 
 
-def _as_jax_where_no_key(out, lse, v, q_lens):
+def _rows_without_keys_as_jax_nn(out, lse, v, q_lens):
     """out [B, T, N, Hv] and lse [B, N, T] with jax.nn's rows that see no key
     (lse -inf here): the mean of v [B, S, K, Hv] over its S keys (zeros past
-    q_lens), their lse the masked score, as logsumexp of S masked scores is."""
+    q_lens), their lse the masked score, as logsumexp of S masked scores is.
+    Under a cond: a call where every row sees a key does not read v again."""
     B, T, N, _ = out.shape
     none = jnp.isneginf(lse)  # [B, N, T]
-    mean_rows = none
-    if q_lens is not None:  # jax.nn zeroes the rows past a query length
-        mean_rows = none & (jnp.arange(T, dtype=jnp.int32)[None, None, :] < q_lens[:, None, None])
-    v_mean = jnp.mean(v.astype(jnp.float32), axis=1)  # [B, K, Hv]
-    v_mean = jnp.repeat(v_mean, N // v.shape[2], axis=1)  # [B, N, Hv]: query head n reads kv head n // G
-    rows = jnp.transpose(mean_rows, (0, 2, 1))[..., None]  # [B, T, N, 1]
-    out = jnp.where(rows, v_mean[:, None].astype(out.dtype), out)
-    return out, jnp.where(none, _JAX_MASKED_SCORE, lse)
 
+    def fill(operands):
+        out, lse = operands
+        mean_rows = none
+        if q_lens is not None:  # jax.nn zeroes the rows past a query length
+            mean_rows = none & (jnp.arange(T, dtype=jnp.int32)[None, None, :] < q_lens[:, None, None])
+        v_mean = jnp.mean(v.astype(jnp.float32), axis=1)  # [B, K, Hv]
+        v_mean = jnp.repeat(v_mean, N // v.shape[2], axis=1)  # [B, N, Hv]: query head n reads kv head n // G
+        rows = jnp.transpose(mean_rows, (0, 2, 1))[..., None]  # [B, T, N, 1]
+        return jnp.where(rows, v_mean[:, None].astype(out.dtype), out), jnp.where(none, _JAX_MASKED_SCORE, lse)
+
+    return jax.lax.cond(jnp.any(none), fill, lambda operands: operands, (out, lse))
