@@ -499,7 +499,7 @@ def _rows_without_keys_as_jax_nn(out, lse, v, q_lens):
     (lse -inf here): the mean of v [B, S, K, Hv] over its S keys (zeros past
     q_lens), their lse the masked score, as logsumexp of S masked scores is.
     Under a cond: a call where every row sees a key does not read v again."""
-    B, T, N, _ = out.shape
+    _, T, N, _ = out.shape
     none = jnp.isneginf(lse)  # [B, N, T]
 
     def fill(operands):

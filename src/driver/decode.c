@@ -592,8 +592,12 @@ static void dec_quantize_task(void *vctx, size_t unit, int thread) {
             for (int64_t g = 0; 16 * g < rows; g++) {
                 uint32_t *tile = dec_qbt_tile(plan, c->pt.qbt, unit, hh, g);
                 for (int64_t r = 0; r < 16; r++) {
+                    if (16 * g + r >= n) { /* past the unit's rows: zeros, no pair row to read */
+                        for (int64_t p2 = 0; p2 < D / 2; p2++) tile[p2 * 16 + r] = 0;
+                        continue;
+                    }
                     const uint32_t *pairs = c->pt.qb + (first + (size_t)(hh * rows + 16 * g + r)) * (size_t)(D / 2);
-                    for (int64_t p2 = 0; p2 < D / 2; p2++) tile[p2 * 16 + r] = 16 * g + r < n ? pairs[p2] : 0;
+                    for (int64_t p2 = 0; p2 < D / 2; p2++) tile[p2 * 16 + r] = pairs[p2];
                 }
             }
     if (ok && dec_q8_tiles(plan)) /* the tiles the kernel reads, head by head */

@@ -439,7 +439,6 @@ FMHA_INLINE void fp8_values(const uint16_t *bits, size_t rows, size_t nk, size_t
     }
 }
 
-
 /* dst[i] = value i of a float8 row, i < n: 64 at a time through the
  * table, each bf16 zero-extended and shifted into a float32 (the load
  * kernel's contract; the values are exact, so the bits are avx512's). */
