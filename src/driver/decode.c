@@ -261,7 +261,7 @@ static int dec_q8_tiles(const fmha_plan *plan) {
 }
 
 /* 1 when the bf16 scores run with 16 rows in the lanes on the query's
- * pair tiles (scores_bf16_qt: float8 keys, from 16 rows a unit). */
+ * pair tiles (scores_bf16_qt: float8 and bf16 keys, from 16 rows a unit). */
 static int dec_qbt(const fmha_plan *plan) {
     return plan->drv.dec.scores == FMHA_DEC_SCORES_BF16 && plan->uk->cache[plan->k_format].scores_bf16_qt &&
            plan->drv.dec.rows >= 16;

@@ -287,8 +287,8 @@ typedef void (*fmha_cache_scores_q8_ukernel_fn)(size_t rows, size_t nk, size_t d
 typedef void (*fmha_cache_scores_bf16_ukernel_fn)(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
                                                   const void *k, size_t ldk, float *s, size_t lds, float scale);
 
-/* The same scores with 16 rows in the lanes (float8 keys, from 16 rows a
- * call): qt the rows' pairs as tiles, qt[16 p + r] = row r's pair p (p <
+/* The same scores with 16 rows in the lanes (float8 and bf16 keys, from
+ * 16 rows a call): qt the rows' pairs as tiles, qt[16 p + r] = row r's pair p (p <
  * d / 2; rows past `rows` 0), and for each key a single sum from 0 over the
  * pairs p in order, each pair as vdpbf16ps adds it (high half first, one
  * rounding each); s[r][j] = sum * scale, r < rows <= 16, j < nk. No
@@ -443,7 +443,8 @@ typedef struct fmha_uk_decode {
  * (the float32 query's kernels serve). values_int: P V in integers beside
  * the integer scores, reading V's bytes likewise; fallback: none (the
  * format's values, or float32 rows). scores_bf16: float8 keys' scores on
- * the query rounded to bf16 (precision FAST), read as scores_q8 reads;
+ * the query rounded to bf16 (precision FAST), read as scores_q8 reads, and
+ * bf16 keys' where the precision rounds the query (the bf16 pairs);
  * fallback: none. scores_bf16_qt: the same with 16 rows in the lanes, on
  * the query's pair tiles, which the driver makes from 16 rows a unit;
  * fallback: none (scores_bf16 serves). q8_tiles: the driver makes the query's tiles for

@@ -232,6 +232,36 @@ static void test_bf16_pairs(const fmha_ukernels *uk) {
     }
 }
 
+/* The same scores with 16 rows in the lanes (scores_bf16_qt on the
+ * query's pair tiles, qt[16 p + r], rows past `rows` 0), where the table
+ * has it: 1-16 rows, 1-40 keys (blocks of 16 and a last partial one), head
+ * dims of whole blocks of 32, any row stride, against the specification. */
+static void test_bf16_pairs_qt(const fmha_ukernels *uk) {
+    const fmha_uk_cache *c = &uk->cache[FMHA_FORMAT_BF16];
+    if (!c->scores_bf16_qt) return;
+    for (int t = 0; t < 24; t++) {
+        const size_t rows = t < 4 ? 16 : (size_t)tu_int(1, 16), nk = (size_t)tu_int(1, 40);
+        const size_t d = 32 * (size_t)tu_int(1, 8), ldk = d + (size_t)tu_int(0, 5), lds = nk + 3;
+        /* qt [d / 2][16] pairs, k [nk][ldk] bf16, s [16][lds] */
+        uint32_t *qt = calloc(d / 2 * 16, sizeof(uint32_t));
+        uint16_t *k = malloc(nk * ldk * sizeof(uint16_t));
+        float *s1 = malloc(16 * lds * sizeof(float)), *s2 = malloc(16 * lds * sizeof(float));
+        for (size_t p = 0; p < d / 2; p++)
+            for (size_t r = 0; r < rows; r++)
+                qt[16 * p + r] = (uint32_t)fmha_f32_to_bf16((float)tu_uniform(-1, 1)) |
+                                 (uint32_t)fmha_f32_to_bf16((float)tu_uniform(-1, 1)) << 16;
+        for (size_t i = 0; i < nk * ldk; i++) k[i] = fmha_f32_to_bf16((float)tu_uniform(-2, 2));
+        tu_fill(s1, 16 * lds, 0, 1);
+        memcpy(s2, s1, 16 * lds * sizeof(float));
+        fmha_bf16kv_scores_bf16_qt__scalar(rows, nk, d, qt, k, ldk, s1, lds, 0.3f);
+        c->scores_bf16_qt(rows, nk, d, qt, k, ldk, s2, lds, 0.3f);
+        tu_check(!memcmp(s1, s2, 16 * lds * sizeof(float)),
+                 "%s bf16 keys scores_bf16_qt (%zu rows, %zu keys, d %zu): not the specification's bits", uk->isa,
+                 rows, nk, d);
+        free(qt), free(k), free(s1), free(s2);
+    }
+}
+
 /* ---- shapes against the reference ---- */
 
 typedef struct dec_case {
@@ -1045,7 +1075,7 @@ int main(void) {
         if (uk) test_kernels(uk);
         if (uk) test_h16_kernels(uk);
         if (uk) test_scores_qt(uk);
-        if (uk) test_bf16_pairs(uk);
+        if (uk) test_bf16_pairs(uk), test_bf16_pairs_qt(uk);
         if (uk) test_matrix_decode_resume(uk);
     }
     test_fallbacks();

@@ -36,10 +36,14 @@ void fmha_bf16_pair_rows_split_ukernel_64__avx512bf16(const float *a, const floa
 void fmha_bf16_softmax_pairs_ukernel_64__avx512bf16(size_t rows, const float *s, size_t lds, float *m, float *l,
                                                     float *alpha, uint32_t *pairs);
 
-/* Scores of float8 and bf16 keys on the bf16 query, P V on bf16 P (decode_bf16.c;
- * fmha_cache_scores_bf16_ukernel_fn, fmha_cache_values_bf16_ukernel_fn). */
+/* Scores of float8 and bf16 keys on the bf16 query (by 4 x 4 blocks and
+ * with 16 rows in the lanes), P V on bf16 P (decode_bf16.c;
+ * fmha_cache_scores_bf16_ukernel_fn, fmha_cache_scores_bf16_qt_ukernel_fn,
+ * fmha_cache_values_bf16_ukernel_fn). */
 void fmha_bf16kv_scores_bf16__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
                                          const void *k, size_t ldk, float *s, size_t lds, float scale);
+void fmha_bf16kv_scores_bf16_qt__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *qt, const void *k,
+                                            size_t ldk, float *s, size_t lds, float scale);
 void fmha_bf16kv_values_bf16__avx512bf16(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp, const void *v,
                                          size_t ldv, float *o, size_t ldo, const float *alpha);
 void fmha_e4m3kv_scores_bf16__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,

@@ -216,22 +216,30 @@ void fmha_e5m2kv_scores_bf16__avx512bf16(size_t rows, size_t nk, size_t d, const
 }
 
 /* ---- 16 rows in the lanes (scores_bf16_qt) ----
- * 16 keys' rows become bf16 pairs once (kb [16][d / 2], through the byte
- * table), then each pair p of the query's tile (16 rows' pair p) meets
- * each key's pair p broadcast from kb: one vdpbf16ps for 16 rows, 16
- * independent chains, no transposing sum; one 16 x 16 transpose at the end
- * gives s [rows][keys]. */
+ * 16 keys' rows become bf16 pairs once (kb [16][d / 2], float8 through the
+ * byte table, bf16 copied: a cache's rows lie a row of heads apart, all in
+ * a few sets of L1, where kb's do not), then each pair p of the query's
+ * tile (16 rows' pair p) meets each key's pair p broadcast from kb: one
+ * vdpbf16ps for 16 rows, 16 independent chains, no transposing sum; one
+ * 16 x 16 transpose at the end gives s [rows][keys]. */
 enum { QT_MAX_PAIRS = 288 }; /* d <= 576 */
 
-FMHA_INLINE void scores_bf16_qt(const uint16_t *bits, size_t rows, size_t nk, size_t d, const uint32_t *qt,
-                                const uint8_t *k, size_t ldk, float *s, size_t lds, float scale) {
-    const fp8_bytes tb = bytes_table_of(bits);
+FMHA_INLINE void scores_bf16_qt(const int kind, const uint16_t *bits, size_t rows, size_t nk, size_t d,
+                                const uint32_t *qt, const void *k, size_t ldk, float *s, size_t lds, float scale) {
+    fp8_bytes tb;
+    if (kind == KEY_FP8) tb = bytes_table_of(bits);
+    const size_t unit = kind == KEY_BF16 ? 2 : 1; /* bytes a storage unit */
     _Alignas(64) uint32_t kb[16][QT_MAX_PAIRS]; /* 16 keys' pairs */
     const __m512 sv = _mm512_set1_ps(scale);
     for (size_t j0 = 0; j0 < nk; j0 += 16) {
         const size_t nj = nk - j0 < 16 ? nk - j0 : 16;
         for (size_t jj = 0; jj < 16; jj++) { /* keys past nj repeat the last, not stored */
-            const uint8_t *row = k + (j0 + (jj < nj ? jj : nj - 1)) * ldk;
+            const uint8_t *row = (const uint8_t *)k + (j0 + (jj < nj ? jj : nj - 1)) * ldk * unit;
+            if (kind == KEY_BF16) {
+                for (size_t e = 0; e < d; e += 32) /* d a multiple of 32 */
+                    _mm512_store_si512((void *)(kb[jj] + e / 2), _mm512_loadu_si512((const void *)(row + 2 * e)));
+                continue;
+            }
             for (size_t e = 0; e < d; e += 64) {
                 __m512i lo, hi;
                 fp8x64_to_bf16(&tb, load_fp8x64(row, e, d), &lo, &hi);
@@ -258,17 +266,22 @@ FMHA_INLINE void scores_bf16_qt(const uint16_t *bits, size_t rows, size_t nk, si
 
 void fmha_e4m3kv_scores_bf16_qt__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *qt, const void *k,
                                             size_t ldk, float *s, size_t lds, float scale) {
-    scores_bf16_qt(e4m3_bf16, rows, nk, d, qt, k, ldk, s, lds, scale);
+    scores_bf16_qt(KEY_FP8, e4m3_bf16, rows, nk, d, qt, k, ldk, s, lds, scale);
 }
 
 void fmha_e5m2kv_scores_bf16_qt__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *qt, const void *k,
                                             size_t ldk, float *s, size_t lds, float scale) {
-    scores_bf16_qt(e5m2_bf16, rows, nk, d, qt, k, ldk, s, lds, scale);
+    scores_bf16_qt(KEY_FP8, e5m2_bf16, rows, nk, d, qt, k, ldk, s, lds, scale);
 }
 
 void fmha_bf16kv_scores_bf16__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
                                          const void *k, size_t ldk, float *s, size_t lds, float scale) {
     scores_bf16(KEY_BF16, NULL, rows, nk, d, q, ldq, k, ldk, s, lds, scale);
+}
+
+void fmha_bf16kv_scores_bf16_qt__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *qt, const void *k,
+                                            size_t ldk, float *s, size_t lds, float scale) {
+    scores_bf16_qt(KEY_BF16, NULL, rows, nk, d, qt, k, ldk, s, lds, scale);
 }
 
 /* The value columns [c, c + 32) below dv, as a lane mask. */

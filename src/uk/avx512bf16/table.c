@@ -22,6 +22,7 @@ const fmha_uk_cache fmha_uk_caches__avx512bf16[FMHA_FORMAT_COUNT] =
                        AVX512BF16_FP8_PAIRS(e4m3), AVX512BF16_FP8_PAIRS(e5m2), AVX512BF16_FP8(e4m3),
                        AVX512BF16_FP8(e5m2),
                        .scores_bf16 = fmha_bf16kv_scores_bf16__avx512bf16,
+                       .scores_bf16_qt = fmha_bf16kv_scores_bf16_qt__avx512bf16,
                        .values_bf16 = fmha_bf16kv_values_bf16__avx512bf16);
 
 _Static_assert((int)FMHA_AVX512BF16_MR == (int)FMHA_AVX512_MR &&

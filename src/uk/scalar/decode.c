@@ -220,14 +220,15 @@ void fmha_e5m2kv_scores_bf16__scalar(size_t rows, size_t nk, size_t d, const uin
     scores_bf16(fmha_fp8_e5m2_to_f32, rows, nk, d, q, ldq, k, ldk, s, lds, scale);
 }
 
-/* 16 rows in the lanes (the specification of scores_bf16_qt): one sum a
- * (row, key) over the pairs in order */
+/* 16 rows in the lanes (the specification of scores_bf16_qt, float8 or,
+ * value NULL, bf16 keys): one sum a (row, key) over the pairs in order */
 FMHA_SCALAR_FMA_CLONES static void scores_bf16_qt(float (*value)(uint8_t), size_t rows, size_t nk, size_t d,
                                                   const uint32_t *qt, const void *k, size_t ldk, float *s, size_t lds,
                                                   float scale) {
+    const size_t unit = value ? 1 : 2; /* bytes a storage unit */
     for (size_t r = 0; r < rows; r++)
         for (size_t j = 0; j < nk; j++) {
-            const void *row = (const char *)k + j * ldk;
+            const void *row = (const char *)k + j * ldk * unit;
             float acc = 0.0f;
             for (size_t p = 0; p < d / 2; p++) {
                 const uint32_t w = qt[16 * p + r];
@@ -251,6 +252,11 @@ void fmha_e5m2kv_scores_bf16_qt__scalar(size_t rows, size_t nk, size_t d, const 
 void fmha_bf16kv_scores_bf16__scalar(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq, const void *k,
                                      size_t ldk, float *s, size_t lds, float scale) {
     scores_bf16(NULL, rows, nk, d, q, ldq, k, ldk, s, lds, scale);
+}
+
+void fmha_bf16kv_scores_bf16_qt__scalar(size_t rows, size_t nk, size_t d, const uint32_t *qt, const void *k, size_t ldk,
+                                        float *s, size_t lds, float scale) {
+    scores_bf16_qt(NULL, rows, nk, d, qt, k, ldk, s, lds, scale);
 }
 
 /* ---- P V on bf16 P (the specification of values_bf16) ---- */

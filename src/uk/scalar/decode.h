@@ -45,9 +45,12 @@ void fmha_e4m3kv_scores_bf16_qt__scalar(size_t rows, size_t nk, size_t d, const 
                                         float *s, size_t lds, float scale);
 void fmha_e5m2kv_scores_bf16_qt__scalar(size_t rows, size_t nk, size_t d, const uint32_t *qt, const void *k, size_t ldk,
                                         float *s, size_t lds, float scale);
-/* bf16 keys on the bf16 query, and P V on bf16 P (fmha_cache_values_bf16_ukernel_fn) */
+/* bf16 keys on the bf16 query (by blocks and with 16 rows in the lanes), and P V
+ * on bf16 P (fmha_cache_values_bf16_ukernel_fn) */
 void fmha_bf16kv_scores_bf16__scalar(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq, const void *k,
                                      size_t ldk, float *s, size_t lds, float scale);
+void fmha_bf16kv_scores_bf16_qt__scalar(size_t rows, size_t nk, size_t d, const uint32_t *qt, const void *k, size_t ldk,
+                                        float *s, size_t lds, float scale);
 void fmha_bf16kv_values_bf16__scalar(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp, const void *v,
                                      size_t ldv, float *o, size_t ldo, const float *alpha);
 
