@@ -58,10 +58,24 @@ enum { DEC_SUB = 16, DEC_MAX_HEADS = DEC_MAX_UNIT_ROWS };
 
 /* Keys a call of the integer P V (values_int, its most): each call
  * quantizes P per row and block and scales O once, which at DEC_SUB keys
- * cost as much as the products. The kernel takes its rows by address
- * (dec_vint_rows), so a sub-block that crosses pages is read in place and
- * a paged cache keeps the contiguous one's bits. */
+ * cost as much as the products. */
 enum { DEC_VINT_SUB = 64 };
+
+/* Keys a call of the bf16 pairs' P V (values_bf16) from 16 rows a unit:
+ * a call rounds P to pairs and puts O's columns back in order once, which
+ * at DEC_SUB keys took a third of the kernel (Zen 4, 16 rows, D 128, L1:
+ * 29.5 ns a key at 16 keys a call, 20.5 at 64). Fewer rows keep DEC_SUB:
+ * their steps read the cache at the memory's rate, and 64 keys a head
+ * before the next head's reads the cache out of order (1-position step
+ * 1.09x the time). */
+enum { DEC_VBF_SUB = 64 };
+
+/* Both kernels take V's rows by address (dec_v_rows), so a call that
+ * crosses pages reads them in place and a paged cache keeps the
+ * contiguous one's bits; the most keys a call of either. */
+enum { DEC_BY_ADDRESS_SUB = 64 };
+_Static_assert((int)DEC_BY_ADDRESS_SUB >= (int)DEC_VINT_SUB && (int)DEC_BY_ADDRESS_SUB >= (int)DEC_VBF_SUB,
+               "a call's rows by address");
 
 /* Crossover (fmha_plan_decode_shape): queries at most 16 and keys at least 8
  * per query. Measured with fmha-bench (B = 1, Hq = 32, D = 128, float32,
@@ -216,6 +230,13 @@ typedef struct dec_partials {
     uint8_t *qt;
 } dec_partials;
 
+/* Keys a values call: DEC_VINT_SUB for the integer P V, DEC_VBF_SUB for
+ * the bf16 pairs' from 16 rows a unit, else DEC_SUB. */
+static int64_t dec_values_keys(const fmha_plan *plan) {
+    if (plan->drv.dec.vint) return DEC_VINT_SUB;
+    return plan->drv.dec.vbf16 && plan->drv.dec.rows >= 16 ? DEC_VBF_SUB : DEC_SUB;
+}
+
 /* 1 when n rows a call widen rows of format fmt once into float32 rows
  * (fmha_uk_cache.widen_rows) rather than reading them in place. */
 static int dec_widen(const fmha_plan *plan, fmha_cache_format_id fmt, int64_t n) {
@@ -244,7 +265,7 @@ static void dec_carve(const fmha_plan *plan, fmha_carver *c, dec_scratch *s) {
     s->qt = fmha_carve(c, dec_qt(plan, (int64_t)rows) ? heads * (rows + 15) / 16 * D * 16 * sizeof(float) : 0);
     s->s = fmha_carve(c, heads * rows * DEC_TILE * sizeof(float));
     s->kf = fmha_carve(c, staged ? heads * DEC_SUB * D * sizeof(float) : 0);
-    /* [heads][DEC_SUB][Dv] float32, or [DEC_SUB][heads] rows as stored (bf16 pairs) */
+    /* [heads][DEC_SUB][Dv] float32 */
     s->vf = fmha_carve(c, staged ? heads * DEC_SUB * Dv * sizeof(float) : 0);
     s->alpha = fmha_carve(c, heads * rows * sizeof(float));
     s->ones = fmha_carve(c, rows * sizeof(float));
@@ -407,9 +428,9 @@ static size_t dec_rows(const dec_ctx *c, fmha_cache_format_id fmt, const int64_t
 }
 
 /* rows[j] = V's row of key k0 + j at kv head hk as stored, j < nj: the
- * integer P V's rows, read in place across pages (a run's keys st[1]
- * apart, one block-table lookup a run). */
-static void dec_vint_rows(const dec_ctx *c, int64_t b, int64_t hk, int64_t k0, int64_t nj, const void **rows) {
+ * integer and bf16 pairs' P V's rows, read in place across pages (a run's
+ * keys st[1] apart, one block-table lookup a run). */
+static void dec_v_rows(const dec_ctx *c, int64_t b, int64_t hk, int64_t k0, int64_t nj, const void **rows) {
     const fmha_problem *p = &c->plan->p;
     const int64_t *st = p->v_strides;
     const size_t unit = fmha_cache_format_at(c->plan->v_format)->unit_bytes;
@@ -702,7 +723,7 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
         if (k_per_head) fmha_kv_scales_of(p, 0, b, hk0 + hh, 0, 1, &sc);
         head_scale[hh] = plan->scale * sc;
     }
-    const int64_t vsub = plan->drv.dec.vint ? DEC_VINT_SUB : DEC_SUB; /* keys a values call */
+    const int64_t vsub = dec_values_keys(plan);
     /* many rows: narrow rows widened once for all the kernels' row blocks */
     const int widen_k = dec_widen(plan, plan->k_format, n) || (qt && plan->k_format != FMHA_FORMAT_F32),
               widen_v = dec_widen(plan, plan->v_format, n);
@@ -775,14 +796,13 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
         /* values in the same order; the first sub-block rescales O by alpha */
         for (int64_t j0 = 0; j0 < nk; j0 += vsub) {
             const int64_t nj = nk - j0 < vsub ? nk - j0 : vsub;
-            /* the integer P V reads its rows where they are (dec_vint_rows),
-             * the others as dec_rows gives them */
-            size_t ld = plan->drv.dec.vint ? 0
-                                           : dec_rows(c, plan->v_format, vs, c->v, Dv, b, hk0, heads, k0 + j0, nj,
-                                                      plan->drv.dec.vbf16, widen_v, s.vf, rows_of, &in_place);
-            const fmha_cache_values_ukernel_fn values = plan->drv.dec.vbf16 ? v_kern->values_bf16
-                                                        : in_place          ? v_kern->values
-                                                                            : staged->values;
+            /* the integer and bf16 pairs' P V read their rows where they
+             * are (dec_v_rows), the others as dec_rows gives them */
+            const int by_address = plan->drv.dec.vint || plan->drv.dec.vbf16;
+            size_t ld = by_address ? 0
+                                   : dec_rows(c, plan->v_format, vs, c->v, Dv, b, hk0, heads, k0 + j0, nj, 0, widen_v,
+                                              s.vf, rows_of, &in_place);
+            const fmha_cache_values_ukernel_fn values = in_place ? v_kern->values : staged->values;
             for (int64_t hh = 0; hh < heads; hh++) {
                 if (plan->drv.dec.prefetch)
                     dec_prefetch_stream(c, b, hk0 + hh, hh ? 0 : heads, kb, ke, &pf[hh],
@@ -791,10 +811,14 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
                 const float *ah = j0 == 0 ? s.alpha + hh * rows : s.ones;
                 if (v_scaled) dec_scale_columns(plan, 1, b, hk0 + hh, k0 + j0, nj, n, ph); /* P's sums are taken */
                 float *oh = po + hh * rows * Dv;
-                if (plan->drv.dec.vint) {
-                    const void *v_rows[DEC_VINT_SUB];
-                    dec_vint_rows(c, b, hk0 + hh, k0 + j0, nj, v_rows);
-                    v_kern->values_int((size_t)n, (size_t)nj, (size_t)Dv, ph, DEC_TILE, v_rows, oh, (size_t)Dv, ah);
+                if (by_address) {
+                    const void *v_rows[DEC_BY_ADDRESS_SUB];
+                    dec_v_rows(c, b, hk0 + hh, k0 + j0, nj, v_rows);
+                    if (plan->drv.dec.vint)
+                        v_kern->values_int((size_t)n, (size_t)nj, (size_t)Dv, ph, DEC_TILE, v_rows, oh, (size_t)Dv, ah);
+                    else
+                        v_kern->values_bf16((size_t)n, (size_t)nj, (size_t)Dv, ph, DEC_TILE, v_rows, oh, (size_t)Dv,
+                                            ah);
                 } else {
                     values((size_t)n, (size_t)nj, (size_t)Dv, ph, DEC_TILE, rows_of[hh], ld, oh, (size_t)Dv, ah);
                 }

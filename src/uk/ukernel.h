@@ -305,10 +305,12 @@ typedef void (*fmha_cache_scores_bf16_qt_ukernel_fn)(size_t rows, size_t nk, siz
  * order, bf16(P[r][2i + 1]) V(2i + 1, c) and then bf16(P[r][2i]) V(2i, c)
  * (vdpbf16ps's arithmetic: each product exact, one rounding each); an odd
  * nk's last pair has neither P nor V past nk; nk <= 128. bf16() rounds to nearest
- * even (fmha_f32_to_bf16). V rows are bf16, ldv elements apart. Holds
- * for operands and sums that stay normal, as scores_bf16's. */
+ * even (fmha_f32_to_bf16). V's row j (bf16) at v_rows[j]: the rows of a
+ * call may lie anywhere (a paged cache's pages), so a call spans pages
+ * without a copy. Holds for operands and sums that stay normal, as
+ * scores_bf16's. */
 typedef void (*fmha_cache_values_bf16_ukernel_fn)(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
-                                                  const void *v, size_t ldv, float *o, size_t ldo,
+                                                  const void *const *v_rows, float *o, size_t ldo,
                                                   const float *alpha);
 
 /* P V in integers on P quantized to 16 bits (precision FAST, with the

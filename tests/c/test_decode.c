@@ -195,7 +195,8 @@ static void test_scores_qt(const fmha_ukernels *uk) {
 /* The bf16 pair kernels of a bf16 cache (scores_bf16, values_bf16: a bf16
  * problem at FAST, a float32 one at BF16) give their specifications' bits
  * (normal operands, as the contract asks): rows 1-9, keys 1-128 (odd
- * counts too), head dims of whole blocks of 32, value dims with tails. */
+ * counts too), head dims of whole blocks of 32, value dims with tails, V's
+ * rows in order or shuffled. */
 static void test_bf16_pairs(const fmha_ukernels *uk) {
     const fmha_uk_cache *c = &uk->cache[FMHA_FORMAT_BF16];
     if (!c->scores_bf16 || !c->values_bf16) return;
@@ -224,8 +225,17 @@ static void test_bf16_pairs(const fmha_ukernels *uk) {
         tu_fill(o1, rows * dv, -1, 1);
         memcpy(o2, o1, rows * dv * sizeof(float));
         tu_fill(alpha, rows, 0, 1);
-        fmha_bf16kv_values_bf16__scalar(rows, nk, dv, s1, lds, v, ldv, o1, dv, alpha);
-        c->values_bf16(rows, nk, dv, s1, lds, v, ldv, o2, dv, alpha);
+        /* V's rows by address: in order, or shuffled (a paged cache's pages) */
+        const void **v_rows = malloc(nk * sizeof *v_rows);
+        for (size_t j = 0; j < nk; j++) v_rows[j] = v + j * ldv;
+        for (size_t j = nk - 1; t % 2 && j > 0; j--) {
+            const size_t x = (size_t)tu_int(0, (int)j);
+            const void *y = v_rows[j];
+            v_rows[j] = v_rows[x], v_rows[x] = y;
+        }
+        fmha_bf16kv_values_bf16__scalar(rows, nk, dv, s1, lds, v_rows, o1, dv, alpha);
+        c->values_bf16(rows, nk, dv, s1, lds, v_rows, o2, dv, alpha);
+        free(v_rows);
         tu_check(!memcmp(o1, o2, rows * dv * sizeof(float)),
                  "%s values_bf16 (%zu rows, %zu keys, dv %zu): not the specification's bits", uk->isa, rows, nk, dv);
         free(q), free(k), free(v), free(s1), free(s2), free(o1), free(o2);

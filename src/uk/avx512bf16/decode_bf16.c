@@ -312,7 +312,8 @@ FMHA_INLINE void finish_unpacked(const int R, size_t n, size_t dv, size_t c0, __
 }
 
 /* ---- P V on bf16 P ----
- * Two keys' V rows interleave by vpunpcklwd / vpunpckhwd (a block of 32
+ * Two keys' V rows (by address: a call may span pages) interleave by
+ * vpunpcklwd / vpunpckhwd (a block of 32
  * columns in avx512/unpack.h's order, put back at the end of a call) and
  * meet the row's pair of bf16 P, one vdpbf16ps for 16 columns and 2 keys:
  * half the FMAs' instructions, no widening. P is rounded to bf16 pairs
@@ -329,7 +330,7 @@ FMHA_INLINE __m512i load_bf16_cols(const uint16_t *x, size_t c, __mmask32 m) {
  * columns [c0, c0 + 64): acc[r][2 bb + u], block bb's lo (u 0) and hi
  * (u 1) unpack's columns. */
 FMHA_INLINE void values_bf16_block(const int R, size_t n, size_t nk, size_t dv, size_t c0, const uint32_t *pp,
-                                   size_t ldpp, const uint16_t *v, size_t ldv, float *o, size_t ldo, const float *alpha) {
+                                   size_t ldpp, const void *const *v_rows, float *o, size_t ldo, const float *alpha) {
     const __mmask32 bm0 = block_lanes(dv, c0), bm1 = block_lanes(dv, c0 + 32);
     const uint32_t *pr[4];
     __m512 acc[4][4];
@@ -339,8 +340,8 @@ FMHA_INLINE void values_bf16_block(const int R, size_t n, size_t nk, size_t dv, 
         acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = _mm512_setzero_ps();
     }
     for (size_t j = 0; j < nk; j += 2) {
-        const uint16_t *x0 = v + j * ldv, *x1 = x0 + ldv;
         const int pair = j + 1 < nk; /* else the second row is zeros */
+        const uint16_t *x0 = v_rows[j], *x1 = pair ? v_rows[j + 1] : x0;
         __m512bh vv[4];
 #pragma GCC unroll 2
         for (int bb = 0; bb < 2; bb++) {
@@ -376,20 +377,19 @@ FMHA_INLINE void round_pairs(size_t rows, size_t nk, const float *p, size_t ldp,
         }
 }
 
-void fmha_bf16kv_values_bf16__avx512bf16(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp, const void *v,
-                                         size_t ldv, float *o, size_t ldo, const float *alpha) {
-    const uint16_t *vb = v;
+void fmha_bf16kv_values_bf16__avx512bf16(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                         const void *const *v_rows, float *o, size_t ldo, const float *alpha) {
     uint32_t pp[4 * VBF_MAX_KEYS / 2]; /* [4][VBF_MAX_KEYS / 2]: a block of rows' P pairs */
     for (size_t r0 = 0; r0 < rows; r0 += 4) {
         const size_t nr = rows - r0 < 4 ? rows - r0 : 4;
         round_pairs(nr, nk, p + r0 * ldp, ldp, pp, VBF_MAX_KEYS / 2);
         for (size_t c0 = 0; c0 < dv; c0 += 64) {
             if (nr == 4) {
-                values_bf16_block(4, 4, nk, dv, c0, pp, VBF_MAX_KEYS / 2, vb, ldv, o + r0 * ldo, ldo, alpha + r0);
+                values_bf16_block(4, 4, nk, dv, c0, pp, VBF_MAX_KEYS / 2, v_rows, o + r0 * ldo, ldo, alpha + r0);
                 continue;
             }
             for (size_t r = 0; r < nr; r++)
-                values_bf16_block(1, 1, nk, dv, c0, pp + r * (VBF_MAX_KEYS / 2), VBF_MAX_KEYS / 2, vb, ldv,
+                values_bf16_block(1, 1, nk, dv, c0, pp + r * (VBF_MAX_KEYS / 2), VBF_MAX_KEYS / 2, v_rows,
                                   o + (r0 + r) * ldo, ldo, alpha + r0 + r);
         }
     }

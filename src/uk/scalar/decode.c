@@ -261,17 +261,17 @@ void fmha_bf16kv_scores_bf16_qt__scalar(size_t rows, size_t nk, size_t d, const 
 
 /* ---- P V on bf16 P (the specification of values_bf16) ---- */
 FMHA_SCALAR_FMA_CLONES void fmha_bf16kv_values_bf16__scalar(size_t rows, size_t nk, size_t dv, const float *p,
-                                                            size_t ldp, const void *v, size_t ldv, float *o,
+                                                            size_t ldp, const void *const *v_rows, float *o,
                                                             size_t ldo, const float *alpha) {
-    const uint16_t *vb = v;
     for (size_t r = 0; r < rows; r++)
         for (size_t c = 0; c < dv; c++) {
             float acc = 0.0f;
             for (size_t j = 0; j < nk; j += 2) {
                 if (j + 1 < nk)
                     acc += fmha_bf16_to_f32(fmha_f32_to_bf16(p[r * ldp + j + 1])) *
-                           fmha_bf16_to_f32(vb[(j + 1) * ldv + c]);
-                acc += fmha_bf16_to_f32(fmha_f32_to_bf16(p[r * ldp + j])) * fmha_bf16_to_f32(vb[j * ldv + c]);
+                           fmha_bf16_to_f32(((const uint16_t *)v_rows[j + 1])[c]);
+                acc += fmha_bf16_to_f32(fmha_f32_to_bf16(p[r * ldp + j])) *
+                       fmha_bf16_to_f32(((const uint16_t *)v_rows[j])[c]);
             }
             o[r * ldo + c] = fmaf(o[r * ldo + c], alpha[r], acc);
         }

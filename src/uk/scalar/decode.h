@@ -51,7 +51,7 @@ void fmha_bf16kv_scores_bf16__scalar(size_t rows, size_t nk, size_t d, const uin
                                      size_t ldk, float *s, size_t lds, float scale);
 void fmha_bf16kv_scores_bf16_qt__scalar(size_t rows, size_t nk, size_t d, const uint32_t *qt, const void *k, size_t ldk,
                                         float *s, size_t lds, float scale);
-void fmha_bf16kv_values_bf16__scalar(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp, const void *v,
-                                     size_t ldv, float *o, size_t ldo, const float *alpha);
+void fmha_bf16kv_values_bf16__scalar(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                     const void *const *v_rows, float *o, size_t ldo, const float *alpha);
 
 #endif /* FMHA_UK_SCALAR_DECODE_H */
