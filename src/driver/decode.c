@@ -70,6 +70,13 @@ enum { DEC_VINT_SUB = 64 };
  * 1.09x the time). */
 enum { DEC_VBF_SUB = 64 };
 
+/* Rows a unit from which the bf16 scores run on the query's pair tiles
+ * (dec_qbt): a tile of 16 rows costs the same whatever its rows, and the
+ * 4 x 4 blocks grow with them (Zen 4, bf16 keys, D 128, 16 keys, L1, ns a
+ * key, blocks / tile): 8 rows 17.8 / 21.5, 10 23.2 / 21.8, 12 26.6 /
+ * 21.7, 16 36.2 / 23.8. */
+enum { DEC_QBT_ROWS = 10 };
+
 /* Both kernels take V's rows by address (dec_v_rows), so a call that
  * crosses pages reads them in place and a paged cache keeps the
  * contiguous one's bits; the most keys a call of either. */
@@ -282,10 +289,11 @@ static int dec_q8_tiles(const fmha_plan *plan) {
 }
 
 /* 1 when the bf16 scores run with 16 rows in the lanes on the query's
- * pair tiles (scores_bf16_qt: float8 and bf16 keys, from 16 rows a unit). */
+ * pair tiles (scores_bf16_qt: float8 and bf16 keys, from DEC_QBT_ROWS rows
+ * a unit, a tile's rows past them zeros). */
 static int dec_qbt(const fmha_plan *plan) {
     return plan->drv.dec.scores == FMHA_DEC_SCORES_BF16 && plan->uk->cache[plan->k_format].scores_bf16_qt &&
-           plan->drv.dec.rows >= 16;
+           plan->drv.dec.rows >= DEC_QBT_ROWS;
 }
 
 /* Words of a unit's pair tiles: [heads][groups of 16 rows][D / 2][16]. */

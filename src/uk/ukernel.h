@@ -448,7 +448,7 @@ typedef struct fmha_uk_decode {
  * the query rounded to bf16 (precision FAST), read as scores_q8 reads, and
  * bf16 keys' where the precision rounds the query (the bf16 pairs);
  * fallback: none. scores_bf16_qt: the same with 16 rows in the lanes, on
- * the query's pair tiles, which the driver makes from 16 rows a unit;
+ * the query's pair tiles, which the driver makes from DEC_QBT_ROWS rows a unit;
  * fallback: none (scores_bf16 serves). q8_tiles: the driver makes the query's tiles for
  * scores_q8. widen_rows: from this many rows a call, the driver widens the
  * format's rows once into float32 rows for the float32 format's kernels

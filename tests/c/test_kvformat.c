@@ -345,6 +345,8 @@ static void test_cases(const char *isa) {
         run_case(&fc, isa);
         fc = (fmt_case){f, f, 2, 4, 2, 16, 150, 32, 32, FMHA_STRATEGY_AUTO, 1, 0, 0, 1, 0, 5}; /* bf16 Q, Sq 16 */
         run_case(&fc, isa);
+        fc = (fmt_case){f, f, 2, 32, 8, 3, 180, 64, 64, FMHA_STRATEGY_AUTO, 1, 0, 0, 0, 0, 16}; /* 12 rows a kv head */
+        run_case(&fc, isa);
         /* prefill against the cache: the tiled, dense and portable forwards */
         static const fmha_strategy strategies[] = {FMHA_STRATEGY_TILED, FMHA_STRATEGY_DENSE, FMHA_STRATEGY_PORTABLE};
         for (int si = 0; si < 3; si++) {
