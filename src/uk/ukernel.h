@@ -287,14 +287,15 @@ typedef void (*fmha_cache_scores_q8_ukernel_fn)(size_t rows, size_t nk, size_t d
 typedef void (*fmha_cache_scores_bf16_ukernel_fn)(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
                                                   const void *k, size_t ldk, float *s, size_t lds, float scale);
 
-/* The same scores with 16 rows in the lanes (float8 and bf16 keys, from
- * 16 rows a call): qt the rows' pairs as tiles, qt[16 p + r] = row r's pair p (p <
- * d / 2; rows past `rows` 0), and for each key a single sum from 0 over the
- * pairs p in order, each pair as vdpbf16ps adds it (high half first, one
- * rounding each); s[r][j] = sum * scale, r < rows <= 16, j < nk. No
- * transposing sum: one vdpbf16ps a pair serves 16 rows. Another order of
- * summation than scores_bf16's, so other bits; the same normal-operand
- * caveat. d a multiple of 32. */
+/* The same scores with 16 rows in the lanes (float8 and bf16 keys; the
+ * decode driver's choice from 10 rows a unit): qt the rows' pairs as
+ * tiles, qt[16 p + r] = row r's pair p (p < d / 2; rows past `rows` 0),
+ * and for each key a single sum from 0 over the pairs p in order, each
+ * pair as vdpbf16ps adds it (high half first, one rounding each); s[r][j]
+ * = sum * scale, r < rows <= 16, j < nk. No transposing sum: one
+ * vdpbf16ps a pair serves 16 rows. Another order of summation than
+ * scores_bf16's, so other bits; the same normal-operand caveat. d a
+ * multiple of 32. */
 typedef void (*fmha_cache_scores_bf16_qt_ukernel_fn)(size_t rows, size_t nk, size_t d, const uint32_t *qt,
                                                      const void *k, size_t ldk, float *s, size_t lds, float scale);
 

@@ -313,12 +313,12 @@ FMHA_INLINE void finish_unpacked(const int R, size_t n, size_t dv, size_t c0, __
 
 /* ---- P V on bf16 P ----
  * Two keys' V rows (by address: a call may span pages) interleave by
- * vpunpcklwd / vpunpckhwd (a block of 32
- * columns in avx512/unpack.h's order, put back at the end of a call) and
- * meet the row's pair of bf16 P, one vdpbf16ps for 16 columns and 2 keys:
- * half the FMAs' instructions, no widening. P is rounded to bf16 pairs
- * once a call: pp [rows][nk / 2 rounded up] words (P of key 2i in the low
- * half); an odd nk's last pair meets a zero row of V. */
+ * vpunpcklwd / vpunpckhwd (a block of 32 columns in avx512/unpack.h's
+ * order, put back at the end of a call) and meet the row's pair of bf16
+ * P, one vdpbf16ps for 16 columns and 2 keys: half the FMAs'
+ * instructions, no widening. P is rounded to bf16 pairs once a call: pp
+ * [rows][nk / 2 rounded up] words (P of key 2i in the low half); an odd
+ * nk's last pair meets a zero row of V. */
 enum { VBF_MAX_KEYS = 128 }; /* the contract's nk */
 
 /* 32 columns of row x from c (the lanes of m; the others 0). */
