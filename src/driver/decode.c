@@ -714,6 +714,8 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
     /* many rows on the float32 query: rows in the lanes (scores_qt), the
      * query transposed once a task, K float32 rows */
     const int qt = !qscores && dec_qt(plan, n);
+    /* bf16 scores on the query's pair tiles (made by dec_quantize_task) */
+    const int qbt = qscores == FMHA_DEC_SCORES_BF16 && dec_qbt(plan);
     const int64_t groups = (rows + 15) / 16;
     if (qt) dec_transpose_query(uk, s.qf, heads, rows, n, D, s.qt);
 
@@ -768,7 +770,7 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
                                                                 : NULL};
                     k_kern->scores_q8((size_t)n, (size_t)nj, (size_t)D, &qq, rows_of[hh], ld, sh, DEC_TILE, scale);
                     dec_rescore_nonfinite(c, b, hk0 + hh, rho0, n, k0 + j0, nj, sh);
-                } else if (qscores == FMHA_DEC_SCORES_BF16 && dec_qbt(plan)) { /* rows in the lanes */
+                } else if (qbt) { /* rows in the lanes */
                     for (int64_t g = 0; 16 * g < n; g++)
                         k_kern->scores_bf16_qt((size_t)(n - 16 * g < 16 ? n - 16 * g : 16), (size_t)nj, (size_t)D,
                                                dec_qbt_tile(plan, c->pt.qbt, (size_t)unit, hh, g), rows_of[hh], ld,
