@@ -61,7 +61,7 @@ typedef struct tuner {
     void *user;
     tune_row rows[TUNE_MAX_ROWS];
     int n_rows;
-    tune_rows f32_rows, bf16_rows, dense_rows, decode_rows, decode_f32_rows, decode_16_rows;
+    tune_rows f32_rows, bf16_rows, dense_rows, decode_rows, decode_f32_rows, decode_quant_rows, decode_16_rows;
     int64_t shrink;       /* sequence lengths divided by this (tests: tune.h) */
 } tuner;
 
@@ -146,6 +146,35 @@ static int add_row(tuner *tn, int bf16, int backward, int64_t hq, int64_t hkv, i
         return -1;
     }
     return tn->n_rows++;
+}
+
+/* Turns decode row i's K and V into q8_0 caches of the same shape
+ * (uniform int8 values, every block's half scale 2^-7: a valid cache, so
+ * the row times the quantized decode path); 0, or -1 when memory ran out. */
+static int row_to_q8_0(tuner *tn, int i) {
+    tune_row *r = &tn->rows[i];
+    const int64_t skv = r->p.seq_kv, hkv = r->p.heads_kv, d = r->p.head_dim;
+    const size_t row = fmha_kv_format_row_bytes(FMHA_KV_FORMAT_Q8_0, d), n = (size_t)(skv * hkv) * row;
+    uint8_t *kv[2] = {malloc(n), malloc(n)};
+    if (!kv[0] || !kv[1]) {
+        free(kv[0]), free(kv[1]);
+        return -1;
+    }
+    for (int t = 0; t < 2; t++)
+        for (size_t at = 0; at < n; at += 34) { /* block_q8_0: half d, then 32 int8 */
+            kv[t][at] = 0x00, kv[t][at + 1] = 0x20;
+            for (int e = 0; e < 32; e++) kv[t][at + 2 + e] = (uint8_t)(int8_t)lrintf(127.0f * tune_uniform());
+        }
+    free(r->k), free(r->v);
+    r->k = kv[0], r->v = kv[1];
+    r->p.k_format = r->p.v_format = FMHA_KV_FORMAT_Q8_0;
+    for (int t = 0; t < 2; t++) {
+        int64_t *st = t ? r->p.v_strides : r->p.k_strides;
+        st[0] = skv * hkv * (int64_t)row, st[1] = hkv * (int64_t)row, st[2] = (int64_t)row, st[3] = 1;
+    }
+    memcpy(r->what, "q8_0", 4); /* "float32 decode ..." -> "q8_0 decode ..." */
+    memmove(r->what + 4, r->what + 7, strlen(r->what + 7) + 1);
+    return 0;
 }
 
 static fmha_status row_call(const fmha_context *ctx, tune_row *r) {
@@ -391,7 +420,8 @@ static void make_parent(const char *path) {
 /* The rows: float32 S 128..2048, D 64 and 128, forward and
  * forward+backward; bf16 on tables with bf16 kernels; two small heads for
  * AUTO's crossover; one decode step against 256 MiB of bf16 cache (past
- * the prefetch threshold) and one against 512 MiB of float32. */
+ * the prefetch threshold), one against 512 MiB of float32 and one against
+ * 142 MiB of q8_0. */
 static int add_rows(tuner *tn, const fmha_ukernels *uk) {
     static const struct { int bf16, backward; int64_t s, d; } tiled[] = {
         {0, 0, 128, 64},  {0, 0, 1024, 64},  {0, 0, 1024, 128}, {0, 0, 2048, 128},
@@ -422,6 +452,11 @@ static int add_rows(tuner *tn, const fmha_ukernels *uk) {
         const int r32 = add_row(tn, 0, 0, 32, 8, 1, 65536, 128);
         if (r32 < 0) return -1;
         tn->decode_f32_rows |= 1u << r32;
+        /* and 142 MiB of q8_0 cache (float32 query), the quantized formats'
+         * threshold (decode_prefetch_bytes) */
+        const int rq = add_row(tn, 0, 0, 32, 8, 1, 65536, 128);
+        if (rq < 0 || row_to_q8_0(tn, rq)) return -1;
+        tn->decode_quant_rows |= 1u << rq;
         /* 4 positions of GQA 4 (16 rows a kv head), a bf16 step of 67
          * MiB: the chunks' threshold of many rows */
         const int r16 = add_row(tn, 1, 0, 32, 8, 4, 16384, 128);
@@ -489,6 +524,7 @@ fmha_status fmha_tune_shrunk(const char *path, double budget_s, fmha_tune_progre
                                : f->rows == FMHA_TUNE_DENSE  ? tn->dense_rows
                                : f->rows == FMHA_TUNE_DECODE ? tn->decode_rows
                                : f->rows == FMHA_TUNE_DECODE_F32 ? tn->decode_f32_rows
+                               : f->rows == FMHA_TUNE_DECODE_QUANT ? tn->decode_quant_rows
                                : f->rows == FMHA_TUNE_DECODE_ROWS ? tn->decode_16_rows
                                                              : 0;
         tune_field(tn, &t, f, rows);

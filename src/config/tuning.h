@@ -24,8 +24,8 @@
  * every tiled row (float32 only where a matrix engine takes bf16), bf16
  * rows on a matrix engine (tuned only where the table has one), the dense
  * crossover's rows, decode rows (a bf16 cache), decode rows of a float32
- * cache, decode rows of 16 rows a kv head (4 positions, GQA 4); NONE: not
- * tuned field by field. */
+ * cache, decode rows of a quantized cache (q8_0), decode rows of 16 rows a
+ * kv head (4 positions, GQA 4); NONE: not tuned field by field. */
 typedef enum fmha_tune_rows {
     FMHA_TUNE_NONE,
     FMHA_TUNE_F32,
@@ -34,6 +34,7 @@ typedef enum fmha_tune_rows {
     FMHA_TUNE_DENSE,
     FMHA_TUNE_DECODE,
     FMHA_TUNE_DECODE_F32,
+    FMHA_TUNE_DECODE_QUANT,
     FMHA_TUNE_DECODE_ROWS
 } fmha_tune_rows;
 
@@ -50,8 +51,8 @@ typedef enum fmha_tune_rows {
  *   dense_max_scores   AUTO runs dense up to Sq * Skv this large (plan.c)
  *   decode_prefetch_bytes  the decode driver prefetches when a call's K
  *                      and V hold more bytes than this (decode.c), unless
- *                      both are float32 or both 2-byte caches (not tuned:
- *                      fmha_tune has no row of a quantized cache):
+ *                      both are float32 or both 2-byte caches (tuned on
+ *                      a q8_0 step past the caches: on or never):
  *   decode_prefetch_f32_bytes  the same for float32 K and V, whose rows a
  *                      CPU's hardware prefetchers may follow on their own
  *                      (design.md, "Decode")
@@ -78,7 +79,7 @@ typedef enum fmha_tune_rows {
     X(block_kv, FMHA_TUNING_OF_TABLE, 32, 1024, 32, FMHA_TUNE_TILED, (64, 192, 256))                          \
     X(k_copy_bytes, 0, 0, (int64_t)1 << 40, 1, FMHA_TUNE_F32, (1, 192 << 10, 768 << 10))                      \
     X(dense_max_scores, 96 * 96, 0, (int64_t)1 << 40, 1, FMHA_TUNE_DENSE, (1, 128 * 128, 192 * 192))          \
-    X(decode_prefetch_bytes, 8 << 20, 0, (int64_t)1 << 50, 1, FMHA_TUNE_NONE, ())                             \
+    X(decode_prefetch_bytes, 8 << 20, 0, (int64_t)1 << 50, 1, FMHA_TUNE_DECODE_QUANT, ((int64_t)1 << 50))      \
     X(decode_prefetch_f32_bytes, 8 << 20, 0, (int64_t)1 << 50, 1, FMHA_TUNE_DECODE_F32, ((int64_t)1 << 50))     \
     X(decode_prefetch_h16_bytes, 8 << 20, 0, (int64_t)1 << 50, 1, FMHA_TUNE_DECODE, ((int64_t)1 << 50, 4 << 20)) \
     X(decode_prefetch_ahead_bytes, 64 << 10, 0, 64 << 20, 1, FMHA_TUNE_NONE, ())                             \
