@@ -483,7 +483,12 @@ typedef enum fmha_precision {
      * D a multiple of 32: 1.8e-3 (Skv 4096, the rest as above). A bf16
      * problem at FAST decodes a bf16 cache there the same way (P in bf16,
      * FAST's rule above): 2.4e-3 with O stored as bf16, 1.44x the 1.65e-3
-     * of rounding the float32 path's O to bf16. */
+     * of rounding the float32 path's O to bf16. Float8 caches there
+     * likewise: a float32 query at BF16 rounded to bf16 and P too, both
+     * products in vdpbf16ps: 1.76e-3 (Skv 4096, Sq 1, the rest as above),
+     * against FAST's 5.0e-4, which keeps P in float32 (P in bf16 would err
+     * more than llama.cpp's 1.24e-3, FAST's bound for quantized caches);
+     * a bf16 problem at FAST takes float8 values on bf16 P (FAST's rule). */
     FMHA_PRECISION_BF16
 } fmha_precision;
 

@@ -67,7 +67,9 @@ enum { DEC_VINT_SUB = 64 };
  * 29.5 ns a key at 16 keys a call, 20.5 at 64). Fewer rows keep DEC_SUB:
  * their steps read the cache at the memory's rate, and 64 keys a head
  * before the next head's reads the cache out of order (1-position step
- * 1.09x the time). */
+ * 1.09x the time). Float8 values, whose widening and products bound the
+ * step, take 64 at any rows (a bf16 problem, e4m3 cache, 4 rows, Skv
+ * 65536: 0.94x the time of 16). */
 enum { DEC_VBF_SUB = 64 };
 
 /* Rows a unit from which the bf16 scores run on the query's pair tiles
@@ -200,11 +202,17 @@ int fmha_decode_plan(fmha_plan *plan) {
     const int bf16_pairs = pairs_allowed && blocks && plan->k_format == FMHA_FORMAT_BF16 &&
                            plan->v_format == FMHA_FORMAT_BF16 && kc->scores_bf16 &&
                            uk->cache[FMHA_FORMAT_BF16].values_bf16;
+    /* float8 keys meet the query rounded to bf16 at FAST (fmha.h) and where
+     * the precision rounds it anyway */
+    const int fp8_scores = (fast || pairs_allowed) && blocks && kf->fast_bf16 && kc->scores_bf16;
     plan->drv.dec.scores = fast && blocks && kf->fast_integer && kc->scores_q8 ? FMHA_DEC_SCORES_Q8
-                       : (fast && blocks && kf->fast_bf16 && kc->scores_bf16) || bf16_pairs ? FMHA_DEC_SCORES_BF16
-                                                                                             : FMHA_DEC_SCORES_F32;
+                       : fp8_scores || bf16_pairs                            ? FMHA_DEC_SCORES_BF16
+                                                                             : FMHA_DEC_SCORES_F32;
     plan->drv.dec.vint = fast && vf->fast_integer && uk->cache[plan->v_format].values_int != NULL;
-    plan->drv.dec.vbf16 = bf16_pairs;
+    /* P V on bf16 P: the bf16 pairs, and float8 values where the precision
+     * rounds P (a float32 problem's FAST does not: P rounded to bf16 errs
+     * more than llama.cpp's q8_0 query, FAST's bound for these caches) */
+    plan->drv.dec.vbf16 = bf16_pairs || (pairs_allowed && vf->fast_bf16 && uk->cache[plan->v_format].values_bf16);
     return 1;
 }
 
@@ -238,10 +246,12 @@ typedef struct dec_partials {
 } dec_partials;
 
 /* Keys a values call: DEC_VINT_SUB for the integer P V, DEC_VBF_SUB for
- * the bf16 pairs' from 16 rows a unit, else DEC_SUB. */
+ * the bf16 pairs' from 16 rows a unit and float8 values on bf16 P at any
+ * rows, else DEC_SUB. */
 static int64_t dec_values_keys(const fmha_plan *plan) {
     if (plan->drv.dec.vint) return DEC_VINT_SUB;
-    return plan->drv.dec.vbf16 && plan->drv.dec.rows >= 16 ? DEC_VBF_SUB : DEC_SUB;
+    const int fp8 = fmha_cache_format_at(plan->v_format)->fast_bf16; /* kernels bound these at any rows */
+    return plan->drv.dec.vbf16 && (plan->drv.dec.rows >= 16 || fp8) ? DEC_VBF_SUB : DEC_SUB;
 }
 
 /* 1 when n rows a call widen rows of format fmt once into float32 rows
@@ -614,7 +624,7 @@ static void dec_quantize_task(void *vctx, size_t unit, int thread) {
             /* float8 keys: a row not finite keeps the float32 kernels (fmha.h);
              * bf16 pairs against bf16 keys carry NaN and inf as the float32
              * products do, so such a row changes no other row's bits */
-            if (!plan->drv.dec.vbf16) ok &= finite == 0.0f;
+            if (plan->k_format != FMHA_FORMAT_BF16) ok &= finite == 0.0f;
         }
     if (dec_qbt(plan)) /* the pair tiles: qbt [heads][groups][D / 2][16], rows past n 0 */
         for (int64_t hh = 0; hh < plan->drv.dec.heads; hh++)

@@ -300,13 +300,14 @@ typedef void (*fmha_cache_scores_bf16_qt_ukernel_fn)(size_t rows, size_t nk, siz
                                                      const void *k, size_t ldk, float *s, size_t lds, float scale);
 
 /* P V on P rounded to bf16, for bf16 values beside the bf16 scores (a
- * bf16 problem at FAST, a float32 one at BF16):
+ * bf16 problem at FAST, a float32 one at BF16) and for float8 values at
+ * FAST (every float8 value is a bf16 value):
  *   o[r][c] = fmaf(o[r][c], alpha[r], acc[r][c])
  * where acc[r][c] sums, from 0, over the pairs of keys (2i, 2i + 1) in
  * order, bf16(P[r][2i + 1]) V(2i + 1, c) and then bf16(P[r][2i]) V(2i, c)
  * (vdpbf16ps's arithmetic: each product exact, one rounding each); an odd
  * nk's last pair has neither P nor V past nk; nk <= 128. bf16() rounds to nearest
- * even (fmha_f32_to_bf16). V's row j (bf16) at v_rows[j]: the rows of a
+ * even (fmha_f32_to_bf16). V's row j (bf16, or float8 bytes) at v_rows[j]: the rows of a
  * call may lie anywhere (a paged cache's pages), so a call spans pages
  * without a copy. Holds for operands and sums that stay normal, as
  * scores_bf16's. */

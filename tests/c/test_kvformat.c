@@ -23,6 +23,7 @@
 #include "runtime/convert.h"
 #include "config/cpu.h"
 #include "format/format.h"
+#include "uk/scalar/decode.h"
 #include "fmha_ref_masks.h"
 #include "test_util.h"
 
@@ -168,6 +169,7 @@ typedef struct fmt_case {
     fmha_strategy strategy;
     int causal, sinks, window, bf16_q, mla; /* mla: V is K's first Dv columns */
     int64_t page;                           /* > 0: also paged, whose bits must match */
+    int bf16_precision; /* a float32 query at BF16 (Q and P rounded to bf16) in place of FAST */
 } fmt_case;
 
 /* x [rows][d] as llama.cpp's arithmetic sees a query: each block of 32
@@ -239,7 +241,7 @@ static void run_case(const fmt_case *fc, const char *isa) {
      * llama.cpp's arithmetic on this cache (the query as ggml's q8_0
      * blocks, products exact: a float64 reference on that query) */
     for (int fast = 0; fast < 2; fast++) {
-        pq.precision = fast ? FMHA_PRECISION_FAST : FMHA_PRECISION_ACCURATE;
+        pq.precision = !fast ? FMHA_PRECISION_ACCURATE : fc->bf16_precision ? FMHA_PRECISION_BF16 : FMHA_PRECISION_FAST;
         const int integer = fast && tu_quantized_query(&pq);
         if (fast && !integer) continue; /* ACCURATE's arithmetic: checked */
         fmha_status st = tu_forward(&pq, qin, ck.bytes, cv.bytes, o, lse, NULL, 0);
@@ -266,6 +268,10 @@ static void run_case(const fmt_case *fc, const char *isa) {
             double err_l = 0.0;
             for (size_t i = 0; i < no; i++) err_l += (lo[i] - ro[i]) * (lo[i] - ro[i]);
             ratio = tu_err_l2(of, ro, no) / (1.25 * sqrt(err_l) + bf16_o + 1e-7 * norm);
+            /* BF16 rounds Q and P to bf16, not to llama.cpp's bound: each
+             * element of O within 2e-3 (absolute and relative), as test_decode
+             * holds a bf16 cache's BF16 steps */
+            if (fc->bf16_precision) ratio = tu_worst_ratio(of, ro, no, 2e-3, 2e-3);
             /* lse likewise, as the L2 error over the rows */
             double el2 = 0.0, ll2 = 0.0;
             for (size_t i = 0; i < nl; i++) {
@@ -317,7 +323,7 @@ static void run_case(const fmt_case *fc, const char *isa) {
                  "format K %s V %s %s %s %s B %lld Hq %lld Hkv %lld Sq %lld Skv %lld D %lld Dv %lld%s%s%s%s%s page "
                  "%lld: status %d, O ratio %g, lse %s, paged %s",
                  fmt_name(fc->fk), fmt_name(fc->fv), isa, tu_strategy_name(fc->strategy),
-                 integer ? "fast (quantized query)" : "accurate", (long long)B, (long long)fc->hq, (long long)hkv,
+                 !integer ? "accurate" : fc->bf16_precision ? "bf16 (rounded query)" : "fast (quantized query)", (long long)B, (long long)fc->hq, (long long)hkv,
                  (long long)fc->sq, (long long)skv, (long long)D, (long long)Dv, fc->causal ? " causal" : "",
                  fc->sinks ? " sinks" : "", fc->window ? " window" : "", fc->bf16_q ? " bf16-q" : "",
                  fc->mla ? " mla" : "", (long long)fc->page, (int)st, ratio, lse_ok ? "ok" : "off",
@@ -333,29 +339,83 @@ static void run_case(const fmt_case *fc, const char *isa) {
 static const fmha_kv_format quantized[] = {FMHA_KV_FORMAT_INT8, FMHA_KV_FORMAT_FP8_E4M3, FMHA_KV_FORMAT_FP8_E5M2,
                                            FMHA_KV_FORMAT_Q8_0, FMHA_KV_FORMAT_Q4_0};
 
+/* 1 when problem p's plan takes P V in `values` ("bf16", "integer",
+ * "float32") on the decode driver; -1 on another driver. */
+static int plan_values(const fmha_problem *p, const char *values) {
+    fmha_plan *plan = NULL;
+    char line[1024] = "", want[32];
+    if (fmha_plan_create(p, &plan) == FMHA_OK) fmha_plan_describe(plan, line, sizeof line);
+    fmha_plan_destroy(plan);
+    if (!strstr(line, "driver=decode ")) return -1;
+    snprintf(want, sizeof want, " values=%s ", values);
+    return strstr(line, want) != NULL;
+}
+
+/* Per ISA: float8 values take bf16 P where the precision rounds P (a bf16
+ * problem at FAST, a float32 one at BF16) and the table has values_bf16,
+ * never at a float32 problem's FAST (whose bound is llama.cpp's error:
+ * fmha.h). */
+static void test_fp8_values_choice(const char *isa) {
+    const fmha_ukernels *uk = fmha_cpu_kernels();
+    static const fmha_kv_format fmts[] = {FMHA_KV_FORMAT_FP8_E4M3, FMHA_KV_FORMAT_FP8_E5M2};
+    for (int fi = 0; fi < 2; fi++) {
+        const fmha_cache_format_id id = (fmha_cache_format_id)(fmts[fi] - FMHA_KV_FORMAT_F32);
+        const int has = uk->cache[id].values_bf16 != NULL;
+        fmha_problem p;
+        fmha_problem_init(&p, 1, 32, 8, 1, 4096, 128, 128, FMHA_LAYOUT_BSHD);
+        p.k_format = p.v_format = fmts[fi];
+        const int64_t row = (int64_t)fmha_kv_format_row_bytes(fmts[fi], 128);
+        for (int t = 0; t < 2; t++) {
+            int64_t *st = t ? p.v_strides : p.k_strides;
+            st[0] = 4096 * 8 * row, st[1] = 8 * row, st[2] = row, st[3] = 1;
+        }
+        p.k_scale_strides[0] = p.k_scale_strides[1] = p.v_scale_strides[0] = p.v_scale_strides[1] = 0;
+        static const struct { fmha_dtype dtype; fmha_precision precision; int bf16_p; } cases[] = {
+            {FMHA_DTYPE_F32, FMHA_PRECISION_FAST, 0},
+            {FMHA_DTYPE_F32, FMHA_PRECISION_ACCURATE, 0},
+            {FMHA_DTYPE_F32, FMHA_PRECISION_BF16, 1},
+            {FMHA_DTYPE_BF16, FMHA_PRECISION_FAST, 1},
+        };
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            p.dtype = cases[c].dtype, p.precision = cases[c].precision;
+            const int got = plan_values(&p, "bf16");
+            if (got < 0) continue; /* another driver (a matrix engine's) */
+            tu_check(got == (has && cases[c].bf16_p), "%s %s dtype %d precision %d: values on bf16 P %d, wanted %d", isa,
+                     fmt_name(fmts[fi]), (int)cases[c].dtype, (int)cases[c].precision, got, has && cases[c].bf16_p);
+        }
+    }
+}
+
 static void test_cases(const char *isa) {
     static const int64_t pages[] = {1, 5, 16, 32};
     for (int fi = 0; fi < 5; fi++) {
         const fmha_kv_format f = quantized[fi];
         for (int pi = 0; pi < 4; pi++) { /* decode: GQA 8/1, then 32/8 with sinks */
-            fmt_case fc = {f, f, 3, 8, 1, 1, 300, 64, 64, FMHA_STRATEGY_AUTO, 1, 0, 0, 0, 0, pages[pi]};
+            fmt_case fc = {f, f, 3, 8, 1, 1, 300, 64, 64, FMHA_STRATEGY_AUTO, 1, 0, 0, 0, 0, pages[pi], 0};
             run_case(&fc, isa);
         }
-        fmt_case fc = {f, f, 2, 32, 8, 2, 200, 32, 64, FMHA_STRATEGY_AUTO, 1, 1, 1, 0, 0, 16};
+        fmt_case fc = {f, f, 2, 32, 8, 2, 200, 32, 64, FMHA_STRATEGY_AUTO, 1, 1, 1, 0, 0, 16, 0};
         run_case(&fc, isa);
-        fc = (fmt_case){f, f, 2, 4, 2, 16, 150, 32, 32, FMHA_STRATEGY_AUTO, 1, 0, 0, 1, 0, 5}; /* bf16 Q, Sq 16 */
+        fc = (fmt_case){f, f, 2, 4, 2, 16, 150, 32, 32, FMHA_STRATEGY_AUTO, 1, 0, 0, 1, 0, 5, 0}; /* bf16 Q, Sq 16 */
         run_case(&fc, isa);
-        fc = (fmt_case){f, f, 2, 32, 8, 3, 180, 64, 64, FMHA_STRATEGY_AUTO, 1, 0, 0, 0, 0, 16}; /* 12 rows a kv head */
+        fc = (fmt_case){f, f, 2, 32, 8, 3, 180, 64, 64, FMHA_STRATEGY_AUTO, 1, 0, 0, 0, 0, 16, 0}; /* 12 rows a kv head */
+        run_case(&fc, isa);
+        fc = (fmt_case){f, f, 2, 32, 8, 1, 300, 64, 64, FMHA_STRATEGY_AUTO, 1, 0, 0, 1, 0, 16, 0}; /* bf16 Q, Sq 1 */
+        run_case(&fc, isa);
+        /* a float32 query at BF16: 4 and 16 rows a kv head */
+        fc = (fmt_case){f, f, 2, 32, 8, 1, 300, 64, 64, FMHA_STRATEGY_AUTO, 1, 0, 0, 0, 0, 16, 1};
+        run_case(&fc, isa);
+        fc = (fmt_case){f, f, 1, 32, 8, 4, 200, 128, 128, FMHA_STRATEGY_AUTO, 1, 0, 0, 0, 0, 5, 1};
         run_case(&fc, isa);
         /* prefill against the cache: the tiled, dense and portable forwards */
         static const fmha_strategy strategies[] = {FMHA_STRATEGY_TILED, FMHA_STRATEGY_DENSE, FMHA_STRATEGY_PORTABLE};
         for (int si = 0; si < 3; si++) {
-            fc = (fmt_case){f, f, 2, 4, 2, 70, 150, 64, 32, strategies[si], si != 1, si == 0, si == 2, 0, 0, 0};
+            fc = (fmt_case){f, f, 2, 4, 2, 70, 150, 64, 32, strategies[si], si != 1, si == 0, si == 2, 0, 0, 0, 0};
             run_case(&fc, isa);
         }
         /* K and V in different formats */
         fmha_kv_format other = quantized[(fi + 3) % 5];
-        fc = (fmt_case){f, other, 2, 8, 2, 1, 260, 64, 96, FMHA_STRATEGY_AUTO, 0, 0, 0, 0, 0, 3};
+        fc = (fmt_case){f, other, 2, 8, 2, 1, 260, 64, 96, FMHA_STRATEGY_AUTO, 0, 0, 0, 0, 0, 3, 0};
         run_case(&fc, isa);
         fc.fv = FMHA_KV_FORMAT_BF16;
         fc.page = 0;
@@ -411,6 +471,13 @@ static void test_precision_table(void) {
                integer ? "" : " (fast: the float32 query here)");
         tu_check(st == FMHA_OK && ea < 1e-5 && (!integer || ef <= 1.05 * el),
                  "precision table %s: accurate %.2e, fast %.2e, llama.cpp %.2e", fmt_name(fmts[fi]), ea, ef, el);
+        if (fi >= 3) { /* float8 at BF16: the query and P rounded to bf16 (fmha.h, FMHA_PRECISION_BF16) */
+            p.precision = FMHA_PRECISION_BF16;
+            const fmha_status sb = tu_forward(&p, q, ck.bytes, cv.bytes, of, lse, NULL, 0);
+            const double eb = tu_err_l2(of, ro, nq) / norm;
+            printf("  %-9s at bf16 %.2e\n", fmt_name(fmts[fi]), eb);
+            tu_check(sb == FMHA_OK && eb < 3e-3, "precision table %s at BF16: %.2e", fmt_name(fmts[fi]), eb);
+        }
         cache_free(&ck), cache_free(&cv);
     }
     free(q), free(ql), free(xk), free(xv), free(oa), free(of), free(ro), free(lo);
@@ -422,7 +489,7 @@ static void test_mla(const char *isa) {
     static const fmha_kv_format fmts[] = {FMHA_KV_FORMAT_Q8_0, FMHA_KV_FORMAT_FP8_E4M3, FMHA_KV_FORMAT_INT8};
     for (int fi = 0; fi < 3; fi++)
         for (int64_t sq = 1; sq <= 4; sq += 3) {
-            fmt_case fc = {fmts[fi], fmts[fi], 1, 16, 1, sq, 200, 576, 512, FMHA_STRATEGY_AUTO, 1, 0, 0, 0, 1, 64};
+            fmt_case fc = {fmts[fi], fmts[fi], 1, 16, 1, sq, 200, 576, 512, FMHA_STRATEGY_AUTO, 1, 0, 0, 0, 1, 64, 0};
             run_case(&fc, isa);
         }
 }
@@ -436,11 +503,11 @@ static void test_fold(const char *isa) {
     for (int t = 1; t <= 2; t++) {
         fmha_set_num_threads(t);
         for (int fi = 0; fi < 3; fi++) {
-            fmt_case fc = {fmts[fi], fmts[fi], 2, 128, 1, 1, 150, 576, 512, FMHA_STRATEGY_AUTO, 1, 0, 0, fi == 1, 1, 0};
+            fmt_case fc = {fmts[fi], fmts[fi], 2, 128, 1, 1, 150, 576, 512, FMHA_STRATEGY_AUTO, 1, 0, 0, fi == 1, 1, 0, 0};
             run_case(&fc, isa);
         }
         fmt_case fc = {FMHA_KV_FORMAT_Q4_0, FMHA_KV_FORMAT_INT8, 2, 64, 1, 1, 90, 64, 96, FMHA_STRATEGY_AUTO, 0, 0, 0,
-                       0, 0, 0};
+                       0, 0, 0, 0};
         run_case(&fc, isa);
     }
     /* the driver the plan names: fold, and decode where a window rules it out */
@@ -752,6 +819,50 @@ static void test_scores_bf16_qt(const char *isa) {
     }
 }
 
+/* Per ISA: float8 values on bf16 P (values_bf16, where the table has it)
+ * give the scalar specification's bits (normal operands, as the contract
+ * asks: finite codes, P in (0.01, 1)): 1..9 rows (blocks of 4 and single
+ * rows), 1..128 keys (odd counts: a pair with no second row), any Dv
+ * (whole and partial blocks of 64), V's rows in order or shuffled. */
+static void test_values_bf16(const char *isa) {
+    const fmha_ukernels *uk = fmha_cpu_kernels();
+    static const fmha_kv_format fmts[] = {FMHA_KV_FORMAT_FP8_E4M3, FMHA_KV_FORMAT_FP8_E5M2};
+    static const fmha_cache_values_bf16_ukernel_fn specs[] = {fmha_e4m3kv_values_bf16__scalar,
+                                                               fmha_e5m2kv_values_bf16__scalar};
+    enum { ROWS = 9, KEYS = 128, DV = 320 };
+    for (int fi = 0; fi < 2; fi++) {
+        const fmha_kv_format f = fmts[fi];
+        const fmha_cache_format_id id = (fmha_cache_format_id)(f - FMHA_KV_FORMAT_F32);
+        if (!uk->cache[id].values_bf16) continue;
+        uint8_t *v = malloc(KEYS * (DV + 50));
+        float *p = malloc(ROWS * KEYS * sizeof(float)), *o1 = malloc(ROWS * DV * sizeof(float));
+        float *o2 = malloc(ROWS * DV * sizeof(float)), alpha[ROWS];
+        size_t bad = 0;
+        for (int c = 0; c < 40; c++) {
+            const size_t rows = (size_t)tu_int(1, ROWS), nk = (size_t)(c < 4 ? 125 + c : tu_int(1, 70));
+            const size_t dv = (size_t)tu_int(1, DV), ldv = dv + (size_t)tu_int(0, 50);
+            fp8_key_bytes(id, v, KEYS * (DV + 50), 0);
+            tu_fill(p, ROWS * KEYS, 0.01, 1);
+            tu_fill(o1, ROWS * DV, -1, 1);
+            memcpy(o2, o1, ROWS * DV * sizeof(float));
+            tu_fill(alpha, ROWS, 0, 1);
+            const void *v_rows[KEYS];
+            for (size_t j = 0; j < nk; j++) v_rows[j] = v + j * ldv;
+            for (size_t j = nk - 1; c % 2 && j > 0; j--) { /* a paged cache's order */
+                const size_t t = (size_t)tu_int(0, (int)j);
+                const void *x = v_rows[j];
+                v_rows[j] = v_rows[t], v_rows[t] = x;
+            }
+            specs[fi](rows, nk, dv, p, KEYS, v_rows, o1, DV, alpha);
+            uk->cache[id].values_bf16(rows, nk, dv, p, KEYS, v_rows, o2, DV, alpha);
+            bad += memcmp(o1, o2, ROWS * DV * sizeof(float)) != 0;
+        }
+        tu_check(bad == 0, "%s %s values on bf16 P: %zu cases differ from the specification's bits", isa, fmt_name(f),
+                 bad);
+        free(v), free(p), free(o1), free(o2);
+    }
+}
+
 /* ---- the quantizers ---- */
 
 /* ggml's quantize_row_q8_0_ref and quantize_row_q4_0_ref on x[i] =
@@ -971,6 +1082,8 @@ int main(void) {
     tu_each_isa(test_values_int);
     tu_each_isa(test_scores_bf16);
     tu_each_isa(test_scores_bf16_qt);
+    tu_each_isa(test_values_bf16);
+    tu_each_isa(test_fp8_values_choice);
     tu_each_isa(test_cases);
     tu_each_isa(test_mla);
     tu_each_isa(test_fold);

@@ -1,10 +1,10 @@
 /* avx512bf16/decode_bf16.c: decoding in bf16 pairs with vdpbf16ps: the
  * scores of float8 keys (OCP e4m3fn, e5m2) on the query rounded to bf16
  * and of bf16 keys on a bf16 query (fmha_cache_scores_bf16_ukernel_fn),
- * P V on P rounded to bf16 for bf16 values (fmha_cache_values_bf16_
- * ukernel_fn), and float8 values and loads widened through the float8
- * table; contracts and specifications in ../ukernel.h and
- * ../scalar/decode.c.
+ * P V on P rounded to bf16 for bf16 and float8 values (fmha_cache_values_
+ * bf16_ukernel_fn), and float8 values and loads widened through the
+ * float8 table to float32; contracts and specifications in ../ukernel.h
+ * and ../scalar/decode.c.
  *
  * Every float8 value is a bf16 value (3 or 2 mantissa bits, exponents
  * inside bf16's), so 64 bytes of a row become 64 bf16 exactly, in order:
@@ -312,7 +312,8 @@ FMHA_INLINE void finish_unpacked(const int R, size_t n, size_t dv, size_t c0, __
 }
 
 /* ---- P V on bf16 P ----
- * Two keys' V rows (by address: a call may span pages) interleave by
+ * Two keys' V rows (by address: a call may span pages; float8 rows made
+ * bf16 through the table, 64 columns at a time) interleave by
  * vpunpcklwd / vpunpckhwd (a block of 32 columns in avx512/unpack.h's
  * order, put back at the end of a call) and meet the row's pair of bf16
  * P, one vdpbf16ps for 16 columns and 2 keys: half the FMAs'
@@ -328,10 +329,13 @@ FMHA_INLINE __m512i load_bf16_cols(const uint16_t *x, size_t c, __mmask32 m) {
 
 /* Rows [0, R) (R = 4 or 1; rows past n repeat the last, not stored),
  * columns [c0, c0 + 64): acc[r][2 bb + u], block bb's lo (u 0) and hi
- * (u 1) unpack's columns. */
-FMHA_INLINE void values_bf16_block(const int R, size_t n, size_t nk, size_t dv, size_t c0, const uint32_t *pp,
-                                   size_t ldpp, const void *const *v_rows, float *o, size_t ldo, const float *alpha) {
+ * (u 1) unpack's columns. V's rows bf16 as stored (kind KEY_BF16), or
+ * float8 bytes made bf16 through the table tb (KEY_FP8: exact). */
+FMHA_INLINE void values_bf16_block(const int kind, const fp8_bytes *tb, const int R, size_t n, size_t nk, size_t dv,
+                                   size_t c0, const uint32_t *pp, size_t ldpp, const void *const *v_rows, float *o,
+                                   size_t ldo, const float *alpha) {
     const __mmask32 bm0 = block_lanes(dv, c0), bm1 = block_lanes(dv, c0 + 32);
+    const __mmask64 bm = (__mmask64)bm0 | (__mmask64)bm1 << 32;
     const uint32_t *pr[4];
     __m512 acc[4][4];
 #pragma GCC unroll 4
@@ -341,15 +345,31 @@ FMHA_INLINE void values_bf16_block(const int R, size_t n, size_t nk, size_t dv, 
     }
     for (size_t j = 0; j < nk; j += 2) {
         const int pair = j + 1 < nk; /* else the second row is zeros */
-        const uint16_t *x0 = v_rows[j], *x1 = pair ? v_rows[j + 1] : x0;
         __m512bh vv[4];
+        if (kind == KEY_FP8) {
+            const uint8_t *x0 = (const uint8_t *)v_rows[j] + c0, *x1 = pair ? (const uint8_t *)v_rows[j + 1] + c0 : x0;
+            __m512i a[2], b[2];
+            fp8x64_to_bf16(tb, ~bm ? _mm512_maskz_loadu_epi8(bm, x0) : _mm512_loadu_si512((const void *)x0), &a[0], &a[1]);
+            if (pair)
+                fp8x64_to_bf16(tb, ~bm ? _mm512_maskz_loadu_epi8(bm, x1) : _mm512_loadu_si512((const void *)x1), &b[0],
+                               &b[1]);
+            else
+                b[0] = b[1] = _mm512_setzero_si512();
 #pragma GCC unroll 2
-        for (int bb = 0; bb < 2; bb++) {
-            const __mmask32 bm = bb ? bm1 : bm0;
-            const __m512i a = load_bf16_cols(x0, c0 + 32 * (size_t)bb, bm);
-            const __m512i b = pair ? load_bf16_cols(x1, c0 + 32 * (size_t)bb, bm) : _mm512_setzero_si512();
-            vv[2 * bb] = (__m512bh)_mm512_unpacklo_epi16(a, b);
-            vv[2 * bb + 1] = (__m512bh)_mm512_unpackhi_epi16(a, b);
+            for (int bb = 0; bb < 2; bb++) {
+                vv[2 * bb] = (__m512bh)_mm512_unpacklo_epi16(a[bb], b[bb]);
+                vv[2 * bb + 1] = (__m512bh)_mm512_unpackhi_epi16(a[bb], b[bb]);
+            }
+        } else {
+            const uint16_t *x0 = v_rows[j], *x1 = pair ? v_rows[j + 1] : x0;
+#pragma GCC unroll 2
+            for (int bb = 0; bb < 2; bb++) {
+                const __mmask32 m = bb ? bm1 : bm0;
+                const __m512i a = load_bf16_cols(x0, c0 + 32 * (size_t)bb, m);
+                const __m512i b = pair ? load_bf16_cols(x1, c0 + 32 * (size_t)bb, m) : _mm512_setzero_si512();
+                vv[2 * bb] = (__m512bh)_mm512_unpacklo_epi16(a, b);
+                vv[2 * bb + 1] = (__m512bh)_mm512_unpackhi_epi16(a, b);
+            }
         }
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
@@ -377,22 +397,40 @@ FMHA_INLINE void round_pairs(size_t rows, size_t nk, const float *p, size_t ldp,
         }
 }
 
-void fmha_bf16kv_values_bf16__avx512bf16(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
-                                         const void *const *v_rows, float *o, size_t ldo, const float *alpha) {
+FMHA_INLINE void values_bf16(const int kind, const uint16_t *bits, size_t rows, size_t nk, size_t dv, const float *p,
+                             size_t ldp, const void *const *v_rows, float *o, size_t ldo, const float *alpha) {
+    fp8_bytes tb;
+    if (kind == KEY_FP8) tb = bytes_table_of(bits);
     uint32_t pp[4 * VBF_MAX_KEYS / 2]; /* [4][VBF_MAX_KEYS / 2]: a block of rows' P pairs */
     for (size_t r0 = 0; r0 < rows; r0 += 4) {
         const size_t nr = rows - r0 < 4 ? rows - r0 : 4;
         round_pairs(nr, nk, p + r0 * ldp, ldp, pp, VBF_MAX_KEYS / 2);
         for (size_t c0 = 0; c0 < dv; c0 += 64) {
             if (nr == 4) {
-                values_bf16_block(4, 4, nk, dv, c0, pp, VBF_MAX_KEYS / 2, v_rows, o + r0 * ldo, ldo, alpha + r0);
+                values_bf16_block(kind, &tb, 4, 4, nk, dv, c0, pp, VBF_MAX_KEYS / 2, v_rows, o + r0 * ldo, ldo,
+                                  alpha + r0);
                 continue;
             }
             for (size_t r = 0; r < nr; r++)
-                values_bf16_block(1, 1, nk, dv, c0, pp + r * (VBF_MAX_KEYS / 2), VBF_MAX_KEYS / 2, v_rows,
+                values_bf16_block(kind, &tb, 1, 1, nk, dv, c0, pp + r * (VBF_MAX_KEYS / 2), VBF_MAX_KEYS / 2, v_rows,
                                   o + (r0 + r) * ldo, ldo, alpha + r0 + r);
         }
     }
+}
+
+void fmha_bf16kv_values_bf16__avx512bf16(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                         const void *const *v_rows, float *o, size_t ldo, const float *alpha) {
+    values_bf16(KEY_BF16, NULL, rows, nk, dv, p, ldp, v_rows, o, ldo, alpha);
+}
+
+void fmha_e4m3kv_values_bf16__avx512bf16(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                         const void *const *v_rows, float *o, size_t ldo, const float *alpha) {
+    values_bf16(KEY_FP8, e4m3_bf16, rows, nk, dv, p, ldp, v_rows, o, ldo, alpha);
+}
+
+void fmha_e5m2kv_values_bf16__avx512bf16(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                         const void *const *v_rows, float *o, size_t ldo, const float *alpha) {
+    values_bf16(KEY_FP8, e5m2_bf16, rows, nk, dv, p, ldp, v_rows, o, ldo, alpha);
 }
 
 /* ---- float8 values read through the table ----

@@ -14,9 +14,11 @@
  * (decode_bf16.c), their float32-query scores avx512's */
 #define AVX512BF16_FP8(name) \
     fmha_widen_##name##__avx512bf16, fmha_##name##kv_decode_scores__avx512, fmha_##name##kv_decode_values__avx512bf16
-/* and their scores on the bf16 query (FAST), by 4 x 4 blocks and with 16 rows in the lanes */
-#define AVX512BF16_FP8_PAIRS(name) \
-    .scores_bf16 = fmha_##name##kv_scores_bf16__avx512bf16, .scores_bf16_qt = fmha_##name##kv_scores_bf16_qt__avx512bf16
+/* and their scores on the bf16 query (FAST), by 4 x 4 blocks and with 16 rows in the lanes, and
+ * P V on bf16 P */
+#define AVX512BF16_FP8_PAIRS(name)                                                                                     \
+    .scores_bf16 = fmha_##name##kv_scores_bf16__avx512bf16,                                                           \
+    .scores_bf16_qt = fmha_##name##kv_scores_bf16_qt__avx512bf16, .values_bf16 = fmha_##name##kv_values_bf16__avx512bf16
 const fmha_uk_cache fmha_uk_caches__avx512bf16[FMHA_FORMAT_COUNT] =
     FMHA_AVX512_CACHES(FMHA_AVX512VNNI_INTEGER(int8), FMHA_AVX512VNNI_INTEGER(q8_0), FMHA_AVX512VNNI_INTEGER(q4_0),
                        AVX512BF16_FP8_PAIRS(e4m3), AVX512BF16_FP8_PAIRS(e5m2), AVX512BF16_FP8(e4m3),

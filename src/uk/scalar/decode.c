@@ -259,20 +259,34 @@ void fmha_bf16kv_scores_bf16_qt__scalar(size_t rows, size_t nk, size_t d, const 
     scores_bf16_qt(NULL, rows, nk, d, qt, k, ldk, s, lds, scale);
 }
 
-/* ---- P V on bf16 P (the specification of values_bf16) ---- */
-FMHA_SCALAR_FMA_CLONES void fmha_bf16kv_values_bf16__scalar(size_t rows, size_t nk, size_t dv, const float *p,
-                                                            size_t ldp, const void *const *v_rows, float *o,
-                                                            size_t ldo, const float *alpha) {
+/* ---- P V on bf16 P (the specification of values_bf16) ----
+ * V's element: a bf16, or a float8 byte through `value` (exact in bf16). */
+FMHA_SCALAR_FMA_CLONES static void values_bf16(float (*value)(uint8_t), size_t rows, size_t nk, size_t dv,
+                                               const float *p, size_t ldp, const void *const *v_rows, float *o,
+                                               size_t ldo, const float *alpha) {
     for (size_t r = 0; r < rows; r++)
         for (size_t c = 0; c < dv; c++) {
             float acc = 0.0f;
             for (size_t j = 0; j < nk; j += 2) {
                 if (j + 1 < nk)
-                    acc += fmha_bf16_to_f32(fmha_f32_to_bf16(p[r * ldp + j + 1])) *
-                           fmha_bf16_to_f32(((const uint16_t *)v_rows[j + 1])[c]);
-                acc += fmha_bf16_to_f32(fmha_f32_to_bf16(p[r * ldp + j])) *
-                       fmha_bf16_to_f32(((const uint16_t *)v_rows[j])[c]);
+                    acc += fmha_bf16_to_f32(fmha_f32_to_bf16(p[r * ldp + j + 1])) * key_value(value, v_rows[j + 1], c);
+                acc += fmha_bf16_to_f32(fmha_f32_to_bf16(p[r * ldp + j])) * key_value(value, v_rows[j], c);
             }
             o[r * ldo + c] = fmaf(o[r * ldo + c], alpha[r], acc);
         }
+}
+
+void fmha_bf16kv_values_bf16__scalar(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                     const void *const *v_rows, float *o, size_t ldo, const float *alpha) {
+    values_bf16(NULL, rows, nk, dv, p, ldp, v_rows, o, ldo, alpha);
+}
+
+void fmha_e4m3kv_values_bf16__scalar(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                     const void *const *v_rows, float *o, size_t ldo, const float *alpha) {
+    values_bf16(fmha_fp8_e4m3_to_f32, rows, nk, dv, p, ldp, v_rows, o, ldo, alpha);
+}
+
+void fmha_e5m2kv_values_bf16__scalar(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                     const void *const *v_rows, float *o, size_t ldo, const float *alpha) {
+    values_bf16(fmha_fp8_e5m2_to_f32, rows, nk, dv, p, ldp, v_rows, o, ldo, alpha);
 }

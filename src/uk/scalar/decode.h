@@ -53,5 +53,10 @@ void fmha_bf16kv_scores_bf16_qt__scalar(size_t rows, size_t nk, size_t d, const 
                                         float *s, size_t lds, float scale);
 void fmha_bf16kv_values_bf16__scalar(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
                                      const void *const *v_rows, float *o, size_t ldo, const float *alpha);
+/* float8 values on bf16 P (fmha_cache_values_bf16_ukernel_fn) */
+void fmha_e4m3kv_values_bf16__scalar(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                     const void *const *v_rows, float *o, size_t ldo, const float *alpha);
+void fmha_e5m2kv_values_bf16__scalar(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
+                                     const void *const *v_rows, float *o, size_t ldo, const float *alpha);
 
 #endif /* FMHA_UK_SCALAR_DECODE_H */
