@@ -8,7 +8,8 @@
  * sign (Sq above and below Skv), alignment without causal, query lengths,
  * K and V in bf16 or f16 beside float32 Q (bf16 ones now and then at
  * precision BF16: the query rounded to bf16 on matrix_decode), or quantized (int8, q8_0, q4_0,
- * fp8 e4m3 and e5m2, D 32 or 64) under either precision, and decode shapes (Sq 1..16,
+ * fp8 e4m3 and e5m2, D 32 or 64) under either precision (float8 now and then
+ * at BF16: the query and P rounded to bf16), and decode shapes (Sq 1..16,
  * Skv >= 8 Sq) often enough to reach the decode driver.
  *
  * Half the problems also hold one NaN or +-inf: in Q, in K or V, in a
@@ -27,8 +28,8 @@
  * 2^-9 of each weight, over values of at most 1), lse within 1e-4 +
  * 1e-4 |ref| (float32 sums of P from a polynomial exp). A run whose scores take a quantized
  * query (precision FAST: q8_0 for int8, q8_0 or q4_0 keys, bf16 for float8
- * ones; precision BF16 on matrix_decode: bf16, P as bf16, so a bf16 O's
- * tolerances) is held instead to twice the largest error that rounding makes on
+ * ones; precision BF16 on matrix_decode or on float8 caches: bf16, P as
+ * bf16, so a bf16 O's tolerances) is held instead to twice the largest error that rounding makes on
  * the same output (the reference on the query rounded as the run rounds it:
  * ggml's q8_0 blocks, as llama.cpp does, or bf16) on top of those. The reference reads
  * the values the caches hold. Paged and contiguous caches give the same
@@ -196,6 +197,9 @@ static int draw_case(diff_case *c) {
     c->kv_t = FMHA_DTYPE_F32;
     if (c->kv_f) {
         p->precision = tu_int(0, 1) ? FMHA_PRECISION_FAST : FMHA_PRECISION_ACCURATE;
+        /* now and then a float8 cache at BF16: the query and P rounded to bf16 */
+        if ((c->kv_f == FMHA_KV_FORMAT_FP8_E4M3 || c->kv_f == FMHA_KV_FORMAT_FP8_E5M2) && tu_int(0, 2) == 0)
+            p->precision = FMHA_PRECISION_BF16;
     } else if (all_bf16) {
         c->kv_t = p->dtype = FMHA_DTYPE_BF16;
     } else if (tu_int(0, 2) == 0) {
