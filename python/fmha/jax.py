@@ -349,7 +349,9 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
                         the host through jax.pure_callback (jit and vmap
                         work; forward only, not differentiable); masks,
                         biases other than softcap and ALiBi, segment ids
-                        and dropout do not apply.
+                        and dropout do not apply. precision is
+                        fmha.attention's (None: 'fast', the query quantized
+                        as llama.cpp does; 'accurate' keeps it float32).
     Paged caches and caches of their own dtype have no backward:
     differentiating such a call raises FmhaError (FMHA_ERR_UNSUPPORTED).
     scale may be traced (a learned temperature): Q is then multiplied by it
@@ -386,7 +388,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
                                                              query_seq_lengths=query_seq_lengths,
                                                              key_value_seq_lengths=key_value_seq_lengths,
                                                              alibi_slopes=alibi_slopes, softcap=softcap,
-                                                             sinks=sinks, block_table=block_table))
+                                                             sinks=sinks, block_table=block_table,
+                                                             precision=precision))
 
     output_shape = jnp.shape(query)
     q, k, v = _ensure_4d(query), _ensure_4d(key), _ensure_4d(value)

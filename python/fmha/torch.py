@@ -383,7 +383,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     scales [num_pages, Hkv, page_size]). fmha.torch.quantize_kv writes
     them. Forward only and outside autograd and torch.compile's graphs
     (the call runs through the NumPy binding); attn_mask, dropout and
-    segment ids do not apply.
+    segment ids do not apply. precision is fmha.attention's (None: 'fast',
+    the query quantized as llama.cpp does; 'accurate' keeps it float32).
 
     Paged caches and caches of their own dtype have no backward: a backward
     through such a call raises FmhaError (FMHA_ERR_UNSUPPORTED).
@@ -395,7 +396,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                            causal_alignment=causal_alignment, local_window_size=local_window_size,
                                            query_seq_lengths=query_seq_lengths,
                                            key_value_seq_lengths=key_value_seq_lengths, sinks=sinks,
-                                           block_table=block_table),
+                                           block_table=block_table, precision=precision),
             segment_ids is not None or rel_table is not None)
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):

@@ -259,6 +259,11 @@ def test_jax_quantized_cache_matches_numpy(fmt):
     got = jax.jit(lambda q, k, v, ks, vs: fj.dot_product_attention(q, k, v, key_scales=ks, value_scales=vs, **kw))(
         jnp.asarray(q), jnp.asarray(kq), jnp.asarray(vq), *scales)
     assert np.array_equal(np.asarray(got), want)
+    for precision in ("accurate", "bf16"):  # the precision reaches the library
+        want_p = fmha.attention(q, kq, vq, key_scales=ks, value_scales=vs, precision=precision, **kw)
+        got_p = fj.dot_product_attention(jnp.asarray(q), jnp.asarray(kq), jnp.asarray(vq), key_scales=scales[0],
+                                         value_scales=scales[1], precision=precision, **kw)
+        assert np.array_equal(np.asarray(got_p), want_p), precision
     with pytest.raises(fmha.FmhaError, match="forward only"):
         jax.grad(lambda q: fj.dot_product_attention(q, jnp.asarray(kq), jnp.asarray(vq), key_scales=scales[0],
                                                     value_scales=scales[1], **kw).sum())(jnp.asarray(q))
@@ -291,6 +296,13 @@ def test_torch_quantized_cache_matches_numpy(fmt):
     want = fmha.attention(q.transpose(1, 2).numpy(), np_order(kq), np_order(vq), key_format=fmt, value_format=fmt,
                           key_scales=np_order(ks, True), value_scales=np_order(vs, True))
     assert torch.equal(out, torch.from_numpy(want).transpose(1, 2))
+    for precision in ("accurate", "bf16"):  # the precision reaches the library
+        got_p = ft.scaled_dot_product_attention(q, kq, vq, enable_gqa=True, key_format=fmt, value_format=fmt,
+                                                key_scales=ks, value_scales=vs, precision=precision)
+        want_p = fmha.attention(q.transpose(1, 2).numpy(), np_order(kq), np_order(vq), key_format=fmt,
+                                value_format=fmt, key_scales=np_order(ks, True), value_scales=np_order(vs, True),
+                                precision=precision)
+        assert torch.equal(got_p, torch.from_numpy(want_p).transpose(1, 2)), precision
     with pytest.raises(fmha.FmhaError, match="forward only"):
         ft.scaled_dot_product_attention(q.requires_grad_(), kq, vq, enable_gqa=True, key_format=fmt,
                                         value_format=fmt, key_scales=ks, value_scales=vs)
