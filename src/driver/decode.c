@@ -61,15 +61,16 @@ enum { DEC_SUB = 16, DEC_MAX_HEADS = DEC_MAX_UNIT_ROWS };
  * cost as much as the products. */
 enum { DEC_VINT_SUB = 64 };
 
-/* Keys a call of the bf16 pairs' P V (values_bf16) from 16 rows a unit:
- * a call rounds P to pairs and puts O's columns back in order once, which
- * at DEC_SUB keys took a third of the kernel (Zen 4, 16 rows, D 128, L1:
- * 29.5 ns a key at 16 keys a call, 20.5 at 64). Fewer rows keep DEC_SUB:
- * their steps read the cache at the memory's rate, and 64 keys a head
- * before the next head's reads the cache out of order (1-position step
- * 1.09x the time). Float8 values, whose widening and products bound the
- * step, take 64 at any rows (a bf16 problem, e4m3 cache, 4 rows, Skv
- * 65536: 0.94x the time of 16). */
+/* Keys a call of the bf16 pairs' P V (values_bf16) from DEC_QBT_ROWS rows
+ * a unit: a call rounds P to pairs and puts O's columns back in order once,
+ * which at DEC_SUB keys took a third of the kernel (Zen 4, 16 rows, D 128,
+ * L1: 29.5 ns a key at 16 keys a call, 20.5 at 64; a bf16 problem's Sq 3
+ * step, 12 rows, Skv 16384: 0.95-0.97x the time, 8 rows the same). Fewer
+ * rows keep DEC_SUB: their steps read the cache at the memory's rate, and
+ * 64 keys a head before the next head's reads the cache out of order
+ * (1-position step 1.09x the time). Float8 values, whose widening and
+ * products bound the step, take 64 at any rows (a bf16 problem, e4m3
+ * cache, 4 rows, Skv 65536: 0.94x the time of 16). */
 enum { DEC_VBF_SUB = 64 };
 
 /* Rows a unit from which the bf16 scores run on the query's pair tiles
@@ -246,12 +247,12 @@ typedef struct dec_partials {
 } dec_partials;
 
 /* Keys a values call: DEC_VINT_SUB for the integer P V, DEC_VBF_SUB for
- * the bf16 pairs' from 16 rows a unit and float8 values on bf16 P at any
- * rows, else DEC_SUB. */
+ * the bf16 pairs' from DEC_QBT_ROWS rows a unit and float8 values on bf16
+ * P at any rows, else DEC_SUB. */
 static int64_t dec_values_keys(const fmha_plan *plan) {
     if (plan->drv.dec.vint) return DEC_VINT_SUB;
     const int fp8 = fmha_cache_format_at(plan->v_format)->fast_bf16; /* kernels bound these at any rows */
-    return plan->drv.dec.vbf16 && (plan->drv.dec.rows >= 16 || fp8) ? DEC_VBF_SUB : DEC_SUB;
+    return plan->drv.dec.vbf16 && (plan->drv.dec.rows >= DEC_QBT_ROWS || fp8) ? DEC_VBF_SUB : DEC_SUB;
 }
 
 /* 1 when n rows a call widen rows of format fmt once into float32 rows
