@@ -327,15 +327,33 @@ FMHA_INLINE __m512i load_bf16_cols(const uint16_t *x, size_t c, __mmask32 m) {
     return _mm512_maskz_loadu_epi16(m, x + c);
 }
 
+/* The value columns [c, c + 64) below dv, as a lane mask of bytes. */
+FMHA_INLINE __mmask64 block_lanes64(size_t dv, size_t c) {
+    return (__mmask64)block_lanes(dv, c) | (__mmask64)block_lanes(dv, c + 32) << 32;
+}
+
+/* Columns [c0, c0 + 64) of V's row x (the lanes of bm, the others 0) as 64
+ * bf16 in order, w[0] the first 32: bf16 as stored (kind KEY_BF16), or
+ * float8 bytes made bf16 through the table tb (KEY_FP8: exact). */
+FMHA_INLINE void value_cols_bf16(const int kind, const fp8_bytes *tb, const void *x, size_t c0, __mmask64 bm,
+                                 __m512i w[2]) {
+    if (kind == KEY_FP8) {
+        const uint8_t *at = (const uint8_t *)x + c0;
+        fp8x64_to_bf16(tb, ~bm ? _mm512_maskz_loadu_epi8(bm, at) : _mm512_loadu_si512((const void *)at), &w[0],
+                       &w[1]);
+        return;
+    }
+    w[0] = load_bf16_cols(x, c0, (__mmask32)bm);
+    w[1] = load_bf16_cols(x, c0 + 32, (__mmask32)(bm >> 32));
+}
+
 /* Rows [0, R) (R = 4 or 1; rows past n repeat the last, not stored),
  * columns [c0, c0 + 64): acc[r][2 bb + u], block bb's lo (u 0) and hi
- * (u 1) unpack's columns. V's rows bf16 as stored (kind KEY_BF16), or
- * float8 bytes made bf16 through the table tb (KEY_FP8: exact). */
+ * (u 1) unpack's columns (value_cols_bf16 reads V). */
 FMHA_INLINE void values_bf16_block(const int kind, const fp8_bytes *tb, const int R, size_t n, size_t nk, size_t dv,
                                    size_t c0, const uint32_t *pp, size_t ldpp, const void *const *v_rows, float *o,
                                    size_t ldo, const float *alpha) {
-    const __mmask32 bm0 = block_lanes(dv, c0), bm1 = block_lanes(dv, c0 + 32);
-    const __mmask64 bm = (__mmask64)bm0 | (__mmask64)bm1 << 32;
+    const __mmask64 bm = block_lanes64(dv, c0);
     const uint32_t *pr[4];
     __m512 acc[4][4];
 #pragma GCC unroll 4
@@ -345,31 +363,14 @@ FMHA_INLINE void values_bf16_block(const int kind, const fp8_bytes *tb, const in
     }
     for (size_t j = 0; j < nk; j += 2) {
         const int pair = j + 1 < nk; /* else the second row is zeros */
+        __m512i a[2], b[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        value_cols_bf16(kind, tb, v_rows[j], c0, bm, a);
+        if (pair) value_cols_bf16(kind, tb, v_rows[j + 1], c0, bm, b);
         __m512bh vv[4];
-        if (kind == KEY_FP8) {
-            const uint8_t *x0 = (const uint8_t *)v_rows[j] + c0, *x1 = pair ? (const uint8_t *)v_rows[j + 1] + c0 : x0;
-            __m512i a[2], b[2];
-            fp8x64_to_bf16(tb, ~bm ? _mm512_maskz_loadu_epi8(bm, x0) : _mm512_loadu_si512((const void *)x0), &a[0], &a[1]);
-            if (pair)
-                fp8x64_to_bf16(tb, ~bm ? _mm512_maskz_loadu_epi8(bm, x1) : _mm512_loadu_si512((const void *)x1), &b[0],
-                               &b[1]);
-            else
-                b[0] = b[1] = _mm512_setzero_si512();
 #pragma GCC unroll 2
-            for (int bb = 0; bb < 2; bb++) {
-                vv[2 * bb] = (__m512bh)_mm512_unpacklo_epi16(a[bb], b[bb]);
-                vv[2 * bb + 1] = (__m512bh)_mm512_unpackhi_epi16(a[bb], b[bb]);
-            }
-        } else {
-            const uint16_t *x0 = v_rows[j], *x1 = pair ? v_rows[j + 1] : x0;
-#pragma GCC unroll 2
-            for (int bb = 0; bb < 2; bb++) {
-                const __mmask32 m = bb ? bm1 : bm0;
-                const __m512i a = load_bf16_cols(x0, c0 + 32 * (size_t)bb, m);
-                const __m512i b = pair ? load_bf16_cols(x1, c0 + 32 * (size_t)bb, m) : _mm512_setzero_si512();
-                vv[2 * bb] = (__m512bh)_mm512_unpacklo_epi16(a, b);
-                vv[2 * bb + 1] = (__m512bh)_mm512_unpackhi_epi16(a, b);
-            }
+        for (int bb = 0; bb < 2; bb++) {
+            vv[2 * bb] = (__m512bh)_mm512_unpacklo_epi16(a[bb], b[bb]);
+            vv[2 * bb + 1] = (__m512bh)_mm512_unpackhi_epi16(a[bb], b[bb]);
         }
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
@@ -449,7 +450,7 @@ void fmha_e5m2kv_values_bf16__avx512bf16(size_t rows, size_t nk, size_t dv, cons
 FMHA_INLINE void fp8_values_block(const int R, const fp8_bytes *tb, size_t n, size_t nk, size_t dv, size_t c0,
                                   const float *p, size_t ldp, const uint8_t *v, size_t ldv, float *o, size_t ldo,
                                   const float *alpha) {
-    const __mmask64 bm = (__mmask64)block_lanes(dv, c0) | (__mmask64)block_lanes(dv, c0 + 32) << 32;
+    const __mmask64 bm = block_lanes64(dv, c0);
     const float *pr[4];
     __m512 acc[4][4];
 #pragma GCC unroll 4
@@ -459,14 +460,13 @@ FMHA_INLINE void fp8_values_block(const int R, const fp8_bytes *tb, size_t n, si
     }
     const __m512i zero = _mm512_setzero_si512();
     for (size_t j = 0; j < nk; j++) {
-        const uint8_t *x = v + j * ldv + c0;
-        __m512i lo, hi;
-        fp8x64_to_bf16(tb, ~bm ? _mm512_maskz_loadu_epi8(bm, x) : _mm512_loadu_si512((const void *)x), &lo, &hi);
+        __m512i w[2];
+        value_cols_bf16(KEY_FP8, tb, v + j * ldv, c0, bm, w);
         __m512 vv[4];
-        vv[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, lo));
-        vv[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, lo));
-        vv[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, hi));
-        vv[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, hi));
+        vv[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, w[0]));
+        vv[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, w[0]));
+        vv[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, w[1]));
+        vv[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, w[1]));
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const __m512 pv = _mm512_set1_ps(pr[r][j]);
