@@ -95,10 +95,8 @@ FMHA_INLINE void group_values(const int kind, size_t nk, size_t dv, const float 
     memset(pw, 0, nb * sizeof pw[0]);
     for (int r = 0; r < GROUP_ROWS; r++) {
         const float pm = abs_max(nk, p + (size_t)r * ldp);
-        for (size_t b = 0; b < nb; b++) {
-            int32_t unused; /* the tiles take q4_0's offset in the values */
-            quantize_row(nk, p + (size_t)r * ldp, vd[b], pm, dm[b], (int32_t *)pw[b][r], &s[r][b], &unused);
-        }
+        for (size_t b = 0; b < nb; b++) /* the tiles take q4_0's offset in the values: no sum */
+            quantize_row(nk, p + (size_t)r * ldp, vd[b], pm, dm[b], (int32_t *)pw[b][r], &s[r][b], NULL);
     }
     const __m512i lo_cols = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
     const __m512i hi_cols = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);

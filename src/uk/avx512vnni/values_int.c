@@ -143,7 +143,7 @@ FMHA_INLINE void values_int(const int kind, size_t rows, size_t nk, size_t dv, c
         for (size_t r = 0; r < nr; r++) {
             const float pm = abs_max(nk, p + (r0 + r) * ldp);
             for (size_t b = 0; b < nb; b++) quantize_row(nk, p + (r0 + r) * ldp, vd[b], pm, dm[b], pw[r][b], &s[r][b],
-                                                      &psum[r][b]);
+                                                      kind == V_Q4_0 ? &psum[r][b] : NULL); /* q4_0's offset */
         }
         for (size_t c0 = 0; c0 < dv; c0 += 64) {
             if (nr == 4) values_block(kind, 4, 4, nk, dv, c0, v_rows, pw, s, psum, o + r0 * ldo, ldo, alpha + r0);

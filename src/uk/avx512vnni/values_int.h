@@ -57,8 +57,10 @@ static inline __attribute__((always_inline)) void value_block_scales(const int k
 }
 
 /* Row r's P' for block b (keys in pairs: pw [nk / 2 rounded up] dwords, the
- * pad 0), their sum *sum (|P'| <= 32767, so exact for 64 keys) and its scale *s, from the row's largest |P| pm and the block's
- * largest |scale| dm. vd: the 16-key chunks' block scales (int8: ones). */
+ * pad 0) and its scale *s, from the row's largest |P| pm and the block's
+ * largest |scale| dm; where sum is not NULL, *sum their sum (|P'| <=
+ * 32767, so exact for 64 keys). vd: the 16-key chunks' block scales
+ * (int8: ones). */
 static inline __attribute__((always_inline)) void quantize_row(size_t nk, const float *p,
                                                                const __m512 vd[MAX_KEYS / 16], float pm, float dm,
                                                                int32_t *pw, float *s, int32_t *sum) {
@@ -72,9 +74,9 @@ static inline __attribute__((always_inline)) void quantize_row(size_t nk, const 
         const __m512 w = _mm512_mul_ps(_mm512_maskz_loadu_ps(keys, p + 16 * c), vd[c]);
         const __m512i q = finite ? _mm512_cvtps_epi32(_mm512_mul_ps(w, inv)) : _mm512_setzero_si512();
         _mm256_storeu_si256((__m256i *)((int16_t *)pw + 16 * c), _mm512_cvtepi32_epi16(q));
-        total = _mm512_add_epi32(total, q);
+        if (sum) total = _mm512_add_epi32(total, q);
     }
-    *sum = _mm512_reduce_add_epi32(total);
+    if (sum) *sum = _mm512_reduce_add_epi32(total);
 }
 
 /* The largest |x_i| of n <= MAX_KEYS floats, NaN when one is NaN. */
