@@ -103,15 +103,30 @@ static void *tune_fill(size_t n, int bf16) {
     return x;
 }
 
+/* rows x d values as q8_0 blocks (uniform int8 values, every block's half
+ * scale 2^-7: a valid cache, so a row times the quantized decode path). */
+static uint8_t *tune_fill_q8_0(size_t rows, int64_t d) {
+    const size_t n = rows * fmha_kv_format_row_bytes(FMHA_KV_FORMAT_Q8_0, d);
+    uint8_t *x = malloc(n);
+    if (!x) return NULL;
+    for (size_t at = 0; at < n; at += 34) { /* block_q8_0: half d, then 32 int8 */
+        x[at] = 0x00, x[at + 1] = 0x20;
+        for (int e = 0; e < 32; e++) x[at + 2 + e] = (uint8_t)(int8_t)lrintf(127.0f * tune_uniform());
+    }
+    return x;
+}
+
 static void row_free(tune_row *r) {
     void *all[] = {r->q, r->k, r->v, r->d_o, r->o, r->dq, r->dk, r->dv, r->lse, r->o_generic};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
 }
 
 /* Adds a row of B 1, hq heads (hkv for K and V), Sq x Skv (each divided by
- * the tuner's shrink, at least 16; a decode step's Sq < Skv kept), D;
- * returns its index, or -1 when memory ran out. */
-static int add_row(tuner *tn, int bf16, int backward, int64_t hq, int64_t hkv, int64_t sq, int64_t skv, int64_t d) {
+ * the tuner's shrink, at least 16; a decode step's Sq < Skv kept), D, K
+ * and V of the operands' dtype or (q8_0) q8_0 caches; returns its index,
+ * or -1 when memory ran out. */
+static int add_row(tuner *tn, int bf16, int backward, int64_t hq, int64_t hkv, int64_t sq, int64_t skv, int64_t d,
+                   int q8_0) {
     tune_row *r = &tn->rows[tn->n_rows];
     *r = (tune_row){.backward = backward, .bf16 = bf16};
     const int decode = sq < skv; /* a decode step keeps its query length */
@@ -119,7 +134,7 @@ static int add_row(tuner *tn, int bf16, int backward, int64_t hq, int64_t hkv, i
     skv = skv / tn->shrink < 16 ? 16 : skv / tn->shrink;
     if (decode)
         snprintf(r->what, sizeof r->what, "%s decode Sq=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld",
-                 bf16 ? "bfloat16" : "float32", (long long)sq, (long long)skv, (long long)hq, (long long)hkv,
+                 q8_0 ? "q8_0" : bf16 ? "bfloat16" : "float32", (long long)sq, (long long)skv, (long long)hq, (long long)hkv,
                  (long long)d);
     else
         snprintf(r->what, sizeof r->what, "%s %s S=%lld D=%lld", bf16 ? "bfloat16" : "float32",
@@ -129,8 +144,19 @@ static int add_row(tuner *tn, int bf16, int backward, int64_t hq, int64_t hkv, i
     const size_t nq = (size_t)(sq * hq * d), nk = (size_t)(skv * hkv * d), es = bf16 ? 2 : 4;
     r->o_elems = nq;
     r->q = tune_fill(nq, bf16);
-    r->k = tune_fill(nk, bf16);
-    r->v = tune_fill(nk, bf16);
+    if (q8_0) { /* K and V as q8_0 caches: byte strides of whole rows */
+        const int64_t row = (int64_t)fmha_kv_format_row_bytes(FMHA_KV_FORMAT_Q8_0, d);
+        r->k = tune_fill_q8_0((size_t)(skv * hkv), d);
+        r->v = tune_fill_q8_0((size_t)(skv * hkv), d);
+        r->p.k_format = r->p.v_format = FMHA_KV_FORMAT_Q8_0;
+        for (int t = 0; t < 2; t++) {
+            int64_t *st = t ? r->p.v_strides : r->p.k_strides;
+            st[0] = skv * hkv * row, st[1] = hkv * row, st[2] = row, st[3] = 1;
+        }
+    } else {
+        r->k = tune_fill(nk, bf16);
+        r->v = tune_fill(nk, bf16);
+    }
     r->o = malloc(nq * es);
     r->lse = malloc((size_t)(hq * sq) * sizeof(float));
     r->o_generic = malloc(nq * sizeof(float));
@@ -146,35 +172,6 @@ static int add_row(tuner *tn, int bf16, int backward, int64_t hq, int64_t hkv, i
         return -1;
     }
     return tn->n_rows++;
-}
-
-/* Turns decode row i's K and V into q8_0 caches of the same shape
- * (uniform int8 values, every block's half scale 2^-7: a valid cache, so
- * the row times the quantized decode path); 0, or -1 when memory ran out. */
-static int row_to_q8_0(tuner *tn, int i) {
-    tune_row *r = &tn->rows[i];
-    const int64_t skv = r->p.seq_kv, hkv = r->p.heads_kv, d = r->p.head_dim;
-    const size_t row = fmha_kv_format_row_bytes(FMHA_KV_FORMAT_Q8_0, d), n = (size_t)(skv * hkv) * row;
-    uint8_t *kv[2] = {malloc(n), malloc(n)};
-    if (!kv[0] || !kv[1]) {
-        free(kv[0]), free(kv[1]);
-        return -1;
-    }
-    for (int t = 0; t < 2; t++)
-        for (size_t at = 0; at < n; at += 34) { /* block_q8_0: half d, then 32 int8 */
-            kv[t][at] = 0x00, kv[t][at + 1] = 0x20;
-            for (int e = 0; e < 32; e++) kv[t][at + 2 + e] = (uint8_t)(int8_t)lrintf(127.0f * tune_uniform());
-        }
-    free(r->k), free(r->v);
-    r->k = kv[0], r->v = kv[1];
-    r->p.k_format = r->p.v_format = FMHA_KV_FORMAT_Q8_0;
-    for (int t = 0; t < 2; t++) {
-        int64_t *st = t ? r->p.v_strides : r->p.k_strides;
-        st[0] = skv * hkv * (int64_t)row, st[1] = hkv * (int64_t)row, st[2] = (int64_t)row, st[3] = 1;
-    }
-    memcpy(r->what, "q8_0", 4); /* "float32 decode ..." -> "q8_0 decode ..." */
-    memmove(r->what + 4, r->what + 7, strlen(r->what + 7) + 1);
-    return 0;
 }
 
 static fmha_status row_call(const fmha_context *ctx, tune_row *r) {
@@ -430,14 +427,14 @@ static int add_rows(tuner *tn, const fmha_ukernels *uk) {
     const int bf16_kernels = uk->bf16.gemm || uk->matrix.forward;
     for (size_t i = 0; i < sizeof tiled / sizeof tiled[0]; i++) {
         if (tiled[i].bf16 && !bf16_kernels) continue;
-        const int r = add_row(tn, tiled[i].bf16, tiled[i].backward, 8, 8, tiled[i].s, tiled[i].s, tiled[i].d);
+        const int r = add_row(tn, tiled[i].bf16, tiled[i].backward, 8, 8, tiled[i].s, tiled[i].s, tiled[i].d, 0);
         if (r < 0) return -1;
         if (tiled[i].bf16) tn->bf16_rows |= 1u << r;
         else tn->f32_rows |= 1u << r;
     }
     static const int64_t dense[] = {96, 160};
     for (size_t i = 0; i < sizeof dense / sizeof dense[0]; i++) {
-        const int r = add_row(tn, 0, 0, 8, 8, dense[i], dense[i], 64);
+        const int r = add_row(tn, 0, 0, 8, 8, dense[i], dense[i], 64, 0);
         if (r < 0) return -1;
         tn->dense_rows |= 1u << r;
     }
@@ -445,21 +442,21 @@ static int add_rows(tuner *tn, const fmha_ukernels *uk) {
         /* 256 MiB: a step's cache out of the caches (64 MiB of float32 stayed
          * in a Xeon's L3 and chose no prefetch, which made a bf16 cache
          * that is not 1.5x slower) */
-        const int r = add_row(tn, 1, 0, 32, 8, 1, 65536, 128);
+        const int r = add_row(tn, 1, 0, 32, 8, 1, 65536, 128, 0);
         if (r < 0) return -1;
         tn->decode_rows |= 1u << r;
         /* and 512 MiB of float32 cache, its own threshold's row */
-        const int r32 = add_row(tn, 0, 0, 32, 8, 1, 65536, 128);
+        const int r32 = add_row(tn, 0, 0, 32, 8, 1, 65536, 128, 0);
         if (r32 < 0) return -1;
         tn->decode_f32_rows |= 1u << r32;
         /* and 142 MiB of q8_0 cache (float32 query), the quantized formats'
          * threshold (decode_prefetch_bytes) */
-        const int rq = add_row(tn, 0, 0, 32, 8, 1, 65536, 128);
-        if (rq < 0 || row_to_q8_0(tn, rq)) return -1;
+        const int rq = add_row(tn, 0, 0, 32, 8, 1, 65536, 128, 1);
+        if (rq < 0) return -1;
         tn->decode_quant_rows |= 1u << rq;
         /* 4 positions of GQA 4 (16 rows a kv head), a bf16 step of 67
          * MiB: the chunks' threshold of many rows */
-        const int r16 = add_row(tn, 1, 0, 32, 8, 4, 16384, 128);
+        const int r16 = add_row(tn, 1, 0, 32, 8, 4, 16384, 128, 0);
         if (r16 < 0) return -1;
         tn->decode_16_rows |= 1u << r16;
     }
