@@ -299,18 +299,18 @@ typedef void (*fmha_cache_scores_bf16_ukernel_fn)(size_t rows, size_t nk, size_t
 typedef void (*fmha_cache_scores_bf16_qt_ukernel_fn)(size_t rows, size_t nk, size_t d, const uint32_t *qt,
                                                      const void *k, size_t ldk, float *s, size_t lds, float scale);
 
-/* P V on P rounded to bf16, for bf16 values beside the bf16 scores (a
- * bf16 problem at FAST, a float32 one at BF16) and for float8 values at
- * FAST (every float8 value is a bf16 value):
+/* P V on P rounded to bf16, for bf16 and float8 values where the
+ * precision rounds P (a bf16 problem at FAST, a float32 one at BF16;
+ * every float8 value is a bf16 value):
  *   o[r][c] = fmaf(o[r][c], alpha[r], acc[r][c])
  * where acc[r][c] sums, from 0, over the pairs of keys (2i, 2i + 1) in
  * order, bf16(P[r][2i + 1]) V(2i + 1, c) and then bf16(P[r][2i]) V(2i, c)
  * (vdpbf16ps's arithmetic: each product exact, one rounding each); an odd
- * nk's last pair has neither P nor V past nk; nk <= 128. bf16() rounds to nearest
- * even (fmha_f32_to_bf16). V's row j (bf16, or float8 bytes) at v_rows[j]: the rows of a
- * call may lie anywhere (a paged cache's pages), so a call spans pages
- * without a copy. Holds for operands and sums that stay normal, as
- * scores_bf16's. */
+ * nk's last pair has neither P nor V past nk; nk <= 128. bf16() rounds to
+ * nearest even (fmha_f32_to_bf16). V's row j (bf16, or float8 bytes) at
+ * v_rows[j]: the rows of a call may lie anywhere (a paged cache's pages),
+ * so a call spans pages without a copy. Holds for operands and sums that
+ * stay normal, as scores_bf16's. */
 typedef void (*fmha_cache_values_bf16_ukernel_fn)(size_t rows, size_t nk, size_t dv, const float *p, size_t ldp,
                                                   const void *const *v_rows, float *o, size_t ldo,
                                                   const float *alpha);
@@ -447,15 +447,17 @@ typedef struct fmha_uk_decode {
  * (the float32 query's kernels serve). values_int: P V in integers beside
  * the integer scores, reading V's bytes likewise; fallback: none (the
  * format's values, or float32 rows). scores_bf16: float8 keys' scores on
- * the query rounded to bf16 (precision FAST), read as scores_q8 reads, and
- * bf16 keys' where the precision rounds the query (the bf16 pairs);
- * fallback: none. scores_bf16_qt: the same with 16 rows in the lanes, on
- * the query's pair tiles, which the driver makes from DEC_QBT_ROWS rows a unit;
- * fallback: none (scores_bf16 serves). q8_tiles: the driver makes the query's tiles for
- * scores_q8. widen_rows: from this many rows a call, the driver widens the
- * format's rows once into float32 rows for the float32 format's kernels
- * rather than letting scores and values widen them once per block of rows
- * (the same bits); 0: never. */
+ * the query rounded to bf16 (precision FAST, or where the precision
+ * rounds the query), read as scores_q8 reads, and bf16 keys' where the
+ * precision rounds the query (the bf16 pairs); fallback: none.
+ * scores_bf16_qt: the same with 16 rows in the lanes, on the query's pair
+ * tiles, which the driver makes from DEC_QBT_ROWS rows a unit; fallback:
+ * none (scores_bf16 serves). values_bf16: P V on bf16 P where the
+ * precision rounds P; fallback: none (the format's values). q8_tiles: the
+ * driver makes the query's tiles for scores_q8. widen_rows: from this many
+ * rows a call, the driver widens the format's rows once into float32 rows
+ * for the float32 format's kernels rather than letting scores and values
+ * widen them once per block of rows (the same bits); 0: never. */
 typedef struct fmha_uk_cache {
     fmha_cache_load_ukernel_fn load;
     fmha_cache_scores_ukernel_fn scores;
