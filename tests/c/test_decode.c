@@ -1028,10 +1028,8 @@ static void test_f32_query_bf16_cache(void) {
         /* without tiles, a table with bf16 pair kernels takes both products in them */
         const fmha_uk_cache *bc = &fmha_cpu_kernels()->cache[FMHA_FORMAT_BF16];
         if (!tiles) {
-            fmha_plan *plan = NULL;
-            char line[1024] = "";
-            if (fmha_plan_create(&p, &plan) == FMHA_OK) fmha_plan_describe(plan, line, sizeof line);
-            fmha_plan_destroy(plan);
+            char line[1024];
+            tu_plan_line(&p, line, sizeof line);
             const int pairs = strstr(line, " scores=bf16 values=bf16") != NULL;
             tu_check(pairs == (bc->scores_bf16 && bc->values_bf16), "%s: f32 query, bf16 cache, BF16: bf16 pairs %d (%s)",
                      isa, pairs, line);

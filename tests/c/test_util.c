@@ -580,11 +580,16 @@ int tu_planned_driver(const fmha_problem *p, const struct fmha_fwd_driver *drive
     return on;
 }
 
-int tu_quantized_query(const fmha_problem *p) {
+void tu_plan_line(const fmha_problem *p, char *line, size_t n) {
     fmha_plan *plan = NULL;
-    char line[1024] = "";
-    if (fmha_plan_create(p, &plan) == FMHA_OK) fmha_plan_describe(plan, line, sizeof line);
+    line[0] = '\0';
+    if (fmha_plan_create(p, &plan) == FMHA_OK) fmha_plan_describe(plan, line, n);
     fmha_plan_destroy(plan);
+}
+
+int tu_quantized_query(const fmha_problem *p) {
+    char line[1024];
+    tu_plan_line(p, line, sizeof line);
     return strstr(line, " scores=integer") != NULL || strstr(line, " scores=bf16") != NULL;
 }
 

@@ -129,6 +129,8 @@ const char *tu_causal_name(int causal);
  * does not plan. */
 struct fmha_fwd_driver;
 int tu_planned_driver(const fmha_problem *p, const struct fmha_fwd_driver *driver);
+/* line [n] = fmha_plan_describe of p's plan, empty when p does not plan. */
+void tu_plan_line(const fmha_problem *p, char *line, size_t n);
 /* 1 when a plan of p takes its scores on a quantized query: integer
  * (q8_0) or bf16 (fmha_plan_describe's scores=). */
 int tu_quantized_query(const fmha_problem *p);
