@@ -161,6 +161,44 @@ static void test_h16_kernels(const fmha_ukernels *uk) {
     }
 }
 
+/* A score does not depend on where its row and key fall in a call: the
+ * kernels run whole blocks (4 rows x 4 keys, 1 row x 16 keys) apart from
+ * the partial ones at a call's edges, and both must give the same bits, or
+ * a step's result would move with its sub-blocks and pages. Each call here
+ * starts a few rows and keys into the first one's, so that every (row,
+ * key) falls at another place in its block; float32, bf16 and f16 rows,
+ * head dims with and without a tail of 16. */
+static void test_scores_place(const fmha_ukernels *uk) {
+    static const size_t dims[] = {16, 33, 64, 100, 128, 256};
+    for (int c = 0; c < 36; c++) {
+        const fmha_cache_format_id id = (fmha_cache_format_id)(c % 3); /* F32, BF16, F16 */
+        const fmha_cache_scores_ukernel_fn scores = uk->cache[id].scores;
+        if (!scores) continue;
+        size_t rows = (size_t)tu_int(1, 13), nk = (size_t)tu_int(1, 40), d = dims[tu_int(0, 5)];
+        size_t r0 = (size_t)tu_int(0, (int)rows - 1), j0 = (size_t)tu_int(0, (int)nk - 1);
+        size_t unit = id == FMHA_FORMAT_F32 ? 4 : 2, ldk = d + (size_t)tu_int(0, 3), lds = nk;
+        /* q [rows][d]; k [nk][ldk] in the format; s1, s2 [rows][lds] */
+        float *q = malloc(rows * d * sizeof(float)), *kw = malloc(nk * ldk * sizeof(float));
+        float *s1 = malloc(rows * lds * sizeof(float)), *s2 = malloc(rows * lds * sizeof(float));
+        unsigned char *k = malloc(nk * ldk * unit);
+        tu_fill(q, rows * d, -1, 1);
+        tu_fill(kw, nk * ldk, -1, 1);
+        for (size_t i = 0; i < nk * ldk; i++) {
+            uint16_t h = id == FMHA_FORMAT_BF16 ? fmha_f32_to_bf16(kw[i]) : fmha_f32_to_f16(kw[i]);
+            if (id == FMHA_FORMAT_F32) memcpy(k + 4 * i, &kw[i], 4);
+            else memcpy(k + 2 * i, &h, 2);
+        }
+        scores(rows, nk, d, q, d, k, ldk, s1, lds, 0.7f);
+        scores(rows - r0, nk - j0, d, q + r0 * d, d, k + j0 * ldk * unit, ldk, s2, lds, 0.7f);
+        int same = 1;
+        for (size_t r = r0; r < rows; r++)
+            same &= !memcmp(s1 + r * lds + j0, s2 + (r - r0) * lds, (nk - j0) * sizeof(float));
+        tu_check(same, "%s %s decode scores: rows %zu keys %zu d %zu from row %zu key %zu: other bits", uk->isa,
+                 fmha_cache_format_at(id)->name, rows, nk, d, r0, j0);
+        free(q), free(kw), free(s1), free(s2), free(k);
+    }
+}
+
 /* The rows-in-lanes scores (decode.scores_qt) give the scalar float32
  * scores' bits (one fmaf chain from zero a row and key, then the scale),
  * whatever the lanes past the rows hold: every row count to 16, tails of
@@ -1082,6 +1120,7 @@ int main(void) {
         const fmha_ukernels *uk = fmha_cpu_kernels_for(fmha_isa_at(ii)->name);
         if (uk) test_kernels(uk);
         if (uk) test_h16_kernels(uk);
+        if (uk) test_scores_place(uk);
         if (uk) test_scores_qt(uk);
         if (uk) test_bf16_pairs(uk), test_bf16_pairs_qt(uk);
         if (uk) test_matrix_decode_resume(uk);

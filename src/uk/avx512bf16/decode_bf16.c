@@ -130,16 +130,20 @@ FMHA_INLINE void step(const int R, const int J, const __m512bh qv[4], const __m5
  * the last, not stored); row r's keys in lanes [r * J, (r + 1) * J) after
  * the reduction. bf16 keys in steps of 32 values; float8 keys in steps of
  * 64 (fp8x64_to_bf16), each accumulator taking the step's first 32 and
- * then its second 32, the specification's order; a last 32 alone. */
-FMHA_INLINE void scores_block(const int kind, const int R, const fp8_bytes *tb, size_t nr, size_t nj, size_t d,
-                              const uint32_t *q, size_t ldq, const uint8_t *k, size_t ldk, float *s, size_t lds,
-                              float scale) {
+ * then its second 32, the specification's order; a last 32 alone. A
+ * whole block (whole, a compile-time constant: nr = R, nj = 16 / R) runs
+ * without the repeats and the masked stores, in a loop of its own
+ * (scores_bf16): Zen 4, 4 rows, D 128, L1, bf16 keys 9.0 -> 8.6 ns a key,
+ * 1 row 2.9 -> 2.4, e4m3 at 64 keys 10.5 -> 9.6. */
+FMHA_INLINE void scores_block(const int kind, const int R, const int whole, const fp8_bytes *tb, size_t nr,
+                              size_t nj, size_t d, const uint32_t *q, size_t ldq, const uint8_t *k, size_t ldk,
+                              float *s, size_t lds, float scale) {
     const int J = 16 / R;
     const size_t unit = kind == KEY_BF16 ? 2 : 1; /* bytes a storage unit */
     const uint32_t *qr[4];
     const uint8_t *kr[16];
-    for (int r = 0; r < R; r++) qr[r] = q + ((size_t)r < nr ? (size_t)r : nr - 1) * ldq;
-    for (int jj = 0; jj < J; jj++) kr[jj] = k + ((size_t)jj < nj ? (size_t)jj : nj - 1) * ldk * unit;
+    for (int r = 0; r < R; r++) qr[r] = q + (whole || (size_t)r < nr ? (size_t)r : nr - 1) * ldq;
+    for (int jj = 0; jj < J; jj++) kr[jj] = k + (whole || (size_t)jj < nj ? (size_t)jj : nj - 1) * ldk * unit;
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int x = 0; x < 16; x++) acc[x] = _mm512_setzero_ps();
@@ -175,6 +179,17 @@ FMHA_INLINE void scores_block(const int kind, const int R, const fp8_bytes *tb, 
     }
     const __m512 sum = _mm512_mul_ps(fmha_avx512_reduce16(acc), _mm512_set1_ps(scale));
     const __mmask16 keys = (__mmask16)((1u << nj) - 1u);
+    if (whole && R == 1) {
+        _mm512_storeu_ps(s, sum);
+        return;
+    }
+    if (whole) {
+        _mm_storeu_ps(s, _mm512_castps512_ps128(sum));
+        _mm_storeu_ps(s + lds, _mm512_extractf32x4_ps(sum, 1));
+        _mm_storeu_ps(s + 2 * lds, _mm512_extractf32x4_ps(sum, 2));
+        _mm_storeu_ps(s + 3 * lds, _mm512_extractf32x4_ps(sum, 3));
+        return;
+    }
     if (R == 1) {
         _mm512_mask_storeu_ps(s, keys, sum);
         return;
@@ -195,14 +210,26 @@ FMHA_INLINE void scores_bf16(const int kind, const uint16_t *bits, size_t rows, 
     const size_t unit = kind == KEY_BF16 ? 2 : 1;
     const uint8_t *k8 = k;
     const size_t blocked = rows >= 3 ? (rows + 1) / 4 * 4 : 0;
-    for (size_t r0 = 0; r0 < blocked; r0 += 4)
-        for (size_t j0 = 0; j0 < nk; j0 += 4)
-            scores_block(kind, 4, &tb, rows - r0 < 4 ? rows - r0 : 4, nk - j0 < 4 ? nk - j0 : 4, d, q + r0 * ldq,
-                         ldq, k8 + j0 * ldk * unit, ldk, s + r0 * lds + j0, lds, scale);
-    for (size_t r = blocked; r < rows; r++)
-        for (size_t j0 = 0; j0 < nk; j0 += 16)
-            scores_block(kind, 1, &tb, 1, nk - j0 < 16 ? nk - j0 : 16, d, q + r * ldq, ldq, k8 + j0 * ldk * unit,
+    for (size_t r0 = 0; r0 < blocked; r0 += 4) {
+        const size_t nr = rows - r0 < 4 ? rows - r0 : 4;
+        size_t j0 = 0;
+        if (nr == 4)
+            for (; j0 + 4 <= nk; j0 += 4)
+                scores_block(kind, 4, 1, &tb, 4, 4, d, q + r0 * ldq, ldq, k8 + j0 * ldk * unit, ldk,
+                             s + r0 * lds + j0, lds, scale);
+        for (; j0 < nk; j0 += 4)
+            scores_block(kind, 4, 0, &tb, nr, nk - j0 < 4 ? nk - j0 : 4, d, q + r0 * ldq, ldq, k8 + j0 * ldk * unit,
+                         ldk, s + r0 * lds + j0, lds, scale);
+    }
+    for (size_t r = blocked; r < rows; r++) {
+        size_t j0 = 0;
+        for (; j0 + 16 <= nk; j0 += 16)
+            scores_block(kind, 1, 1, &tb, 1, 16, d, q + r * ldq, ldq, k8 + j0 * ldk * unit, ldk, s + r * lds + j0,
+                         lds, scale);
+        for (; j0 < nk; j0 += 16)
+            scores_block(kind, 1, 0, &tb, 1, nk - j0 < 16 ? nk - j0 : 16, d, q + r * ldq, ldq, k8 + j0 * ldk * unit,
                          ldk, s + r * lds + j0, lds, scale);
+    }
 }
 
 void fmha_e4m3kv_scores_bf16__avx512bf16(size_t rows, size_t nk, size_t d, const uint32_t *q, size_t ldq,
