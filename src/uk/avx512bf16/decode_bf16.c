@@ -126,25 +126,14 @@ FMHA_INLINE void step(const int R, const int J, const __m512bh qv[4], const __m5
         for (int jj = 0; jj < J; jj++) acc[r * J + jj] = _mm512_dpbf16_ps(acc[r * J + jj], qv[r], kv[jj]);
 }
 
-/* R rows x 16 / R keys (R = 4 or 1; rows past nr and keys past nj repeat
- * the last, not stored); row r's keys in lanes [r * J, (r + 1) * J) after
- * the reduction. bf16 keys in steps of 32 values; float8 keys in steps of
- * 64 (fp8x64_to_bf16), each accumulator taking the step's first 32 and
- * then its second 32, the specification's order; a last 32 alone. A
- * whole block (whole, a compile-time constant: nr = R, nj = 16 / R) runs
- * without the repeats and the masked stores, in a loop of its own
- * (scores_bf16): Zen 4, 4 rows, D 128, L1, bf16 keys 9.0 -> 8.6 ns a key,
- * 1 row 2.9 -> 2.4, e4m3 at 64 keys 10.5 -> 9.6. */
-FMHA_INLINE void scores_block(const int kind, const int R, const int whole, const fp8_bytes *tb, size_t nr,
-                              size_t nj, size_t d, const uint32_t *q, size_t ldq, const uint8_t *k, size_t ldk,
-                              float *s, size_t lds, float scale) {
+/* acc[r * J + jj] (J = 16 / R) += row r's bf16 pairs (qr[r]) . key jj's
+ * row (kr[jj]) over the head dim: bf16 keys in steps of 32 values; float8
+ * keys in steps of 64 (fp8x64_to_bf16), each accumulator taking the
+ * step's first 32 and then its second 32, the specification's order; a
+ * last 32 alone. */
+FMHA_INLINE void accumulate(const int kind, const int R, const fp8_bytes *tb, size_t d, const uint32_t *const qr[4],
+                            const uint8_t *const kr[16], __m512 acc[16]) {
     const int J = 16 / R;
-    const size_t unit = kind == KEY_BF16 ? 2 : 1; /* bytes a storage unit */
-    const uint32_t *qr[4];
-    const uint8_t *kr[16];
-    for (int r = 0; r < R; r++) qr[r] = q + (whole || (size_t)r < nr ? (size_t)r : nr - 1) * ldq;
-    for (int jj = 0; jj < J; jj++) kr[jj] = k + (whole || (size_t)jj < nj ? (size_t)jj : nj - 1) * ldk * unit;
-    __m512 acc[16];
 #pragma GCC unroll 16
     for (int x = 0; x < 16; x++) acc[x] = _mm512_setzero_ps();
     if (kind == KEY_BF16) {
@@ -156,40 +145,45 @@ FMHA_INLINE void scores_block(const int kind, const int R, const int whole, cons
             for (int jj = 0; jj < J; jj++) kv[jj] = (__m512bh)_mm512_loadu_si512((const void *)(kr[jj] + 2 * e));
             step(R, J, qv, kv, acc);
         }
-    } else {
-        for (size_t e = 0; e < d; e += 64) {
-            const int two = e + 64 <= d; /* else the last 32 */
-            __m512bh qlo[4], qhi[4];
+        return;
+    }
+    for (size_t e = 0; e < d; e += 64) {
+        const int two = e + 64 <= d; /* else the last 32 */
+        __m512bh qlo[4], qhi[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            qlo[r] = (__m512bh)_mm512_loadu_si512(qr[r] + e / 2);
+            qhi[r] = two ? (__m512bh)_mm512_loadu_si512(qr[r] + e / 2 + 16) : qlo[r];
+        }
+#pragma GCC unroll 16
+        for (int jj = 0; jj < J; jj++) {
+            __m512i lo, hi;
+            fp8x64_to_bf16(tb, load_fp8x64(kr[jj], e, d), &lo, &hi);
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
-                qlo[r] = (__m512bh)_mm512_loadu_si512(qr[r] + e / 2);
-                qhi[r] = two ? (__m512bh)_mm512_loadu_si512(qr[r] + e / 2 + 16) : qlo[r];
-            }
-#pragma GCC unroll 16
-            for (int jj = 0; jj < J; jj++) {
-                __m512i lo, hi;
-                fp8x64_to_bf16(tb, load_fp8x64(kr[jj], e, d), &lo, &hi);
-#pragma GCC unroll 4
-                for (int r = 0; r < R; r++) {
-                    acc[r * J + jj] = _mm512_dpbf16_ps(acc[r * J + jj], qlo[r], (__m512bh)lo);
-                    if (two) acc[r * J + jj] = _mm512_dpbf16_ps(acc[r * J + jj], qhi[r], (__m512bh)hi);
-                }
+                acc[r * J + jj] = _mm512_dpbf16_ps(acc[r * J + jj], qlo[r], (__m512bh)lo);
+                if (two) acc[r * J + jj] = _mm512_dpbf16_ps(acc[r * J + jj], qhi[r], (__m512bh)hi);
             }
         }
     }
+}
+
+/* R rows x 16 / R keys (R = 4 or 1; rows past nr and keys past nj repeat
+ * the last, not stored); row r's keys in lanes [r * J, (r + 1) * J) after
+ * the reduction. */
+FMHA_INLINE void scores_block(const int kind, const int R, const fp8_bytes *tb, size_t nr, size_t nj, size_t d,
+                              const uint32_t *q, size_t ldq, const uint8_t *k, size_t ldk, float *s, size_t lds,
+                              float scale) {
+    const int J = 16 / R;
+    const size_t unit = kind == KEY_BF16 ? 2 : 1; /* bytes a storage unit */
+    const uint32_t *qr[4];
+    const uint8_t *kr[16];
+    for (int r = 0; r < R; r++) qr[r] = q + ((size_t)r < nr ? (size_t)r : nr - 1) * ldq;
+    for (int jj = 0; jj < J; jj++) kr[jj] = k + ((size_t)jj < nj ? (size_t)jj : nj - 1) * ldk * unit;
+    __m512 acc[16];
+    accumulate(kind, R, tb, d, qr, kr, acc);
     const __m512 sum = _mm512_mul_ps(fmha_avx512_reduce16(acc), _mm512_set1_ps(scale));
     const __mmask16 keys = (__mmask16)((1u << nj) - 1u);
-    if (whole && R == 1) {
-        _mm512_storeu_ps(s, sum);
-        return;
-    }
-    if (whole) {
-        _mm_storeu_ps(s, _mm512_castps512_ps128(sum));
-        _mm_storeu_ps(s + lds, _mm512_extractf32x4_ps(sum, 1));
-        _mm_storeu_ps(s + 2 * lds, _mm512_extractf32x4_ps(sum, 2));
-        _mm_storeu_ps(s + 3 * lds, _mm512_extractf32x4_ps(sum, 3));
-        return;
-    }
     if (R == 1) {
         _mm512_mask_storeu_ps(s, keys, sum);
         return;
@@ -198,6 +192,35 @@ FMHA_INLINE void scores_block(const int kind, const int R, const int whole, cons
     if (nr > 1) _mm_mask_storeu_ps(s + lds, (__mmask8)keys, _mm512_extractf32x4_ps(sum, 1));
     if (nr > 2) _mm_mask_storeu_ps(s + 2 * lds, (__mmask8)keys, _mm512_extractf32x4_ps(sum, 2));
     if (nr > 3) _mm_mask_storeu_ps(s + 3 * lds, (__mmask8)keys, _mm512_extractf32x4_ps(sum, 3));
+}
+
+/* A whole block (nr = R, nj = 16 / R): scores_block's sums, bit for bit,
+ * without the repeats and the masked stores, called in a loop of its own
+ * (scores_bf16) so that its pointers stay in registers: Zen 4, 4 rows,
+ * D 128, L1, bf16 keys 9.0 -> 6.2 ns a key (their 16 vdpbf16ps: 4.4). A
+ * flag on scores_block in the same place gave 8.6 (the avx512 float32
+ * kernels found the same, ../avx512/decode.c). */
+FMHA_INLINE void scores_block_whole(const int kind, const int R, const fp8_bytes *tb, size_t d, const uint32_t *q,
+                                    size_t ldq, const uint8_t *k, size_t ldk, float *s, size_t lds, __m512 sv) {
+    const int J = 16 / R;
+    const size_t unit = kind == KEY_BF16 ? 2 : 1;
+    const uint32_t *qr[4];
+    const uint8_t *kr[16];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) qr[r] = q + (size_t)r * ldq;
+#pragma GCC unroll 16
+    for (int jj = 0; jj < J; jj++) kr[jj] = k + (size_t)jj * ldk * unit;
+    __m512 acc[16];
+    accumulate(kind, R, tb, d, qr, kr, acc);
+    const __m512 sum = _mm512_mul_ps(fmha_avx512_reduce16(acc), sv);
+    if (R == 1) {
+        _mm512_storeu_ps(s, sum);
+        return;
+    }
+    _mm_storeu_ps(s, _mm512_castps512_ps128(sum));
+    _mm_storeu_ps(s + lds, _mm512_extractf32x4_ps(sum, 1));
+    _mm_storeu_ps(s + 2 * lds, _mm512_extractf32x4_ps(sum, 2));
+    _mm_storeu_ps(s + 3 * lds, _mm512_extractf32x4_ps(sum, 3));
 }
 
 /* Rows in blocks of 4 (a last block of 3 with a repeated row) against 4
@@ -210,24 +233,25 @@ FMHA_INLINE void scores_bf16(const int kind, const uint16_t *bits, size_t rows, 
     const size_t unit = kind == KEY_BF16 ? 2 : 1;
     const uint8_t *k8 = k;
     const size_t blocked = rows >= 3 ? (rows + 1) / 4 * 4 : 0;
+    const __m512 sv = _mm512_set1_ps(scale);
     for (size_t r0 = 0; r0 < blocked; r0 += 4) {
         const size_t nr = rows - r0 < 4 ? rows - r0 : 4;
         size_t j0 = 0;
         if (nr == 4)
             for (; j0 + 4 <= nk; j0 += 4)
-                scores_block(kind, 4, 1, &tb, 4, 4, d, q + r0 * ldq, ldq, k8 + j0 * ldk * unit, ldk,
-                             s + r0 * lds + j0, lds, scale);
+                scores_block_whole(kind, 4, &tb, d, q + r0 * ldq, ldq, k8 + j0 * ldk * unit, ldk, s + r0 * lds + j0,
+                                   lds, sv);
         for (; j0 < nk; j0 += 4)
-            scores_block(kind, 4, 0, &tb, nr, nk - j0 < 4 ? nk - j0 : 4, d, q + r0 * ldq, ldq, k8 + j0 * ldk * unit,
-                         ldk, s + r0 * lds + j0, lds, scale);
+            scores_block(kind, 4, &tb, nr, nk - j0 < 4 ? nk - j0 : 4, d, q + r0 * ldq, ldq, k8 + j0 * ldk * unit, ldk,
+                         s + r0 * lds + j0, lds, scale);
     }
     for (size_t r = blocked; r < rows; r++) {
         size_t j0 = 0;
         for (; j0 + 16 <= nk; j0 += 16)
-            scores_block(kind, 1, 1, &tb, 1, 16, d, q + r * ldq, ldq, k8 + j0 * ldk * unit, ldk, s + r * lds + j0,
-                         lds, scale);
+            scores_block_whole(kind, 1, &tb, d, q + r * ldq, ldq, k8 + j0 * ldk * unit, ldk, s + r * lds + j0, lds,
+                               sv);
         for (; j0 < nk; j0 += 16)
-            scores_block(kind, 1, 0, &tb, 1, nk - j0 < 16 ? nk - j0 : 16, d, q + r * ldq, ldq, k8 + j0 * ldk * unit,
+            scores_block(kind, 1, &tb, 1, nk - j0 < 16 ? nk - j0 : 16, d, q + r * ldq, ldq, k8 + j0 * ldk * unit,
                          ldk, s + r * lds + j0, lds, scale);
     }
 }
