@@ -376,10 +376,10 @@ fmha_status fmha_biases_check(const fmha_problem *p);
 size_t fmha_bias_grad_task_doubles(const fmha_plan *plan, size_t heads_per_task);
 /* Backward: a dS tile's contribution to the bias gradients: the dense bias
  * gradient (in place, the task split keeps writers apart), the Toeplitz sums
- * (diag: scratch of NR + block_kv floats; task_acc: this task's row for
+ * (diag: scratch of NR + block_kv doubles; task_acc: this task's row for
  * head t->h, or NULL) and the callback's accumulate_grad. */
 void fmha_bias_grad_tile(const fmha_plan *plan, const fmha_tile_pos *t, const float *ds, size_t lds,
-                         float *diag, double *task_acc, int thread);
+                         double *diag, double *task_acc, int thread);
 void fmha_softcap_grad(const fmha_plan *plan, const fmha_tile_pos *t, float *ds, size_t lds,
                        const float *raw);
 void fmha_bias_grad_finish(const fmha_plan *plan, const double *task_acc, size_t n_tasks,

@@ -219,7 +219,7 @@ size_t fmha_bias_grad_task_doubles(const fmha_plan *plan, size_t heads_per_task)
 }
 
 void fmha_bias_grad_tile(const fmha_plan *plan, const fmha_tile_pos *t, const float *ds, size_t lds,
-                         float *diag, double *task_acc, int thread) {
+                         double *diag, double *task_acc, int thread) {
     const fmha_biases *bs = &plan->p.biases;
     const fmha_param_grads *g = plan->grads;
     size_t nq = (size_t)t->nq;
@@ -239,12 +239,12 @@ void fmha_bias_grad_tile(const fmha_plan *plan, const fmha_tile_pos *t, const fl
         }
     }
     if (task_acc) {
-        /* diag[i - r + nk - 1] = float32 sum of the tile's diagonal, then float64 */
+        /* diag[i - r + nk - 1] = float64 sum of the tile's diagonal */
         size_t n = nq + (size_t)t->nk - 1;
-        memset(diag, 0, n * sizeof(float));
+        memset(diag, 0, n * sizeof(double));
         for (int64_t r = 0; r < t->nk; r++) {
             const float *row = ds + (size_t)r * lds;
-            float *dst = diag + (t->nk - 1 - r);
+            double *dst = diag + (t->nk - 1 - r);
             for (size_t i = 0; i < nq; i++) dst[i] += row[i];
         }
         /* x = 0 is a = q0 + off - k0 - (nk - 1) */

@@ -64,7 +64,7 @@ typedef struct bwd_tiles {
     float *dk;     /* [Bc][D_pad]   dK_j accumulator */
     float *dv;     /* [Bc][Dv_pad]  dV_j accumulator */
     float *raw;    /* [Bc][NR]      scores before softcap (softcap only) */
-    float *diag;   /* [Bc + NR]     a tile's Toeplitz gradient sums */
+    double *diag;  /* [Bc + NR]     a tile's Toeplitz gradient sums */
     unsigned char *mask; /* [Bc][NR] for a mask callback */
     float *o_row, *do_row; /* [Dv] each: O and dO rows of Dsum (pre-pass) */
     float *dq_sum; /* [D]           a dQ row summed over the groups (last pass) */
@@ -162,7 +162,7 @@ static void bwd_carve(const fmha_plan *plan, fmha_carver *c, bwd_tiles *t) {
     t->dk = fmha_carve(c, d.bc * d.d_pad * sizeof(float));
     t->dv = fmha_carve(c, d.bc * d.dv_pad * sizeof(float));
     t->raw = fmha_carve(c, plan->p.biases.softcap != 0.0f ? d.bc * d.nr * sizeof(float) : 0);
-    t->diag = fmha_carve(c, (d.bc + d.nr) * sizeof(float));
+    t->diag = fmha_carve(c, (d.bc + d.nr) * sizeof(double));
     t->mask = fmha_carve(c, fmha_mask_scratch_bytes(plan));
     t->o_row = fmha_carve(c, d.Dv * sizeof(float));
     t->do_row = fmha_carve(c, d.Dv * sizeof(float));
