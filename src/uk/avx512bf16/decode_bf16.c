@@ -197,8 +197,8 @@ FMHA_INLINE void scores_block(const int kind, const int R, const fp8_bytes *tb, 
 /* A whole block (nr = R, nj = 16 / R): scores_block's sums, bit for bit,
  * without the repeats and the masked stores, called in a loop of its own
  * (scores_bf16) so that its pointers stay in registers: Zen 4, 4 rows,
- * D 128, L1, bf16 keys 9.0 -> 6.2 ns a key (their 16 vdpbf16ps: 4.4). A
- * flag on scores_block in the same place gave 8.6 (the avx512 float32
+ * D 128, L1, bf16 keys 9.0 -> 5.9 ns a key (their 16 vdpbf16ps: 4.4). A
+ * flag on scores_block in the same place gave 7.8-8.6 (the avx512 float32
  * kernels found the same, ../avx512/decode.c). */
 FMHA_INLINE void scores_block_whole(const int kind, const int R, const fp8_bytes *tb, size_t d, const uint32_t *q,
                                     size_t ldq, const uint8_t *k, size_t ldk, float *s, size_t lds, __m512 sv) {
