@@ -110,6 +110,35 @@ FMHA_INLINE void scores_step(const int R, const int J, const __m512 qv[4], const
         for (int jj = 0; jj < J; jj++) acc[r * J + jj] = _mm512_fmadd_ps(qv[r], kv[jj], acc[r * J + jj]);
 }
 
+/* acc[r * J + jj] (J = 16 / R) = row r of q (qr[r]) . key jj's row (kr[jj])
+ * over the head dim, in 16 lanes: whole vectors, then a tail of d % 16
+ * (none when tail is 0 at compile time: d a multiple of 16). */
+FMHA_INLINE void accumulate(const int kind, const int R, const int tail_too, size_t d, const float *const qr[4],
+                            const void *const kr[16], __m512 acc[16]) {
+    const int J = 16 / R;
+#pragma GCC unroll 16
+    for (int x = 0; x < 16; x++) acc[x] = _mm512_setzero_ps();
+    const size_t d_full = tail_too ? d / 16 * 16 : d;
+    size_t e = 0;
+    for (; e < d_full; e += 16) {
+        __m512 qv[4], kv[16];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) qv[r] = _mm512_loadu_ps(qr[r] + e);
+#pragma GCC unroll 16
+        for (int jj = 0; jj < J; jj++) kv[jj] = load_kv(kind, kr[jj], e);
+        scores_step(R, J, qv, kv, acc);
+    }
+    if (tail_too && e < d) {
+        const __mmask16 tail = (__mmask16)((1u << (d - e)) - 1u);
+        __m512 qv[4], kv[16];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) qv[r] = _mm512_maskz_loadu_ps(tail, qr[r] + e);
+#pragma GCC unroll 16
+        for (int jj = 0; jj < J; jj++) kv[jj] = maskz_load_kv(kind, tail, kr[jj], e);
+        scores_step(R, J, qv, kv, acc);
+    }
+}
+
 /* Scores of R rows x (16 / R) keys (R = 4 or 1): 16 accumulators, one per
  * (row, key), so that each K vector loaded feeds R FMAs and each query
  * vector 16 / R. The reduction leaves row r's keys in lanes
@@ -123,27 +152,7 @@ FMHA_INLINE void scores_block(const int kind, const int R, size_t nr, size_t nj,
     for (int r = 0; r < R; r++) qr[r] = q + ((size_t)r < nr ? (size_t)r : nr - 1) * ldq;
     for (int jj = 0; jj < J; jj++) kr[jj] = row_at(kind, k, (size_t)jj < nj ? (size_t)jj : nj - 1, ldk);
     __m512 acc[16];
-#pragma GCC unroll 16
-    for (int x = 0; x < 16; x++) acc[x] = _mm512_setzero_ps();
-    const size_t d_full = d / 16 * 16;
-    size_t e = 0;
-    for (; e < d_full; e += 16) {
-        __m512 qv[4], kv[16];
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) qv[r] = _mm512_loadu_ps(qr[r] + e);
-#pragma GCC unroll 16
-        for (int jj = 0; jj < J; jj++) kv[jj] = load_kv(kind, kr[jj], e);
-        scores_step(R, J, qv, kv, acc);
-    }
-    if (e < d) {
-        const __mmask16 tail = (__mmask16)((1u << (d - e)) - 1u);
-        __m512 qv[4], kv[16];
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) qv[r] = _mm512_maskz_loadu_ps(tail, qr[r] + e);
-#pragma GCC unroll 16
-        for (int jj = 0; jj < J; jj++) kv[jj] = maskz_load_kv(kind, tail, kr[jj], e);
-        scores_step(R, J, qv, kv, acc);
-    }
+    accumulate(kind, R, 1, d, qr, kr, acc);
     const __m512 sum = _mm512_mul_ps(fmha_avx512_reduce16(acc), sv);
     const __mmask16 keys = (__mmask16)((1u << nj) - 1u);
     if (R == 1) {
@@ -158,24 +167,22 @@ FMHA_INLINE void scores_block(const int kind, const int R, size_t nr, size_t nj,
 
 /* A whole block (R rows x 16 / R keys, d a multiple of 16): scores_block's
  * sums, bit for bit, without its repeated rows and keys, its tail and its
- * masked stores. Called in a loop of its own, it keeps the block's
- * pointers and counters in registers: Zen 4, 4 rows, D 128, 64 keys, L1,
- * 12.8 -> 9.5 ns a key (the FMAs alone: 8.7); folding the same shortcut
- * into scores_block as a flag gave 11.9, the loop's counters spilled. */
+ * masked stores. Called in a
+ * loop of its own, it keeps the block's pointers and counters in
+ * registers: Zen 4, 4 rows, D 128, 64 keys, L1, 12.8 -> 9.4 ns a key (the
+ * FMAs alone: 8.7); folding the same shortcut into scores_block as a flag
+ * gave 11.9, the loop's counters spilled. */
 FMHA_INLINE void scores_block_whole(const int kind, const int R, size_t d, const float *q, size_t ldq, const void *k,
                                     size_t ldk, float *s, size_t lds, __m512 sv) {
     const int J = 16 / R;
-    __m512 acc[16];
-#pragma GCC unroll 16
-    for (int x = 0; x < 16; x++) acc[x] = _mm512_setzero_ps();
-    for (size_t e = 0; e < d; e += 16) {
-        __m512 qv[4], kv[16];
+    const float *qr[4];
+    const void *kr[16];
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) qv[r] = _mm512_loadu_ps(q + (size_t)r * ldq + e);
+    for (int r = 0; r < R; r++) qr[r] = q + (size_t)r * ldq;
 #pragma GCC unroll 16
-        for (int jj = 0; jj < J; jj++) kv[jj] = load_kv(kind, row_at(kind, k, (size_t)jj, ldk), e);
-        scores_step(R, J, qv, kv, acc);
-    }
+    for (int jj = 0; jj < J; jj++) kr[jj] = row_at(kind, k, (size_t)jj, ldk);
+    __m512 acc[16];
+    accumulate(kind, R, 0, d, qr, kr, acc);
     const __m512 sum = _mm512_mul_ps(fmha_avx512_reduce16(acc), sv);
     if (R == 1) {
         _mm512_storeu_ps(s, sum);
@@ -212,8 +219,7 @@ FMHA_INLINE void decode_scores(const int kind, size_t rows, size_t nk, size_t d,
         size_t j0 = 0;
         if (d % 16 == 0)
             for (; j0 + 16 <= nk; j0 += 16)
-                scores_block_whole(kind, 1, d, q + r * ldq, ldq, row_at(kind, k, j0, ldk), ldk, s + r * lds + j0, lds,
-                                   sv);
+                scores_block_whole(kind, 1, d, q + r * ldq, ldq, row_at(kind, k, j0, ldk), ldk, s + r * lds + j0, lds, sv);
         for (; j0 < nk; j0 += 16)
             scores_block(kind, 1, 1, nk - j0 < 16 ? nk - j0 : 16, d, q + r * ldq, ldq, row_at(kind, k, j0, ldk), ldk,
                          s + r * lds + j0, lds, sv);
