@@ -109,9 +109,9 @@ static uint8_t *tune_fill_q8_0(size_t rows, int64_t d) {
     const size_t n = rows * fmha_kv_format_row_bytes(FMHA_KV_FORMAT_Q8_0, d);
     uint8_t *x = malloc(n);
     if (!x) return NULL;
-    for (size_t at = 0; at < n; at += 34) { /* block_q8_0: half d, then 32 int8 */
+    for (size_t at = 0; at < n; at += FMHA_Q8_0_BLOCK_BYTES) { /* block_q8_0: half d, then 32 int8 */
         x[at] = 0x00, x[at + 1] = 0x20;
-        for (int e = 0; e < 32; e++) x[at + 2 + e] = (uint8_t)(int8_t)lrintf(127.0f * tune_uniform());
+        for (int e = 0; e < FMHA_GGUF_BLOCK; e++) x[at + 2 + e] = (uint8_t)(int8_t)lrintf(127.0f * tune_uniform());
     }
     return x;
 }

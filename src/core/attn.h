@@ -74,9 +74,9 @@ struct fmha_plan {
          * decode_prefetch_h16_bytes). Precision
          * FAST: scores, how the scores are taken (fmha_dec_scores); vint,
          * P V in integers on 16-bit P (uk->cache[v_format].values_int);
-         * vbf16, P V on bf16 P (values_bf16) for a bf16 cache (a bf16
-         * problem at FAST, a float32 one at BF16) or float8 values at
-         * FAST. */
+         * vbf16, P V on bf16 P (values_bf16) for a bf16 cache or float8
+         * values, where the precision rounds P (a bf16 problem at FAST, a
+         * float32 one at BF16). */
         struct {
             int64_t heads, rows, units, chunk, splits, prefetch_keys;
             int prefetch, scores, vint, vbf16;
