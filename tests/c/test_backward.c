@@ -20,7 +20,11 @@
  *   covers rows where the cancellation is total: a query that sees one key
  *   (or a one-hot softmax) has exact dS = 0, and float32 leaves the rounding
  *   of dP - rowsum(dO O), a few ulps of Dv max|dO| max|V|. When r is all zero
- *   the relative L2 check is skipped and the elementwise one decides.
+ *   the relative L2 check is skipped and the elementwise one decides; where
+ *   such rows outweigh the rest (a key seen by a row that sees only it and
+ *   by one that sees a few, whose true dK is small), ||x - r|| <= 1e-6 N
+ *   passes in its place: every instruction set, the scalar one too, leaves
+ *   that much there.
  *   Logits near the float32 limit (one-hot softmax, exact dQ = dK = 0): the
  *   floor for dQ and dK is 1e-4 N, still far below the size of a real error
  *   (a wrong P moves dQ by ~N); dV is held to the usual bar. */
@@ -98,6 +102,7 @@ typedef struct ref_case {
     double *o, *lse;        /* o [B,Sq,Hq,Dv], lse [B,Hq,Sq] */
     size_t n[3], n_o, n_l;
     double atol[3];
+    double floor[3];        /* the error that total cancellation leaves (above) */
     int onehot;             /* logits near the float32 limit */
     int all_zero[3];        /* r is exactly zero: no relative L2 check */
     unsigned char *q_seen;  /* [Sq]: query i sees some key */
@@ -124,7 +129,13 @@ static int check_grads(const ref_case *c, const char *what, float *const grads[3
         ratio[t] = tu_worst_ratio(got, c->g[t], c->n[t], c->atol[t], G_RTOL);
         rel[t] = c->all_zero[t] || (c->onehot && t < 2) ? 0.0 : tu_rel_l2(got, c->g[t], c->n[t]);
         ok &= tu_check(ratio[t] <= 1.0, "%s: d%c worst ratio %.3g", what, which[t], ratio[t]);
-        ok &= tu_check(rel[t] <= G_REL_L2, "%s: d%c relative L2 error %.3g", what, which[t], rel[t]);
+        /* the L2 error within 2e-5 of ||r||, or within the floor where the
+         * rows of total cancellation outweigh the rest (a few keys, each
+         * seen by a row of one key and a row of several) */
+        const double err = tu_err_l2(got, c->g[t], c->n[t]);
+        ok &= tu_check(rel[t] <= G_REL_L2 || err <= c->floor[t],
+                       "%s: d%c relative L2 error %.3g (L2 error %.3g, floor %.3g)", what, which[t], rel[t], err,
+                       c->floor[t]);
         /* exact zeros: dq of queries that see nothing, dk and dv of keys nobody sees */
         int zeros = 1;
         for (int64_t b = 0; b < n[0]; b++)
@@ -184,6 +195,7 @@ static void run_case(const char *name, const fmha_problem *p, const float *q, co
     for (int t = 0; t < 3; t++) {
         const double m = tu_max_abs_d(c.g[t], c.n[t]);
         const double floor = (onehot && t < 2 ? G_ONEHOT : G_FLOOR) * natural[t];
+        c.floor[t] = floor;
         c.atol[t] = G_ATOL_MAX * m > floor ? G_ATOL_MAX * m : floor;
         if (c.atol[t] == 0.0) c.atol[t] = 1e-30;
         c.all_zero[t] = m == 0.0;
