@@ -470,7 +470,7 @@ typedef enum fmha_precision {
      * FMA path. bf16 problems read it as ACCURATE. */
     FMHA_PRECISION_BF16X3,
     /* float32 inputs on a matrix engine, the forward: Q, K, V and P rounded
-     * to bf16 (2^-9 each), one product per GEMM; elsewhere as BF16X3. bf16
+     * to bf16 (at most 2^-8 of each), one product per GEMM; elsewhere as BF16X3. bf16
      * problems read it as FAST. A decode step of a float32 query against a
      * bf16 cache (kv_dtype BF16) on a matrix engine, 8 or more rows a kv
      * head: the query rounded to bf16 as llama.cpp rounds it for its bf16

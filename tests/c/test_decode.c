@@ -910,7 +910,7 @@ static void sinks_grad_check(const fmha_problem *p, const fmha_problem *pf, cons
     fmha_set_num_threads(3);
     fmha_status st3 = fmha_sinks_backward(p, o, d_o.data, lse, g3);
     fmha_set_num_threads(nthreads);
-    /* float32: O and lse carry ~1e-6 relative error; bf16: O is rounded to 2^-9 */
+    /* float32: O and lse carry ~1e-6 relative error; bf16: O is rounded to 2^-8 */
     double tol = (p->dtype == FMHA_DTYPE_F32 ? 1e-5 : 2e-2) * fmax(1.0, scale), worst = 0.0;
     for (int64_t h = 0; h < hq; h++) worst = fmax(worst, fabs((double)g1[h] - fd[h]));
     tu_check(st1 == FMHA_OK && st3 == FMHA_OK && worst <= tol && memcmp(g1, g3, sizeof(float) * (size_t)hq) == 0,
@@ -1028,9 +1028,9 @@ static void test_sinks(void) {
  * query rounded to bf16 as it is packed) decodes on the tiles where a
  * table has a matrix decode, from 8 rows a kv head; at FAST the same
  * problem keeps its float32 query (the decode driver). Held to the float64
- * reference on the exact inputs: the query's rounding (2^-9 of each
- * element) moves a score by up to 2^-9 sum |q_e k_e| scale (here at most
- * 0.004, about 3e-4 typically), and P enters P V as bf16: O within 2e-3
+ * reference on the exact inputs: the query's rounding (at most 2^-8 of
+ * each element) moves a score by up to 2^-8 sum |q_e k_e| scale (here at
+ * most 0.008, about 6e-4 typically), and P enters P V as bf16: O within 2e-3
  * absolute + relative (measured: a tenth of that), lse within
  * 5e-3 (1 + |lse|); bits do not depend on the thread count. */
 static void test_f32_query_bf16_cache(void) {

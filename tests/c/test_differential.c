@@ -24,8 +24,8 @@
  * Tolerances: O within 2e-5 + 2e-5 |ref| (float32 products and sums over at
  * most a few hundred keys); lse within 1e-5 + 1e-5 |ref|, and -inf exactly
  * where the reference has no key. A bf16 query gives a bf16 O: within
- * 8e-3 + 8e-3 |ref| (O's rounding, 2^-9 |O|, and P's to bf16 under FAST,
- * 2^-9 of each weight, over values of at most 1), lse within 1e-4 +
+ * 8e-3 + 8e-3 |ref| (O's rounding, 2^-8 |O| at most, and P's to bf16 under
+ * FAST, 2^-8 of each weight, over values of at most 1), lse within 1e-4 +
  * 1e-4 |ref| (float32 sums of P from a polynomial exp). A run whose scores take a quantized
  * query (precision FAST: q8_0 for int8, q8_0 or q4_0 keys, bf16 for float8
  * ones; precision BF16 on matrix_decode or on float8 caches: bf16, P as
