@@ -215,11 +215,8 @@ static void run_case(const fmt_case *fc, const char *isa) {
     uint16_t *qb = malloc(nq * sizeof(uint16_t));
     if (fc->bf16_q)
         for (size_t i = 0; i < nq; i++) {
-            uint32_t u;
-            memcpy(&u, &q[i], 4);
-            qb[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-            u = (uint32_t)qb[i] << 16;
-            memcpy(&q[i], &u, 4);
+            qb[i] = fmha_f32_to_bf16(q[i]);
+            q[i] = fmha_bf16_to_f32(qb[i]);
         }
     cache ck = cache_new(fc->fk, B, skv, hkv, D, xk);
     cache cv = fc->mla ? ck : cache_new(fc->fv, B, skv, hkv, Dv, xv);
