@@ -38,8 +38,15 @@
  *     |sum P dP|) (times |a| for ALiBi), the size of the terms dS = P (dP -
  *     sum P dP) subtracts. An entry's dS may cancel exactly (a bucket holding
  *     whole rows sums to 0; a row with one visible key has dS = 0), so float32
- *     is accurate only relative to m. The S = 4096 rel-table check uses the
- *     plain ||x - r|| / ||r|| <= 1e-5.
+ *     is accurate only relative to m. The S = 4096 rel-table check, whose
+ *     buckets each sum up to a sixteenth of the S^2 scores, holds the sums'
+ *     accumulation itself: ||x - r|| <= 4e-9 ||m|| (about 2^-24 / 15).
+ *     Measured 2.1e-10 to 9.6e-10 ||m|| (35 seeds; up to 1.5e-9 at the quick
+ *     S = 1024); one float32 sum a bucket over every score errs 1.0e-8 to
+ *     1.7e-8 ||m|| (3.7e-9 to 3.2e-8 at S = 1024), float32 sums per row
+ *     3.7e-10 to 6.5e-10. The plain ||x - r|| / ||r|| (printed) is that
+ *     over ||r|| / ||m||, 7.7e-5 to 4.6e-4 on those draws: it measures the
+ *     draw's cancellation (sums per row reach 8.4e-6 on one), not the sum.
  *   Fully masked rows: O and dQ exactly 0, lse exactly -inf; keys no query
  *     sees: dK, dV exactly 0; masked scores: dense bias gradient exactly 0.
  *   Every output's padding and the words after lse and the parameter
@@ -61,6 +68,7 @@
 #define G_ATOL 2e-5 /* times max |r| of the tensor */
 #define G_RTOL 2e-4
 #define PARAM_REL 1e-5
+#define REL_SUM_M 4e-9 /* the S = 4096 rel-table gradient, of its terms' size */
 #define MAG_FLOOR 0.05 /* see the tolerances above */
 #define LSE_TOL 1e-5
 #define GUARD 16 /* sentinel floats after lse and the parameter gradients */
@@ -469,7 +477,7 @@ static void run_case(const char *label, const char *name, mcase *c) {
     /* dsc [B,Hq,Sq,Skv]: the size of the terms of each dS (see param_err) */
     double *dsc = xmalloc(n_full * sizeof(double));
     if (fmha_ref_forward_full(p, c->q, c->k, c->v, ro, rl) != 0 ||
-        fmha_ref_backward_full_ex(p, c->q, c->k, c->v, c->d_o, rdq, rdk, rdv, dfull, dal, drel, dsc) != 0)
+        fmha_ref_backward_full_ex(p, c->q, c->k, c->v, c->d_o, rdq, rdk, rdv, dfull, dal, drel, dsc, NULL) != 0)
         abort();
     /* dense bias gradient reduced to the gradient's layout: rdd [ext], contiguous */
     int64_t ext[4] = {1, 1, 1, 1}, gst[4] = {0, 0, 0, 0};
@@ -1048,10 +1056,14 @@ static void check_rel_table_precision(void) {
     float *q = tu_new_input(&p, 'q', -1, 1), *k = tu_new_input(&p, 'k', -1, 1);
     float *v = tu_new_input(&p, 'v', -1, 1), *d_o = tu_new_input(&p, 'o', -1, 1);
     double t0 = now();
-    /* reference: dq [S, 2, 16], dk [S, 1, 16], dv [S, 1, 16], drel [2, 32] */
+    /* reference: dq [S, 2, 16], dk [S, 1, 16], dv [S, 1, 16], drel and
+     * the size of its terms mrel [2, 32] */
     double *rdq = xmalloc((size_t)(S * 2 * 16) * sizeof(double)), *rdk = xmalloc((size_t)(S * 16) * sizeof(double));
-    double *rdv = xmalloc((size_t)(S * 16) * sizeof(double)), drel[64];
-    if (fmha_ref_backward_full(&p, q, k, v, d_o, rdq, rdk, rdv, NULL, NULL, drel) != 0) abort();
+    double *rdv = xmalloc((size_t)(S * 16) * sizeof(double)), drel[64], mrel[64];
+    if (fmha_ref_backward_full_ex(&p, q, k, v, d_o, rdq, rdk, rdv, NULL, NULL, drel, NULL, mrel) != 0) abort();
+    double m_norm = 0.0, r_norm = 0.0;
+    for (int t = 0; t < 64; t++) m_norm += mrel[t] * mrel[t], r_norm += drel[t] * drel[t];
+    m_norm = sqrt(m_norm), r_norm = sqrt(r_norm);
     double t_ref = now() - t0;
     float *o = xmalloc((size_t)(S * 2 * 16) * sizeof(float)), *lse = xmalloc((size_t)(2 * S) * sizeof(float));
     float *dq = xmalloc((size_t)(S * 2 * 16) * sizeof(float)), *dk = xmalloc((size_t)(S * 16) * sizeof(float));
@@ -1067,18 +1079,18 @@ static void check_rel_table_precision(void) {
         fmha_status st2 = tu_backward(&p, q, k, v, o, d_o, lse, dq, dk, dv, &g, NULL, 0);
         if (!tu_check(st == FMHA_OK && st2 == FMHA_OK, "S %lld [%s]: status %d / %d", (long long)S, isa_name(ii), (int)st, (int)st2))
             continue;
-        double e = tu_rel_l2(grel, drel, 64), worst_b = 0.0;
-        for (int t = 0; t < 64; t++) {
-            double r = fabs((double)grel[t] - drel[t]) / (fabs(drel[t]) + 1e-300);
-            if (r > worst_b) worst_b = r;
-        }
+        double e = tu_rel_l2(grel, drel, 64), err = 0.0;
+        for (int t = 0; t < 64; t++) err += ((double)grel[t] - drel[t]) * ((double)grel[t] - drel[t]);
+        const double e_m = sqrt(err) / m_norm;
         double eq = tu_rel_l2(dq, rdq, (size_t)(S * 32)), ek = tu_rel_l2(dk, rdk, (size_t)(S * 16));
         double ev = tu_rel_l2(dv, rdv, (size_t)(S * 16));
-        tu_check(e <= PARAM_REL, "S %lld [%s]: d_rel_table relative L2 error %.3g", (long long)S, isa_name(ii), e);
+        tu_check(e_m <= REL_SUM_M, "S %lld [%s]: d_rel_table error %.3g of its terms' size (relative L2 %.3g)",
+                 (long long)S, isa_name(ii), e_m, e);
         tu_check(eq <= REL_L2 && ek <= REL_L2 && ev <= REL_L2,
                  "S %lld [%s]: dQ %.3g dK %.3g dV %.3g relative L2", (long long)S, isa_name(ii), eq, ek, ev);
-        printf("rel-table gradient at S = %lld [%s]: relative L2 %.2e (worst bucket %.2e), dQ %.1e dK %.1e dV %.1e\n",
-               (long long)S, isa_name(ii), e, worst_b, eq, ek, ev);
+        printf("rel-table gradient at S = %lld [%s]: %.2e of its terms' size (relative L2 %.2e; ||r|| %.2e of it), "
+               "dQ %.1e dK %.1e dV %.1e\n",
+               (long long)S, isa_name(ii), e_m, e, r_norm / m_norm, eq, ek, ev);
     }
     fmha_cpu_force_isa(isa_default);
     printf("  (reference took %.1f s)\n", t_ref);

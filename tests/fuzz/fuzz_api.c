@@ -873,7 +873,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         double *rrel = malloc((size_t)(Hq * nb) * sizeof(double));
         if (!rdb || !rds || !ral || !rrel) fail("out of memory");
         if (fmha_ref_backward_full_ex(&p32, f32[0], f32[1], f32[2], f32[3], rg[0], rg[1], rg[2],
-                                      rdb, ral, p.biases.rel_table ? rrel : NULL, rds) != 0)
+                                      rdb, ral, p.biases.rel_table ? rrel : NULL, rds, NULL) != 0)
             fail("reference failed");
         /* the size of the terms each gradient sums: ds_scale bounds |dS| terms,
          * |q|, |k| <= 1, Skv (Sq times the group) of them per dQ (dK) element */

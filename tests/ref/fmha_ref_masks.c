@@ -224,18 +224,18 @@ int fmha_ref_backward_full(const fmha_problem *p, const float *q, const float *k
                            const float *d_o, double *dq, double *dk, double *dv,
                            double *d_bias_dense, double *d_alibi, double *d_rel_table) {
     return fmha_ref_backward_full_ex(p, q, k, v, d_o, dq, dk, dv, d_bias_dense, d_alibi,
-                                     d_rel_table, NULL);
+                                     d_rel_table, NULL, NULL);
 }
 
 int fmha_ref_backward_full_ex(const fmha_problem *p, const float *q, const float *k,
                               const float *v, const float *d_o, double *dq, double *dk, double *dv,
                               double *d_bias_dense, double *d_alibi, double *d_rel_table,
-                              double *ds_scale) {
+                              double *ds_scale, double *rel_scale) {
     const int64_t B = p->batch, hq = p->heads_q, hkv = p->heads_kv, sq = p->seq_q;
     const int64_t skv = p->seq_kv, d_n = p->head_dim, dv_n = p->head_dim_v, group = hq / hkv;
     const double scale = fmha_ref_full_scale(p), cap = (double)p->biases.softcap;
     const fmha_biases *bs = &p->biases;
-    if (d_rel_table && bs->rel_num_buckets < 1) return -1;
+    if ((d_rel_table || rel_scale) && bs->rel_num_buckets < 1) return -1;
     ref_row r;
     if (row_alloc(p, &r) != 0) {
         row_free(&r);
@@ -248,6 +248,7 @@ int fmha_ref_backward_full_ex(const fmha_problem *p, const float *q, const float
     if (d_alibi) memset(d_alibi, 0, (size_t)hq * sizeof(double));
     if (d_rel_table) memset(d_rel_table, 0, (size_t)(hq * bs->rel_num_buckets) * sizeof(double));
     if (ds_scale) memset(ds_scale, 0, (size_t)(B * hq * sq * skv) * sizeof(double));
+    if (rel_scale) memset(rel_scale, 0, (size_t)(hq * bs->rel_num_buckets) * sizeof(double));
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < hq; h++)
             for (int64_t i = 0; i < sq; i++) {
@@ -272,14 +273,16 @@ int fmha_ref_backward_full_ex(const fmha_problem *p, const float *q, const float
                     const double ds = r.prob[j] * (r.dp[j] - delta);
                     const int64_t a = i + align_off(p, b) - j;
                     if (d_bias_dense) d_bias_dense[((b * hq + h) * sq + i) * skv + j] = ds;
-                    if (ds_scale)
-                        ds_scale[((b * hq + h) * sq + i) * skv + j] =
-                            r.prob[j] * (fabs(r.dp[j]) + fabs(delta));
+                    const double size = r.prob[j] * (fabs(r.dp[j]) + fabs(delta));
+                    if (ds_scale) ds_scale[((b * hq + h) * sq + i) * skv + j] = size;
                     if (d_alibi) d_alibi[h] += ds * -(double)(a < 0 ? -a : a);
-                    if (d_rel_table)
-                        d_rel_table[h * bs->rel_num_buckets +
-                                    fmha_rel_bucket(-a, bs->rel_num_buckets, bs->rel_max_distance,
-                                                    bs->rel_bidirectional)] += ds;
+                    if (d_rel_table || rel_scale) {
+                        const int64_t e = h * bs->rel_num_buckets +
+                                          fmha_rel_bucket(-a, bs->rel_num_buckets, bs->rel_max_distance,
+                                                          bs->rel_bidirectional);
+                        if (d_rel_table) d_rel_table[e] += ds;
+                        if (rel_scale) rel_scale[e] += size;
+                    }
                     double draw = ds;
                     if (cap != 0.0) {
                         const double th = tanh(r.raw[j] / cap);

@@ -49,10 +49,12 @@ int fmha_ref_backward_full(const fmha_problem *p, const float *q, const float *k
 /* The same, and ds_scale [B, Hq, Sq, Skv] (may be NULL): P (|dP| + |sum_k P
  * dP|) per score, the size of the terms dS = P (dP - sum_k P dP) subtracts.
  * A float32 dS is accurate to a few epsilons of it (even where dS is 0), so
- * sums of dS are judged against sums of ds_scale. */
+ * sums of dS are judged against sums of ds_scale. rel_scale [Hq,
+ * rel_num_buckets] (may be NULL): ds_scale summed as d_rel_table sums dS,
+ * without a buffer of every score. */
 int fmha_ref_backward_full_ex(const fmha_problem *p, const float *q, const float *k,
                               const float *v, const float *d_o, double *dq, double *dk, double *dv,
                               double *d_bias_dense, double *d_alibi, double *d_rel_table,
-                              double *ds_scale);
+                              double *ds_scale, double *rel_scale);
 
 #endif /* FMHA_REF_MASKS_H */
