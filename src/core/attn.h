@@ -94,6 +94,11 @@ struct fmha_plan {
     size_t shared_bytes;       /* and shared */
     fmha_dtype o_dtype;        /* forward: element type O is stored in (p.dtype, or float32) */
     const float *dsum_o;       /* backward: float32 O (O's strides) for Dsum, or NULL: use o */
+    /* forward, decode.c: check_scales (in) has the step check the per-key
+     * scales as it reads them (fmha_decode_reads_scales), in place of
+     * fmha_kv_scales_check's pass before the run; bad_scales (out): one
+     * was bad, so the merge did not run and nothing was written */
+    int check_scales, bad_scales;
     const fmha_param_grads *grads; /* backward: bias gradients wanted, or NULL */
     /* ALiBi and relative-position biases depend only on a = i + off - j: both
      * are summed into one vector per head, toeplitz[h * toeplitz_len + a - a_min],
@@ -317,6 +322,12 @@ int fmha_decode_plan(fmha_plan *plan);
 fmha_ws_size fmha_decode_workspace(const fmha_plan *plan);
 void fmha_decode_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse,
                      char *ws);
+/* 1 when a decode run of this plan reads every per-key scale that
+ * fmha_kv_scales_check reads (each sequence's keys [0, its length), every
+ * kv head), so that the step can check them as it reads them (read from
+ * the problem's lengths: at run time); 0 when there are none, or another
+ * driver serves. */
+int fmha_decode_reads_scales(const fmha_plan *plan);
 /* The causal-alignment offset of batch element b: query i meets key j at
  * a = i + off - j (see fmha.h). */
 int64_t fmha_causal_off(const fmha_plan *plan, int64_t b);

@@ -359,6 +359,7 @@ typedef struct dec_ctx {
     float *lse;
     char *ws;
     dec_partials pt;
+    int *bad_scales; /* set when a task reads a bad per-key scale (check_scales) */
 } dec_ctx;
 
 /* Unit u -> (batch b, first kv head hk of drv.dec.heads, first row rho0, rows n). */
@@ -469,10 +470,16 @@ static int dec_has_scales(const fmha_problem *p, int which) {
 
 /* x[r][j] *= the scale of key k0 + j (K's: which 0, V's: 1), r < n, j < nj;
  * rows DEC_TILE apart: the scores by K's scales, P by V's. */
-static void dec_scale_columns(const fmha_plan *plan, int which, int64_t b, int64_t hk, int64_t k0, int64_t nj,
-                              int64_t n, float *x) {
+static void dec_scale_columns(const dec_ctx *c, int which, int64_t b, int64_t hk, int64_t k0, int64_t nj, int64_t n,
+                              float *x) {
+    const fmha_plan *plan = c->plan;
     float sc[DEC_VINT_SUB]; /* nj <= the larger sub-block */
     fmha_kv_scales_of(&plan->p, which, b, hk, k0, nj, sc);
+    if (plan->check_scales) { /* finite and >= 0 (fmha_kv_scales_check's rule) */
+        int bad = 0;
+        for (int64_t j = 0; j < nj; j++) bad |= !(sc[j] >= 0.0f && sc[j] <= 3.40282347e38f);
+        if (bad) __atomic_store_n(c->bad_scales, 1, __ATOMIC_RELAXED);
+    }
     plan->uk->rows.scale_columns((size_t)n, (size_t)nj, sc, x, DEC_TILE);
 }
 
@@ -797,7 +804,7 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
                 } else {
                     scores((size_t)n, (size_t)nj, (size_t)D, qh, (size_t)D, rows_of[hh], ld, sh, DEC_TILE, scale);
                 }
-                if (k_scaled && !k_per_head) dec_scale_columns(plan, 0, b, hk0 + hh, k0 + j0, nj, n, sh);
+                if (k_scaled && !k_per_head) dec_scale_columns(c, 0, b, hk0 + hh, k0 + j0, nj, n, sh);
             }
         }
         for (int64_t hh = 0; hh < heads; hh++) {
@@ -830,7 +837,7 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
                                         at + DEC_TILE + j0 + nj + pf_ahead);
                 float *ph = s.s + hh * rows * DEC_TILE + j0;
                 const float *ah = j0 == 0 ? s.alpha + hh * rows : s.ones;
-                if (v_scaled) dec_scale_columns(plan, 1, b, hk0 + hh, k0 + j0, nj, n, ph); /* P's sums are taken */
+                if (v_scaled) dec_scale_columns(c, 1, b, hk0 + hh, k0 + j0, nj, n, ph); /* P's sums are taken */
                 float *oh = po + hh * rows * Dv;
                 if (by_address) {
                     const void *v_rows[DEC_BY_ADDRESS_SUB];
@@ -958,10 +965,44 @@ static void dec_merge_task(void *vctx, size_t unit, int thread) {
 void fmha_decode_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse,
                      char *ws) {
     fmha_carver sh = {ws + (size_t)run->threads * run->thread_bytes, 0};
-    dec_ctx c = {run, q, k, v, o, lse, ws, {0}};
+    int bad_scales = 0;
+    dec_ctx c = {run, q, k, v, o, lse, ws, {0}, &bad_scales};
     dec_carve_shared(run, &sh, &c.pt);
     size_t units = (size_t)(run->p.batch * run->p.heads_kv / run->drv.dec.heads * run->drv.dec.units);
     if (run->drv.dec.scores) fmha_run_parallel(run, units, dec_quantize_task, &c);
     fmha_run_parallel(run, units * (size_t)run->drv.dec.splits, dec_split_task, &c);
-    fmha_run_parallel(run, units, dec_merge_task, &c);
+    run->bad_scales = run->check_scales && __atomic_load_n(&bad_scales, __ATOMIC_RELAXED);
+    if (!run->bad_scales) fmha_run_parallel(run, units, dec_merge_task, &c);
+}
+
+int fmha_decode_reads_scales(const fmha_plan *plan) {
+    const fmha_problem *p = &plan->p;
+    if (plan->driver != &fmha_fwd_driver_decode || !(dec_has_scales(p, 0) || dec_has_scales(p, 1))) return 0;
+    for (int which = 0; which < 2; which++)
+        if (dec_has_scales(p, which) &&
+            fmha_cache_format_at(fmha_problem_format(p, which))->scales != FMHA_SCALES_PER_KEY)
+            return 0;
+    /* per sequence: a unit reads, for each of its kv heads, the hull of its
+     * rows' key ranges from its first tile (dec_split_task); the hulls of
+     * the units of rows must cover the sequence's keys */
+    const int64_t rows = plan->group * p->seq_q;
+    for (int64_t b = 0; b < p->batch; b++) {
+        const int64_t keys = p->masks.kv_lengths ? p->masks.kv_lengths[b] : p->seq_kv;
+        int64_t covered = 0, grew = 1;
+        while (covered < keys && grew) {
+            grew = 0;
+            for (int64_t rho0 = 0; rho0 < rows; rho0 += plan->drv.dec.rows) {
+                const int64_t n = rows - rho0 < plan->drv.dec.rows ? rows - rho0 : plan->drv.dec.rows;
+                int64_t lo = INT64_MAX, hi = INT64_MIN;
+                for (int64_t i = rho0 / plan->group; i <= (rho0 + n - 1) / plan->group; i++) {
+                    int64_t l, h;
+                    dec_row_range(plan, b, i, &l, &h);
+                    if (l < h) lo = l < lo ? l : lo, hi = h > hi ? h : hi;
+                }
+                if (lo < hi && lo / DEC_TILE * DEC_TILE <= covered && hi > covered) covered = hi, grew = 1;
+            }
+        }
+        if (covered < keys) return 0;
+    }
+    return 1;
 }

@@ -163,6 +163,7 @@ static fmha_plan run_of(const fmha_plan *plan, fmha_ws_size ws, const fmha_param
     run.thread_bytes = ws.thread_bytes;
     run.shared_bytes = ws.shared_bytes;
     run.grads = g;
+    run.check_scales = run.bad_scales = 0;
     return run;
 }
 
@@ -246,16 +247,25 @@ static fmha_status run_forward(const fmha_plan *plan, plan_box *box, const void 
     if (st != FMHA_OK) return st;
     fmha_tensors t = {.q = q, .k = k, .v = v, .o = o, .lse = lse};
     st = fmha_tensors_check(&plan->p, &t);
-    if (st == FMHA_OK) st = fmha_kv_scales_check(&plan->p);
+    /* the decode step checks the per-key scales as it reads them when it
+     * reads them all: one pass over them, on every thread */
+    const int in_step = st == FMHA_OK && fmha_decode_reads_scales(plan);
+    if (st == FMHA_OK && !in_step) st = fmha_kv_scales_check(&plan->p);
     if (st != FMHA_OK) return st;
     fmha_plan run = run_of(plan, plan->fwd_ws, NULL);
+    run.check_scales = in_step;
     char *ws;
     void *owned;
     st = ws_take(box, user_ws, user_bytes, fmha_ws_total(&run, plan->fwd_ws), &ws, &owned);
     if (st != FMHA_OK) return st;
     fmha_fwd_run(&run, q, k, v, o, lse, ws);
     ws_give(owned);
-    return FMHA_OK;
+    if (!run.bad_scales) return FMHA_OK;
+    /* a bad scale: the step wrote nothing; the check names it (unless the
+     * caller changed the scales during the call) */
+    st = fmha_kv_scales_check(&plan->p);
+    return st != FMHA_OK ? st : fmha_fail(FMHA_ERR_BAD_SCALE, "a k_scales or v_scales value was not finite and >= 0 "
+                                                              "when read (the scales changed during the call)");
 }
 
 /* A backward or fused run's checks, in this order, once its pointers'

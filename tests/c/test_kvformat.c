@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "runtime/convert.h"
+#include "core/attn.h"
 #include "config/cpu.h"
 #include "format/format.h"
 #include "uk/scalar/decode.h"
@@ -1015,6 +1016,51 @@ static void test_errors(void) {
                      "formats: the bad scale %g is named (%s)", (double)bad_values[i], fmha_last_error_message());
             ck.scales[at] = keep;
         }
+    /* The decode step reading every key checks the scales as it reads
+     * them (fmha_decode_reads_scales), on each thread: a bad K or V scale
+     * is refused and named as by the check before the run, o and lse
+     * untouched, on 1 and 2 threads. A query length of 0 (a step that
+     * reads no key) leaves the check before the run, which still refuses
+     * it. V int8 here: its per-key scales scale P. */
+    {
+        cache cvi = cache_new(FMHA_KV_FORMAT_INT8, B, S, H, D, xv);
+        fmha_problem pv = p;
+        cache_attach(&pv, 1, &cvi);
+        fmha_plan pl;
+        fmha_status planned = fmha_plan_init(&pv, &pl);
+        tu_check(planned == FMHA_OK && fmha_decode_reads_scales(&pl) == 1,
+                 "formats: the decode step reads every scale of this call (%d: %s)", (int)planned,
+                 planned == FMHA_OK ? pl.driver->name : fmha_last_error_message());
+        int32_t no_rows[1] = {0};
+        fmha_problem w = pv;
+        w.masks.q_lengths = no_rows;
+        planned = fmha_plan_init(&w, &pl);
+        tu_check(planned == FMHA_OK && pl.driver == &fmha_fwd_driver_decode && fmha_decode_reads_scales(&pl) == 0,
+                 "formats: a query length of 0: the decode step reads no scale (%d: %s)", (int)planned,
+                 planned == FMHA_OK ? pl.driver->name : fmha_last_error_message());
+        for (int threads = 1; threads <= 2; threads++) {
+            fmha_set_num_threads(threads);
+            for (int which = 0; which < 3; which++) { /* K key 2, V key 63, K key 2 of a query length 0 */
+                float *at = which == 1 ? &cvi.scales[(S - 1) * H] : &ck.scales[2 * H + 1];
+                const float keep = *at;
+                *at = NAN;
+                const fmha_problem t = which == 2 ? w : pv;
+                for (int i = 0; i < 64; i++) o[i] = 7.0f;
+                lse[0] = lse[1] = 7.0f;
+                const fmha_status got = fmha_forward(&t, q, ck.bytes, cvi.bytes, o, lse, NULL, 0);
+                const char *want = which == 1 ? "v_scales" : "k_scales", *key = which == 1 ? "key 63," : "key 2,";
+                tu_check(got == FMHA_ERR_BAD_SCALE && strstr(fmha_last_error_message(), want) &&
+                             strstr(fmha_last_error_message(), key) && tu_count_not(o, 64, 7.0f) == 0 &&
+                             lse[0] == 7.0f && lse[1] == 7.0f,
+                         "formats: %s, %d threads: a bad %s of %s is refused and named, nothing written (%d: %s)",
+                         which == 2 ? "no key read" : "every key read", threads, want, key, (int)got,
+                         fmha_last_error_message());
+                *at = keep;
+            }
+        }
+        fmha_set_num_threads(0);
+        cache_free(&cvi);
+    }
     /* the vector pass's tail: 61 keys x 2 heads read, key 60 bad */
     {
         int32_t len61[1] = {61};
