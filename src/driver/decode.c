@@ -473,12 +473,15 @@ static int dec_has_scales(const fmha_problem *p, int which) {
 static void dec_scale_columns(const dec_ctx *c, int which, int64_t b, int64_t hk, int64_t k0, int64_t nj, int64_t n,
                               float *x) {
     const fmha_plan *plan = c->plan;
-    float sc[DEC_VINT_SUB]; /* nj <= the larger sub-block */
+    float sc[DEC_TILE]; /* nj <= a tile */
     fmha_kv_scales_of(&plan->p, which, b, hk, k0, nj, sc);
-    if (plan->check_scales) { /* finite and >= 0 (fmha_kv_scales_check's rule) */
-        int bad = 0;
-        for (int64_t j = 0; j < nj; j++) bad |= !(sc[j] >= 0.0f && sc[j] <= 3.40282347e38f);
-        if (bad) __atomic_store_n(c->bad_scales, 1, __ATOMIC_RELAXED);
+    if (plan->check_scales) { /* finite and >= 0 (fmha_kv_scales_check's rule), 16 at a time */
+        int ok = 1;
+        int64_t j = 0;
+        for (; j + 16 <= nj; j += 16)
+            for (int e = 0; e < 16; e++) ok &= (sc[j + e] >= 0.0f) & (sc[j + e] <= 3.40282347e38f);
+        for (; j < nj; j++) ok &= (sc[j] >= 0.0f) & (sc[j] <= 3.40282347e38f);
+        if (!ok) __atomic_store_n(c->bad_scales, 1, __ATOMIC_RELAXED);
     }
     plan->uk->rows.scale_columns((size_t)n, (size_t)nj, sc, x, DEC_TILE);
 }
@@ -804,11 +807,13 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
                 } else {
                     scores((size_t)n, (size_t)nj, (size_t)D, qh, (size_t)D, rows_of[hh], ld, sh, DEC_TILE, scale);
                 }
-                if (k_scaled && !k_per_head) dec_scale_columns(c, 0, b, hk0 + hh, k0 + j0, nj, n, sh);
             }
         }
         for (int64_t hh = 0; hh < heads; hh++) {
             float *sh = s.s + hh * rows * DEC_TILE;
+            /* K's per-key scales, and V's once the softmax has taken P's
+             * sums, over the tile's keys: once a tile, not a sub-block */
+            if (k_scaled && !k_per_head) dec_scale_columns(c, 0, b, hk0 + hh, k0, nk, n, sh);
             /* softcap and ALiBi; -inf outside each row's keys */
             for (int64_t r = 0; r < n; r++) {
                 float *row = sh + r * DEC_TILE;
@@ -820,6 +825,7 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
             }
             uk->decode.softmax((size_t)n, (size_t)nk, sh, DEC_TILE, pm + hh * rows, pl + hh * rows,
                                s.alpha + hh * rows);
+            if (v_scaled) dec_scale_columns(c, 1, b, hk0 + hh, k0, nk, n, sh);
         }
         /* values in the same order; the first sub-block rescales O by alpha */
         for (int64_t j0 = 0; j0 < nk; j0 += vsub) {
@@ -837,7 +843,6 @@ static void dec_split_task(void *vctx, size_t task, int thread) {
                                         at + DEC_TILE + j0 + nj + pf_ahead);
                 float *ph = s.s + hh * rows * DEC_TILE + j0;
                 const float *ah = j0 == 0 ? s.alpha + hh * rows : s.ones;
-                if (v_scaled) dec_scale_columns(c, 1, b, hk0 + hh, k0 + j0, nj, n, ph); /* P's sums are taken */
                 float *oh = po + hh * rows * Dv;
                 if (by_address) {
                     const void *v_rows[DEC_BY_ADDRESS_SUB];
