@@ -322,11 +322,11 @@ int fmha_decode_plan(fmha_plan *plan);
 fmha_ws_size fmha_decode_workspace(const fmha_plan *plan);
 void fmha_decode_run(fmha_plan *run, const void *q, const void *k, const void *v, void *o, float *lse,
                      char *ws);
-/* 1 when a decode run of this plan reads every per-key scale that
- * fmha_kv_scales_check reads (each sequence's keys [0, its length), every
- * kv head), so that the step can check them as it reads them (read from
- * the problem's lengths: at run time); 0 when there are none, or another
- * driver serves. */
+/* 1 when a decode run of this plan (the decode driver's) reads every
+ * per-key scale that fmha_kv_scales_check reads (each sequence's keys [0,
+ * its length), every kv head), so that the step can check them as it
+ * reads them (read from the problem's lengths: at run time); 0 when there
+ * are none. */
 int fmha_decode_reads_scales(const fmha_plan *plan);
 /* The causal-alignment offset of batch element b: query i meets key j at
  * a = i + off - j (see fmha.h). */

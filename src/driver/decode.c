@@ -982,7 +982,7 @@ void fmha_decode_run(fmha_plan *run, const void *q, const void *k, const void *v
 
 int fmha_decode_reads_scales(const fmha_plan *plan) {
     const fmha_problem *p = &plan->p;
-    if (plan->driver != &fmha_fwd_driver_decode || !(dec_has_scales(p, 0) || dec_has_scales(p, 1))) return 0;
+    if (!(dec_has_scales(p, 0) || dec_has_scales(p, 1))) return 0;
     for (int which = 0; which < 2; which++)
         if (dec_has_scales(p, which) &&
             fmha_cache_format_at(fmha_problem_format(p, which))->scales != FMHA_SCALES_PER_KEY)

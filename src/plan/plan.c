@@ -249,7 +249,7 @@ static fmha_status run_forward(const fmha_plan *plan, plan_box *box, const void 
     st = fmha_tensors_check(&plan->p, &t);
     /* the decode step checks the per-key scales as it reads them when it
      * reads them all: one pass over them, on every thread */
-    const int in_step = st == FMHA_OK && fmha_decode_reads_scales(plan);
+    const int in_step = st == FMHA_OK && plan->driver == &fmha_fwd_driver_decode && fmha_decode_reads_scales(plan);
     if (st == FMHA_OK && !in_step) st = fmha_kv_scales_check(&plan->p);
     if (st != FMHA_OK) return st;
     fmha_plan run = run_of(plan, plan->fwd_ws, NULL);
