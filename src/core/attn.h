@@ -97,8 +97,10 @@ struct fmha_plan {
     /* forward, decode.c: check_scales (in) has the step check the per-key
      * scales as it reads them (fmha_decode_reads_scales), in place of
      * fmha_kv_scales_check's pass before the run; bad_scales (out): one
-     * was bad, so the merge did not run and nothing was written */
+     * was bad, so the merge did not run and nothing was written;
+     * bad_scales_at: the flag the tasks set, fmha_decode_run's own */
     int check_scales, bad_scales;
+    int *bad_scales_at;
     const fmha_param_grads *grads; /* backward: bias gradients wanted, or NULL */
     /* ALiBi and relative-position biases depend only on a = i + off - j: both
      * are summed into one vector per head, toeplitz[h * toeplitz_len + a - a_min],
