@@ -479,14 +479,7 @@ static inline __attribute__((always_inline)) void dec_scale_columns(const fmha_p
                                                                     float *x) {
     float sc[DEC_TILE]; /* nj <= a tile */
     fmha_kv_scales_of(&plan->p, which, b, hk, k0, nj, sc);
-    if (plan->check_scales) { /* finite and >= 0 (fmha_kv_scales_check's rule), 16 at a time */
-        int ok = 1;
-        int64_t j = 0;
-        for (; j + 16 <= nj; j += 16)
-            for (int e = 0; e < 16; e++) ok &= (sc[j + e] >= 0.0f) & (sc[j + e] <= 3.40282347e38f);
-        for (; j < nj; j++) ok &= (sc[j] >= 0.0f) & (sc[j] <= 3.40282347e38f);
-        if (!ok) __atomic_store_n(plan->bad_scales_at, 1, __ATOMIC_RELAXED);
-    }
+    if (plan->check_scales && fmha_kv_scales_bad(sc, nj)) __atomic_store_n(plan->bad_scales_at, 1, __ATOMIC_RELAXED);
     plan->uk->rows.scale_columns((size_t)n, (size_t)nj, sc, x, DEC_TILE);
 }
 

@@ -164,11 +164,10 @@ void fmha_kv_scales_of(const fmha_problem *p, int which, int64_t b, int64_t hk, 
 
 static int scale_bad(float x) { return !(x >= 0.0f && x <= 3.40282347e38f); }
 
-/* 1 when one of run[0..n) is a bad scale (scale_bad but for -0, which the
- * caller's exact pass lets through), on the bits, in blocks of a fixed
- * trip count (vectorised at -O2): past the largest finite float (inf,
- * NaN, the sign set). */
-static int scales_bad_block(const float *run, int64_t n) {
+/* 1 when one of run[0..n) is a bad scale (scale_bad, -0 a good one), on
+ * the bits, in blocks of a fixed trip count (vectorised at -O2): past the
+ * largest finite float (inf, NaN, the sign set). */
+int fmha_kv_scales_bad(const float *run, int64_t n) {
     int64_t i = 0;
     uint32_t bad = 0;
     for (; i + 16 <= n; i += 16)
@@ -214,7 +213,7 @@ fmha_status fmha_kv_scales_check(const fmha_problem *p) {
                     const int64_t n = fmha_kv_run_at(p, ss, b, ahead, keys - ahead, &at) * p->heads_kv;
                     for (int64_t e = 0; e < n; e += 16) __builtin_prefetch(sc + at + e, 0, 1);
                 }
-                if (blocks && !scales_bad_block(sc + first, run * p->heads_kv)) {
+                if (blocks && !fmha_kv_scales_bad(sc + first, run * p->heads_kv)) {
                     j0 += run;
                     continue;
                 }

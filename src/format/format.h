@@ -152,6 +152,10 @@ void fmha_kv_scales_of(const fmha_problem *p, int which, int64_t b, int64_t hk, 
  * not. */
 fmha_status fmha_kv_scales_check(const fmha_problem *p);
 
+/* 1 when one of x[0..n) breaks that rule (NaN, an infinity, below 0; -0
+ * is a good scale). */
+int fmha_kv_scales_bad(const float *x, int64_t n);
+
 /* roundf(y) as an integer, |y| < 2^30, in steps that vectorise: the
  * truncation, then one away from zero when the (exact) fraction is at
  * least a half. */
