@@ -419,7 +419,10 @@ typedef struct fmha_param_grads {
  *   and dQ products take P and dS as bf16 too (each gradient about 1.45x
  *   the error of rounding it to bf16).
  * ACCURATE: P enters as bf16 plus its bf16 rounding residual, so O stays
- *   within 1.5x that error; the gradient products stay float32.
+ *   within 1.5x that error; the gradient products stay float32 (on a
+ *   matrix engine P and dS enter them as bf16 plus their residuals, within
+ *   2^-16 of each: each gradient within 1.01x the error of rounding it to
+ *   bf16, as the float32 products).
  * FAST is the default because it is no less accurate than the fused CPU
  * kernel bf16 users run today: relative L2 error against float64 on the
  * same bf16 inputs (B = 1, 8 heads, D = 64, causal, S = 2048; PyTorch 2.15
@@ -812,8 +815,8 @@ FMHA_API size_t fmha_plan_workspace_held(const fmha_plan *plan);
  *   tuning     the table's tuning: "generic", a microarchitecture's name,
  *              "wisdom", "heuristic", or any of them with "+FMHA_TUNING"
  *              when the environment changed it
- *   backward   the backward's driver: "matrix" (bf16 FAST on a matrix
- *              engine: AMX tiles) or "tiled"
+ *   backward   the backward's driver: "matrix" (bf16 at FAST or ACCURATE
+ *              on a matrix engine: AMX tiles) or "tiled"
  *   scores     how Q K^T is taken: "float32" (the query in float32 against
  *              the cache's values), "integer" (decode under precision
  *              FAST: the query quantized as q8_0 against int8, q8_0 or q4_0

@@ -3,7 +3,8 @@
  * uk/amx/attn_bwd.c). This driver holds the threads, the work split and
  * the workspace; the part holds every tile instruction.
  *
- * Serves bf16 Q, K, V (and O, dO) at precision FAST with the causal/window
+ * Serves bf16 Q, K, V (and O, dO) at precision FAST (P and dS rounded to
+ * bf16) and ACCURATE (each also as its bf16 residual) with the causal/window
  * band and query/key lengths as the only masks, no bias, softcap or
  * dropout (fmha_matrix_bwd_plan); the tiled backward (bwd.c) serves the
  * rest, and a call whose K or V holds a NaN or an infinity (its guarded
@@ -35,7 +36,8 @@ int fmha_matrix_bwd_plan(const fmha_plan *plan) {
     const fmha_problem *p = &plan->p;
     const fmha_masks *m = &p->masks;
     if (!plan->uk->matrix.backward || p->dtype != FMHA_DTYPE_BF16 || !fmha_plan_kv_as_q(plan)) return 0;
-    if (plan->precision != FMHA_PRECISION_FAST || p->strategy == FMHA_STRATEGY_PORTABLE) return 0;
+    if (plan->precision != FMHA_PRECISION_FAST && plan->precision != FMHA_PRECISION_ACCURATE) return 0;
+    if (p->strategy == FMHA_STRATEGY_PORTABLE) return 0;
     if (p->block_table || plan->has_bias || plan->dropout || p->sinks) return 0;
     return !(m->q_segment_ids || m->dense || m->callback.fill);
 }
@@ -98,6 +100,8 @@ typedef struct mbwd_scratch {
     float *s, *dp;               /* [4][32][BK] */
     uint32_t *p_pairs, *ds_pairs;/* [4][16][BK] */
     uint16_t *ds;                /* [4][32][BK] */
+    uint32_t *p_lo_pairs, *ds_lo_pairs; /* [4][16][BK] at ACCURATE: the residuals' pairs */
+    uint16_t *ds_lo;             /* [4][32][BK] at ACCURATE: dS's residual rows */
     float *rows;                 /* [BK][max(dr, dvp)]: dK or dV as rows */
     float *o_row, *do_row;       /* [Dv] */
 } mbwd_scratch;
@@ -114,6 +118,10 @@ static void mbwd_carve(const fmha_plan *plan, const mbwd_dims *d, fmha_carver *c
     s->p_pairs = fmha_carve(c, g * 16 * bk * sizeof(uint32_t));
     s->ds_pairs = fmha_carve(c, g * 16 * bk * sizeof(uint32_t));
     s->ds = fmha_carve(c, g * MBWD_BQ * bk * sizeof(uint16_t));
+    const size_t lo = plan->precision == FMHA_PRECISION_ACCURATE; /* the residuals' buffers */
+    s->p_lo_pairs = fmha_carve(c, lo * g * 16 * bk * sizeof(uint32_t));
+    s->ds_lo_pairs = fmha_carve(c, lo * g * 16 * bk * sizeof(uint32_t));
+    s->ds_lo = fmha_carve(c, lo * g * MBWD_BQ * bk * sizeof(uint16_t));
     s->rows = fmha_carve(c, bk * wide * sizeof(float));
     s->o_row = fmha_carve(c, (size_t)plan->p.head_dim_v * sizeof(float));
     s->do_row = fmha_carve(c, (size_t)plan->p.head_dim_v * sizeof(float));
@@ -291,7 +299,9 @@ static void mbwd_kv_task(void *vctx, size_t task, int thread) {
                                       .kp = s.kp, .vk = s.vk, .kv = s.kv, .qb = qbs, .ldq = d->dr,
                                       .abs_scale = fabsf(plan->scale), .scale_log2 = fabsf(plan->scale) * (float)M_LOG2E,
                                       .dvt = s.dvt, .dkt = s.dkt, .ldt = MBWD_BK, .s = s.s, .dp_buf = s.dp, .p_pairs = s.p_pairs,
-                                      .ds_pairs = s.ds_pairs, .ds = s.ds};
+                                      .ds_pairs = s.ds_pairs, .ds = s.ds,
+                                      .residual = plan->precision == FMHA_PRECISION_ACCURATE,
+                                      .p_lo_pairs = s.p_lo_pairs, .ds_lo_pairs = s.ds_lo_pairs, .ds_lo = s.ds_lo};
             size_t nqb = 0;
             for (int64_t h = hk * plan->group; h < (hk + 1) * plan->group; h++)
                 for (size_t qb = qb_begin; qb < qb_end; qb++) {

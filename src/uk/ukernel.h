@@ -532,8 +532,10 @@ typedef struct fmha_matrix_fwd_args {
     size_t blocks;                /* out: key blocks computed */
 } fmha_matrix_fwd_args;
 
-/* The backward on the tiles (bf16, P and dS rounded to bf16: precision
- * FAST). Per key block of n keys (k0 a multiple of 32, n a multiple of 32)
+/* The backward on the tiles (bf16): P and dS rounded to bf16 (precision
+ * FAST), or, with `residual`, each as bf16 plus its bf16 rounding residual
+ * (ACCURATE: dV, dK and dQ each gain the residual's product, as the
+ * forward's P V gains P_lo V). Per key block of n keys (k0 a multiple of 32, n a multiple of 32)
  * and up to 4 query blocks of 32 rows, in the layouts above and:
  *   X^T block  [xr / 16][16][16] words, xr = fmha_matrix_dvp(D or Dv):
  *              row e, pair p = (X[2p][e], X[2p + 1][e]) of the block's 32
@@ -570,6 +572,9 @@ typedef struct fmha_matrix_bwd_args {
     float *s, *dp_buf;            /* scratch [4][32][n] each */
     uint32_t *p_pairs, *ds_pairs; /* scratch [4][16][n]: P, dS as pairs of rows (the B of dV^T, dK^T) */
     uint16_t *ds;                 /* scratch [4][32][n] bf16: dS rows (the A of dQ) */
+    int residual;                 /* 1: P and dS also as their residuals x - bf16(x) (ACCURATE) */
+    uint32_t *p_lo_pairs, *ds_lo_pairs; /* scratch [4][16][n] with residual: the residuals as p_pairs, ds_pairs */
+    uint16_t *ds_lo;              /* scratch [4][32][n] with residual: dS's residual rows */
 } fmha_matrix_bwd_args;
 
 /* Decoding on the tiles: nb blocks of up to 32 rows (the queries of one kv

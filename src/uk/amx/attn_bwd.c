@@ -1,6 +1,9 @@
 /* amx/attn_bwd.c: the backward on the tiles (the matrix part's backward;
  * contract and layouts in ukernel.h), bf16 with P and dS rounded to bf16
- * (precision FAST). Built twice, like attn.c.
+ * (precision FAST) or taken as bf16 plus their rounding residuals
+ * (ACCURATE: x = hi + lo, hi = bf16(x), lo = bf16(x - hi), within 2^-16
+ * of x; each gradient product gains its residual's term). Built twice,
+ * like attn.c.
  *
  * Derivation (as driver/bwd.c): with S = scale Q K^T, P = softmax(S),
  * O = P V and dO = dL/dO,
@@ -15,8 +18,8 @@
  *   dK^T [D][n]   += Q^T dS        A = Q^T block, B = dS as pairs of rows
  *   dQ  [32 q][D] += dS K          A = dS rows (bf16 pairs along keys), B = K packed as V
  * dV^T and dK^T sum over the query blocks of a call (up to 4, one k-step
- * each) before their tiles go back to memory; the caller transposes them
- * once per key block. */
+ * each, two with the residuals) before their tiles go back to memory; the
+ * caller transposes them once per key block. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -102,16 +105,31 @@ static void rows_by_keys(const uint32_t *a, const uint32_t *b, size_t pairs, siz
     }
 }
 
+/* x - hi rounded to bf16, hi = bf16(x) of two 16-lane halves x0, x1 (the
+ * difference is exact in float32, so hi + lo is within 2^-16 of x; 0
+ * where x is not finite, so that an infinity stays one) */
+static inline __m512 residual_half(__m512i h16, __m512 x) {
+    const __m512 h = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h16)), 16));
+    const __mmask16 finite = _mm512_cmp_ps_mask(_mm512_sub_ps(x, x), _mm512_setzero_ps(), _CMP_EQ_OQ);
+    return _mm512_maskz_sub_ps(finite, x, h);
+}
+static inline __m512i bf16_residual(__m512i hi, __m512 x0, __m512 x1) {
+    return (__m512i)_mm512_cvtne2ps_pbh(residual_half(_mm512_shuffle_i64x2(hi, hi, 0xee), x1), residual_half(hi, x0));
+}
+
 /* P and dS of one query block from its S and dP ([32][n]): dS rows as bf16
  * into ds [32][n], P and dS as pairs of rows into p_pairs, ds_pairs
- * [16][n] (word (p, k) = rows 2p, 2p + 1 at key k). */
+ * [16][n] (word (p, k) = rows 2p, 2p + 1 at key k); with a->residual their
+ * residuals alike into ds_lo, p_lo_pairs, ds_lo_pairs. */
 static void block_p_ds(const fmha_matrix_bwd_args *a, const fmha_matrix_bwd_qblock *q, const float *s,
-                       const float *dp, uint16_t *ds, uint32_t *p_pairs, uint32_t *ds_pairs) {
+                       const float *dp, uint16_t *ds, uint32_t *p_pairs, uint32_t *ds_pairs, uint16_t *ds_lo,
+                       uint32_t *p_lo_pairs, uint32_t *ds_lo_pairs) {
     const size_t n = a->n;
+    const int residual = a->residual;
     const __m512 c1 = _mm512_set1_ps(a->scale_log2), sc = _mm512_set1_ps(a->abs_scale),
                  log2e = _mm512_set1_ps((float)M_LOG2E);
     for (size_t pr = 0; pr < 16; pr++) {
-        __m512i p_bf[2], ds_bf[2]; /* rows 2 pr, 2 pr + 1: 32 keys each */
+        __m512i p_bf[2], ds_bf[2], p_lo[2], ds_lo_bf[2]; /* rows 2 pr, 2 pr + 1: 32 keys each */
         for (size_t kk = 0; kk < n; kk += 32) {
             for (int half = 0; half < 2; half++) {
                 const size_t r = 2 * pr + (size_t)half;
@@ -136,19 +154,33 @@ static void block_p_ds(const fmha_matrix_bwd_args *a, const fmha_matrix_bwd_qblo
                 p_bf[half] = (__m512i)_mm512_cvtne2ps_pbh(p[1], p[0]);
                 ds_bf[half] = (__m512i)_mm512_cvtne2ps_pbh(g[1], g[0]);
                 _mm512_storeu_si512(ds + r * n + kk, ds_bf[half]);
+                if (residual) {
+                    p_lo[half] = bf16_residual(p_bf[half], p[0], p[1]);
+                    ds_lo_bf[half] = bf16_residual(ds_bf[half], g[0], g[1]);
+                    _mm512_storeu_si512(ds_lo + r * n + kk, ds_lo_bf[half]);
+                }
             }
             uint32_t *pw = p_pairs + pr * n + kk, *dw = ds_pairs + pr * n + kk;
             _mm512_storeu_si512(pw, pairs_lo(p_bf[0], p_bf[1]));
             _mm512_storeu_si512(pw + 16, pairs_hi(p_bf[0], p_bf[1]));
             _mm512_storeu_si512(dw, pairs_lo(ds_bf[0], ds_bf[1]));
             _mm512_storeu_si512(dw + 16, pairs_hi(ds_bf[0], ds_bf[1]));
+            if (residual) {
+                uint32_t *plw = p_lo_pairs + pr * n + kk, *dlw = ds_lo_pairs + pr * n + kk;
+                _mm512_storeu_si512(plw, pairs_lo(p_lo[0], p_lo[1]));
+                _mm512_storeu_si512(plw + 16, pairs_hi(p_lo[0], p_lo[1]));
+                _mm512_storeu_si512(dlw, pairs_lo(ds_lo_bf[0], ds_lo_bf[1]));
+                _mm512_storeu_si512(dlw + 16, pairs_hi(ds_lo_bf[0], ds_lo_bf[1]));
+            }
         }
     }
 }
 
-/* dq [32][ldq] += dS K: per 32 columns of D, k-steps of 32 keys. */
-static void block_dq(const fmha_matrix_bwd_args *a, const uint16_t *ds, float *dq) {
+/* dq [32][ldq] += dS K (and dS_lo K where ds_lo is not NULL): per 32
+ * columns of D, k-steps of 32 keys, dS's then dS_lo's. */
+static void block_dq(const fmha_matrix_bwd_args *a, const uint16_t *ds, const uint16_t *ds_lo, float *dq) {
     const size_t n = a->n, ctiles = a->dr / 16, steps = n / 32, ldq = a->ldq * 4;
+    const size_t all = ds_lo ? 2 * steps : steps;
     for (size_t c = 0; c < ctiles; c += 2) {
         float *o = dq + c * 16;
         const uint32_t *kt = a->kv + c * 256;
@@ -157,10 +189,13 @@ static void block_dq(const fmha_matrix_bwd_args *a, const uint16_t *ds, float *d
         TILE_LOAD(2, o + 16 * a->ldq, ldq);
         TILE_LOAD(3, o + 16 * a->ldq + 16, ldq);
         tile_loads((step_tiles){(const char *)ds, (const char *)kt, 16 * n * 2, n * 2, 256 * 4, 64});
-        for (size_t t = 0; t < steps; t++) {
-            const int more = t + 1 < steps;
-            tile_products(more, (step_tiles){(const char *)(ds + 32 * (t + 1)), (const char *)(kt + (t + 1) * ctiles * 256),
-                                             16 * n * 2, n * 2, 256 * 4, 64});
+        for (size_t t = 0; t < all; t++) {
+            const int more = t + 1 < all;
+            const size_t u = (t + 1) % steps; /* the next k-step's keys, of ds or ds_lo */
+            const uint16_t *x = t + 1 < steps ? ds : ds_lo;
+            tile_products(more, more ? (step_tiles){(const char *)(x + 32 * u), (const char *)(kt + u * ctiles * 256),
+                                                    16 * n * 2, n * 2, 256 * 4, 64}
+                                     : (step_tiles){0});
         }
         TILE_STORE(0, o, ldq);
         TILE_STORE(1, o + 16, ldq);
@@ -169,11 +204,11 @@ static void block_dq(const fmha_matrix_bwd_args *a, const uint16_t *ds, float *d
     }
 }
 
-/* acc [rows][n] += sum over the query blocks of X_g^T Y_g: A = X^T blocks
+/* acc [rows][n] += sum over g < steps of X_g^T Y_g: A = X^T blocks
  * (xt[g]), B = Y_g as pairs of rows (yp[g], [16][n]); per 32 rows x 32
- * keys of acc, one k-step per query block. */
+ * keys of acc, one k-step per g (a query block, or its residual's). */
 static void block_xt_y(const fmha_matrix_bwd_args *a, const uint32_t *const *xt, const uint32_t *const *yp,
-                       size_t rows, float *acc) {
+                       size_t steps, size_t rows, float *acc) {
     const size_t n = a->n, ld = n * 4, ldt = a->ldt, ldc = ldt * 4;
     for (size_t r = 0; r < rows; r += 32)
         for (size_t kk = 0; kk < n; kk += 32) {
@@ -183,8 +218,8 @@ static void block_xt_y(const fmha_matrix_bwd_args *a, const uint32_t *const *xt,
             TILE_LOAD(2, c + 16 * ldt, ldc);
             TILE_LOAD(3, c + 16 * ldt + 16, ldc);
             tile_loads((step_tiles){(const char *)(xt[0] + r * 16), (const char *)(yp[0] + kk), 16 * 16 * 4, 64, 16 * 4, ld});
-            for (size_t g = 0; g < a->nqb; g++) {
-                const int more = g + 1 < a->nqb;
+            for (size_t g = 0; g < steps; g++) {
+                const int more = g + 1 < steps;
                 tile_products(more, more ? (step_tiles){(const char *)(xt[g + 1] + r * 16), (const char *)(yp[g + 1] + kk),
                                                         16 * 16 * 4, 64, 16 * 4, ld}
                                          : (step_tiles){0});
@@ -198,22 +233,29 @@ static void block_xt_y(const fmha_matrix_bwd_args *a, const uint32_t *const *xt,
 
 void FMHA_AMX_FN(fmha_matrix_backward)(const fmha_matrix_bwd_args *a) {
     FMHA_AMX_FN(fmha_amx_ready)();
-    const size_t n = a->n;
-    const uint32_t *dot[BWD_MAX_QB], *pp[BWD_MAX_QB], *qt[BWD_MAX_QB], *dsp[BWD_MAX_QB];
-    for (size_t g = 0; g < a->nqb; g++) {
+    const size_t n = a->n, nqb = a->nqb;
+    /* the k-steps of dV^T and dK^T: the query blocks, then with the
+     * residuals the same X^T blocks against P_lo and dS_lo */
+    const uint32_t *dot[2 * BWD_MAX_QB], *pp[2 * BWD_MAX_QB], *qt[2 * BWD_MAX_QB], *dsp[2 * BWD_MAX_QB];
+    for (size_t g = 0; g < nqb; g++) {
         const fmha_matrix_bwd_qblock *q = &a->qb[g];
         float *s = a->s + g * ATTN_BQ * n, *dp = a->dp_buf + g * ATTN_BQ * n;
-        uint16_t *ds = a->ds + g * ATTN_BQ * n;
+        uint16_t *ds = a->ds + g * ATTN_BQ * n, *ds_lo = a->residual ? a->ds_lo + g * ATTN_BQ * n : NULL;
         uint32_t *p_pairs = a->p_pairs + g * 16 * n, *ds_pairs = a->ds_pairs + g * 16 * n;
+        uint32_t *p_lo_pairs = a->residual ? a->p_lo_pairs + g * 16 * n : NULL;
+        uint32_t *ds_lo_pairs = a->residual ? a->ds_lo_pairs + g * 16 * n : NULL;
         rows_by_keys(q->q, a->kp, a->dp, n, s);
         rows_by_keys(q->d_o, a->vk, a->dpv, n, dp);
-        block_p_ds(a, q, s, dp, ds, p_pairs, ds_pairs);
-        block_dq(a, ds, q->dq);
-        dot[g] = q->d_ot;
-        qt[g] = q->qt;
+        block_p_ds(a, q, s, dp, ds, p_pairs, ds_pairs, ds_lo, p_lo_pairs, ds_lo_pairs);
+        block_dq(a, ds, ds_lo, q->dq);
+        dot[g] = dot[nqb + g] = q->d_ot;
+        qt[g] = qt[nqb + g] = q->qt;
         pp[g] = p_pairs;
         dsp[g] = ds_pairs;
+        pp[nqb + g] = p_lo_pairs;
+        dsp[nqb + g] = ds_lo_pairs;
     }
-    block_xt_y(a, dot, pp, a->dvp, a->dvt);
-    block_xt_y(a, qt, dsp, a->dr, a->dkt);
+    const size_t steps = a->residual ? 2 * nqb : nqb;
+    block_xt_y(a, dot, pp, steps, a->dvp, a->dvt);
+    block_xt_y(a, qt, dsp, steps, a->dr, a->dkt);
 }
