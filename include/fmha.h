@@ -123,7 +123,10 @@
  * decode_split_keys_16rows=N (the same where a kv head's rows, group x
  * Sq, in a unit reach 16: steps of several positions; default 256),
  * matrix_decode_rows=N (decoding on AMX tiles from N rows a kv head, N >=
- * 1; default 8), and the bf16 attention on AMX tiles' schedule:
+ * 1; default 8), matrix_backward_split=0|1 (the backward of float16 and of
+ * float32 at BF16X3 or BF16 on AMX tiles, operands split into bf16 hi + lo
+ * or rounded, when 1; on the float32 FMA path when 0; default 1), and the
+ * bf16 attention on AMX tiles' schedule:
  * matrix_block_kv=N (keys per step, a multiple of 32 up to 512; default
  * 128), matrix_rescale_log2=N (0..16: a row's reference maximum moves only
  * when scores pass it by more than 2^N; 0: at every new maximum; default
@@ -436,7 +439,9 @@ typedef struct fmha_param_grads {
  * causal, S = 2048; a Xeon with AMX):
  *   bf16 FAST 2.1e-3, bf16 ACCURATE 1.6e-3 (O stored as bf16);
  *   float16 (any precision: split into bf16 hi + lo, P too) 2.0e-4 (O
- *   stored as float16, whose own rounding dominates);
+ *   stored as float16, whose own rounding dominates; the backward split
+ *   alike, each gradient within 1.09x the error of rounding it to
+ *   float16);
  *   float32 FAST or ACCURATE (IEEE FMA) 3.1e-7, BF16X3 4.2e-6, BF16 2.1e-3.
  *
  * Quantized caches (k_format / v_format), on the decode driver: ACCURATE
@@ -466,14 +471,20 @@ typedef struct fmha_param_grads {
 typedef enum fmha_precision {
     FMHA_PRECISION_ACCURATE = 0,
     FMHA_PRECISION_FAST,
-    /* float32 inputs on a matrix engine (AMX tiles), the forward: each of Q,
-     * K, V and P split into bf16 hi + lo and three products (hi hi + hi lo
-     * + lo hi) per GEMM, about 2^-16 of each product's magnitude;
-     * elsewhere (no matrix engine, the backward) float32 runs its IEEE
-     * FMA path. bf16 problems read it as ACCURATE. */
+    /* float32 inputs on a matrix engine (AMX tiles): each of Q, K, V and P
+     * split into bf16 hi + lo and three products (hi hi + hi lo + lo hi)
+     * per GEMM, about 2^-16 of each product's magnitude; the backward
+     * likewise (dO and dS split too, five GEMMs): gradients' relative L2
+     * error at most 6.3e-5 where the FMA path gives 3-6e-7 (B 1, H 2-4,
+     * D 33-128, S 61-300, Q and K uniform in [-2, 2), V and dO in [-1, 1)).
+     * Elsewhere (no matrix engine, or FMHA_TUNING=matrix_backward_split=0
+     * for the backward) float32 runs its IEEE FMA path. bf16 problems read
+     * it as ACCURATE. */
     FMHA_PRECISION_BF16X3,
-    /* float32 inputs on a matrix engine, the forward: Q, K, V and P rounded
-     * to bf16 (at most 2^-8 of each), one product per GEMM; elsewhere as BF16X3. bf16
+    /* float32 inputs on a matrix engine: Q, K, V and P rounded to bf16 (at
+     * most 2^-8 of each), one product per GEMM, the backward's dO and dS
+     * too (gradients' relative L2 3-5e-3 on the problems above);
+     * elsewhere as BF16X3. bf16
      * problems read it as FAST. A decode step of a float32 query against a
      * bf16 cache (kv_dtype BF16) on a matrix engine, 8 or more rows a kv
      * head: the query rounded to bf16 as llama.cpp rounds it for its bf16
@@ -815,8 +826,9 @@ FMHA_API size_t fmha_plan_workspace_held(const fmha_plan *plan);
  *   tuning     the table's tuning: "generic", a microarchitecture's name,
  *              "wisdom", "heuristic", or any of them with "+FMHA_TUNING"
  *              when the environment changed it
- *   backward   the backward's driver: "matrix" (bf16 at FAST or ACCURATE
- *              on a matrix engine: AMX tiles) or "tiled"
+ *   backward   the backward's driver: "matrix" (on a matrix engine, AMX
+ *              tiles: bf16 at FAST or ACCURATE, float16, float32 at
+ *              BF16X3 or BF16) or "tiled"
  *   scores     how Q K^T is taken: "float32" (the query in float32 against
  *              the cache's values), "integer" (decode under precision
  *              FAST: the query quantized as q8_0 against int8, q8_0 or q4_0

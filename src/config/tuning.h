@@ -72,7 +72,10 @@ typedef enum fmha_tune_rows {
  *   matrix_overlap     1: the next key block's Q K^T issued before this
  *                      block's softmax (design.md, "The matrix driver")
  *   matrix_decode_rows decoding runs on the matrix driver when a kv head's
- *                      query rows (group x Sq) reach this many */
+ *                      query rows (group x Sq) reach this many
+ *   matrix_backward_split  1: float16 and float32 (BF16X3, BF16) backwards
+ *                      on the tiles (matrix_bwd.c); 0: on the float32 FMA
+ *                      path (bf16's take the tiles either way) */
 #define FMHA_TUNING_FIELDS(X)                                                                                 \
     X(tile_mr, FMHA_TUNING_OF_TABLE, 1, 16, 1, FMHA_TUNE_NONE, ())                                            \
     X(tile_nr, FMHA_TUNING_OF_TABLE, 16, 64, 16, FMHA_TUNE_NONE, ())                                          \
@@ -88,7 +91,8 @@ typedef enum fmha_tune_rows {
     X(matrix_block_kv, 128, 32, 512, 32, FMHA_TUNE_MATRIX, (64, 256))                                         \
     X(matrix_rescale_log2, 8, 0, 16, 1, FMHA_TUNE_MATRIX, (0))                                                \
     X(matrix_overlap, 1, 0, 1, 1, FMHA_TUNE_MATRIX, (0))                                                      \
-    X(matrix_decode_rows, 8, 1, (int64_t)1 << 20, 1, FMHA_TUNE_NONE, ())
+    X(matrix_decode_rows, 8, 1, (int64_t)1 << 20, 1, FMHA_TUNE_NONE, ())                                     \
+    X(matrix_backward_split, 1, 0, 1, 1, FMHA_TUNE_NONE, ())
 
 /* Where a table's tuning came from (fmha_plan_describe's tuning_source). */
 typedef enum fmha_tuning_source {

@@ -4,7 +4,10 @@
  * the workspace; the part holds every tile instruction.
  *
  * Serves bf16 Q, K, V (and O, dO) at precision FAST (P and dS rounded to
- * bf16) and ACCURATE (each also as its bf16 residual) with the causal/window
+ * bf16) and ACCURATE (each also as its bf16 residual), float16 at any
+ * precision and float32 at BF16X3 (every operand split into bf16 hi + lo
+ * at packing, P and dS too: three terms a product, as the forward) and
+ * float32 at BF16 (every operand rounded to bf16) with the causal/window
  * band and query/key lengths as the only masks, no bias, softcap or
  * dropout (fmha_matrix_bwd_plan); the tiled backward (bwd.c) serves the
  * rest, and a call whose K or V holds a NaN or an infinity (its guarded
@@ -29,14 +32,43 @@
 #include "core/attn.h"
 #include "runtime/convert.h"
 #include "runtime/pool.h"
+#include "config/tuning.h"
 
 enum { MBWD_BQ = FMHA_MATRIX_BLOCK_Q, MBWD_BK = 128, MBWD_GROUP_QB = 4, MBWD_TARGET_TASKS = 8 };
+
+/* How the operands reach the tiles: their format (FMHA_MATRIX_SRC_*), split
+ * (each operand as bf16 hi + lo, three terms a product), and P's and dS's
+ * residuals (split, and bf16 at ACCURATE); 0 when the tiles do not serve. */
+typedef struct mbwd_mode {
+    int src, split, residual;
+    size_t bytes; /* an element's */
+} mbwd_mode;
+
+static int mbwd_mode_of(const fmha_plan *plan, mbwd_mode *m) {
+    switch (plan->p.dtype) {
+    case FMHA_DTYPE_BF16:
+        if (plan->precision != FMHA_PRECISION_FAST && plan->precision != FMHA_PRECISION_ACCURATE) return 0;
+        *m = (mbwd_mode){FMHA_MATRIX_SRC_BF16, 0, plan->precision == FMHA_PRECISION_ACCURATE, 2};
+        return 1;
+    case FMHA_DTYPE_F16:
+        if (!plan->uk->tuning->matrix_backward_split) return 0;
+        *m = (mbwd_mode){FMHA_MATRIX_SRC_F16, 1, 1, 2};
+        return 1;
+    case FMHA_DTYPE_F32:
+        if (plan->precision != FMHA_PRECISION_BF16X3 && plan->precision != FMHA_PRECISION_BF16) return 0;
+        if (!plan->uk->tuning->matrix_backward_split) return 0;
+        *m = (mbwd_mode){FMHA_MATRIX_SRC_F32, plan->precision == FMHA_PRECISION_BF16X3,
+                         plan->precision == FMHA_PRECISION_BF16X3, 4};
+        return 1;
+    }
+    return 0;
+}
 
 int fmha_matrix_bwd_plan(const fmha_plan *plan) {
     const fmha_problem *p = &plan->p;
     const fmha_masks *m = &p->masks;
-    if (!plan->uk->matrix.backward || p->dtype != FMHA_DTYPE_BF16 || !fmha_plan_kv_as_q(plan)) return 0;
-    if (plan->precision != FMHA_PRECISION_FAST && plan->precision != FMHA_PRECISION_ACCURATE) return 0;
+    mbwd_mode mode;
+    if (!plan->uk->matrix.backward || !mbwd_mode_of(plan, &mode) || !fmha_plan_kv_as_q(plan)) return 0;
     if (p->strategy == FMHA_STRATEGY_PORTABLE) return 0;
     if (p->block_table || plan->has_bias || plan->dropout || p->sinks) return 0;
     return !(m->q_segment_ids || m->dense || m->callback.fill);
@@ -46,7 +78,7 @@ int fmha_matrix_bwd_plan(const fmha_plan *plan) {
 typedef struct mbwd_dims {
     size_t dp, dpv, dvp, dr;     /* fmha_matrix_dp(D), _dp(Dv), _dvp(Dv), _dvp(D) */
     size_t q_blocks, kv_blocks, groups, units;
-    size_t qblock_words;         /* words of one packed query block (four operands) */
+    mbwd_mode mode;
 } mbwd_dims;
 
 static mbwd_dims mbwd_dims_of(const fmha_plan *plan) {
@@ -62,14 +94,15 @@ static mbwd_dims mbwd_dims_of(const fmha_plan *plan) {
     d.groups = (MBWD_TARGET_TASKS + d.units - 1) / d.units;
     if (d.groups > d.kv_blocks) d.groups = d.kv_blocks;
     if (d.groups < 1) d.groups = 1;
-    /* Q, dO: [steps][32][16]; Q^T, dO^T: [rows / 16][16][16] */
-    d.qblock_words = (d.dp + d.dpv) * MBWD_BQ + (d.dr + d.dvp) * 16;
+    mbwd_mode_of(plan, &d.mode);
     return d;
 }
 
-/* A packed query block: its four operands, lse, Dsum and each row's keys. */
+/* A packed query block: its four operands (and their residuals for split
+ * operands, else NULL), lse, Dsum and each row's keys. */
 typedef struct mbwd_qblock {
-    uint32_t *q, *d_o, *qt, *d_ot;
+    uint32_t *q, *d_o, *qt, *d_ot;       /* Q, dO: [steps][32][16]; Q^T, dO^T: [rows / 16][16][16] */
+    uint32_t *q_lo, *d_o_lo, *qt_lo, *d_ot_lo;
     float *lse, *dsum;
     int64_t *lo, *hi;
 } mbwd_qblock;
@@ -79,6 +112,12 @@ static void mbwd_qblock_carve(const mbwd_dims *d, fmha_carver *c, mbwd_qblock *b
     b->d_o = fmha_carve(c, d->dpv * MBWD_BQ * sizeof(uint32_t));
     b->qt = fmha_carve(c, d->dr * 16 * sizeof(uint32_t));
     b->d_ot = fmha_carve(c, d->dvp * 16 * sizeof(uint32_t));
+    const size_t lo = (size_t)d->mode.split;
+    b->q_lo = fmha_carve(c, lo * d->dp * MBWD_BQ * sizeof(uint32_t));
+    b->d_o_lo = fmha_carve(c, lo * d->dpv * MBWD_BQ * sizeof(uint32_t));
+    b->qt_lo = fmha_carve(c, lo * d->dr * 16 * sizeof(uint32_t));
+    b->d_ot_lo = fmha_carve(c, lo * d->dvp * 16 * sizeof(uint32_t));
+    if (!lo) b->q_lo = b->d_o_lo = b->qt_lo = b->d_ot_lo = NULL;
     b->lse = fmha_carve(c, MBWD_BQ * sizeof(float));
     b->dsum = fmha_carve(c, MBWD_BQ * sizeof(float));
     b->lo = fmha_carve(c, MBWD_BQ * sizeof(int64_t));
@@ -96,6 +135,7 @@ static size_t mbwd_qblock_bytes(const mbwd_dims *d) {
  * scratch for 4 query blocks, a transposed row block, a Dsum row pair. */
 typedef struct mbwd_scratch {
     uint32_t *kp, *vk, *kv;      /* [BK dp], [BK dpv], [BK / 2 dr] words */
+    uint32_t *kp_lo, *vk_lo, *kv_lo; /* split operands: their residuals alike, else NULL */
     float *dvt, *dkt;            /* [dvp][BK], [dr][BK] */
     float *s, *dp;               /* [4][32][BK] */
     uint32_t *p_pairs, *ds_pairs;/* [4][16][BK] */
@@ -111,6 +151,11 @@ static void mbwd_carve(const fmha_plan *plan, const mbwd_dims *d, fmha_carver *c
     s->kp = fmha_carve(c, bk * d->dp * sizeof(uint32_t));
     s->vk = fmha_carve(c, bk * d->dpv * sizeof(uint32_t));
     s->kv = fmha_carve(c, bk / 2 * d->dr * sizeof(uint32_t));
+    const size_t split = (size_t)d->mode.split;
+    s->kp_lo = fmha_carve(c, split * bk * d->dp * sizeof(uint32_t));
+    s->vk_lo = fmha_carve(c, split * bk * d->dpv * sizeof(uint32_t));
+    s->kv_lo = fmha_carve(c, split * bk / 2 * d->dr * sizeof(uint32_t));
+    if (!split) s->kp_lo = s->vk_lo = s->kv_lo = NULL;
     s->dvt = fmha_carve(c, d->dvp * bk * sizeof(float));
     s->dkt = fmha_carve(c, d->dr * bk * sizeof(float));
     s->s = fmha_carve(c, g * MBWD_BQ * bk * sizeof(float));
@@ -118,7 +163,7 @@ static void mbwd_carve(const fmha_plan *plan, const mbwd_dims *d, fmha_carver *c
     s->p_pairs = fmha_carve(c, g * 16 * bk * sizeof(uint32_t));
     s->ds_pairs = fmha_carve(c, g * 16 * bk * sizeof(uint32_t));
     s->ds = fmha_carve(c, g * MBWD_BQ * bk * sizeof(uint16_t));
-    const size_t lo = plan->precision == FMHA_PRECISION_ACCURATE; /* the residuals' buffers */
+    const size_t lo = (size_t)d->mode.residual; /* the residuals' buffers */
     s->p_lo_pairs = fmha_carve(c, lo * g * 16 * bk * sizeof(uint32_t));
     s->ds_lo_pairs = fmha_carve(c, lo * g * 16 * bk * sizeof(uint32_t));
     s->ds_lo = fmha_carve(c, lo * g * MBWD_BQ * bk * sizeof(uint16_t));
@@ -181,19 +226,28 @@ static mbwd_scratch mbwd_scratch_of(const mbwd_ctx *c, int thread) {
     return s;
 }
 
-/* Task (b, kv head): 1 in nonfinite[unit] when its K or V holds a NaN or an infinity. */
+/* Task (b, kv head): 1 in nonfinite[unit] when its K or V holds a NaN or
+ * an infinity (as bf16: a float32 past bf16's range counts), or, for split
+ * operands, the Q or dO rows of its heads (an infinity's residual is NaN). */
 static void mbwd_check_task(void *vctx, size_t task, int thread) {
     const mbwd_ctx *c = vctx;
     const fmha_problem *p = &c->plan->p;
     const int64_t b = (int64_t)task / p->heads_kv, hk = (int64_t)task % p->heads_kv;
-    const int64_t *ks = p->k_strides, *vs = p->v_strides, es = 2;
+    const int64_t *ks = p->k_strides, *vs = p->v_strides, *qs = p->q_strides, *os = p->o_strides;
+    const int64_t es = (int64_t)c->d.mode.bytes, src = c->d.mode.src;
     const int64_t kv_len = p->masks.kv_lengths ? p->masks.kv_lengths[b] : p->seq_kv; /* past it: never read */
     const fmha_uk_matrix *mx = &c->plan->uk->matrix;
-    c->nonfinite[task] =
-        mx->nonfinite((size_t)kv_len, (size_t)p->head_dim, c->k + (b * ks[0] + hk * ks[2]) * es, FMHA_MATRIX_SRC_BF16,
-                      ks[1], ks[3]) ||
-        mx->nonfinite((size_t)kv_len, (size_t)p->head_dim_v, c->v + (b * vs[0] + hk * vs[2]) * es,
-                      FMHA_MATRIX_SRC_BF16, vs[1], vs[3]);
+    int bad = mx->nonfinite((size_t)kv_len, (size_t)p->head_dim, c->k + (b * ks[0] + hk * ks[2]) * es, (int)src,
+                            ks[1], ks[3]) ||
+              mx->nonfinite((size_t)kv_len, (size_t)p->head_dim_v, c->v + (b * vs[0] + hk * vs[2]) * es, (int)src,
+                            vs[1], vs[3]);
+    const int64_t q_len = p->masks.q_lengths ? p->masks.q_lengths[b] : p->seq_q;
+    for (int64_t h = hk * c->plan->group; c->d.mode.split && !bad && h < (hk + 1) * c->plan->group; h++)
+        bad = mx->nonfinite((size_t)q_len, (size_t)p->head_dim, c->q + (b * qs[0] + h * qs[2]) * es, (int)src, qs[1],
+                            qs[3]) ||
+              mx->nonfinite((size_t)q_len, (size_t)p->head_dim_v, c->d_o + (b * os[0] + h * os[2]) * es, (int)src,
+                            os[1], os[3]);
+    c->nonfinite[task] = bad;
 }
 
 /* Pre-pass (b, h): every query block packed, with lse, Dsum and its rows'
@@ -203,7 +257,8 @@ static void mbwd_prepare_task(void *vctx, size_t task, int thread) {
     const fmha_plan *plan = c->plan;
     const fmha_problem *p = &plan->p;
     const int64_t b = (int64_t)task / p->heads_q, h = (int64_t)task % p->heads_q;
-    const int64_t *qs = p->q_strides, *os = p->o_strides, es = 2;
+    const int64_t *qs = p->q_strides, *os = p->o_strides, es = (int64_t)c->d.mode.bytes;
+    const int src = c->d.mode.src;
     const fmha_uk_matrix *mx = &plan->uk->matrix;
     mbwd_scratch s = mbwd_scratch_of(c, thread);
     const size_t rows = c->d.q_blocks * MBWD_BQ;
@@ -217,10 +272,10 @@ static void mbwd_prepare_task(void *vctx, size_t task, int thread) {
         const char *dorow = c->d_o + (b * os[0] + q0 * os[1] + h * os[2]) * es;
         const void *q_rows[MBWD_BQ], *do_rows[MBWD_BQ];
         for (int64_t i = 0; i < nq; i++) q_rows[i] = qrow + i * qs[1] * es, do_rows[i] = dorow + i * os[1] * es;
-        mx->pack_q((size_t)nq, (size_t)p->head_dim, q_rows, FMHA_MATRIX_SRC_BF16, qs[3], plan->scale < 0.0f, blk.q, NULL);
-        mx->pack_q((size_t)nq, (size_t)p->head_dim_v, do_rows, FMHA_MATRIX_SRC_BF16, os[3], 0, blk.d_o, NULL);
-        mx->pack_t((size_t)nq, (size_t)p->head_dim, qrow, FMHA_MATRIX_SRC_BF16, qs[1], qs[3], blk.qt);
-        mx->pack_t((size_t)nq, (size_t)p->head_dim_v, dorow, FMHA_MATRIX_SRC_BF16, os[1], os[3], blk.d_ot);
+        mx->pack_q((size_t)nq, (size_t)p->head_dim, q_rows, src, qs[3], plan->scale < 0.0f, blk.q, blk.q_lo);
+        mx->pack_q((size_t)nq, (size_t)p->head_dim_v, do_rows, src, os[3], 0, blk.d_o, blk.d_o_lo);
+        mx->pack_t((size_t)nq, (size_t)p->head_dim, qrow, src, qs[1], qs[3], blk.qt, blk.qt_lo);
+        mx->pack_t((size_t)nq, (size_t)p->head_dim_v, dorow, src, os[1], os[3], blk.d_ot, blk.d_ot_lo);
         for (int64_t i = 0; i < MBWD_BQ; i++) {
             blk.lo[i] = blk.hi[i] = 0;
             blk.lse[i] = 0.0f;
@@ -261,7 +316,8 @@ static void mbwd_kv_task(void *vctx, size_t task, int thread) {
     const mbwd_dims *d = &c->d;
     const size_t g = task % d->groups, unit = task / d->groups;
     const int64_t b = (int64_t)unit / p->heads_kv, hk = (int64_t)unit % p->heads_kv;
-    const int64_t *ks = p->k_strides, *vs = p->v_strides, es = 2;
+    const int64_t *ks = p->k_strides, *vs = p->v_strides, es = (int64_t)d->mode.bytes;
+    const int src = d->mode.src;
     const fmha_uk_matrix *mx = &plan->uk->matrix;
     mbwd_scratch s = mbwd_scratch_of(c, thread);
     float *dq_g = c->dq_part + g * c->dq_group_floats;
@@ -289,26 +345,33 @@ static void mbwd_kv_task(void *vctx, size_t task, int thread) {
             memset(s.kp, 0, MBWD_BK * d->dp * sizeof(uint32_t));
             memset(s.vk, 0, MBWD_BK * d->dpv * sizeof(uint32_t));
             memset(s.kv, 0, MBWD_BK / 2 * d->dr * sizeof(uint32_t));
+            if (d->mode.split) {
+                memset(s.kp_lo, 0, MBWD_BK * d->dp * sizeof(uint32_t));
+                memset(s.vk_lo, 0, MBWD_BK * d->dpv * sizeof(uint32_t));
+                memset(s.kv_lo, 0, MBWD_BK / 2 * d->dr * sizeof(uint32_t));
+            }
             const char *krow = c->k + (b * ks[0] + k0 * ks[1] + hk * ks[2]) * es;
             const char *vrow = c->v + (b * vs[0] + k0 * vs[1] + hk * vs[2]) * es;
-            mx->pack_k((size_t)nk, (size_t)p->head_dim, krow, FMHA_MATRIX_SRC_BF16, ks[1], ks[3], s.kp, NULL);
-            mx->pack_k((size_t)nk, (size_t)p->head_dim_v, vrow, FMHA_MATRIX_SRC_BF16, vs[1], vs[3], s.vk, NULL);
-            mx->pack_v((size_t)nk, (size_t)p->head_dim, krow, FMHA_MATRIX_SRC_BF16, ks[1], ks[3], s.kv, NULL);
+            mx->pack_k((size_t)nk, (size_t)p->head_dim, krow, src, ks[1], ks[3], s.kp, s.kp_lo);
+            mx->pack_k((size_t)nk, (size_t)p->head_dim_v, vrow, src, vs[1], vs[3], s.vk, s.vk_lo);
+            mx->pack_v((size_t)nk, (size_t)p->head_dim, krow, src, ks[1], ks[3], s.kv, s.kv_lo);
             fmha_matrix_bwd_qblock qbs[MBWD_GROUP_QB];
             fmha_matrix_bwd_args a = {.dp = d->dp, .dpv = d->dpv, .dvp = d->dvp, .dr = d->dr, .n = n, .k0 = k0,
-                                      .kp = s.kp, .vk = s.vk, .kv = s.kv, .qb = qbs, .ldq = d->dr,
+                                      .kp = s.kp, .vk = s.vk, .kv = s.kv, .kp_lo = s.kp_lo, .vk_lo = s.vk_lo,
+                                      .kv_lo = s.kv_lo, .qb = qbs, .ldq = d->dr,
                                       .abs_scale = fabsf(plan->scale), .scale_log2 = fabsf(plan->scale) * (float)M_LOG2E,
                                       .dvt = s.dvt, .dkt = s.dkt, .ldt = MBWD_BK, .s = s.s, .dp_buf = s.dp, .p_pairs = s.p_pairs,
                                       .ds_pairs = s.ds_pairs, .ds = s.ds,
-                                      .residual = plan->precision == FMHA_PRECISION_ACCURATE,
+                                      .residual = d->mode.residual,
                                       .p_lo_pairs = s.p_lo_pairs, .ds_lo_pairs = s.ds_lo_pairs, .ds_lo = s.ds_lo};
             size_t nqb = 0;
             for (int64_t h = hk * plan->group; h < (hk + 1) * plan->group; h++)
                 for (size_t qb = qb_begin; qb < qb_end; qb++) {
                     const mbwd_qblock blk = mbwd_qblock_at(c, b, h, qb);
                     float *dq_rows = dq_g + (((size_t)(b * p->heads_q + h)) * d->q_blocks + qb) * MBWD_BQ * d->dr;
-                    qbs[nqb++] = (fmha_matrix_bwd_qblock){blk.q, blk.d_o, blk.qt, blk.d_ot, blk.lse, blk.dsum,
-                                                          blk.lo, blk.hi, dq_rows};
+                    qbs[nqb++] = (fmha_matrix_bwd_qblock){blk.q,     blk.d_o,    blk.qt,  blk.d_ot, blk.q_lo,
+                                                          blk.d_o_lo, blk.qt_lo, blk.d_ot_lo, blk.lse, blk.dsum,
+                                                          blk.lo,    blk.hi,     dq_rows};
                     computed++;
                     const int last = h == (hk + 1) * plan->group - 1 && qb + 1 == qb_end;
                     if (nqb == MBWD_GROUP_QB || last) {

@@ -532,10 +532,13 @@ typedef struct fmha_matrix_fwd_args {
     size_t blocks;                /* out: key blocks computed */
 } fmha_matrix_fwd_args;
 
-/* The backward on the tiles (bf16): P and dS rounded to bf16 (precision
- * FAST), or, with `residual`, each as bf16 plus its bf16 rounding residual
- * (ACCURATE: dV, dK and dQ each gain the residual's product, as the
- * forward's P V gains P_lo V). Per key block of n keys (k0 a multiple of 32, n a multiple of 32)
+/* The backward on the tiles: P and dS rounded to bf16 (bf16 at FAST, float32
+ * at BF16), or, with `residual`, each as bf16 plus its bf16 rounding
+ * residual (bf16 at ACCURATE: dV, dK and dQ each gain the residual's
+ * product, as the forward's P V gains P_lo V). Split operands (float16,
+ * float32 at BF16X3: kp_lo not NULL, and residual) have every packed
+ * operand's residual beside it, and each product takes three terms, the
+ * forward's X Y + X Y_lo + X_lo Y. Per key block of n keys (k0 a multiple of 32, n a multiple of 32)
  * and up to 4 query blocks of 32 rows, in the layouts above and:
  *   X^T block  [xr / 16][16][16] words, xr = fmha_matrix_dvp(D or Dv):
  *              row e, pair p = (X[2p][e], X[2p + 1][e]) of the block's 32
@@ -549,6 +552,7 @@ typedef struct fmha_matrix_fwd_args {
 typedef struct fmha_matrix_bwd_qblock {
     const uint32_t *q, *d_o;      /* Q (negated for a negative scale), dO: query blocks as packed for the forward */
     const uint32_t *qt, *d_ot;    /* Q^T (not negated), dO^T: X^T blocks */
+    const uint32_t *q_lo, *d_o_lo, *qt_lo, *d_ot_lo; /* split operands: their residuals alike, else NULL */
     const float *lse;             /* [32] the forward's lse; rows past the block's: anything (lo = hi there) */
     const float *dsum;            /* [32] rowsum(dO O) */
     const int64_t *lo, *hi;       /* [32] each row's visible keys */
@@ -563,6 +567,7 @@ typedef struct fmha_matrix_bwd_args {
     /* the block's keys packed from their first words: K as the forward's
      * (pack_k), V as K is (pack_k over Dv), K as V is (pack_v over D) */
     const uint32_t *kp, *vk, *kv;
+    const uint32_t *kp_lo, *vk_lo, *kv_lo; /* split operands: their residuals alike, else NULL */
     size_t nqb;                   /* query blocks, 1..4 */
     const fmha_matrix_bwd_qblock *qb;
     size_t ldq;                   /* floats between dq rows */
@@ -634,10 +639,12 @@ typedef struct fmha_uk_matrix {
                    uint32_t *lo);
     void (*forward)(fmha_matrix_fwd_args *a);
     /* The backward (optional: NULL, the tiled backward serves): X^T
-     * blocks of rows [0, nq) of X (as pack_q, never negated); one key
-     * block's products; 1 when rows [0, n) of d elements (as pack_k reads
-     * them) hold a NaN or an infinity, else 0. */
-    void (*pack_t)(size_t nq, size_t d, const void *x, int src, ptrdiff_t rs, ptrdiff_t cs, uint32_t *xt);
+     * blocks of rows [0, nq) of X (as pack_q, never negated; xt_lo, when
+     * not NULL, of the residuals); one key block's products; 1 when rows
+     * [0, n) of d elements (as pack_k reads them) hold a NaN or an
+     * infinity, else 0. */
+    void (*pack_t)(size_t nq, size_t d, const void *x, int src, ptrdiff_t rs, ptrdiff_t cs, uint32_t *xt,
+                   uint32_t *xt_lo);
     void (*backward)(const fmha_matrix_bwd_args *a);
     int (*nonfinite)(size_t n, size_t d, const void *x, int src, ptrdiff_t rs, ptrdiff_t cs);
     /* Decoding (optional: NULL, the decode driver serves): Q^T blocks of

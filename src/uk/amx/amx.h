@@ -40,7 +40,7 @@ enum { FMHA_AMX_MR = 16, FMHA_AMX_NR = 64 };
     void fmha_matrix_forward__##SUFFIX(fmha_matrix_fwd_args *a);                                                      \
     /* The matrix part's backward (attn_bwd.c). */                                                                    \
     void fmha_matrix_pack_t__##SUFFIX(size_t nq, size_t d, const void *x, int src, ptrdiff_t rs, ptrdiff_t cs,         \
-                                      uint32_t *xt);                                                                   \
+                                      uint32_t *xt, uint32_t *xt_lo);                                                  \
     void fmha_matrix_backward__##SUFFIX(const fmha_matrix_bwd_args *a);                                                \
     int fmha_matrix_nonfinite__##SUFFIX(size_t n, size_t d, const void *x, int src, ptrdiff_t rs, ptrdiff_t cs);      \
     /* The matrix part's decode (attn_dec.c). */                                                                      \

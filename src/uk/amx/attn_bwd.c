@@ -43,17 +43,22 @@ static inline __m512i pairs_hi(__m512i a, __m512i b) {
     return _mm512_permutex2var_epi16(a, idx, b);
 }
 
-void FMHA_AMX_FN(fmha_matrix_pack_t)(size_t nq, size_t d, const void *x, int src, ptrdiff_t rs, ptrdiff_t cs,
-                                     uint32_t *xt) {
+/* X^T block of the bf16 nearest each element (residual 0) or of the bf16
+ * nearest its residual (residual 1). */
+static void pack_t_part(size_t nq, size_t d, const void *x, int src, ptrdiff_t rs, ptrdiff_t cs, int residual,
+                        uint32_t *xt) {
     const size_t xr = fmha_matrix_dvp(d), es = src_bytes(src);
     for (size_t c = 0; c < xr / 32; c++) {
         /* m0[p], m1[p]: pair p's words over elements 32c..32c+15, 32c+16..32c+31 */
         __m512i m0[16], m1[16];
         for (size_t p = 0; p < 16; p++) {
-            __m512i a = _mm512_setzero_si512(), b = a;
-            if (2 * p < nq) row_chunk((const char *)x + (ptrdiff_t)(2 * p) * rs * (ptrdiff_t)es, src, cs, d, c, &a, NULL);
+            __m512i a = _mm512_setzero_si512(), b = a, hi;
+            if (2 * p < nq)
+                row_chunk((const char *)x + (ptrdiff_t)(2 * p) * rs * (ptrdiff_t)es, src, cs, d, c, residual ? &hi : &a,
+                          residual ? &a : NULL);
             if (2 * p + 1 < nq)
-                row_chunk((const char *)x + (ptrdiff_t)(2 * p + 1) * rs * (ptrdiff_t)es, src, cs, d, c, &b, NULL);
+                row_chunk((const char *)x + (ptrdiff_t)(2 * p + 1) * rs * (ptrdiff_t)es, src, cs, d, c,
+                          residual ? &hi : &b, residual ? &b : NULL);
             m0[p] = pairs_lo(a, b);
             m1[p] = pairs_hi(a, b);
         }
@@ -64,6 +69,12 @@ void FMHA_AMX_FN(fmha_matrix_pack_t)(size_t nq, size_t d, const void *x, int src
             _mm512_storeu_si512(xt + ((2 * c + 1) * 16 + e) * 16, m1[e]);
         }
     }
+}
+
+void FMHA_AMX_FN(fmha_matrix_pack_t)(size_t nq, size_t d, const void *x, int src, ptrdiff_t rs, ptrdiff_t cs,
+                                     uint32_t *xt, uint32_t *xt_lo) {
+    pack_t_part(nq, d, x, src, rs, cs, 0, xt);
+    if (xt_lo) pack_t_part(nq, d, x, src, rs, cs, 1, xt_lo);
 }
 
 int FMHA_AMX_FN(fmha_matrix_nonfinite)(size_t n, size_t d, const void *x, int src, ptrdiff_t rs, ptrdiff_t cs) {
@@ -79,23 +90,28 @@ int FMHA_AMX_FN(fmha_matrix_nonfinite)(size_t n, size_t d, const void *x, int sr
     return bad != 0;
 }
 
-/* C [32][n] = A B over the keys of the block, 32 keys a pass: A query rows
- * as packed for the forward (k-steps of [32][16] words), B packed as K
- * (`pairs` pair-rows per 16-key tile). */
-static void rows_by_keys(const uint32_t *a, const uint32_t *b, size_t pairs, size_t n, float *c) {
-    const size_t steps = pairs / 16;
+/* C [32][n] = sum over i < terms of A_i B_i over the keys of the block, 32
+ * keys a pass: A_i query rows as packed for the forward (k-steps of
+ * [32][16] words), B_i packed as K (`pairs` pair-rows per 16-key tile);
+ * one term, or three for split operands (A B + A B_lo + A_lo B). */
+static void rows_by_keys(const uint32_t *const *a, const uint32_t *const *b, size_t terms, size_t pairs, size_t n,
+                         float *c) {
+    const size_t steps = pairs / 16, all = terms * steps;
     for (size_t kk = 0; kk < n; kk += 32) {
-        const uint32_t *bt = b + kk * pairs;
-        const step_tiles first = {(const char *)a, (const char *)bt, 16 * 16 * 4, 64, pairs * 16 * 4, 64};
+        const step_tiles first = {(const char *)a[0], (const char *)(b[0] + kk * pairs), 16 * 16 * 4, 64,
+                                  pairs * 16 * 4, 64};
         TILE_ZERO(0);
         TILE_ZERO(1);
         TILE_ZERO(2);
         TILE_ZERO(3);
         tile_loads(first);
-        for (size_t t = 0; t < steps; t++) {
-            const int more = t + 1 < steps;
-            const step_tiles next = {(const char *)(a + (t + 1) * ATTN_BQ * 16), (const char *)(bt + (t + 1) * 256),
-                                     16 * 16 * 4, 64, pairs * 16 * 4, 64};
+        for (size_t t = 0; t < all; t++) {
+            const int more = t + 1 < all;
+            const size_t i = (t + 1) / steps, u = (t + 1) % steps; /* the next k-step: term i, step u */
+            const step_tiles next = more ? (step_tiles){(const char *)(a[i] + u * ATTN_BQ * 16),
+                                                        (const char *)(b[i] + kk * pairs + u * 256), 16 * 16 * 4, 64,
+                                                        pairs * 16 * 4, 64}
+                                         : (step_tiles){0};
             tile_products(more, next);
         }
         TILE_STORE(0, c + kk, n * 4);
@@ -176,25 +192,24 @@ static void block_p_ds(const fmha_matrix_bwd_args *a, const fmha_matrix_bwd_qblo
     }
 }
 
-/* dq [32][ldq] += dS K (and dS_lo K where ds_lo is not NULL): per 32
- * columns of D, k-steps of 32 keys, dS's then dS_lo's. */
-static void block_dq(const fmha_matrix_bwd_args *a, const uint16_t *ds, const uint16_t *ds_lo, float *dq) {
-    const size_t n = a->n, ctiles = a->dr / 16, steps = n / 32, ldq = a->ldq * 4;
-    const size_t all = ds_lo ? 2 * steps : steps;
+/* dq [32][ldq] += sum over i < terms of dS_i K_i (dS K, then dS_lo K and
+ * dS K_lo where they are): per 32 columns of D, k-steps of 32 keys. */
+static void block_dq(const fmha_matrix_bwd_args *a, const uint16_t *const *ds, const uint32_t *const *kv,
+                     size_t terms, float *dq) {
+    const size_t n = a->n, ctiles = a->dr / 16, steps = n / 32, ldq = a->ldq * 4, all = terms * steps;
     for (size_t c = 0; c < ctiles; c += 2) {
         float *o = dq + c * 16;
-        const uint32_t *kt = a->kv + c * 256;
         TILE_LOAD(0, o, ldq);
         TILE_LOAD(1, o + 16, ldq);
         TILE_LOAD(2, o + 16 * a->ldq, ldq);
         TILE_LOAD(3, o + 16 * a->ldq + 16, ldq);
-        tile_loads((step_tiles){(const char *)ds, (const char *)kt, 16 * n * 2, n * 2, 256 * 4, 64});
+        tile_loads((step_tiles){(const char *)ds[0], (const char *)(kv[0] + c * 256), 16 * n * 2, n * 2, 256 * 4, 64});
         for (size_t t = 0; t < all; t++) {
             const int more = t + 1 < all;
-            const size_t u = (t + 1) % steps; /* the next k-step's keys, of ds or ds_lo */
-            const uint16_t *x = t + 1 < steps ? ds : ds_lo;
-            tile_products(more, more ? (step_tiles){(const char *)(x + 32 * u), (const char *)(kt + u * ctiles * 256),
-                                                    16 * n * 2, n * 2, 256 * 4, 64}
+            const size_t i = (t + 1) / steps, u = (t + 1) % steps; /* the next k-step: term i, keys 32 u.. */
+            tile_products(more, more ? (step_tiles){(const char *)(ds[i] + 32 * u),
+                                                    (const char *)(kv[i] + c * 256 + u * ctiles * 256), 16 * n * 2,
+                                                    n * 2, 256 * 4, 64}
                                      : (step_tiles){0});
         }
         TILE_STORE(0, o, ldq);
@@ -233,10 +248,12 @@ static void block_xt_y(const fmha_matrix_bwd_args *a, const uint32_t *const *xt,
 
 void FMHA_AMX_FN(fmha_matrix_backward)(const fmha_matrix_bwd_args *a) {
     FMHA_AMX_FN(fmha_amx_ready)();
-    const size_t n = a->n, nqb = a->nqb;
-    /* the k-steps of dV^T and dK^T: the query blocks, then with the
-     * residuals the same X^T blocks against P_lo and dS_lo */
-    const uint32_t *dot[2 * BWD_MAX_QB], *pp[2 * BWD_MAX_QB], *qt[2 * BWD_MAX_QB], *dsp[2 * BWD_MAX_QB];
+    const size_t n = a->n, nqb = a->nqb, split = a->kp_lo != NULL;
+    /* the k-steps of dV^T and dK^T: X^T Y of every query block, then with
+     * the residuals their X^T Y_lo and, for split operands, X_lo^T Y */
+    const uint32_t *dot[3 * BWD_MAX_QB], *pp[3 * BWD_MAX_QB], *qt[3 * BWD_MAX_QB], *dsp[3 * BWD_MAX_QB];
+    const size_t at_lo = nqb, at_split = a->residual ? 2 * nqb : nqb;
+    const size_t steps = at_split + (split ? nqb : 0);
     for (size_t g = 0; g < nqb; g++) {
         const fmha_matrix_bwd_qblock *q = &a->qb[g];
         float *s = a->s + g * ATTN_BQ * n, *dp = a->dp_buf + g * ATTN_BQ * n;
@@ -244,18 +261,26 @@ void FMHA_AMX_FN(fmha_matrix_backward)(const fmha_matrix_bwd_args *a) {
         uint32_t *p_pairs = a->p_pairs + g * 16 * n, *ds_pairs = a->ds_pairs + g * 16 * n;
         uint32_t *p_lo_pairs = a->residual ? a->p_lo_pairs + g * 16 * n : NULL;
         uint32_t *ds_lo_pairs = a->residual ? a->ds_lo_pairs + g * 16 * n : NULL;
-        rows_by_keys(q->q, a->kp, a->dp, n, s);
-        rows_by_keys(q->d_o, a->vk, a->dpv, n, dp);
+        /* S = Q K (+ Q K_lo + Q_lo K), dP = dO V (+ dO V_lo + dO_lo V) */
+        const uint32_t *sa[3] = {q->q, q->q, q->q_lo}, *sb[3] = {a->kp, a->kp_lo, a->kp};
+        const uint32_t *da[3] = {q->d_o, q->d_o, q->d_o_lo}, *db[3] = {a->vk, a->vk_lo, a->vk};
+        rows_by_keys(sa, sb, split ? 3 : 1, a->dp, n, s);
+        rows_by_keys(da, db, split ? 3 : 1, a->dpv, n, dp);
         block_p_ds(a, q, s, dp, ds, p_pairs, ds_pairs, ds_lo, p_lo_pairs, ds_lo_pairs);
-        block_dq(a, ds, ds_lo, q->dq);
-        dot[g] = dot[nqb + g] = q->d_ot;
-        qt[g] = qt[nqb + g] = q->qt;
-        pp[g] = p_pairs;
-        dsp[g] = ds_pairs;
-        pp[nqb + g] = p_lo_pairs;
-        dsp[nqb + g] = ds_lo_pairs;
+        /* dQ = dS K (+ dS_lo K) (+ dS K_lo) */
+        const uint16_t *qa[3] = {ds, ds_lo, ds};
+        const uint32_t *qb[3] = {a->kv, a->kv, a->kv_lo};
+        block_dq(a, qa, qb, split ? 3 : a->residual ? 2 : 1, q->dq);
+        dot[g] = q->d_ot, pp[g] = p_pairs, qt[g] = q->qt, dsp[g] = ds_pairs;
+        if (a->residual) {
+            const size_t x = at_lo + g;
+            dot[x] = q->d_ot, pp[x] = p_lo_pairs, qt[x] = q->qt, dsp[x] = ds_lo_pairs;
+        }
+        if (split) {
+            const size_t x = at_split + g;
+            dot[x] = q->d_ot_lo, pp[x] = p_pairs, qt[x] = q->qt_lo, dsp[x] = ds_pairs;
+        }
     }
-    const size_t steps = a->residual ? 2 * nqb : nqb;
     block_xt_y(a, dot, pp, steps, a->dvp, a->dvt);
     block_xt_y(a, qt, dsp, steps, a->dr, a->dkt);
 }
