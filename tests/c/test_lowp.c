@@ -20,7 +20,8 @@
  * logits near 1e30 in bf16 (float32's range: no overflow), tails, GQA,
  * K in strided and misaligned layouts giving the same bits, a NaN key kept
  * out of the dQ of rows it is hidden from; bf16 forward + backward the
- * same bits at 1, 3 and 7 threads. */
+ * same bits at 1, 3 and 7 threads; float16 and float32 at BF16X3
+ * gradients under lengths, a window and causal masking. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +30,7 @@
 #include "runtime/convert.h"
 #include "config/cpu.h"
 #include "fmha_ref.h"
+#include "fmha_ref_masks.h"
 #include "test_util.h"
 
 #define BF16_MAX_REL 1e-2
@@ -328,6 +330,76 @@ static void check_f32_precision_grads(fmha_precision prec, int64_t B, int64_t Hq
     free(q), free(k), free(v), free(d_o), free(o), free(lse);
 }
 
+/* The masks the tiles' backward takes (lengths, a sliding window, causal)
+ * on split operands: float16 gradients within F16_MAX_VS_ROUNDING of the
+ * rounding error, float32 at BF16X3 within BF16X3_GRAD_REL, rows past
+ * q_lengths exactly zero. */
+static void check_split_masks(const char *isa) {
+    const int64_t B = 2, Hq = 4, Hkv = 2, Sq = 130, Skv = 260, D = 64;
+    static const int32_t q_len[2] = {130, 47}, kv_len[2] = {260, 101};
+    for (int dt = 0; dt < 2; dt++) {
+        fmha_problem p;
+        fmha_problem_init(&p, B, Hq, Hkv, Sq, Skv, D, D, FMHA_LAYOUT_BSHD);
+        p.causal = FMHA_CAUSAL_BOTTOM_RIGHT;
+        p.masks.window_left = 70;
+        p.masks.q_lengths = q_len;
+        p.masks.kv_lengths = kv_len;
+        const size_t nq = (size_t)(B * Sq * Hq * D), nk = (size_t)(B * Skv * Hkv * D), n[3] = {nq, nk, nk};
+        double *r[3] = {malloc(nq * 8), malloc(nk * 8), malloc(nk * 8)};
+        const char *name[3] = {"dQ", "dK", "dV"};
+        char what[96];
+        fmha_status st;
+        if (dt == 0) { /* float16 */
+            p.dtype = FMHA_DTYPE_F16;
+            low_tensor q = low_new(FMHA_DTYPE_F16, nq, -1, 1), k = low_new(FMHA_DTYPE_F16, nk, -1, 1);
+            low_tensor v = low_new(FMHA_DTYPE_F16, nk, -1, 1), d_o = low_new(FMHA_DTYPE_F16, nq, -1, 1);
+            uint16_t *o = malloc(nq * 2), *g[3] = {malloc(nq * 2), malloc(nk * 2), malloc(nk * 2)};
+            float *lse = malloc((size_t)(B * Hq * Sq) * sizeof(float));
+            st = tu_forward_backward(&p, q.bits, k.bits, v.bits, d_o.bits, o, lse, g[0], g[1], g[2], NULL);
+            fmha_ref_backward_full(&p, q.value, k.value, v.value, d_o.value, r[0], r[1], r[2], NULL, NULL, NULL);
+            snprintf(what, sizeof what, "f16 %s lengths, window and causal", isa);
+            if (tu_check(st == FMHA_OK, "%s: status %d", what, (int)st)) {
+                for (int i = 0; i < 3; i++) {
+                    double err, rounding;
+                    low_errors(FMHA_DTYPE_F16, g[i], r[i], n[i], &err, &rounding);
+                    tu_check(err <= F16_MAX_VS_ROUNDING * rounding + 1e-12,
+                             "%s: %s relative error %.3g > %.2f x rounding error %.3g", what, name[i], err,
+                             F16_MAX_VS_ROUNDING, rounding);
+                }
+                int zero = 1; /* batch 1's rows past q_lengths */
+                for (int64_t i = q_len[1]; i < Sq; i++)
+                    for (int64_t e = 0; e < Hq * D; e++) zero &= g[0][((Sq + i) * Hq) * D + e] == 0;
+                tu_check(zero, "%s: dQ of rows past q_lengths not zero", what);
+            }
+            low_free(&q); low_free(&k); low_free(&v); low_free(&d_o);
+            free(o), free(lse);
+            for (int i = 0; i < 3; i++) free(g[i]);
+        } else { /* float32 at BF16X3 */
+            p.precision = FMHA_PRECISION_BF16X3;
+            float *q = tu_new_input(&p, 'q', -2, 2), *k = tu_new_input(&p, 'k', -2, 2);
+            float *v = tu_new_input(&p, 'v', -1, 1), *d_o = tu_new_input(&p, 'o', -1, 1);
+            float *o = malloc(nq * 4), *g[3] = {malloc(nq * 4), malloc(nk * 4), malloc(nk * 4)};
+            float *lse = malloc((size_t)(B * Hq * Sq) * sizeof(float));
+            st = tu_forward_backward(&p, q, k, v, d_o, o, lse, g[0], g[1], g[2], NULL);
+            fmha_ref_backward_full(&p, q, k, v, d_o, r[0], r[1], r[2], NULL, NULL, NULL);
+            snprintf(what, sizeof what, "float32 bf16x3 %s lengths, window and causal", isa);
+            if (tu_check(st == FMHA_OK, "%s: status %d", what, (int)st)) {
+                for (int i = 0; i < 3; i++) {
+                    const double rel = tu_rel_l2(g[i], r[i], n[i]);
+                    tu_check(rel <= BF16X3_GRAD_REL, "%s: %s relative L2 %.3g", what, name[i], rel);
+                }
+                int zero = 1;
+                for (int64_t i = q_len[1]; i < Sq; i++)
+                    for (int64_t e = 0; e < Hq * D; e++) zero &= g[0][((Sq + i) * Hq) * D + e] == 0.0f;
+                tu_check(zero, "%s: dQ of rows past q_lengths not zero", what);
+            }
+            free(q), free(k), free(v), free(d_o), free(o), free(lse);
+            for (int i = 0; i < 3; i++) free(g[i]);
+        }
+        for (int i = 0; i < 3; i++) free(r[i]);
+    }
+}
+
 /* bf16 forward + backward at FAST and ACCURATE: the same bits of O, lse,
  * dQ, dK and dV at 1, 3 and 7 threads (the tiles' backward sums dQ over
  * fixed key groups in order, as the tiled one does). GQA, two key blocks,
@@ -544,6 +616,7 @@ int main(void) {
                     check_guarded_dq((fmha_dtype)t, isa, s, (fmha_precision)pr);
             }
         check_large_logits(isa);
+        check_split_masks(isa);
         check_bf16_threads(isa, FMHA_PRECISION_ACCURATE);
         check_bf16_threads(isa, FMHA_PRECISION_FAST);
         for (int pr = FMHA_PRECISION_BF16X3; pr <= FMHA_PRECISION_BF16; pr++) {
