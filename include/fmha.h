@@ -876,8 +876,8 @@ typedef void (*fmha_tune_progress_fn)(void *user, const char *line);
 
 /* Measures this CPU: times the kernel table in use under the tunings worth
  * trying (its float32 tile variants, keys per tile, K's copy, the dense
- * crossover, the decode split and prefetch, the AMX schedule on a CPU with
- * AMX) on float32 and bf16 problems of 8 heads (S 128..2048, D 64 and 128,
+ * crossover, the decode split and prefetch, the AMX schedule and the AMX
+ * backward of split float32 on a CPU with AMX) on float32 and bf16 problems of 8 heads (S 128..2048, D 64 and 128,
  * forward and forward+backward, decode), keeps for each field the value
  * that ran fastest (a change must win by 3% over alternating repetitions,
  * its results within tolerance of the generic ones), and writes them with

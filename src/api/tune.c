@@ -62,6 +62,7 @@ typedef struct tuner {
     tune_row rows[TUNE_MAX_ROWS];
     int n_rows;
     tune_rows f32_rows, bf16_rows, dense_rows, decode_rows, decode_f32_rows, decode_quant_rows, decode_16_rows;
+    tune_rows split_rows; /* float32 at BF16X3, forward + backward */
     int64_t shrink;       /* sequence lengths divided by this (tests: tune.h) */
 } tuner;
 
@@ -418,7 +419,8 @@ static void make_parent(const char *path) {
  * forward+backward; bf16 on tables with bf16 kernels; two small heads for
  * AUTO's crossover; one decode step against 256 MiB of bf16 cache (past
  * the prefetch threshold), one against 512 MiB of float32 and one against
- * 142 MiB of q8_0. */
+ * 142 MiB of q8_0; a float32 BF16X3 forward + backward where the table
+ * has a matrix backward. */
 static int add_rows(tuner *tn, const fmha_ukernels *uk) {
     static const struct { int bf16, backward; int64_t s, d; } tiled[] = {
         {0, 0, 128, 64},  {0, 0, 1024, 64},  {0, 0, 1024, 128}, {0, 0, 2048, 128},
@@ -459,6 +461,16 @@ static int add_rows(tuner *tn, const fmha_ukernels *uk) {
         const int r16 = add_row(tn, 1, 0, 32, 8, 4, 16384, 128, 0);
         if (r16 < 0) return -1;
         tn->decode_16_rows |= 1u << r16;
+    }
+    if (uk->matrix.backward) {
+        /* float32 at BF16X3 forward + backward: the split backward on the
+         * tiles or on the FMA path (matrix_backward_split) */
+        const int rs = add_row(tn, 0, 1, 8, 8, 1024, 1024, 128, 0);
+        if (rs < 0) return -1;
+        tune_row *r = &tn->rows[rs];
+        r->p.precision = FMHA_PRECISION_BF16X3;
+        snprintf(r->what, sizeof r->what, "float32 bf16x3 fwdbwd S=%lld D=128", (long long)r->p.seq_q);
+        tn->split_rows |= 1u << rs;
     }
     return 0;
 }
@@ -523,6 +535,7 @@ fmha_status fmha_tune_shrunk(const char *path, double budget_s, fmha_tune_progre
                                : f->rows == FMHA_TUNE_DECODE_F32 ? tn->decode_f32_rows
                                : f->rows == FMHA_TUNE_DECODE_QUANT ? tn->decode_quant_rows
                                : f->rows == FMHA_TUNE_DECODE_ROWS ? tn->decode_16_rows
+                               : f->rows == FMHA_TUNE_MATRIX_BWD ? tn->split_rows
                                                              : 0;
         tune_field(tn, &t, f, rows);
     }

@@ -25,7 +25,9 @@
  * rows on a matrix engine (tuned only where the table has one), the dense
  * crossover's rows, decode rows (a bf16 cache), decode rows of a float32
  * cache, decode rows of a quantized cache (q8_0), decode rows of 16 rows a
- * kv head (4 positions, GQA 4); NONE: not tuned field by field. */
+ * kv head (4 positions, GQA 4), a float32 forward + backward at BF16X3
+ * (tuned only where the table has a matrix backward); NONE: not tuned
+ * field by field. */
 typedef enum fmha_tune_rows {
     FMHA_TUNE_NONE,
     FMHA_TUNE_F32,
@@ -35,7 +37,8 @@ typedef enum fmha_tune_rows {
     FMHA_TUNE_DECODE,
     FMHA_TUNE_DECODE_F32,
     FMHA_TUNE_DECODE_QUANT,
-    FMHA_TUNE_DECODE_ROWS
+    FMHA_TUNE_DECODE_ROWS,
+    FMHA_TUNE_MATRIX_BWD
 } fmha_tune_rows;
 
 /* X(key, default, lo, hi, multiple, rows, candidates): every field, in
@@ -92,7 +95,7 @@ typedef enum fmha_tune_rows {
     X(matrix_rescale_log2, 8, 0, 16, 1, FMHA_TUNE_MATRIX, (0))                                                \
     X(matrix_overlap, 1, 0, 1, 1, FMHA_TUNE_MATRIX, (0))                                                      \
     X(matrix_decode_rows, 8, 1, (int64_t)1 << 20, 1, FMHA_TUNE_NONE, ())                                     \
-    X(matrix_backward_split, 1, 0, 1, 1, FMHA_TUNE_NONE, ())
+    X(matrix_backward_split, 1, 0, 1, 1, FMHA_TUNE_MATRIX_BWD, (0))
 
 /* Where a table's tuning came from (fmha_plan_describe's tuning_source). */
 typedef enum fmha_tuning_source {

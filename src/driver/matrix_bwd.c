@@ -94,6 +94,7 @@ static mbwd_dims mbwd_dims_of(const fmha_plan *plan) {
     d.groups = (MBWD_TARGET_TASKS + d.units - 1) / d.units;
     if (d.groups > d.kv_blocks) d.groups = d.kv_blocks;
     if (d.groups < 1) d.groups = 1;
+    d.mode = (mbwd_mode){FMHA_MATRIX_SRC_BF16, 0, 0, 2}; /* a plan the tiles do not serve: no buffers past bf16's */
     mbwd_mode_of(plan, &d.mode);
     return d;
 }
@@ -140,8 +141,8 @@ typedef struct mbwd_scratch {
     float *s, *dp;               /* [4][32][BK] */
     uint32_t *p_pairs, *ds_pairs;/* [4][16][BK] */
     uint16_t *ds;                /* [4][32][BK] */
-    uint32_t *p_lo_pairs, *ds_lo_pairs; /* [4][16][BK] at ACCURATE: the residuals' pairs */
-    uint16_t *ds_lo;             /* [4][32][BK] at ACCURATE: dS's residual rows */
+    uint32_t *p_lo_pairs, *ds_lo_pairs; /* [4][16][BK] with residuals (mode.residual): P's and dS's pairs */
+    uint16_t *ds_lo;             /* [4][32][BK] with residuals: dS's residual rows */
     float *rows;                 /* [BK][max(dr, dvp)]: dK or dV as rows */
     float *o_row, *do_row;       /* [Dv] */
 } mbwd_scratch;
