@@ -127,15 +127,10 @@ static void check_problem(fmha_dtype t, int64_t B, int64_t Hq, int64_t Hkv, int6
      * one (the portable strategy excepted), so the bars below hold it */
     const fmha_ukernels *uk = fmha_cpu_kernels();
     if (uk->matrix.backward && strategy != FMHA_STRATEGY_PORTABLE) {
-        fmha_plan *plan;
-        if (tu_check(fmha_plan_create(&p, &plan) == FMHA_OK, "%s: plan", what)) {
-            char line[1024];
-            fmha_plan_describe(plan, line, sizeof line);
-            const int tiles = t == FMHA_DTYPE_BF16 || uk->tuning->matrix_backward_split;
-            tu_check(strstr(line, tiles ? " backward=matrix " : " backward=tiled ") != NULL, "%s: describe %s", what,
-                     line);
-            fmha_plan_destroy(plan);
-        }
+        char line[1024];
+        tu_plan_line(&p, line, sizeof line);
+        const int tiles = t == FMHA_DTYPE_BF16 || uk->tuning->matrix_backward_split;
+        tu_check(strstr(line, tiles ? " backward=matrix " : " backward=tiled ") != NULL, "%s: describe %s", what, line);
     }
     if (tu_check(st == FMHA_OK, "%s: status %d (%s)", what, st, fmha_status_string(st))) {
         const uint16_t *out[4] = {o, dq, dk, dv};
@@ -254,17 +249,13 @@ static void check_f32_precision(fmha_precision prec, int64_t B, int64_t Hq, int6
         tu_check(bad_lse == 0, "%s: %zu lse off by more than %s", what, bad_lse,
                  x3 ? "2^-15 |scale| max_j sum |q k_j| + 1e-6 (1 + |lse|)" : "1e-2 (1 + |lse|)");
         tu_check(!memcmp(o, o3, no * 4) && !memcmp(lse, lse3, nl * 4), "%s: 3 threads differ from 1", what);
-        fmha_plan *plan;
-        if (fmha_plan_create(&p, &plan) == FMHA_OK) {
-            char line[1024];
-            fmha_plan_describe(plan, line, sizeof line);
-            const int matrix = strstr(line, "driver=matrix ") != NULL;
-            const int tiled_on_matrix_table = fmha_cpu_kernels()->matrix.forward && strstr(line, "driver=tiled ");
-            tu_check(matrix ? strstr(line, x3 ? " precision=bf16x3 " : " precision=bf16 ") != NULL
-                            : strstr(line, " precision=float32 ") != NULL && !tiled_on_matrix_table,
-                     "%s: describe %s", what, line);
-            fmha_plan_destroy(plan);
-        }
+        char line[1024];
+        tu_plan_line(&p, line, sizeof line);
+        const int matrix = strstr(line, "driver=matrix ") != NULL;
+        const int tiled_on_matrix_table = fmha_cpu_kernels()->matrix.forward && strstr(line, "driver=tiled ");
+        tu_check(matrix ? strstr(line, x3 ? " precision=bf16x3 " : " precision=bf16 ") != NULL
+                        : strstr(line, " precision=float32 ") != NULL && !tiled_on_matrix_table,
+                 "%s: describe %s", what, line);
     }
     free(q), free(k), free(v), free(o), free(o3), free(lse), free(lse3), free(ro), free(rlse);
 }
@@ -314,14 +305,12 @@ static void check_f32_precision_grads(fmha_precision prec, int64_t B, int64_t Hq
             tu_check(rel <= (x3 ? BF16X3_GRAD_REL : 1e-2), "%s: %s relative L2 %.3g", what, name[i], rel);
             tu_check(!memcmp(g[0][i], g[1][i], n[i] * 4), "%s: %s at 3 threads differs from 1", what, name[i]);
         }
-        fmha_plan *plan;
         const fmha_ukernels *uk = fmha_cpu_kernels();
-        if (uk->matrix.backward && fmha_plan_create(&p, &plan) == FMHA_OK) {
+        if (uk->matrix.backward) {
             char line[1024];
-            fmha_plan_describe(plan, line, sizeof line);
+            tu_plan_line(&p, line, sizeof line);
             tu_check(strstr(line, uk->tuning->matrix_backward_split ? " backward=matrix " : " backward=tiled ") != NULL,
                      "%s: describe %s", what, line);
-            fmha_plan_destroy(plan);
         }
     }
     for (int t = 0; t < 2; t++)

@@ -237,13 +237,7 @@ static inline __attribute__((always_inline)) void softmax_row_pass(size_t nv, co
         sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1)); /* one add a step on the chain */
         const __m512i ph = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
         _mm512_storeu_si512(p_row + 16 * v, ph);
-        if (p_lo_row) { /* the residual P - bf16(P), rounded */
-            const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(ph)), 16));
-            const __m512 h1 =
-                _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(ph, 1)), 16));
-            _mm512_storeu_si512(p_lo_row + 16 * v,
-                                (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(p1, h1), _mm512_sub_ps(p0, h0)));
-        }
+        if (p_lo_row) _mm512_storeu_si512(p_lo_row + 16 * v, bf16_residual(ph, p0, p1, 0xFFFF, 0xFFFF));
     }
     _mm512_storeu_ps(lsum, sum);
 }

@@ -121,16 +121,15 @@ static void rows_by_keys(const uint32_t *const *a, const uint32_t *const *b, siz
     }
 }
 
-/* x - hi rounded to bf16, hi = bf16(x) of two 16-lane halves x0, x1 (the
- * difference is exact in float32, so hi + lo is within 2^-16 of x; 0
- * where x is not finite, so that an infinity stays one) */
-static inline __m512 residual_half(__m512i h16, __m512 x) {
-    const __m512 h = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h16)), 16));
-    const __mmask16 finite = _mm512_cmp_ps_mask(_mm512_sub_ps(x, x), _mm512_setzero_ps(), _CMP_EQ_OQ);
-    return _mm512_maskz_sub_ps(finite, x, h);
+/* Lanes of x that are finite. */
+static inline __mmask16 finite_lanes(__m512 x) {
+    return _mm512_cmp_ps_mask(_mm512_sub_ps(x, x), _mm512_setzero_ps(), _CMP_EQ_OQ);
 }
-static inline __m512i bf16_residual(__m512i hi, __m512 x0, __m512 x1) {
-    return (__m512i)_mm512_cvtne2ps_pbh(residual_half(_mm512_shuffle_i64x2(hi, hi, 0xee), x1), residual_half(hi, x0));
+
+/* P's or dS's residual (attn_common.h), 0 where not finite, so that an
+ * infinity stays one. */
+static inline __m512i finite_residual(__m512i hi, __m512 x0, __m512 x1) {
+    return bf16_residual(hi, x0, x1, finite_lanes(x0), finite_lanes(x1));
 }
 
 /* P and dS of one query block from its S and dP ([32][n]): dS rows as bf16
@@ -171,8 +170,8 @@ static void block_p_ds(const fmha_matrix_bwd_args *a, const fmha_matrix_bwd_qblo
                 ds_bf[half] = (__m512i)_mm512_cvtne2ps_pbh(g[1], g[0]);
                 _mm512_storeu_si512(ds + r * n + kk, ds_bf[half]);
                 if (residual) {
-                    p_lo[half] = bf16_residual(p_bf[half], p[0], p[1]);
-                    ds_lo_bf[half] = bf16_residual(ds_bf[half], g[0], g[1]);
+                    p_lo[half] = finite_residual(p_bf[half], p[0], p[1]);
+                    ds_lo_bf[half] = finite_residual(ds_bf[half], g[0], g[1]);
                     _mm512_storeu_si512(ds_lo + r * n + kk, ds_lo_bf[half]);
                 }
             }

@@ -61,6 +61,17 @@ static inline float element_at(const void *row, int src, ptrdiff_t at) {
  * is not NULL, *lo the residual x - hi rounded likewise (hi + lo holds a
  * float16 exactly and a float32 to 16 bits). bf16 rows are moved, not
  * rounded (their residual is 0). */
+/* The rounding residual of 32 floats x0 (words 0-15), x1 (16-31) whose
+ * nearest bf16 are hi: bf16(x - hi), x - hi exact in float32, so hi + lo
+ * is within 2^-16 of x; lanes outside keep0 / keep1 get 0 (all kept: an
+ * infinity's residual is NaN). */
+static inline __attribute__((always_inline)) __m512i bf16_residual(__m512i hi, __m512 x0, __m512 x1, __mmask16 keep0,
+                                                                   __mmask16 keep1) {
+    const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16));
+    const __m512 h1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16));
+    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_sub_ps(keep1, x1, h1), _mm512_maskz_sub_ps(keep0, x0, h0));
+}
+
 static inline __attribute__((always_inline)) void row_chunk(const void *row, int src, ptrdiff_t cs, size_t d, size_t c,
                                                             __m512i *hi, __m512i *lo) {
     const size_t e0 = 32 * c, n = e0 >= d ? 0 : d - e0 < 32 ? d - e0 : 32;
@@ -85,12 +96,7 @@ static inline __attribute__((always_inline)) void row_chunk(const void *row, int
     }
     const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
     *hi = h;
-    if (lo) {
-        const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
-        const __m512 h1 =
-            _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
-        *lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, h1), _mm512_sub_ps(x0, h0));
-    }
+    if (lo) *lo = bf16_residual(h, x0, x1, 0xFFFF, 0xFFFF);
 }
 
 /* Bytes of one element of a source format. */
