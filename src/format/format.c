@@ -162,21 +162,22 @@ void fmha_kv_scales_of(const fmha_problem *p, int which, int64_t b, int64_t hk, 
     for (int64_t i = 0; i < n; i++) scales[i] = one;
 }
 
-static int scale_bad(float x) { return !(x >= 0.0f && x <= 3.40282347e38f); }
+/* 1 when *x is not a scale (finite and >= 0, -0 a good one), on its bits:
+ * past the largest finite float (inf, NaN, the sign set) but -0. */
+static uint32_t scale_bad(const float *x) {
+    uint32_t u;
+    memcpy(&u, x, sizeof u);
+    return (uint32_t)(u > 0x7F7FFFFFu) & (uint32_t)(u != 0x80000000u);
+}
 
-/* 1 when one of run[0..n) is a bad scale (scale_bad, -0 a good one), on
- * the bits, in blocks of a fixed trip count (vectorised at -O2): past the
- * largest finite float (inf, NaN, the sign set). */
+/* 1 when one of run[0..n) is a bad scale (scale_bad), in blocks of a
+ * fixed trip count (vectorised at -O2). */
 int fmha_kv_scales_bad(const float *run, int64_t n) {
     int64_t i = 0;
     uint32_t bad = 0;
     for (; i + 16 <= n; i += 16)
-        for (int e = 0; e < 16; e++) {
-            uint32_t u;
-            memcpy(&u, run + i + e, sizeof u);
-            bad |= (uint32_t)(u > 0x7F7FFFFFu) & (uint32_t)(u != 0x80000000u);
-        }
-    for (; i < n; i++) bad |= (uint32_t)scale_bad(run[i]);
+        for (int e = 0; e < 16; e++) bad |= scale_bad(run + i + e);
+    for (; i < n; i++) bad |= scale_bad(run + i);
     return bad != 0;
 }
 
@@ -189,7 +190,7 @@ fmha_status fmha_kv_scales_check(const fmha_problem *p) {
         if (!sc || (f->scales != FMHA_SCALES_PER_KEY && f->scales != FMHA_SCALES_PER_HEAD)) continue;
         if (f->scales == FMHA_SCALES_PER_HEAD) {
             for (int64_t h = 0; h < p->heads_kv; h++)
-                if (scale_bad(sc[h * ss[2]]))
+                if (scale_bad(sc + h * ss[2]))
                     return fmha_fail(FMHA_ERR_BAD_SCALE, "%s[%lld] (kv head %lld) must be finite and >= 0, got %g", name,
                                      (long long)(h * ss[2]), (long long)h, (double)sc[h * ss[2]]);
             continue;
@@ -220,7 +221,7 @@ fmha_status fmha_kv_scales_check(const fmha_problem *p) {
                 for (int64_t j = j0; j < j0 + run; j++)
                     for (int64_t h = 0; h < p->heads_kv; h++) {
                         const float x = sc[first + (j - j0) * ss[1] + h * ss[2]];
-                        if (scale_bad(x))
+                        if (scale_bad(&x))
                             return fmha_fail(FMHA_ERR_BAD_SCALE,
                                              "%s of batch element %lld, key %lld, kv head %lld must be finite and >= 0, got %g",
                                              name, (long long)b, (long long)j, (long long)h, (double)x);
