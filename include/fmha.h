@@ -125,7 +125,10 @@
  * matrix_decode_rows=N (decoding on AMX tiles from N rows a kv head, N >=
  * 1; default 8), matrix_backward_split=0|1 (the backward of float16 and of
  * float32 at BF16X3 or BF16 on AMX tiles, operands split into bf16 hi + lo
- * or rounded, when 1; on the float32 FMA path when 0; default 1), and the
+ * or rounded, when 1; on the float32 FMA path when 0; default 1),
+ * matrix_backward_accurate=0|1 (the bf16 ACCURATE backward on AMX tiles, P
+ * and dS with their bf16 residuals, when 1; on the float32 FMA path when
+ * 0; default 1), and the
  * bf16 attention on AMX tiles' schedule:
  * matrix_block_kv=N (keys per step, a multiple of 32 up to 512; default
  * 128), matrix_rescale_log2=N (0..16: a row's reference maximum moves only

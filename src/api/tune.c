@@ -34,7 +34,8 @@
 #include "config/tuning.h"
 #include "config/wisdom.h"
 
-enum { TUNE_ROUNDS = 5, TUNE_CALLS = 1, TUNE_MAX_ROWS = 16, TUNE_MAX_CANDIDATES = 8 };
+enum { TUNE_ROUNDS = 5, TUNE_CALLS = 1, TUNE_MAX_ROWS = 20, TUNE_MAX_CANDIDATES = 8 };
+_Static_assert(TUNE_MAX_ROWS <= 32, "a row set is a bit mask of unsigned");
 #define TUNE_DEFAULT_BUDGET_S 90.0
 #define TUNE_KEEP 0.97 /* a candidate must run in 97% of the incumbent's time */
 
@@ -62,7 +63,8 @@ typedef struct tuner {
     tune_row rows[TUNE_MAX_ROWS];
     int n_rows;
     tune_rows f32_rows, bf16_rows, dense_rows, decode_rows, decode_f32_rows, decode_quant_rows, decode_16_rows;
-    tune_rows split_rows; /* float32 at BF16X3, forward + backward */
+    tune_rows split_rows;    /* float32 at BF16X3, forward + backward */
+    tune_rows accurate_rows; /* bf16 at ACCURATE, forward + backward */
     int64_t shrink;       /* sequence lengths divided by this (tests: tune.h) */
 } tuner;
 
@@ -125,9 +127,10 @@ static void row_free(tune_row *r) {
 /* Adds a row of B 1, hq heads (hkv for K and V), Sq x Skv (each divided by
  * the tuner's shrink, at least 16; a decode step's Sq < Skv kept), D, K
  * and V of the operands' dtype or (q8_0) q8_0 caches; returns its index,
- * or -1 when memory ran out. */
+ * or -1 when memory ran out or the rows are full (TUNE_MAX_ROWS). */
 static int add_row(tuner *tn, int bf16, int backward, int64_t hq, int64_t hkv, int64_t sq, int64_t skv, int64_t d,
                    int q8_0) {
+    if (tn->n_rows >= TUNE_MAX_ROWS) return -1; /* a defect: add_rows asks for more than it holds */
     tune_row *r = &tn->rows[tn->n_rows];
     *r = (tune_row){.backward = backward, .bf16 = bf16};
     const int decode = sq < skv; /* a decode step keeps its query length */
@@ -413,14 +416,26 @@ static void make_parent(const char *path) {
         }
 }
 
+/* A forward + backward row, S 1024, D 128, at a precision of its own,
+ * marked in *rows; -1 when it could not be added. */
+static int add_backward_row(tuner *tn, int bf16, fmha_precision precision, const char *what, tune_rows *rows) {
+    const int i = add_row(tn, bf16, 1, 8, 8, 1024, 1024, 128, 0);
+    if (i < 0) return -1;
+    tune_row *r = &tn->rows[i];
+    r->p.precision = precision;
+    snprintf(r->what, sizeof r->what, "%s fwdbwd S=%lld D=128", what, (long long)r->p.seq_q);
+    *rows |= 1u << i;
+    return 0;
+}
+
 /* ---- fmha_tune ---- */
 
 /* The rows: float32 S 128..2048, D 64 and 128, forward and
  * forward+backward; bf16 on tables with bf16 kernels; two small heads for
  * AUTO's crossover; one decode step against 256 MiB of bf16 cache (past
  * the prefetch threshold), one against 512 MiB of float32 and one against
- * 142 MiB of q8_0; a float32 BF16X3 forward + backward where the table
- * has a matrix backward. */
+ * 142 MiB of q8_0; a float32 BF16X3 forward + backward and a bf16
+ * ACCURATE one where the table has a matrix backward. */
 static int add_rows(tuner *tn, const fmha_ukernels *uk) {
     static const struct { int bf16, backward; int64_t s, d; } tiled[] = {
         {0, 0, 128, 64},  {0, 0, 1024, 64},  {0, 0, 1024, 128}, {0, 0, 2048, 128},
@@ -464,13 +479,12 @@ static int add_rows(tuner *tn, const fmha_ukernels *uk) {
     }
     if (uk->matrix.backward) {
         /* float32 at BF16X3 forward + backward: the split backward on the
-         * tiles or on the FMA path (matrix_backward_split) */
-        const int rs = add_row(tn, 0, 1, 8, 8, 1024, 1024, 128, 0);
-        if (rs < 0) return -1;
-        tune_row *r = &tn->rows[rs];
-        r->p.precision = FMHA_PRECISION_BF16X3;
-        snprintf(r->what, sizeof r->what, "float32 bf16x3 fwdbwd S=%lld D=128", (long long)r->p.seq_q);
-        tn->split_rows |= 1u << rs;
+         * tiles or on the FMA path (matrix_backward_split); bf16 at
+         * ACCURATE: its P and dS residuals there or on the FMA path
+         * (matrix_backward_accurate) */
+        if (add_backward_row(tn, 0, FMHA_PRECISION_BF16X3, "float32 bf16x3", &tn->split_rows) ||
+            add_backward_row(tn, 1, FMHA_PRECISION_ACCURATE, "bfloat16 accurate", &tn->accurate_rows))
+            return -1;
     }
     return 0;
 }
@@ -536,6 +550,7 @@ fmha_status fmha_tune_shrunk(const char *path, double budget_s, fmha_tune_progre
                                : f->rows == FMHA_TUNE_DECODE_QUANT ? tn->decode_quant_rows
                                : f->rows == FMHA_TUNE_DECODE_ROWS ? tn->decode_16_rows
                                : f->rows == FMHA_TUNE_MATRIX_BWD ? tn->split_rows
+                               : f->rows == FMHA_TUNE_MATRIX_BWD_BF16 ? tn->accurate_rows
                                                              : 0;
         tune_field(tn, &t, f, rows);
     }

@@ -26,7 +26,8 @@
  * crossover's rows, decode rows (a bf16 cache), decode rows of a float32
  * cache, decode rows of a quantized cache (q8_0), decode rows of 16 rows a
  * kv head (4 positions, GQA 4), a float32 forward + backward at BF16X3
- * (tuned only where the table has a matrix backward); NONE: not tuned
+ * and a bf16 one at ACCURATE (both tuned only where the table has a
+ * matrix backward); NONE: not tuned
  * field by field. */
 typedef enum fmha_tune_rows {
     FMHA_TUNE_NONE,
@@ -38,7 +39,8 @@ typedef enum fmha_tune_rows {
     FMHA_TUNE_DECODE_F32,
     FMHA_TUNE_DECODE_QUANT,
     FMHA_TUNE_DECODE_ROWS,
-    FMHA_TUNE_MATRIX_BWD
+    FMHA_TUNE_MATRIX_BWD,
+    FMHA_TUNE_MATRIX_BWD_BF16
 } fmha_tune_rows;
 
 /* X(key, default, lo, hi, multiple, rows, candidates): every field, in
@@ -78,7 +80,10 @@ typedef enum fmha_tune_rows {
  *                      query rows (group x Sq) reach this many
  *   matrix_backward_split  1: float16 and float32 (BF16X3, BF16) backwards
  *                      on the tiles (matrix_bwd.c); 0: on the float32 FMA
- *                      path (bf16's take the tiles either way) */
+ *                      path (bf16 at FAST takes the tiles either way)
+ *   matrix_backward_accurate  1: the bf16 ACCURATE backward on the tiles (P
+ *                      and dS with their bf16 residuals); 0: on the
+ *                      float32 FMA path */
 #define FMHA_TUNING_FIELDS(X)                                                                                 \
     X(tile_mr, FMHA_TUNING_OF_TABLE, 1, 16, 1, FMHA_TUNE_NONE, ())                                            \
     X(tile_nr, FMHA_TUNING_OF_TABLE, 16, 64, 16, FMHA_TUNE_NONE, ())                                          \
@@ -95,7 +100,8 @@ typedef enum fmha_tune_rows {
     X(matrix_rescale_log2, 8, 0, 16, 1, FMHA_TUNE_MATRIX, (0))                                                \
     X(matrix_overlap, 1, 0, 1, 1, FMHA_TUNE_MATRIX, (0))                                                      \
     X(matrix_decode_rows, 8, 1, (int64_t)1 << 20, 1, FMHA_TUNE_NONE, ())                                     \
-    X(matrix_backward_split, 1, 0, 1, 1, FMHA_TUNE_MATRIX_BWD, (0))
+    X(matrix_backward_split, 1, 0, 1, 1, FMHA_TUNE_MATRIX_BWD, (0))                                            \
+    X(matrix_backward_accurate, 1, 0, 1, 1, FMHA_TUNE_MATRIX_BWD_BF16, (0))
 
 /* Where a table's tuning came from (fmha_plan_describe's tuning_source). */
 typedef enum fmha_tuning_source {

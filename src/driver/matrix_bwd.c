@@ -48,6 +48,7 @@ static int mbwd_mode_of(const fmha_plan *plan, mbwd_mode *m) {
     switch (plan->p.dtype) {
     case FMHA_DTYPE_BF16:
         if (plan->precision != FMHA_PRECISION_FAST && plan->precision != FMHA_PRECISION_ACCURATE) return 0;
+        if (plan->precision == FMHA_PRECISION_ACCURATE && !plan->uk->tuning->matrix_backward_accurate) return 0;
         *m = (mbwd_mode){FMHA_MATRIX_SRC_BF16, 0, plan->precision == FMHA_PRECISION_ACCURATE, 2};
         return 1;
     case FMHA_DTYPE_F16:

@@ -129,7 +129,8 @@ static void check_problem(fmha_dtype t, int64_t B, int64_t Hq, int64_t Hkv, int6
     if (uk->matrix.backward && strategy != FMHA_STRATEGY_PORTABLE) {
         char line[1024];
         tu_plan_line(&p, line, sizeof line);
-        const int tiles = t == FMHA_DTYPE_BF16 || uk->tuning->matrix_backward_split;
+        const int tiles = t == FMHA_DTYPE_BF16 ? precision == FMHA_PRECISION_FAST || uk->tuning->matrix_backward_accurate
+                                               : uk->tuning->matrix_backward_split;
         tu_check(strstr(line, tiles ? " backward=matrix " : " backward=tiled ") != NULL, "%s: describe %s", what, line);
     }
     if (tu_check(st == FMHA_OK, "%s: status %d (%s)", what, st, fmha_status_string(st))) {

@@ -110,7 +110,8 @@ static void test_parse(void) {
                                       "decode_split_keys=0", "decode_split_keys=2097152", "matrix_decode_rows=0",
                                       "decode_split_keys_16rows=100", "decode_split_keys_16rows=0",
                                       "decode_prefetch_ahead_bytes=-1", "decode_prefetch_ahead_bytes=67108865",
-                                      "matrix_backward_split=2", "matrix_backward_split=-1"};
+                                      "matrix_backward_split=2", "matrix_backward_split=-1",
+                                      "matrix_backward_accurate=2", "matrix_backward_accurate=-1"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         t = base;
         t.block_kv = 7;
