@@ -109,17 +109,20 @@ typedef struct mbwd_qblock {
     int64_t *lo, *hi;
 } mbwd_qblock;
 
+/* bytes carved when `on`, else nothing and NULL: the buffers only split
+ * operands or residuals use. */
+static void *mbwd_carve_if(fmha_carver *c, int on, size_t bytes) { return on ? fmha_carve(c, bytes) : NULL; }
+
 static void mbwd_qblock_carve(const mbwd_dims *d, fmha_carver *c, mbwd_qblock *b) {
     b->q = fmha_carve(c, d->dp * MBWD_BQ * sizeof(uint32_t));
     b->d_o = fmha_carve(c, d->dpv * MBWD_BQ * sizeof(uint32_t));
     b->qt = fmha_carve(c, d->dr * 16 * sizeof(uint32_t));
     b->d_ot = fmha_carve(c, d->dvp * 16 * sizeof(uint32_t));
-    const size_t lo = (size_t)d->mode.split;
-    b->q_lo = fmha_carve(c, lo * d->dp * MBWD_BQ * sizeof(uint32_t));
-    b->d_o_lo = fmha_carve(c, lo * d->dpv * MBWD_BQ * sizeof(uint32_t));
-    b->qt_lo = fmha_carve(c, lo * d->dr * 16 * sizeof(uint32_t));
-    b->d_ot_lo = fmha_carve(c, lo * d->dvp * 16 * sizeof(uint32_t));
-    if (!lo) b->q_lo = b->d_o_lo = b->qt_lo = b->d_ot_lo = NULL;
+    const int lo = d->mode.split;
+    b->q_lo = mbwd_carve_if(c, lo, d->dp * MBWD_BQ * sizeof(uint32_t));
+    b->d_o_lo = mbwd_carve_if(c, lo, d->dpv * MBWD_BQ * sizeof(uint32_t));
+    b->qt_lo = mbwd_carve_if(c, lo, d->dr * 16 * sizeof(uint32_t));
+    b->d_ot_lo = mbwd_carve_if(c, lo, d->dvp * 16 * sizeof(uint32_t));
     b->lse = fmha_carve(c, MBWD_BQ * sizeof(float));
     b->dsum = fmha_carve(c, MBWD_BQ * sizeof(float));
     b->lo = fmha_carve(c, MBWD_BQ * sizeof(int64_t));
@@ -153,11 +156,10 @@ static void mbwd_carve(const fmha_plan *plan, const mbwd_dims *d, fmha_carver *c
     s->kp = fmha_carve(c, bk * d->dp * sizeof(uint32_t));
     s->vk = fmha_carve(c, bk * d->dpv * sizeof(uint32_t));
     s->kv = fmha_carve(c, bk / 2 * d->dr * sizeof(uint32_t));
-    const size_t split = (size_t)d->mode.split;
-    s->kp_lo = fmha_carve(c, split * bk * d->dp * sizeof(uint32_t));
-    s->vk_lo = fmha_carve(c, split * bk * d->dpv * sizeof(uint32_t));
-    s->kv_lo = fmha_carve(c, split * bk / 2 * d->dr * sizeof(uint32_t));
-    if (!split) s->kp_lo = s->vk_lo = s->kv_lo = NULL;
+    const int split = d->mode.split;
+    s->kp_lo = mbwd_carve_if(c, split, bk * d->dp * sizeof(uint32_t));
+    s->vk_lo = mbwd_carve_if(c, split, bk * d->dpv * sizeof(uint32_t));
+    s->kv_lo = mbwd_carve_if(c, split, bk / 2 * d->dr * sizeof(uint32_t));
     s->dvt = fmha_carve(c, d->dvp * bk * sizeof(float));
     s->dkt = fmha_carve(c, d->dr * bk * sizeof(float));
     s->s = fmha_carve(c, g * MBWD_BQ * bk * sizeof(float));
@@ -165,10 +167,10 @@ static void mbwd_carve(const fmha_plan *plan, const mbwd_dims *d, fmha_carver *c
     s->p_pairs = fmha_carve(c, g * 16 * bk * sizeof(uint32_t));
     s->ds_pairs = fmha_carve(c, g * 16 * bk * sizeof(uint32_t));
     s->ds = fmha_carve(c, g * MBWD_BQ * bk * sizeof(uint16_t));
-    const size_t lo = (size_t)d->mode.residual; /* the residuals' buffers */
-    s->p_lo_pairs = fmha_carve(c, lo * g * 16 * bk * sizeof(uint32_t));
-    s->ds_lo_pairs = fmha_carve(c, lo * g * 16 * bk * sizeof(uint32_t));
-    s->ds_lo = fmha_carve(c, lo * g * MBWD_BQ * bk * sizeof(uint16_t));
+    const int lo = d->mode.residual; /* the residuals' buffers */
+    s->p_lo_pairs = mbwd_carve_if(c, lo, g * 16 * bk * sizeof(uint32_t));
+    s->ds_lo_pairs = mbwd_carve_if(c, lo, g * 16 * bk * sizeof(uint32_t));
+    s->ds_lo = mbwd_carve_if(c, lo, g * MBWD_BQ * bk * sizeof(uint16_t));
     s->rows = fmha_carve(c, bk * wide * sizeof(float));
     s->o_row = fmha_carve(c, (size_t)plan->p.head_dim_v * sizeof(float));
     s->do_row = fmha_carve(c, (size_t)plan->p.head_dim_v * sizeof(float));

@@ -56,11 +56,6 @@ static inline float element_at(const void *row, int src, ptrdiff_t at) {
     return x;
 }
 
-/* The 32 elements [32 c, 32 c + 32) of a row, element e at row[e * cs]
- * (zeros past d), as bf16: *hi each rounded to nearest even and, when lo
- * is not NULL, *lo the residual x - hi rounded likewise (hi + lo holds a
- * float16 exactly and a float32 to 16 bits). bf16 rows are moved, not
- * rounded (their residual is 0). */
 /* The rounding residual of 32 floats x0 (words 0-15), x1 (16-31) whose
  * nearest bf16 are hi: bf16(x - hi), x - hi exact in float32, so hi + lo
  * is within 2^-16 of x; lanes outside keep0 / keep1 get 0 (all kept: an
@@ -72,6 +67,11 @@ static inline __attribute__((always_inline)) __m512i bf16_residual(__m512i hi, _
     return (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_sub_ps(keep1, x1, h1), _mm512_maskz_sub_ps(keep0, x0, h0));
 }
 
+/* The 32 elements [32 c, 32 c + 32) of a row, element e at row[e * cs]
+ * (zeros past d), as bf16: *hi each rounded to nearest even and, when lo
+ * is not NULL, *lo the residual x - hi rounded likewise (hi + lo holds a
+ * float16 exactly and a float32 to 16 bits). bf16 rows are moved, not
+ * rounded (their residual is 0). */
 static inline __attribute__((always_inline)) void row_chunk(const void *row, int src, ptrdiff_t cs, size_t d, size_t c,
                                                             __m512i *hi, __m512i *lo) {
     const size_t e0 = 32 * c, n = e0 >= d ? 0 : d - e0 < 32 ? d - e0 : 32;
