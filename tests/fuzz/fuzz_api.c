@@ -12,7 +12,8 @@
  * softcap, mask and bias callbacks (one kind answers an invalid class); the
  * entry point (forward, backward after a forward, forward_backward) and the
  * bias gradients wanted; after a forward, the same problem on K and V
- * quantized into drawn cache formats (check_formats). Every buffer is allocated to exactly the extent its
+ * quantized into drawn cache formats (check_formats), now and then in page
+ * pools behind a shuffled block table. Every buffer is allocated to exactly the extent its
  * strides reach, so a read or write outside it is caught by ASan.
  *
  * Checks on every input:
@@ -71,12 +72,14 @@ static void fail(const char *what) {
 
 /* ---- statistics (FMHA_FUZZ_STATS=1 prints them at exit) ---- */
 
-static long long n_inputs, n_ran, n_fwd_ok, n_bwd_ok, n_dtype_ok[3], n_status[16], n_poisoned;
+static long long n_inputs, n_ran, n_fwd_ok, n_bwd_ok, n_dtype_ok[3], n_status[16], n_poisoned, n_paged, n_paged_refused;
 
 static void print_stats(void) {
     fprintf(stderr, "fuzz_api: %lld inputs, %lld run on tensors, %lld forwards and %lld backwards "
-            "compared (float32 %lld, bfloat16 %lld, float16 %lld), %lld holding a NaN or inf; statuses:",
-            n_inputs, n_ran, n_fwd_ok, n_bwd_ok, n_dtype_ok[0], n_dtype_ok[1], n_dtype_ok[2], n_poisoned);
+            "compared (float32 %lld, bfloat16 %lld, float16 %lld), %lld holding a NaN or inf, %lld quantized "
+            "caches in page pools (%lld refused as documented); statuses:",
+            n_inputs, n_ran, n_fwd_ok, n_bwd_ok, n_dtype_ok[0], n_dtype_ok[1], n_dtype_ok[2], n_poisoned, n_paged,
+            n_paged_refused);
     for (int i = 0; i < 16; i++)
         if (n_status[i]) fprintf(stderr, " %d:%lld", i, n_status[i]);
     fprintf(stderr, "\n");
@@ -361,6 +364,66 @@ static void check_untouched(const buf *b, const char *what) {
  * for float8 ones) may also err by twice the largest error llama.cpp's
  * arithmetic makes on that output (the reference on the query as ggml's
  * q8_0 blocks). */
+/* check_formats' caches as page pools (fmha.h, "Paged KV cache"): pages of
+ * a drawn size in a shuffled order, rows no sequence reads 0xff bytes (a
+ * NaN d or float8 NaN if read) and NaN scales, block table entries past a
+ * sequence's pages -1 or past the pool (never read). int8's per-key
+ * scales become a pool beside the values; per-head scales stay. */
+typedef struct page_pool {
+    buf data[2], scales[2];
+    int32_t *table;
+} page_pool;
+
+static void page_caches(reader *r, fmha_problem *pf, const buf stored[2], const buf scales[2], const int64_t row[2],
+                        const int per_key[2], page_pool *pl) {
+    static const int64_t page_sizes[5] = {1, 2, 3, 5, 16};
+    const int64_t B = pf->batch, skv = pf->seq_kv, Hkv = pf->heads_kv, ps = page_sizes[take(r, 1) % 5];
+    const int64_t w = (skv + ps - 1) / ps + (int64_t)(take(r, 1) % 2), n = B * w; /* table width, pool pages */
+    int32_t *perm = malloc((size_t)n * sizeof(int32_t));
+    pl->table = malloc((size_t)n * sizeof(int32_t));
+    if (!perm || !pl->table) fail("out of memory");
+    for (int64_t i = 0; i < n; i++) perm[i] = (int32_t)i;
+    for (int64_t i = n - 1; i > 0; i--) {
+        const int64_t j = (int64_t)(rng_next() % (uint64_t)(i + 1));
+        const int32_t t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t len = pf->masks.kv_lengths ? pf->masks.kv_lengths[b] : skv;
+        for (int64_t g = 0; g < w; g++)
+            pl->table[b * w + g] = g * ps < len ? perm[b * w + g] : rng_next() % 2 ? -1 : (int32_t)(n + 7);
+    }
+    free(perm);
+    for (int t = 0; t < 2; t++) {
+        const int64_t rb = row[t];
+        buf_alloc(&pl->data[t], (size_t)(n * ps * Hkv * rb), 0);
+        memset(pl->data[t].p, 0xff, pl->data[t].n);
+        if (per_key[t]) {
+            buf_alloc(&pl->scales[t], (size_t)(n * ps * Hkv) * sizeof(float), 0);
+            for (int64_t e = 0; e < n * ps * Hkv; e++) ((float *)pl->scales[t].p)[e] = NAN;
+        }
+        for (int64_t b = 0; b < B; b++) {
+            const int64_t len = pf->masks.kv_lengths ? pf->masks.kv_lengths[b] : skv;
+            for (int64_t j = 0; j < len; j++)
+                for (int64_t h = 0; h < Hkv; h++) {
+                    const int64_t from = (b * skv + j) * Hkv + h, to = (pl->table[b * w + j / ps] * ps + j % ps) * Hkv + h;
+                    memcpy((uint8_t *)pl->data[t].p + to * rb, (const uint8_t *)stored[t].p + from * rb, (size_t)rb);
+                    if (per_key[t]) ((float *)pl->scales[t].p)[to] = ((const float *)scales[t].p)[from];
+                }
+        }
+        int64_t *st = t ? pf->v_strides : pf->k_strides, *ss = t ? pf->v_scale_strides : pf->k_scale_strides;
+        st[0] = ps * Hkv * rb, st[1] = Hkv * rb, st[2] = rb, st[3] = 1;
+        if (per_key[t]) {
+            ss[0] = ps * Hkv, ss[1] = Hkv, ss[2] = 1;
+            *(t ? &pf->v_scales : &pf->k_scales) = pl->scales[t].p;
+        }
+    }
+    pf->block_table = pl->table;
+    pf->block_table_stride = w;
+    pf->page_size = ps;
+    pf->num_pages = n;
+}
+
 static void check_formats(reader *r, const fmha_problem *p, float *const f32[4], const void *q_in, double tol) {
     const fmha_kv_format fk = (fmha_kv_format)(FMHA_KV_FORMAT_INT8 + take(r, 1) % 5),
                          fv = (fmha_kv_format)(FMHA_KV_FORMAT_INT8 + take(r, 1) % 5);
@@ -469,10 +532,42 @@ static void check_formats(reader *r, const fmha_problem *p, float *const f32[4],
         poisoned = scales[0].p ? scales[0].p : scales[1].p;
         poisoned[0] = (float)(take(r, 1) % 2 ? NAN : -1.0);
     }
-    fmha_status st = fmha_forward(&pf, q, stored[0].p, stored[1].p, o.p, NULL, NULL, 0);
+    /* now and then the caches in page pools; a block table serves no dense
+     * mask or bias, segment ids, callbacks or relative-position table
+     * (FMHA_ERR_UNSUPPORTED), and one read entry made invalid is
+     * FMHA_ERR_BAD_PAGE (poisoned scales aside: which refusal comes first
+     * is not documented) */
+    page_pool pl = {0};
+    const int paged = take(r, 1) % 2;
+    const int64_t rows_bytes[2] = {(int64_t)fmha_kv_format_row_bytes(fk, Dp), (int64_t)fmha_kv_format_row_bytes(fv, Dvp)};
+    const int per_key[2] = {fk == FMHA_KV_FORMAT_INT8, fv == FMHA_KV_FORMAT_INT8};
+    int bad_page = 0, paged_refused = 0;
+    if (paged) {
+        page_caches(r, &pf, stored, scales, rows_bytes, per_key, &pl);
+        paged_refused = p->masks.dense || p->biases.dense || p->masks.q_segment_ids || p->masks.kv_segment_ids ||
+                        p->masks.callback.fill || p->biases.callback.fill || p->biases.rel_table;
+        const int64_t len0 = p->masks.kv_lengths ? p->masks.kv_lengths[0] : skv;
+        if (!poisoned && !paged_refused && len0 > 0 && take(r, 1) % 8 == 0) {
+            const int64_t g = (int64_t)(rng_next() % (uint64_t)((len0 + pf.page_size - 1) / pf.page_size));
+            pl.table[g] = rng_next() % 2 ? -1 : (int32_t)pf.num_pages;
+            bad_page = 1;
+        }
+        n_paged++;
+    }
+    fmha_status st = fmha_forward(&pf, q, paged ? pl.data[0].p : stored[0].p, paged ? pl.data[1].p : stored[1].p,
+                                  o.p, NULL, NULL, 0);
     int kv_empty = 0; /* a first sequence with no keys never reads the poisoned scale */
     if (p->masks.kv_lengths && p->masks.kv_lengths[0] == 0) kv_empty = 1;
-    if (poisoned && !kv_empty) {
+    if (paged_refused) {
+        if (st != FMHA_ERR_UNSUPPORTED && !(poisoned && st == FMHA_ERR_BAD_SCALE))
+            fail("formats: a block table beside a feature it does not serve was not refused as unsupported");
+        check_untouched(&o, "formats: a refused paged call wrote O");
+        n_paged_refused++;
+    } else if (bad_page) {
+        if (st != FMHA_ERR_BAD_PAGE) fail("formats: a block table entry outside the pool was not refused");
+        check_untouched(&o, "formats: a refused paged call wrote O");
+        n_paged_refused++;
+    } else if (poisoned && !kv_empty) {
         if (st != FMHA_ERR_BAD_SCALE) fail("formats: a bad scale was not refused");
         check_untouched(&o, "formats: a refused call wrote O");
     } else if (poisoned) {
@@ -520,8 +615,9 @@ static void check_formats(reader *r, const fmha_problem *p, float *const f32[4],
         free(ro), free(rl), free(qr);
     }
     buf_free(&o);
-    for (int t = 0; t < 2; t++) buf_free(&stored[t]), buf_free(&scales[t]), free(x[t]), free(val[t]);
-    free(q);
+    for (int t = 0; t < 2; t++)
+        buf_free(&stored[t]), buf_free(&scales[t]), buf_free(&pl.data[t]), buf_free(&pl.scales[t]), free(x[t]), free(val[t]);
+    free(pl.table), free(q);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
