@@ -334,14 +334,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     query [..., H, L, E], key [..., Hkv, S, E], value [..., Hkv, S, Ev] on
     CPU, float32, bfloat16 or float16: any leading dims (shared by the
-    three, flattened into one batch dim B, a view where strides allow), or
-    [L, E] alone. out [..., H, L, Ev] follows query's memory order as
+    three, or broadcast as SDPA broadcasts them, flattened into one batch
+    dim B, a view where strides allow), or [L, E] alone. out [..., H, L, Ev] follows query's memory order as
     PyTorch's does ([B, L, H, Ev] memory for a query viewed from
     [B, L, H, E]). attn_mask: boolean (True = take part) or additive float,
     broadcastable to [..., H, L, S];
     its gradient is returned when it requires one. is_causal is top-left
     aligned and may be combined with attn_mask. enable_gqa allows
-    H % Hkv == 0 with Hkv < H. dropout_p in [0, 1) drops attention weights
+    H % Hkv == 0 with Hkv < H (a single key and value head, Hkv 1, needs
+    no enable_gqa: it broadcasts, as in SDPA). dropout_p in [0, 1) drops attention weights
     by the C library's counter-based draw of (dropout_seed, dropout_offset),
     keyword-only, the seed drawn from torch's default generator when None;
     the backward redraws the same weights (the draw is not PyTorch's own).
@@ -421,8 +422,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     # pools have their own first dim (num_pages).
     lead = (query.shape[0],) if nd == 4 else tuple(query.shape[:-3])
     if block_table is None and (key.shape[:-3] != lead or value.shape[:-3] != lead):
-        raise ValueError(f"fmha.torch: query, key and value must share their leading dims, got shapes "
-                         f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
+        # leading dims broadcast as SDPA's matmuls broadcast them: each
+        # tensor expanded (a view of stride 0 along its size-1 dims)
+        try:
+            lead = tuple(torch.broadcast_shapes(query.shape[:-3], key.shape[:-3], value.shape[:-3]))
+        except RuntimeError:
+            raise ValueError(f"fmha.torch: the leading dims of query, key and value must broadcast, got shapes "
+                             f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}") from None
+        query, key, value = (t.expand(lead + tuple(t.shape[-3:])) for t in (query, key, value))
     if nd == 4:  # [B, H, L, E] as it is
         q, k, v = query, key, value
     else:
@@ -451,7 +458,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if H == 0 or Hkv == 0:
         if H != Hkv:
             raise ValueError(f"fmha.torch: query has {H} heads and key {Hkv}")
-    elif Hkv != H and not enable_gqa:
+    elif Hkv != H and not enable_gqa and Hkv != 1:  # one key head broadcasts over the query's, as in SDPA
         raise ValueError(f"fmha.torch: query has {H} heads and key {Hkv}; pass enable_gqa=True for grouped-query "
                          "attention")
     if Hkv and H % Hkv != 0:

@@ -1,7 +1,7 @@
 """test_torch_conformance: fmha.torch.scaled_dot_product_attention where
 clients lean on PyTorch's behaviour beyond plain tensors: CausalBias masks,
 torch.jit.trace, expanded float masks that need a gradient, tensors on
-other devices, empty dims, an explicit zero scale and torch.func
+other devices, leading dims that broadcast, empty dims, an explicit zero scale and torch.func
 transforms. The reference is PyTorch's SDPA in float64 (relative L2 error
 below 2e-5 for float32 results). Skipped without PyTorch."""
 
@@ -90,6 +90,29 @@ def test_tensors_on_other_devices_are_refused():
         FT.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(3, 4, dtype=torch.bool, device="meta"))
     with pytest.raises(ValueError, match="sinks.*meta"):
         FT.scaled_dot_product_attention(q, k, v, sinks=torch.zeros(2, device="meta"))
+
+
+@pytest.mark.parametrize("q_lead, k_lead, v_lead", [((2,), (1,), (1,)), ((1,), (3,), (3,)), ((2, 3), (2, 1), (1, 3)),
+                                                    ((3, 1), (1, 2), (3, 2))])
+@pytest.mark.parametrize("hkv", [2, 1])
+def test_leading_dims_broadcast(q_lead, k_lead, v_lead, hkv):
+    """Leading dims broadcast as SDPA's matmuls broadcast them, and one key
+    head serves every query head without enable_gqa; gradients are summed
+    over the broadcast dims (autograd's expand)."""
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = rnd(gen, *q_lead, 2, 5, 8), rnd(gen, *k_lead, hkv, 7, 8), rnd(gen, *v_lead, hkv, 7, 8)
+    ours = [t.clone().requires_grad_() for t in (q, k, v)]
+    theirs = [t.double().requires_grad_() for t in (q, k, v)]
+    for causal in (False, True):
+        out = FT.scaled_dot_product_attention(*ours, is_causal=causal)
+        want = F.scaled_dot_product_attention(*theirs, is_causal=causal)
+        assert out.shape == want.shape
+        assert close(out, want.float())
+        d_o = rnd(gen, *out.shape)
+        grads = torch.autograd.grad(out, ours, d_o)
+        expect = torch.autograd.grad(want, theirs, d_o.double())
+        for a, b, t in zip(grads, expect, ours):
+            assert a.shape == t.shape and close(a, b.float())
 
 
 @pytest.mark.parametrize("q_shape, kv_shape", [((0, 2, 3, 8), (0, 2, 4, 8)), ((2, 2, 0, 8), (2, 2, 4, 8)),
