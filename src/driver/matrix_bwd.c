@@ -345,15 +345,10 @@ static void mbwd_kv_task(void *vctx, size_t task, int thread) {
         memset(s.dkt, 0, d->dr * MBWD_BK * sizeof(float));
         long long computed = 0;
         if (qb_end > qb_begin) {
-            /* the block's keys in three layouts (zeros past nk) */
-            memset(s.kp, 0, MBWD_BK * d->dp * sizeof(uint32_t));
-            memset(s.vk, 0, MBWD_BK * d->dpv * sizeof(uint32_t));
-            memset(s.kv, 0, MBWD_BK / 2 * d->dr * sizeof(uint32_t));
-            if (d->mode.split) {
-                memset(s.kp_lo, 0, MBWD_BK * d->dp * sizeof(uint32_t));
-                memset(s.vk_lo, 0, MBWD_BK * d->dpv * sizeof(uint32_t));
-                memset(s.kv_lo, 0, MBWD_BK / 2 * d->dr * sizeof(uint32_t));
-            }
+            /* the block's keys in three layouts, and split their residuals' (zeros past nk) */
+            uint32_t *const layout[6] = {s.kp, s.vk, s.kv, s.kp_lo, s.vk_lo, s.kv_lo};
+            const size_t words[3] = {MBWD_BK * d->dp, MBWD_BK * d->dpv, MBWD_BK / 2 * d->dr};
+            for (int l = 0; l < (d->mode.split ? 6 : 3); l++) memset(layout[l], 0, words[l % 3] * sizeof(uint32_t));
             const char *krow = c->k + (b * ks[0] + k0 * ks[1] + hk * ks[2]) * es;
             const char *vrow = c->v + (b * vs[0] + k0 * vs[1] + hk * vs[2]) * es;
             mx->pack_k((size_t)nk, (size_t)p->head_dim, krow, src, ks[1], ks[3], s.kp, s.kp_lo);
