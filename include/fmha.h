@@ -486,8 +486,15 @@ typedef enum fmha_precision {
     FMHA_PRECISION_BF16X3,
     /* float32 inputs on a matrix engine: Q, K, V and P rounded to bf16 (at
      * most 2^-8 of each), one product per GEMM, the backward's dO and dS
-     * too (gradients' relative L2 3-5e-3 on the problems above);
-     * elsewhere as BF16X3. bf16
+     * too (gradients' relative L2 3-5e-3 on the problems above). On a
+     * table with bf16 pair products off the matrix driver (AVX512-BF16:
+     * the avx512bf16 table; Arm's BF16: neonbf16; on a matrix engine where
+     * its driver does not serve, as with a bias), the same rounding as Q, K, V and
+     * dO are packed, then the bf16 path of a bf16 problem at FAST: O (in
+     * float32) rounded to bf16 and lse are that problem's bits on the
+     * rounded inputs; relative L2 against float64 of O 3.0-3.2e-3, of the
+     * gradients 3.2-4.1e-3 (B 1, H 4-8, D 64, S 150-1024, the inputs
+     * above). Elsewhere as BF16X3. bf16
      * problems read it as FAST. A decode step of a float32 query against a
      * bf16 cache (kv_dtype BF16) on a matrix engine, 8 or more rows a kv
      * head: the query rounded to bf16 as llama.cpp rounds it for its bf16

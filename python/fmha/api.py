@@ -841,13 +841,15 @@ def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=
                         of that same draw
       strategy          'auto', 'tiled', 'dense' or 'portable'
       precision         'fast' (default; None is 'fast') or 'accurate', and for
-                        float32 on a CPU with AMX 'bf16x3' or 'bf16'; see
+                        float32 'bf16x3' (a CPU with AMX) or 'bf16' (AMX,
+                        AVX512-BF16 or Arm's BF16); see
                         fmha_precision in fmha.h. bf16: 'fast' rounds P to
                         bf16 in P V (as accurate as PyTorch's fused CPU
                         kernel), 'accurate' adds its residual. float32 with
                         AMX: 'bf16x3' splits Q, K, V, P into bf16 hi + lo
                         (three tile products, about 2^-16), 'bf16' rounds
-                        them; elsewhere float32 FMA. int8, q8_0 and q4_0
+                        them (with AVX512-BF16 or Arm's BF16 alone too, on
+                        bf16 pair products); elsewhere float32 FMA. int8, q8_0 and q4_0
                         key caches (decoding): 'fast' quantizes the query as
                         q8_0 for integer dot products (llama.cpp's
                         arithmetic, and its error), 'accurate' keeps it in

@@ -310,7 +310,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
       sinks             [N]: one logit per query head in every row's softmax
                         denominator, without a value (differentiable)
       precision         'fast' or 'accurate' (bf16 P V rounding); for
-                        float32 on a CPU with AMX 'bf16x3' or 'bf16'
+                        float32 'bf16x3' (on a CPU with AMX) or 'bf16' (AMX,
+                        AVX512-BF16 or Arm's BF16)
                         (fmha.attention). None: for a float32 query the
                         matmul precision JAX is set to
                         (jax.default_matmul_precision: 'high',

@@ -354,7 +354,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     'bottom_right': it places the causal mask and, with is_causal or not,
     windows, ALiBi and rel_table), local_window_size (int or (left, right)),
     query_seq_lengths / key_value_seq_lengths [B], precision ('fast' or
-    'accurate' for bf16; 'bf16x3' or 'bf16' for float32 on a CPU with AMX;
+    'accurate' for bf16; for float32 'bf16x3' on a CPU with AMX, 'bf16' with AMX,
+    AVX512-BF16 or Arm's BF16;
     None: for float32, torch.get_float32_matmul_precision()'s 'high' gives
     'bf16x3' and 'medium' 'bf16', else 'fast'), sinks [H]. alibi_slopes, rel_table and sinks get
     gradients when they require them.

@@ -11,11 +11,12 @@
 #include "config/tuning.h"
 
 /* The precision field: the matrix driver's operands, the bf16 pair path's
- * FAST or ACCURATE, else float32. */
+ * FAST or ACCURATE (bf16 for float32 rounded onto it), else float32. */
 static const char *precision_name(const fmha_plan *plan) {
     const int matrix = plan->driver == &fmha_fwd_driver_matrix || plan->driver == &fmha_fwd_driver_matrix_decode;
     if (matrix && plan->p.dtype != FMHA_DTYPE_BF16)
         return plan->p.dtype == FMHA_DTYPE_F16 || plan->precision == FMHA_PRECISION_BF16X3 ? "bf16x3" : "bf16";
+    if (plan->path == &fmha_path_bf16 && plan->p.dtype == FMHA_DTYPE_F32) return "bf16"; /* float32 rounded as packed */
     if (matrix || plan->path == &fmha_path_bf16) return plan->precision == FMHA_PRECISION_FAST ? "fast" : "accurate";
     return "float32";
 }

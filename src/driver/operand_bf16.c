@@ -9,7 +9,10 @@
  * ACCURATE) the pairs of its rounding residual. With precision FAST dV, dK
  * and dQ run on pairs of P and dS rounded per tile (each gradient about 1.45x
  * the error of rounding its exact value to bf16, measured); ACCURATE keeps
- * them float32 GEMMs on float32 rows. */
+ * them float32 GEMMs on float32 rows. A float32 problem at precision BF16
+ * takes this path too: its Q, K, V and dO rounded to bf16 (round to nearest
+ * even, fmha_f32_to_bf16) as they are packed, the products and P as a bf16
+ * problem's at FAST (fmha.h, FMHA_PRECISION_BF16). */
 #include <string.h>
 
 #include "runtime/convert.h"
@@ -18,14 +21,40 @@
 static size_t words_bytes(size_t n) { return fmha_round_up(n * sizeof(uint32_t), FMHA_ALIGN); }
 static size_t pairs(int64_t n) { return (size_t)(n + 1) / 2; }
 
+/* Element i of a bf16 or float32 tensor (dtype t) as bf16 bits. */
+static inline uint16_t bf16_at(const void *src, fmha_dtype t, int64_t i) {
+    return t == FMHA_DTYPE_BF16 ? ((const uint16_t *)src)[i] : fmha_f32_to_bf16(((const float *)src)[i]);
+}
+
+/* (X[lo], X[hi]) as a pair of bf16 (hi as 0 without has_hi). */
+static inline uint32_t pair_at(const void *src, fmha_dtype t, int64_t lo, int64_t hi, int has_hi) {
+    return (uint32_t)bf16_at(src, t, lo) | (has_hi ? (uint32_t)bf16_at(src, t, hi) << 16 : 0u);
+}
+
+/* Row `first` (n elements cs apart) of a bf16 or float32 tensor as n bf16
+ * of unit stride: a bf16 row of unit stride where it is, else gathered or
+ * rounded (the table's conversion kernel: fmha_f32_to_bf16's bits) into
+ * tmp [n]. */
+static const uint16_t *bf16_row(const fmha_ukernels *uk, const void *src, fmha_dtype t, int64_t first, int64_t cs,
+                                int64_t n, uint16_t *tmp) {
+    if (t == FMHA_DTYPE_BF16 && cs == 1) return (const uint16_t *)src + first;
+    if (t == FMHA_DTYPE_F32 && cs == 1) {
+        uk->rows.to_bf16((size_t)n, (const float *)src + first, tmp);
+        return tmp;
+    }
+    for (int64_t e = 0; e < n; e++) tmp[e] = bf16_at(src, t, first + e * cs);
+    return tmp;
+}
+
 /* tr2[p][i] = (X[i][2p], X[i][2p+1]) for i < n, zero elsewhere: [cols2][NR].
  * Rows of unit stride and even length, 4-byte aligned, already are their
  * pairs: then it is a transposing copy of 32-bit words, the table's
  * transpose kernel (moves only, so the bits are the loop's). */
-static void pack_pairs_transposed(const fmha_ukernels *uk, const uint16_t *src, int64_t first, int64_t rs,
+static void pack_pairs_transposed(const fmha_ukernels *uk, const void *x, fmha_dtype t, int64_t first, int64_t rs,
                                   int64_t cs, int64_t n, int64_t cols, size_t nr, uint32_t *tr2) {
     int64_t cols2 = (cols + 1) / 2;
-    if (cs == 1 && cols % 2 == 0 && rs % 2 == 0 && ((uintptr_t)(src + first) & 3u) == 0) {
+    const uint16_t *src = x;
+    if (t == FMHA_DTYPE_BF16 && cs == 1 && cols % 2 == 0 && rs % 2 == 0 && ((uintptr_t)(src + first) & 3u) == 0) {
         if (n < (int64_t)nr)
             for (int64_t e = 0; e < cols2; e++) memset(tr2 + (size_t)e * nr + n, 0, (nr - (size_t)n) * sizeof(uint32_t));
         uk->rows.transpose((size_t)n, (size_t)cols2, (const float *)(const void *)(src + first), (size_t)(rs / 2),
@@ -33,42 +62,40 @@ static void pack_pairs_transposed(const fmha_ukernels *uk, const uint16_t *src, 
         return;
     }
     memset(tr2, 0, (size_t)cols2 * nr * sizeof(uint32_t));
+    uint16_t tmp[FMHA_MAX_HEAD_DIM];
     for (int64_t i = 0; i < n; i++) {
-        int64_t row = first + i * rs;
+        const uint16_t *row = bf16_row(uk, x, t, first + i * rs, cs, cols, tmp);
         for (int64_t e = 0; e < cols2; e++)
-            tr2[(size_t)e * nr + (size_t)i] =
-                fmha_bf16_pair(src, row + 2 * e * cs, row + (2 * e + 1) * cs, 2 * e + 1 < cols);
+            tr2[(size_t)e * nr + (size_t)i] = fmha_bf16_pair(row, 2 * e, 2 * e + 1, 2 * e + 1 < cols);
     }
 }
 
 /* dst[p][e] = (X[2p][e], X[2p+1][e]) for 2p < n, e < cols (an odd n pairs
  * its last row with 0), zero elsewhere: pairs across rows, [rows2][ld]. */
-static void pack_pairs_across_rows(const fmha_ukernels *uk, const uint16_t *src, int64_t first, int64_t rs,
+static void pack_pairs_across_rows(const fmha_ukernels *uk, const void *src, fmha_dtype t, int64_t first, int64_t rs,
                                    int64_t cs, int64_t n, int64_t cols, size_t rows2, uint32_t *dst, size_t ld) {
     memset(dst, 0, rows2 * ld * sizeof(uint32_t));
+    uint16_t tmp[2][FMHA_MAX_HEAD_DIM];
     for (int64_t p = 0; 2 * p < n; p++) {
         int64_t row = first + 2 * p * rs;
-        uint32_t *out = dst + (size_t)p * ld;
-        if (cs == 1) /* unit-stride rows: the table's interleave kernel */
-            uk->rows.interleave_u16((size_t)cols, src + row, 2 * p + 1 < n ? src + row + rs : NULL, out);
-        else
-            for (int64_t e = 0; e < cols; e++)
-                out[e] = fmha_bf16_pair(src, row + e * cs, row + rs + e * cs, 2 * p + 1 < n);
+        const uint16_t *lo = bf16_row(uk, src, t, row, cs, cols, tmp[0]);
+        const uint16_t *hi = 2 * p + 1 < n ? bf16_row(uk, src, t, row + rs, cs, cols, tmp[1]) : NULL;
+        uk->rows.interleave_u16((size_t)cols, lo, hi, dst + (size_t)p * ld); /* the table's interleave kernel */
     }
 }
 
 /* dst[r][p] = (X[r][2p], X[r][2p+1]) for r < n: rows of pairs [n][cols2]. */
-static void pack_pairs_rows(const uint16_t *src, int64_t first, int64_t rs, int64_t cs, int64_t n,
-                            int64_t cols, uint32_t *dst) {
+static void pack_pairs_rows(const fmha_ukernels *uk, const void *src, fmha_dtype t, int64_t first, int64_t rs,
+                            int64_t cs, int64_t n, int64_t cols, uint32_t *dst) {
     int64_t cols2 = (cols + 1) / 2;
+    uint16_t tmp[FMHA_MAX_HEAD_DIM];
     for (int64_t r = 0; r < n; r++) {
-        int64_t row = first + r * rs;
-        if (cs == 1 && cols % 2 == 0) { /* the row already is its pairs */
-            memcpy(dst + r * cols2, src + row, (size_t)cols * sizeof(uint16_t));
+        const uint16_t *row = bf16_row(uk, src, t, first + r * rs, cs, cols, tmp);
+        if (cols % 2 == 0) { /* the row already is its pairs */
+            memcpy(dst + r * cols2, row, (size_t)cols * sizeof(uint16_t));
             continue;
         }
-        for (int64_t e = 0; e < cols2; e++)
-            dst[r * cols2 + e] = fmha_bf16_pair(src, row + 2 * e * cs, row + (2 * e + 1) * cs, 2 * e + 1 < cols);
+        for (int64_t e = 0; e < cols2; e++) dst[r * cols2 + e] = fmha_bf16_pair(row, 2 * e, 2 * e + 1, 2 * e + 1 < cols);
     }
 }
 
@@ -78,7 +105,7 @@ static void pack_pairs_rows(const uint16_t *src, int64_t first, int64_t rs, int6
  * aligned): the products read K where it is, and the unit's K part is idle. */
 static int k_in_place(const fmha_plan *plan, const void *k) {
     const int64_t *ks = plan->p.k_strides;
-    return ks[3] == 1 && plan->p.head_dim % 2 == 0 && ks[0] % 2 == 0 && ks[1] % 2 == 0 && ks[2] % 2 == 0 &&
+    return plan->p.dtype == FMHA_DTYPE_BF16 && ks[3] == 1 && plan->p.head_dim % 2 == 0 && ks[0] % 2 == 0 && ks[1] % 2 == 0 && ks[2] % 2 == 0 &&
            ((uintptr_t)k & 3u) == 0;
 }
 
@@ -98,9 +125,10 @@ static void kv_pack(const fmha_plan *plan, const void *k, const void *v, int64_t
     int64_t skv2 = (int64_t)pairs(skv);
     uint32_t *k2 = (uint32_t *)unit;
     uint32_t *v2 = (uint32_t *)(unit + words_bytes((size_t)(skv * D2)));
-    const uint16_t *vb = v;
+    const fmha_dtype t = p->dtype;
     if (!k_in_place(plan, k))
-        pack_pairs_rows(k, b * ks[0] + k0 * ks[1] + hk * ks[2], ks[1], ks[3], nk, p->head_dim, k2 + k0 * D2);
+        pack_pairs_rows(plan->uk, k, t, b * ks[0] + k0 * ks[1] + hk * ks[2], ks[1], ks[3], nk, p->head_dim,
+                        k2 + k0 * D2);
     /* V^T pairs in blocks of 16 pairs: 32 source rows stay in L1 while each
      * destination row gets 16 consecutive words. A key past the sequence's
      * length pairs as 0, so that 0 * NaN never meets a value no row sees. */
@@ -112,16 +140,18 @@ static void kv_pack(const fmha_plan *plan, const void *k, const void *v, int64_t
          * the transpose kernel */
         enum { PAIR_COLS = 256 };
         uint32_t pair[16 * PAIR_COLS];
+        uint16_t tmp[2][PAIR_COLS];
         for (int64_t c0 = 0; c0 < Dv; c0 += PAIR_COLS) {
             int64_t nc = Dv - c0 < PAIR_COLS ? Dv - c0 : PAIR_COLS;
             for (int64_t pr0 = k0 / 2; pr0 < pr_end; pr0 += 16) {
                 int64_t n = pr_end - pr0 < 16 ? pr_end - pr0 : 16;
                 for (int64_t r = 0; r < n; r++) {
-                    int64_t key = 2 * (pr0 + r);
-                    const uint16_t *lo = vb + b * vs[0] + key * vs[1] + hk * vs[2] + c0, *hi = lo + vs[1];
+                    int64_t key = 2 * (pr0 + r), at = b * vs[0] + key * vs[1] + hk * vs[2] + c0;
                     uint32_t *w = pair + r * nc;
                     if (key < limit)
-                        plan->uk->rows.interleave_u16((size_t)nc, lo, key + 1 < limit ? hi : NULL, w);
+                        plan->uk->rows.interleave_u16(
+                            (size_t)nc, bf16_row(plan->uk, v, t, at, 1, nc, tmp[0]),
+                            key + 1 < limit ? bf16_row(plan->uk, v, t, at + vs[1], 1, nc, tmp[1]) : NULL, w);
                     else
                         memset(w, 0, (size_t)nc * sizeof(uint32_t));
                 }
@@ -136,7 +166,7 @@ static void kv_pack(const fmha_plan *plan, const void *k, const void *v, int64_t
         for (int64_t e = 0; e < Dv; e++)
             for (int64_t pr = pr0; pr < pr1; pr++) {
                 int64_t at = b * vs[0] + 2 * pr * vs[1] + hk * vs[2] + e * vs[3];
-                v2[e * skv2 + pr] = 2 * pr < limit ? fmha_bf16_pair(vb, at, at + vs[1], 2 * pr + 1 < limit) : 0;
+                v2[e * skv2 + pr] = 2 * pr < limit ? pair_at(v, t, at, at + vs[1], 2 * pr + 1 < limit) : 0;
             }
     }
 }
@@ -165,8 +195,8 @@ static size_t q_bytes(const fmha_plan *plan) {
 static void q_pack(const fmha_plan *plan, const void *q, int64_t b, int64_t h, int64_t q0, int64_t nq,
                    void *qt) {
     const int64_t *qs = plan->p.q_strides;
-    pack_pairs_transposed(plan->uk, q, b * qs[0] + q0 * qs[1] + h * qs[2], qs[1], qs[3], nq, plan->p.head_dim,
-                          plan->uk->tile.nr, qt);
+    pack_pairs_transposed(plan->uk, q, plan->p.dtype, b * qs[0] + q0 * qs[1] + h * qs[2], qs[1], qs[3], nq,
+                          plan->p.head_dim, plan->uk->tile.nr, qt);
 }
 
 static void scores(const fmha_plan *plan, fmha_kv_view kv, int64_t nk, const void *qt, float *st) {
@@ -227,8 +257,8 @@ static void values_paired(const fmha_plan *plan, fmha_kv_view vv, int64_t nk, co
 
 /* ---- backward ---- */
 
-/* Precision FAST: the gradient products run on pairs too. */
-static int pair_grads(const fmha_plan *plan) { return plan->precision == FMHA_PRECISION_FAST; }
+/* Precision FAST (a float32 problem's BF16): the gradient products run on pairs too. */
+static int pair_grads(const fmha_plan *plan) { return plan->precision != FMHA_PRECISION_ACCURATE; }
 
 /* Q^T pairs [D2][NR], dO^T pairs [Dv2][NR], then Q rows [NR][D_pad] and dO
  * rows [NR][Dv_pad]: query-row pairs [NR/2][*_pad] (FAST), or float32. */
@@ -253,12 +283,13 @@ static void qblock_pack(const fmha_plan *plan, const void *q, const void *d_o, i
     const int64_t *qs = p->q_strides, *os = p->o_strides;
     size_t nr = plan->uk->tile.nr;
     int64_t qfirst = b * qs[0] + q0 * qs[1] + h * qs[2], ofirst = b * os[0] + q0 * os[1] + h * os[2];
-    pack_pairs_transposed(plan->uk, q, qfirst, qs[1], qs[3], nq, p->head_dim, nr, (uint32_t *)blk->qt);
-    pack_pairs_transposed(plan->uk, d_o, ofirst, os[1], os[3], nq, p->head_dim_v, nr, (uint32_t *)blk->dot);
+    const fmha_dtype t = p->dtype;
+    pack_pairs_transposed(plan->uk, q, t, qfirst, qs[1], qs[3], nq, p->head_dim, nr, (uint32_t *)blk->qt);
+    pack_pairs_transposed(plan->uk, d_o, t, ofirst, os[1], os[3], nq, p->head_dim_v, nr, (uint32_t *)blk->dot);
     if (pair_grads(plan)) {
-        pack_pairs_across_rows(plan->uk, q, qfirst, qs[1], qs[3], nq, p->head_dim, nr / 2, (uint32_t *)blk->qrows,
+        pack_pairs_across_rows(plan->uk, q, t, qfirst, qs[1], qs[3], nq, p->head_dim, nr / 2, (uint32_t *)blk->qrows,
                                blk->qrows_ld);
-        pack_pairs_across_rows(plan->uk, d_o, ofirst, os[1], os[3], nq, p->head_dim_v, nr / 2,
+        pack_pairs_across_rows(plan->uk, d_o, t, ofirst, os[1], os[3], nq, p->head_dim_v, nr / 2,
                                (uint32_t *)blk->dorows, blk->dorows_ld);
         return;
     }
@@ -290,14 +321,14 @@ static void keys_pack(const fmha_plan *plan, const void *k, const void *v, int64
     const fmha_problem *p = &plan->p;
     const int64_t *ks = p->k_strides, *vs = p->v_strides;
     int64_t kfirst = b * ks[0] + k0 * ks[1] + hk * ks[2], vfirst = b * vs[0] + k0 * vs[1] + hk * vs[2];
-    pack_pairs_rows(k, kfirst, ks[1], ks[3], nk, p->head_dim, keys->k_op);
-    pack_pairs_rows(v, vfirst, vs[1], vs[3], nk, p->head_dim_v, keys->v_op);
+    pack_pairs_rows(plan->uk, k, p->dtype, kfirst, ks[1], ks[3], nk, p->head_dim, keys->k_op);
+    pack_pairs_rows(plan->uk, v, p->dtype, vfirst, vs[1], vs[3], nk, p->head_dim_v, keys->v_op);
     /* FAST: float32 K rows only for the guarded dQ */
     if (!pair_grads(plan) || guarded)
         fmha_pack_rows_f32(k, p->dtype, kfirst, ks[1], ks[3], nk, p->head_dim, plan->uk->tile.block_kv,
                            keys->krows, fmha_pad_nr(plan, p->head_dim));
     if (pair_grads(plan))
-        pack_pairs_across_rows(plan->uk, k, kfirst, ks[1], ks[3], nk, p->head_dim, pairs(nk), keys->k_grad,
+        pack_pairs_across_rows(plan->uk, k, p->dtype, kfirst, ks[1], ks[3], nk, p->head_dim, pairs(nk), keys->k_grad,
                                fmha_pad_nr(plan, p->head_dim));
 }
 

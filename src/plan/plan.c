@@ -98,12 +98,18 @@ fmha_status fmha_plan_init_in(const fmha_context *ctx, const fmha_problem *p_in,
     plan->v_format = fmha_problem_format(p, 1);
     /* K or V in a format of its own: widened once per call (tiled, dense) */
     plan->path = fmha_plan_kv_as_q(plan) ? fmha_operand_path_for(p->dtype, plan->uk) : &fmha_path_widened;
+    /* float32 at BF16 (Q, K, V and P rounded to bf16, fmha.h) on a table
+     * with bf16 pairs: the bf16 path, rounding as it packs (the matrix
+     * driver, where it serves, runs its own tiles) */
+    if (p->dtype == FMHA_DTYPE_F32 && p->precision == FMHA_PRECISION_BF16 && plan->path == &fmha_path_f32 &&
+        plan->uk->bf16.gemm)
+        plan->path = &fmha_path_bf16;
     plan->precision = p->precision;
     if (p->dtype == FMHA_DTYPE_BF16 && p->precision == FMHA_PRECISION_BF16) plan->precision = FMHA_PRECISION_FAST;
     if (p->dtype == FMHA_DTYPE_BF16 && p->precision == FMHA_PRECISION_BF16X3) plan->precision = FMHA_PRECISION_ACCURATE;
     /* bf16 pairs, precision FAST: P (and in the backward dS) rounded to bf16
      * right after the exp, so exp to a few 1e-6 suffices (lse stays within 1e-5) */
-    const int bf16_fast = plan->path == &fmha_path_bf16 && plan->precision == FMHA_PRECISION_FAST;
+    const int bf16_fast = plan->path == &fmha_path_bf16 && plan->precision != FMHA_PRECISION_ACCURATE;
     plan->softmax = bf16_fast ? plan->uk->tile.softmax_lowp : plan->uk->tile.softmax;
     plan->exp_sub = bf16_fast ? plan->uk->tile.exp_sub_lowp : plan->uk->tile.exp_sub;
     plan->strategy = resolve_strategy(p, plan->uk->tuning);

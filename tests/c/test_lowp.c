@@ -186,17 +186,18 @@ static void check_problem(fmha_dtype t, int64_t B, int64_t Hq, int64_t Hkv, int6
 
 /* float32 inputs at FMHA_PRECISION_BF16X3 and _BF16: on a table with a
  * matrix part (AMX tiles) the forward splits (hi + lo bf16, three
- * products) or rounds its operands; elsewhere float32 runs its FMA path.
- * O within the precision's bound against float64 (BF16X3: relative L2
+ * products) or rounds its operands; elsewhere BF16 rounds them on the
+ * bf16 pairs (vdpbf16ps) where the table has them and float32 runs its FMA
+ * path otherwise. O within the precision's bound against float64 (BF16X3: relative L2
  * 2e-5, element 1e-4 + 1e-4 |ref|; BF16: relative L2 1e-2), lse within
  * the largest score's bound (BF16X3: 2^-16 of its products' magnitude, as
  * fmha.h states, twice, plus 1e-6 of 1 + |ref|) or 1e-2 of 1 + |ref|
  * (BF16: Q and K rounded to bf16 move each score by up to 2^-8 of its
  * terms' magnitude), fully masked rows zero
  * with lse -inf, the same bits at 1 and 3 threads, and
- * fmha_plan_describe naming the precision the driver runs (float32 on
- * every other driver: the dense strategy of small problems, tables
- * without a matrix part). */
+ * fmha_plan_describe naming the precision the driver runs (off the
+ * matrix driver: BF16 on the bf16 pairs where the table has them, else
+ * float32, as for BF16X3). */
 static void check_f32_precision(fmha_precision prec, int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, int64_t Skv,
                                 int64_t D, int64_t Dv, fmha_causal causal, const char *isa) {
     fmha_problem p;
@@ -254,8 +255,11 @@ static void check_f32_precision(fmha_precision prec, int64_t B, int64_t Hq, int6
         tu_plan_line(&p, line, sizeof line);
         const int matrix = strstr(line, "driver=matrix ") != NULL;
         const int tiled_on_matrix_table = fmha_cpu_kernels()->matrix.forward && strstr(line, "driver=tiled ");
+        /* BF16 off the matrix driver: the bf16 pairs where the table has them */
+        const int pairs = !x3 && fmha_cpu_kernels()->bf16.gemm;
         tu_check(matrix ? strstr(line, x3 ? " precision=bf16x3 " : " precision=bf16 ") != NULL
-                        : strstr(line, " precision=float32 ") != NULL && !tiled_on_matrix_table,
+                 : pairs ? strstr(line, " path=bf16 precision=bf16 ") != NULL && !tiled_on_matrix_table
+                         : strstr(line, " precision=float32 ") != NULL && !tiled_on_matrix_table,
                  "%s: describe %s", what, line);
     }
     free(q), free(k), free(v), free(o), free(o3), free(lse), free(lse3), free(ro), free(rlse);
@@ -574,6 +578,63 @@ static void check_k_layouts(fmha_dtype t, const char *isa, int strategy) {
     free(o_ref); free(o);
 }
 
+/* A float32 problem at FMHA_PRECISION_BF16 on a table with bf16 pairs and
+ * no matrix forward runs the bf16 operand path, rounding Q, K and V as it
+ * packs them: its O rounded to bf16 and its lse must be, bit for bit, the
+ * bf16 problem's on the rounded inputs (precision FAST, the same path),
+ * for the tiled and dense strategies, an odd head dim, and Q, K, V read
+ * through element strides of 2 (the rounding's gathers). */
+static void check_f32_bf16_pairs(const char *isa) {
+    const fmha_ukernels *uk = fmha_cpu_kernels();
+    if (!uk->bf16.gemm || uk->matrix.forward) return;
+    const int64_t B = 2, Hq = 4, Hkv = 2, Sq = 77, Skv = 150, dims[2] = {40, 33};
+    for (int di = 0; di < 2; di++)
+        for (int s = FMHA_STRATEGY_TILED; s <= FMHA_STRATEGY_DENSE; s++)
+            for (int strided = 0; strided < 2; strided++) {
+                const int64_t D = dims[di];
+                fmha_problem p;
+                fmha_problem_init(&p, B, Hq, Hkv, Sq, Skv, D, D, FMHA_LAYOUT_BSHD);
+                p.strategy = (fmha_strategy)s;
+                p.causal = FMHA_CAUSAL_TOP_LEFT;
+                const size_t nq = (size_t)(B * Sq * Hq * D), nk = (size_t)(B * Skv * Hkv * D), nl = (size_t)(B * Hq * Sq);
+                const size_t n[3] = {nq, nk, nk};
+                float *x32[3];
+                uint16_t *x16[3];
+                for (int t = 0; t < 3; t++) {
+                    const size_t step = strided ? 2 : 1; /* element e at 2 e: the other half NaN, never read */
+                    x32[t] = malloc(n[t] * step * sizeof(float));
+                    x16[t] = malloc(n[t] * sizeof(uint16_t));
+                    for (size_t e = 0; e < n[t]; e++) {
+                        const float f = (float)tu_uniform(t == 2 ? -1 : -2, t == 2 ? 1 : 2);
+                        x32[t][e * step] = f;
+                        if (strided) x32[t][e * step + 1] = NAN;
+                        x16[t][e] = fmha_f32_to_bf16(f);
+                    }
+                }
+                fmha_problem p16 = p, p32 = p;
+                p16.dtype = FMHA_DTYPE_BF16;
+                p32.precision = FMHA_PRECISION_BF16;
+                if (strided)
+                    for (int d = 0; d < 4; d++) p32.q_strides[d] *= 2, p32.k_strides[d] *= 2, p32.v_strides[d] *= 2;
+                float *o32 = malloc(nq * sizeof(float)), *l32 = malloc(nl * sizeof(float)), *l16 = malloc(nl * sizeof(float));
+                uint16_t *o16 = malloc(nq * sizeof(uint16_t));
+                const fmha_status a = fmha_forward(&p32, x32[0], x32[1], x32[2], o32, l32, NULL, 0);
+                const fmha_status b = fmha_forward(&p16, x16[0], x16[1], x16[2], o16, l16, NULL, 0);
+                size_t off = 0;
+                for (size_t e = 0; e < nq; e++) off += fmha_f32_to_bf16(o32[e]) != o16[e];
+                char line[1024];
+                tu_plan_line(&p32, line, sizeof line);
+                tu_check(a == FMHA_OK && b == FMHA_OK && off == 0 && !memcmp(l32, l16, nl * sizeof(float)) &&
+                             strstr(line, " path=bf16 precision=bf16 ") != NULL,
+                         "float32 at bf16 %s/%s D%lld%s: status %d / %d, %zu O elements differ from the bf16 "
+                         "problem's, lse %s; describe %s",
+                         isa, strategy_names[s], (long long)D, strided ? " strided" : "", (int)a, (int)b, off,
+                         memcmp(l32, l16, nl * sizeof(float)) ? "differs" : "same", line);
+                for (int t = 0; t < 3; t++) free(x32[t]), free(x16[t]);
+                free(o32), free(l32), free(l16), free(o16);
+            }
+}
+
 int main(void) {
     tu_seed();
     /* every ISA of the registry that this CPU runs */
@@ -612,6 +673,7 @@ int main(void) {
         check_split_masks(isa);
         check_bf16_threads(isa, FMHA_PRECISION_ACCURATE);
         check_bf16_threads(isa, FMHA_PRECISION_FAST);
+        check_f32_bf16_pairs(isa);
         for (int pr = FMHA_PRECISION_BF16X3; pr <= FMHA_PRECISION_BF16; pr++) {
             check_f32_precision((fmha_precision)pr, 2, 4, 2, 150, 300, 64, 64, FMHA_CAUSAL_NONE, isa);
             check_f32_precision((fmha_precision)pr, 1, 2, 1, 77, 200, 33, 40, FMHA_CAUSAL_TOP_LEFT, isa);

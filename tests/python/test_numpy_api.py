@@ -675,8 +675,11 @@ def test_precision_fast_is_bf16_accurate_and_bad_precision_raises():
 
 # float32 at the matrix engine's precisions (fmha_precision BF16X3, BF16):
 # split into bf16 hi + lo (three tile products) or rounded to bf16 where the
-# CPU has AMX tiles, float32 FMA elsewhere; within each precision's bound of
-# the float64 reference (relative L2: 2e-5 for bf16x3, 1e-2 for bf16).
+# CPU has AMX tiles; off the matrix driver, BF16 rounded onto the bf16 pair
+# products where the kernel table has them (these ISAs), float32 FMA
+# elsewhere; within each precision's bound of the float64 reference
+# (relative L2: 2e-5 for bf16x3, 1e-2 for bf16).
+PAIR_ISAS = ("avx512bf16", "amx", "amx_emu", "neonbf16")
 @pytest.mark.parametrize("precision, bound", [("bf16x3", 2e-5), ("bf16", 1e-2)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_float32_matrix_precisions(precision, bound, causal):
@@ -687,7 +690,13 @@ def test_float32_matrix_precisions(precision, bound, causal):
     assert rel_error(out, ref["o"]) < bound
     assert rel_error(lse, ref["lse"]) < bound
     line = fmha.describe(q, k, v, is_causal=causal, precision=precision)
-    assert f" precision={precision} " in line if "driver=matrix" in line else " precision=float32 " in line
+    isa = line.split(" isa=")[1].split()[0]
+    if "driver=matrix" in line:
+        assert f" precision={precision} " in line
+    elif precision == "bf16" and isa in PAIR_ISAS:
+        assert " path=bf16 precision=bf16 " in line
+    else:
+        assert " precision=float32 " in line
     # the default keeps float32's FMA path
     assert " precision=float32 " in fmha.describe(q, k, v, is_causal=causal)
 
