@@ -49,7 +49,9 @@ static const uint16_t *bf16_row(const fmha_ukernels *uk, const void *src, fmha_d
 /* tr2[p][i] = (X[i][2p], X[i][2p+1]) for i < n, zero elsewhere: [cols2][NR].
  * Rows of unit stride and even length, 4-byte aligned, already are their
  * pairs: then it is a transposing copy of 32-bit words, the table's
- * transpose kernel (moves only, so the bits are the loop's). */
+ * transpose kernel (moves only, so the bits are the loop's); float32 rows
+ * of unit stride and even length are rounded 16 at a time into such rows
+ * first. */
 static void pack_pairs_transposed(const fmha_ukernels *uk, const void *x, fmha_dtype t, int64_t first, int64_t rs,
                                   int64_t cs, int64_t n, int64_t cols, size_t nr, uint32_t *tr2) {
     int64_t cols2 = (cols + 1) / 2;
@@ -59,6 +61,19 @@ static void pack_pairs_transposed(const fmha_ukernels *uk, const void *x, fmha_d
             for (int64_t e = 0; e < cols2; e++) memset(tr2 + (size_t)e * nr + n, 0, (nr - (size_t)n) * sizeof(uint32_t));
         uk->rows.transpose((size_t)n, (size_t)cols2, (const float *)(const void *)(src + first), (size_t)(rs / 2),
                           (float *)(void *)tr2, nr);
+        return;
+    }
+    if (t == FMHA_DTYPE_F32 && cs == 1 && cols % 2 == 0) { /* rounded 16 rows at a time, then the same transpose */
+        if (n < (int64_t)nr)
+            for (int64_t e = 0; e < cols2; e++) memset(tr2 + (size_t)e * nr + n, 0, (nr - (size_t)n) * sizeof(uint32_t));
+        uint16_t rows16[16 * FMHA_MAX_HEAD_DIM]; /* [16][cols] */
+        for (int64_t i0 = 0; i0 < n; i0 += 16) {
+            const int64_t m = n - i0 < 16 ? n - i0 : 16;
+            for (int64_t r = 0; r < m; r++)
+                uk->rows.to_bf16((size_t)cols, (const float *)x + first + (i0 + r) * rs, rows16 + r * cols);
+            uk->rows.transpose((size_t)m, (size_t)cols2, (const float *)(const void *)rows16, (size_t)cols2,
+                              (float *)(void *)(tr2 + i0), nr);
+        }
         return;
     }
     memset(tr2, 0, (size_t)cols2 * nr * sizeof(uint32_t));
