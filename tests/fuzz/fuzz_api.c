@@ -4,7 +4,8 @@
  * Each input is decoded into one call: sizes (small, or now and then an
  * extreme int64), a dtype, causal alignment, the alignment of windows and
  * biases (fmha_problem.alignment, now and then one that contradicts causal's
- * or is unknown), strategy, precision, scale,
+ * or is unknown), strategy, precision (now and then float32's BF16X3 or
+ * BF16, held to bfloat16's bound at BF16), scale,
  * thread count and instruction set; strides per tensor (contiguous, padded,
  * permuted, arbitrary small ones that overlap or broadcast, or an extreme
  * value); windows of any int64 value, key/query lengths, segment ids, a
@@ -27,8 +28,9 @@
  *     per element |x - r| <= tol (1 + M), M the largest |r| of that output
  *     (for gradients, also the largest size P (|dP| + |sum P dP|) of the
  *     terms that dS sums, collected like the output), tol = 2e-4 for
- *     float32, 1e-2 for float16 and 6e-2 for bfloat16 (unit roundoff 2^-8,
- *     stored operands and P rounded to it); lse to tol (1 + |r|) and exactly
+ *     float32, 1e-2 for float16 and 6e-2 for bfloat16 and for float32 at
+ *     BF16 (unit roundoff 2^-8, stored or rounded operands and P rounded to
+ *     it); lse to tol (1 + |r|) and exactly
  *     -inf on fully masked rows, whose O is exactly 0;
  *   - now and then one NaN or inf is put into Q, K, V, the dense bias, a
  *     quantized cache's block d or float8 byte (any position, read or not):
@@ -654,6 +656,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     p.causal = (fmha_causal)(opt / 3 % 3);
     p.strategy = (fmha_strategy)(opt / 9 % 4);
     p.precision = (fmha_precision)(opt / 36 % 2);
+    /* one input in 13 at the float32 precisions of the bf16 products:
+     * BF16X3 (from ACCURATE's draws) or BF16 (from FAST's) */
+    if (opt % 13 == 0) p.precision = p.precision == FMHA_PRECISION_FAST ? FMHA_PRECISION_BF16 : FMHA_PRECISION_BF16X3;
     static const float scales[8] = {0.0f, 0.5f, 0.125f, -0.25f, 1.0f, 0.0f, NAN, INFINITY};
     p.scale = scales[opt / 72 % 8];
     if ((isnan(p.scale) || isinf(p.scale)) && opt / 576 % 4) p.scale = 0.0f;
@@ -923,7 +928,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
 
     /* a successful forward: O's padding untouched, values as the reference's */
-    double tol = tol_of(p.dtype);
+    /* float32 at BF16 rounds Q, K, V and P (dO and dS) to bf16: bf16's bound */
+    const int f32_as_bf16 = p.dtype == FMHA_DTYPE_F32 && p.precision == FMHA_PRECISION_BF16;
+    double tol = tol_of(f32_as_bf16 ? FMHA_DTYPE_BF16 : p.dtype);
     fmha_problem p32 = p;
     p32.dtype = FMHA_DTYPE_F32;
     if (fwd == FMHA_OK) {
@@ -947,7 +954,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
 
     /* the same forward on K and V quantized into drawn formats */
-    if (fwd == FMHA_OK && op == 0 && p.dropout_p == 0.0f) check_formats(&in, &p, f32, in_t[0].p, tol_of(FMHA_DTYPE_F32));
+    if (fwd == FMHA_OK && op == 0 && p.dropout_p == 0.0f) check_formats(&in, &p, f32, in_t[0].p, tol_of(f32_as_bf16 ? FMHA_DTYPE_BF16 : FMHA_DTYPE_F32));
 
     /* a successful backward: padding untouched, gradients as the reference's */
     if (op != 0 && bwd == FMHA_OK && p.dropout_p == 0.0f) {
