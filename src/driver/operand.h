@@ -110,8 +110,8 @@ extern const fmha_operand_path fmha_path_f32;
 extern const fmha_operand_path fmha_path_widened;
 extern const fmha_operand_path fmha_path_bf16;
 
-/* The path of a dtype on a kernel table. */
-const fmha_operand_path *fmha_operand_path_for(fmha_dtype dtype, const fmha_ukernels *uk);
+/* The path of a dtype, at a precision, on a kernel table. */
+const fmha_operand_path *fmha_operand_path_for(fmha_dtype dtype, fmha_precision precision, const fmha_ukernels *uk);
 
 /* Head dims padded to whole NR panels (the backward's row buffers). */
 static inline size_t fmha_pad_nr(const fmha_plan *plan, int64_t n) {

@@ -56,16 +56,16 @@ static void pack_pairs_transposed(const fmha_ukernels *uk, const void *x, fmha_d
                                   int64_t cs, int64_t n, int64_t cols, size_t nr, uint32_t *tr2) {
     int64_t cols2 = (cols + 1) / 2;
     const uint16_t *src = x;
-    if (t == FMHA_DTYPE_BF16 && cs == 1 && cols % 2 == 0 && rs % 2 == 0 && ((uintptr_t)(src + first) & 3u) == 0) {
+    const int words = t == FMHA_DTYPE_BF16 && rs % 2 == 0 && ((uintptr_t)(src + first) & 3u) == 0;
+    if (cs == 1 && cols % 2 == 0 && (words || t == FMHA_DTYPE_F32)) {
         if (n < (int64_t)nr)
             for (int64_t e = 0; e < cols2; e++) memset(tr2 + (size_t)e * nr + n, 0, (nr - (size_t)n) * sizeof(uint32_t));
-        uk->rows.transpose((size_t)n, (size_t)cols2, (const float *)(const void *)(src + first), (size_t)(rs / 2),
-                          (float *)(void *)tr2, nr);
-        return;
-    }
-    if (t == FMHA_DTYPE_F32 && cs == 1 && cols % 2 == 0) { /* rounded 16 rows at a time, then the same transpose */
-        if (n < (int64_t)nr)
-            for (int64_t e = 0; e < cols2; e++) memset(tr2 + (size_t)e * nr + n, 0, (nr - (size_t)n) * sizeof(uint32_t));
+        if (words) {
+            uk->rows.transpose((size_t)n, (size_t)cols2, (const float *)(const void *)(src + first), (size_t)(rs / 2),
+                              (float *)(void *)tr2, nr);
+            return;
+        }
+        /* float32: rounded 16 rows at a time, then the same transpose */
         uint16_t rows16[16 * FMHA_MAX_HEAD_DIM]; /* [16][cols] */
         for (int64_t i0 = 0; i0 < n; i0 += 16) {
             const int64_t m = n - i0 < 16 ? n - i0 : 16;

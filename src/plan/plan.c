@@ -96,14 +96,9 @@ fmha_status fmha_plan_init_in(const fmha_context *ctx, const fmha_problem *p_in,
     plan->kv_dtype = fmha_kv_dtype_of(p);
     plan->k_format = fmha_problem_format(p, 0);
     plan->v_format = fmha_problem_format(p, 1);
-    /* K or V in a format of its own: widened once per call (tiled, dense) */
-    plan->path = fmha_plan_kv_as_q(plan) ? fmha_operand_path_for(p->dtype, plan->uk) : &fmha_path_widened;
-    /* float32 at BF16 (Q, K, V and P rounded to bf16, fmha.h) on a table
-     * with bf16 pairs: the bf16 path, rounding as it packs (the matrix
-     * driver, where it serves, runs its own tiles) */
-    if (p->dtype == FMHA_DTYPE_F32 && p->precision == FMHA_PRECISION_BF16 && plan->path == &fmha_path_f32 &&
-        plan->uk->bf16.gemm)
-        plan->path = &fmha_path_bf16;
+    /* K or V in a format of its own: widened once per call (tiled, dense);
+     * the matrix driver, where it serves, runs its own tiles */
+    plan->path = fmha_plan_kv_as_q(plan) ? fmha_operand_path_for(p->dtype, p->precision, plan->uk) : &fmha_path_widened;
     plan->precision = p->precision;
     if (p->dtype == FMHA_DTYPE_BF16 && p->precision == FMHA_PRECISION_BF16) plan->precision = FMHA_PRECISION_FAST;
     if (p->dtype == FMHA_DTYPE_BF16 && p->precision == FMHA_PRECISION_BF16X3) plan->precision = FMHA_PRECISION_ACCURATE;
