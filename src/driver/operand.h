@@ -113,6 +113,11 @@ extern const fmha_operand_path fmha_path_bf16;
 /* The path of a dtype, at a precision, on a kernel table. */
 const fmha_operand_path *fmha_operand_path_for(fmha_dtype dtype, fmha_precision precision, const fmha_ukernels *uk);
 
+/* 1 where the bf16 path rounds P (and the backward's dS) to bf16: every
+ * precision it runs at but ACCURATE (a bf16 problem's FAST, a float32
+ * one's BF16), which splits P into pairs of its value and residual. */
+static inline int fmha_pairs_round_p(const fmha_plan *plan) { return plan->precision != FMHA_PRECISION_ACCURATE; }
+
 /* Head dims padded to whole NR panels (the backward's row buffers). */
 static inline size_t fmha_pad_nr(const fmha_plan *plan, int64_t n) {
     return fmha_round_up((size_t)n, plan->uk->tile.nr);

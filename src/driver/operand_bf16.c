@@ -255,7 +255,7 @@ static void values(const fmha_plan *plan, fmha_kv_view vv, int64_t nk, const flo
     const fmha_ukernels *uk = plan->uk;
     size_t nr = uk->tile.nr, kp = pairs(nk);
     uint32_t *hi = scratch, *lo = hi + kp * nr;
-    int split = plan->precision == FMHA_PRECISION_ACCURATE;
+    int split = !fmha_pairs_round_p(plan);
     for (size_t pr = 0; pr < kp; pr++) {
         const float *a = pt + 2 * pr * nr, *b = 2 * pr + 1 < (size_t)nk ? pt + (2 * pr + 1) * nr : NULL;
         if (split) uk->bf16.pair_rows_split(a, b, hi + pr * nr, lo + pr * nr);
@@ -272,8 +272,8 @@ static void values_paired(const fmha_plan *plan, fmha_kv_view vv, int64_t nk, co
 
 /* ---- backward ---- */
 
-/* Precision FAST (a float32 problem's BF16): the gradient products run on pairs too. */
-static int pair_grads(const fmha_plan *plan) { return plan->precision != FMHA_PRECISION_ACCURATE; }
+/* Where P is rounded (fmha_pairs_round_p), the gradient products run on pairs too. */
+static int pair_grads(const fmha_plan *plan) { return fmha_pairs_round_p(plan); }
 
 /* Q^T pairs [D2][NR], dO^T pairs [Dv2][NR], then Q rows [NR][D_pad] and dO
  * rows [NR][Dv_pad]: query-row pairs [NR/2][*_pad] (FAST), or float32. */

@@ -104,7 +104,7 @@ fmha_status fmha_plan_init_in(const fmha_context *ctx, const fmha_problem *p_in,
     if (p->dtype == FMHA_DTYPE_BF16 && p->precision == FMHA_PRECISION_BF16X3) plan->precision = FMHA_PRECISION_ACCURATE;
     /* bf16 pairs, precision FAST: P (and in the backward dS) rounded to bf16
      * right after the exp, so exp to a few 1e-6 suffices (lse stays within 1e-5) */
-    const int bf16_fast = plan->path == &fmha_path_bf16 && plan->precision != FMHA_PRECISION_ACCURATE;
+    const int bf16_fast = plan->path == &fmha_path_bf16 && fmha_pairs_round_p(plan);
     plan->softmax = bf16_fast ? plan->uk->tile.softmax_lowp : plan->uk->tile.softmax;
     plan->exp_sub = bf16_fast ? plan->uk->tile.exp_sub_lowp : plan->uk->tile.exp_sub;
     plan->strategy = resolve_strategy(p, plan->uk->tuning);

@@ -390,11 +390,13 @@ static void page_caches(reader *r, fmha_problem *pf, const buf stored[2], const 
         const int32_t t = perm[i];
         perm[i] = perm[j], perm[j] = t;
     }
-    for (int64_t b = 0; b < B; b++) {
-        const int64_t len = pf->masks.kv_lengths ? pf->masks.kv_lengths[b] : skv;
+    /* len [B] the keys each sequence reads */
+    int64_t *len = malloc((size_t)B * sizeof(int64_t));
+    if (!len) fail("out of memory");
+    for (int64_t b = 0; b < B; b++) len[b] = pf->masks.kv_lengths ? pf->masks.kv_lengths[b] : skv;
+    for (int64_t b = 0; b < B; b++)
         for (int64_t g = 0; g < w; g++)
-            pl->table[b * w + g] = g * ps < len ? perm[b * w + g] : rng_next() % 2 ? -1 : (int32_t)(n + 7);
-    }
+            pl->table[b * w + g] = g * ps < len[b] ? perm[b * w + g] : rng_next() % 2 ? -1 : (int32_t)(n + 7);
     free(perm);
     for (int t = 0; t < 2; t++) {
         const int64_t rb = row[t];
@@ -405,8 +407,7 @@ static void page_caches(reader *r, fmha_problem *pf, const buf stored[2], const 
             for (int64_t e = 0; e < n * ps * Hkv; e++) ((float *)pl->scales[t].p)[e] = NAN;
         }
         for (int64_t b = 0; b < B; b++) {
-            const int64_t len = pf->masks.kv_lengths ? pf->masks.kv_lengths[b] : skv;
-            for (int64_t j = 0; j < len; j++)
+            for (int64_t j = 0; j < len[b]; j++)
                 for (int64_t h = 0; h < Hkv; h++) {
                     const int64_t from = (b * skv + j) * Hkv + h, to = (pl->table[b * w + j / ps] * ps + j % ps) * Hkv + h;
                     memcpy((uint8_t *)pl->data[t].p + to * rb, (const uint8_t *)stored[t].p + from * rb, (size_t)rb);
@@ -420,6 +421,7 @@ static void page_caches(reader *r, fmha_problem *pf, const buf stored[2], const 
             *(t ? &pf->v_scales : &pf->k_scales) = pl->scales[t].p;
         }
     }
+    free(len);
     pf->block_table = pl->table;
     pf->block_table_stride = w;
     pf->page_size = ps;
