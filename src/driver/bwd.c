@@ -281,6 +281,11 @@ static void bwd_prepare_task(void *vctx, size_t task, int thread) {
                                                     : (const char *)c->o + ahead * (int64_t)fmha_dtype_size(p->dtype));
                     __builtin_prefetch((const char *)c->d_o + ahead * (int64_t)fmha_dtype_size(p->dtype));
                 }
+            if (p->dtype == FMHA_DTYPE_F32 && os[3] == 1) { /* float32 rows of unit stride: read in place */
+                const float *o_at = (plan->dsum_o ? plan->dsum_o : (const float *)c->o) + row;
+                dsum[i] = (float)fmha_dot_f64(p->head_dim_v, o_at, (const float *)c->d_o + row);
+                continue;
+            }
             fmha_load_row_uk(plan->uk, plan->dsum_o ? (const void *)plan->dsum_o : c->o,
                              plan->dsum_o ? FMHA_DTYPE_F32 : p->dtype, row, os[3], p->head_dim_v, o_row);
             fmha_load_row_uk(plan->uk, c->d_o, p->dtype, row, os[3], p->head_dim_v, do_row);
