@@ -36,6 +36,17 @@
  * head's sink with attention sinks, see fmha_problem.sinks), and contributes
  * zero to every gradient. No NaN is ever produced by masking.
  *
+ * Huge finite scores: lse is one float32, so where a row's largest score is
+ * large in magnitude its log-sum part keeps only ulp(lse) of precision
+ * (2^-6 at 2^17, 64 at 1e9), and the backward's P = exp(s - lse) errs by up
+ * to that much in the exponent. A row that a finite bias pushes down on
+ * every key it sees (an additive mask of -1e9 or -FLT_MAX everywhere) gets
+ * the right O and lse from the forward (P uniform over its keys) but P = 1
+ * per key in the backward: its gradients are S times too large (S its keys).
+ * Hide keys with a mask (fmha_masks, a boolean mask, or a bias of -inf):
+ * the scores a row sees then stay finite and small, and a row that sees no
+ * key is a fully masked row (above).
+ *
  * NaN and infinity follow IEEE arithmetic, the same on every instruction set
  * and strategy: a NaN score a row can see (from Q, K, a bias) makes that
  * row's O and lse NaN; a NaN in V makes the O columns it reaches NaN (every
