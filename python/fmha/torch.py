@@ -40,6 +40,7 @@ ring_attention (_torch_ring.py) live in _torch_core.py; this module holds
 the public functions and the eager path.
 """
 
+import functools
 import math
 
 import numpy as np
@@ -80,6 +81,27 @@ except ImportError:  # pragma: no cover - depends on the environment
 _NO_TENSORS = (None,) * len(OPTIONAL_TENSORS)
 
 
+def _first_order_only(backward):
+    """backward under no_grad, its gradients marked so that differentiating
+    them raises. torch.autograd.function.once_differentiable marks them only
+    when d_o itself requires grad, so a second derivative of a loss such as
+    out.sum() (d_o a constant, the gradients still functions of q, k and v)
+    came back as a silent, detached first-order gradient."""
+
+    @functools.wraps(backward)
+    def wrapper(ctx, *grad_outputs):
+        with torch.no_grad():
+            grads = backward(ctx, *grad_outputs)
+        if not torch.is_grad_enabled():  # no create_graph
+            return grads
+        mark = torch._C._functions.DelayedError(
+            b"fmha.torch: scaled_dot_product_attention has no second derivative (its backward is a C kernel); "
+            b"a gradient of its gradients cannot be taken", len(grads))
+        return mark(*[g.detach().requires_grad_() if g is not None else None for g in grads])
+
+    return wrapper
+
+
 class _EagerAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, *inputs):
@@ -99,7 +121,7 @@ class _EagerAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @_first_order_only
     def backward(ctx, d_o):
         q, k, v, o, *tensors = ctx.saved_tensors
         lse = ctx.lse

@@ -224,6 +224,12 @@ def test_eager_calls_match_the_op_and_modes_see_the_op():
     (g,) = torch.autograd.grad(out.square().sum(), leaves[:1], create_graph=True)
     with pytest.raises(RuntimeError):
         torch.autograd.grad(g.sum(), leaves[:1])
+    # a constant upstream gradient (out.sum()) too: a gradient penalty raises
+    # rather than dropping its second-order term
+    out = FT.scaled_dot_product_attention(*leaves, enable_gqa=True)
+    (g,) = torch.autograd.grad(out.sum(), leaves[:1], create_graph=True)
+    with pytest.raises(RuntimeError, match="no second derivative"):
+        (out.sum() + g.square().sum()).backward()
 
 
 @needs_torch
