@@ -30,7 +30,9 @@ def _merge_batch(x, batch_shape):
 
 def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dropout=True, dropout_rng=None,
                           dropout_rate=0.0, deterministic=False, dtype=None, precision=None, module=None,
-                          is_causal=False, fmha_precision=None, **fmha_kwargs):
+                          is_causal=False, force_fp32_for_softmax=False, einsum_dot_general=None,
+                          qk_attn_weights_einsum=None, attn_weights_value_einsum=None, promote_dtype=None,
+                          fmha_precision=None, **fmha_kwargs):
     """flax's dot_product_attention computed by fmha.
 
     query [batch..., T, N, H], key and value [batch..., S, K, H] (K divides
@@ -48,9 +50,17 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
     draws are independent across batch entries and heads
     (broadcast_dropout is not followed) and differ from flax's own.
 
+    force_fp32_for_softmax is accepted and changes nothing: fmha's softmax
+    is float32 whatever the dtype. promote_dtype (flax.nnx's) casts q, k
+    and v as nnx does, promote_dtype((q, k, v), dtype=dtype), in place of
+    the cast above.
+
     Not supported: module (flax's sow_weights), which needs the attention
-    weights that fmha never forms (a clear error). Rows that see no key get
-    the mean of every value, as flax's (fmha.jax.dot_product_attention).
+    weights that fmha never forms, and einsum_dot_general,
+    qk_attn_weights_einsum and attn_weights_value_einsum (products of the
+    caller's own, which fmha's fused kernels cannot run): each a clear
+    error when given. Rows that see no key get the mean of every value, as
+    flax's (fmha.jax.dot_product_attention).
     """
     dropout = {}
     if dropout_rate > 0.0 and not deterministic:
@@ -59,8 +69,17 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
         dropout = dict(dropout_p=dropout_rate, dropout_rng=dropout_rng)
     if module is not None:
         raise NotImplementedError("fmha.flax: sow_weights needs the attention weights, which fmha does not form")
-    dtype = dtype or jnp.result_type(query, key, value)
-    query, key, value = (jnp.asarray(x, dtype) for x in (query, key, value))
+    hooks = dict(einsum_dot_general=einsum_dot_general, qk_attn_weights_einsum=qk_attn_weights_einsum,
+                 attn_weights_value_einsum=attn_weights_value_einsum)
+    given = [name for name, hook in hooks.items() if hook is not None]
+    if given:
+        raise NotImplementedError(f"fmha.flax: {', '.join(given)} cannot run inside fmha's fused kernels; "
+                                  f"use flax's own dot_product_attention for custom products")
+    if promote_dtype is not None:
+        query, key, value = promote_dtype((query, key, value), dtype=dtype)
+    else:
+        dtype = dtype or jnp.result_type(query, key, value)
+        query, key, value = (jnp.asarray(x, dtype) for x in (query, key, value))
     out_shape = query.shape[:-1] + value.shape[-1:]
     if query.ndim > 4:
         batch_shape = query.shape[:-3]

@@ -174,3 +174,31 @@ def test_linen_bfloat16(fmha_precision):
     assert rel_error(np.asarray(out, np.float32), want) < 3e-2
     with pytest.raises(ValueError, match="precision"):
         ff.dot_product_attention(x[:, :, None], x[:, :, None], x[:, :, None], fmha_precision="exact")
+
+
+def test_flax_keywords_direct_and_in_modules():
+    """flax's own keywords called directly: force_fp32_for_softmax changes
+    nothing (fmha's softmax is float32), nnx's promote_dtype casts as nnx
+    does (bf16 q against float32 k and v), custom einsum hooks are a clear
+    error, also from a linen module configured with them (flax passes
+    them only to an attention_fn that names them)."""
+    rng = np.random.default_rng(3)
+    q, k, v = (jnp.asarray(uniform(rng, (2, 7, 4, 8))) for _ in range(3))
+    want = nn.dot_product_attention(q, k, v)
+    for fp32 in (False, True):
+        got = ff.dot_product_attention(q, k, v, force_fp32_for_softmax=fp32)
+        assert rel_error(np.asarray(got), np.asarray(want)) < TOL
+    qb = q.astype(jnp.bfloat16)
+    got = ff.dot_product_attention(qb, k, v, promote_dtype=flax.nnx.nn.dtypes.promote_dtype)
+    want = nnx.dot_product_attention(qb, k, v)
+    assert got.dtype == want.dtype == jnp.float32
+    assert rel_error(np.asarray(got), np.asarray(want)) < TOL
+    for hook in ("einsum_dot_general", "qk_attn_weights_einsum", "attn_weights_value_einsum"):
+        with pytest.raises(NotImplementedError, match=hook):
+            ff.dot_product_attention(q, k, v, **{hook: jnp.einsum})
+    model = nn.MultiHeadDotProductAttention(num_heads=4, qkv_features=32, attention_fn=ff.dot_product_attention,
+                                            qk_attn_weights_einsum_cls=lambda: jnp.einsum,
+                                            attn_weights_value_einsum_cls=lambda: jnp.einsum)
+    x = jnp.asarray(uniform(rng, (2, 7, 16)))
+    with pytest.raises(NotImplementedError, match="qk_attn_weights_einsum"):
+        model.init(jax.random.PRNGKey(0), x)
