@@ -42,6 +42,12 @@ row past query_seq_lengths gets zeros; the gradient takes the mean's path
 (dV gains the row's dO / S, dQ and dK nothing). The C library gives such
 rows zeros; fmha.jax puts the mean in their place, except over a paged or
 quantized cache (block_table, key_format), where they stay zeros.
+
+A bias that pushes every key of a row down by a huge finite amount (-1e9,
+jnp.finfo(jnp.float32).min) gives that row the right output, but its
+gradients use the log-sum-exp saved in float32, which at that magnitude has
+lost its log(S): they come out S times too large (fmha.h, "Huge finite
+scores"). Hide keys with mask, or a bias of -inf.
 """
 
 import ctypes

@@ -34,6 +34,14 @@ empty dim give an empty (or, for S = 0, a zero) output and zero gradients.
 A torch.nn.attention.bias.CausalBias as attn_mask is served as is_causal
 with its alignment (upper left: top_left; lower right: bottom_right).
 
+A float attn_mask that pushes every key of a row down by a huge finite
+amount (-1e9, torch.finfo(torch.float32).min, as some padding masks are
+built) gives that row the right output, but its gradients use the
+log-sum-exp saved in float32, which at that magnitude has lost its log(S):
+they come out S times too large (fmha.h, "Huge finite scores"; PyTorch's
+fused CPU kernel does the same, its math backend does not). A boolean mask
+or -inf hides keys without it.
+
 The ops, their registrations and the helpers shared with flex_attention
 (PyTorch's BlockMask; ALiBi and softcap as fmha_bias, _torch_flex.py) and
 ring_attention (_torch_ring.py) live in _torch_core.py; this module holds
