@@ -153,13 +153,25 @@ def _functorch_plain(t):
     return t
 
 
+def _grad_levels(t):
+    """The functorch grad-transform levels that wrap t (an empty set for a
+    plain tensor or None)."""
+    levels = set()
+    while t is not None and torch._C._functorch.is_functorch_wrapped_tensor(t):
+        if not torch._C._functorch.is_batchedtensor(t):
+            levels.add(torch._C._functorch.maybe_get_level(t))
+        t = torch._C._functorch.get_unwrapped(t)
+    return levels
+
+
 class _FunctorchAttention(torch.autograd.Function):
     """The op under functorch transforms (torch.func.grad, vjp, jacrev,
     vmap): an autograd.Function in the setup_context form they need (the
     op's own autograd registration is not). The forward's vmap is the op's
     batching fallback; the backward runs the kernel on the tensors
     unwrapped from grad transforms, or the backward op's batching fallback
-    under vmap (vmap of grad is refused)."""
+    under vmap (vmap of grad is refused, and so is a grad transform nested
+    around another: a second derivative)."""
     generate_vmap_rule = True
 
     @staticmethod
@@ -173,6 +185,12 @@ class _FunctorchAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_o, d_lse):
+        # a second grad level around the call (grad of grad, a gradient
+        # penalty under torch.func) would differentiate this backward, whose
+        # kernel it cannot see: refused, not answered with zeros
+        if len(set().union(*(_grad_levels(t) for t in ctx.saved_tensors + (d_o,)))) > 1:
+            raise NotImplementedError("fmha.torch: scaled_dot_product_attention has no second derivative (its "
+                                      "backward is a C kernel); nested torch.func.grad / vjp over it is not supported")
         saved = [_functorch_plain(t) for t in ctx.saved_tensors + (d_o,)]
         if any(t is False for t in saved):  # vmapped: the backward op's batching fallback (jacrev)
             try:

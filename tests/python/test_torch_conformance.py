@@ -177,6 +177,18 @@ def test_functorch_transforms():
     with pytest.raises(NotImplementedError, match="vmap of torch.func.grad"):
         per_row(q)
 
+    # a second derivative (grad of grad; the outer grad over q, the inner
+    # over k) is refused: it had come back as zeros
+    def penalty(a):
+        return torch.func.grad(lambda b: FT.scaled_dot_product_attention(b, k, v).sum())(a).pow(2).sum()
+
+    def mixed(a):
+        return torch.func.grad(lambda b: FT.scaled_dot_product_attention(a, b, v).sum())(k).pow(2).sum()
+
+    for outer in (penalty, mixed):
+        with pytest.raises(NotImplementedError, match="no second derivative"):
+            torch.func.grad(outer)(q)
+
 
 def test_output_follows_the_query_layout():
     """As PyTorch's SDPA: a query viewed from [B, L, H, E] memory (the
