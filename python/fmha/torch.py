@@ -28,6 +28,11 @@ generator). register_transformers() makes attn_implementation="fmha"
 available to transformers models (AttentionInterface and
 AttentionMaskInterface).
 
+Derivatives are first order: a second derivative (a gradient taken with
+create_graph=True and differentiated again, torch.func.grad nested in
+torch.func.grad) and forward-mode AD (dual tensors, torch.func.jvp, jacfwd)
+raise rather than returning a wrong or missing derivative.
+
 Rows that see no key at all (a boolean attn_mask that is all False on a
 row, or S = 0) give zeros, as PyTorch's CPU kernels do. Inputs with an
 empty dim give an empty (or, for S = 0, a zero) output and zero gradients.
@@ -58,6 +63,7 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("fmha.torch needs PyTorch (pip install torch); fmha's NumPy and JAX bindings "
                       "work without it") from e
+import torch.autograd.forward_ad as _forward_ad  # noqa: E402
 
 from . import _lib, _spec, api
 from ._lib import FmhaError
@@ -211,6 +217,10 @@ def _attention(*args):
     tensors = [a for a in args[:_TENSORS.stop] if a is not None]  # q, k, v and the optional tensors
     if len(args) > _BLOCK_TABLE and args[_BLOCK_TABLE] is not None:
         tensors.append(args[_BLOCK_TABLE])
+    if getattr(_forward_ad, "_current_level", -1) >= 0 and any(_forward_ad.unpack_dual(t).tangent is not None
+                                                             for t in tensors):
+        raise NotImplementedError("fmha.torch: forward-mode AD (dual tensors) is not supported: the kernels have no "
+                                  "JVP; its tangent would be dropped")
     if torch._C._are_functorch_transforms_active() and not torch.compiler.is_compiling():
         return _FunctorchAttention.apply(*args)[0]
     if (torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.is_autocast_enabled("cpu")

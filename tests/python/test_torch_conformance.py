@@ -208,3 +208,18 @@ def test_output_follows_the_query_layout():
     assert close(leaves[0].grad, q64.grad.float())
     contiguous = FT.scaled_dot_product_attention(q.contiguous(), k.contiguous(), v.contiguous())
     assert contiguous.is_contiguous()
+
+
+def test_forward_mode_ad_is_refused():
+    """Dual tensors (torch.autograd.forward_ad) raise, as PyTorch's fused
+    CPU kernel does, where the tangent had been dropped silently; a dual
+    level with plain inputs still runs."""
+    import torch.autograd.forward_ad as fwAD
+
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = rnd(gen, 1, 2, 4, 8), rnd(gen, 1, 2, 6, 8), rnd(gen, 1, 2, 6, 8)
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(q, torch.ones_like(q))
+        with pytest.raises(NotImplementedError, match="forward-mode AD"):
+            FT.scaled_dot_product_attention(dual, k, v)
+        assert close(FT.scaled_dot_product_attention(q, k, v), ref(q, k, v))
