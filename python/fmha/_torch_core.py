@@ -21,9 +21,20 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("fmha.torch needs PyTorch (pip install torch); fmha's NumPy and JAX bindings "
                       "work without it") from e
 
+import torch.autograd.forward_ad as _forward_ad  # noqa: E402
+
 from . import _lib, api
 
 _DTYPES = {torch.float32: _lib.DTYPE_F32, torch.bfloat16: _lib.DTYPE_BF16, torch.float16: _lib.DTYPE_F16}
+
+
+def refuse_forward_ad(name, tensors):
+    """Raises where a tensor carries a forward-mode tangent (a dual
+    tensor): the kernels have no JVP, and the op would drop it silently."""
+    if getattr(_forward_ad, "_current_level", -1) >= 0 and any(
+            t is not None and _forward_ad.unpack_dual(t).tangent is not None for t in tensors):
+        raise NotImplementedError(f"{name}: forward-mode AD (dual tensors) is not supported: the kernels have no "
+                                  f"JVP; its tangent would be dropped")
 
 
 def _dtype_code(t):

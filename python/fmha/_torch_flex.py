@@ -22,7 +22,7 @@ import math
 import torch
 
 from . import api
-from ._torch_core import _dtype_code, _float32_param, attention_args
+from ._torch_core import _dtype_code, _float32_param, attention_args, refuse_forward_ad
 
 __all__ = ["flex_attention"]
 
@@ -194,6 +194,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
                              f"have batch {B} and {H} heads (B=None or H=None in create_block_mask broadcasts)")
         mask, band = block_mask_operands(block_mask, L, S)
     alibi, softcap = _bias_options(fmha_bias, H)
+    refuse_forward_ad("fmha.torch.flex_attention", (query, key, value))
     out, lse = torch.ops.fmha.attention(*attention_args(
         query, key, value, mask=mask, alibi=alibi, causal=api.causal_code(band is not None, "top_left"),
         scale=float(scale), window=[-1 if band is None else band, -1], softcap=softcap, rel_options=[128, 1],

@@ -63,13 +63,13 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("fmha.torch needs PyTorch (pip install torch); fmha's NumPy and JAX bindings "
                       "work without it") from e
-import torch.autograd.forward_ad as _forward_ad  # noqa: E402
 
 from . import _lib, _spec, api
 from ._lib import FmhaError
 from ._torch_core import (_BLOCK_TABLE, _OPTIONS, _TENSORS, OPTIONAL_TENSORS, AttentionArgs, _Spec,
                           _attention_backward_impl, _attention_impl, _backward, _dtype_code, _float32_param,
-                          _forward_run, _kv_dtype, _param_flags, _param_grads, _refusal, _setup_context)
+                          _forward_run, _kv_dtype, _param_flags, _param_grads, _refusal, _setup_context,
+                          refuse_forward_ad)
 from ._torch_core import _PLANS, _problem, _seq_strides  # noqa: F401  (the plan cache tests use them here)
 from ._torch_flex import flex_attention
 from ._torch_ring import ring_attention
@@ -217,10 +217,7 @@ def _attention(*args):
     tensors = [a for a in args[:_TENSORS.stop] if a is not None]  # q, k, v and the optional tensors
     if len(args) > _BLOCK_TABLE and args[_BLOCK_TABLE] is not None:
         tensors.append(args[_BLOCK_TABLE])
-    if getattr(_forward_ad, "_current_level", -1) >= 0 and any(_forward_ad.unpack_dual(t).tangent is not None
-                                                             for t in tensors):
-        raise NotImplementedError("fmha.torch: forward-mode AD (dual tensors) is not supported: the kernels have no "
-                                  "JVP; its tangent would be dropped")
+    refuse_forward_ad("fmha.torch", tensors)
     if torch._C._are_functorch_transforms_active() and not torch.compiler.is_compiling():
         return _FunctorchAttention.apply(*args)[0]
     if (torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.is_autocast_enabled("cpu")

@@ -222,4 +222,6 @@ def test_forward_mode_ad_is_refused():
         dual = fwAD.make_dual(q, torch.ones_like(q))
         with pytest.raises(NotImplementedError, match="forward-mode AD"):
             FT.scaled_dot_product_attention(dual, k, v)
+        with pytest.raises(NotImplementedError, match="forward-mode AD"):
+            FT.flex_attention(dual, k, v)
         assert close(FT.scaled_dot_product_attention(q, k, v), ref(q, k, v))
