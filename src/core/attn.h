@@ -352,9 +352,12 @@ fmha_ws_size fmha_bwd_workspace(const fmha_plan *plan);
  * bf16 FAST on a matrix engine; its run returns 0, having written
  * nothing, when K or V is not finite). */
 fmha_ws_size fmha_tiled_bwd_workspace(const fmha_plan *plan);
-/* sum_e x[e] y[e], e < n, in float64 in one fixed order (bwd.c): both
- * drivers' Dsum = rowsum(dO * O), so that they give the same bits. */
-double fmha_dot_f64(int64_t n, const float *x, const float *y);
+/* Dsum = rowsum(dO * O) of the row at element `at` (O's strides) in
+ * float64 in one fixed order (bwd.c), O from the fused call's float32 copy
+ * (dsum_o) where there is one; rows not float32 of unit stride are widened
+ * into o_tmp and do_tmp [Dv]. Both drivers' Dsum, so that they give the
+ * same bits. */
+float fmha_row_dsum(const fmha_plan *plan, const void *o, const void *d_o, int64_t at, float *o_tmp, float *do_tmp);
 void fmha_tiled_bwd_run(fmha_plan *run, const void *q, const void *k, const void *v, const void *o,
                         const void *d_o, const float *lse, void *dq, void *dk, void *dv, char *ws);
 int fmha_matrix_bwd_plan(const fmha_plan *plan);
@@ -417,5 +420,9 @@ void fmha_load_row_uk(const fmha_ukernels *uk, const void *base, fmha_dtype t, i
                       int64_t stride, int64_t n, float *dst);
 void fmha_store_row_uk(const fmha_ukernels *uk, void *base, fmha_dtype t, int64_t first, int64_t stride,
                        int64_t n, const float *src, float scale);
+/* A row as float32 of unit stride: a float32 row of unit stride where it
+ * is, else fmha_load_row_uk's values in tmp [n]. */
+const float *fmha_row_f32_uk(const fmha_ukernels *uk, const void *base, fmha_dtype t, int64_t first,
+                             int64_t stride, int64_t n, float *tmp);
 
 #endif /* FMHA_ATTN_H */

@@ -19,6 +19,13 @@ void fmha_load_row_uk(const fmha_ukernels *uk, const void *base, fmha_dtype t, i
     fmha_load_row(base, t, first, stride, n, dst);
 }
 
+const float *fmha_row_f32_uk(const fmha_ukernels *uk, const void *base, fmha_dtype t, int64_t first,
+                             int64_t stride, int64_t n, float *tmp) {
+    if (t == FMHA_DTYPE_F32 && stride == 1) return (const float *)base + first;
+    fmha_load_row_uk(uk, base, t, first, stride, n, tmp);
+    return tmp;
+}
+
 /* dst[e] = scale * src[e], e < n: blocks of a fixed trip count, which -O2
  * vectorises (restrict: its cheap cost model adds no overlap check, and
  * without one left the loop scalar), then the tail. */

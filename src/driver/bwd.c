@@ -229,7 +229,7 @@ static fmha_bwd_qblock bwd_qblock_at(const bwd_ctx *c, int64_t b, int64_t h, siz
 /* sum_e x[e] y[e] in float64, e < n: four running sums (four add chains
  * instead of one) over blocks of four, added pairwise, then the tail; a
  * fixed order. */
-double fmha_dot_f64(int64_t n, const float *x, const float *y) {
+static double dot_f64(int64_t n, const float *x, const float *y) {
     double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
     int64_t e = 0;
     for (; e + 4 <= n; e += 4) {
@@ -241,6 +241,15 @@ double fmha_dot_f64(int64_t n, const float *x, const float *y) {
     double acc = (a0 + a1) + (a2 + a3);
     for (; e < n; e++) acc += (double)x[e] * (double)y[e];
     return acc;
+}
+
+float fmha_row_dsum(const fmha_plan *plan, const void *o, const void *d_o, int64_t at, float *o_tmp, float *do_tmp) {
+    const fmha_problem *p = &plan->p;
+    const int64_t s = p->o_strides[3], n = p->head_dim_v;
+    const void *o_src = plan->dsum_o ? (const void *)plan->dsum_o : o;
+    const fmha_dtype o_dtype = plan->dsum_o ? FMHA_DTYPE_F32 : p->dtype;
+    return (float)dot_f64(n, fmha_row_f32_uk(plan->uk, o_src, o_dtype, at, s, n, o_tmp),
+                          fmha_row_f32_uk(plan->uk, d_o, p->dtype, at, s, n, do_tmp));
 }
 
 /* Pre-pass, per (b, h): Dsum = rowsum(dO * O), this head's rows of every
@@ -281,15 +290,7 @@ static void bwd_prepare_task(void *vctx, size_t task, int thread) {
                                                     : (const char *)c->o + ahead * (int64_t)fmha_dtype_size(p->dtype));
                     __builtin_prefetch((const char *)c->d_o + ahead * (int64_t)fmha_dtype_size(p->dtype));
                 }
-            if (p->dtype == FMHA_DTYPE_F32 && os[3] == 1) { /* float32 rows of unit stride: read in place */
-                const float *o_at = (plan->dsum_o ? plan->dsum_o : (const float *)c->o) + row;
-                dsum[i] = (float)fmha_dot_f64(p->head_dim_v, o_at, (const float *)c->d_o + row);
-                continue;
-            }
-            fmha_load_row_uk(plan->uk, plan->dsum_o ? (const void *)plan->dsum_o : c->o,
-                             plan->dsum_o ? FMHA_DTYPE_F32 : p->dtype, row, os[3], p->head_dim_v, o_row);
-            fmha_load_row_uk(plan->uk, c->d_o, p->dtype, row, os[3], p->head_dim_v, do_row);
-            dsum[i] = (float)fmha_dot_f64(p->head_dim_v, o_row, do_row);
+            dsum[i] = fmha_row_dsum(plan, c->o, c->d_o, row, o_row, do_row);
         }
         c->path->bwd_qblock_pack(plan, c->q, c->d_o, b, h, q0, nq, &blk);
     }

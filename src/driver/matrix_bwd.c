@@ -290,10 +290,7 @@ static void mbwd_prepare_task(void *vctx, size_t task, int thread) {
             fmha_tile_pos row = {b, h, qi, 1, 0, 0};
             if (qi < q_len) fmha_mask_kv_range(plan, &row, &blk.lo[i], &blk.hi[i]);
             const int64_t at = b * os[0] + qi * os[1] + h * os[2];
-            fmha_load_row_uk(plan->uk, plan->dsum_o ? (const void *)plan->dsum_o : c->o,
-                             plan->dsum_o ? FMHA_DTYPE_F32 : p->dtype, at, os[3], p->head_dim_v, s.o_row);
-            fmha_load_row_uk(plan->uk, c->d_o, p->dtype, at, os[3], p->head_dim_v, s.do_row);
-            blk.dsum[i] = (float)fmha_dot_f64(p->head_dim_v, s.o_row, s.do_row);
+            blk.dsum[i] = fmha_row_dsum(plan, c->o, c->d_o, at, s.o_row, s.do_row);
         }
     }
 }
