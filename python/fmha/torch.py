@@ -95,6 +95,9 @@ except ImportError:  # pragma: no cover - depends on the environment
 _NO_TENSORS = (None,) * len(OPTIONAL_TENSORS)
 
 
+_NO_SECOND_DERIVATIVE = "fmha.torch: scaled_dot_product_attention has no second derivative (its backward is a C kernel)"
+
+
 def _first_order_only(backward):
     """backward under no_grad, its gradients marked so that differentiating
     them raises. torch.autograd.function.once_differentiable marks them only
@@ -109,8 +112,7 @@ def _first_order_only(backward):
         if not torch.is_grad_enabled():  # no create_graph
             return grads
         mark = torch._C._functions.DelayedError(
-            b"fmha.torch: scaled_dot_product_attention has no second derivative (its backward is a C kernel); "
-            b"a gradient of its gradients cannot be taken", len(grads))
+            f"{_NO_SECOND_DERIVATIVE}; a gradient of its gradients cannot be taken".encode(), len(grads))
         return mark(*[g.detach().requires_grad_() if g is not None else None for g in grads])
 
     return wrapper
@@ -149,25 +151,14 @@ class _EagerAttention(torch.autograd.Function):
         return _param_grads(ctx, q, k, v, o, lse, tensors or _NO_TENSORS, d_o, _attention_backward_impl)
 
 
-def _functorch_plain(t):
-    """t without its grad-transform wrappers (the values are the same), or
-    False when a vmap level holds it; None stays None."""
+def _functorch_unwrap(t):
+    """(t without its functorch wrappers (the values are the same), the
+    wrappers' (is a vmap level, level) from the outermost); None stays None."""
+    layers = []
     while t is not None and torch._C._functorch.is_functorch_wrapped_tensor(t):
-        if torch._C._functorch.is_batchedtensor(t):
-            return False
+        layers.append((torch._C._functorch.is_batchedtensor(t), torch._C._functorch.maybe_get_level(t)))
         t = torch._C._functorch.get_unwrapped(t)
-    return t
-
-
-def _grad_levels(t):
-    """The functorch grad-transform levels that wrap t (an empty set for a
-    plain tensor or None)."""
-    levels = set()
-    while t is not None and torch._C._functorch.is_functorch_wrapped_tensor(t):
-        if not torch._C._functorch.is_batchedtensor(t):
-            levels.add(torch._C._functorch.maybe_get_level(t))
-        t = torch._C._functorch.get_unwrapped(t)
-    return levels
+    return t, layers
 
 
 class _FunctorchAttention(torch.autograd.Function):
@@ -191,14 +182,14 @@ class _FunctorchAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_o, d_lse):
+        unwrapped = [_functorch_unwrap(t) for t in ctx.saved_tensors + (d_o,)]
         # a second grad level around the call (grad of grad, a gradient
         # penalty under torch.func) would differentiate this backward, whose
         # kernel it cannot see: refused, not answered with zeros
-        if len(set().union(*(_grad_levels(t) for t in ctx.saved_tensors + (d_o,)))) > 1:
-            raise NotImplementedError("fmha.torch: scaled_dot_product_attention has no second derivative (its "
-                                      "backward is a C kernel); nested torch.func.grad / vjp over it is not supported")
-        saved = [_functorch_plain(t) for t in ctx.saved_tensors + (d_o,)]
-        if any(t is False for t in saved):  # vmapped: the backward op's batching fallback (jacrev)
+        if len({level for _, layers in unwrapped for vmapped, level in layers if not vmapped}) > 1:
+            raise NotImplementedError(f"{_NO_SECOND_DERIVATIVE}; nested torch.func.grad / vjp over it is not supported")
+        # vmapped (jacrev): the backward op's batching fallback
+        if any(vmapped for _, layers in unwrapped for vmapped, _ in layers):
             try:
                 with torch._C._AutoDispatchBelowAutograd():
                     return _backward(ctx, d_o, d_lse)
@@ -207,7 +198,7 @@ class _FunctorchAttention(torch.autograd.Function):
                     raise
                 raise NotImplementedError("fmha.torch: vmap of torch.func.grad over this call is not supported; "
                                           "loop over the batch, or use torch.func.jacrev / vjp") from e
-        q, k, v, o, lse, *tensors, d_o = saved
+        q, k, v, o, lse, *tensors, d_o = (t for t, _ in unwrapped)
         with torch._C._DisableFuncTorch():  # plain tensors in and out
             return _param_grads(ctx, q, k, v, o, lse, tensors, d_o, _attention_backward_impl)
 
